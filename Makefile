@@ -1,0 +1,37 @@
+# One virtualenv per checkout; every target installs what it needs first and is safe to rerun.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.onjob-installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test lint format bench-engine clean
+
+install: $(STAMP)
+
+# torch 2.13.0 first: it is the CPU build on these machines, and installing it before
+# anything that depends on torch keeps pip from pulling gigabytes of CUDA wheels.
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[local,dev]'
+	touch $@
+
+demo: install
+	$(VENV)/bin/onjob demo
+
+test: install
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench-engine: install
+	$(PY) bench/engine.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

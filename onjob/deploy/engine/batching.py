@@ -1,0 +1,312 @@
+"""Continuous batching: one worker thread owns the model; requests join and leave at token steps.
+
+Each new request is prefilled on its own (no padding waste), its KV cache is
+repeated for its `n` choices (the prompt's forward is shared by the whole group),
+then left-padded into the running batch. Every step decodes one token for every
+row in the batch, whatever adapter each row uses. Finished rows leave at once.
+
+The event loop never runs the model: handlers `submit()` and read events that the
+worker posts with `call_soon_threadsafe`. Adapter loads run in the worker between
+steps (`call()`), so no forward ever sees a half-loaded adapter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .errors import EngineError, GenerationFailed
+from .model import LoadedModel
+from .sampling import Sampling, TextStream, generator_for, sample
+
+
+@dataclass
+class TokenEvent:
+    index: int
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+    text: str
+    finish_reason: str | None
+
+
+class Generation:
+    """One request in flight: its `n` choices' tokens arrive as events on the event loop."""
+
+    def __init__(
+        self,
+        prompt_ids: list[int],
+        adapter: str | None,
+        n: int,
+        sampling: Sampling,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.prompt_ids = prompt_ids
+        self.adapter = adapter
+        self.n = n
+        self.sampling = sampling
+        self.cancelled = False
+        self._loop = loop
+        self._queue: asyncio.Queue[list[TokenEvent] | EngineError] = asyncio.Queue()
+
+    def cancel(self) -> None:
+        """Stop generating (client gone); the worker drops the rows at its next step."""
+        self.cancelled = True
+
+    async def events(self) -> AsyncIterator[TokenEvent]:
+        finished = 0
+        while finished < self.n:
+            item = await self._queue.get()
+            if isinstance(item, EngineError):
+                raise item
+            for event in item:
+                finished += event.finish_reason is not None
+                yield event
+
+    def _post(self, item: list[TokenEvent] | EngineError) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self.cancelled = True
+
+
+@dataclass
+class _Row:
+    gen: Generation
+    index: int
+    position: int
+    text: TextStream
+    generator: torch.Generator | None
+    token_ids: list[int] = field(default_factory=list)
+    done: bool = False
+
+
+@dataclass
+class _Call:
+    fn: Callable[[], Any]
+    future: concurrent.futures.Future
+
+
+class Batcher:
+    def __init__(self, loaded: LoadedModel, *, max_batch: int = 16) -> None:
+        self.loaded = loaded
+        self.max_batch = max_batch
+        self._inbox: queue.SimpleQueue[Generation | _Call | None] = queue.SimpleQueue()
+        self._pending: deque[Generation] = deque()
+        self._rows: list[_Row] = []
+        self._cache = None
+        self._mask: torch.Tensor | None = None  # [rows, cache length], False = left padding
+        self._thread = threading.Thread(target=self._run, name="onjob-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._inbox.put(None)
+        self._thread.join(timeout=30)
+
+    def submit(self, prompt_ids: list[int], adapter: str | None, n: int, sampling: Sampling):
+        gen = Generation(prompt_ids, adapter, n, sampling, asyncio.get_running_loop())
+        self._inbox.put(gen)
+        return gen
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` in the worker between two steps (model changes) and return its result."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(_Call(fn, future))
+        return await asyncio.wrap_future(future)
+
+    def fail_adapter(self, name: str) -> None:
+        """Worker side: end every request of adapter `name` (it is about to be unloaded)."""
+        error = GenerationFailed(f"The lora adapter '{name}' was unloaded during generation.")
+        for gen in {r.gen for r in self._rows} | set(self._pending):
+            if gen.adapter == name:
+                gen._post(error)
+                gen.cancel()
+        self._pending = deque(g for g in self._pending if not g.cancelled)
+        self._compact()
+
+    @property
+    def busy_rows(self) -> int:
+        return len(self._rows)
+
+    # -- the worker --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while self._drain(block=not self._rows and not self._pending):
+                self._admit()
+                if self._rows:
+                    self._step()
+        error = GenerationFailed("The engine is shutting down.")
+        for gen in {r.gen for r in self._rows} | set(self._pending):
+            gen._post(error)
+
+    def _drain(self, block: bool) -> bool:
+        """Take everything waiting in the inbox; False when asked to stop."""
+        while True:
+            try:
+                item = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if item is None:
+                return False
+            if isinstance(item, Generation):
+                self._pending.append(item)
+                continue
+            try:
+                item.future.set_result(item.fn())
+            except Exception as exc:
+                item.future.set_exception(exc)
+
+    def _admit(self) -> None:
+        while self._pending:
+            gen = self._pending[0]
+            if gen.cancelled:
+                self._pending.popleft()
+                continue
+            if self._rows and len(self._rows) + gen.n > self.max_batch:
+                return
+            self._pending.popleft()
+            try:
+                self._prefill(gen)
+            except Exception as exc:
+                gen._post(GenerationFailed(f"Generation failed: {exc}"))
+                gen.cancel()
+                self._compact()
+
+    def _prefill(self, gen: Generation) -> None:
+        device = self.loaded.device
+        ids = torch.tensor([gen.prompt_ids], device=device)
+        out = self.loaded.forward(ids, None, None, None, [gen.adapter])
+        cache = out.past_key_values
+        logits = out.logits[:, -1, :].float().expand(gen.n, -1)
+        if gen.n > 1:
+            cache.batch_repeat_interleave(gen.n)
+        rows = [
+            _Row(
+                gen=gen,
+                index=i,
+                position=len(gen.prompt_ids),
+                text=TextStream(self.loaded.tokenizer, gen.sampling.stop),
+                generator=generator_for(gen.sampling, i),
+            )
+            for i in range(gen.n)
+        ]
+        mask = torch.ones(gen.n, len(gen.prompt_ids), dtype=torch.bool, device=device)
+        self._merge(cache, mask, rows)
+        self._emit(rows, logits)
+        self._compact()
+
+    def _step(self) -> None:
+        device = self.loaded.device
+        rows = self._rows
+        ids = torch.tensor([[r.token_ids[-1]] for r in rows], device=device)
+        positions = torch.tensor([[r.position] for r in rows], device=device)
+        mask = torch.cat([self._mask, torch.ones(len(rows), 1, dtype=torch.bool, device=device)], 1)
+        dtype = self.loaded.model.dtype
+        additive = torch.zeros(mask.shape, dtype=dtype, device=device)
+        additive.masked_fill_(~mask, torch.finfo(dtype).min)
+        try:
+            out = self.loaded.forward(
+                ids,
+                additive[:, None, None, :],
+                positions,
+                self._cache,
+                [r.gen.adapter for r in rows],
+            )
+        except Exception as exc:
+            error = GenerationFailed(f"Generation failed: {exc}")
+            for gen in {r.gen for r in rows}:
+                gen._post(error)
+                gen.cancel()
+            self._rows, self._cache, self._mask = [], None, None
+            return
+        self._mask = mask
+        for r in rows:
+            r.position += 1
+        self._emit(rows, out.logits[:, -1, :].float())
+        self._compact()
+
+    def _emit(self, rows: list[_Row], logits: torch.Tensor) -> None:
+        """Sample one token per row, post the events, mark finished rows."""
+        logprobs = torch.log_softmax(logits, dim=-1)
+        eos = sorted(self.loaded.eos_ids)
+        limit = self.loaded.max_model_len
+        events: dict[Generation, list[TokenEvent]] = {}
+        for i, row in enumerate(rows):
+            s = row.gen.sampling
+            if row.gen.cancelled:
+                row.done = True
+                continue
+            block = eos if s.ignore_eos or len(row.token_ids) < s.min_tokens else []
+            token = sample(logits[i], s, row.generator, block)
+            row.token_ids.append(token)
+            top: list[tuple[int, float]] = []
+            if s.top_logprobs:
+                values, ids = torch.topk(logprobs[i], s.top_logprobs)
+                top = list(zip(ids.tolist(), values.tolist(), strict=True))
+            finish = None
+            if token in self.loaded.eos_ids:
+                finish = "stop"
+            elif len(row.token_ids) >= s.max_tokens or row.position + 1 >= limit:
+                finish = "length"
+            text, stopped = row.text.update(row.token_ids, final=finish is not None)
+            if stopped:
+                finish = "stop"
+            row.done = finish is not None
+            events.setdefault(row.gen, []).append(
+                TokenEvent(row.index, token, float(logprobs[i, token]), top, text, finish)
+            )
+        for gen, batch in events.items():
+            gen._post(batch)
+
+    def _merge(self, cache, mask: torch.Tensor, rows: list[_Row]) -> None:
+        """Add prefilled rows to the running batch, left-padding whichever side is shorter."""
+        if not self._rows:
+            self._cache, self._mask, self._rows = cache, mask, rows
+            return
+        old, new = self._mask.shape[1], mask.shape[1]
+        _pad_left(self._cache, max(0, new - old))
+        _pad_left(cache, max(0, old - new))
+        self._mask = torch.cat(
+            [F.pad(self._mask, (max(0, new - old), 0)), F.pad(mask, (max(0, old - new), 0))], 0
+        )
+        for mine, theirs in zip(self._cache.layers, cache.layers, strict=True):
+            mine.keys = torch.cat([mine.keys, theirs.keys], 0)
+            mine.values = torch.cat([mine.values, theirs.values], 0)
+        self._rows = self._rows + rows
+
+    def _compact(self) -> None:
+        """Drop finished and cancelled rows, and cache columns that are padding for every row."""
+        keep = [i for i, r in enumerate(self._rows) if not r.done and not r.gen.cancelled]
+        if len(keep) == len(self._rows):
+            return
+        if not keep:
+            self._rows, self._cache, self._mask = [], None, None
+            return
+        index = torch.tensor(keep, device=self._mask.device)
+        self._rows = [self._rows[i] for i in keep]
+        self._mask = self._mask[index]
+        start = int(self._mask.any(0).nonzero()[0])
+        self._mask = self._mask[:, start:]
+        for layer in self._cache.layers:
+            layer.keys = layer.keys[index, :, start:]
+            layer.values = layer.values[index, :, start:]
+
+
+def _pad_left(cache, n: int) -> None:
+    if n:
+        for layer in cache.layers:
+            layer.keys = F.pad(layer.keys, (0, 0, n, 0))
+            layer.values = F.pad(layer.values, (0, 0, n, 0))

@@ -1,0 +1,162 @@
+"""The model the engine serves: base weights, tokenizer, and the LoRA adapters loaded on top.
+
+Adapters are loaded with peft under their vLLM names. peft mixes adapters inside
+one batch in eval mode (`adapter_names=[...]` per row, `__base__` for none), so
+requests for different checkpoints share forward passes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from .errors import BadRequest, NotFound
+
+BASE = "__base__"
+
+
+@dataclass
+class Adapter:
+    name: str
+    path: str
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    path: str
+    max_model_len: int
+    eos_ids: frozenset[int]
+    adapters: dict[str, Adapter] = field(default_factory=dict)
+
+    @classmethod
+    def load(
+        cls,
+        path: Path,
+        *,
+        name: str,
+        dtype: str = "float32",
+        device: str = "cpu",
+        max_model_len: int | None = None,
+    ) -> LoadedModel:
+        torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        eos = set()
+        for source in (model.config.eos_token_id, model.generation_config.eos_token_id):
+            eos.update(
+                source if isinstance(source, list) else [source] if source is not None else []
+            )
+        if tokenizer.eos_token_id is not None:
+            eos.add(tokenizer.eos_token_id)
+        limit = model.config.max_position_embeddings
+        return cls(
+            model=model,
+            tokenizer=tokenizer,
+            name=name,
+            path=str(path),
+            max_model_len=min(max_model_len or limit, limit),
+            eos_ids=frozenset(eos),
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def resolve(self, model: str) -> str | None:
+        """Map a request's `model` to an adapter name (None for the base model), else 404."""
+        if model in self.adapters:
+            return model
+        if model in (self.name, self.path):
+            return None
+        raise NotFound(f"The model `{model}` does not exist.", param="model")
+
+    def forward(self, input_ids, attention_mask, position_ids, cache, adapters):
+        """Logits for the last position of each row; `adapters[i]` is row i's adapter or None."""
+        kwargs = dict(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        if not self.adapters:
+            return self.model(**kwargs)
+        if all(a is None for a in adapters):
+            with self.model.disable_adapter():
+                return self.model(**kwargs)
+        return self.model(**kwargs, adapter_names=[a or BASE for a in adapters])
+
+    def load_adapter(self, name: str, path: str) -> None:
+        from peft import PeftModel
+
+        if name in self.adapters:
+            raise BadRequest(
+                f"The lora adapter '{name}' has already been loaded.", param="lora_name"
+            )
+        if name in (self.name, BASE):
+            raise BadRequest(f"'{name}' is reserved for the base model.", param="lora_name")
+        self._validate(Path(path))
+        try:
+            if isinstance(self.model, PeftModel):
+                self.model.load_adapter(path, adapter_name=name, is_trainable=False)
+            else:
+                self.model = PeftModel.from_pretrained(
+                    self.model, path, adapter_name=name, is_trainable=False
+                )
+        except Exception as exc:
+            if isinstance(self.model, PeftModel) and name in self.model.peft_config:
+                self.model.delete_adapter(name)
+            raise BadRequest(f"Loading the lora adapter '{name}' failed: {exc}") from exc
+        self.model.eval()
+        self.adapters[name] = Adapter(name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        if name not in self.adapters:
+            raise NotFound(f"The lora adapter '{name}' cannot be found.", param="lora_name")
+        del self.adapters[name]
+        if self.adapters:
+            self.model.delete_adapter(name)
+        else:
+            # With no adapter left, drop the LoRA layers entirely: plain forwards again.
+            self.model = self.model.unload()
+
+    def _validate(self, path: Path) -> None:
+        """Check an adapter against the base model before touching the live model."""
+        from safetensors import safe_open
+
+        config_file = path / "adapter_config.json"
+        if not config_file.is_file():
+            raise BadRequest(f"No adapter found at '{path}' (adapter_config.json missing).")
+        try:
+            config = json.loads(config_file.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise BadRequest(f"Unreadable adapter_config.json in '{path}': {exc}") from exc
+        if config.get("peft_type") != "LORA":
+            raise BadRequest(
+                f"'{path}' is not a LoRA adapter (peft_type={config.get('peft_type')})."
+            )
+        weights = path / "adapter_model.safetensors"
+        if not weights.is_file():
+            raise BadRequest(f"No adapter_model.safetensors in '{path}'.")
+        modules = dict(self.model.named_modules())
+        with safe_open(weights, "pt") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if ".lora_A." not in key:
+                    continue
+                module_name = key.split(".lora_A.")[0].removeprefix("base_model.model.")
+                module = modules.get(module_name) or modules.get(f"base_model.model.{module_name}")
+                in_features = getattr(getattr(module, "base_layer", module), "in_features", None)
+                shape = f.get_slice(key).get_shape()
+                if in_features is None or shape[1] != in_features:
+                    raise BadRequest(
+                        f"Adapter '{path}' does not fit the base model {self.name}: "
+                        f"{module_name} (weight {key} has shape {shape})."
+                    )

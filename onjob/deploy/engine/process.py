@@ -1,0 +1,81 @@
+"""An engine as a child process: started on a free port, ready when `/health` answers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EngineProcess:
+    """`with EngineProcess(["--model", path]) as engine: engine.url` -> http://127.0.0.1:PORT/v1"""
+
+    def __init__(
+        self, args: list[str] = (), *, port: int = 0, env: dict | None = None, timeout: float = 300
+    ) -> None:
+        self.port = port or free_port()
+        self.args = list(args)
+        self.env = env
+        self.timeout = timeout
+        self.proc: subprocess.Popen | None = None
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the process)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"{self.base}/v1"
+
+    def start(self) -> EngineProcess:
+        cmd = [sys.executable, "-m", "onjob.deploy.cli", "engine", "--port", str(self.port)]
+        self.proc = subprocess.Popen(
+            [*cmd, *self.args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(self.env or {})},
+        )
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"engine exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(f"{self.base}/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"engine not ready after {self.timeout} s:\n{self.output()}")
+
+    def output(self) -> str:
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> EngineProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

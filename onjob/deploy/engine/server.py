@@ -1,0 +1,306 @@
+"""The local engine's HTTP server: vLLM's OpenAI-compatible contract on top of `Batcher`.
+
+Routes: `POST /v1/chat/completions`, `GET /v1/models`, `POST /v1/load_lora_adapter`,
+`POST /v1/unload_lora_adapter`, `GET /health`. Responses carry the same fields as
+vLLM's (`logprobs`, `prompt_token_ids` and per-choice `token_ids` with
+`return_token_ids`), and errors use OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from functools import lru_cache
+
+import msgspec
+from litestar import Litestar, Request, Response, get, post
+from litestar.exceptions import HTTPException
+from litestar.response import Stream
+
+from . import chat
+from .batching import Batcher, TokenEvent
+from .errors import BadRequest, EngineError, error_body
+from .protocol import ChatRequest, LoadAdapter, UnloadAdapter
+from .sampling import Sampling
+
+
+@dataclass
+class _Prepared:
+    request: ChatRequest
+    adapter: str | None
+    prompt_ids: list[int]
+    sampling: Sampling
+    parse_tools: bool
+
+
+def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
+    loaded = batcher.loaded
+    created = int(time.time())
+
+    @lru_cache(maxsize=65536)
+    def token_text(token_id: int) -> str:
+        return loaded.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+
+    def logprob_entry(token_id: int, logprob: float, top: list[tuple[int, float]]) -> dict:
+        text = token_text(token_id)
+        return {
+            "token": text,
+            "logprob": logprob,
+            "bytes": list(text.encode()),
+            "top_logprobs": [
+                {"token": token_text(t), "logprob": lp, "bytes": list(token_text(t).encode())}
+                for t, lp in top
+            ],
+        }
+
+    def prepare(body: bytes) -> _Prepared:
+        try:
+            req = msgspec.json.decode(body, type=ChatRequest)
+        except msgspec.ValidationError as exc:
+            raise BadRequest(f"Invalid request: {exc}") from exc
+        except msgspec.DecodeError as exc:
+            raise BadRequest(f"Malformed JSON body: {exc}") from exc
+        adapter = loaded.resolve(req.model)
+        prompt = chat.render(loaded.tokenizer, req.messages, req.tools)
+        prompt_ids = loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        room = loaded.max_model_len - len(prompt_ids)
+        asked = req.max_completion_tokens or req.max_tokens
+        if room <= 0 or (asked is not None and asked > room):
+            raise BadRequest(
+                f"This model's maximum context length is {loaded.max_model_len} tokens. "
+                f"However, you requested {len(prompt_ids) + (asked or 0)} tokens "
+                f"({len(prompt_ids)} in the messages, {asked or 0} in the completion). "
+                "Please reduce the length of the messages or completion.",
+                param="messages",
+            )
+        if req.top_logprobs and not req.logprobs:
+            raise BadRequest("top_logprobs requires logprobs=true.", param="top_logprobs")
+        stop = (req.stop,) if isinstance(req.stop, str) else tuple(s for s in req.stop or () if s)
+        sampling = Sampling(
+            max_tokens=asked or min(default_max_tokens, room),
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            seed=req.seed,
+            stop=stop,
+            top_logprobs=req.top_logprobs or 0,
+            min_tokens=req.min_tokens,
+            ignore_eos=req.ignore_eos,
+        )
+        parse_tools = bool(req.tools) and req.tool_choice != "none"
+        return _Prepared(req, adapter, prompt_ids, sampling, parse_tools)
+
+    @post("/v1/chat/completions", status_code=200)
+    async def chat_completions(request: Request) -> Response | Stream:
+        p = prepare(await request.body())
+        gen = batcher.submit(p.prompt_ids, p.adapter, p.request.n, p.sampling)
+        if p.request.stream:
+            return Stream(
+                _sse(stream_chunks(p, gen)),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        try:
+            return Response(await complete(p, gen), media_type="application/json")
+        finally:
+            gen.cancel()
+
+    async def complete(p: _Prepared, gen) -> bytes:
+        n = p.request.n
+        tokens: list[list[TokenEvent]] = [[] for _ in range(n)]
+        texts = [""] * n
+        finish = [None] * n
+        async for ev in gen.events():
+            tokens[ev.index].append(ev)
+            texts[ev.index] += ev.text
+            finish[ev.index] = ev.finish_reason or finish[ev.index]
+        choices = []
+        for i in range(n):
+            message: dict = {"role": "assistant", "content": texts[i]}
+            reason = finish[i]
+            if p.parse_tools:
+                content, calls = chat.parse_tool_calls(texts[i])
+                if calls:
+                    message = {"role": "assistant", "content": content, "tool_calls": calls}
+                    reason = "tool_calls"
+            choice = {"index": i, "message": message, "logprobs": None, "finish_reason": reason}
+            if p.request.logprobs:
+                choice["logprobs"] = {
+                    "content": [logprob_entry(e.token_id, e.logprob, e.top) for e in tokens[i]]
+                }
+            if p.request.return_token_ids:
+                choice["token_ids"] = [e.token_id for e in tokens[i]]
+            choices.append(choice)
+        completion_tokens = sum(len(t) for t in tokens)
+        body = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": p.request.model,
+            "choices": choices,
+            "usage": _usage(len(p.prompt_ids), completion_tokens),
+        }
+        if p.request.return_token_ids:
+            body["prompt_token_ids"] = p.prompt_ids
+        return msgspec.json.encode(body)
+
+    async def stream_chunks(p: _Prepared, gen) -> AsyncIterator[dict]:
+        req = p.request
+        head = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": req.model,
+        }
+
+        def chunk(index: int, delta: dict, **extra) -> dict:
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+            return {**head, "choices": [{**choice, **extra}]}
+
+        # With tools, the whole text is held back: it may turn out to be a tool call.
+        held = [""] * req.n
+        completion_tokens = 0
+        try:
+            for i in range(req.n):
+                first = chunk(i, {"role": "assistant", "content": ""})
+                if i == 0 and req.return_token_ids:
+                    first["prompt_token_ids"] = p.prompt_ids
+                yield first
+            async for ev in gen.events():
+                completion_tokens += 1
+                extra: dict = {}
+                if req.logprobs:
+                    extra["logprobs"] = {
+                        "content": [logprob_entry(ev.token_id, ev.logprob, ev.top)]
+                    }
+                if req.return_token_ids:
+                    extra["token_ids"] = [ev.token_id]
+                delta: dict = {"content": ev.text}
+                if p.parse_tools:
+                    held[ev.index] += ev.text
+                    delta = {}
+                reason = ev.finish_reason
+                if reason and p.parse_tools:
+                    content, calls = chat.parse_tool_calls(held[ev.index])
+                    if calls:
+                        delta = {"content": content, "tool_calls": _indexed(calls)}
+                        reason = "tool_calls"
+                    else:
+                        delta = {"content": held[ev.index]}
+                if ev.text or extra or reason:
+                    yield chunk(ev.index, delta, **extra, finish_reason=reason)
+            if req.stream_options and req.stream_options.include_usage:
+                yield {**head, "choices": [], "usage": _usage(len(p.prompt_ids), completion_tokens)}
+        except EngineError as exc:
+            yield exc.body()
+        finally:
+            gen.cancel()
+
+    @get("/v1/models")
+    async def models() -> dict:
+        base = {
+            "id": loaded.name,
+            "object": "model",
+            "created": created,
+            "owned_by": "onjob",
+            "root": loaded.path,
+            "parent": None,
+            "max_model_len": loaded.max_model_len,
+        }
+        adapters = [
+            {**base, "id": a.name, "root": a.path, "parent": loaded.name}
+            for a in loaded.adapters.values()
+        ]
+        return {"object": "list", "data": [base, *adapters]}
+
+    @post("/v1/load_lora_adapter", status_code=200)
+    async def load_lora_adapter(request: Request) -> Response:
+        body = _decode(await request.body(), LoadAdapter)
+        await batcher.call(lambda: loaded.load_adapter(body.lora_name, body.lora_path))
+        return Response(
+            f"Success: LoRA adapter '{body.lora_name}' added successfully.", media_type="text/plain"
+        )
+
+    @post("/v1/unload_lora_adapter", status_code=200)
+    async def unload_lora_adapter(request: Request) -> Response:
+        body = _decode(await request.body(), UnloadAdapter)
+
+        def unload() -> None:
+            if body.lora_name in loaded.adapters:
+                batcher.fail_adapter(body.lora_name)
+            loaded.unload_adapter(body.lora_name)
+
+        await batcher.call(unload)
+        return Response(
+            f"Success: LoRA adapter '{body.lora_name}' removed successfully.",
+            media_type="text/plain",
+        )
+
+    @get("/health")
+    async def health() -> Response:
+        return Response(b"", status_code=200)
+
+    return Litestar(
+        route_handlers=[
+            chat_completions,
+            models,
+            load_lora_adapter,
+            unload_lora_adapter,
+            health,
+        ],
+        exception_handlers={
+            EngineError: _engine_error,
+            HTTPException: _http_error,
+            Exception: _internal_error,
+        },
+        request_max_body_size=16 * 1024 * 1024,
+        openapi_config=None,
+    )
+
+
+def _decode(body: bytes, type_):
+    try:
+        return msgspec.json.decode(body, type=type_)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"Invalid request: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"Malformed JSON body: {exc}") from exc
+
+
+def _usage(prompt: int, completion: int) -> dict:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def _indexed(calls: list[dict]) -> list[dict]:
+    return [{"index": i, **c} for i, c in enumerate(calls)]
+
+
+async def _sse(chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    async for c in chunks:
+        yield b"data: " + msgspec.json.encode(c) + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+def _engine_error(_: Request, exc: EngineError) -> Response:
+    return Response(exc.body(), status_code=exc.status)
+
+
+_HTTP_TYPES = {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error"}
+
+
+def _http_error(_: Request, exc: HTTPException) -> Response:
+    status = exc.status_code
+    type_ = _HTTP_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return Response(error_body(exc.detail, type_, status), status_code=status)
+
+
+def _internal_error(_: Request, exc: Exception) -> Response:
+    return Response(
+        error_body(f"Internal error: {type(exc).__name__}: {exc}", "internal_server_error", 500),
+        status_code=500,
+    )

@@ -1,0 +1,1 @@
+"""Turns logged traffic into scored groups: re-sampling, RULER, reward functions, feedback."""

@@ -1,0 +1,1 @@
+"""Offline GRPO on scored groups, writing LoRA checkpoints in PEFT format."""

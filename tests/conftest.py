@@ -1,0 +1,144 @@
+"""Shared fixtures: tiny models with the real SmolLM2 tokenizer, and real engine processes.
+
+The tiny models are randomly initialised Llamas (a few million parameters) built
+from the bundled model's config family, so engine tests run in seconds while the
+tokenizer and chat template are the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from onjob import bundled
+from onjob.deploy.engine.process import EngineProcess
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather for a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+TOOL_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+TOOL_ANSWER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+@pytest.fixture(scope="session")
+def bundled_dir() -> Path:
+    return bundled.prepare()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(bundled_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(bundled_dir)
+
+
+def _tiny_model(seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    return LlamaForCausalLM(config)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
+    path = tmp_path_factory.mktemp("tiny-model")
+    _tiny_model().save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_adapter_dir(tmp_path_factory, tiny_model_dir) -> Path:
+    """A LoRA adapter with non-zero weights: it really changes the model's outputs."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    config = LoraConfig(
+        r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False
+    )
+    peft_model = get_peft_model(model, config)
+    for name, p in peft_model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    path = tmp_path_factory.mktemp("tiny-adapter")
+    peft_model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tool_model_dir(tmp_path_factory, tokenizer) -> Path:
+    """A tiny model taught (by overfitting) to answer TOOL_QUESTION with TOOL_ANSWER."""
+    import msgspec
+
+    from onjob.deploy.engine import chat
+    from onjob.deploy.engine.protocol import Message, Tool
+
+    prompt = chat.render(
+        tokenizer,
+        msgspec.convert(TOOL_QUESTION, list[Message]),
+        msgspec.convert(TOOLS, list[Tool]),
+    )
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    answer_ids = tokenizer(TOOL_ANSWER + "<|im_end|>", add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([prompt_ids + answer_ids])
+    labels = ids.clone()
+    labels[0, : len(prompt_ids)] = -100
+    model = _tiny_model(seed=2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(300):
+        loss = model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if loss.item() < 0.01:
+            break
+    path = tmp_path_factory.mktemp("tool-model")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    (path / "onjob-test.json").write_text(json.dumps({"final_loss": loss.item()}))
+    return path
+
+
+@pytest.fixture(scope="session")
+def engine(tiny_model_dir):
+    """A real local engine process serving the tiny model, as `tiny`."""
+    with EngineProcess(
+        ["--model", str(tiny_model_dir), "--served-model-name", "tiny", "--threads", "1"]
+    ) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="session")
+def client(engine):
+    from openai import OpenAI
+
+    return OpenAI(base_url=engine.url, api_key="unused", max_retries=0, timeout=120)
