@@ -31,7 +31,13 @@ def cmd_engine(args: argparse.Namespace) -> int:
         argv, env = vllm.command(settings, settings.model or "<bundled model dir>")
         print(" ".join(f"{k}={v}" for k, v in env.items()), shlex.join(argv))
         return 0
-    serve(settings)
+    from .engine.vllm import VLLMUnavailable
+
+    try:
+        serve(settings)
+    except VLLMUnavailable as exc:
+        print(f"onjob: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
