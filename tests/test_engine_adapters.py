@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -188,3 +189,27 @@ def test_adapter_errors_are_clear_and_the_engine_keeps_serving(
     assert [m.id for m in client.models.list().data] == ["tiny"]
     ok = client.chat.completions.create(model="tiny", **GREEDY)
     assert ok.choices[0].finish_reason == "length"
+
+
+def test_unloading_an_adapter_mid_stream_ends_that_stream_with_an_error_event(
+    engine, client, tiny_adapter_dir
+):
+    assert load(engine, "short-lived", tiny_adapter_dir).status_code == 200
+    body = {
+        "model": "short-lived",
+        "messages": HELLO,
+        "max_tokens": 900,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    with httpx.stream("POST", f"{engine.url}/chat/completions", json=body, timeout=120) as r:
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert '"role":"assistant"' in first
+        assert unload(engine, "short-lived").status_code == 200
+        rest = [line for line in lines if line.startswith("data: ")]
+    errors = [json.loads(line[6:]) for line in rest if '"error"' in line]
+    assert errors and "unloaded during generation" in errors[0]["error"]["message"]
+    assert rest[-1] == "data: [DONE]"
+    ok = client.chat.completions.create(model="tiny", **GREEDY)
+    assert ok.usage.completion_tokens == 10

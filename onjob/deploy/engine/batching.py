@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .errors import EngineError, GenerationFailed
+from .errors import EngineError, GenerationFailed, NotFound
 from .model import LoadedModel
 from .sampling import Sampling, TextStream, generator_for, sample
 
@@ -144,9 +144,12 @@ class Batcher:
     def _run(self) -> None:
         with torch.inference_mode():
             while self._drain(block=not self._rows and not self._pending):
-                self._admit()
-                if self._rows:
-                    self._step()
+                try:
+                    self._admit()
+                    if self._rows:
+                        self._step()
+                except Exception as exc:  # never let one bad step kill the worker
+                    self._fail_batch(GenerationFailed(f"Generation failed: {exc}"))
         error = GenerationFailed("The engine is shutting down.")
         for gen in {r.gen for r in self._rows} | set(self._pending):
             gen._post(error)
@@ -178,6 +181,10 @@ class Batcher:
             if self._rows and len(self._rows) + gen.n > self.max_batch:
                 return
             self._pending.popleft()
+            if gen.adapter is not None and gen.adapter not in self.loaded.adapters:
+                # Unloaded between the request's arrival and now: never serve other weights.
+                gen._post(NotFound(f"The model `{gen.adapter}` does not exist.", param="model"))
+                continue
             try:
                 self._prefill(gen)
             except Exception as exc:
@@ -270,6 +277,12 @@ class Batcher:
             )
         for gen, batch in events.items():
             gen._post(batch)
+
+    def _fail_batch(self, error: EngineError) -> None:
+        for gen in {r.gen for r in self._rows}:
+            gen._post(error)
+            gen.cancel()
+        self._rows, self._cache, self._mask = [], None, None
 
     def _merge(self, cache, mask: torch.Tensor, rows: list[_Row]) -> None:
         """Add prefilled rows to the running batch, left-padding whichever side is shorter."""

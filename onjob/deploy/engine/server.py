@@ -210,7 +210,7 @@ def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
         }
         adapters = [
             {**base, "id": a.name, "root": a.path, "parent": loaded.name}
-            for a in loaded.adapters.values()
+            for a in list(loaded.adapters.values())
         ]
         return {"object": "list", "data": [base, *adapters]}
 
