@@ -74,24 +74,26 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def tiny_adapter_dir(tmp_path_factory, tiny_model_dir) -> Path:
-    """A LoRA adapter with non-zero weights: it really changes the model's outputs."""
+def make_adapter(model_dir: Path, out: Path, *, seed: int, r: int, targets: list[str]) -> Path:
+    """A LoRA adapter with random non-zero weights: it really changes the model's outputs."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(1)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    config = LoraConfig(
-        r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False
-    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    config = LoraConfig(r=r, lora_alpha=2 * r, target_modules=targets, init_lora_weights=False)
     peft_model = get_peft_model(model, config)
     for name, p in peft_model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.5)
-    path = tmp_path_factory.mktemp("tiny-adapter")
-    peft_model.save_pretrained(path)
-    return path
+    peft_model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_adapter_dir(tmp_path_factory, tiny_model_dir) -> Path:
+    out = tmp_path_factory.mktemp("tiny-adapter")
+    return make_adapter(tiny_model_dir, out, seed=1, r=8, targets=["q_proj", "v_proj", "o_proj"])
 
 
 @pytest.fixture(scope="session")

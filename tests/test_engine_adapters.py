@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from onjob.deploy.engine.process import EngineProcess
 
+from .conftest import make_adapter
 from .test_engine_api import HELLO, forward_logprobs
 
 GREEDY = dict(
@@ -27,20 +28,8 @@ GREEDY = dict(
 
 @pytest.fixture(scope="module")
 def second_adapter_dir(tmp_path_factory, tiny_model_dir):
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(5)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    peft_model = get_peft_model(
-        model,
-        LoraConfig(r=4, target_modules=["k_proj", "up_proj"], init_lora_weights=False),
-    )
-    for name, p in peft_model.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(p, std=0.5)
-    path = tmp_path_factory.mktemp("adapter-b")
-    peft_model.save_pretrained(path)
-    return path
+    out = tmp_path_factory.mktemp("adapter-b")
+    return make_adapter(tiny_model_dir, out, seed=5, r=4, targets=["k_proj", "up_proj"])
 
 
 @pytest.fixture(scope="module")
