@@ -1,2 +1,25 @@
 """Owns the DuckDB database: exchanges stitched into trajectories and scenarios, and the
-queries the other parts ask."""
+queries the other parts ask.
+
+The proxy calls `Collector.place()` (which trajectory, turn and scenario a request
+belongs to) and `Collector.log()` (a durable append to the spool); a background
+task loads the spool into DuckDB in batches.
+"""
+
+from .errors import CollectorError, StorageError
+from .records import ExchangeRecord
+from .settings import CollectorSettings
+from .store import Store
+from .trajectories import Placement, Stitcher
+from .writer import Collector
+
+__all__ = [
+    "Collector",
+    "CollectorError",
+    "CollectorSettings",
+    "ExchangeRecord",
+    "Placement",
+    "Stitcher",
+    "StorageError",
+    "Store",
+]

@@ -1,0 +1,138 @@
+"""The tables (DESIGN.md, "Data") and their migrations.
+
+`MIGRATIONS[i]` upgrades a database from version i to i+1. Opening a database
+applies whatever it lacks, in one transaction per step, and records the version
+in `schema_version`. Never edit a released migration: append a new one.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+V1 = """
+CREATE TABLE exchanges (
+    id VARCHAR PRIMARY KEY,
+    ts TIMESTAMPTZ NOT NULL,
+    trajectory_id VARCHAR NOT NULL,
+    turn INTEGER NOT NULL,
+    scenario_id VARCHAR NOT NULL,
+    api_key_id VARCHAR,
+    model_alias VARCHAR,
+    checkpoint VARCHAR,
+    arm VARCHAR,
+    stream BOOLEAN,
+    request JSON,
+    response JSON,
+    prompt_token_ids INTEGER[],
+    completion_token_ids INTEGER[][],
+    completion_logprobs DOUBLE[][],
+    usage JSON,
+    latency_ms DOUBLE,
+    status INTEGER,
+    error VARCHAR,
+    metadata JSON,
+    source VARCHAR NOT NULL DEFAULT 'production',
+    continuation_hashes VARCHAR[]
+);
+CREATE TABLE trajectories (
+    id VARCHAR PRIMARY KEY,
+    scenario_id VARCHAR NOT NULL,
+    checkpoint VARCHAR,
+    arm VARCHAR,
+    first_exchange VARCHAR,
+    last_exchange VARCHAR,
+    n_turns INTEGER NOT NULL,
+    source VARCHAR NOT NULL DEFAULT 'production',
+    first_ts TIMESTAMPTZ,
+    last_ts TIMESTAMPTZ
+);
+CREATE TABLE scenarios (
+    id VARCHAR PRIMARY KEY,
+    key VARCHAR NOT NULL,
+    keyed VARCHAR NOT NULL,
+    first_seen TIMESTAMPTZ,
+    count BIGINT NOT NULL
+);
+CREATE TABLE groups (
+    id VARCHAR PRIMARY KEY,
+    scenario_id VARCHAR,
+    prefix_exchange VARCHAR,
+    kind VARCHAR NOT NULL,
+    checkpoints VARCHAR[],
+    status VARCHAR NOT NULL,
+    reason VARCHAR,
+    created TIMESTAMPTZ
+);
+CREATE TABLE scores (
+    id VARCHAR PRIMARY KEY,
+    group_id VARCHAR,
+    member_id VARCHAR NOT NULL,
+    source VARCHAR NOT NULL,
+    score DOUBLE NOT NULL,
+    explanation VARCHAR,
+    cache_key VARCHAR,
+    created TIMESTAMPTZ
+);
+CREATE TABLE feedback (
+    id VARCHAR PRIMARY KEY,
+    exchange_id VARCHAR,
+    trajectory_id VARCHAR,
+    api_key_id VARCHAR,
+    value DOUBLE NOT NULL,
+    comment VARCHAR,
+    ts TIMESTAMPTZ NOT NULL
+);
+CREATE TABLE checkpoints (
+    name VARCHAR PRIMARY KEY,
+    parent VARCHAR,
+    base_model VARCHAR,
+    path VARCHAR,
+    created TIMESTAMPTZ,
+    train_run VARCHAR,
+    status VARCHAR NOT NULL
+);
+CREATE TABLE train_runs (
+    id VARCHAR PRIMARY KEY,
+    groups_used VARCHAR[],
+    config JSON,
+    metrics JSON,
+    duration_s DOUBLE,
+    created TIMESTAMPTZ
+);
+CREATE TABLE deployments (
+    ts TIMESTAMPTZ NOT NULL,
+    model_alias VARCHAR NOT NULL,
+    live VARCHAR,
+    canary VARCHAR,
+    fraction DOUBLE,
+    reason VARCHAR,
+    actor VARCHAR
+);
+"""
+
+MIGRATIONS: list[str] = [V1]
+
+
+def version(con: duckdb.DuckDBPyConnection) -> int:
+    con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+    row = con.execute("SELECT max(version) FROM schema_version").fetchone()
+    return row[0] or 0
+
+
+def migrate(con: duckdb.DuckDBPyConnection, migrations: list[str] = MIGRATIONS) -> int:
+    """Bring the database up to `len(migrations)`; return the version it had before."""
+    before = version(con)
+    if before > len(migrations):
+        raise RuntimeError(
+            f"database schema version {before} is newer than this onjob ({len(migrations)})"
+        )
+    for target in range(before + 1, len(migrations) + 1):
+        con.execute("BEGIN TRANSACTION")
+        try:
+            con.execute(migrations[target - 1])
+            con.execute("INSERT INTO schema_version VALUES (?)", [target])
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+    return before

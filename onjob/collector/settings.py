@@ -1,0 +1,20 @@
+"""Collector settings (composed into the server's settings in `deploy`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+
+class CollectorSettings(BaseModel):
+    db: Path = Path("onjob.duckdb")
+    spool_dir: Path | None = Field(None, description="default: <db>.spool beside the database")
+    flush_interval_s: float = Field(0.25, gt=0, description="how often the spool is loaded")
+    warm_exchanges: int = Field(100_000, ge=0, description="exchanges reloaded into the stitcher")
+    stitch_capacity: int = Field(200_000, ge=1)
+    fsync: bool = Field(False, description="fsync each exchange (survives power loss, slow)")
+
+    @property
+    def spool(self) -> Path:
+        return self.spool_dir or self.db.with_name(self.db.name + ".spool")

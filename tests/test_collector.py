@@ -1,0 +1,219 @@
+"""The collector on a real DuckDB file: batched loading, aggregates, replay after kill -9."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import duckdb
+import pytest
+
+from onjob.collector import Collector, CollectorSettings, ExchangeRecord, StorageError, Store
+from onjob.collector.schema import MIGRATIONS, migrate, version
+
+
+def record(placement, i: int, **extra) -> ExchangeRecord:
+    return ExchangeRecord(
+        id=f"chatcmpl-{uuid.uuid4().hex}",
+        ts=time.time(),
+        trajectory_id=placement.trajectory_id,
+        turn=placement.turn,
+        scenario_id=placement.scenario_id,
+        scenario_key=placement.scenario_key,
+        scenario_keyed=placement.scenario_keyed,
+        model_alias="agent",
+        request={"messages": [{"role": "user", "content": f"q{i}"}]},
+        response={"choices": [{"message": {"role": "assistant", "content": "a"}}]},
+        prompt_token_ids=[1, 2, 3],
+        completion_token_ids=[[4, 5]],
+        completion_logprobs=[[-0.5, -0.25]],
+        usage={"prompt_tokens": 3, "completion_tokens": 2},
+        latency_ms=12.5,
+        **extra,
+    )
+
+
+async def log_conversations(collector: Collector, conversations: int, turns: int) -> list[str]:
+    ids = []
+    for c in range(conversations):
+        messages = [{"role": "user", "content": f"conversation {c}"}]
+        for t in range(turns):
+            p = collector.place(messages)
+            answer = {"role": "assistant", "content": f"answer {t}"}
+            hashes = collector.stitcher.record_replies(p, [answer])
+            r = record(p, t, continuation_hashes=hashes)
+            collector.log(r)
+            ids.append(r.id)
+            messages = [*messages, answer, {"role": "user", "content": f"more {t}"}]
+    return ids
+
+
+def test_logged_exchanges_land_with_trajectories_and_scenarios(tmp_path):
+    db = tmp_path / "onjob.duckdb"
+
+    async def main():
+        c = Collector(CollectorSettings(db=db, flush_interval_s=0.05))
+        await c.start()
+        ids = await log_conversations(c, conversations=3, turns=4)
+        await c.close()
+        return ids
+
+    ids = asyncio.run(main())
+    con = duckdb.connect(str(db), read_only=True)
+    assert {r[0] for r in con.execute("SELECT id FROM exchanges").fetchall()} == set(ids)
+    rows = con.execute("SELECT n_turns, first_exchange, last_exchange FROM trajectories").fetchall()
+    assert sorted(r[0] for r in rows) == [4, 4, 4]
+    turns = con.execute(
+        "SELECT trajectory_id, list(turn ORDER BY turn) FROM exchanges GROUP BY 1"
+    ).fetchall()
+    assert all(t == [0, 1, 2, 3] for _, t in turns)
+    assert con.execute("SELECT count(*), sum(count) FROM scenarios").fetchone() == (3, 3)
+    tokens = con.execute(
+        "SELECT prompt_token_ids, completion_token_ids, completion_logprobs, "
+        "request->>'$.messages[0].content' FROM exchanges LIMIT 1"
+    ).fetchone()
+    assert tokens[:3] == ([1, 2, 3], [[4, 5]], [[-0.5, -0.25]])
+    assert tokens[3].startswith("q")
+    assert not list((tmp_path / "onjob.duckdb.spool").glob("*.jsonl"))  # all loaded
+
+
+def test_loading_the_same_segment_twice_changes_nothing(tmp_path):
+    store = Store(tmp_path / "db.duckdb")
+    from onjob.collector import Stitcher
+
+    s = Stitcher()
+    p = s.place([{"role": "user", "content": "hi"}])
+    records = [record(p, 0)]
+    assert store.insert_exchanges(records) == 1
+    assert store.insert_exchanges(records) == 0
+    assert store.query("SELECT n_turns FROM trajectories") == [{"n_turns": 1}]
+    assert store.query("SELECT count FROM scenarios") == [{"count": 1}]
+
+
+def test_scenario_counts_trajectories_not_turns(tmp_path):
+    async def main():
+        c = Collector(CollectorSettings(db=tmp_path / "db.duckdb", flush_interval_s=60))
+        await c.start()
+        await log_conversations(c, conversations=1, turns=2)
+        await c.flush()
+        await log_conversations(c, conversations=1, turns=1)  # same first message: same scenario
+        await c.flush()
+        rows = await c.query(lambda s: s.query("SELECT count FROM scenarios"))
+        await c.close()
+        return rows
+
+    assert asyncio.run(main()) == [{"count": 2}]
+
+
+WRITER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from pathlib import Path
+    from onjob.collector import Collector, CollectorSettings
+    from tests.test_collector import log_conversations
+
+    async def main():
+        c = Collector(CollectorSettings(db=Path(sys.argv[1]), flush_interval_s=3600))
+        await c.start()
+        ids = await log_conversations(c, conversations=5, turns=3)
+        print("\\n".join(ids), flush=True)
+        await asyncio.sleep(3600)
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_exchanges_survive_kill_9_and_are_replayed_at_start(tmp_path):
+    db = tmp_path / "onjob.duckdb"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(db)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
+    ids = [proc.stdout.readline().strip() for _ in range(15)]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert all(ids)
+
+    async def restart():
+        c = Collector(CollectorSettings(db=db))
+        await c.start()
+        replayed = c.loaded
+        # The stitcher was warmed from the database: conversation 0 continues at turn 3.
+        msgs = [{"role": "user", "content": "conversation 0"}]
+        for t in range(3):
+            msgs += [
+                {"role": "assistant", "content": f"answer {t}"},
+                {"role": "user", "content": f"more {t}"},
+            ]
+        placement = c.place(msgs)
+        rows = await c.query(lambda s: s.query("SELECT id FROM exchanges"))
+        await c.close()
+        return replayed, placement, rows
+
+    replayed, placement, rows = asyncio.run(restart())
+    assert replayed == 15
+    assert {r["id"] for r in rows} == set(ids)
+    assert placement.turn == 3
+
+
+def test_torn_last_line_is_skipped_and_the_rest_loaded(tmp_path):
+    spool = tmp_path / "db.duckdb.spool"
+    spool.mkdir()
+    from onjob.collector import Stitcher
+    from onjob.collector.records import encode
+
+    p = Stitcher().place([{"role": "user", "content": "hi"}])
+    good = record(p, 0)
+    (spool / "000000000001.jsonl").write_bytes(encode(good) + b"\n" + encode(record(p, 1))[:40])
+
+    async def main():
+        c = Collector(CollectorSettings(db=tmp_path / "db.duckdb"))
+        await c.start()
+        rows = await c.query(lambda s: s.query("SELECT id FROM exchanges"))
+        await c.close()
+        return rows
+
+    assert asyncio.run(main()) == [{"id": good.id}]
+
+
+def test_opening_an_older_database_upgrades_it(tmp_path):
+    path = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(path))
+    migrate(con, MIGRATIONS[:1])
+    con.execute("INSERT INTO feedback VALUES ('f1', 'x', NULL, NULL, 1.0, 'kept', now())")
+    newer = [*MIGRATIONS, "ALTER TABLE feedback ADD COLUMN source VARCHAR DEFAULT 'app'"]
+    assert migrate(con, newer) == 1
+    assert version(con) == len(newer)
+    assert con.execute("SELECT comment, source FROM feedback").fetchall() == [("kept", "app")]
+    with pytest.raises(RuntimeError, match="newer than this onjob"):
+        migrate(con, MIGRATIONS)
+
+
+def test_a_database_held_by_another_process_is_a_clear_error(tmp_path):
+    path = tmp_path / "held.duckdb"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import duckdb, time; c = duckdb.connect({str(path)!r}); print('ok', flush=True); "
+            "time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ok"
+        with pytest.raises(StorageError, match="one read-write process"):
+            Store(path)
+    finally:
+        holder.kill()
+        holder.wait()

@@ -1,0 +1,129 @@
+"""Stitching: which trajectory, turn and scenario each request belongs to."""
+
+from __future__ import annotations
+
+import json
+
+from onjob.collector import Stitcher
+from onjob.collector.trajectories import DERIVED, EXPLICIT
+
+SYSTEM = {"role": "system", "content": "You are a travel agent."}
+ASK = {"role": "user", "content": "Book me a flight to Paris."}
+
+
+def reply(text=None, calls=None) -> dict:
+    msg = {"role": "assistant", "content": text}
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "search", "arguments": json.dumps({"to": "Paris", "seats": 1})},
+}
+
+
+def test_requests_that_extend_the_previous_reply_continue_the_trajectory():
+    s = Stitcher()
+    first = s.place([SYSTEM, ASK])
+    assert first.turn == 0 and first.scenario_keyed == DERIVED
+    s.record_replies(first, [reply(calls=[CALL])])
+
+    # The client re-serialises the tool call's arguments (spacing, key order): still a match.
+    echoed = {**CALL, "function": {"name": "search", "arguments": '{"seats":1,  "to":"Paris"}'}}
+    tool = {"role": "tool", "tool_call_id": "call_1", "content": '{"flights": 2}'}
+    second = s.place([SYSTEM, ASK, reply(calls=[echoed]), tool])
+    assert (second.trajectory_id, second.turn) == (first.trajectory_id, 1)
+    assert second.scenario_id == first.scenario_id
+    s.record_replies(second, [reply("Booked.")])
+
+    third = s.place(
+        [
+            SYSTEM,
+            ASK,
+            reply(calls=[echoed]),
+            tool,
+            reply("Booked."),
+            {"role": "user", "content": "Thanks"},
+        ]
+    )
+    assert (third.trajectory_id, third.turn) == (first.trajectory_id, 2)
+
+
+def test_edited_history_starts_a_new_trajectory():
+    s = Stitcher()
+    first = s.place([ASK])
+    s.record_replies(first, [reply("Which date?")])
+    edited = s.place([ASK, reply("Which date? (edited)"), {"role": "user", "content": "May 3"}])
+    assert edited.trajectory_id != first.trajectory_id and edited.turn == 0
+
+
+def test_continuing_an_older_turn_forks_into_a_new_trajectory():
+    s = Stitcher()
+    a = s.place([ASK])
+    s.record_replies(a, [reply("Which date?")])
+    b = s.place([ASK, reply("Which date?"), {"role": "user", "content": "May 3"}])
+    s.record_replies(b, [reply("Done")])
+    retry = s.place([ASK, reply("Which date?"), {"role": "user", "content": "June 9"}])
+    assert b.trajectory_id == a.trajectory_id
+    assert retry.trajectory_id != a.trajectory_id and retry.turn == 0
+
+
+def test_a_failed_turn_is_released_so_the_retry_continues():
+    s = Stitcher()
+    a = s.place([ASK])
+    s.record_replies(a, [reply("Which date?")])
+    msgs = [ASK, reply("Which date?"), {"role": "user", "content": "May 3"}]
+    failed = s.place(msgs)
+    s.release(failed)
+    retry = s.place(msgs)
+    assert (retry.trajectory_id, retry.turn) == (a.trajectory_id, 1)
+
+
+def test_any_of_n_choices_can_be_continued():
+    s = Stitcher()
+    a = s.place([ASK])
+    s.record_replies(a, [reply("one"), reply("two")])
+    b = s.place([ASK, reply("two"), {"role": "user", "content": "ok"}])
+    assert (b.trajectory_id, b.turn) == (a.trajectory_id, 1)
+
+
+def test_explicit_trajectory_and_scenario_win():
+    s = Stitcher()
+    a = s.place([ASK], trajectory_id="conv-42", scenario="booking")
+    assert (
+        a.trajectory_id == "conv-42"
+        and a.scenario_keyed == EXPLICIT
+        and a.scenario_key == "booking"
+    )
+    b = s.place([{"role": "user", "content": "unrelated"}], trajectory_id="conv-42")
+    assert (b.trajectory_id, b.turn, b.scenario_id) == ("conv-42", 1, a.scenario_id)
+
+
+def test_derived_scenario_depends_on_system_prompt_and_first_user_message_only():
+    s = Stitcher()
+    x = s.place([SYSTEM, ASK])
+    y = s.place([SYSTEM, ASK])
+    z = s.place([{"role": "system", "content": "Other agent."}, ASK])
+    assert x.scenario_id == y.scenario_id != z.scenario_id
+    assert x.trajectory_id != y.trajectory_id
+
+
+def test_warm_restores_continuations_after_a_restart():
+    s = Stitcher()
+    a = s.place([ASK])
+    hashes = s.record_replies(a, [reply("Which date?")])
+    fresh = Stitcher()
+    fresh.warm([(a.trajectory_id, 0, a.scenario_id, a.scenario_key, a.scenario_keyed, hashes)])
+    b = fresh.place([ASK, reply("Which date?"), {"role": "user", "content": "May 3"}])
+    assert (b.trajectory_id, b.turn, b.scenario_id) == (a.trajectory_id, 1, a.scenario_id)
+
+
+def test_the_index_is_bounded():
+    s = Stitcher(capacity=10)
+    for i in range(50):
+        p = s.place([{"role": "user", "content": f"q{i}"}])
+        s.record_replies(p, [reply("a")])
+    assert len(s._continuations) <= 10 and len(s._trajectories) <= 10
