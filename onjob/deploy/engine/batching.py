@@ -224,21 +224,9 @@ class Batcher:
         dtype = self.loaded.model.dtype
         additive = torch.zeros(mask.shape, dtype=dtype, device=device)
         additive.masked_fill_(~mask, torch.finfo(dtype).min)
-        try:
-            out = self.loaded.forward(
-                ids,
-                additive[:, None, None, :],
-                positions,
-                self._cache,
-                [r.gen.adapter for r in rows],
-            )
-        except Exception as exc:
-            error = GenerationFailed(f"Generation failed: {exc}")
-            for gen in {r.gen for r in rows}:
-                gen._post(error)
-                gen.cancel()
-            self._rows, self._cache, self._mask = [], None, None
-            return
+        out = self.loaded.forward(
+            ids, additive[:, None, None, :], positions, self._cache, [r.gen.adapter for r in rows]
+        )
         self._mask = mask
         for r in rows:
             r.position += 1
