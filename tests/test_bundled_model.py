@@ -13,15 +13,13 @@ import pytest
 from onjob import bundled
 
 
-def prepare_cmd(cache, *extra) -> list[str]:
+def prepare_cmd(*extra: str) -> list[str]:
     return [sys.executable, "-m", "onjob.deploy.cli", "model", "prepare", *extra]
 
 
 def test_prepare_writes_a_model_that_loads_and_chats(tmp_path):
     env = {**os.environ, "ONJOB_CACHE_DIR": str(tmp_path)}
-    out = subprocess.run(
-        prepare_cmd(tmp_path), env=env, capture_output=True, text=True, timeout=600
-    )
+    out = subprocess.run(prepare_cmd(), env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     path = tmp_path / "models" / "smollm2-135m-instruct"
     assert out.stdout.strip() == str(path)
@@ -42,7 +40,7 @@ def test_prepare_writes_a_model_that_loads_and_chats(tmp_path):
 
     # A second run trusts the cache and is quick.
     started = time.monotonic()
-    again = subprocess.run(prepare_cmd(tmp_path), env=env, capture_output=True, text=True)
+    again = subprocess.run(prepare_cmd(), env=env, capture_output=True, text=True)
     assert again.returncode == 0 and again.stdout.strip() == str(path)
     assert time.monotonic() - started < 15
 
@@ -50,7 +48,7 @@ def test_prepare_writes_a_model_that_loads_and_chats(tmp_path):
 def test_interrupted_prepare_leaves_nothing_a_later_run_trusts(tmp_path):
     env = {**os.environ, "ONJOB_CACHE_DIR": str(tmp_path)}
     models = tmp_path / "models"
-    proc = subprocess.Popen(prepare_cmd(tmp_path), env=env, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(prepare_cmd(), env=env, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (models.exists() and any(models.iterdir())):
         time.sleep(0.05)
@@ -60,9 +58,7 @@ def test_interrupted_prepare_leaves_nothing_a_later_run_trusts(tmp_path):
     assert not bundled.is_prepared(path)
     assert not path.exists()  # only a temporary sibling was being written
 
-    out = subprocess.run(
-        prepare_cmd(tmp_path), env=env, capture_output=True, text=True, timeout=600
-    )
+    out = subprocess.run(prepare_cmd(), env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert bundled.is_prepared(path)
 

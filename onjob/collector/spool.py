@@ -47,10 +47,6 @@ class Spool:
             os.fsync(self._fd)
         self._bytes += len(line) + 1
 
-    @property
-    def pending_bytes(self) -> int:
-        return self._bytes
-
     def rotate(self) -> list[Path]:
         """Close the current segment if not empty; return all closed segments, oldest first."""
         if self._bytes:
