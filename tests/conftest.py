@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from onjob import bundled
-from onjob.deploy.engine.process import EngineProcess
+from onjob.deploy.process import EngineProcess
 
 TOOLS = [
     {

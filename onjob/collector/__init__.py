@@ -3,11 +3,13 @@ queries the other parts ask.
 
 The proxy calls `Collector.place()` (which trajectory, turn and scenario a request
 belongs to) and `Collector.log()` (a durable append to the spool); a background
-task loads the spool into DuckDB in batches.
+task loads the spool into DuckDB in batches. `queries` holds the questions other
+parts ask (`await collector.query(lambda store: queries.not_resampled(store))`).
 """
 
+from . import queries
 from .errors import CollectorError, StorageError
-from .records import ExchangeRecord
+from .records import ExchangeRecord, FeedbackRecord
 from .settings import CollectorSettings
 from .store import Store
 from .trajectories import Placement, Stitcher
@@ -18,8 +20,10 @@ __all__ = [
     "CollectorError",
     "CollectorSettings",
     "ExchangeRecord",
+    "FeedbackRecord",
     "Placement",
     "Stitcher",
     "StorageError",
     "Store",
+    "queries",
 ]

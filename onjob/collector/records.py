@@ -1,4 +1,7 @@
-"""The row the proxy hands to the collector for each exchange."""
+"""What the proxy hands to the collector: one line of the spool per exchange or feedback.
+
+Spool lines are a tagged union (`"kind"`), so feedback is as durable as exchanges.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from typing import Any
 import msgspec
 
 
-class ExchangeRecord(msgspec.Struct, kw_only=True):
+class ExchangeRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="exchange"):
     id: str
     ts: float  # epoch seconds
     trajectory_id: str
@@ -34,9 +37,21 @@ class ExchangeRecord(msgspec.Struct, kw_only=True):
     continuation_hashes: list[str] | None = None
 
 
+class FeedbackRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="feedback"):
+    id: str
+    ts: float
+    exchange_id: str | None = None
+    trajectory_id: str | None = None
+    api_key_id: str | None = None
+    value: float
+    comment: str | None = None
+
+
+Record = ExchangeRecord | FeedbackRecord
+
 encode = msgspec.json.Encoder().encode
-_decoder = msgspec.json.Decoder(ExchangeRecord)
+_decoder = msgspec.json.Decoder(Record)
 
 
-def decode(line: bytes) -> ExchangeRecord:
+def decode(line: bytes) -> Record:
     return _decoder.decode(line)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .records import ExchangeRecord, decode
+from .records import Record, decode
 
 
 class Spool:
@@ -63,7 +63,7 @@ class Spool:
                 self._current.unlink(missing_ok=True)
 
 
-def read_segment(path: Path) -> tuple[list[ExchangeRecord], int]:
+def read_segment(path: Path) -> tuple[list[Record], int]:
     """The records of a segment, and how many lines were torn (a crash mid-write)."""
     records, torn = [], 0
     with open(path, "rb") as f:

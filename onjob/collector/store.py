@@ -19,7 +19,7 @@ import duckdb
 import pyarrow as pa
 
 from .errors import StorageError
-from .records import ExchangeRecord
+from .records import ExchangeRecord, FeedbackRecord
 from .schema import migrate
 
 _COLUMNS = (
@@ -100,7 +100,10 @@ class Store:
                 "WHERE id NOT IN (SELECT id FROM exchanges)"
             )
             con.execute(f"INSERT INTO exchanges ({_COLUMNS}) SELECT {_COLUMNS} FROM new_rows")
-            # Scenarios count trajectories, so they are updated before the new trajectories land.
+            inserted = con.execute("SELECT count(*) FROM new_rows").fetchone()[0]
+            # Failed exchanges stay in `exchanges` (with their status) but are no turn of a
+            # conversation. Scenarios count trajectories, so they go before the trajectories.
+            con.execute("DELETE FROM new_rows WHERE status >= 400")
             con.execute(
                 """
                 INSERT INTO scenarios
@@ -126,12 +129,29 @@ class Store:
                     last_ts = greatest(trajectories.last_ts, excluded.last_ts)
                 """
             )
-            inserted = con.execute("SELECT count(*) FROM new_rows").fetchone()[0]
             con.execute("COMMIT")
         except duckdb.Error as exc:
             con.execute("ROLLBACK")
             raise StorageError(f"inserting {len(records)} exchanges failed: {exc}") from exc
         return inserted
+
+    def insert_feedback(self, records: list[FeedbackRecord]) -> int:
+        """Insert the feedback not yet present; return how many were new."""
+        if not records:
+            return 0
+        names = ("id", "exchange_id", "trajectory_id", "api_key_id", "value", "comment", "ts")
+        batch = pa.table(  # noqa: F841 (read by name in the SQL below)
+            {name: [getattr(r, name) for r in records] for name in names}
+        )
+        try:
+            before = self.con.execute("SELECT count(*) FROM feedback").fetchone()[0]
+            self.con.execute(
+                "INSERT INTO feedback SELECT id, exchange_id, trajectory_id, api_key_id, value, "
+                "comment, to_timestamp(ts) FROM batch WHERE id NOT IN (SELECT id FROM feedback)"
+            )
+            return self.con.execute("SELECT count(*) FROM feedback").fetchone()[0] - before
+        except duckdb.Error as exc:
+            raise StorageError(f"inserting {len(records)} feedback rows failed: {exc}") from exc
 
     def warm_rows(self, limit: int) -> list[tuple]:
         """The stitcher's state for the most recent `limit` exchanges, oldest first."""

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .records import ExchangeRecord, encode
+from .records import ExchangeRecord, FeedbackRecord, encode
 from .settings import CollectorSettings
 from .spool import Spool, read_segment
 from .store import Store
@@ -27,6 +27,7 @@ class Collector:
         self._store: Store | None = None
         self._spool: Spool | None = None
         self._task: asyncio.Task | None = None
+        self._flushing = asyncio.Lock()
         self.loaded = 0  # exchanges inserted since start
 
     async def start(self) -> None:
@@ -45,15 +46,17 @@ class Collector:
     ) -> Placement:
         return self.stitcher.place(messages, trajectory_id=trajectory_id, scenario=scenario)
 
-    def log(self, record: ExchangeRecord) -> None:
-        """Durably hand over one exchange (one append to the spool); never waits on DuckDB."""
+    def log(self, record: ExchangeRecord | FeedbackRecord) -> None:
+        """Durably hand over one exchange or feedback (one append to the spool); never waits
+        on DuckDB."""
         self._spool.append(encode(record))
 
     async def flush(self) -> int:
         """Load every closed spool segment into DuckDB; return how many exchanges were new."""
         total = 0
-        for segment in self._spool.rotate():
-            total += await self._run(self._load_segment, segment)
+        async with self._flushing:
+            for segment in self._spool.rotate():
+                total += await self._run(self._load_segment, segment)
         self.loaded += total
         return total
 
@@ -61,7 +64,11 @@ class Collector:
         records, torn = read_segment(segment)
         if torn:
             log.warning("%s: skipped %d torn lines (a crash mid-write)", segment.name, torn)
-        inserted = self._store.insert_exchanges(records)
+        # Exchanges first: feedback may point at an exchange of the same segment.
+        inserted = self._store.insert_exchanges(
+            [r for r in records if isinstance(r, ExchangeRecord)]
+        )
+        self._store.insert_feedback([r for r in records if isinstance(r, FeedbackRecord)])
         segment.unlink()
         return inserted
 

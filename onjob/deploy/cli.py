@@ -41,6 +41,32 @@ def cmd_engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from ..collector import StorageError
+    from .serve import serve
+    from .settings import ServeSettings
+
+    proxy = {
+        k: v
+        for k, v in {"host": args.host, "port": args.port, "engine_url": args.engine_url}.items()
+        if v is not None
+    }
+    collector = {"db": args.db} if args.db else {}
+    try:
+        settings = ServeSettings.load(args.config, proxy=proxy, collector=collector)
+        serve(settings)
+    except ValidationError as exc:
+        for e in exc.errors():
+            print(f"onjob serve: {'.'.join(map(str, e['loc']))}: {e['msg']}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, StorageError, RuntimeError) as exc:
+        print(f"onjob serve: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def cmd_model_prepare(args: argparse.Namespace) -> int:
     from .. import bundled
 
@@ -102,6 +128,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="vllm: print the command, run nothing"
     )
     engine.set_defaults(func=cmd_engine)
+
+    serve = sub.add_parser(
+        "serve",
+        help="the OpenAI-compatible proxy that logs every exchange into DuckDB",
+        description=(
+            "Serve /v1/chat/completions, /v1/models and /v1/feedback in front of an engine "
+            "(`onjob engine` or vLLM) and log every exchange into DuckDB, stitched into "
+            "trajectories and scenarios. Settings come from flags, then ONJOB_<SECTION>__<FIELD> "
+            'variables (e.g. ONJOB_PROXY__API_KEYS=\'{"app": "sk-..."}\'), then the TOML '
+            "file (--config, $ONJOB_CONFIG or ./onjob.toml), then defaults."
+        ),
+    )
+    serve.add_argument("--config", help="TOML settings file ([proxy], [collector], [telemetry])")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to listen on (default 8000)")
+    serve.add_argument(
+        "--engine-url", help="the engine's OpenAI base URL (default http://127.0.0.1:8001/v1)"
+    )
+    serve.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
+    serve.set_defaults(func=cmd_serve)
 
     model = sub.add_parser("model", help="manage the bundled model")
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")

@@ -8,7 +8,7 @@ import time
 import httpx
 
 from .. import bundled
-from .engine.process import EngineProcess
+from .process import EngineProcess
 
 
 def run(port: int = 0) -> int:

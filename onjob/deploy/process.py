@@ -1,4 +1,5 @@
-"""An engine as a child process: started on a free port, ready when `/health` answers."""
+"""`onjob engine` and `onjob serve` as child processes: started on a free port, ready when
+`/health` answers. Used by the demo, the tests and the benchmarks."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class EngineProcess:
+class OnjobProcess:
     """`with EngineProcess(["--model", path]) as engine: engine.url` -> http://127.0.0.1:PORT/v1"""
+
+    command = ""
 
     def __init__(
         self, args: list[str] = (), *, port: int = 0, env: dict | None = None, timeout: float = 300
@@ -40,8 +43,8 @@ class EngineProcess:
     def url(self) -> str:
         return f"{self.base}/v1"
 
-    def start(self) -> EngineProcess:
-        cmd = [sys.executable, "-m", "onjob.deploy.cli", "engine", "--port", str(self.port)]
+    def start(self) -> OnjobProcess:
+        cmd = [sys.executable, "-m", "onjob.deploy.cli", self.command, "--port", str(self.port)]
         self.proc = subprocess.Popen(
             [*cmd, *self.args],
             stdout=self._log,
@@ -51,7 +54,9 @@ class EngineProcess:
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"engine exited with {self.proc.returncode}:\n{self.output()}")
+                raise RuntimeError(
+                    f"{self.command} exited with {self.proc.returncode}:\n{self.output()}"
+                )
             try:
                 if httpx.get(f"{self.base}/health", timeout=1).status_code == 200:
                     return self
@@ -59,11 +64,17 @@ class EngineProcess:
                 pass
             time.sleep(0.2)
         self.stop()
-        raise TimeoutError(f"engine not ready after {self.timeout} s:\n{self.output()}")
+        raise TimeoutError(f"{self.command} not ready after {self.timeout} s:\n{self.output()}")
 
     def output(self) -> str:
         self._log.seek(0)
         return self._log.read().decode(errors="replace")[-4000:]
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs (crash tests)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -74,8 +85,18 @@ class EngineProcess:
                 self.proc.kill()
                 self.proc.wait()
 
-    def __enter__(self) -> EngineProcess:
+    def __enter__(self) -> OnjobProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class EngineProcess(OnjobProcess):
+    command = "engine"
+
+
+class ServerProcess(OnjobProcess):
+    """`onjob serve`: pass `--engine-url` and `--db` in args."""
+
+    command = "serve"

@@ -1,0 +1,68 @@
+"""The questions other parts ask of the logged traffic, as plain functions of a `Store`.
+
+Run them on the collector's database thread (`await collector.query(fn)`) inside
+`onjob serve`, or on a `Store` of your own when the server is not running.
+"""
+
+from __future__ import annotations
+
+from .store import Store
+
+
+def exchange(store: Store, exchange_id: str) -> dict | None:
+    rows = store.query("SELECT * FROM exchanges WHERE id = ?", [exchange_id])
+    return rows[0] if rows else None
+
+
+def trajectory_exists(store: Store, trajectory_id: str) -> bool:
+    return bool(
+        store.query("SELECT 1 AS x FROM exchanges WHERE trajectory_id = ? LIMIT 1", [trajectory_id])
+    )
+
+
+def recent_exchanges(store: Store, limit: int = 50) -> list[dict]:
+    return store.query("SELECT * FROM exchanges ORDER BY ts DESC LIMIT ?", [limit])
+
+
+def trajectory(store: Store, trajectory_id: str) -> list[dict]:
+    """The successful turns of one conversation, in order."""
+    return store.query(
+        "SELECT * FROM exchanges WHERE trajectory_id = ? AND status < 400 ORDER BY turn, ts",
+        [trajectory_id],
+    )
+
+
+def trajectories_of(store: Store, scenario_id: str, limit: int = 1000) -> list[dict]:
+    return store.query(
+        "SELECT * FROM trajectories WHERE scenario_id = ? ORDER BY first_ts DESC LIMIT ?",
+        [scenario_id, limit],
+    )
+
+
+def scenarios(store: Store) -> list[dict]:
+    return store.query("SELECT * FROM scenarios ORDER BY count DESC, first_seen")
+
+
+def not_resampled(store: Store, limit: int = 100) -> list[dict]:
+    """Successful production exchanges that no group has used as its prefix yet, oldest first."""
+    return store.query(
+        """
+        SELECT e.* FROM exchanges e
+        WHERE e.status < 400 AND e.source = 'production'
+          AND e.id NOT IN (SELECT prefix_exchange FROM groups WHERE prefix_exchange IS NOT NULL)
+        ORDER BY e.ts LIMIT ?
+        """,
+        [limit],
+    )
+
+
+def feedback(store: Store, limit: int = 1000) -> list[dict]:
+    return store.query("SELECT * FROM feedback ORDER BY ts DESC LIMIT ?", [limit])
+
+
+def live_checkpoints(store: Store) -> dict[str, str | None]:
+    """alias -> live checkpoint, from the latest `deployments` row of each alias."""
+    rows = store.query(
+        "SELECT model_alias, arg_max(live, ts) AS live FROM deployments GROUP BY model_alias"
+    )
+    return {r["model_alias"]: r["live"] for r in rows}

@@ -1,0 +1,257 @@
+"""The proxy's Litestar app: `/v1/chat/completions`, `/v1/models`, `/v1/feedback`, `/health`.
+
+The upstream client and the collector are handed in (so tests can give an
+`HttpxUpstream` over a `MockTransport`); the app starts the collector and closes
+both when it stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import msgspec
+from litestar import Litestar, Request, Response, get, post
+from litestar.exceptions import HTTPException
+from litestar.response import Stream
+from opentelemetry.trace import Tracer
+
+from ..collector import Collector, FeedbackRecord, queries
+from . import sse, telemetry
+from .errors import (
+    BadRequest,
+    NotFound,
+    ProxyError,
+    StreamCut,
+    Unauthorized,
+    UpstreamError,
+    UpstreamStatus,
+    error_body,
+)
+from .exchange import Exchange, parse_request
+from .routing import Router
+from .settings import ProxySettings
+from .upstream import Upstream, UpstreamResponse
+
+log = logging.getLogger("onjob.proxy")
+
+EXCHANGE_HEADER = "X-Onjob-Exchange-Id"
+TRAJECTORY_HEADER = "X-Onjob-Trajectory"
+SCENARIO_HEADER = "X-Onjob-Scenario"
+_CLIENT_CLOSED = 499  # nginx's code: the client went away before the answer was complete
+
+
+class Feedback(msgspec.Struct, forbid_unknown_fields=True):
+    value: float
+    exchange_id: str | None = None
+    trajectory_id: str | None = None
+    comment: str | None = None
+
+
+def create_app(
+    settings: ProxySettings,
+    *,
+    upstream: Upstream,
+    collector: Collector,
+    tracer: Tracer | None = None,
+) -> Litestar:
+    router = Router(settings.aliases, upstream)
+    key_ids = {secret: key_id for key_id, secret in settings.api_keys.items()}
+
+    def authenticate(request: Request) -> str | None:
+        if not key_ids:
+            return None
+        header = request.headers.get("authorization")
+        if not header:
+            raise Unauthorized("Missing API key: send `Authorization: Bearer <key>`.")
+        scheme, _, token = header.partition(" ")
+        key_id = key_ids.get(token.strip()) if scheme.lower() == "bearer" else None
+        if key_id is None:
+            raise Unauthorized("Incorrect API key provided.")
+        return key_id
+
+    def finish(exchange: Exchange) -> None:
+        """Hand the exchange to the collector: its spool line is written before the answer
+        (or the stream's last event) leaves, so a crash after that loses nothing."""
+        hashes = None
+        if exchange.status < 400:
+            hashes = collector.stitcher.record_replies(exchange.placement, exchange.replies())
+        else:
+            collector.stitcher.release(exchange.placement)
+        try:
+            collector.log(exchange.record(hashes))
+        except OSError:
+            log.exception("could not spool exchange %s", exchange.id)
+
+    @post("/v1/chat/completions", status_code=200)
+    async def chat_completions(request: Request) -> Response | Stream:
+        api_key_id = authenticate(request)
+        body = parse_request(await request.body())
+        exchange, upstream_body = await Exchange.open(
+            body,
+            router=router,
+            collector=collector,
+            api_key_id=api_key_id,
+            trajectory_id=request.headers.get(TRAJECTORY_HEADER),
+            scenario=request.headers.get(SCENARIO_HEADER),
+        )
+        span = telemetry.start(tracer, exchange)
+        headers = {EXCHANGE_HEADER: exchange.id}
+        try:
+            resp = await upstream.request("POST", "/chat/completions", upstream_body)
+            if resp.status != 200:
+                raise UpstreamStatus(resp.status, await resp.read(), resp.content_type)
+            if exchange.stream:
+                return Stream(
+                    relay(exchange, resp, span),
+                    media_type="text/event-stream",
+                    headers={**headers, "Cache-Control": "no-cache"},
+                )
+            answer = exchange.answer(await resp.read())
+        except ProxyError as exc:
+            exchange.fail(exc.status, exc.message)
+            finish(exchange)
+            telemetry.end(span, exchange)
+            if isinstance(exc, UpstreamStatus):
+                return _passthrough(exc, headers)
+            raise
+        finish(exchange)
+        telemetry.end(span, exchange)
+        return Response(answer, media_type="application/json", headers=headers)
+
+    async def relay(exchange: Exchange, resp: UpstreamResponse, span) -> AsyncIterator[bytes]:
+        finished = False
+        try:
+            async for payload in sse.data_events(resp.chunks()):
+                if payload == sse.DONE:
+                    break
+                out = exchange.chunk(payload)
+                if out is not None:
+                    yield sse.frame(out)
+            else:
+                raise StreamCut("the engine's stream ended without [DONE]")
+            finish(exchange)
+            finished = True
+            yield sse.frame(sse.DONE)
+        except ProxyError as exc:
+            exchange.fail(exc.status, exc.message)
+            finish(exchange)
+            finished = True
+            yield sse.frame(msgspec.json.encode(exc.body()))
+        finally:
+            await resp.aclose()
+            if not finished:
+                exchange.fail(_CLIENT_CLOSED, "the client closed the stream before the end")
+                finish(exchange)
+            telemetry.end(span, exchange)
+
+    @get("/v1/models")
+    async def models(request: Request) -> dict:
+        authenticate(request)
+        with contextlib.suppress(UpstreamError):  # the configured aliases are listed anyway
+            await router.discover()
+        created = int(time.time())
+        data = [
+            {"id": name, "object": "model", "created": created, "owned_by": "onjob"}
+            for name in router.names()
+        ]
+        return {"object": "list", "data": data}
+
+    @post("/v1/feedback", status_code=200)
+    async def feedback(request: Request) -> dict:
+        api_key_id = authenticate(request)
+        try:
+            fb = msgspec.json.decode(await request.body(), type=Feedback)
+        except msgspec.ValidationError as exc:
+            raise BadRequest(f"Invalid feedback: {exc}") from exc
+        except msgspec.DecodeError as exc:
+            raise BadRequest(f"Malformed JSON body: {exc}") from exc
+        if not (fb.exchange_id or fb.trajectory_id):
+            raise BadRequest("Feedback needs an `exchange_id` or a `trajectory_id`.")
+        trajectory_id = fb.trajectory_id
+        if fb.exchange_id:
+            row = await _lookup(collector, queries.exchange, fb.exchange_id)
+            if row is None:
+                raise NotFound(f"No exchange `{fb.exchange_id}`.", param="exchange_id")
+            trajectory_id = trajectory_id or row["trajectory_id"]
+        elif not await _lookup(collector, queries.trajectory_exists, fb.trajectory_id):
+            raise NotFound(f"No trajectory `{fb.trajectory_id}`.", param="trajectory_id")
+        record = FeedbackRecord(
+            id=f"fb_{uuid.uuid4().hex}",
+            ts=time.time(),
+            exchange_id=fb.exchange_id,
+            trajectory_id=trajectory_id,
+            api_key_id=api_key_id,
+            value=fb.value,
+            comment=fb.comment,
+        )
+        collector.log(record)
+        return {"object": "feedback", **msgspec.structs.asdict(record)}
+
+    @get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    async def shutdown() -> None:
+        await upstream.aclose()
+        await collector.close()
+
+    return Litestar(
+        route_handlers=[chat_completions, models, feedback, health],
+        on_startup=[collector.start],
+        on_shutdown=[shutdown],
+        exception_handlers={
+            ProxyError: _proxy_error,
+            HTTPException: _http_error,
+            Exception: _internal_error,
+        },
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=None,
+    )
+
+
+async def _lookup(collector: Collector, query, key: str):
+    """Ask the database; if it does not know `key` yet, load the spool and ask again."""
+    found = await collector.query(lambda store: query(store, key))
+    if not found:
+        await collector.flush()
+        found = await collector.query(lambda store: query(store, key))
+    return found
+
+
+def _passthrough(exc: UpstreamStatus, headers: dict) -> Response:
+    """The engine's error as sent when it is OpenAI-shaped JSON, else wrapped in that shape."""
+    try:
+        ok = isinstance(msgspec.json.decode(exc.raw).get("error"), dict)
+    except (msgspec.DecodeError, AttributeError):
+        ok = False
+    content = (
+        exc.raw
+        if ok
+        else msgspec.json.encode(error_body(exc.message, "upstream_error", exc.status))
+    )
+    return Response(content, status_code=exc.status, media_type="application/json", headers=headers)
+
+
+def _proxy_error(_: Request, exc: ProxyError) -> Response:
+    return Response(exc.body(), status_code=exc.status)
+
+
+_HTTP_TYPES = {401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error"}
+
+
+def _http_error(_: Request, exc: HTTPException) -> Response:
+    status = exc.status_code
+    type_ = _HTTP_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return Response(error_body(exc.detail, type_, status), status_code=status)
+
+
+def _internal_error(_: Request, exc: Exception) -> Response:
+    log.exception("request failed", exc_info=exc)
+    return Response(
+        error_body(f"Internal error: {type(exc).__name__}: {exc}", "internal_server_error", 500),
+        status_code=500,
+    )

@@ -1,0 +1,77 @@
+"""The proxy's exception tree. Each maps to an OpenAI-shaped error body and status.
+
+The upstream clients' own errors (aiohttp's, httpx's) are translated into
+`UpstreamUnreachable`, `UpstreamTimeout` and `StreamCut` in `upstream`, and nowhere else.
+"""
+
+from __future__ import annotations
+
+
+class ProxyError(Exception):
+    status = 500
+    type = "internal_server_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.status, self.param)
+
+
+class BadRequest(ProxyError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class Unauthorized(ProxyError):
+    status = 401
+    type = "authentication_error"
+
+
+class NotFound(ProxyError):
+    status = 404
+    type = "not_found_error"
+
+
+class UpstreamError(ProxyError):
+    """The engine could not give an answer."""
+
+
+class UpstreamUnreachable(UpstreamError):
+    status = 502
+    type = "bad_gateway"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    type = "gateway_timeout"
+
+
+class StreamCut(UpstreamError):
+    """The engine closed the connection in the middle of an answer."""
+
+    status = 502
+    type = "bad_gateway"
+
+
+class MalformedAnswer(UpstreamError):
+    """The engine answered 200 with a body that is not a chat completion."""
+
+    status = 502
+    type = "bad_gateway"
+
+
+class UpstreamStatus(UpstreamError):
+    """The engine answered with an error status; its body is passed on as it is."""
+
+    def __init__(self, status: int, body: bytes, content_type: str) -> None:
+        super().__init__(f"engine answered {status}: {body[:500].decode(errors='replace')}")
+        self.status = status
+        self.raw = body
+        self.content_type = content_type
+
+
+def error_body(message: str, type_: str, status: int, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": status}}

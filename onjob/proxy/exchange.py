@@ -1,0 +1,265 @@
+"""One chat exchange on its way through the proxy.
+
+`Exchange.open()` checks the client's request, places it in its trajectory and
+builds the engine's request (logprobs and token ids always on: the trainer needs
+them). `answer()` shapes a whole answer for the client, `chunk()` one streamed
+event; both take out what the client did not ask for, put the exchange id and the
+client's model name in, and keep what the collector stores. `record()` is the row.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from ..collector import Collector, ExchangeRecord, Placement
+from .errors import BadRequest, MalformedAnswer
+from .routing import Route, Router
+
+_decode = msgspec.json.decode
+_encode = msgspec.json.encode
+
+
+def parse_request(raw: bytes) -> dict:
+    try:
+        body = _decode(raw)
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"Malformed JSON body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise BadRequest("`model` is required and must be a string.", param="model")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("`messages` must be a non-empty array.", param="messages")
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+        raise BadRequest("Each message must be an object with a `role`.", param="messages")
+    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
+        raise BadRequest("`metadata` must be an object.", param="metadata")
+    return body
+
+
+@dataclass
+class _Choice:
+    role: str = "assistant"
+    content: list[str] = field(default_factory=list)
+    tool_calls: dict[int, dict] = field(default_factory=dict)
+    finish_reason: str | None = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+    def message(self) -> dict:
+        message: dict[str, Any] = {"role": self.role, "content": "".join(self.content) or None}
+        if self.tool_calls:
+            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        return message
+
+    def add_tool_call_delta(self, delta: dict) -> None:
+        call = self.tool_calls.setdefault(
+            delta.get("index", 0),
+            {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+        )
+        call["id"] = delta.get("id") or call["id"]
+        fn = delta.get("function") or {}
+        call["function"]["name"] += fn.get("name") or ""
+        call["function"]["arguments"] += fn.get("arguments") or ""
+
+
+@dataclass
+class Exchange:
+    id: str
+    request: dict  # as the client sent it
+    route: Route
+    placement: Placement
+    api_key_id: str | None
+    ts: float = field(default_factory=time.time)
+    started: float = field(default_factory=time.perf_counter)
+    created: int = 0
+    prompt_token_ids: list[int] | None = None
+    choices: dict[int, _Choice] = field(default_factory=dict)
+    usage: dict | None = None
+    status: int = 200
+    error: str | None = None
+    error_body: dict | None = None
+
+    @classmethod
+    async def open(
+        cls,
+        body: dict,
+        *,
+        router: Router,
+        collector: Collector,
+        api_key_id: str | None,
+        trajectory_id: str | None = None,
+        scenario: str | None = None,
+    ) -> tuple[Exchange, bytes]:
+        """Resolve the model, place the request in its trajectory; return the engine's body."""
+        route = await router.resolve(body["model"])
+        metadata = body.get("metadata") or {}
+        placement = collector.place(
+            body["messages"],
+            trajectory_id=trajectory_id or _str(metadata.get("trajectory_id")),
+            scenario=scenario or _str(metadata.get("scenario")),
+        )
+        upstream = {k: v for k, v in body.items() if k != "metadata"}
+        upstream["model"] = route.model
+        upstream["logprobs"] = True
+        upstream["return_token_ids"] = True
+        if body.get("stream"):
+            upstream["stream_options"] = {
+                **(body.get("stream_options") or {}),
+                "include_usage": True,
+            }
+        exchange = cls(f"chatcmpl-{uuid.uuid4().hex}", body, route, placement, api_key_id)
+        return exchange, _encode(upstream)
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.request.get("stream"))
+
+    @property
+    def _wants_logprobs(self) -> bool:
+        return bool(self.request.get("logprobs"))
+
+    @property
+    def _wants_token_ids(self) -> bool:
+        return bool(self.request.get("return_token_ids"))
+
+    def _choice(self, index: int) -> _Choice:
+        choice = self.choices.get(index)
+        if choice is None:
+            choice = self.choices[index] = _Choice()
+        return choice
+
+    def _take(self, choice: dict) -> _Choice:
+        """Keep the sampler's token ids and logprobs; leave them only if the client asked."""
+        acc = self._choice(choice.get("index", 0))
+        ids = choice.get("token_ids") if self._wants_token_ids else choice.pop("token_ids", None)
+        if ids:
+            acc.token_ids.extend(ids)
+        logprobs = choice.get("logprobs")
+        if logprobs:
+            acc.logprobs.extend(t["logprob"] for t in logprobs.get("content") or ())
+            if not self._wants_logprobs:
+                choice["logprobs"] = None
+        if choice.get("finish_reason"):
+            acc.finish_reason = choice["finish_reason"]
+        return acc
+
+    def _head(self, data: dict) -> None:
+        ids = (
+            data.get("prompt_token_ids")
+            if self._wants_token_ids
+            else data.pop("prompt_token_ids", None)
+        )
+        if ids is not None:
+            self.prompt_token_ids = ids
+        self.created = data.get("created") or self.created
+        data["id"] = self.id
+        data["model"] = self.route.alias
+
+    def answer(self, raw: bytes) -> bytes:
+        """A whole (non-streamed) answer, shaped for the client."""
+        try:
+            data = _decode(raw)
+            for choice in data["choices"]:
+                acc = self._take(choice)
+                message = choice.get("message") or {}
+                acc.role = message.get("role") or acc.role
+                acc.content = [message["content"]] if message.get("content") else []
+                acc.tool_calls = dict(enumerate(message.get("tool_calls") or ()))
+        except (msgspec.DecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise MalformedAnswer(f"the engine's answer is not a chat completion: {exc}") from exc
+        self._head(data)
+        self.usage = data.get("usage")
+        return _encode(data)
+
+    def chunk(self, payload: bytes) -> bytes | None:
+        """One streamed event shaped for the client; None when the client did not ask for it
+        (the usage chunk the proxy requested for itself)."""
+        try:
+            data = _decode(payload)
+            if "error" in data:
+                error = data["error"] if isinstance(data["error"], dict) else {}
+                code = error.get("code")
+                self.fail(code if isinstance(code, int) and code >= 400 else 500, str(error))
+                self.error_body = data
+                return payload
+            self._head(data)
+            for choice in data["choices"]:
+                acc = self._take(choice)
+                delta = choice.get("delta") or {}
+                if delta.get("role"):
+                    acc.role = delta["role"]
+                if delta.get("content"):
+                    acc.content.append(delta["content"])
+                for call in delta.get("tool_calls") or ():
+                    acc.add_tool_call_delta(call)
+        except (msgspec.DecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise MalformedAnswer(f"the engine sent a malformed stream event: {exc}") from exc
+        if data.get("usage"):
+            self.usage = data["usage"]
+        if not (self.request.get("stream_options") or {}).get("include_usage"):
+            data.pop("usage", None)
+            if not data["choices"]:
+                return None
+        return _encode(data)
+
+    def fail(self, status: int, error: str) -> None:
+        self.status, self.error = status, error
+
+    def replies(self) -> list[dict]:
+        return [self.choices[i].message() for i in sorted(self.choices)]
+
+    def response(self) -> dict:
+        """The answer as one chat completion, whether it was streamed or not."""
+        if self.error_body is not None and not self.choices:
+            return self.error_body
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.route.alias,
+            "choices": [
+                {"index": i, "message": c.message(), "finish_reason": c.finish_reason}
+                for i, c in sorted(self.choices.items())
+            ],
+            "usage": self.usage,
+        }
+
+    def record(self, continuation_hashes: list[str] | None) -> ExchangeRecord:
+        p = self.placement
+        ordered = [self.choices[i] for i in sorted(self.choices)]
+        return ExchangeRecord(
+            id=self.id,
+            ts=self.ts,
+            trajectory_id=p.trajectory_id,
+            turn=p.turn,
+            scenario_id=p.scenario_id,
+            scenario_key=p.scenario_key,
+            scenario_keyed=p.scenario_keyed,
+            model_alias=self.route.alias,
+            api_key_id=self.api_key_id,
+            checkpoint=self.route.checkpoint,
+            arm=self.route.arm,
+            stream=self.stream,
+            request=self.request,
+            response=self.response(),
+            prompt_token_ids=self.prompt_token_ids,
+            completion_token_ids=[c.token_ids for c in ordered] or None,
+            completion_logprobs=[c.logprobs for c in ordered] or None,
+            usage=self.usage,
+            latency_ms=(time.perf_counter() - self.started) * 1000,
+            status=self.status,
+            error=self.error,
+            metadata=self.request.get("metadata"),
+            continuation_hashes=continuation_hashes,
+        )
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None

@@ -1,0 +1,54 @@
+"""Proxy settings (composed into the server's settings in `deploy`)."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+
+class ProxySettings(BaseModel):
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8000, ge=0, le=65535)
+    engine_url: str = Field(
+        "http://127.0.0.1:8001/v1", description="the engine's OpenAI base URL (vLLM or local)"
+    )
+    aliases: dict[str, str | None] = Field(
+        default_factory=lambda: {"agent": None},
+        description="model name clients use -> live checkpoint (adapter name; null: base model)",
+    )
+    api_keys: dict[str, str] = Field(
+        default_factory=dict, description="key id -> secret; when set, every request needs one"
+    )
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    connect_timeout_s: float = Field(5.0, gt=0)
+    read_timeout_s: float = Field(300.0, gt=0, description="longest silence from the engine")
+    max_connections: int = Field(1024, ge=1, description="connections to the engine")
+
+    @field_validator("api_keys")
+    @classmethod
+    def _distinct_secrets(cls, keys: dict[str, str]) -> dict[str, str]:
+        if len(set(keys.values())) != len(keys):
+            raise ValueError("two API key ids share one secret")
+        if any(not secret for secret in keys.values()):
+            raise ValueError("an API key secret is empty")
+        return keys
+
+    @model_validator(mode="after")
+    def _keys_beyond_loopback(self) -> ProxySettings:
+        if not self.api_keys and not _is_loopback(self.host):
+            raise ValueError(
+                f"refusing to listen on {self.host} with no API keys: anyone who can reach it "
+                "could use the model and write to the database. Configure proxy.api_keys "
+                '(e.g. ONJOB_PROXY__API_KEYS=\'{"myapp": "sk-..."}\') or listen on 127.0.0.1.'
+            )
+        return self
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
