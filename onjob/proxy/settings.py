@@ -15,7 +15,7 @@ class ProxySettings(BaseModel):
     )
     aliases: dict[str, str | None] = Field(
         default_factory=lambda: {"agent": None},
-        description="model name clients use -> live checkpoint (adapter name; null: base model)",
+        description='model name clients use -> live checkpoint (adapter name; "": base model)',
     )
     api_keys: dict[str, str] = Field(
         default_factory=dict, description="key id -> secret; when set, every request needs one"
@@ -24,6 +24,12 @@ class ProxySettings(BaseModel):
     connect_timeout_s: float = Field(5.0, gt=0)
     read_timeout_s: float = Field(300.0, gt=0, description="longest silence from the engine")
     max_connections: int = Field(1024, ge=1, description="connections to the engine")
+
+    @field_validator("aliases")
+    @classmethod
+    def _empty_is_base(cls, aliases: dict[str, str | None]) -> dict[str, str | None]:
+        # TOML has no null: an empty string names the base model.
+        return {alias: checkpoint or None for alias, checkpoint in aliases.items()}
 
     @field_validator("api_keys")
     @classmethod

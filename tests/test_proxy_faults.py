@@ -1,0 +1,367 @@
+"""The proxy in process (Litestar's test client), with the engine scripted at the HTTP
+boundary: every fault has a defined answer in OpenAI's shape, and nothing is lost."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+from litestar.testing import TestClient
+
+from onjob.collector import Collector, CollectorSettings, Store
+from onjob.proxy import AiohttpUpstream, ProxySettings, create_app
+from onjob.proxy.upstream import Upstream
+
+from .fake_engine import (
+    RawEngine,
+    chunk,
+    completion,
+    scripted,
+    send_chunk,
+    send_chunked_head,
+)
+
+CHAT = {"model": "agent", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def app_for(tmp_path, upstream: Upstream, tracer=None, **proxy):
+    collector = Collector(CollectorSettings(db=tmp_path / "onjob.duckdb"))
+    return create_app(ProxySettings(**proxy), upstream=upstream, collector=collector, tracer=tracer)
+
+
+def rows(tmp_path, sql: str) -> list[dict]:
+    store = Store(tmp_path / "onjob.duckdb")
+    try:
+        return store.query(sql)
+    finally:
+        store.close()
+
+
+def assert_openai_error(resp: httpx.Response, status: int) -> dict:
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert set(error) >= {"message", "type", "param", "code"}
+    assert error["message"]
+    return error
+
+
+def ok_engine(seen: list | None = None):
+    def chat(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if seen is not None:
+            seen.append(body)
+        return httpx.Response(200, json=completion(n=body.get("n", 1)))
+
+    return scripted(chat)
+
+
+def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(tmp_path):
+    with TestClient(app_for(tmp_path, ok_engine(), max_body_bytes=4096)) as client:
+        post = client.post
+        error = assert_openai_error(post("/v1/chat/completions", content=b"{not json"), 400)
+        assert "Malformed JSON" in error["message"]
+        assert_openai_error(post("/v1/chat/completions", json=[1, 2]), 400)
+        error = assert_openai_error(post("/v1/chat/completions", json={"model": "agent"}), 400)
+        assert error["param"] == "messages"
+        assert_openai_error(post("/v1/chat/completions", json={**CHAT, "metadata": 3}), 400)
+        big = {**CHAT, "messages": [{"role": "user", "content": "x" * 10_000}]}
+        assert_openai_error(post("/v1/chat/completions", json=big), 413)
+        error = assert_openai_error(post("/v1/chat/completions", json={**CHAT, "model": "x"}), 404)
+        assert "agent" in error["message"] and error["param"] == "model"
+        assert post("/v1/chat/completions", json=CHAT).status_code == 200
+    # Requests that never reached the engine are not exchanges; the good one is logged.
+    assert [r["status"] for r in rows(tmp_path, "SELECT status FROM exchanges")] == [200]
+
+
+def test_engine_unreachable_is_502_and_the_failed_exchange_is_logged(tmp_path):
+    with socket_closed_port() as port:
+        upstream = AiohttpUpstream(f"http://127.0.0.1:{port}/v1", connect_timeout=2)
+        with TestClient(app_for(tmp_path, upstream)) as client:
+            error = assert_openai_error(client.post("/v1/chat/completions", json=CHAT), 502)
+            assert "cannot reach the engine" in error["message"]
+            # /v1/models still lists the configured aliases.
+            assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["agent"]
+
+
+def test_failed_exchange_after_discovery_is_logged_and_not_a_turn(tmp_path):
+    calls = []
+
+    def chat(request):
+        calls.append(1)
+        if len(calls) == 1:
+            raise httpx.ConnectError("connection refused")
+        return httpx.Response(200, json=completion())
+
+    with TestClient(app_for(tmp_path, scripted(chat))) as client:
+        assert_openai_error(client.post("/v1/chat/completions", json=CHAT), 502)
+        retry = client.post("/v1/chat/completions", json=CHAT)
+        assert retry.status_code == 200
+    logged = rows(tmp_path, "SELECT status, error, turn, trajectory_id FROM exchanges ORDER BY ts")
+    assert [r["status"] for r in logged] == [502, 200]
+    assert "cannot reach the engine" in logged[0]["error"]
+    # The retry is turn 0 of a conversation; the failed attempt made no trajectory.
+    assert logged[1]["turn"] == 0
+    trajectories = rows(tmp_path, "SELECT id, n_turns FROM trajectories")
+    assert trajectories == [{"id": logged[1]["trajectory_id"], "n_turns": 1}]
+
+
+class socket_closed_port:
+    """A port nothing listens on."""
+
+    def __enter__(self) -> int:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def silent(conn, body):
+    time.sleep(5)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_engine_that_goes_silent_is_504(tmp_path, stream):
+    engine = RawEngine(silent)
+    try:
+        upstream = AiohttpUpstream(engine.url, read_timeout=0.5)
+        with TestClient(app_for(tmp_path, upstream)) as client:
+            resp = client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
+            error = assert_openai_error(resp, 504)
+            assert "in time" in error["message"]
+    finally:
+        engine.close()
+    assert [r["status"] for r in rows(tmp_path, "SELECT status FROM exchanges")] == [504]
+
+
+def test_engine_timeout_through_httpx_is_504(tmp_path):
+    def chat(request):
+        raise httpx.ReadTimeout("slow", request=request)
+
+    with TestClient(app_for(tmp_path, scripted(chat))) as client:
+        assert_openai_error(client.post("/v1/chat/completions", json=CHAT), 504)
+
+
+def test_engine_error_status_is_passed_on(tmp_path):
+    answers = [
+        httpx.Response(
+            400,
+            json={
+                "error": {"message": "context too long", "type": "x", "param": None, "code": 400}
+            },
+        ),
+        httpx.Response(503, text="<html>overloaded</html>", headers={"Content-Type": "text/html"}),
+    ]
+
+    with TestClient(app_for(tmp_path, scripted(lambda r: answers.pop(0)))) as client:
+        first = client.post("/v1/chat/completions", json=CHAT)
+        assert assert_openai_error(first, 400)["message"] == "context too long"
+        assert first.headers["X-Onjob-Exchange-Id"].startswith("chatcmpl-")
+        error = assert_openai_error(client.post("/v1/chat/completions", json=CHAT), 503)
+        assert "overloaded" in error["message"]
+    logged = rows(tmp_path, "SELECT status FROM exchanges ORDER BY ts")
+    assert [r["status"] for r in logged] == [400, 503]
+
+
+def test_engine_garbage_is_502(tmp_path):
+    def chat(request):
+        return httpx.Response(200, content=b"this is not json")
+
+    with TestClient(app_for(tmp_path, scripted(chat))) as client:
+        error = assert_openai_error(client.post("/v1/chat/completions", json=CHAT), 502)
+        assert "not a chat completion" in error["message"]
+
+
+async def _cut_after_two(request):
+    yield b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"fake",'
+    yield b'"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+    yield chunk("Hello")
+    yield chunk(" wor")
+    raise httpx.ReadError("connection reset by peer")
+
+
+def cut_by_httpx():
+    return scripted(
+        lambda r: httpx.Response(
+            200, headers={"Content-Type": "text/event-stream"}, content=_cut_after_two(r)
+        )
+    ), None
+
+
+def cut_by_socket():
+    def behaviour(conn, body):
+        send_chunked_head(conn)
+        send_chunk(conn, chunk("Hello"))
+        send_chunk(conn, chunk(" wor"))
+        conn.close()  # no terminating chunk: the body is incomplete
+
+    engine = RawEngine(behaviour)
+    return AiohttpUpstream(engine.url), engine
+
+
+@pytest.mark.parametrize("make", [cut_by_httpx, cut_by_socket], ids=["httpx", "aiohttp"])
+def test_stream_cut_by_engine_returns_error_event_and_logs_partial(tmp_path, make):
+    upstream, engine = make()
+    try:
+        with TestClient(app_for(tmp_path, upstream)) as http:
+            client = openai.OpenAI(
+                base_url="http://testserver.local/v1", api_key="x", http_client=http, max_retries=0
+            )
+            received = []
+            with pytest.raises(openai.APIError) as raised:
+                for c in client.chat.completions.create(
+                    model="agent", messages=CHAT["messages"], stream=True
+                ):
+                    received.append(c.choices[0].delta.content or "")
+            assert "cut" in str(raised.value)
+            assert "".join(received) == "Hello wor"
+            # The server is still there.
+            assert http.get("/health").status_code == 200
+    finally:
+        if engine:
+            engine.close()
+    (row,) = rows(tmp_path, "SELECT status, error, response, completion_token_ids FROM exchanges")
+    assert row["status"] == 502 and "cut" in row["error"]
+    assert json.loads(row["response"])["choices"][0]["message"]["content"] == "Hello wor"
+    assert row["completion_token_ids"] == [[42, 42]]
+
+
+def test_logprobs_token_ids_and_usage_reach_the_client_only_when_asked(tmp_path):
+    seen: list[dict] = []
+
+    async def stream(request):
+        yield chunk("a")
+        yield chunk("b", finish="stop")
+        yield chunk(usage={"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7})
+        yield b"data: [DONE]\n\n"
+
+    def chat(request):
+        body = json.loads(request.content)
+        seen.append(body)
+        if body.get("stream"):
+            return httpx.Response(
+                200, headers={"Content-Type": "text/event-stream"}, content=stream(request)
+            )
+        return httpx.Response(200, json=completion(n=body.get("n", 1)))
+
+    with TestClient(app_for(tmp_path, scripted(chat))) as client:
+        plain = client.post(
+            "/v1/chat/completions", json={**CHAT, "metadata": {"scenario": "s1"}, "n": 2}
+        ).json()
+        asked = client.post(
+            "/v1/chat/completions", json={**CHAT, "logprobs": True, "return_token_ids": True}
+        ).json()
+        with client.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={**CHAT, "stream": True, "stream_options": {"include_usage": True}},
+        ) as resp:
+            streamed = [json.loads(x[6:]) for x in resp.iter_lines() if x.startswith("data: {")]
+
+    # The engine was always asked for logprobs and token ids, under the engine's model name.
+    assert all(b["logprobs"] and b["return_token_ids"] and b["model"] == "fake" for b in seen)
+    assert "metadata" not in seen[0]
+    assert seen[2]["stream_options"] == {"include_usage": True}
+    assert len(plain["choices"]) == 2
+    assert all(c["logprobs"] is None and "token_ids" not in c for c in plain["choices"])
+    assert "prompt_token_ids" not in plain and plain["model"] == "agent"
+    assert asked["choices"][0]["logprobs"]["content"][0]["logprob"] == -0.5
+    assert asked["choices"][0]["token_ids"] == [7, 8, 9] and asked["prompt_token_ids"]
+    assert streamed[-1]["usage"]["total_tokens"] == 7
+    assert all(c["id"] == streamed[0]["id"] for c in streamed)
+
+    logged = rows(
+        tmp_path,
+        "SELECT id, prompt_token_ids, completion_token_ids, completion_logprobs, usage, "
+        "json_extract_string(metadata, '$.scenario') AS scenario FROM exchanges ORDER BY ts",
+    )
+    assert [r["id"] for r in logged] == [plain["id"], asked["id"], streamed[0]["id"]]
+    assert logged[0]["completion_token_ids"] == [[7, 8, 9], [7, 8, 9]]
+    assert logged[0]["completion_logprobs"][1] == [-0.5, -1.0, -1.5]
+    assert logged[0]["prompt_token_ids"] == [1, 2, 3, 4, 5] and logged[0]["scenario"] == "s1"
+    assert logged[2]["completion_token_ids"] == [[42, 42]]
+    assert json.loads(logged[2]["usage"])["total_tokens"] == 7
+
+
+def test_api_keys_are_required_and_recorded(tmp_path):
+    keys = {"billing-bot": "sk-billing", "support-bot": "sk-support"}
+    with TestClient(app_for(tmp_path, ok_engine(), api_keys=keys)) as client:
+        missing = client.post("/v1/chat/completions", json=CHAT)
+        assert assert_openai_error(missing, 401)["type"] == "authentication_error"
+        wrong = {"Authorization": "Bearer sk-nope"}
+        assert_openai_error(client.post("/v1/chat/completions", json=CHAT, headers=wrong), 401)
+        assert_openai_error(client.get("/v1/models"), 401)
+        good = {"Authorization": "Bearer sk-support"}
+        answer = client.post("/v1/chat/completions", json=CHAT, headers=good)
+        assert answer.status_code == 200
+        exchange_id = answer.json()["id"]
+        fb = {"exchange_id": exchange_id, "value": 1}
+        assert_openai_error(client.post("/v1/feedback", json=fb), 401)
+        assert client.post("/v1/feedback", json=fb, headers=good).status_code == 200
+    assert rows(tmp_path, "SELECT api_key_id FROM exchanges") == [{"api_key_id": "support-bot"}]
+    assert rows(tmp_path, "SELECT api_key_id FROM feedback") == [{"api_key_id": "support-bot"}]
+
+
+def test_feedback_checks_what_it_points_at(tmp_path):
+    with TestClient(app_for(tmp_path, ok_engine())) as client:
+        answer = client.post("/v1/chat/completions", json=CHAT)
+        exchange_id = answer.headers["X-Onjob-Exchange-Id"]
+        assert exchange_id == answer.json()["id"]
+        # Posted right away: the exchange may still be in the spool, not yet in DuckDB.
+        fb = client.post("/v1/feedback", json={"exchange_id": exchange_id, "value": 0.5})
+        assert fb.status_code == 200 and fb.json()["trajectory_id"].startswith("traj_")
+        by_trajectory = {"trajectory_id": fb.json()["trajectory_id"], "value": -1, "comment": "no"}
+        assert client.post("/v1/feedback", json=by_trajectory).status_code == 200
+        assert_openai_error(client.post("/v1/feedback", json={"value": 1}), 400)
+        assert_openai_error(client.post("/v1/feedback", json={"exchange_id": exchange_id}), 400)
+        unknown = client.post("/v1/feedback", json={"exchange_id": "chatcmpl-nope", "value": 1})
+        assert assert_openai_error(unknown, 404)["param"] == "exchange_id"
+        unknown = client.post("/v1/feedback", json={"trajectory_id": "traj_nope", "value": 1})
+        assert_openai_error(unknown, 404)
+    logged = rows(tmp_path, "SELECT exchange_id, value, comment FROM feedback ORDER BY ts")
+    assert logged == [
+        {"exchange_id": exchange_id, "value": 0.5, "comment": None},
+        {"exchange_id": None, "value": -1.0, "comment": "no"},
+    ]
+
+
+def test_one_span_per_request_with_genai_attributes(tmp_path):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    calls = []
+
+    def chat(request):
+        calls.append(1)
+        if len(calls) == 2:
+            return httpx.Response(500, json={"error": {"message": "boom"}})
+        return httpx.Response(200, json=completion())
+
+    with TestClient(app_for(tmp_path, scripted(chat), tracer=tracer)) as client:
+        ok = client.post("/v1/chat/completions", json={**CHAT, "temperature": 0.5}).json()
+        client.post("/v1/chat/completions", json=CHAT)
+    spans = exporter.get_finished_spans()
+    assert len(spans) == 2
+    attrs = spans[0].attributes
+    assert spans[0].name == "chat agent"
+    assert attrs["gen_ai.operation.name"] == "chat"
+    assert attrs["gen_ai.request.model"] == "agent"
+    assert attrs["gen_ai.response.model"] == "fake"
+    assert attrs["gen_ai.response.id"] == ok["id"]
+    assert attrs["gen_ai.request.temperature"] == 0.5
+    assert (attrs["gen_ai.usage.input_tokens"], attrs["gen_ai.usage.output_tokens"]) == (5, 3)
+    assert attrs["gen_ai.response.finish_reasons"] == ("stop",)
+    assert spans[0].end_time > spans[0].start_time
+    assert spans[1].attributes["error.type"] == "500"
+    assert not spans[1].status.is_ok

@@ -1,0 +1,110 @@
+"""`onjob serve` as a user runs it: settings from flags, variables and TOML; clear refusals;
+and no answered exchange lost when the process is killed with SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+from openai import OpenAI
+
+from onjob.collector import Store
+from onjob.deploy.process import ServerProcess, free_port
+
+
+def onjob(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "onjob.deploy.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_serve_refuses_to_listen_beyond_loopback_without_keys(tmp_path):
+    result = onjob("serve", "--host", "0.0.0.0", "--db", str(tmp_path / "x.duckdb"))
+    assert result.returncode == 2
+    assert "refusing to listen on 0.0.0.0 with no API keys" in result.stderr
+
+
+def test_settings_come_from_flags_then_variables_then_toml(tmp_path, engine):
+    config = tmp_path / "onjob.toml"
+    db = tmp_path / "from-toml.duckdb"
+    config.write_text(
+        f"""
+[proxy]
+port = {free_port()}
+engine_url = "{engine.url}"
+
+[proxy.aliases]
+agent = ""
+helper = ""
+
+[collector]
+db = "{db}"
+"""
+    )
+    keys = {"ONJOB_PROXY__API_KEYS": json.dumps({"ops": "sk-ops"})}
+    server = ServerProcess(["--config", str(config)], env=keys)  # --port P from the flag
+    with server:
+        assert httpx.get(f"{server.url}/models").status_code == 401
+        listed = httpx.get(f"{server.url}/models", headers={"Authorization": "Bearer sk-ops"})
+        assert [m["id"] for m in listed.json()["data"]] == ["agent", "helper", "tiny"]
+        # A second server on the same database is refused with the reason.
+        second = onjob("serve", "--config", str(config), "--port", str(free_port()), env=keys)
+        assert second.returncode == 2 and "already running" in second.stderr
+    assert db.exists()
+
+
+def test_server_killed_mid_traffic_loses_no_answered_exchange(tmp_path, engine):
+    db = tmp_path / "onjob.duckdb"
+    args = ["--engine-url", engine.url, "--db", str(db)]
+    # Nothing is loaded into DuckDB before the kill: every exchange must come back from
+    # the spool at the restart.
+    env = {"ONJOB_COLLECTOR__FLUSH_INTERVAL_S": "3600"}
+    server = ServerProcess(args, env=env).start()
+    client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+    answered: list[str] = []
+    failed: list[Exception] = []
+    enough = threading.Event()
+
+    def one(i: int) -> None:
+        messages = [{"role": "user", "content": f"question {i}"}]
+        try:
+            if i % 2:
+                stream = client.chat.completions.create(
+                    model="agent", messages=messages, max_tokens=12, stream=True
+                )
+                ids = {c.id for c in stream}  # the openai client ends a stream only at [DONE]
+                (exchange_id,) = ids
+            else:
+                r = client.chat.completions.create(model="agent", messages=messages, max_tokens=12)
+                exchange_id = r.id
+        except Exception as exc:
+            failed.append(exc)
+            return
+        answered.append(exchange_id)
+        if len(answered) >= 12:
+            enough.set()
+
+    with ThreadPoolExecutor(6) as pool:
+        for i in range(200):
+            pool.submit(one, i)
+        assert enough.wait(120), server.output()
+        server.kill()
+    assert len(failed) > 0, "the kill should have caught requests in flight"
+    with ServerProcess(args):
+        pass  # the restart replays the spool; stopping it loads everything
+    store = Store(db)
+    try:
+        logged = {r["id"] for r in store.query("SELECT id FROM exchanges")}
+    finally:
+        store.close()
+    assert set(answered) <= logged
+    assert len(answered) >= 12
