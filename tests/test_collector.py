@@ -15,6 +15,7 @@ import duckdb
 import pytest
 
 from onjob.collector import Collector, CollectorSettings, ExchangeRecord, StorageError, Store
+from onjob.collector.records import encode, to_json
 from onjob.collector.schema import MIGRATIONS, migrate, version
 
 
@@ -28,12 +29,12 @@ def record(placement, i: int, **extra) -> ExchangeRecord:
         scenario_key=placement.scenario_key,
         scenario_keyed=placement.scenario_keyed,
         model_alias="agent",
-        request={"messages": [{"role": "user", "content": f"q{i}"}]},
-        response={"choices": [{"message": {"role": "assistant", "content": "a"}}]},
+        request=to_json({"messages": [{"role": "user", "content": f"q{i}"}]}),
+        response=to_json({"choices": [{"message": {"role": "assistant", "content": "a"}}]}),
         prompt_token_ids=[1, 2, 3],
         completion_token_ids=[[4, 5]],
         completion_logprobs=[[-0.5, -0.25]],
-        usage={"prompt_tokens": 3, "completion_tokens": 2},
+        usage=to_json({"prompt_tokens": 3, "completion_tokens": 2}),
         latency_ms=12.5,
         **extra,
     )
@@ -89,9 +90,11 @@ def test_loading_the_same_segment_twice_changes_nothing(tmp_path):
 
     s = Stitcher()
     p = s.place([{"role": "user", "content": "hi"}])
-    records = [record(p, 0)]
-    assert store.insert_exchanges(records) == 1
-    assert store.insert_exchanges(records) == 0
+    segment = tmp_path / "000000000001-abc.jsonl"
+    segment.write_bytes(encode(record(p, 0)) + b"\n")
+    assert store.load_segment(segment) == (1, 0)
+    # A crash between the commit and the file's deletion: the replay loads nothing.
+    assert store.load_segment(segment) == (0, 0)
     assert store.query("SELECT n_turns FROM trajectories") == [{"n_turns": 1}]
     assert store.query("SELECT count FROM scenarios") == [{"count": 1}]
 

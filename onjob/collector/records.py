@@ -1,6 +1,9 @@
 """What the proxy hands to the collector: one line of the spool per exchange or feedback.
 
 Spool lines are a tagged union (`"kind"`), so feedback is as durable as exchanges.
+JSON columns travel as `msgspec.Raw`: the proxy hands over the bytes it already has
+(the client's request body, the answer it sent), and loading a spool line into
+DuckDB never parses or re-serialises them.
 """
 
 from __future__ import annotations
@@ -8,6 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+
+NULL = msgspec.Raw(b"null")
+
+
+def to_json(value: Any) -> msgspec.Raw:
+    """A JSON column's value from a Python object (None stays SQL NULL)."""
+    return NULL if value is None else msgspec.Raw(msgspec.json.encode(value))
 
 
 class ExchangeRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="exchange"):
@@ -23,16 +33,16 @@ class ExchangeRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="exchan
     checkpoint: str | None = None
     arm: str | None = None
     stream: bool = False
-    request: dict[str, Any] | None = None
-    response: dict[str, Any] | None = None
+    request: msgspec.Raw = NULL
+    response: msgspec.Raw = NULL
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[list[int]] | None = None
     completion_logprobs: list[list[float]] | None = None
-    usage: dict[str, Any] | None = None
+    usage: msgspec.Raw = NULL
     latency_ms: float | None = None
     status: int = 200
     error: str | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: msgspec.Raw = NULL
     source: str = "production"
     continuation_hashes: list[str] | None = None
 
@@ -50,8 +60,3 @@ class FeedbackRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="feedba
 Record = ExchangeRecord | FeedbackRecord
 
 encode = msgspec.json.Encoder().encode
-_decoder = msgspec.json.Decoder(Record)
-
-
-def decode(line: bytes) -> Record:
-    return _decoder.decode(line)

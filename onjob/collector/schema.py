@@ -110,7 +110,18 @@ CREATE TABLE deployments (
 );
 """
 
-MIGRATIONS: list[str] = [V1]
+# The spool segments loaded but not yet deleted: a segment is loaded in one
+# transaction with its row here, so a crash between the commit and the unlink
+# never loads it twice (and no insert has to anti-join the whole table).
+V2 = """
+CREATE TABLE loaded_segments (
+    name VARCHAR PRIMARY KEY,
+    exchanges INTEGER NOT NULL,
+    loaded_at TIMESTAMPTZ NOT NULL
+);
+"""
+
+MIGRATIONS: list[str] = [V1, V2]
 
 
 def version(con: duckdb.DuckDBPyConnection) -> int:

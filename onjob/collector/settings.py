@@ -13,6 +13,14 @@ class CollectorSettings(BaseModel):
     flush_interval_s: float = Field(0.25, gt=0, description="how often the spool is loaded")
     warm_exchanges: int = Field(100_000, ge=0, description="exchanges reloaded into the stitcher")
     stitch_capacity: int = Field(200_000, ge=1)
+    loader_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="priority of loading into DuckDB below the proxy's (0: equal; higher: "
+        "lower tail latency, while a saturated CPU lets the spool grow on disk)",
+    )
+    duckdb_threads: int = Field(1, ge=1, description="DuckDB worker threads")
     fsync: bool = Field(False, description="fsync each exchange (survives power loss, slow)")
 
     @property

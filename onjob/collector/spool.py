@@ -14,9 +14,8 @@ segments pile up on disk rather than in memory.
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
-
-from .records import Record, decode
 
 
 class Spool:
@@ -25,16 +24,19 @@ class Spool:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
         existing = self.segments()
-        self._seq = int(existing[-1].stem) + 1 if existing else 1
+        self._seq = _seq(existing[-1]) + 1 if existing else 1
+        # Names are unique across runs (the database remembers loaded names until the
+        # file is gone), even when the sequence starts again from an empty spool.
+        self._run = uuid.uuid4().hex[:8]
         self._fd = -1
         self._bytes = 0
         self._open()
 
     def segments(self) -> list[Path]:
-        return sorted(self.directory.glob("*.jsonl"), key=lambda p: int(p.stem))
+        return sorted(self.directory.glob("*.jsonl"), key=_seq)
 
     def _open(self) -> None:
-        path = self.directory / f"{self._seq:012d}.jsonl"
+        path = self.directory / f"{self._seq:012d}-{self._run}.jsonl"
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._current = path
         self._bytes = 0
@@ -63,16 +65,5 @@ class Spool:
                 self._current.unlink(missing_ok=True)
 
 
-def read_segment(path: Path) -> tuple[list[Record], int]:
-    """The records of a segment, and how many lines were torn (a crash mid-write)."""
-    records, torn = [], 0
-    with open(path, "rb") as f:
-        for line in f:
-            if not line.endswith(b"\n"):
-                torn += 1
-                continue
-            try:
-                records.append(decode(line))
-            except Exception:
-                torn += 1
-    return records, torn
+def _seq(path: Path) -> int:
+    return int(path.stem.split("-")[0])

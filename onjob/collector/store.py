@@ -1,9 +1,11 @@
-"""The DuckDB side: batched idempotent inserts and the queries other parts ask.
+"""The DuckDB side: loading spool segments exactly once, and the queries other parts ask.
 
-A batch goes in as one Arrow table (`INSERT ... SELECT FROM arrow`), ~50x faster
-than parameterised row inserts (DESIGN.md, facts). Rows already present are
-skipped, so replaying a segment that was half-loaded before a crash is safe, and
-trajectory and scenario aggregates are updated from the rows actually inserted.
+DuckDB reads a spool segment itself (`read_json`, C++, no Python objects and no GIL
+held), and it goes in with one `INSERT ... SELECT` per table, in one transaction
+with its name in `loaded_segments`: replaying a segment after a crash between the
+commit and the file's deletion changes nothing, and no insert scans the growing
+tables. Trajectory and scenario aggregates are upserts through their primary keys.
+A line torn by a crash mid-write reads as an empty row and is counted, not loaded.
 
 DuckDB connections are not safe across threads: `Store` is used from one thread
 at a time (the collector runs it on a single-thread executor).
@@ -11,15 +13,11 @@ at a time (the collector runs it on a single-thread executor).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import duckdb
-import pyarrow as pa
 
 from .errors import StorageError
-from .records import ExchangeRecord, FeedbackRecord
 from .schema import migrate
 
 _COLUMNS = (
@@ -28,55 +26,49 @@ _COLUMNS = (
     "latency_ms, status, error, metadata, source, continuation_hashes"
 )
 
-_ARROW = pa.schema(
-    [
-        ("id", pa.string()),
-        ("ts", pa.timestamp("us", tz="UTC")),
-        ("trajectory_id", pa.string()),
-        ("turn", pa.int32()),
-        ("scenario_id", pa.string()),
-        ("scenario_key", pa.string()),
-        ("scenario_keyed", pa.string()),
-        ("api_key_id", pa.string()),
-        ("model_alias", pa.string()),
-        ("checkpoint", pa.string()),
-        ("arm", pa.string()),
-        ("stream", pa.bool_()),
-        ("request", pa.string()),
-        ("response", pa.string()),
-        ("prompt_token_ids", pa.list_(pa.int32())),
-        ("completion_token_ids", pa.list_(pa.list_(pa.int32()))),
-        ("completion_logprobs", pa.list_(pa.list_(pa.float64()))),
-        ("usage", pa.string()),
-        ("latency_ms", pa.float64()),
-        ("status", pa.int32()),
-        ("error", pa.string()),
-        ("metadata", pa.string()),
-        ("source", pa.string()),
-        ("continuation_hashes", pa.list_(pa.string())),
-    ]
+# The spool line's fields (records.py) as DuckDB reads them.
+_LINE = {
+    "kind": "VARCHAR",
+    "id": "VARCHAR",
+    "ts": "DOUBLE",
+    "trajectory_id": "VARCHAR",
+    "turn": "INTEGER",
+    "scenario_id": "VARCHAR",
+    "scenario_key": "VARCHAR",
+    "scenario_keyed": "VARCHAR",
+    "model_alias": "VARCHAR",
+    "api_key_id": "VARCHAR",
+    "checkpoint": "VARCHAR",
+    "arm": "VARCHAR",
+    "stream": "BOOLEAN",
+    "request": "JSON",
+    "response": "JSON",
+    "prompt_token_ids": "INTEGER[]",
+    "completion_token_ids": "INTEGER[][]",
+    "completion_logprobs": "DOUBLE[][]",
+    "usage": "JSON",
+    "latency_ms": "DOUBLE",
+    "status": "INTEGER",
+    "error": "VARCHAR",
+    "metadata": "JSON",
+    "source": "VARCHAR",
+    "continuation_hashes": "VARCHAR[]",
+    "exchange_id": "VARCHAR",
+    "value": "DOUBLE",
+    "comment": "VARCHAR",
+}
+_READ = (
+    "CREATE OR REPLACE TEMP TABLE segment AS "
+    "SELECT * REPLACE (to_timestamp(ts) AS ts) FROM read_json(?, format = 'newline_delimited', "
+    f"ignore_errors = true, columns = {_LINE!r})"
 )
-
-_JSON_FIELDS = ("request", "response", "usage", "metadata")
-
-
-def _arrow(records: list[ExchangeRecord]) -> pa.Table:
-    columns: dict[str, list[Any]] = {name: [] for name in _ARROW.names}
-    for r in records:
-        for name in _ARROW.names:
-            value = getattr(r, name)
-            if name == "ts":
-                value = int(value * 1_000_000)
-            elif name in _JSON_FIELDS and value is not None:
-                value = json.dumps(value)
-            columns[name].append(value)
-    return pa.table(columns, schema=_ARROW)
 
 
 class Store:
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, threads: int | None = None) -> None:
         try:
-            self.con = duckdb.connect(str(path))
+            config = {"threads": threads} if threads else {}
+            self.con = duckdb.connect(str(path), config=config)
             self.schema_before = migrate(self.con)
         except duckdb.IOException as exc:
             raise StorageError(
@@ -87,71 +79,68 @@ class Store:
     def close(self) -> None:
         self.con.close()
 
-    def insert_exchanges(self, records: list[ExchangeRecord]) -> int:
-        """Insert the records not yet present; return how many were new."""
-        if not records:
-            return 0
-        batch = _arrow(records)  # noqa: F841 (read by name in the SQL below)
+    def load_segment(self, path: Path) -> tuple[int, int]:
+        """Load one spool segment, exactly once per file name: (exchanges inserted, torn
+        lines skipped); (0, 0) if it was loaded before."""
         con = self.con
         con.execute("BEGIN TRANSACTION")
         try:
-            con.execute(
-                "CREATE OR REPLACE TEMP TABLE new_rows AS SELECT * FROM batch "
-                "WHERE id NOT IN (SELECT id FROM exchanges)"
-            )
-            con.execute(f"INSERT INTO exchanges ({_COLUMNS}) SELECT {_COLUMNS} FROM new_rows")
-            inserted = con.execute("SELECT count(*) FROM new_rows").fetchone()[0]
-            # Failed exchanges stay in `exchanges` (with their status) but are no turn of a
-            # conversation. Scenarios count trajectories, so they go before the trajectories.
-            con.execute("DELETE FROM new_rows WHERE status >= 400")
-            con.execute(
-                """
-                INSERT INTO scenarios
-                SELECT scenario_id, any_value(scenario_key), any_value(scenario_keyed), min(ts),
-                       count(DISTINCT trajectory_id) FILTER (
-                           WHERE trajectory_id NOT IN (SELECT id FROM trajectories))
-                FROM new_rows GROUP BY scenario_id
-                ON CONFLICT (id) DO UPDATE SET count = scenarios.count + excluded.count
-                """
-            )
-            con.execute(
-                """
-                INSERT INTO trajectories
-                SELECT trajectory_id, any_value(scenario_id), arg_min(checkpoint, turn),
-                       arg_min(arm, turn), arg_min(id, turn), arg_max(id, turn), max(turn) + 1,
-                       any_value(source), min(ts), max(ts)
-                FROM new_rows GROUP BY trajectory_id
-                ON CONFLICT (id) DO UPDATE SET
-                    last_exchange = CASE WHEN excluded.n_turns >= trajectories.n_turns
-                                         THEN excluded.last_exchange
-                                         ELSE trajectories.last_exchange END,
-                    n_turns = greatest(trajectories.n_turns, excluded.n_turns),
-                    last_ts = greatest(trajectories.last_ts, excluded.last_ts)
-                """
-            )
+            if con.execute("SELECT 1 FROM loaded_segments WHERE name = ?", [path.name]).fetchone():
+                con.execute("ROLLBACK")
+                return 0, 0
+            con.execute(_READ, [str(path)])
+            inserted, torn = con.execute(
+                "SELECT count(*) FILTER (WHERE kind = 'exchange'), count(*) FILTER (WHERE "
+                "kind IS NULL) FROM segment"
+            ).fetchone()
+            con.execute("INSERT INTO loaded_segments VALUES (?, ?, now())", [path.name, inserted])
+            self._insert()
             con.execute("COMMIT")
         except duckdb.Error as exc:
             con.execute("ROLLBACK")
-            raise StorageError(f"inserting {len(records)} exchanges failed: {exc}") from exc
-        return inserted
+            raise StorageError(f"loading spool segment {path.name} failed: {exc}") from exc
+        return inserted, torn
 
-    def insert_feedback(self, records: list[FeedbackRecord]) -> int:
-        """Insert the feedback not yet present; return how many were new."""
-        if not records:
-            return 0
-        names = ("id", "exchange_id", "trajectory_id", "api_key_id", "value", "comment", "ts")
-        batch = pa.table(  # noqa: F841 (read by name in the SQL below)
-            {name: [getattr(r, name) for r in records] for name in names}
+    def _insert(self) -> None:
+        con = self.con
+        con.execute(
+            f"INSERT INTO exchanges ({_COLUMNS}) SELECT {_COLUMNS} FROM segment "
+            "WHERE kind = 'exchange'"
         )
-        try:
-            before = self.con.execute("SELECT count(*) FROM feedback").fetchone()[0]
-            self.con.execute(
-                "INSERT INTO feedback SELECT id, exchange_id, trajectory_id, api_key_id, value, "
-                "comment, to_timestamp(ts) FROM batch WHERE id NOT IN (SELECT id FROM feedback)"
-            )
-            return self.con.execute("SELECT count(*) FROM feedback").fetchone()[0] - before
-        except duckdb.Error as exc:
-            raise StorageError(f"inserting {len(records)} feedback rows failed: {exc}") from exc
+        # Failed exchanges stay in `exchanges` (with their status) but are no turn of a
+        # conversation. A trajectory is new where its turn 0 is: scenarios count those.
+        con.execute(
+            """
+            INSERT INTO scenarios
+            SELECT scenario_id, any_value(scenario_key), any_value(scenario_keyed), min(ts),
+                   count(*) FILTER (WHERE turn = 0)
+            FROM segment WHERE kind = 'exchange' AND status < 400 GROUP BY scenario_id
+            ON CONFLICT (id) DO UPDATE SET count = scenarios.count + excluded.count
+            """
+        )
+        con.execute(
+            """
+            INSERT INTO trajectories
+            SELECT trajectory_id, any_value(scenario_id), arg_min(checkpoint, turn),
+                   arg_min(arm, turn), arg_min(id, turn), arg_max(id, turn), max(turn) + 1,
+                   any_value(source), min(ts), max(ts)
+            FROM segment WHERE kind = 'exchange' AND status < 400 GROUP BY trajectory_id
+            ON CONFLICT (id) DO UPDATE SET
+                last_exchange = CASE WHEN excluded.n_turns >= trajectories.n_turns
+                                     THEN excluded.last_exchange
+                                     ELSE trajectories.last_exchange END,
+                n_turns = greatest(trajectories.n_turns, excluded.n_turns),
+                last_ts = greatest(trajectories.last_ts, excluded.last_ts)
+            """
+        )
+        con.execute(
+            "INSERT INTO feedback SELECT id, exchange_id, trajectory_id, api_key_id, value, "
+            "comment, ts FROM segment WHERE kind = 'feedback'"
+        )
+
+    def forget_segment(self, segment: str) -> None:
+        """The segment file is deleted: its ledger row is no longer needed."""
+        self.con.execute("DELETE FROM loaded_segments WHERE name = ?", [segment])
 
     def warm_rows(self, limit: int) -> list[tuple]:
         """The stitcher's state for the most recent `limit` exchanges, oldest first."""

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
+
+from .ids import new_id
 
 DERIVED = "derived"
 EXPLICIT = "explicit"
@@ -140,7 +141,7 @@ class Stitcher:
             if known is not None and known.latest_turn == turn:
                 return self._placed(traj, turn + 1, known.scenario, hashes)
             break  # continues an older turn: a fork, so a new trajectory
-        return self._placed(f"traj_{uuid.uuid4().hex}", 0, scenario_of(messages, scenario), hashes)
+        return self._placed(new_id("traj_"), 0, scenario_of(messages, scenario), hashes)
 
     def _placed(
         self, traj: str, turn: int, scen: tuple[str, str, str], hashes: list[str]

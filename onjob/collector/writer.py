@@ -6,12 +6,14 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import os
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .records import ExchangeRecord, FeedbackRecord, encode
 from .settings import CollectorSettings
-from .spool import Spool, read_segment
+from .spool import Spool
 from .store import Store
 from .trajectories import Placement, Stitcher
 
@@ -19,20 +21,34 @@ log = logging.getLogger("onjob.collector")
 T = TypeVar("T")
 
 
+def _lower_priority(nice: int) -> None:
+    """Loading into DuckDB yields the CPU to the proxy: the database thread (and the worker
+    threads DuckDB starts from it, which inherit it) runs at a lower priority, so a flush
+    rarely makes an answer wait (Linux; elsewhere this is a no-op)."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+
+
 class Collector:
     def __init__(self, settings: CollectorSettings) -> None:
         self.settings = settings
         self.stitcher = Stitcher(settings.stitch_capacity)
-        self._db = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="onjob-duckdb")
+        self._db = concurrent.futures.ThreadPoolExecutor(
+            1,
+            thread_name_prefix="onjob-duckdb",
+            initializer=_lower_priority,
+            initargs=(settings.loader_nice,),
+        )
         self._store: Store | None = None
         self._spool: Spool | None = None
         self._task: asyncio.Task | None = None
         self._flushing = asyncio.Lock()
+        self.spooled = 0  # exchanges handed over since start
         self.loaded = 0  # exchanges inserted since start
 
     async def start(self) -> None:
         """Open (and migrate) the database, load what a previous run left in the spool, warm up."""
-        self._store = await self._run(Store, self.settings.db)
+        self._store = await self._run(Store, self.settings.db, self.settings.duckdb_threads)
         self._spool = Spool(self.settings.spool, fsync=self.settings.fsync)
         replayed = await self.flush()
         if replayed:
@@ -50,6 +66,8 @@ class Collector:
         """Durably hand over one exchange or feedback (one append to the spool); never waits
         on DuckDB."""
         self._spool.append(encode(record))
+        if isinstance(record, ExchangeRecord):
+            self.spooled += 1
 
     async def flush(self) -> int:
         """Load every closed spool segment into DuckDB; return how many exchanges were new."""
@@ -61,16 +79,20 @@ class Collector:
         return total
 
     def _load_segment(self, segment) -> int:
-        records, torn = read_segment(segment)
+        inserted, torn = self._store.load_segment(segment)
         if torn:
             log.warning("%s: skipped %d torn lines (a crash mid-write)", segment.name, torn)
-        # Exchanges first: feedback may point at an exchange of the same segment.
-        inserted = self._store.insert_exchanges(
-            [r for r in records if isinstance(r, ExchangeRecord)]
-        )
-        self._store.insert_feedback([r for r in records if isinstance(r, FeedbackRecord)])
         segment.unlink()
+        self._store.forget_segment(segment.name)
         return inserted
+
+    def stats(self) -> dict:
+        """Counters for `/health`: `backlog` is what the spool holds that DuckDB does not yet."""
+        return {
+            "spooled": self.spooled,
+            "loaded": self.loaded,
+            "backlog_segments": len(self._spool.segments()) - 1 if self._spool else 0,
+        }
 
     async def query(self, fn: Callable[[Store], T]) -> T:
         """Run `fn(store)` on the database thread."""

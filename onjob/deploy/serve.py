@@ -4,19 +4,32 @@ from __future__ import annotations
 
 import sys
 
+import httpx
+
 from ..collector import Collector, Store
-from ..proxy import AiohttpUpstream, create_app
+from ..proxy import AiohttpUpstream, HttpxUpstream, ProxySettings, Upstream, create_app
 from .settings import ServeSettings
 from .telemetry import tracer
 
 
-def build_app(settings: ServeSettings):
-    upstream = AiohttpUpstream(
-        settings.proxy.engine_url,
-        connect_timeout=settings.proxy.connect_timeout_s,
-        read_timeout=settings.proxy.read_timeout_s,
-        max_connections=settings.proxy.max_connections,
+def build_upstream(p: ProxySettings) -> Upstream:
+    if p.upstream_client == "httpx":
+        client = httpx.AsyncClient(
+            base_url=p.engine_url,
+            timeout=httpx.Timeout(p.read_timeout_s, connect=p.connect_timeout_s),
+            limits=httpx.Limits(max_connections=p.max_connections),
+        )
+        return HttpxUpstream(client)
+    return AiohttpUpstream(
+        p.engine_url,
+        connect_timeout=p.connect_timeout_s,
+        read_timeout=p.read_timeout_s,
+        max_connections=p.max_connections,
     )
+
+
+def build_app(settings: ServeSettings):
+    upstream = build_upstream(settings.proxy)
     return create_app(
         settings.proxy,
         upstream=upstream,

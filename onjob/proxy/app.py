@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -20,6 +19,7 @@ from litestar.response import Stream
 from opentelemetry.trace import Tracer
 
 from ..collector import Collector, FeedbackRecord, queries
+from ..collector.ids import new_id
 from . import sse, telemetry
 from .errors import (
     BadRequest,
@@ -89,9 +89,11 @@ def create_app(
     @post("/v1/chat/completions", status_code=200)
     async def chat_completions(request: Request) -> Response | Stream:
         api_key_id = authenticate(request)
-        body = parse_request(await request.body())
+        raw = await request.body()
+        body = parse_request(raw)
         exchange, upstream_body = await Exchange.open(
             body,
+            raw,
             router=router,
             collector=collector,
             api_key_id=api_key_id,
@@ -125,12 +127,20 @@ def create_app(
     async def relay(exchange: Exchange, resp: UpstreamResponse, span) -> AsyncIterator[bytes]:
         finished = False
         try:
-            async for payload in sse.data_events(resp.chunks()):
-                if payload == sse.DONE:
+            done = False
+            async for payloads in sse.data_events(resp.chunks()):
+                out = []
+                for payload in payloads:
+                    if payload == sse.DONE:
+                        done = True
+                        break
+                    shaped = exchange.chunk(payload)
+                    if shaped is not None:
+                        out.append(sse.frame(shaped))
+                if out:
+                    yield b"".join(out)
+                if done:
                     break
-                out = exchange.chunk(payload)
-                if out is not None:
-                    yield sse.frame(out)
             else:
                 raise StreamCut("the engine's stream ended without [DONE]")
             finish(exchange)
@@ -180,7 +190,7 @@ def create_app(
         elif not await _lookup(collector, queries.trajectory_exists, fb.trajectory_id):
             raise NotFound(f"No trajectory `{fb.trajectory_id}`.", param="trajectory_id")
         record = FeedbackRecord(
-            id=f"fb_{uuid.uuid4().hex}",
+            id=new_id("fb_"),
             ts=time.time(),
             exchange_id=fb.exchange_id,
             trajectory_id=trajectory_id,
@@ -193,7 +203,7 @@ def create_app(
 
     @get("/health")
     async def health() -> dict:
-        return {"status": "ok"}
+        return {"status": "ok", "collector": collector.stats()}
 
     async def shutdown() -> None:
         await upstream.aclose()

@@ -10,13 +10,14 @@ client's model name in, and keep what the collector stores. `record()` is the ro
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
 from ..collector import Collector, ExchangeRecord, Placement
+from ..collector.ids import new_id
+from ..collector.records import to_json
 from .errors import BadRequest, MalformedAnswer
 from .routing import Route, Router
 
@@ -73,6 +74,7 @@ class _Choice:
 class Exchange:
     id: str
     request: dict  # as the client sent it
+    raw_request: bytes
     route: Route
     placement: Placement
     api_key_id: str | None
@@ -85,11 +87,13 @@ class Exchange:
     status: int = 200
     error: str | None = None
     error_body: dict | None = None
+    answered: bytes | None = None  # the whole answer as the client got it (not streamed)
 
     @classmethod
     async def open(
         cls,
         body: dict,
+        raw: bytes,
         *,
         router: Router,
         collector: Collector,
@@ -114,7 +118,7 @@ class Exchange:
                 **(body.get("stream_options") or {}),
                 "include_usage": True,
             }
-        exchange = cls(f"chatcmpl-{uuid.uuid4().hex}", body, route, placement, api_key_id)
+        exchange = cls(new_id("chatcmpl-"), body, raw, route, placement, api_key_id)
         return exchange, _encode(upstream)
 
     @property
@@ -176,7 +180,8 @@ class Exchange:
             raise MalformedAnswer(f"the engine's answer is not a chat completion: {exc}") from exc
         self._head(data)
         self.usage = data.get("usage")
-        return _encode(data)
+        self.answered = _encode(data)
+        return self.answered
 
     def chunk(self, payload: bytes) -> bytes | None:
         """One streamed event shaped for the client; None when the client did not ask for it
@@ -247,16 +252,16 @@ class Exchange:
             checkpoint=self.route.checkpoint,
             arm=self.route.arm,
             stream=self.stream,
-            request=self.request,
-            response=self.response(),
+            request=msgspec.Raw(self.raw_request),
+            response=msgspec.Raw(self.answered) if self.answered else to_json(self.response()),
             prompt_token_ids=self.prompt_token_ids,
             completion_token_ids=[c.token_ids for c in ordered] or None,
             completion_logprobs=[c.logprobs for c in ordered] or None,
-            usage=self.usage,
+            usage=to_json(self.usage),
             latency_ms=(time.perf_counter() - self.started) * 1000,
             status=self.status,
             error=self.error,
-            metadata=self.request.get("metadata"),
+            metadata=to_json(self.request.get("metadata")),
             continuation_hashes=continuation_hashes,
         )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -24,6 +25,9 @@ class ProxySettings(BaseModel):
     connect_timeout_s: float = Field(5.0, gt=0)
     read_timeout_s: float = Field(300.0, gt=0, description="longest silence from the engine")
     max_connections: int = Field(1024, ge=1, description="connections to the engine")
+    upstream_client: Literal["aiohttp", "httpx"] = Field(
+        "aiohttp", description="HTTP client to the engine (aiohttp: ~3x less CPU per request)"
+    )
 
     @field_validator("aliases")
     @classmethod

@@ -9,9 +9,11 @@ from .errors import StreamCut
 DONE = b"[DONE]"
 
 
-async def data_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """The `data:` payload of each event, as soon as the event is complete.
+async def data_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]]:
+    """The `data:` payloads of the events each chunk completes, as soon as it arrives.
 
+    Events come in lists so that what arrived together leaves together (one write to
+    the client instead of one per token when the engine sends several at once).
     Comments (keep-alives) and fields other than `data` are dropped; a multi-line
     `data` is joined with newlines, as the SSE spec says.
     """
@@ -20,14 +22,15 @@ async def data_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         buffer += chunk
         if b"\r" in buffer:
             buffer = buffer.replace(b"\r\n", b"\n")
-        while True:
-            end = buffer.find(b"\n\n")
-            if end < 0:
-                break
-            event, buffer = buffer[:end], buffer[end + 2 :]
+        events = buffer.split(b"\n\n")
+        buffer = events.pop()
+        payloads = []
+        for event in events:
             data = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line[:5] == b"data:"]
             if data:
-                yield b"\n".join(data)
+                payloads.append(b"\n".join(data))
+        if payloads:
+            yield payloads
     if buffer.strip():
         raise StreamCut("the engine's stream ended in the middle of an event")
 
