@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.onjob-installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint format bench-engine clean
+.PHONY: install demo test lint format bench-engine bench-proxy clean
 
 install: $(STAMP)
 
@@ -32,6 +32,9 @@ format: install
 
 bench-engine: install
 	$(PY) bench/engine.py
+
+bench-proxy: install
+	$(PY) bench/proxy_overhead.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -235,3 +236,36 @@ def test_stream_is_relayed_as_it_arrives(tmp_path):
         fake.close()
     assert held == [True]
     assert rest == [" second"]  # and the usage chunk the proxy asked for is not passed on
+
+
+def test_client_that_hangs_up_mid_stream_is_logged_as_499_with_its_partial_answer(tmp_path):
+    hung_up = threading.Event()
+
+    def engine(conn, body):
+        send_chunked_head(conn)
+        send_chunk(conn, chunk("partial"))
+        hung_up.wait(60)
+        try:
+            for _ in range(50):  # the proxy drops the engine's connection when the client goes
+                send_chunk(conn, chunk(" more"))
+                time.sleep(0.05)
+        except OSError:
+            pass
+
+    fake = RawEngine(engine)
+    db = tmp_path / "o.duckdb"
+    try:
+        with ServerProcess(["--engine-url", fake.url, "--db", str(db)]) as server:
+            client, _ = clients(server)
+            stream = client.chat.completions.create(
+                model="agent", messages=[{"role": "user", "content": "hi"}], stream=True
+            )
+            assert next(stream).choices[0].delta.content == "partial"
+            stream.close()
+            hung_up.set()
+            assert server.proc.poll() is None
+    finally:
+        fake.close()
+    (row,) = rows(db, "SELECT status, error, response FROM exchanges")
+    assert row["status"] == 499 and "client closed" in row["error"]
+    assert json.loads(row["response"])["choices"][0]["message"]["content"].startswith("partial")
