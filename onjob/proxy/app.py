@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post
-from litestar.exceptions import HTTPException
 from litestar.response import Stream
 from opentelemetry.trace import Tracer
 
@@ -29,9 +28,9 @@ from .errors import (
     Unauthorized,
     UpstreamError,
     UpstreamStatus,
-    error_body,
 )
 from .exchange import Exchange, parse_request
+from .openai_errors import HANDLERS, error_body
 from .routing import Router
 from .settings import ProxySettings
 from .upstream import Upstream, UpstreamResponse
@@ -213,11 +212,7 @@ def create_app(
         route_handlers=[chat_completions, models, feedback, health],
         on_startup=[collector.start],
         on_shutdown=[shutdown],
-        exception_handlers={
-            ProxyError: _proxy_error,
-            HTTPException: _http_error,
-            Exception: _internal_error,
-        },
+        exception_handlers=HANDLERS,
         request_max_body_size=settings.max_body_bytes,
         openapi_config=None,
     )
@@ -244,24 +239,3 @@ def _passthrough(exc: UpstreamStatus, headers: dict) -> Response:
         else msgspec.json.encode(error_body(exc.message, "upstream_error", exc.status))
     )
     return Response(content, status_code=exc.status, media_type="application/json", headers=headers)
-
-
-def _proxy_error(_: Request, exc: ProxyError) -> Response:
-    return Response(exc.body(), status_code=exc.status)
-
-
-_HTTP_TYPES = {401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error"}
-
-
-def _http_error(_: Request, exc: HTTPException) -> Response:
-    status = exc.status_code
-    type_ = _HTTP_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return Response(error_body(exc.detail, type_, status), status_code=status)
-
-
-def _internal_error(_: Request, exc: Exception) -> Response:
-    log.exception("request failed", exc_info=exc)
-    return Response(
-        error_body(f"Internal error: {type(exc).__name__}: {exc}", "internal_server_error", 500),
-        status_code=500,
-    )

@@ -6,18 +6,11 @@ The upstream clients' own errors (aiohttp's, httpx's) are translated into
 
 from __future__ import annotations
 
+from .openai_errors import OpenAIError
 
-class ProxyError(Exception):
-    status = 500
-    type = "internal_server_error"
 
-    def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-
-    def body(self) -> dict:
-        return error_body(self.message, self.type, self.status, self.param)
+class ProxyError(OpenAIError):
+    pass
 
 
 class BadRequest(ProxyError):
@@ -71,7 +64,3 @@ class UpstreamStatus(UpstreamError):
         self.status = status
         self.raw = body
         self.content_type = content_type
-
-
-def error_body(message: str, type_: str, status: int, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": status}}

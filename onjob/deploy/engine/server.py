@@ -16,12 +16,12 @@ from functools import lru_cache
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post
-from litestar.exceptions import HTTPException
 from litestar.response import Stream
 
+from ...proxy.openai_errors import HANDLERS
 from . import chat
 from .batching import Batcher, TokenEvent
-from .errors import BadRequest, EngineError, error_body
+from .errors import BadRequest, EngineError
 from .protocol import ChatRequest, LoadAdapter, UnloadAdapter
 from .sampling import Sampling
 
@@ -249,11 +249,7 @@ def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
             unload_lora_adapter,
             health,
         ],
-        exception_handlers={
-            EngineError: _engine_error,
-            HTTPException: _http_error,
-            Exception: _internal_error,
-        },
+        exception_handlers=HANDLERS,
         request_max_body_size=16 * 1024 * 1024,
         openapi_config=None,
     )
@@ -284,23 +280,3 @@ async def _sse(chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
     async for c in chunks:
         yield b"data: " + msgspec.json.encode(c) + b"\n\n"
     yield b"data: [DONE]\n\n"
-
-
-def _engine_error(_: Request, exc: EngineError) -> Response:
-    return Response(exc.body(), status_code=exc.status)
-
-
-_HTTP_TYPES = {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error"}
-
-
-def _http_error(_: Request, exc: HTTPException) -> Response:
-    status = exc.status_code
-    type_ = _HTTP_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return Response(error_body(exc.detail, type_, status), status_code=status)
-
-
-def _internal_error(_: Request, exc: Exception) -> Response:
-    return Response(
-        error_body(f"Internal error: {type(exc).__name__}: {exc}", "internal_server_error", 500),
-        status_code=500,
-    )

@@ -1,0 +1,59 @@
+"""OpenAI's error shape, and Litestar handlers that answer in it (the proxy and the local
+engine both speak it)."""
+
+from __future__ import annotations
+
+import logging
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+
+log = logging.getLogger("onjob")
+
+_HTTP_TYPES = {
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+}
+
+
+class OpenAIError(Exception):
+    """An error answered as `{"error": {...}}` with its HTTP status; each package's
+    exception tree (the proxy's, the engine's) grows from it."""
+
+    status = 500
+    type = "internal_server_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.status, self.param)
+
+
+def openai_error(_: Request, exc: OpenAIError) -> Response:
+    return Response(exc.body(), status_code=exc.status)
+
+
+def error_body(message: str, type_: str, status: int, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": status}}
+
+
+def http_error(_: Request, exc: HTTPException) -> Response:
+    status = exc.status_code
+    type_ = _HTTP_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return Response(error_body(exc.detail, type_, status), status_code=status)
+
+
+def internal_error(_: Request, exc: Exception) -> Response:
+    log.exception("request failed", exc_info=exc)
+    return Response(
+        error_body(f"Internal error: {type(exc).__name__}: {exc}", "internal_server_error", 500),
+        status_code=500,
+    )
+
+
+HANDLERS = {OpenAIError: openai_error, HTTPException: http_error, Exception: internal_error}
