@@ -12,6 +12,7 @@ import pytest
 from litestar.testing import TestClient
 
 from onjob.collector import Collector, CollectorSettings, Store
+from onjob.deploy.process import free_port
 from onjob.proxy import AiohttpUpstream, ProxySettings, create_app
 from onjob.proxy.upstream import Upstream
 
@@ -77,13 +78,12 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(tmp_path):
 
 
 def test_engine_unreachable_is_502_and_the_failed_exchange_is_logged(tmp_path):
-    with socket_closed_port() as port:
-        upstream = AiohttpUpstream(f"http://127.0.0.1:{port}/v1", connect_timeout=2)
-        with TestClient(app_for(tmp_path, upstream)) as client:
-            error = assert_openai_error(client.post("/v1/chat/completions", json=CHAT), 502)
-            assert "cannot reach the engine" in error["message"]
-            # /v1/models still lists the configured aliases.
-            assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["agent"]
+    upstream = AiohttpUpstream(f"http://127.0.0.1:{free_port()}/v1", connect_timeout=2)
+    with TestClient(app_for(tmp_path, upstream)) as client:
+        error = assert_openai_error(client.post("/v1/chat/completions", json=CHAT), 502)
+        assert "cannot reach the engine" in error["message"]
+        # /v1/models still lists the configured aliases.
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["agent"]
 
 
 def test_failed_exchange_after_discovery_is_logged_and_not_a_turn(tmp_path):
@@ -106,20 +106,6 @@ def test_failed_exchange_after_discovery_is_logged_and_not_a_turn(tmp_path):
     assert logged[1]["turn"] == 0
     trajectories = rows(tmp_path, "SELECT id, n_turns FROM trajectories")
     assert trajectories == [{"id": logged[1]["trajectory_id"], "n_turns": 1}]
-
-
-class socket_closed_port:
-    """A port nothing listens on."""
-
-    def __enter__(self) -> int:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-
-    def __exit__(self, *exc) -> None:
-        pass
 
 
 def silent(conn, body):

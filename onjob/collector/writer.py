@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .records import ExchangeRecord, FeedbackRecord, encode
+from .records import ExchangeRecord, Record, encode
 from .settings import CollectorSettings
 from .spool import Spool
 from .store import Store
@@ -62,7 +62,7 @@ class Collector:
     ) -> Placement:
         return self.stitcher.place(messages, trajectory_id=trajectory_id, scenario=scenario)
 
-    def log(self, record: ExchangeRecord | FeedbackRecord) -> None:
+    def log(self, record: Record) -> None:
         """Durably hand over one exchange or feedback (one append to the spool); never waits
         on DuckDB."""
         self._spool.append(encode(record))
