@@ -58,11 +58,3 @@ def not_resampled(store: Store, limit: int = 100) -> list[dict]:
 
 def feedback(store: Store, limit: int = 1000) -> list[dict]:
     return store.query("SELECT * FROM feedback ORDER BY ts DESC LIMIT ?", [limit])
-
-
-def live_checkpoints(store: Store) -> dict[str, str | None]:
-    """alias -> live checkpoint, from the latest `deployments` row of each alias."""
-    rows = store.query(
-        "SELECT model_alias, arg_max(live, ts) AS live FROM deployments GROUP BY model_alias"
-    )
-    return {r["model_alias"]: r["live"] for r in rows}

@@ -61,6 +61,3 @@ class Router:
             f"The model `{name}` does not exist. This onjob serves: {', '.join(self.names())}.",
             param="model",
         )
-
-    def set_live(self, alias: str, checkpoint: str | None) -> None:
-        self.aliases[alias] = checkpoint
