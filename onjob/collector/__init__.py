@@ -4,7 +4,7 @@ queries the other parts ask.
 The proxy calls `Collector.place()` (which trajectory, turn and scenario a request
 belongs to) and `Collector.log()` (a durable append to the spool); a background
 task loads the spool into DuckDB in batches. `queries` holds the questions other
-parts ask (`await collector.query(lambda store: queries.not_resampled(store))`).
+parts ask (`await collector.query(lambda store: queries.trajectory(store, trajectory_id))`).
 """
 
 from . import queries

@@ -27,7 +27,8 @@ def recent_exchanges(store: Store, limit: int = 50) -> list[dict]:
 def trajectory(store: Store, trajectory_id: str) -> list[dict]:
     """The successful turns of one conversation, in order."""
     return store.query(
-        "SELECT * FROM exchanges WHERE trajectory_id = ? AND status < 400 ORDER BY turn, ts",
+        "SELECT * FROM exchanges WHERE trajectory_id = ? AND status < 400 "
+        "AND source <> 'resample' ORDER BY turn, ts",
         [trajectory_id],
     )
 
@@ -41,19 +42,6 @@ def trajectories_of(store: Store, scenario_id: str, limit: int = 1000) -> list[d
 
 def scenarios(store: Store) -> list[dict]:
     return store.query("SELECT * FROM scenarios ORDER BY count DESC, first_seen")
-
-
-def not_resampled(store: Store, limit: int = 100) -> list[dict]:
-    """Successful production exchanges that no group has used as its prefix yet, oldest first."""
-    return store.query(
-        """
-        SELECT e.* FROM exchanges e
-        WHERE e.status < 400 AND e.source = 'production'
-          AND e.id NOT IN (SELECT prefix_exchange FROM groups WHERE prefix_exchange IS NOT NULL)
-        ORDER BY e.ts LIMIT ?
-        """,
-        [limit],
-    )
 
 
 def feedback(store: Store, limit: int = 1000) -> list[dict]:

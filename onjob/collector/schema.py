@@ -121,7 +121,41 @@ CREATE TABLE loaded_segments (
 );
 """
 
-MIGRATIONS: list[str] = [V1, V2]
+# The judge's side of groups: who is in a group (a completion of an exchange, or a
+# whole trajectory), and each call to a RULER judge with the order it showed the
+# members in (judges favour positions), its cost, and what a cache hit reuses.
+V3 = """
+CREATE TABLE members (
+    id VARCHAR PRIMARY KEY,
+    group_id VARCHAR NOT NULL,
+    position INTEGER NOT NULL,
+    exchange_id VARCHAR NOT NULL,
+    choice INTEGER NOT NULL,
+    trajectory_id VARCHAR,
+    origin VARCHAR NOT NULL
+);
+CREATE TABLE judgements (
+    id VARCHAR PRIMARY KEY,
+    group_id VARCHAR NOT NULL,
+    judge VARCHAR NOT NULL,
+    cache_key VARCHAR NOT NULL,
+    member_order VARCHAR[],
+    status VARCHAR NOT NULL,
+    error VARCHAR,
+    attempts INTEGER NOT NULL,
+    prompt_tokens INTEGER,
+    completion_tokens INTEGER,
+    cost_usd DOUBLE,
+    latency_ms DOUBLE,
+    answer VARCHAR,
+    result JSON,
+    created TIMESTAMPTZ NOT NULL
+);
+ALTER TABLE scores ADD COLUMN judgement_id VARCHAR;
+ALTER TABLE groups ADD COLUMN scored_at TIMESTAMPTZ;
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3]
 
 
 def version(con: duckdb.DuckDBPyConnection) -> int:

@@ -13,6 +13,8 @@ at a time (the collector runs it on a single-thread executor).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -147,12 +149,26 @@ class Store:
         return self.con.execute(
             """
             SELECT e.trajectory_id, e.turn, e.scenario_id, s.key, s.keyed, e.continuation_hashes
-            FROM (SELECT * FROM exchanges ORDER BY ts DESC LIMIT ?) e
+            FROM (SELECT * FROM exchanges WHERE source <> 'resample' ORDER BY ts DESC LIMIT ?) e
             JOIN scenarios s ON s.id = e.scenario_id
             ORDER BY e.ts
             """,
             [limit],
         ).fetchall()
+
+    @contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Several writes that land together or not at all."""
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            yield con
+            con.execute("COMMIT")
+        except BaseException as exc:
+            con.execute("ROLLBACK")
+            if isinstance(exc, duckdb.Error):
+                raise StorageError(f"write failed: {exc}") from exc
+            raise
 
     def query(self, sql: str, params: list | None = None) -> list[dict]:
         cur = self.con.execute(sql, params or [])

@@ -41,28 +41,73 @@ def cmd_engine(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
+def _load_settings(command: str, args: argparse.Namespace, **sections: dict):
+    """ServeSettings from --config, the environment and the flags given; None (after saying
+    why) when they are invalid."""
     from pydantic import ValidationError
 
-    from ..collector import StorageError
-    from .serve import serve
     from .settings import ServeSettings
 
-    proxy = {
-        k: v
-        for k, v in {"host": args.host, "port": args.port, "engine_url": args.engine_url}.items()
-        if v is not None
-    }
-    collector = {"db": args.db} if args.db else {}
     try:
-        settings = ServeSettings.load(args.config, proxy=proxy, collector=collector)
-        serve(settings)
+        return ServeSettings.load(args.config, **{k: v for k, v in sections.items() if v})
     except ValidationError as exc:
         for e in exc.errors():
-            print(f"onjob serve: {'.'.join(map(str, e['loc']))}: {e['msg']}", file=sys.stderr)
+            print(f"onjob {command}: {'.'.join(map(str, e['loc']))}: {e['msg']}", file=sys.stderr)
+    except FileNotFoundError as exc:
+        print(f"onjob {command}: {exc}", file=sys.stderr)
+    return None
+
+
+def _given(**flags) -> dict:
+    return {k: v for k, v in flags.items() if v is not None}
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ..collector import StorageError
+    from .serve import serve
+
+    settings = _load_settings(
+        "serve",
+        args,
+        proxy=_given(host=args.host, port=args.port, engine_url=args.engine_url),
+        collector=_given(db=args.db),
+    )
+    if settings is None:
         return 2
-    except (FileNotFoundError, StorageError, RuntimeError) as exc:
+    try:
+        serve(settings)
+    except (StorageError, RuntimeError) as exc:
         print(f"onjob serve: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_judge(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from ..collector import StorageError
+    from ..judge import ConfigError
+    from .judging import judge
+
+    settings = _load_settings(
+        "judge",
+        args,
+        proxy=_given(engine_url=args.engine_url),
+        collector=_given(db=args.db),
+        judge=_given(model=args.model, api_base=args.api_base, group_size=args.group_size),
+    )
+    if settings is None:
+        return 2
+    try:
+        asyncio.run(judge(settings, once=args.once, echo=lambda line: print(line, flush=True)))
+    except StorageError as exc:
+        print(
+            f"onjob judge: {exc} (a running `onjob serve` judges by itself every judge.interval_s)",
+            file=sys.stderr,
+        )
+        return 2
+    except ConfigError as exc:
+        print(f"onjob judge: {exc}", file=sys.stderr)
         return 2
     return 0
 
@@ -148,6 +193,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
     serve.set_defaults(func=cmd_serve)
+
+    judge = sub.add_parser(
+        "judge",
+        help="re-sample groups from logged traffic and score them (RULER, reward functions)",
+        description=(
+            "One judge pass: re-sample logged turns into groups (the logged answer plus "
+            "judge.group_size alternatives from the engine), group finished conversations "
+            "by scenario, and score every unscored group with RULER (--model, any litellm "
+            "model), the reward functions in [judge.rewards] and posted feedback. Works on a "
+            "database no server holds; `onjob serve` runs the same pass every "
+            "judge.interval_s. Settings as for `onjob serve` ([judge] section)."
+        ),
+    )
+    judge.add_argument("--once", action="store_true", help="one pass, then exit")
+    judge.add_argument("--config", help="TOML settings file")
+    judge.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
+    judge.add_argument("--engine-url", help="the engine's OpenAI base URL")
+    judge.add_argument(
+        "--model", help='RULER judge as a litellm model name, e.g. "openai/gpt-4.1-mini"'
+    )
+    judge.add_argument("--api-base", help="the judge's OpenAI-compatible base URL")
+    judge.add_argument("--group-size", type=int, help="alternatives sampled per turn (4)")
+    judge.set_defaults(func=cmd_judge)
 
     model = sub.add_parser("model", help="manage the bundled model")
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import httpx
 
 from ..collector import Collector, Store
 from ..proxy import AiohttpUpstream, HttpxUpstream, ProxySettings, Upstream, create_app
+from .judging import PeriodicJudge
 from .settings import ServeSettings
 from .telemetry import tracer
 
@@ -30,12 +32,26 @@ def build_upstream(p: ProxySettings) -> Upstream:
 
 def build_app(settings: ServeSettings):
     upstream = build_upstream(settings.proxy)
+    collector = Collector(settings.collector)
+    judge = PeriodicJudge(collector, settings)
     return create_app(
         settings.proxy,
         upstream=upstream,
-        collector=Collector(settings.collector),
+        collector=collector,
         tracer=tracer(settings.telemetry),
+        on_startup=[judge.start],
+        on_shutdown=[judge.stop],
     )
+
+
+def log_to_stderr() -> None:
+    """onjob's own log lines (judge passes, replayed spools) on stderr; libraries stay quiet."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
+    logger = logging.getLogger("onjob")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 def serve(settings: ServeSettings) -> None:
@@ -44,12 +60,18 @@ def serve(settings: ServeSettings) -> None:
     # Open (and migrate) the database once up front: a locked or unreadable file is a
     # clear error here rather than a failed start-up hook inside uvicorn.
     Store(settings.collector.db).close()
+    log_to_stderr()
     app = build_app(settings)
     p = settings.proxy
     print(
         f"onjob serve: http://{p.host}:{p.port}/v1 -> engine {p.engine_url}; "
         f"logging to {settings.collector.db}; models: {', '.join(p.aliases)}"
-        + ("" if p.api_keys else " (no API keys: loopback only)"),
+        + ("" if p.api_keys else " (no API keys: loopback only)")
+        + (
+            f"; judge every {settings.judge.interval_s:g} s"
+            if settings.judge.interval_s > 0
+            else "; judge off"
+        ),
         file=sys.stderr,
         flush=True,
     )

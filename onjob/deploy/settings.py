@@ -20,6 +20,7 @@ from pydantic_settings import (
 )
 
 from ..collector import CollectorSettings
+from ..judge import JudgeSettings
 from ..proxy import ProxySettings
 from .telemetry import TelemetrySettings
 
@@ -38,6 +39,7 @@ class ServeSettings(BaseSettings):
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     collector: CollectorSettings = Field(default_factory=CollectorSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    judge: JudgeSettings = Field(default_factory=JudgeSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -1,1 +1,38 @@
-"""Turns logged traffic into scored groups: re-sampling, RULER, reward functions, feedback."""
+"""Turns logged traffic into scored groups: re-sampling, RULER, reward functions, feedback.
+
+A pass (`run_pass`) makes *turn groups* (a logged exchange's answer plus
+`group_size` alternatives the engine samples for the same request, with token ids
+and logprobs) and *trajectory groups* (finished conversations that share a
+scenario), then scores every unscored group: RULER through litellm, the user's
+reward functions (`Rollout` -> float), and feedback posted to `/v1/feedback`,
+combined by weight into one `combined` score per member. Everything lands in the
+collector's tables: `groups`, `members`, `judgements`, `scores`.
+"""
+
+from .errors import (
+    ConfigError,
+    InvalidAnswer,
+    JudgeError,
+    JudgeRefused,
+    JudgeUnavailable,
+    RewardFnFailed,
+    SamplingFailed,
+)
+from .passes import PassReport, run_pass
+from .rollouts import Rollout
+from .settings import JudgeSettings, RewardFn
+
+__all__ = [
+    "ConfigError",
+    "InvalidAnswer",
+    "JudgeError",
+    "JudgeRefused",
+    "JudgeSettings",
+    "JudgeUnavailable",
+    "PassReport",
+    "RewardFn",
+    "RewardFnFailed",
+    "Rollout",
+    "SamplingFailed",
+    "run_pass",
+]

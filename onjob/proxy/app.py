@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post
@@ -56,7 +56,11 @@ def create_app(
     upstream: Upstream,
     collector: Collector,
     tracer: Tracer | None = None,
+    on_startup: Sequence[Callable[[], Awaitable[None]]] = (),
+    on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
 ) -> Litestar:
+    """The proxy's app. `on_startup` hooks run after the collector has started, and
+    `on_shutdown` hooks before it closes (the server's background work)."""
     router = Router(settings.aliases, upstream)
     key_ids = {secret: key_id for key_id, secret in settings.api_keys.items()}
 
@@ -205,12 +209,14 @@ def create_app(
         return {"status": "ok", "collector": collector.stats()}
 
     async def shutdown() -> None:
+        for hook in on_shutdown:
+            await hook()
         await upstream.aclose()
         await collector.close()
 
     return Litestar(
         route_handlers=[chat_completions, models, feedback, health],
-        on_startup=[collector.start],
+        on_startup=[collector.start, *on_startup],
         on_shutdown=[shutdown],
         exception_handlers=HANDLERS,
         request_max_body_size=settings.max_body_bytes,

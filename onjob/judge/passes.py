@@ -1,0 +1,245 @@
+"""One judge pass: re-sample turn groups, gather trajectory groups, score what is unscored.
+
+`run_pass()` is what `onjob judge --once` runs and what `onjob serve` runs every
+`interval_s`. It works through a `Collector` (every DuckDB read and write on the
+collector's database thread) and an `httpx.AsyncClient` for the engine, passed in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from ..collector import Collector
+from . import rewards, ruler, sampling, tables
+from .errors import RewardFnFailed, SamplingFailed
+from .rollouts import from_row
+from .settings import JudgeSettings
+
+log = logging.getLogger("onjob.judge")
+
+
+@dataclass
+class PassReport:
+    turn_groups: int = 0
+    trajectory_groups: int = 0
+    sampling_failed: int = 0
+    over_budget: int = 0
+    sampled_tokens: int = 0
+    scored: int = 0
+    failed: int = 0
+    waiting: int = 0  # no scorer could score them yet (feedback-only, not all members have it)
+    judge_calls: int = 0
+    cache_hits: int = 0
+    judge_tokens: int = 0
+    judge_cost_usd: float = 0.0
+    judge_ms: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        judge = ""
+        if self.judge_calls or self.cache_hits:
+            mean_ms = sum(self.judge_ms) / len(self.judge_ms) if self.judge_ms else 0.0
+            judge = (
+                f"; RULER: {self.judge_calls} calls ({mean_ms / 1000:.1f} s and "
+                f"{self.judge_tokens / max(self.judge_calls, 1):.0f} tokens per group, "
+                f"${self.judge_cost_usd:.4f}), {self.cache_hits} cache hits"
+            )
+        return (
+            f"{self.turn_groups} turn groups ({self.sampled_tokens} tokens sampled, "
+            f"{self.sampling_failed} failed, {self.over_budget} over budget), "
+            f"{self.trajectory_groups} trajectory groups; scored {self.scored}, "
+            f"failed {self.failed}, waiting {self.waiting}{judge}; {self.seconds:.1f} s"
+        )
+
+
+async def run_pass(
+    db: Collector,
+    engine: httpx.AsyncClient,
+    settings: JudgeSettings,
+    *,
+    echo: Callable[[str], None] = log.info,
+    rng: random.Random | None = None,
+) -> PassReport:
+    started = time.perf_counter()
+    fns = rewards.load(settings.rewards)  # a reward function that does not import stops here
+    report = PassReport()
+    await db.flush()
+    await _sample_turn_groups(db, engine, settings, report, echo)
+    if settings.scenario_groups:
+        await _gather_trajectory_groups(db, settings, report, echo)
+    await _score_groups(db, settings, fns, report, echo, rng or random.Random())
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+async def _sample_turn_groups(db, engine, s: JudgeSettings, report: PassReport, echo) -> None:
+    candidates = await db.query(lambda store: tables.turn_candidates(store, s))
+    if not candidates:
+        return
+    try:
+        base = await sampling.base_model(engine)
+    except SamplingFailed as exc:
+        echo(f"cannot re-sample: {exc}; the turns wait for the next pass")
+        return
+    budget, planned = s.max_sample_tokens, []
+    for row in candidates:
+        body = sampling.request_for(row, row["checkpoint"] or base, s)
+        cost = sampling.token_estimate(body, row)
+        if cost > budget:
+            report.over_budget += 1
+            continue
+        budget -= cost
+        planned.append((row, body))
+    echo(
+        f"re-sampling {len(planned)} logged turns, {s.group_size} alternatives each "
+        f"({s.concurrency} at a time)"
+    )
+    gate = asyncio.Semaphore(s.concurrency)
+
+    async def one(row: dict, body: dict) -> None:
+        async with gate:
+            try:
+                sample = await sampling.sample(engine, body)
+            except SamplingFailed as exc:
+                report.sampling_failed += 1
+                if not exc.permanent:
+                    echo(f"  {row['id']}: {exc} (retried next pass)")
+                    return
+                reason = str(exc)
+                group_id = await db.query(lambda st: tables.add_turn_group(st, row, None, reason))
+                echo(f"  {row['id']}: {reason} (group {group_id} failed)")
+                return
+        group_id = await db.query(lambda st: tables.add_turn_group(st, row, sample))
+        report.turn_groups += 1
+        report.sampled_tokens += (sample.usage or {}).get("total_tokens") or 0
+        echo(
+            f"  turn group {group_id}: {sample.n} alternatives to {row['id']} "
+            f"in {sample.latency_ms / 1000:.1f} s"
+        )
+
+    await asyncio.gather(*(one(row, body) for row, body in planned))
+
+
+async def _gather_trajectory_groups(db, s: JudgeSettings, report: PassReport, echo) -> None:
+    ready = await db.query(lambda store: tables.scenario_candidates(store, s))
+    for scenario_id, trajectories in ready.items():
+        group_id = await db.query(
+            lambda st, sc=scenario_id, ts=trajectories: tables.add_trajectory_group(st, sc, ts)
+        )
+        report.trajectory_groups += 1
+        echo(f"  trajectory group {group_id}: {len(trajectories)} conversations of {scenario_id}")
+
+
+async def _score_groups(db, s: JudgeSettings, fns, report: PassReport, echo, rng) -> None:
+    groups = await db.query(lambda store: tables.groups_to_score(store, 1000))
+    if not groups:
+        return
+    if not s.scorers:
+        echo("no scorer configured ([judge] model or [judge.rewards]): feedback alone scores")
+    gate = asyncio.Semaphore(s.concurrency)
+
+    async def one(group: dict) -> None:
+        async with gate:
+            await _score_group(db, s, fns, group, report, echo, rng)
+
+    await asyncio.gather(*(one(g) for g in groups))
+
+
+async def _score_group(db, s: JudgeSettings, fns, group, report: PassReport, echo, rng) -> None:
+    rows = await db.query(lambda store: tables.members_of(store, group["id"]))
+    rollouts = [from_row(r) for r in rows]
+    by_member: dict[str, dict[str, tuple[float, str | None]]] = defaultdict(dict)
+    failures: list[str] = []
+    judgements = []
+    started = time.perf_counter()
+
+    if s.model:
+        judgement, result = await _ruler(db, s, rollouts, rng, report)
+        judgements.append((judgement, result))
+        if judgement.status == "failed":
+            failures.append(f"{judgement.judge}: {judgement.error}")
+        for member_id, scored in judgement.scores.items():
+            by_member[member_id][judgement.judge] = scored
+    for name, fn in fns.items():
+        try:
+            values = [await rewards.score(name, fn, r) for r in rollouts]
+        except RewardFnFailed as exc:
+            failures.append(str(exc))
+            continue
+        for r, value in zip(rollouts, values, strict=True):
+            by_member[r.member_id][f"fn:{name}"] = (value, None)
+    for row in rows:
+        if row["feedback"] is not None:
+            by_member[row["member_id"]]["feedback"] = (row["feedback"], None)
+
+    if not failures and not s.scorers and len(by_member) < len(rollouts):
+        report.waiting += 1
+        return
+    scores = [
+        (member, src, value, why)
+        for member, sources in by_member.items()
+        for src, (value, why) in sources.items()
+    ]
+    if failures:
+        status, reason = "failed", "; ".join(failures)
+        report.failed += 1
+        echo(f"  group {group['id']}: not scored: {reason}")
+    else:
+        status, reason = "scored", None
+        combined = {m: _combine(s, sources) for m, sources in by_member.items()}
+        scores += [(m, "combined", v, None) for m, v in combined.items()]
+        report.scored += 1
+        echo(
+            f"  group {group['id']} ({group['kind']}, {len(rollouts)} members): rewards "
+            + " ".join(f"{combined[r.member_id]:.2f}" for r in rollouts)
+            + f" in {time.perf_counter() - started:.1f} s"
+        )
+    await db.query(
+        lambda store: tables.save_scores(
+            store, group["id"], status=status, reason=reason, judgements=judgements, scores=scores
+        )
+    )
+
+
+async def _ruler(db, s: JudgeSettings, rollouts, rng, report: PassReport):
+    """A judgement and what the cache should keep of it: from the cache when this judge has
+    seen these answers under this rubric before (no call), else from the judge."""
+    key = ruler.cache_key(s.model, s.rubric_for(rollouts[0].scenario), rollouts)
+    cached = await db.query(lambda store: tables.cached_result(store, key))
+    if cached is not None:
+        report.cache_hits += 1
+        judgement = ruler.Judgement(f"ruler:{s.model}", key, status="cached")
+        judgement.scores = ruler.from_cache(cached, rollouts)
+        return judgement, None
+    judgement = await ruler.judge(s, rollouts, rng=rng)
+    report.judge_calls += 1
+    report.judge_ms.append(judgement.latency_ms)
+    report.judge_tokens += judgement.prompt_tokens + judgement.completion_tokens
+    report.judge_cost_usd += judgement.cost_usd or 0.0
+    if judgement.status != "ok":
+        return judgement, None
+    return judgement, ruler.result_by_content(judgement, rollouts)
+
+
+def _combine(s: JudgeSettings, sources: dict[str, tuple[float, str | None]]) -> float:
+    """The weighted mean of a member's scores: RULER, each reward function, feedback."""
+
+    def weight(source: str) -> float:
+        if source.startswith("ruler:"):
+            return s.ruler_weight
+        if source.startswith("fn:"):
+            return s.rewards[source[3:]].weight
+        return s.feedback_weight
+
+    total = sum(weight(src) for src in sources)
+    if total == 0:
+        return sum(v for v, _ in sources.values()) / len(sources)
+    return sum(weight(src) * v for src, (v, _) in sources.items()) / total

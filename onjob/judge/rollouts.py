@@ -1,0 +1,100 @@
+"""`Rollout`: one member of a group as scorers see it, and the prefix members share.
+
+A turn-group member is one completion of a logged request: the request's messages
+followed by that completion's assistant message. A trajectory-group member is a
+whole conversation: its last request's messages followed by the last answer.
+Reward functions receive a `Rollout`; RULER renders the members after their common
+prefix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Rollout:
+    member_id: str
+    messages: list[dict]  # the whole conversation, ending with this member's answer
+    kind: str = "turn"  # turn | trajectory
+    scenario: str | None = None  # the scenario key
+    metadata: dict = field(default_factory=dict)  # the request's `metadata`
+    tools: list[dict] | None = None
+    exchange_id: str | None = None
+    trajectory_id: str | None = None
+
+    @property
+    def completion(self) -> dict:
+        """The assistant message this member is judged on."""
+        return self.messages[-1]
+
+    @property
+    def prompt(self) -> list[dict]:
+        return self.messages[:-1]
+
+    @property
+    def text(self) -> str:
+        content = self.completion.get("content")
+        if isinstance(content, list):
+            return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return content or ""
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        return list(self.completion.get("tool_calls") or ())
+
+
+def from_row(row: dict) -> Rollout:
+    """A member from the judge's query: its member row joined with its exchange."""
+    request = _json(row["request"]) or {}
+    response = _json(row["response"]) or {}
+    choices = {c.get("index", i): c for i, c in enumerate(response.get("choices") or ())}
+    message = (choices.get(row["choice"]) or {}).get("message") or {
+        "role": "assistant",
+        "content": None,
+    }
+    return Rollout(
+        member_id=row["member_id"],
+        messages=[*request.get("messages", []), _clean(message)],
+        kind=row["kind"],
+        scenario=row.get("scenario_key"),
+        metadata=request.get("metadata") or {},
+        tools=request.get("tools"),
+        exchange_id=row["exchange_id"],
+        trajectory_id=row.get("trajectory_id"),
+    )
+
+
+def common_prefix(rollouts: list[Rollout]) -> int:
+    """How many leading messages every member shares (never its own answer)."""
+    if not rollouts:
+        return 0
+    shortest = min(len(r.messages) for r in rollouts) - 1
+    n = 0
+    while n < shortest and all(
+        _canonical(r.messages[n]) == _canonical(rollouts[0].messages[n]) for r in rollouts
+    ):
+        n += 1
+    return n
+
+
+def content_hash(messages: list[dict]) -> str:
+    return hashlib.sha256(_canonical(messages).encode()).hexdigest()[:32]
+
+
+def _canonical(value) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _clean(message: dict) -> dict:
+    """The answer as the conversation would carry it on: role, content, tool calls."""
+    out = {"role": message.get("role") or "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        out["tool_calls"] = message["tool_calls"]
+    return out
+
+
+def _json(value):
+    return json.loads(value) if isinstance(value, str | bytes) else value

@@ -1,0 +1,218 @@
+"""RULER: an LLM judge, called through litellm, scores a group's members against each other.
+
+Every call shows the members in a fresh random order and records it: judges
+favour positions, and shuffling turns that bias into noise the paired
+comparisons average out. Answers are parsed tolerantly (JSON in prose, fenced
+blocks) and validated (one score in [0, 1] per candidate id); a call that fails
+or answers garbage is retried with backoff, and a group that still cannot be
+scored comes back `failed` with the reason, never with made-up scores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import time
+from dataclasses import dataclass, field
+
+from . import rubric as prompts
+from .errors import InvalidAnswer, JudgeError, JudgeRefused, from_litellm
+from .rollouts import Rollout, common_prefix, content_hash
+from .settings import JudgeSettings
+
+_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
+
+
+@dataclass
+class Judgement:
+    judge: str
+    cache_key: str
+    status: str = "failed"  # ok | failed | cached
+    scores: dict[str, tuple[float, str]] = field(default_factory=dict)  # member id -> score
+    order: list[str] = field(default_factory=list)  # member ids as the judge saw them
+    error: str | None = None
+    attempts: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = None
+    latency_ms: float = 0.0
+    answer: str | None = None
+
+
+def cache_key(judge: str, rubric: str, rollouts: list[Rollout]) -> str:
+    """Same judge, same rubric, same prefix and the same set of answers: same judgement."""
+    n = common_prefix(rollouts)
+    context = content_hash(rollouts[0].messages[:n]) if rollouts else ""
+    members = sorted(content_hash(r.messages[n:]) for r in rollouts)
+    tools = content_hash(rollouts[0].tools or []) if rollouts else ""
+    blob = json.dumps([judge, rubric, context, tools, members])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def result_by_content(judgement: Judgement, rollouts: list[Rollout]) -> dict:
+    """What the cache keeps: scores keyed by member content, so they map onto any group
+    with the same answers."""
+    n = common_prefix(rollouts)
+    return {
+        content_hash(r.messages[n:]): judgement.scores[r.member_id]
+        for r in rollouts
+        if r.member_id in judgement.scores
+    }
+
+
+def from_cache(result: dict, rollouts: list[Rollout]) -> dict[str, tuple[float, str]]:
+    n = common_prefix(rollouts)
+    return {r.member_id: tuple(result[content_hash(r.messages[n:])]) for r in rollouts}
+
+
+async def judge(
+    settings: JudgeSettings, rollouts: list[Rollout], *, rng: random.Random | None = None
+) -> Judgement:
+    """Score one group; never raises for the judge's failures (they are in the result)."""
+    rng = rng or random.Random()
+    rubric = settings.rubric_for(rollouts[0].scenario)
+    result = Judgement(f"ruler:{settings.model}", cache_key(settings.model, rubric, rollouts))
+    n = common_prefix(rollouts)
+    started = time.perf_counter()
+    delay = settings.backoff_s
+    for attempt in range(1, settings.attempts + 1):
+        result.attempts = attempt
+        order = list(rollouts)
+        rng.shuffle(order)
+        result.order = [r.member_id for r in order]
+        messages = prompts.prompt(
+            rubric, rollouts[0].messages[:n], rollouts[0].tools, [r.messages[n:] for r in order]
+        )
+        try:
+            text = await _call(settings, messages, result)
+            result.answer = text
+            by_position = parse(text, len(order))
+            result.scores = {order[i - 1].member_id: by_position[i] for i in by_position}
+            result.status, result.error = "ok", None
+            break
+        except JudgeRefused as exc:
+            result.error = str(exc)
+            break
+        except JudgeError as exc:
+            result.error = str(exc)
+        if attempt < settings.attempts:
+            await asyncio.sleep(delay)
+            delay *= 2
+    result.latency_ms = (time.perf_counter() - started) * 1000
+    if result.status != "ok":
+        result.error = f"{result.error} (after {result.attempts} attempts)"
+    return result
+
+
+async def _call(settings: JudgeSettings, messages: list[dict], result: Judgement) -> str:
+    litellm = await _litellm()
+    kwargs = {
+        "model": settings.model,
+        "messages": messages,
+        "temperature": settings.judge_temperature,
+        "max_tokens": settings.judge_max_tokens,
+        "timeout": settings.timeout_s,
+        "num_retries": 0,
+    }
+    if settings.api_base:
+        kwargs["api_base"] = settings.api_base
+        # An OpenAI-compatible server of your own (vLLM, the local engine) may want no key,
+        # but the OpenAI client insists on one.
+        kwargs["api_key"] = settings.api_key.get_secret_value() if settings.api_key else "none"
+    elif settings.api_key:
+        kwargs["api_key"] = settings.api_key.get_secret_value()
+    if settings.json_mode:
+        kwargs["response_format"] = {"type": "json_object"}
+    try:
+        response = await litellm.acompletion(**kwargs)
+    except Exception as exc:
+        raise from_litellm(exc) from exc
+    usage = getattr(response, "usage", None)
+    if usage is not None:
+        result.prompt_tokens += usage.prompt_tokens or 0
+        result.completion_tokens += usage.completion_tokens or 0
+    cost = (getattr(response, "_hidden_params", None) or {}).get("response_cost")
+    if cost is not None:
+        result.cost_usd = (result.cost_usd or 0.0) + cost
+    try:
+        return response.choices[0].message.content or ""
+    except (AttributeError, IndexError) as exc:
+        raise InvalidAnswer("the judge's answer has no message") from exc
+
+
+def parse(text: str, n: int) -> dict[int, tuple[float, str]]:
+    """Candidate position (1..n) -> (score, explanation), or `InvalidAnswer` saying why."""
+    entries = _find_scores(text)
+    scores: dict[int, tuple[float, str]] = {}
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise InvalidAnswer(f"a score entry is not an object: {entry!r:.80}")
+        raw_id = next((entry[k] for k in ("id", "candidate", "trajectory_id") if k in entry), None)
+        digits = re.fullmatch(r"\D*(\d+)\D*", str(raw_id)) if raw_id is not None else None
+        if digits is None or not 1 <= int(digits.group(1)) <= n:
+            raise InvalidAnswer(f"unknown candidate id {raw_id!r} (expected 1..{n})")
+        position = int(digits.group(1))
+        if position in scores:
+            raise InvalidAnswer(f"candidate {position} scored twice")
+        score = entry.get("score")
+        if isinstance(score, str):
+            try:
+                score = float(score)
+            except ValueError:
+                score = None
+        if (
+            not isinstance(score, int | float)
+            or isinstance(score, bool)
+            or not math.isfinite(score)
+            or not 0 <= score <= 1
+        ):
+            raise InvalidAnswer(f"candidate {position}: score {entry.get('score')!r} not in [0, 1]")
+        scores[position] = (float(score), str(entry.get("explanation") or ""))
+    if len(scores) != n:
+        missing = sorted(set(range(1, n + 1)) - set(scores))
+        raise InvalidAnswer(f"{len(scores)} scores for {n} candidates (missing {missing})")
+    return scores
+
+
+def _find_scores(text: str) -> list:
+    """The first JSON value in `text` that holds the scores: an object with `scores`, or a
+    list of score objects; whole, in a fenced block, or embedded in prose."""
+    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
+    decoder = json.JSONDecoder()
+    for chunk in candidates:
+        for start in (i for i, c in enumerate(chunk) if c in "{["):
+            try:
+                value, _ = decoder.raw_decode(chunk, start)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, dict) and isinstance(value.get("scores"), list):
+                return value["scores"]
+            if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+                return value
+    raise InvalidAnswer(f"no JSON with scores in the judge's answer: {text[:120]!r}")
+
+
+_module = None
+
+
+async def _litellm():
+    """litellm, imported once off the event loop (the import takes seconds) and kept offline:
+    its price table comes from the package, not fetched from GitHub."""
+    global _module
+    if _module is None:
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+        def load():
+            import litellm
+
+            litellm.suppress_debug_info = True
+            litellm.telemetry = False
+            return litellm
+
+        _module = await asyncio.to_thread(load)
+    return _module

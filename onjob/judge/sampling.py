@@ -1,0 +1,113 @@
+"""Re-sampling a logged turn: the same request (messages, tools, checkpoint) asked of the
+engine again for `group_size` alternatives, with token ids and logprobs.
+
+The engine is called directly (not through the proxy): these requests are not
+traffic. One request with `n` choices lets the engine share the prompt's work
+across the alternatives.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from ..collector.ids import new_id
+from .errors import SamplingFailed, from_httpx
+from .settings import JudgeSettings
+
+# What the client asked that must not shape the alternatives: they are sampled fresh,
+# whole, with the trainer's fields on (a client seed would make all n choices alike).
+_DROP = {"metadata", "stream", "stream_options", "n", "seed", "logprobs", "top_logprobs", "user"}
+
+
+@dataclass
+class Sample:
+    id: str
+    ts: float
+    request: dict
+    response: dict  # the chat completion, token ids and logprobs moved to the columns
+    prompt_token_ids: list[int] | None
+    completion_token_ids: list[list[int]]
+    completion_logprobs: list[list[float]]
+    usage: dict | None
+    latency_ms: float
+
+    @property
+    def n(self) -> int:
+        return len(self.completion_token_ids)
+
+
+def request_for(logged: dict, model: str, s: JudgeSettings) -> dict:
+    request = json.loads(logged["request"]) if isinstance(logged["request"], str) else {}
+    body = {k: v for k, v in request.items() if k not in _DROP}
+    body.update(
+        model=model,
+        n=s.group_size,
+        temperature=s.temperature,
+        logprobs=True,
+        return_token_ids=True,
+    )
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+        body["max_tokens"] = s.max_tokens
+    return body
+
+
+def token_estimate(body: dict, logged: dict) -> int:
+    """What a sample may cost the engine: the prompt once, every completion at its cap."""
+    prompt = len(logged.get("prompt_token_ids") or ()) or 1000
+    cap = body.get("max_completion_tokens") or body.get("max_tokens")
+    return prompt + body["n"] * cap
+
+
+async def base_model(engine: httpx.AsyncClient) -> str:
+    """The engine's base model id (the model with no parent)."""
+    try:
+        resp = await engine.get("/models")
+        resp.raise_for_status()
+        models = resp.json()["data"]
+    except httpx.HTTPStatusError as exc:
+        raise SamplingFailed(f"GET /models answered {exc.response.status_code}") from exc
+    except httpx.HTTPError as exc:
+        raise from_httpx(exc) from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SamplingFailed(f"GET /models did not list models: {exc}") from exc
+    base = [m["id"] for m in models if not m.get("parent")] or [models[0]["id"]]
+    return base[0]
+
+
+async def sample(engine: httpx.AsyncClient, body: dict) -> Sample:
+    started = time.perf_counter()
+    try:
+        resp = await engine.post("/chat/completions", json=body)
+    except httpx.HTTPError as exc:
+        raise from_httpx(exc) from exc
+    if resp.status_code != 200:
+        raise SamplingFailed(
+            f"the engine answered {resp.status_code}: {resp.text[:300]}",
+            permanent=400 <= resp.status_code < 500 and resp.status_code not in (408, 429),
+        )
+    try:
+        data = resp.json()
+        choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
+        token_ids = [c.pop("token_ids") for c in choices]
+        logprobs = [[t["logprob"] for t in c.pop("logprobs")["content"]] for c in choices]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise SamplingFailed(
+            f"the engine's answer lacks choices with token ids and logprobs: {exc!r}",
+            permanent=True,
+        ) from exc
+    data["choices"] = choices
+    return Sample(
+        id=new_id("chatcmpl-"),
+        ts=time.time(),
+        request=body,
+        response=data,
+        prompt_token_ids=data.pop("prompt_token_ids", None),
+        completion_token_ids=token_ids,
+        completion_logprobs=logprobs,
+        usage=data.get("usage"),
+        latency_ms=(time.perf_counter() - started) * 1000,
+    )

@@ -1,0 +1,85 @@
+"""Judge settings (composed into the server's settings in `deploy`)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+
+from .rubric import DEFAULT_RUBRIC
+
+
+class RewardFn(BaseModel):
+    fn: str = Field(description="a Python callable as `module:function`, returning a float")
+    weight: float = Field(1.0, ge=0)
+
+    @field_validator("fn")
+    @classmethod
+    def _module_colon_function(cls, fn: str) -> str:
+        module, _, name = fn.partition(":")
+        if not module or not name:
+            raise ValueError(f"{fn!r} is not `module:function`")
+        return fn
+
+
+class JudgeSettings(BaseModel):
+    interval_s: float = Field(
+        300.0, ge=0, description="how often `onjob serve` runs a judge pass (0: never)"
+    )
+
+    # Turn groups: alternatives re-sampled for logged exchanges.
+    group_size: int = Field(4, ge=1, le=64, description="alternatives sampled per logged turn")
+    temperature: float = Field(1.0, ge=0, le=2, description="sampling temperature for them")
+    max_tokens: int = Field(256, ge=1, description="completion cap when the request sets none")
+    max_groups: int = Field(16, ge=0, description="turn groups sampled per pass")
+    per_scenario: int = Field(2, ge=1, description="turn groups per scenario per pass")
+    max_age_s: float = Field(7 * 86400, gt=0, description="only exchanges this recent")
+    max_sample_tokens: int = Field(
+        64_000, ge=1, description="tokens a pass may ask the engine for (prompt + completions)"
+    )
+    concurrency: int = Field(
+        2, ge=1, description="sampling requests in flight: live traffic keeps the rest"
+    )
+    request_timeout_s: float = Field(300.0, gt=0)
+
+    # Scenario groups: finished production conversations that share a scenario.
+    scenario_groups: bool = True
+    min_trajectories: int = Field(2, ge=2)
+    max_trajectories: int = Field(8, ge=2)
+    settle_s: float = Field(
+        120.0, ge=0, description="a conversation idle this long counts as finished"
+    )
+
+    # RULER: an LLM ranks a group's members against each other (off unless a model is set).
+    model: str | None = Field(
+        None, description='litellm model name, e.g. "openai/gpt-4.1-mini" or "openai/<served>"'
+    )
+    api_base: str | None = Field(None, description="OpenAI-compatible base URL for the judge")
+    api_key: SecretStr | None = None
+    rubric: str = DEFAULT_RUBRIC
+    rubrics: dict[str, str] = Field(
+        default_factory=dict, description="scenario key -> rubric, overriding `rubric`"
+    )
+    judge_temperature: float = Field(0.0, ge=0, le=2)
+    judge_max_tokens: int = Field(2048, ge=1)
+    timeout_s: float = Field(120.0, gt=0, description="one judge call")
+    attempts: int = Field(3, ge=1, description="tries per group (garbage answers included)")
+    backoff_s: float = Field(1.0, ge=0, description="first wait between tries (doubles)")
+    json_mode: bool = Field(
+        False, description="ask for response_format=json_object (judges that support it)"
+    )
+
+    # How the sources combine into one reward per member (weighted mean).
+    ruler_weight: float = Field(1.0, ge=0)
+    feedback_weight: float = Field(1.0, ge=0)
+    rewards: dict[str, RewardFn] = Field(
+        default_factory=dict, description="name -> reward function and its weight"
+    )
+
+    def rubric_for(self, scenario_key: str | None) -> str:
+        return self.rubrics.get(scenario_key or "", self.rubric)
+
+    @property
+    def scorers(self) -> list[str]:
+        """The sources every member of a group must be scored by."""
+        return ([f"ruler:{self.model}"] if self.model else []) + [
+            f"fn:{name}" for name in self.rewards
+        ]

@@ -1,0 +1,244 @@
+"""The judge's reads and writes in DuckDB, as plain functions of a collector `Store`.
+
+Run them on the collector's database thread (`await collector.query(fn)`): inside
+`onjob serve` that thread is shared with the spool loader, so each function is one
+short query or one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+from ..collector import Store
+from ..collector.ids import new_id
+from .ruler import Judgement
+from .sampling import Sample
+from .settings import JudgeSettings
+
+_FRESH = "e.ts > now() - to_seconds(CAST(? AS DOUBLE))"
+
+
+def turn_candidates(store: Store, s: JudgeSettings) -> list[dict]:
+    """Logged turns to re-sample: answered production exchanges no group has used, recent
+    first, round-robin over scenarios (at most `per_scenario` each), scenarios with fewer
+    groups so far first."""
+    return store.query(
+        f"""
+        WITH c AS (
+            SELECT e.id, e.scenario_id, e.ts,
+                   row_number() OVER (PARTITION BY e.scenario_id ORDER BY e.ts DESC) AS nth
+            FROM exchanges e
+            WHERE e.status < 400 AND e.source = 'production' AND {_FRESH}
+              AND NOT EXISTS (SELECT 1 FROM groups g WHERE g.prefix_exchange = e.id)
+        ), judged AS (SELECT scenario_id, count(*) AS n FROM groups GROUP BY scenario_id)
+        SELECT e.* FROM c
+        JOIN exchanges e ON e.id = c.id
+        LEFT JOIN judged j ON j.scenario_id = c.scenario_id
+        WHERE c.nth <= ?
+        ORDER BY c.nth, coalesce(j.n, 0), c.ts DESC
+        LIMIT ?
+        """,
+        [s.max_age_s, s.per_scenario, s.max_groups],
+    )
+
+
+def add_turn_group(
+    store: Store, prefix: dict, sample: Sample | None, error: str | None = None
+) -> str:
+    """The logged answer's choices and the sampled alternatives as one group, with the
+    sample as a `resample` exchange (same trajectory, turn and scenario); or, when the
+    engine could not sample, a `failed` group so the turn is not retried forever."""
+    group_id = new_id("group-")
+    logged = len((_json(prefix["response"]) or {}).get("choices") or ()) or 1
+    with store.transaction() as con:
+        con.execute(
+            "INSERT INTO groups (id, scenario_id, prefix_exchange, kind, checkpoints, status, "
+            "reason, created) VALUES (?, ?, ?, 'turn', ?, ?, ?, now())",
+            [
+                group_id,
+                prefix["scenario_id"],
+                prefix["id"],
+                [prefix["checkpoint"]],
+                "sampled" if sample else "failed",
+                error,
+            ],
+        )
+        members = [(prefix["id"], c, "logged") for c in range(logged)]
+        if sample is not None:
+            con.execute(
+                """
+                INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, model_alias,
+                    checkpoint, arm, stream, request, response, prompt_token_ids,
+                    completion_token_ids, completion_logprobs, usage, latency_ms, status,
+                    metadata, source)
+                VALUES (?, to_timestamp(?), ?, ?, ?, ?, ?, ?, false, ?, ?, ?, ?, ?, ?, ?, 200,
+                    ?, 'resample')
+                """,
+                [
+                    sample.id,
+                    sample.ts,
+                    prefix["trajectory_id"],
+                    prefix["turn"],
+                    prefix["scenario_id"],
+                    prefix["model_alias"],
+                    prefix["checkpoint"],
+                    prefix["arm"],
+                    json.dumps(sample.request),
+                    json.dumps(sample.response),
+                    sample.prompt_token_ids,
+                    sample.completion_token_ids,
+                    sample.completion_logprobs,
+                    json.dumps(sample.usage),
+                    sample.latency_ms,
+                    json.dumps({"group_id": group_id, "resample_of": prefix["id"]}),
+                ],
+            )
+            members += [(sample.id, c, "sampled") for c in range(sample.n)]
+        _add_members(con, group_id, prefix["trajectory_id"], members)
+    return group_id
+
+
+def scenario_candidates(store: Store, s: JudgeSettings) -> dict[str, list[dict]]:
+    """Finished production conversations in no trajectory group yet, by scenario, with at
+    least `min_trajectories` in the scenario (the most recent `max_trajectories`)."""
+    rows = store.query(
+        """
+        SELECT t.id, t.scenario_id, t.last_exchange FROM trajectories t
+        WHERE t.source = 'production' AND t.last_ts < now() - to_seconds(CAST(? AS DOUBLE))
+          AND NOT EXISTS (
+              SELECT 1 FROM members m JOIN groups g ON g.id = m.group_id
+              WHERE g.kind = 'trajectory' AND m.trajectory_id = t.id)
+        ORDER BY t.last_ts DESC
+        """,
+        [s.settle_s],
+    )
+    by_scenario: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        if len(by_scenario[row["scenario_id"]]) < s.max_trajectories:
+            by_scenario[row["scenario_id"]].append(row)
+    ready = {k: v for k, v in by_scenario.items() if len(v) >= s.min_trajectories}
+    return dict(list(ready.items())[: s.max_groups])
+
+
+def add_trajectory_group(store: Store, scenario_id: str, trajectories: list[dict]) -> str:
+    group_id = new_id("group-")
+    with store.transaction() as con:
+        con.execute(
+            "INSERT INTO groups (id, scenario_id, kind, checkpoints, status, created) "
+            "SELECT ?, ?, 'trajectory', list(DISTINCT checkpoint), 'sampled', now() "
+            "FROM trajectories WHERE id IN (SELECT unnest(?))",
+            [group_id, scenario_id, [t["id"] for t in trajectories]],
+        )
+        for position, t in enumerate(trajectories):
+            con.execute(
+                "INSERT INTO members VALUES (?, ?, ?, ?, 0, ?, 'production')",
+                [new_id("member-"), group_id, position, t["last_exchange"], t["id"]],
+            )
+    return group_id
+
+
+def groups_to_score(store: Store, limit: int) -> list[dict]:
+    return store.query(
+        "SELECT * FROM groups WHERE status = 'sampled' ORDER BY created LIMIT ?", [limit]
+    )
+
+
+def members_of(store: Store, group_id: str) -> list[dict]:
+    """Each member with what scorers need: its exchange's request and answer, the scenario
+    key, and the feedback posted on it (on the exchange; for a whole conversation, on the
+    trajectory too)."""
+    return store.query(
+        """
+        SELECT m.id AS member_id, m.exchange_id, m.choice, m.trajectory_id, m.origin, g.kind,
+               e.request, e.response, s.key AS scenario_key,
+               (SELECT avg(f.value) FROM feedback f
+                WHERE (m.origin <> 'sampled' AND f.exchange_id = m.exchange_id)
+                   OR (g.kind = 'trajectory' AND f.trajectory_id = m.trajectory_id)
+               ) AS feedback
+        FROM members m
+        JOIN groups g ON g.id = m.group_id
+        JOIN exchanges e ON e.id = m.exchange_id
+        LEFT JOIN scenarios s ON s.id = e.scenario_id
+        WHERE m.group_id = ?
+        ORDER BY m.position
+        """,
+        [group_id],
+    )
+
+
+def cached_result(store: Store, cache_key: str) -> dict | None:
+    rows = store.query(
+        "SELECT result FROM judgements WHERE cache_key = ? AND status = 'ok' "
+        "ORDER BY created DESC LIMIT 1",
+        [cache_key],
+    )
+    return _json(rows[0]["result"]) if rows else None
+
+
+def save_scores(
+    store: Store,
+    group_id: str,
+    *,
+    status: str,
+    reason: str | None,
+    judgements: list[tuple[Judgement, dict | None]],
+    scores: list[tuple[str, str, float, str | None]],
+) -> None:
+    """One group's outcome in one transaction: the judge calls (with what a cache hit would
+    reuse), a row per (member, source, score, explanation), and the group's status."""
+    with store.transaction() as con:
+        judgement_ids = {}
+        for j, result in judgements:
+            judgement_ids[j.judge] = new_id("judgement-")
+            con.execute(
+                "INSERT INTO judgements VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, now())",
+                [
+                    judgement_ids[j.judge],
+                    group_id,
+                    j.judge,
+                    j.cache_key,
+                    j.order,
+                    j.status,
+                    j.error,
+                    j.attempts,
+                    j.prompt_tokens,
+                    j.completion_tokens,
+                    j.cost_usd,
+                    j.latency_ms,
+                    j.answer,
+                    json.dumps(result) if result is not None else None,
+                ],
+            )
+        keys = {j.judge: j.cache_key for j, _ in judgements}
+        for member_id, source, value, explanation in scores:
+            con.execute(
+                "INSERT INTO scores (id, group_id, member_id, source, score, explanation, "
+                "cache_key, created, judgement_id) VALUES (?, ?, ?, ?, ?, ?, ?, now(), ?)",
+                [
+                    new_id("score-"),
+                    group_id,
+                    member_id,
+                    source,
+                    value,
+                    explanation,
+                    keys.get(source),
+                    judgement_ids.get(source),
+                ],
+            )
+        con.execute(
+            "UPDATE groups SET status = ?, reason = ?, scored_at = now() WHERE id = ?",
+            [status, reason, group_id],
+        )
+
+
+def _add_members(con, group_id: str, trajectory_id: str, members: list[tuple]) -> None:
+    for position, (exchange_id, choice, origin) in enumerate(members):
+        con.execute(
+            "INSERT INTO members VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [new_id("member-"), group_id, position, exchange_id, choice, trajectory_id, origin],
+        )
+
+
+def _json(value):
+    return json.loads(value) if isinstance(value, str | bytes) else value
