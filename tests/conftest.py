@@ -140,6 +140,14 @@ def engine(tiny_model_dir):
 
 
 @pytest.fixture(scope="session")
+def tool_engine(tool_model_dir):
+    """The tiny model taught to call get_weather, served as `toolbot`."""
+    args = ["--model", str(tool_model_dir), "--served-model-name", "toolbot", "--threads", "1"]
+    with EngineProcess(args) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="session")
 def client(engine):
     from openai import OpenAI
 

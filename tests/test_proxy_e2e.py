@@ -10,22 +10,13 @@ import threading
 import time
 
 import httpx
-import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from onjob.collector import Store
-from onjob.deploy.process import EngineProcess, ServerProcess
+from onjob.deploy.process import ServerProcess
 
 from .conftest import TOOL_QUESTION, TOOLS
 from .fake_engine import RawEngine, chunk, send_chunk, send_chunked_head
-
-
-@pytest.fixture(scope="module")
-def tool_engine(tool_model_dir):
-    """The tiny model taught to call get_weather, served as `toolbot`."""
-    args = ["--model", str(tool_model_dir), "--served-model-name", "toolbot", "--threads", "1"]
-    with EngineProcess(args) as proc:
-        yield proc
 
 
 def rows(db, sql: str, params=None) -> list[dict]:

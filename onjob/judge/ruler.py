@@ -78,6 +78,7 @@ async def judge(
     rubric = settings.rubric_for(rollouts[0].scenario)
     result = Judgement(f"ruler:{settings.model}", cache_key(settings.model, rubric, rollouts))
     n = common_prefix(rollouts)
+    await _litellm()  # its import takes seconds: not the judge's latency
     started = time.perf_counter()
     delay = settings.backoff_s
     for attempt in range(1, settings.attempts + 1):
@@ -92,7 +93,9 @@ async def judge(
             text = await _call(settings, messages, result)
             result.answer = text
             by_position = parse(text, len(order))
-            result.scores = {order[i - 1].member_id: by_position[i] for i in by_position}
+            result.scores = _same_answer_same_score(
+                {order[i - 1].member_id: by_position[i] for i in by_position}, rollouts, n
+            )
             result.status, result.error = "ok", None
             break
         except JudgeRefused as exc:
@@ -107,6 +110,22 @@ async def judge(
     if result.status != "ok":
         result.error = f"{result.error} (after {result.attempts} attempts)"
     return result
+
+
+def _same_answer_same_score(
+    scores: dict[str, tuple[float, str]], rollouts: list[Rollout], n: int
+) -> dict[str, tuple[float, str]]:
+    """Members with identical answers get the mean of what the judge gave them: a judge that
+    scores the same text differently by position is showing its bias, not a difference."""
+    by_content: dict[str, list[str]] = {}
+    for r in rollouts:
+        by_content.setdefault(content_hash(r.messages[n:]), []).append(r.member_id)
+    out = dict(scores)
+    for members in by_content.values():
+        if len(members) > 1:
+            mean = sum(scores[m][0] for m in members) / len(members)
+            out.update({m: (mean, scores[m][1]) for m in members})
+    return out
 
 
 async def _call(settings: JudgeSettings, messages: list[dict], result: Judgement) -> str:

@@ -1,0 +1,294 @@
+"""The judge end to end: traffic from the `openai` client through a real `onjob serve` and
+a real engine, then `onjob judge --once` (the installed command, as a user runs it)
+re-samples, groups and scores it; every check reads the DuckDB file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from onjob.collector import Store
+from onjob.deploy.process import ServerProcess
+from onjob.judge import tables
+from onjob.judge.rollouts import common_prefix, from_row
+
+from .conftest import TOOL_QUESTION, TOOLS
+from .fake_judge import FakeJudge, candidates, scores_json
+
+ONJOB = str(Path(sys.executable).with_name("onjob"))
+REWARDS = """
+def calls_weather(rollout):
+    return any(c["function"]["name"] == "get_weather" for c in rollout.tool_calls)
+
+
+def length(rollout):
+    return min(len(rollout.text), 40) / 40
+
+
+def broken(rollout):
+    return "not a number"
+"""
+
+
+def rows(db, sql: str, params=None) -> list[dict]:
+    store = Store(db)
+    try:
+        return store.query(sql, params)
+    finally:
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory, tool_engine) -> dict:
+    """A database of real traffic: two tool-using conversations that share a scenario (two
+    turns each), and one plain question asked with n=2 that got feedback."""
+    db = tmp_path_factory.mktemp("logged") / "onjob.duckdb"
+    env = {"ONJOB_JUDGE__INTERVAL_S": "0"}
+    with ServerProcess(["--engine-url", tool_engine.url, "--db", str(db)], env=env) as server:
+        client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+        params = {"model": "agent", "tools": TOOLS, "max_tokens": 24, "temperature": 0}
+        for _ in range(2):
+            first = client.chat.completions.create(messages=TOOL_QUESTION, **params)
+            reply = first.choices[0].message.model_dump(exclude_none=True)
+            tool_result = {"role": "tool", "tool_call_id": "call-1", "content": '{"celsius": 21}'}
+            if reply.get("tool_calls"):
+                tool_result["tool_call_id"] = reply["tool_calls"][0]["id"]
+            client.chat.completions.create(messages=[*TOOL_QUESTION, reply, tool_result], **params)
+        hello = client.chat.completions.create(
+            model="agent", messages=[{"role": "user", "content": "Say hi."}], max_tokens=6, n=2
+        )
+        feedback = {"exchange_id": hello.id, "value": 0.75}
+        assert httpx.post(f"{server.base}/v1/feedback", json=feedback).status_code in (200, 201)
+    return {"db": db, "hello": hello.id, "engine": tool_engine.url}
+
+
+def answers_of(db, group_id: str) -> dict[str, str]:
+    store = Store(db)
+    try:
+        members = [from_row(r) for r in tables.members_of(store, group_id)]
+    finally:
+        store.close()
+    n = common_prefix(members)
+    return {r.member_id: json.dumps(r.messages[n:], sort_keys=True) for r in members}
+
+
+def workdir(tmp_path: Path, logged: dict, config: str) -> Path:
+    shutil.copy(logged["db"], tmp_path / "onjob.duckdb")
+    (tmp_path / "my_rewards.py").write_text(REWARDS)
+    (tmp_path / "onjob.toml").write_text(config)
+    return tmp_path / "onjob.duckdb"
+
+
+def judge_once(cwd: Path, engine_url: str, *extra: str, env: dict | None = None) -> str:
+    done = subprocess.run(
+        [ONJOB, "judge", "--once", "--engine-url", engine_url, *extra],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+CONFIG = """
+[judge]
+group_size = 3
+settle_s = 0
+
+[judge.rewards]
+tool = { fn = "my_rewards:calls_weather", weight = 2.0 }
+length = { fn = "my_rewards:length" }
+"""
+
+
+def test_judge_pass_makes_turn_groups_that_share_the_prefix_and_carry_tokens(tmp_path, logged):
+    db = workdir(tmp_path, logged, CONFIG)
+    out = judge_once(tmp_path, logged["engine"])
+    # Five logged turns in two scenarios; at most two per scenario per pass.
+    assert "3 turn groups" in out and "1 trajectory groups" in out, out
+
+    members = rows(
+        db,
+        """
+        SELECT g.id AS group_id, g.status, m.origin, m.choice, e.source, e.prompt_token_ids,
+               e.completion_token_ids[m.choice + 1] AS ids,
+               e.completion_logprobs[m.choice + 1] AS logprobs, e.request
+        FROM groups g JOIN members m ON m.group_id = g.id JOIN exchanges e ON e.id = m.exchange_id
+        WHERE g.kind = 'turn' ORDER BY g.id, m.position
+        """,
+    )
+    groups: dict[str, list[dict]] = {}
+    for m in members:
+        groups.setdefault(m["group_id"], []).append(m)
+    assert len(groups) == 3
+    for group in groups.values():
+        origins = [m["origin"] for m in group]
+        assert origins.count("sampled") == 3 and origins[0] == "logged"
+        assert {m["source"] for m in group} == {"production", "resample"}
+        # Same prefix: same messages and tools, and the engine saw the same prompt tokens.
+        assert len({json.dumps(json.loads(m["request"])["messages"]) for m in group}) == 1
+        assert len({json.dumps(json.loads(m["request"]).get("tools")) for m in group}) == 1
+        assert len({tuple(m["prompt_token_ids"]) for m in group}) == 1
+        for m in group:
+            assert m["ids"] and len(m["ids"]) == len(m["logprobs"])
+            assert all(lp <= 0 for lp in m["logprobs"])
+    # The n=2 question's group holds both logged choices.
+    assert sorted(len(g) for g in groups.values()) == [4, 4, 5]
+
+    # Re-sampled exchanges are not traffic: scenarios and trajectories are unchanged.
+    assert rows(db, "SELECT sum(count) AS n FROM scenarios")[0]["n"] == 3
+    assert rows(db, "SELECT count(*) AS n FROM trajectories")[0]["n"] == 3
+
+    # The next pass takes the two turns left; the one after finds nothing new.
+    assert "2 turn groups" in judge_once(tmp_path, logged["engine"])
+    assert "0 turn groups" in judge_once(tmp_path, logged["engine"])
+    assert rows(db, "SELECT count(*) AS n FROM groups WHERE kind = 'turn'")[0]["n"] == 5
+
+
+def test_reward_functions_and_feedback_are_combined_by_weight_into_scores(tmp_path, logged):
+    db = workdir(tmp_path, logged, CONFIG)
+    judge_once(tmp_path, logged["engine"])
+    scores = rows(
+        db,
+        """
+        SELECT s.member_id, s.source, s.score, m.exchange_id, m.origin, g.kind
+        FROM scores s JOIN members m ON m.id = s.member_id JOIN groups g ON g.id = s.group_id
+        """,
+    )
+    by_member: dict[str, dict[str, float]] = {}
+    for s in scores:
+        by_member.setdefault(s["member_id"], {})[s["source"]] = s["score"]
+    n_members = rows(db, "SELECT count(*) AS n FROM members")[0]["n"]
+    assert len(by_member) == n_members
+    feedback_members = {
+        s["member_id"]
+        for s in scores
+        if s["exchange_id"] == logged["hello"] and s["origin"] == "logged"
+    }
+    assert len(feedback_members) == 2  # both logged choices of the question with feedback
+    for member_id, sources in by_member.items():
+        assert {"fn:tool", "fn:length", "combined"} <= set(sources)
+        weighted = 2 * sources["fn:tool"] + sources["fn:length"]
+        if member_id in feedback_members:
+            assert sources["feedback"] == 0.75
+            assert sources["combined"] == pytest.approx((weighted + 0.75) / 4)
+        else:
+            assert "feedback" not in sources
+            assert sources["combined"] == pytest.approx(weighted / 3)
+    # The tool-calling scenario's logged answers called the tool (the model was taught to).
+    tool_scores = [s["score"] for s in scores if s["source"] == "fn:tool" and s["kind"] == "turn"]
+    assert 1.0 in tool_scores
+    statuses = rows(db, "SELECT DISTINCT status FROM groups")
+    assert statuses == [{"status": "scored"}]
+
+
+def test_a_broken_reward_function_fails_its_groups_with_the_reason(tmp_path, logged):
+    config = CONFIG + 'bad = { fn = "my_rewards:broken" }\n'
+    db = workdir(tmp_path, logged, config)
+    out = judge_once(tmp_path, logged["engine"])
+    assert "not a finite number" in out
+    groups = rows(db, "SELECT status, reason FROM groups")
+    assert groups and all(g["status"] == "failed" for g in groups)
+    assert all("fn:bad returned 'not a number'" in g["reason"] for g in groups)
+    # What the working functions said is kept; no combined reward is made up.
+    sources = {r["source"] for r in rows(db, "SELECT DISTINCT source FROM scores")}
+    assert sources == {"fn:tool", "fn:length", "feedback"}
+
+
+def test_a_reward_function_that_does_not_import_stops_the_pass_with_a_clear_error(tmp_path, logged):
+    workdir(tmp_path, logged, '[judge.rewards]\nx = { fn = "no_such_module:f" }\n')
+    done = subprocess.run(
+        [ONJOB, "judge", "--once", "--engine-url", logged["engine"]],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "reward function x = 'no_such_module:f'" in done.stderr
+
+
+def test_ruler_scores_groups_and_a_cached_judgement_makes_no_call(tmp_path, logged):
+    def judge(call, body):
+        return 200, "Scores:\n" + scores_json({i: i / 10 for i in candidates(body)})
+
+    with FakeJudge(judge) as fake:
+        config = f'[judge]\ngroup_size = 2\nsettle_s = 0\nbackoff_s = 0\napi_base = "{fake.url}"\n'
+        db = workdir(tmp_path, logged, config)
+        out = judge_once(tmp_path, logged["engine"], "--model", "openai/judge")
+        groups = rows(db, "SELECT id, status FROM groups ORDER BY created")
+        assert len(groups) == 4 and {g["status"] for g in groups} == {"scored"}, out
+        assert len(fake.calls) == 4 and "RULER: 4 calls" in out
+
+        judgements = rows(db, "SELECT * FROM judgements")
+        assert {j["status"] for j in judgements} == {"ok"}
+        for j in judgements:
+            # Scores follow the position the judge saw: candidate i got i/10.
+            ruler = rows(
+                db,
+                "SELECT member_id, score FROM scores WHERE judgement_id = ?",
+                [j["id"]],
+            )
+            got = {r["member_id"]: r["score"] for r in ruler}
+            # Candidate i got i/10; members with the same answer share the mean of theirs.
+            answers = answers_of(db, j["group_id"])
+            shown = {m: (i + 1) / 10 for i, m in enumerate(j["member_order"])}
+            for member_id, score in got.items():
+                same = [m for m in shown if answers[m] == answers[member_id]]
+                assert score == pytest.approx(sum(shown[m] for m in same) / len(same))
+            assert j["prompt_tokens"] == 100 and j["attempts"] == 1
+
+        # The same group judged again (same judge, rubric and answers) comes from the cache.
+        group_id = groups[0]["id"]
+        before = {
+            r["member_id"]: r["score"]
+            for r in rows(
+                db,
+                "SELECT member_id, score FROM scores WHERE group_id = ? AND source LIKE 'ruler:%'",
+                [group_id],
+            )
+        }
+        store = Store(db)
+        store.query("DELETE FROM scores WHERE group_id = ?", [group_id])
+        store.query("UPDATE groups SET status = 'sampled' WHERE id = ?", [group_id])
+        store.close()
+        rescore = {"ONJOB_JUDGE__MAX_GROUPS": "0"}  # no new turn groups this time
+        out = judge_once(tmp_path, logged["engine"], "--model", "openai/judge", env=rescore)
+        assert len(fake.calls) == 4 and "1 cache hits" in out, out
+        after = rows(
+            db,
+            "SELECT member_id, score FROM scores WHERE group_id = ? AND source LIKE 'ruler:%'",
+            [group_id],
+        )
+        assert {r["member_id"]: r["score"] for r in after} == before
+        cached = rows(db, "SELECT * FROM judgements WHERE status = 'cached'")
+        assert len(cached) == 1 and cached[0]["group_id"] == group_id
+
+
+def test_ruler_on_the_local_engine_goes_through_and_a_garbage_answer_fails_the_group(
+    tmp_path, logged, engine
+):
+    """The tiny random model is a real judge endpoint that cannot write JSON: each group is
+    marked failed with the reason, with the tokens it cost, and gets no scores."""
+    config = "[judge]\ngroup_size = 2\nsettle_s = 0\nattempts = 2\nbackoff_s = 0\n"
+    config += "judge_max_tokens = 24\nscenario_groups = false\nmax_groups = 1\n"
+    db = workdir(tmp_path, logged, config)
+    out = judge_once(tmp_path, logged["engine"], "--model", "openai/tiny", "--api-base", engine.url)
+    assert "RULER: 1 calls" in out, out
+    group = rows(db, "SELECT * FROM groups")[0]
+    assert group["status"] == "failed" and "no JSON with scores" in group["reason"]
+    judgement = rows(db, "SELECT * FROM judgements")[0]
+    assert judgement["attempts"] == 2 and judgement["prompt_tokens"] > 100
+    assert judgement["completion_tokens"] > 0 and judgement["answer"]
+    # Feedback posted on the logged answer is kept; nothing else is made up.
+    assert rows(db, "SELECT count(*) AS n FROM scores WHERE source <> 'feedback'")[0]["n"] == 0
