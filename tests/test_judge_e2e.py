@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -16,7 +17,7 @@ import pytest
 from openai import OpenAI
 
 from onjob.collector import Store
-from onjob.deploy.process import ServerProcess
+from onjob.deploy.process import ServerProcess, free_port
 from onjob.judge import tables
 from onjob.judge.rollouts import common_prefix, from_row
 
@@ -292,3 +293,55 @@ def test_ruler_on_the_local_engine_goes_through_and_a_garbage_answer_fails_the_g
     assert judgement["completion_tokens"] > 0 and judgement["answer"]
     # Feedback posted on the logged answer is kept; nothing else is made up.
     assert rows(db, "SELECT count(*) AS n FROM scores WHERE source <> 'feedback'")[0]["n"] == 0
+
+
+def test_sampling_stays_within_the_token_budget(tmp_path, logged):
+    workdir(tmp_path, logged, CONFIG)
+    out = judge_once(tmp_path, logged["engine"], env={"ONJOB_JUDGE__MAX_SAMPLE_TOKENS": "1"})
+    assert "0 turn groups" in out and "3 over budget" in out, out
+
+
+def test_an_engine_that_is_down_leaves_the_turns_for_the_next_pass(tmp_path, logged):
+    db = workdir(tmp_path, logged, CONFIG)
+    out = judge_once(tmp_path, f"http://127.0.0.1:{free_port()}/v1")
+    assert "cannot re-sample" in out and "wait for the next pass" in out, out
+    assert rows(db, "SELECT count(*) AS n FROM groups WHERE kind = 'turn'")[0]["n"] == 0
+    # Back up: the same turns are sampled.
+    assert "3 turn groups" in judge_once(tmp_path, logged["engine"])
+
+
+def test_a_turn_the_engine_refuses_is_marked_failed_not_retried_forever(tmp_path, logged):
+    db = workdir(tmp_path, logged, CONFIG)
+    store = Store(db)
+    store.query(
+        "UPDATE exchanges SET checkpoint = 'retired-adapter' WHERE id = ?", [logged["hello"]]
+    )
+    store.close()
+    out = judge_once(tmp_path, logged["engine"])
+    failed = rows(db, "SELECT * FROM groups WHERE prefix_exchange = ?", [logged["hello"]])
+    assert len(failed) == 1 and failed[0]["status"] == "failed", out
+    assert "the engine answered 404" in failed[0]["reason"]
+    assert "2 turn groups" in out and "1 failed" in out
+
+
+def test_serve_runs_the_judge_by_itself_every_interval(tmp_path, tool_engine):
+    (tmp_path / "my_rewards.py").write_text(REWARDS)
+    db = tmp_path / "onjob.duckdb"
+    env = {
+        "PYTHONPATH": str(tmp_path),
+        "ONJOB_JUDGE__INTERVAL_S": "0.5",
+        "ONJOB_JUDGE__GROUP_SIZE": "2",
+        "ONJOB_JUDGE__REWARDS": '{"tool": {"fn": "my_rewards:calls_weather"}}',
+    }
+    with ServerProcess(["--engine-url", tool_engine.url, "--db", str(db)], env=env) as server:
+        client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+        client.chat.completions.create(
+            model="agent", messages=TOOL_QUESTION, tools=TOOLS, max_tokens=24
+        )
+        deadline = time.monotonic() + 120
+        while "judge pass: 1 turn groups" not in server.output():
+            assert time.monotonic() < deadline, server.output()
+            time.sleep(0.2)
+    groups = rows(db, "SELECT * FROM groups")
+    assert len(groups) == 1 and groups[0]["status"] == "scored"
+    assert rows(db, "SELECT count(*) AS n FROM scores WHERE source = 'fn:tool'")[0]["n"] == 3
