@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from onjob import bundled
+from onjob.collector import Store
 from onjob.deploy.process import EngineProcess
 
 TOOLS = [
@@ -32,6 +33,15 @@ TOOLS = [
 ]
 TOOL_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 TOOL_ANSWER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def rows(db, sql: str, params=None) -> list[dict]:
+    """Read a DuckDB file no server holds."""
+    store = Store(db)
+    try:
+        return store.query(sql, params)
+    finally:
+        store.close()
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ from onjob.deploy.process import ServerProcess, free_port
 from onjob.judge import tables
 from onjob.judge.rollouts import common_prefix, from_row
 
-from .conftest import TOOL_QUESTION, TOOLS
+from .conftest import TOOL_QUESTION, TOOLS, rows
 from .fake_judge import FakeJudge, candidates, scores_json
 
 ONJOB = str(Path(sys.executable).with_name("onjob"))
@@ -37,14 +37,6 @@ def length(rollout):
 def broken(rollout):
     return "not a number"
 """
-
-
-def rows(db, sql: str, params=None) -> list[dict]:
-    store = Store(db)
-    try:
-        return store.query(sql, params)
-    finally:
-        store.close()
 
 
 @pytest.fixture(scope="module")

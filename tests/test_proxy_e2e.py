@@ -12,19 +12,10 @@ import time
 import httpx
 from openai import AsyncOpenAI, OpenAI
 
-from onjob.collector import Store
 from onjob.deploy.process import ServerProcess
 
-from .conftest import TOOL_QUESTION, TOOLS
+from .conftest import TOOL_QUESTION, TOOLS, rows
 from .fake_engine import RawEngine, chunk, send_chunk, send_chunked_head
-
-
-def rows(db, sql: str, params=None) -> list[dict]:
-    store = Store(db)
-    try:
-        return store.query(sql, params)
-    finally:
-        store.close()
 
 
 def clients(server: ServerProcess) -> tuple[OpenAI, AsyncOpenAI]:
