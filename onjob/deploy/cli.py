@@ -198,8 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
         "judge",
         help="re-sample groups from logged traffic and score them (RULER, reward functions)",
         description=(
-            "One judge pass: re-sample logged turns into groups (the logged answer plus "
-            "judge.group_size alternatives from the engine), group finished conversations "
+            "Judge passes (one with --once): re-sample logged turns into groups (the logged "
+            "answer plus judge.group_size alternatives from the engine), group finished "
+            "conversations "
             "by scenario, and score every unscored group with RULER (--model, any litellm "
             "model), the reward functions in [judge.rewards] and posted feedback. Works on a "
             "database no server holds; `onjob serve` runs the same pass every "
