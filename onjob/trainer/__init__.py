@@ -1,1 +1,12 @@
-"""Offline GRPO on scored groups, writing LoRA checkpoints in PEFT format."""
+"""Offline GRPO on scored groups, writing LoRA checkpoints in PEFT format.
+
+`snapshot.export()` (no torch: it runs where the database is) writes the groups to
+train on as Parquet; `loop.train()` (torch, in a child process: `onjob train
+--snapshot`) turns a snapshot into an adapter directory vLLM and the local engine
+load as they are, with `onjob-manifest.json` beside it. The maths is in `maths`.
+"""
+
+from .errors import Diverged, NothingToTrain, TrainerError
+from .settings import TrainSettings
+
+__all__ = ["Diverged", "NothingToTrain", "TrainSettings", "TrainerError"]

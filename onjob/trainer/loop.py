@@ -1,0 +1,303 @@
+"""One GRPO training run: snapshot in, LoRA checkpoint out. Reads top to bottom.
+
+    groups  = data.load(snapshot)              advantages, masks, the sampler's logprobs
+    model   = base + LoRA (new, or the live adapter continued)
+    for each step of `groups_per_step` groups:
+        for each group, members chunked by length:
+            prefix forward once, members' suffixes on its KV cache
+            logprobs of the sampled tokens (no full-vocabulary log-softmax)
+            loss = clipped ratio x advantage, summed / the step's tokens; backward
+        clip, step
+    save adapter (PEFT format) + onjob-manifest.json + metrics.json
+
+Runs as `onjob train --snapshot S --out DIR` in a child process of the server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from .data import Group, Sequence, load
+from .errors import Diverged, NothingToTrain
+from .maths import policy_loss, token_logprobs
+from .settings import TARGETS, TrainSettings
+
+MANIFEST = "onjob-manifest.json"
+
+
+def train(
+    snapshot: Path,
+    out: Path,
+    s: TrainSettings,
+    *,
+    parent: Path | None = None,
+    echo: Callable[[str], None] = print,
+    progress: bool = True,
+) -> dict:
+    started = time.perf_counter()
+    torch.set_num_threads(s.threads)
+    torch.manual_seed(s.seed)
+
+    # --- data
+    groups, notes = load(snapshot, s)
+    for line in notes.lines:
+        echo(line)
+    if not groups:
+        raise NothingToTrain(
+            f"nothing to train on in {snapshot}: {notes.equal_groups} groups with equal "
+            f"scores, {notes.zero_advantage} members at their group's mean, "
+            f"{notes.unusable} without token ids"
+        )
+    groups.sort(key=lambda g: g.id)  # a fixed order for a given snapshot
+
+    # --- model
+    device, dtype = _device(s)
+    model, base_dir = _model(s, parent, device, dtype)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=s.learning_rate, weight_decay=0.0)
+    steps = math.ceil(len(groups) / s.groups_per_step) * s.epochs
+    echo(
+        f"training on {len(groups)} groups, {sum(len(g.members) for g in groups)} members, "
+        f"{sum(g.loss_tokens for g in groups)} tokens: {steps} steps on {device} ({dtype})"
+    )
+    wandb = _wandb(s)
+    bar = _bar(steps, progress)
+
+    # --- steps
+    history, tokens_seen = [], 0
+    for epoch in range(s.epochs):
+        for first in range(0, len(groups), s.groups_per_step):
+            batch = groups[first : first + s.groups_per_step]
+            step_tokens = sum(g.loss_tokens for g in batch)
+            totals = {"loss": 0.0, "clipped": 0, "ratio": 0.0, "kl": 0.0}
+            step_started = time.perf_counter()
+            for group in batch:
+                for chunk in _chunks(group, s.max_batch_tokens):
+                    parts = _loss(model, chunk, s, device)
+                    (parts.loss / step_tokens).backward()
+                    totals["loss"] += parts.loss.item() / step_tokens
+                    totals["clipped"] += parts.clipped
+                    totals["ratio"] += parts.ratio_sum
+                    totals["kl"] += parts.kl_sum
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm).item()
+            if not (math.isfinite(totals["loss"]) and math.isfinite(grad_norm)):
+                raise Diverged(
+                    f"step {len(history) + 1}: loss {totals['loss']}, grad norm {grad_norm}; "
+                    "no checkpoint written (lower trainer.learning_rate?)"
+                )
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            tokens_seen += step_tokens
+            rewards = [m.reward for g in batch for m in g.members]
+            record = {
+                "step": len(history) + 1,
+                "epoch": epoch,
+                "loss": totals["loss"],
+                "grad_norm": grad_norm,
+                "clip_fraction": totals["clipped"] / step_tokens,
+                "ratio_mean": totals["ratio"] / step_tokens,
+                "kl": totals["kl"] / step_tokens,
+                "reward_mean": sum(rewards) / len(rewards),
+                "tokens": step_tokens,
+                "tokens_per_s": step_tokens / (time.perf_counter() - step_started),
+            }
+            history.append(record)
+            bar.update(1)
+            bar.set_postfix(loss=f"{record['loss']:.4f}", reward=f"{record['reward_mean']:.2f}")
+            if wandb:
+                wandb.log(record)
+    bar.close()
+
+    # --- checkpoint
+    duration = time.perf_counter() - started
+    metrics = _summary(history, groups, notes, duration, tokens_seen)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    manifest = {
+        "name": out.name,
+        "parent": str(parent) if parent else None,
+        "base_model": str(base_dir),
+        "snapshot_sha256": hashlib.sha256(Path(snapshot).read_bytes()).hexdigest(),
+        "config_sha256": hashlib.sha256(s.model_dump_json().encode()).hexdigest(),
+        "config": json.loads(s.model_dump_json()),
+        "groups": [g.id for g in groups],
+        "metrics": metrics,
+        "history": history,
+        "created": time.time(),
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    if wandb:
+        wandb.finish()
+    echo(
+        f"wrote {out}: {metrics['steps']} steps, loss {metrics['loss_last']:.4f}, "
+        f"{metrics['tokens_per_s']:.0f} tokens/s, {duration:.1f} s"
+    )
+    return manifest
+
+
+def _loss(model, members: list[Sequence], s: TrainSettings, device):
+    adv = torch.tensor(
+        [m.advantage for m in members for keep in m.loss_mask if keep], device=device
+    )
+    old = torch.tensor(
+        [lp for m in members for lp, keep in zip(m.old_logprobs, m.loss_mask, strict=True) if keep],
+        device=device,
+    )
+    logp = sampled_logprobs(model, members, device, share_prefix=not s.gradient_checkpointing)
+    ref = None
+    if s.kl_beta > 0:
+        with torch.no_grad(), model.disable_adapter():
+            ref = sampled_logprobs(model, members, device, share_prefix=True)
+    return policy_loss(
+        logp,
+        old,
+        adv,
+        eps_low=s.eps_low,
+        eps_high=s.eps_high,
+        kind=s.loss,
+        ref_logp=ref,
+        beta=s.kl_beta,
+    )
+
+
+def sampled_logprobs(model, members: list[Sequence], device, *, share_prefix: bool = True):
+    """The policy's logprob of every loss token of `members`, in order (member by member).
+
+    Members of a group share their prompt: it runs once and its KV cache is repeated
+    for each member, whose remaining tokens run on top of it. The hidden states are
+    turned into logprobs only where there is a loss (`token_logprobs`)."""
+    base = model.get_base_model()
+    decoder, head = base.model, base.get_output_embeddings()
+    k = len(members)
+    prefix = _shared_prefix(members) if share_prefix and k > 1 else 0
+    if prefix:
+        ids = torch.tensor([members[0].tokens[:prefix]], device=device)
+        out = decoder(input_ids=ids, use_cache=True)
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(k)
+        last = out.last_hidden_state[:, -1:].expand(k, 1, -1)
+    suffix = [m.tokens[prefix:] for m in members]
+    width = max(map(len, suffix))
+    ids = torch.zeros(k, width, dtype=torch.long, device=device)
+    attention = torch.zeros(k, prefix + width, dtype=torch.long, device=device)
+    for i, toks in enumerate(suffix):
+        ids[i, : len(toks)] = torch.tensor(toks, device=device)
+        attention[i, : prefix + len(toks)] = 1
+    if prefix:
+        positions = torch.arange(prefix, prefix + width, device=device).expand(k, -1)
+        hidden = decoder(
+            input_ids=ids, attention_mask=attention, past_key_values=cache, position_ids=positions
+        ).last_hidden_state
+        # The state before suffix token j: the prefix's last for j = 0, else suffix j - 1.
+        before = torch.cat([last, hidden[:, :-1]], dim=1)
+    else:
+        hidden = decoder(input_ids=ids, attention_mask=attention).last_hidden_state
+        before = torch.cat([hidden.new_zeros(k, 1, hidden.shape[-1]), hidden[:, :-1]], dim=1)
+    mask = torch.zeros(k, width, dtype=torch.bool, device=device)
+    for i, m in enumerate(members):
+        mask[i, : len(suffix[i])] = torch.tensor(m.loss_mask[prefix:], device=device)
+    return token_logprobs(before[mask], head, ids[mask])
+
+
+def _shared_prefix(members: list[Sequence]) -> int:
+    """Tokens every member starts with, ending before any member's first loss token."""
+    limit = min(m.first_loss for m in members)
+    first = members[0].tokens
+    n = 0
+    while n < limit and all(m.tokens[n] == first[n] for m in members):
+        n += 1
+    return n
+
+
+def _chunks(group: Group, max_tokens: int) -> list[list[Sequence]]:
+    """A group's members sorted by length and cut so a forward holds at most `max_tokens`
+    (padded): members of similar length run together."""
+    chunks, current = [], []
+    for m in sorted(group.members, key=lambda m: len(m.tokens)):
+        if current and len(m.tokens) * (len(current) + 1) > max_tokens:
+            chunks.append(current)
+            current = []
+        current.append(m)
+    return [*chunks, current] if current else chunks
+
+
+def _device(s: TrainSettings):
+    cuda = torch.cuda.is_available() and s.device != "cpu"
+    if s.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("trainer.device = cuda but no CUDA device is available")
+    device = torch.device("cuda" if cuda else "cpu")
+    if s.dtype == "auto":
+        dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
+    else:
+        dtype = getattr(torch, s.dtype)
+    return device, dtype
+
+
+def _model(s: TrainSettings, parent: Path | None, device, dtype):
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from .. import bundled
+
+    base_dir = s.base_model or bundled.prepare()
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=dtype).to(device)
+    if s.gradient_checkpointing:
+        base.gradient_checkpointing_enable()
+        base.enable_input_require_grads()
+    if parent is not None:
+        model = PeftModel.from_pretrained(base, parent, is_trainable=True)
+    else:
+        targets = s.target_modules or TARGETS.get(base.config.model_type, "all-linear")
+        config = LoraConfig(
+            r=s.lora_rank,
+            lora_alpha=s.lora_alpha,
+            lora_dropout=s.lora_dropout,
+            target_modules=targets,
+            task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(base, config)
+    model.train()
+    return model, base_dir
+
+
+def _summary(history: list[dict], groups, notes, duration: float, tokens: int) -> dict:
+    return {
+        "steps": len(history),
+        "groups": len(groups),
+        "members": sum(len(g.members) for g in groups),
+        "skipped_equal_groups": notes.equal_groups,
+        "loss_first": history[0]["loss"],
+        "loss_last": history[-1]["loss"],
+        "reward_mean": sum(h["reward_mean"] for h in history) / len(history),
+        "clip_fraction": sum(h["clip_fraction"] for h in history) / len(history),
+        "kl": sum(h["kl"] for h in history) / len(history),
+        "tokens": tokens,
+        "tokens_per_s": tokens / duration,
+        "duration_s": duration,
+    }
+
+
+def _bar(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="grpo", unit="step", disable=not enabled)
+
+
+def _wandb(s: TrainSettings):
+    if not s.wandb_project:
+        return None
+    try:
+        import wandb
+    except ImportError:
+        print("trainer.wandb_project is set but wandb is not installed: not logging to W&B")
+        return None
+    wandb.init(project=s.wandb_project, config=s.model_dump(mode="json"), dir=os.getcwd())
+    return wandb

@@ -1,0 +1,56 @@
+"""Trainer settings (composed into the server's settings in `deploy`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+# LoRA targets per architecture family (`config.model_type`): the projections vLLM
+# can serve adapters on. Others fall back to peft's "all-linear".
+TARGETS = {
+    family: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    for family in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3")
+}
+
+
+class TrainSettings(BaseModel):
+    base_model: Path | None = Field(None, description="model directory (default: bundled)")
+    checkpoints_dir: Path = Field(Path("checkpoints"), description="where adapters are written")
+
+    # Which groups a snapshot takes.
+    max_groups: int = Field(64, ge=1, description="groups per training run")
+    min_spread: float = Field(1e-6, ge=0, description="skip groups whose rewards span less")
+    max_staleness: int = Field(
+        1, ge=0, description="train on groups sampled up to this many checkpoints back"
+    )
+
+    # The objective.
+    loss: Literal["ppo", "cispo"] = "ppo"
+    eps_low: float = Field(0.2, ge=0, le=1)
+    eps_high: float = Field(0.2, ge=0)
+    normalize_std: bool = Field(True, description="divide advantages by the group's std")
+    kl_beta: float = Field(0.0, ge=0, description="KL to the base model (k3); 0 = off")
+
+    # The optimisation.
+    learning_rate: float = Field(5e-5, gt=0)
+    epochs: int = Field(1, ge=1, description="passes over the snapshot")
+    groups_per_step: int = Field(4, ge=1, description="groups accumulated per optimizer step")
+    max_batch_tokens: int = Field(4096, ge=64, description="tokens per forward (members chunked)")
+    max_grad_norm: float = Field(1.0, gt=0)
+    gradient_checkpointing: bool = Field(
+        False, description="less memory, more compute; members then run without a shared prefix"
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int = Field(1, ge=1, description="torch CPU threads (1 is kind to a shared host)")
+    seed: int = 0
+
+    # The adapter.
+    lora_rank: Literal[1, 8, 16, 32, 64, 128, 256] = Field(16, description="vLLM's allowed ranks")
+    lora_alpha: int = Field(32, ge=1)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] | None = Field(None, description="default: per architecture")
+
+    wandb_project: str | None = Field(None, description="log to W&B when wandb is installed")
