@@ -112,6 +112,47 @@ def cmd_judge(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..collector import StorageError
+    from ..trainer import TrainerError
+    from .training import live_checkpoint, train, train_child
+
+    if args.snapshot:
+        if not args.out:
+            print("onjob train: --snapshot needs --out", file=sys.stderr)
+            return 2
+        try:
+            return train_child(
+                Path(args.snapshot),
+                Path(args.out),
+                Path(args.settings) if args.settings else None,
+                Path(args.parent) if args.parent else None,
+            )
+        except TrainerError as exc:
+            print(f"onjob train: {exc}", file=sys.stderr)
+            return 1
+    settings = _load_settings(
+        "train",
+        args,
+        collector=_given(db=args.db),
+        trainer=_given(base_model=args.base_model, checkpoints_dir=args.checkpoints_dir),
+    )
+    if settings is None:
+        return 2
+    parent = args.parent if args.parent is not None else live_checkpoint(settings)
+    try:
+        manifest = train(settings, parent=parent or None)
+    except (StorageError, ValueError) as exc:
+        print(f"onjob train: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        print(f"onjob train: {exc}", file=sys.stderr)
+        return 1
+    return 0 if manifest else 3
+
+
 def cmd_model_prepare(args: argparse.Namespace) -> int:
     from .. import bundled
 
@@ -217,6 +258,32 @@ def build_parser() -> argparse.ArgumentParser:
     judge.add_argument("--api-base", help="the judge's OpenAI-compatible base URL")
     judge.add_argument("--group-size", type=int, help="alternatives sampled per turn (4)")
     judge.set_defaults(func=cmd_judge)
+
+    train = sub.add_parser(
+        "train",
+        help="GRPO on scored groups: write a LoRA checkpoint (PEFT format)",
+        description=(
+            "Export the scored groups not trained on yet (with a spread of rewards, sampled by "
+            "the live checkpoint or up to trainer.max_staleness checkpoints back) to a Parquet "
+            "snapshot, train a LoRA adapter on them in a child process, and record it in the "
+            "checkpoints table as a candidate. With --snapshot, run just the training on a "
+            "snapshot (what the child does). Exit 0: checkpoint written; 3: nothing to train "
+            "on; 1: the run failed; 2: bad settings. Settings: [trainer] in the TOML file."
+        ),
+    )
+    train.add_argument("--config", help="TOML settings file")
+    train.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
+    train.add_argument(
+        "--parent",
+        help="checkpoint to continue (name; with --snapshot, its directory); default: the live "
+        'one from [proxy.aliases]; "" = start from the base model',
+    )
+    train.add_argument("--base-model", help="base model directory (default: bundled SmolLM2)")
+    train.add_argument("--checkpoints-dir", help="where checkpoints go (default ./checkpoints)")
+    train.add_argument("--snapshot", help="train on this snapshot only (the child's mode)")
+    train.add_argument("--out", help="with --snapshot: the checkpoint directory to write")
+    train.add_argument("--settings", help="with --snapshot: trainer settings as JSON")
+    train.set_defaults(func=cmd_train)
 
     model = sub.add_parser("model", help="manage the bundled model")
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")

@@ -22,6 +22,7 @@ from pydantic_settings import (
 from ..collector import CollectorSettings
 from ..judge import JudgeSettings
 from ..proxy import ProxySettings
+from ..trainer import TrainSettings
 from .telemetry import TelemetrySettings
 
 DEFAULT_CONFIG = Path("onjob.toml")
@@ -40,6 +41,7 @@ class ServeSettings(BaseSettings):
     collector: CollectorSettings = Field(default_factory=CollectorSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
+    trainer: TrainSettings = Field(default_factory=TrainSettings)
 
     @classmethod
     def settings_customise_sources(

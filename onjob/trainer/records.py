@@ -1,0 +1,31 @@
+"""A finished training run in DuckDB: its `train_runs` row and its checkpoint, a candidate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..collector import Store
+
+
+def record_run(store: Store, run_id: str, manifest: dict, path: Path, parent: str | None) -> None:
+    with store.transaction() as con:
+        con.execute(
+            "INSERT INTO train_runs VALUES (?, ?, ?, ?, ?, now())",
+            [
+                run_id,
+                manifest["groups"],
+                json.dumps(manifest["config"]),
+                json.dumps(manifest["metrics"]),
+                manifest["metrics"]["duration_s"],
+            ],
+        )
+        con.execute(
+            "INSERT INTO checkpoints VALUES (?, ?, ?, ?, now(), ?, 'candidate')",
+            [manifest["name"], parent, manifest["base_model"], str(path.resolve()), run_id],
+        )
+
+
+def checkpoint_path(store: Store, name: str) -> Path | None:
+    rows = store.query("SELECT path FROM checkpoints WHERE name = ?", [name])
+    return Path(rows[0]["path"]) if rows else None

@@ -1,0 +1,210 @@
+"""The trainer on real parts: a tiny model with the real tokenizer and peft, Parquet
+snapshots, the `onjob train` command, and the local engine loading what it wrote."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from openai import OpenAI
+
+from onjob.deploy.process import ServerProcess
+from onjob.trainer import NothingToTrain, TrainSettings
+from onjob.trainer.loop import MANIFEST, train
+
+from .conftest import TOOL_QUESTION, TOOLS, rows
+
+ONJOB = str(Path(sys.executable).with_name("onjob"))
+
+
+def completion_logprobs(model, prompt: list[int], completion: list[int]) -> list[float]:
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+    return (
+        torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None]).squeeze(-1).tolist()
+    )
+
+
+def write_snapshot(
+    path: Path, groups: list[tuple[str, list[int], list[list[int]], list[float]]], model
+):
+    """Groups as the snapshot export writes them, the sampler's logprobs from `model`."""
+    records = []
+    for group_id, prompt, completions, rewards in groups:
+        for i, (completion, reward) in enumerate(zip(completions, rewards, strict=True)):
+            records.append(
+                {
+                    "group_id": group_id,
+                    "kind": "turn",
+                    "member_id": f"{group_id}-m{i}",
+                    "position": i,
+                    "reward": reward,
+                    "checkpoint": None,
+                    "prompt_ids": [prompt],
+                    "completion_ids": [completion],
+                    "logprobs": [completion_logprobs(model, prompt, completion)],
+                }
+            )
+    pq.write_table(pa.Table.from_pylist(records), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def toy(tiny_model_dir, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Say yes."}], add_generation_prompt=True, tokenize=False
+    )
+    prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+    answers = ["Yes.", "No.", "Maybe so.", "I cannot say."]
+    completions = [tokenizer(a, add_special_tokens=False)["input_ids"] for a in answers]
+    return model, prompt, completions
+
+
+def test_a_few_steps_raise_the_best_members_logprob_and_lower_the_worsts(
+    tmp_path, tiny_model_dir, toy
+):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model, prompt, completions = toy
+    rewards = [1.0, 0.0, 0.3, 0.1]
+    snap = write_snapshot(tmp_path / "s.parquet", [("g1", prompt, completions, rewards)], model)
+    settings = TrainSettings(
+        base_model=tiny_model_dir, learning_rate=2e-3, epochs=6, lora_rank=8, seed=1
+    )
+    manifest = train(snap, tmp_path / "ckpt", settings, progress=False, echo=lambda _: None)
+    assert manifest["metrics"]["steps"] == 6 and manifest["groups"] == ["g1"]
+    assert (tmp_path / "ckpt" / "adapter_model.safetensors").exists()
+    assert (tmp_path / "ckpt" / "adapter_config.json").exists()
+
+    tuned = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), tmp_path / "ckpt"
+    )
+    before = [sum(completion_logprobs(model, prompt, c)) for c in completions]
+    after = [sum(completion_logprobs(tuned, prompt, c)) for c in completions]
+    assert after[0] > before[0] + 0.1  # the best answer became likelier
+    assert after[1] < before[1] - 0.1  # the worst less likely
+
+
+def test_groups_with_equal_scores_are_skipped_and_said(tmp_path, tiny_model_dir, toy):
+    model, prompt, completions = toy
+    snap = write_snapshot(
+        tmp_path / "s.parquet", [("flat", prompt, completions[:3], [0.5, 0.5, 0.5])], model
+    )
+    lines = []
+    with pytest.raises(NothingToTrain, match="1 groups with equal scores"):
+        train(snap, tmp_path / "ckpt", TrainSettings(base_model=tiny_model_dir), echo=lines.append)
+    assert any("all 3 members scored 0.50: nothing to learn" in line for line in lines)
+    assert not (tmp_path / "ckpt").exists()
+    # The child process says it too, with its own exit code.
+    done = subprocess.run(
+        [ONJOB, "train", "--snapshot", str(snap), "--out", str(tmp_path / "c2")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 3, done.stderr
+    assert "nothing to train on" in done.stderr
+
+
+REWARDS = """
+def calls_weather(rollout):
+    return any(c["function"]["name"] == "get_weather" for c in rollout.tool_calls)
+"""
+
+
+def test_traffic_to_judged_groups_to_a_checkpoint_the_engine_loads_and_serves(
+    tmp_path, tool_engine, tool_model_dir
+):
+    db = tmp_path / "onjob.duckdb"
+    with ServerProcess(
+        ["--engine-url", tool_engine.url, "--db", str(db)], env={"ONJOB_JUDGE__INTERVAL_S": "0"}
+    ) as server:
+        client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+        for question in ("What is the weather in Paris?", "What is the weather in Rome?"):
+            client.chat.completions.create(
+                model="agent",
+                messages=[{"role": "user", "content": question}],
+                tools=TOOLS,
+                max_tokens=24,
+            )
+    (tmp_path / "my_rewards.py").write_text(REWARDS)
+    (tmp_path / "onjob.toml").write_text(
+        f"""
+[judge]
+group_size = 6
+temperature = 1.5
+scenario_groups = false
+
+[judge.rewards]
+tool = {{ fn = "my_rewards:calls_weather" }}
+
+[trainer]
+base_model = "{tool_model_dir}"
+learning_rate = 0.005
+epochs = 4
+lora_rank = 8
+"""
+    )
+    judge = subprocess.run(
+        [ONJOB, "judge", "--once", "--engine-url", tool_engine.url],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert judge.returncode == 0, judge.stderr
+    trained = subprocess.run(
+        [ONJOB, "train"], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    assert "recorded as a candidate" in trained.stdout
+
+    checkpoint = rows(db, "SELECT * FROM checkpoints")
+    assert len(checkpoint) == 1 and checkpoint[0]["status"] == "candidate"
+    run = rows(db, "SELECT * FROM train_runs")[0]
+    assert checkpoint[0]["train_run"] == run["id"] and run["groups_used"]
+    assert json.loads(run["metrics"])["steps"] >= 1
+    path = Path(checkpoint[0]["path"])
+    manifest = json.loads((path / MANIFEST).read_text())
+    assert manifest["base_model"] == str(tool_model_dir)
+    assert manifest["parent"] is None and len(manifest["snapshot_sha256"]) == 64
+    # Trained groups are not exported again.
+    again = subprocess.run([ONJOB, "train"], cwd=tmp_path, capture_output=True, text=True)
+    assert again.returncode == 3 and "nothing to train on" in again.stdout
+
+    # The engine loads the checkpoint as it is, and it answers differently from the base.
+    name = checkpoint[0]["name"]
+    load = httpx.post(
+        f"{tool_engine.url}/load_lora_adapter",
+        json={"lora_name": name, "lora_path": str(path)},
+        timeout=60,
+    )
+    assert load.status_code == 200, load.text
+    try:
+        engine = OpenAI(base_url=tool_engine.url, api_key="unused", max_retries=0)
+        answers = {}
+        for model in ("toolbot", name):
+            r = engine.chat.completions.create(
+                model=model,
+                messages=TOOL_QUESTION,
+                tools=TOOLS,
+                max_tokens=12,
+                temperature=0,
+                logprobs=True,
+            )
+            answers[model] = [t.logprob for t in r.choices[0].logprobs.content]
+        assert answers["toolbot"] != answers[name]
+    finally:
+        httpx.post(f"{tool_engine.url}/unload_lora_adapter", json={"lora_name": name}, timeout=60)
