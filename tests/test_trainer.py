@@ -208,3 +208,20 @@ lora_rank = 8
         assert answers["toolbot"] != answers[name]
     finally:
         httpx.post(f"{tool_engine.url}/unload_lora_adapter", json={"lora_name": name}, timeout=60)
+
+
+def test_a_supervised_warm_start_on_best_members_lowers_their_loss_first(
+    tmp_path, tiny_model_dir, toy
+):
+    model, prompt, completions = toy
+    snap = write_snapshot(
+        tmp_path / "s.parquet", [("g1", prompt, completions, [0.0, 1.0, 0.2, 0.1])], model
+    )
+    lines = []
+    settings = TrainSettings(
+        base_model=tiny_model_dir, sft_epochs=5, sft_learning_rate=5e-3, lora_rank=8
+    )
+    train(snap, tmp_path / "ckpt", settings, progress=False, echo=lines.append)
+    warm = next(line for line in lines if line.startswith("warm start"))
+    first, last = (float(x) for x in warm.split("loss ")[1].split(" -> "))
+    assert "on 1 best members" in warm and last < first - 0.1

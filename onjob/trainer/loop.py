@@ -69,6 +69,12 @@ def train(
         f"{sum(g.loss_tokens for g in groups)} tokens: {steps} steps on {device} ({dtype})"
     )
     wandb = _wandb(s)
+    if s.sft_epochs:
+        sft = _warm_start(model, groups, s, device)
+        echo(
+            f"warm start: {s.sft_epochs} supervised passes on {sft['members']} best members, "
+            f"loss {sft['loss_first']:.3f} -> {sft['loss_last']:.3f}"
+        )
     bar = _bar(steps, progress)
 
     # --- steps
@@ -141,6 +147,30 @@ def train(
         f"{metrics['tokens_per_s']:.0f} tokens/s, {duration:.1f} s"
     )
     return manifest
+
+
+def _warm_start(model, groups: list[Group], s: TrainSettings, device) -> dict:
+    """Rejection-sampling fine-tuning: the mean negative logprob of each group's best member,
+    one optimizer step per `groups_per_step` groups. GRPO can only reinforce what the
+    policy samples; this teaches what it samples rarely."""
+    best = [max(g.members, key=lambda m: m.reward) for g in groups]
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=s.sft_learning_rate, weight_decay=0.0)
+    losses = []
+    for _ in range(s.sft_epochs):
+        for first in range(0, len(best), s.groups_per_step):
+            batch = best[first : first + s.groups_per_step]
+            tokens = sum(m.loss_tokens for m in batch)
+            total = 0.0
+            for m in batch:
+                loss = -sampled_logprobs(model, [m], device).sum() / tokens
+                loss.backward()
+                total += loss.item()
+            torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(total)
+    return {"members": len(best), "loss_first": losses[0], "loss_last": losses[-1]}
 
 
 def _loss(model, members: list[Sequence], s: TrainSettings, device):

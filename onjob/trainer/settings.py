@@ -47,6 +47,11 @@ class TrainSettings(BaseModel):
     threads: int = Field(1, ge=1, description="torch CPU threads (1 is kind to a shared host)")
     seed: int = 0
 
+    # A warm start for what the policy rarely samples: supervised passes on each group's
+    # best member (rejection-sampling fine-tuning) before the GRPO steps.
+    sft_epochs: int = Field(0, ge=0, description="supervised passes on best members first")
+    sft_learning_rate: float = Field(1e-4, gt=0)
+
     # The adapter.
     lora_rank: Literal[1, 8, 16, 32, 64, 128, 256] = Field(16, description="vLLM's allowed ranks")
     lora_alpha: int = Field(32, ge=1)
