@@ -20,6 +20,7 @@ import json
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -277,6 +278,8 @@ def _model(s: TrainSettings, parent: Path | None, device, dtype):
 
     from .. import bundled
 
+    # peft asks transformers a deprecated question on every load; not the user's concern.
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
     base_dir = s.base_model or bundled.prepare()
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=dtype).to(device)
     if s.gradient_checkpointing:

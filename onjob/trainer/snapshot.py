@@ -68,7 +68,8 @@ def lineage(store: Store, live: str | None, staleness: int) -> list[str | None]:
 def export(store: Store, path: Path, s: TrainSettings, *, live: str | None = None) -> dict:
     """Write the snapshot; return what it holds (`groups`, `members`, `sha256`)."""
     allowed = [name or "" for name in lineage(store, live, s.max_staleness)]
-    table = store.con.execute(_MEMBERS, [s.min_spread, allowed, s.max_groups]).to_arrow_table()
+    params = [s.min_spread, allowed, s.max_groups]
+    table = store.con.cursor().sql(_MEMBERS, params=params).to_arrow_table()
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
     groups = sorted(set(table.column("group_id").to_pylist()))
