@@ -4,7 +4,7 @@
     model   = base + LoRA (new, or the live adapter continued)
     for each step of `groups_per_step` groups:
         for each group, members chunked by length:
-            prefix forward once, members' suffixes on its KV cache
+            one packed forward: the shared prompt once, each member's own tokens
             logprobs of the sampled tokens (no full-vocabulary log-softmax)
             loss = clipped ratio x advantage, summed / the step's tokens; backward
         clip, step
@@ -182,7 +182,7 @@ def _loss(model, members: list[Sequence], s: TrainSettings, device):
         [lp for m in members for lp, keep in zip(m.old_logprobs, m.loss_mask, strict=True) if keep],
         device=device,
     )
-    logp = sampled_logprobs(model, members, device, share_prefix=not s.gradient_checkpointing)
+    logp = sampled_logprobs(model, members, device)
     ref = None
     if s.kl_beta > 0:
         with torch.no_grad(), model.disable_adapter():
@@ -202,40 +202,42 @@ def _loss(model, members: list[Sequence], s: TrainSettings, device):
 def sampled_logprobs(model, members: list[Sequence], device, *, share_prefix: bool = True):
     """The policy's logprob of every loss token of `members`, in order (member by member).
 
-    Members of a group share their prompt: it runs once and its KV cache is repeated
-    for each member, whose remaining tokens run on top of it. The hidden states are
-    turned into logprobs only where there is a loss (`token_logprobs`)."""
+    One forward for all of them, packed into one sequence without padding: the prompt
+    they share once, then each member's remaining tokens, with an attention mask that
+    lets each member see the shared prompt and its own tokens only (and positions that
+    restart after the prompt for each). The prompt's work is done once for the group,
+    and the gradient from every member flows back into it. The hidden states become
+    logprobs only where there is a loss (`token_logprobs`)."""
     base = model.get_base_model()
     decoder, head = base.model, base.get_output_embeddings()
-    k = len(members)
-    prefix = _shared_prefix(members) if share_prefix and k > 1 else 0
-    if prefix:
-        ids = torch.tensor([members[0].tokens[:prefix]], device=device)
-        out = decoder(input_ids=ids, use_cache=True)
-        cache = out.past_key_values
-        cache.batch_repeat_interleave(k)
-        last = out.last_hidden_state[:, -1:].expand(k, 1, -1)
-    suffix = [m.tokens[prefix:] for m in members]
-    width = max(map(len, suffix))
-    ids = torch.zeros(k, width, dtype=torch.long, device=device)
-    attention = torch.zeros(k, prefix + width, dtype=torch.long, device=device)
-    for i, toks in enumerate(suffix):
-        ids[i, : len(toks)] = torch.tensor(toks, device=device)
-        attention[i, : prefix + len(toks)] = 1
-    if prefix:
-        positions = torch.arange(prefix, prefix + width, device=device).expand(k, -1)
-        hidden = decoder(
-            input_ids=ids, attention_mask=attention, past_key_values=cache, position_ids=positions
-        ).last_hidden_state
-        # The state before suffix token j: the prefix's last for j = 0, else suffix j - 1.
-        before = torch.cat([last, hidden[:, :-1]], dim=1)
-    else:
-        hidden = decoder(input_ids=ids, attention_mask=attention).last_hidden_state
-        before = torch.cat([hidden.new_zeros(k, 1, hidden.shape[-1]), hidden[:, :-1]], dim=1)
-    mask = torch.zeros(k, width, dtype=torch.bool, device=device)
+    prefix = _shared_prefix(members) if share_prefix and len(members) > 1 else 0
+    tokens, positions = list(members[0].tokens[:prefix]), list(range(prefix))
+    segments = [-1] * prefix  # -1: the shared prompt; i: member i's own tokens
+    before, targets = [], []  # per loss token: the packed index of the state predicting it
     for i, m in enumerate(members):
-        mask[i, : len(suffix[i])] = torch.tensor(m.loss_mask[prefix:], device=device)
-    return token_logprobs(before[mask], head, ids[mask])
+        start = len(tokens)
+        tokens += m.tokens[prefix:]
+        positions += range(prefix, len(m.tokens))
+        segments += [i] * (len(m.tokens) - prefix)
+        for t in range(max(prefix, 1), len(m.tokens)):
+            if m.loss_mask[t]:
+                before.append(start + t - prefix - 1 if t > prefix else prefix - 1)
+                targets.append(m.tokens[t])
+    seg = torch.tensor(segments, device=device)
+    index = torch.arange(len(tokens), device=device)
+    visible = (index[None, :] <= index[:, None]) & (
+        (seg[None, :] == -1) | (seg[None, :] == seg[:, None])
+    )
+    hidden = decoder(
+        input_ids=torch.tensor([tokens], device=device),
+        attention_mask=visible[None, None],
+        position_ids=torch.tensor([positions], device=device),
+    ).last_hidden_state[0]
+    return token_logprobs(
+        hidden[torch.tensor(before, device=device)],
+        head,
+        torch.tensor(targets, device=device),
+    )
 
 
 def _shared_prefix(members: list[Sequence]) -> int:
@@ -249,14 +251,17 @@ def _shared_prefix(members: list[Sequence]) -> int:
 
 
 def _chunks(group: Group, max_tokens: int) -> list[list[Sequence]]:
-    """A group's members sorted by length and cut so a forward holds at most `max_tokens`
-    (padded): members of similar length run together."""
-    chunks, current = [], []
-    for m in sorted(group.members, key=lambda m: len(m.tokens)):
-        if current and len(m.tokens) * (len(current) + 1) > max_tokens:
+    """A group's members cut so that one packed forward (the shared prompt once, then each
+    member's own tokens) holds at most `max_tokens`."""
+    prefix = _shared_prefix(group.members) if len(group.members) > 1 else 0
+    chunks, current, size = [], [], prefix
+    for m in group.members:
+        own = len(m.tokens) - prefix
+        if current and size + own > max_tokens:
             chunks.append(current)
-            current = []
+            current, size = [], prefix
         current.append(m)
+        size += own
     return [*chunks, current] if current else chunks
 
 

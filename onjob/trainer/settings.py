@@ -37,11 +37,13 @@ class TrainSettings(BaseModel):
     learning_rate: float = Field(5e-5, gt=0)
     epochs: int = Field(1, ge=1, description="passes over the snapshot")
     groups_per_step: int = Field(4, ge=1, description="groups accumulated per optimizer step")
-    max_batch_tokens: int = Field(4096, ge=64, description="tokens per forward (members chunked)")
-    max_grad_norm: float = Field(1.0, gt=0)
-    gradient_checkpointing: bool = Field(
-        False, description="less memory, more compute; members then run without a shared prefix"
+    max_batch_tokens: int = Field(
+        1024,
+        ge=64,
+        description="tokens per packed forward (attention memory grows with its square)",
     )
+    max_grad_norm: float = Field(1.0, gt=0)
+    gradient_checkpointing: bool = Field(False, description="less memory, more compute")
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int = Field(1, ge=1, description="torch CPU threads (1 is kind to a shared host)")
