@@ -153,6 +153,45 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0 if manifest else 3
 
 
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .. import bundled
+    from ..collector import StorageError, Store
+    from . import registry
+
+    settings = _load_settings("checkpoints", args, collector=_given(db=args.db))
+    if settings is None:
+        return 2
+    try:
+        store = Store(settings.collector.db)
+    except StorageError as exc:
+        print(f"onjob checkpoints: {exc}", file=sys.stderr)
+        return 2
+    if args.action == "add" and not (args.path and args.name):
+        print("onjob checkpoints add: give PATH and --name", file=sys.stderr)
+        store.close()
+        return 2
+    try:
+        if args.action == "add":
+            base = Path(args.base_model or settings.trainer.base_model or bundled.resolve(None))
+            row = registry.add(store, Path(args.path), args.name, base)
+            print(f"{row['name']}: imported as a candidate ({row['path']})")
+            return 0
+        rows = registry.checkpoints(store)
+    except registry.RegistryError as exc:
+        print(f"onjob checkpoints: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        store.close()
+    if not rows:
+        print("no checkpoints yet: `onjob train` writes them, `onjob checkpoints add` imports")
+    for r in rows:
+        created = r["created"].strftime("%Y-%m-%d %H:%M") if r["created"] else ""
+        print(f"{r['name']:<40} {r['status']:<10} {created:<17} parent={r['parent'] or '-'}")
+    return 0
+
+
 def cmd_model_prepare(args: argparse.Namespace) -> int:
     from .. import bundled
 
@@ -284,6 +323,23 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", help="with --snapshot: the checkpoint directory to write")
     train.add_argument("--settings", help="with --snapshot: trainer settings as JSON")
     train.set_defaults(func=cmd_train)
+
+    ckpts = sub.add_parser(
+        "checkpoints",
+        help="list checkpoints, or import an adapter trained elsewhere",
+        description=(
+            "`onjob checkpoints` lists the registry (name, status candidate/canary/live/retired, "
+            "created, parent). `onjob checkpoints add PATH --name NAME` imports a PEFT LoRA "
+            "directory as a candidate after checking its shapes against the base model."
+        ),
+    )
+    ckpts.add_argument("action", nargs="?", choices=["list", "add"], default="list")
+    ckpts.add_argument("path", nargs="?", help="with add: the adapter directory")
+    ckpts.add_argument("--name", help="with add: the checkpoint's name")
+    ckpts.add_argument("--base-model", help="with add: the base model directory to check against")
+    ckpts.add_argument("--config", help="TOML settings file")
+    ckpts.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
+    ckpts.set_defaults(func=cmd_checkpoints)
 
     model = sub.add_parser("model", help="manage the bundled model")
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")

@@ -1,0 +1,108 @@
+"""The checkpoint registry: adapters as `checkpoints` rows plus PEFT directories.
+
+Statuses: `candidate` (trained or imported, serving nothing), `canary` (serving a
+slice of an alias's traffic), `live`, `retired`. An adapter trained elsewhere is
+imported after checking it fits the base model: its LoRA matrices' shapes must
+match the base model's layers (read from the safetensors header and the base
+`config.json`, so no torch is needed on the proxy host).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+
+from ..collector import Store
+
+STATUSES = ("candidate", "canary", "live", "retired")
+VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class RegistryError(Exception):
+    pass
+
+
+def checkpoints(store: Store) -> list[dict]:
+    return store.query("SELECT * FROM checkpoints ORDER BY created")
+
+
+def get(store: Store, name: str) -> dict | None:
+    rows = store.query("SELECT * FROM checkpoints WHERE name = ?", [name])
+    return rows[0] if rows else None
+
+
+def set_status(store: Store, name: str, status: str) -> None:
+    if status not in STATUSES:
+        raise RegistryError(f"unknown status {status!r} (one of {', '.join(STATUSES)})")
+    store.query("UPDATE checkpoints SET status = ? WHERE name = ?", [status, name])
+
+
+def add(store: Store, path: Path, name: str, base_model: Path) -> dict:
+    """Import an adapter directory as a `candidate` after validating it against the base."""
+    if not _NAME.match(name):
+        raise RegistryError(
+            f"{name!r} is not a usable checkpoint name (letters, digits, '.', '_', '-')"
+        )
+    if get(store, name) is not None:
+        raise RegistryError(f"a checkpoint named {name!r} exists already")
+    validate(path, base_model)
+    store.query(
+        "INSERT INTO checkpoints VALUES (?, NULL, ?, ?, now(), NULL, 'candidate')",
+        [name, str(base_model), str(path.resolve())],
+    )
+    return get(store, name)
+
+
+def validate(path: Path, base_model: Path) -> None:
+    """Raise `RegistryError` saying what does not fit."""
+    config_file, weights = path / "adapter_config.json", path / "adapter_model.safetensors"
+    for needed in (config_file, weights):
+        if not needed.is_file():
+            raise RegistryError(f"{path} is not a PEFT adapter directory: {needed.name} missing")
+    config = json.loads(config_file.read_text())
+    if config.get("peft_type", "LORA") != "LORA":
+        raise RegistryError(f"{path}: a {config.get('peft_type')} adapter, not LoRA")
+    if config.get("r") not in VLLM_RANKS:
+        raise RegistryError(f"{path}: rank {config.get('r')} is not one vLLM serves {VLLM_RANKS}")
+    base = json.loads((base_model / "config.json").read_text())
+    expected = _in_features(base)
+    layers = base.get("num_hidden_layers")
+    for key, shape in _shapes(weights).items():
+        found = re.search(r"layers\.(\d+)\.(?:\w+\.)?(\w+)\.lora_A\.", key)
+        if not found:
+            continue
+        layer, module = int(found.group(1)), found.group(2)
+        if layers is not None and layer >= layers:
+            raise RegistryError(f"{path}: {key} is for layer {layer}; the base has {layers}")
+        want = expected.get(module)
+        if want is not None and shape[-1] != want:
+            raise RegistryError(
+                f"{path}: {key} takes {shape[-1]} inputs; the base model's {module} takes {want}"
+                " (trained for another base model?)"
+            )
+
+
+def _in_features(config: dict) -> dict[str, int]:
+    hidden = config["hidden_size"]
+    heads = config.get("num_attention_heads", 1)
+    head_dim = config.get("head_dim") or hidden // heads
+    return {
+        "q_proj": hidden,
+        "k_proj": hidden,
+        "v_proj": hidden,
+        "o_proj": heads * head_dim,
+        "gate_proj": hidden,
+        "up_proj": hidden,
+        "down_proj": config.get("intermediate_size", hidden),
+    }
+
+
+def _shapes(weights: Path) -> dict[str, list[int]]:
+    """Tensor shapes from a safetensors header (8-byte little-endian length, then JSON)."""
+    with weights.open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
