@@ -79,6 +79,10 @@ class Collector:
         return total
 
     def _load_segment(self, segment) -> int:
+        if not segment.exists():
+            # Loaded by a flush whose task was cancelled while this thread finished it (a
+            # shutdown during a flush): the file is gone and its rows are in.
+            return 0
         inserted, torn = self._store.load_segment(segment)
         if torn:
             log.warning("%s: skipped %d torn lines (a crash mid-write)", segment.name, torn)

@@ -4,22 +4,27 @@ hands the exchange to the collector without waiting on disk.
 
 `create_app(settings, upstream=..., collector=...)` builds the Litestar app;
 `AiohttpUpstream` is the production client to the engine, `HttpxUpstream` wraps
-any `httpx.AsyncClient` (tests give it a `MockTransport`).
+any `httpx.AsyncClient` (tests give it a `MockTransport`). `Router` holds each alias's
+live and canary arms (`X-Onjob-Arm` pins one for a request).
 """
 
-from .app import EXCHANGE_HEADER, SCENARIO_HEADER, TRAJECTORY_HEADER, create_app
+from .app import ARM_HEADER, EXCHANGE_HEADER, SCENARIO_HEADER, TRAJECTORY_HEADER, create_app
 from .errors import ProxyError
-from .settings import ProxySettings
+from .routing import Router
+from .settings import Canary, ProxySettings
 from .upstream import AiohttpUpstream, HttpxUpstream, Upstream
 
 __all__ = [
+    "ARM_HEADER",
     "EXCHANGE_HEADER",
     "SCENARIO_HEADER",
     "TRAJECTORY_HEADER",
     "AiohttpUpstream",
+    "Canary",
     "HttpxUpstream",
     "ProxyError",
     "ProxySettings",
+    "Router",
     "Upstream",
     "create_app",
 ]

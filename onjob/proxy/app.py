@@ -31,7 +31,7 @@ from .errors import (
 )
 from .exchange import Exchange, parse_request
 from .openai_errors import HANDLERS, error_body
-from .routing import Router
+from .routing import CANARY, Router
 from .settings import ProxySettings
 from .upstream import Upstream, UpstreamResponse
 
@@ -40,6 +40,7 @@ log = logging.getLogger("onjob.proxy")
 EXCHANGE_HEADER = "X-Onjob-Exchange-Id"
 TRAJECTORY_HEADER = "X-Onjob-Trajectory"
 SCENARIO_HEADER = "X-Onjob-Scenario"
+ARM_HEADER = "X-Onjob-Arm"
 _CLIENT_CLOSED = 499  # nginx's code: the client went away before the answer was complete
 
 
@@ -56,12 +57,17 @@ def create_app(
     upstream: Upstream,
     collector: Collector,
     tracer: Tracer | None = None,
+    router: Router | None = None,
     on_startup: Sequence[Callable[[], Awaitable[None]]] = (),
     on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
 ) -> Litestar:
-    """The proxy's app. `on_startup` hooks run after the collector has started, and
+    """The proxy's app. `router` (default: from `settings`) is the handle that changes an
+    alias's arms while serving. `on_startup` hooks run after the collector has started, and
     `on_shutdown` hooks before it closes (the server's background work)."""
-    router = Router(settings.aliases, upstream)
+    if router is None:
+        router = Router(settings.aliases, upstream)
+        for alias, canary in settings.canaries.items():
+            router.set(alias, settings.aliases.get(alias), canary.checkpoint, canary.fraction)
     key_ids = {secret: key_id for key_id, secret in settings.api_keys.items()}
 
     def authenticate(request: Request) -> str | None:
@@ -94,7 +100,7 @@ def create_app(
         api_key_id = authenticate(request)
         raw = await request.body()
         body = parse_request(raw)
-        exchange, upstream_body = await Exchange.open(
+        exchange = await Exchange.open(
             body,
             raw,
             router=router,
@@ -102,13 +108,24 @@ def create_app(
             api_key_id=api_key_id,
             trajectory_id=request.headers.get(TRAJECTORY_HEADER),
             scenario=request.headers.get(SCENARIO_HEADER),
+            pin=request.headers.get(ARM_HEADER),
         )
         span = telemetry.start(tracer, exchange)
-        headers = {EXCHANGE_HEADER: exchange.id}
         try:
-            resp = await upstream.request("POST", "/chat/completions", upstream_body)
-            if resp.status != 200:
-                raise UpstreamStatus(resp.status, await resp.read(), resp.content_type)
+            try:
+                resp = await send(exchange)
+            except ProxyError as exc:
+                if exchange.route.arm != CANARY:
+                    raise
+                # The canary failed: its attempt is logged against it (an exchange with its
+                # arm and error), and the live arm answers the same request in its place.
+                exchange.fail(exc.status, exc.message)
+                log_attempt(exchange)
+                telemetry.end(span, exchange)
+                exchange = exchange.rerouted(router.live(exchange.route))
+                span = telemetry.start(tracer, exchange)
+                resp = await send(exchange)
+            headers = {EXCHANGE_HEADER: exchange.id, ARM_HEADER: exchange.route.arm}
             if exchange.stream:
                 return Stream(
                     relay(exchange, resp, span),
@@ -120,12 +137,28 @@ def create_app(
             exchange.fail(exc.status, exc.message)
             finish(exchange)
             telemetry.end(span, exchange)
+            headers = {EXCHANGE_HEADER: exchange.id, ARM_HEADER: exchange.route.arm}
             if isinstance(exc, UpstreamStatus):
                 return _passthrough(exc, headers)
             raise
         finish(exchange)
         telemetry.end(span, exchange)
         return Response(answer, media_type="application/json", headers=headers)
+
+    async def send(exchange: Exchange) -> UpstreamResponse:
+        resp = await upstream.request("POST", "/chat/completions", exchange.upstream_body())
+        if resp.status != 200:
+            body = await resp.read()
+            await resp.aclose()
+            raise UpstreamStatus(resp.status, body, resp.content_type)
+        return resp
+
+    def log_attempt(exchange: Exchange) -> None:
+        """A failed attempt whose turn is retried elsewhere: logged, its place kept."""
+        try:
+            collector.log(exchange.record(None))
+        except OSError:
+            log.exception("could not spool exchange %s", exchange.id)
 
     async def relay(exchange: Exchange, resp: UpstreamResponse, span) -> AsyncIterator[bytes]:
         finished = False

@@ -100,26 +100,46 @@ class Exchange:
         api_key_id: str | None,
         trajectory_id: str | None = None,
         scenario: str | None = None,
-    ) -> tuple[Exchange, bytes]:
-        """Resolve the model, place the request in its trajectory; return the engine's body."""
-        route = await router.resolve(body["model"])
+        pin: str | None = None,
+    ) -> Exchange:
+        """Place the request in its trajectory, then pick its arm (a hash of the trajectory)."""
         metadata = body.get("metadata") or {}
         placement = collector.place(
             body["messages"],
             trajectory_id=trajectory_id or _str(metadata.get("trajectory_id")),
             scenario=scenario or _str(metadata.get("scenario")),
         )
-        upstream = {k: v for k, v in body.items() if k != "metadata"}
-        upstream["model"] = route.model
+        try:
+            route = await router.resolve(body["model"], placement.trajectory_id, pin)
+        except Exception:
+            collector.stitcher.release(placement)
+            raise
+        return cls(new_id("chatcmpl-"), body, raw, route, placement, api_key_id)
+
+    def rerouted(self, route: Route) -> Exchange:
+        """The same request in the same place, sent to another arm (a new exchange)."""
+        return Exchange(
+            new_id("chatcmpl-"),
+            self.request,
+            self.raw_request,
+            route,
+            self.placement,
+            self.api_key_id,
+        )
+
+    def upstream_body(self) -> bytes:
+        """The engine's request: the client's, for the route's model, with logprobs and
+        token ids always on (the trainer needs them)."""
+        upstream = {k: v for k, v in self.request.items() if k != "metadata"}
+        upstream["model"] = self.route.model
         upstream["logprobs"] = True
         upstream["return_token_ids"] = True
-        if body.get("stream"):
+        if self.stream:
             upstream["stream_options"] = {
-                **(body.get("stream_options") or {}),
+                **(self.request.get("stream_options") or {}),
                 "include_usage": True,
             }
-        exchange = cls(new_id("chatcmpl-"), body, raw, route, placement, api_key_id)
-        return exchange, _encode(upstream)
+        return _encode(upstream)
 
     @property
     def stream(self) -> bool:

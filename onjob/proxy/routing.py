@@ -1,21 +1,26 @@
-"""Model aliases: the names clients use, mapped to what the engine serves.
+"""Model aliases and their arms: the names clients use, mapped to what the engine serves.
 
-An alias (say `agent`) maps to its live checkpoint: an adapter name the engine
-has loaded, or `None` for the engine's base model. The base model's own name is
-an alias of itself, so an agent that already names it changes nothing but its
-`base_url`. (The canary arm joins here in a later change.)
+An alias (say `agent`) has a live checkpoint (an adapter the engine has loaded, or
+`None` for the engine's base model) and optionally a canary that serves a
+`fraction` of its conversations. The arm is a hash of the trajectory id, so a
+conversation never switches arms. `X-Onjob-Arm` pins `live`, `canary` or a named
+checkpoint for one request. The base model's own name is an alias of itself, so
+an agent that already names it changes nothing but its `base_url`.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import msgspec
 
-from .errors import NotFound, UpstreamStatus
+from .errors import BadRequest, NotFound, UpstreamStatus
 from .upstream import Upstream
 
 LIVE = "live"
+CANARY = "canary"
+PINNED = "pinned"
 
 
 @dataclass(frozen=True)
@@ -26,11 +31,32 @@ class Route:
     arm: str
 
 
+@dataclass(frozen=True)
+class Arms:
+    live: str | None = None
+    canary: str | None = None
+    fraction: float = 0.0
+
+
+def canary_share(trajectory_id: str) -> float:
+    """Where a conversation falls in [0, 1): below the canary fraction, it is the canary's."""
+    digest = hashlib.blake2b(trajectory_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
 class Router:
     def __init__(self, aliases: dict[str, str | None], upstream: Upstream) -> None:
-        self.aliases = dict(aliases)
+        self.arms = {alias: Arms(live) for alias, live in aliases.items()}
         self.upstream = upstream
         self.base_model: str | None = None
+
+    def set(
+        self, alias: str, live: str | None, canary: str | None = None, fraction: float = 0.0
+    ) -> None:
+        """Change an alias's routing (the deploy side calls this; the next request sees it)."""
+        if not 0 <= fraction <= 1:
+            raise ValueError(f"canary fraction {fraction} is not in [0, 1]")
+        self.arms[alias] = Arms(live, canary, fraction if canary else 0.0)
 
     async def discover(self) -> str:
         """The engine's base model id (the model without a parent), asked once."""
@@ -45,19 +71,34 @@ class Router:
         return self.base_model
 
     def names(self) -> list[str]:
-        names = list(self.aliases)
+        names = list(self.arms)
         if self.base_model and self.base_model not in names:
             names.append(self.base_model)
         return names
 
-    async def resolve(self, name: str) -> Route:
+    async def resolve(self, name: str, trajectory_id: str, pin: str | None = None) -> Route:
         base = await self.discover()
-        if name in self.aliases:
-            checkpoint = self.aliases[name]
-            return Route(name, checkpoint or base, checkpoint, LIVE)
-        if name == base:
-            return Route(name, base, None, LIVE)
-        raise NotFound(
-            f"The model `{name}` does not exist. This onjob serves: {', '.join(self.names())}.",
-            param="model",
+        arms = self.arms.get(name)
+        if arms is None:
+            if name != base:
+                raise NotFound(
+                    f"The model `{name}` does not exist. This onjob serves: "
+                    f"{', '.join(self.names())}.",
+                    param="model",
+                )
+            arms = Arms()
+        if pin and pin not in (LIVE, CANARY):
+            return Route(name, pin, pin, PINNED)
+        if pin == CANARY and not arms.canary:
+            raise BadRequest(f"`{name}` has no canary to pin (X-Onjob-Arm: canary).")
+        canary = pin == CANARY or (
+            pin is None and arms.canary and canary_share(trajectory_id) < arms.fraction
         )
+        if canary:
+            return Route(name, arms.canary, arms.canary, CANARY)
+        return Route(name, arms.live or base, arms.live, LIVE)
+
+    def live(self, route: Route) -> Route:
+        """The live arm of `route`'s alias: what answers when a canary fails."""
+        arms = self.arms.get(route.alias, Arms())
+        return Route(route.alias, arms.live or self.base_model, arms.live, LIVE)

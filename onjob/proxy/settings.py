@@ -8,6 +8,11 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 
+class Canary(BaseModel):
+    checkpoint: str = Field(min_length=1)
+    fraction: float = Field(0.1, ge=0, le=1)
+
+
 class ProxySettings(BaseModel):
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535)
@@ -17,6 +22,10 @@ class ProxySettings(BaseModel):
     aliases: dict[str, str | None] = Field(
         default_factory=lambda: {"agent": None},
         description='model name clients use -> live checkpoint (adapter name; "": base model)',
+    )
+    canaries: dict[str, Canary] = Field(
+        default_factory=dict,
+        description="alias -> canary checkpoint and the fraction of conversations it serves",
     )
     api_keys: dict[str, str] = Field(
         default_factory=dict, description="key id -> secret; when set, every request needs one"
