@@ -192,6 +192,44 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+    from pathlib import Path
+
+    from ..collector import StorageError
+    from ..judge import ConfigError, JudgeError
+    from .compare import compare, render
+
+    settings = _load_settings(
+        "compare",
+        args,
+        proxy=_given(engine_url=args.engine_url),
+        collector=_given(db=args.db),
+        judge=_given(model=args.model, api_base=args.api_base),
+    )
+    if settings is None:
+        return 2
+    try:
+        result = asyncio.run(
+            compare(
+                settings,
+                args.a,
+                args.b,
+                prompts=args.prompts,
+                scenario=args.scenario,
+                file=Path(args.file) if args.file else None,
+                samples=args.samples,
+                echo=(lambda line: print(line, file=sys.stderr)) if args.json else print,
+            )
+        )
+    except (StorageError, ConfigError, JudgeError, ValueError) as exc:
+        print(f"onjob compare: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2) if args.json else render(result))
+    return 0
+
+
 def cmd_model_prepare(args: argparse.Namespace) -> int:
     from .. import bundled
 
@@ -340,6 +378,31 @@ def build_parser() -> argparse.ArgumentParser:
     ckpts.add_argument("--config", help="TOML settings file")
     ckpts.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
     ckpts.set_defaults(func=cmd_checkpoints)
+
+    cmp = sub.add_parser(
+        "compare",
+        help="offline paired A/B of two checkpoints on logged prompts",
+        description=(
+            "Both checkpoints answer the same prompts (recent logged turns, one scenario's, or "
+            "the chat requests in a JSONL file); each pair is judged together (RULER and/or "
+            "[judge.rewards]); prints B's win rate against A with a 95%% Wilson interval, per "
+            "scenario and overall. `base` names the base model; registry checkpoints are "
+            "loaded into the engine if needed. Live routing is not touched."
+        ),
+    )
+    cmp.add_argument("a", help="the baseline checkpoint (or `base`)")
+    cmp.add_argument("b", help="the challenger checkpoint (or `base`)")
+    cmp.add_argument("--prompts", type=int, default=20, help="how many prompts (20)")
+    cmp.add_argument("--scenario", help="only this scenario (key or id)")
+    cmp.add_argument("--file", help="JSONL of chat requests ({messages, tools, ...}) instead")
+    cmp.add_argument("--samples", type=int, default=1, help="answers per checkpoint per prompt")
+    cmp.add_argument("--json", action="store_true", help="print the result as JSON")
+    cmp.add_argument("--config", help="TOML settings file")
+    cmp.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
+    cmp.add_argument("--engine-url", help="the engine's OpenAI base URL")
+    cmp.add_argument("--model", help="RULER judge (litellm model name)")
+    cmp.add_argument("--api-base", help="the judge's OpenAI-compatible base URL")
+    cmp.set_defaults(func=cmd_compare)
 
     model = sub.add_parser("model", help="manage the bundled model")
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")

@@ -148,12 +148,12 @@ async def _score_groups(db, s: JudgeSettings, fns, report: PassReport, echo, rng
 
     async def one(group: dict) -> None:
         async with gate:
-            await _score_group(db, s, fns, group, report, echo, rng)
+            await score_group(db, s, fns, group, report, echo, rng)
 
     await asyncio.gather(*(one(g) for g in groups))
 
 
-async def _score_group(db, s: JudgeSettings, fns, group, report: PassReport, echo, rng) -> None:
+async def score_group(db, s: JudgeSettings, fns, group, report: PassReport, echo, rng) -> None:
     rows = await db.query(lambda store: tables.members_of(store, group["id"]))
     rollouts = [from_row(r) for r in rows]
     by_member: dict[str, dict[str, tuple[float, str | None]]] = defaultdict(dict)

@@ -30,7 +30,8 @@ def turn_candidates(store: Store, s: JudgeSettings) -> list[dict]:
                    row_number() OVER (PARTITION BY e.scenario_id ORDER BY e.ts DESC) AS nth
             FROM exchanges e
             WHERE e.status < 400 AND e.source = 'production' AND {_FRESH}
-              AND NOT EXISTS (SELECT 1 FROM groups g WHERE g.prefix_exchange = e.id)
+              AND NOT EXISTS (
+                  SELECT 1 FROM groups g WHERE g.prefix_exchange = e.id AND g.kind = 'turn')
         ), judged AS (SELECT scenario_id, count(*) AS n FROM groups GROUP BY scenario_id)
         SELECT e.* FROM c
         JOIN exchanges e ON e.id = c.id
@@ -66,35 +67,26 @@ def add_turn_group(
         )
         members = [(prefix["id"], c, "logged") for c in range(logged)]
         if sample is not None:
-            con.execute(
-                """
-                INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, model_alias,
-                    checkpoint, arm, stream, request, response, prompt_token_ids,
-                    completion_token_ids, completion_logprobs, usage, latency_ms, status,
-                    metadata, source)
-                VALUES (?, to_timestamp(?), ?, ?, ?, ?, ?, ?, false, ?, ?, ?, ?, ?, ?, ?, 200,
-                    ?, 'resample')
-                """,
-                [
-                    sample.id,
-                    sample.ts,
-                    prefix["trajectory_id"],
-                    prefix["turn"],
-                    prefix["scenario_id"],
-                    prefix["model_alias"],
-                    prefix["checkpoint"],
-                    prefix["arm"],
-                    json.dumps(sample.request),
-                    json.dumps(sample.response),
-                    sample.prompt_token_ids,
-                    sample.completion_token_ids,
-                    sample.completion_logprobs,
-                    json.dumps(sample.usage),
-                    sample.latency_ms,
-                    json.dumps({"group_id": group_id, "resample_of": prefix["id"]}),
-                ],
-            )
+            _insert_sample(con, prefix, sample, group_id, prefix["checkpoint"])
             members += [(sample.id, c, "sampled") for c in range(sample.n)]
+        _add_members(con, group_id, prefix["trajectory_id"], members)
+    return group_id
+
+
+def add_ab_group(store: Store, prefix: dict, samples: dict[str, tuple[str | None, Sample]]) -> str:
+    """A paired comparison: for one logged request, each arm's samples (arm -> (checkpoint,
+    sample)) in one group, judged together; members' `origin` is their arm."""
+    group_id = new_id("group-")
+    with store.transaction() as con:
+        con.execute(
+            "INSERT INTO groups (id, scenario_id, prefix_exchange, kind, checkpoints, status, "
+            "created) VALUES (?, ?, ?, 'ab', ?, 'sampled', now())",
+            [group_id, prefix["scenario_id"], prefix["id"], [c for c, _ in samples.values()]],
+        )
+        members = []
+        for arm, (checkpoint, sample) in samples.items():
+            _insert_sample(con, prefix, sample, group_id, checkpoint)
+            members += [(sample.id, c, arm) for c in range(sample.n)]
         _add_members(con, group_id, prefix["trajectory_id"], members)
     return group_id
 
@@ -230,6 +222,38 @@ def save_scores(
             "UPDATE groups SET status = ?, reason = ?, scored_at = now() WHERE id = ?",
             [status, reason, group_id],
         )
+
+
+def _insert_sample(con, prefix: dict, sample: Sample, group_id: str, checkpoint) -> None:
+    """A re-sampled answer as a `resample` exchange in the logged turn's place."""
+    con.execute(
+        """
+        INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, model_alias,
+            checkpoint, arm, stream, request, response, prompt_token_ids,
+            completion_token_ids, completion_logprobs, usage, latency_ms, status,
+            metadata, source)
+        VALUES (?, to_timestamp(?), ?, ?, ?, ?, ?, ?, false, ?, ?, ?, ?, ?, ?, ?, 200,
+            ?, 'resample')
+        """,
+        [
+            sample.id,
+            sample.ts,
+            prefix["trajectory_id"],
+            prefix["turn"],
+            prefix["scenario_id"],
+            prefix["model_alias"],
+            checkpoint,
+            prefix["arm"],
+            json.dumps(sample.request),
+            json.dumps(sample.response),
+            sample.prompt_token_ids,
+            sample.completion_token_ids,
+            sample.completion_logprobs,
+            json.dumps(sample.usage),
+            sample.latency_ms,
+            json.dumps({"group_id": group_id, "resample_of": prefix["id"]}),
+        ],
+    )
 
 
 def _add_members(con, group_id: str, trajectory_id: str, members: list[tuple]) -> None:

@@ -23,7 +23,7 @@ WITH spread AS (
     WHERE source = 'combined' GROUP BY group_id
 ), eligible AS (
     SELECT g.id, g.kind, g.created FROM groups g JOIN spread s ON s.group_id = g.id
-    WHERE g.status = 'scored' AND s.spread > ?
+    WHERE g.status = 'scored' AND g.kind <> 'ab' AND s.spread > ?
       AND NOT EXISTS (SELECT 1 FROM train_runs t WHERE list_contains(t.groups_used, g.id))
       AND NOT EXISTS (
           SELECT 1 FROM members m JOIN exchanges e ON e.id = m.exchange_id

@@ -1,0 +1,187 @@
+"""`onjob compare A B`: an offline paired A/B of two checkpoints on logged prompts.
+
+For each chosen prompt (recent logged turns, optionally of one scenario, or the
+requests in a JSONL file), both checkpoints answer the same request; the answers
+form one `ab` group, judged together (RULER, reward functions), so the judge
+compares like with like. Each pair is a win, tie or loss for B; the result is B's
+win rate with a 95% Wilson interval, per scenario and overall. Live routing is
+not touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import httpx
+
+from ..collector import Collector
+from ..collector.ids import new_id
+from ..judge import SamplingFailed, rewards, sampling, tables
+from ..judge.passes import PassReport, score_group
+from . import registry, stats
+from .judging import engine_client
+from .settings import ServeSettings
+
+BASE = ("base", "")
+
+
+async def compare(
+    settings: ServeSettings,
+    a: str,
+    b: str,
+    *,
+    prompts: int = 20,
+    scenario: str | None = None,
+    file: Path | None = None,
+    samples: int = 1,
+    echo=print,
+) -> dict:
+    started = time.perf_counter()
+    s = settings.judge.model_copy(update={"group_size": samples})
+    fns = rewards.load(s.rewards)
+    if not s.scorers:
+        raise ValueError("nothing to judge with: set judge.model (RULER) or [judge.rewards]")
+    db = Collector(settings.collector)
+    await db.start()
+    try:
+        async with engine_client(settings) as engine:
+            base = await sampling.base_model(engine)
+            models = {
+                arm: await _ensure_loaded(db, engine, name, base)
+                for arm, name in (("a", a), ("b", b))
+            }
+            chosen = await _prompts(db, prompts, scenario, file)
+            echo(
+                f"comparing {a} (A) and {b} (B) on {len(chosen)} prompts, {samples} answer(s) each"
+            )
+            gate = asyncio.Semaphore(s.concurrency)
+            report = PassReport()
+            rng = random.Random()
+
+            async def one(prefix: dict) -> str | None:
+                async with gate:
+                    drawn = {}
+                    try:
+                        for arm, (model, checkpoint) in models.items():
+                            body = sampling.request_for(prefix, model, s)
+                            drawn[arm] = (checkpoint, await sampling.sample(engine, body))
+                    except SamplingFailed as exc:
+                        echo(f"  skipped a prompt: {exc}")
+                        return None
+                    group_id = await db.query(lambda st: tables.add_ab_group(st, prefix, drawn))
+                    group = {"id": group_id, "kind": "ab"}
+                    await score_group(db, s, fns, group, report, lambda _: None, rng)
+                    return group_id
+
+            groups = [g for g in await asyncio.gather(*(one(p) for p in chosen)) if g]
+            result = await db.query(lambda st: _outcomes(st, groups))
+    finally:
+        await db.close()
+    result.update(a=a, b=b, judge=s.scorers, seconds=time.perf_counter() - started)
+    return result
+
+
+async def _ensure_loaded(db: Collector, engine: httpx.AsyncClient, name: str, base: str):
+    """(engine model id, checkpoint) for a name; an adapter from the registry is loaded into
+    the engine if it is not there yet."""
+    if name in BASE or name == base:
+        return base, None
+    listed = (await engine.get("/models")).json()["data"]
+    if any(m["id"] == name for m in listed):
+        return name, name
+    row = await db.query(lambda st: registry.get(st, name))
+    if row is None:
+        raise ValueError(f"{name!r} is neither loaded in the engine nor in the checkpoints table")
+    resp = await engine.post(
+        "/load_lora_adapter", json={"lora_name": name, "lora_path": row["path"]}
+    )
+    if resp.status_code != 200:
+        raise ValueError(f"the engine could not load {name}: {resp.text[:300]}")
+    return name, name
+
+
+async def _prompts(db: Collector, n: int, scenario: str | None, file: Path | None) -> list[dict]:
+    if file is not None:
+        out = []
+        for i, line in enumerate(file.read_text().splitlines()):
+            if line.strip():
+                request = json.loads(line)
+                out.append(
+                    {
+                        "id": None,
+                        "scenario_id": f"file:{file.name}",
+                        "trajectory_id": new_id("compare-"),
+                        "turn": 0,
+                        "model_alias": None,
+                        "arm": None,
+                        "checkpoint": None,
+                        "request": json.dumps({"model": "-", **request}),
+                        "line": i,
+                    }
+                )
+        return out[:n] if n else out
+    sql = (
+        "SELECT e.* FROM exchanges e JOIN scenarios s ON s.id = e.scenario_id "
+        "WHERE e.status < 400 AND e.source = 'production' "
+        + ("AND (s.key = ? OR s.id = ?) " if scenario else "")
+        + "ORDER BY e.ts DESC LIMIT ?"
+    )
+    params = [scenario, scenario, n] if scenario else [n]
+    return await db.query(lambda st: st.query(sql, params))
+
+
+def _outcomes(store, group_ids: list[str]) -> dict:
+    rows = store.query(
+        """
+        SELECT g.id, g.status, g.reason, g.scenario_id, m.origin, s.score
+        FROM groups g JOIN members m ON m.group_id = g.id
+        LEFT JOIN scores s ON s.member_id = m.id AND s.source = 'combined'
+        WHERE list_contains(?, g.id)
+        """,
+        [group_ids],
+    )
+    groups: dict[str, dict] = {}
+    for r in rows:
+        g = groups.setdefault(
+            r["id"], {"status": r["status"], "reason": r["reason"], "scenario": r["scenario_id"]}
+        )
+        g.setdefault(r["origin"], []).append(r["score"])
+    by_scenario: dict[str, list[float]] = defaultdict(list)
+    failed = []
+    for group_id, g in groups.items():
+        if g["status"] != "scored":
+            failed.append({"group": group_id, "reason": g["reason"]})
+            continue
+        by_scenario[g["scenario"]].append(stats.outcome(g["a"], g["b"]))
+    everything = [o for outs in by_scenario.values() for o in outs]
+    return {
+        "overall": stats.tally(everything).as_dict(),
+        "scenarios": {k: stats.tally(v).as_dict() for k, v in sorted(by_scenario.items())},
+        "failed": failed,
+    }
+
+
+def render(result: dict) -> str:
+    lines = [
+        f"B = {result['b']} against A = {result['a']}, judged by {', '.join(result['judge'])}",
+        f"{'scenario':<32} {'pairs':>5} {'B wins':>6} {'ties':>5} {'A wins':>6}  "
+        "B win rate [95% CI]",
+    ]
+    rows = [*result["scenarios"].items(), ("overall", result["overall"])]
+    for name, r in rows:
+        low, high = r["ci95"]
+        lines.append(
+            f"{name[:32]:<32} {r['pairs']:>5} {r['wins']:>6} {r['ties']:>5} {r['losses']:>6}  "
+            f"{r['win_rate']:.2f} [{low:.2f}, {high:.2f}]"
+        )
+    if result["failed"]:
+        lines.append(
+            f"{len(result['failed'])} pairs could not be judged: {result['failed'][0]['reason']}"
+        )
+    lines.append(f"({result['seconds']:.1f} s)")
+    return "\n".join(lines)
