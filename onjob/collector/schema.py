@@ -155,7 +155,12 @@ ALTER TABLE scores ADD COLUMN judgement_id VARCHAR;
 ALTER TABLE groups ADD COLUMN scored_at TIMESTAMPTZ;
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3]
+# Every routing change says why: the comparison's figures travel with it.
+V4 = """
+ALTER TABLE deployments ADD COLUMN evidence JSON;
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4]
 
 
 def version(con: duckdb.DuckDBPyConnection) -> int:

@@ -230,6 +230,130 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _admin(args: argparse.Namespace, command: str, path: str, body: dict | None):
+    """Ask the running server's admin API; None when no server answers (then the caller
+    opens the database itself)."""
+    import httpx
+
+    settings = _load_settings(command, args, collector=_given(db=args.db))
+    if settings is None:
+        raise SystemExit(2)
+    host = settings.proxy.host if settings.proxy.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    server = args.server or f"http://{host}:{settings.proxy.port}"
+    headers = {}
+    if settings.proxy.admin_key:
+        headers["Authorization"] = f"Bearer {settings.proxy.admin_key}"
+    try:
+        if body is None:
+            resp = httpx.get(f"{server}/admin/{path}", headers=headers, timeout=30)
+        else:
+            resp = httpx.post(f"{server}/admin/{path}", json=body, headers=headers, timeout=300)
+    except httpx.TransportError:
+        return settings, None
+    if resp.status_code >= 400:
+        try:
+            message = resp.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = resp.text[:300]
+        print(f"onjob {command}: {server}: {message}", file=sys.stderr)
+        raise SystemExit(2)
+    return settings, resp.json()
+
+
+def _offline(settings, fn):
+    from ..collector import StorageError, Store
+    from .deployments import DeployError
+
+    try:
+        store = Store(settings.collector.db)
+    except StorageError as exc:
+        print(f"onjob: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    try:
+        return fn(store)
+    except DeployError as exc:
+        print(f"onjob: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    finally:
+        store.close()
+
+
+def _show_route(row: dict, online: bool) -> None:
+    canary = f", canary {row['canary']} ({row['fraction']:.0%})" if row.get("canary") else ""
+    print(f"{row['model_alias']}: live {row['live'] or 'base'}{canary}")
+    if not online:
+        print("(no server answered: recorded in the database; `onjob serve` routes so at start)")
+
+
+def cmd_route(args: argparse.Namespace) -> int:
+    from . import deployments
+
+    command = args.command
+    body = {"alias": args.alias, "reason": args.reason}
+    if command == "canary":
+        body.update(checkpoint=args.checkpoint, fraction=args.fraction)
+    settings, row = _admin(args, command, command, body)
+    online = row is not None
+    if not online:
+        default = settings.proxy.aliases.get(args.alias)
+        common = {"default_live": default, "reason": args.reason, "actor": "cli"}
+        if command == "canary":
+            row = _offline(
+                settings,
+                lambda st: deployments.set_canary(
+                    st, args.alias, args.checkpoint, args.fraction, **common
+                ),
+            )
+        else:
+            fn = getattr(deployments, command)
+            row = _offline(settings, lambda st: fn(st, args.alias, **common))
+    _show_route(row, online)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from . import deployments, registry
+
+    settings, status = _admin(args, "status", "status", None)
+    if status is None:
+
+        def read(st):
+            routing = deployments.current(st)
+            return (
+                {
+                    alias: {
+                        "live": routing[alias]["live"] if alias in routing else live,
+                        "canary": routing[alias]["canary"] if alias in routing else None,
+                        "fraction": (routing[alias]["fraction"] or 0.0)
+                        if alias in routing
+                        else 0.0,
+                    }
+                    for alias, live in {**settings.proxy.aliases, **dict.fromkeys(routing)}.items()
+                },
+                registry.checkpoints(st),
+                deployments.history(st, 10),
+            )
+
+        aliases, ckpts, history = _offline(settings, read)
+        print("no server answered; from the database:")
+    else:
+        aliases, history = status["aliases"], status["deployments"]
+        ckpts = None
+    for alias, a in aliases.items():
+        canary = f", canary {a['canary']} ({a['fraction']:.0%})" if a["canary"] else ""
+        print(f"{alias}: live {a['live'] or 'base'}{canary}")
+    for h in history[:10]:
+        print(
+            f"  {h['ts']}  {h['model_alias']}: live={h['live'] or 'base'} "
+            f"canary={h['canary'] or '-'}  {h['reason']} ({h['actor']})"
+        )
+    if ckpts is not None:
+        print(
+            f"{len(ckpts)} checkpoints: " + ", ".join(f"{c['name']} ({c['status']})" for c in ckpts)
+        )
+    return 0
+
+
 def cmd_model_prepare(args: argparse.Namespace) -> int:
     from .. import bundled
 
@@ -403,6 +527,41 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--model", help="RULER judge (litellm model name)")
     cmp.add_argument("--api-base", help="the judge's OpenAI-compatible base URL")
     cmp.set_defaults(func=cmd_compare)
+
+    def routing_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--reason", default="by hand", help="recorded with the change")
+        p.add_argument("--server", help="the running server (default: from [proxy] host/port)")
+        p.add_argument("--config", help="TOML settings file")
+        p.add_argument("--db", help="DuckDB file, when no server is running")
+
+    about = (
+        "Asks the running `onjob serve` (admin API, proxy.admin_key) so it takes effect at "
+        "once; with no server running, records it in the database for the next start. "
+        "Every change is a `deployments` row with its reason."
+    )
+    canary = sub.add_parser(
+        "canary",
+        help="serve a checkpoint to a fraction of an alias",
+        description="Put CHECKPOINT behind ALIAS as its canary. " + about,
+    )
+    canary.add_argument("alias")
+    canary.add_argument("checkpoint")
+    canary.add_argument("--fraction", type=float, default=0.1, help="of conversations (0.1)")
+    routing_flags(canary)
+    canary.set_defaults(func=cmd_route)
+    for name, text in (
+        ("promote", "make an alias's canary its live checkpoint"),
+        ("rollback", "retire an alias's canary"),
+    ):
+        p = sub.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}. {about}")
+        p.add_argument("alias")
+        routing_flags(p)
+        p.set_defaults(func=cmd_route)
+    status = sub.add_parser("status", help="routing per alias and the latest deployments")
+    status.add_argument("--server", help="the running server (default: from [proxy] host/port)")
+    status.add_argument("--config", help="TOML settings file")
+    status.add_argument("--db", help="DuckDB file, when no server is running")
+    status.set_defaults(func=cmd_status)
 
     model = sub.add_parser("model", help="manage the bundled model")
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")

@@ -23,7 +23,7 @@ from ..collector import Collector
 from ..collector.ids import new_id
 from ..judge import SamplingFailed, rewards, sampling, tables
 from ..judge.passes import PassReport, score_group
-from . import registry, stats
+from . import adapters, registry, stats
 from .judging import engine_client
 from .settings import ServeSettings
 
@@ -91,17 +91,14 @@ async def _ensure_loaded(db: Collector, engine: httpx.AsyncClient, name: str, ba
     the engine if it is not there yet."""
     if name in BASE or name == base:
         return base, None
-    listed = (await engine.get("/models")).json()["data"]
-    if any(m["id"] == name for m in listed):
-        return name, name
-    row = await db.query(lambda st: registry.get(st, name))
-    if row is None:
-        raise ValueError(f"{name!r} is neither loaded in the engine nor in the checkpoints table")
-    resp = await engine.post(
-        "/load_lora_adapter", json={"lora_name": name, "lora_path": row["path"]}
-    )
-    if resp.status_code != 200:
-        raise ValueError(f"the engine could not load {name}: {resp.text[:300]}")
+    if name not in await adapters.loaded(engine):
+        row = await db.query(lambda st: registry.get(st, name))
+        if row is None:
+            raise ValueError(f"{name!r} is neither in the engine nor in the checkpoints table")
+        try:
+            await adapters.ensure_loaded(engine, name, row["path"])
+        except adapters.EngineControlError as exc:
+            raise ValueError(str(exc)) from exc
     return name, name
 
 

@@ -8,10 +8,14 @@ import sys
 import httpx
 
 from ..collector import Collector, Store
-from ..proxy import AiohttpUpstream, HttpxUpstream, ProxySettings, Upstream, create_app
-from .judging import PeriodicJudge
+from ..proxy import AiohttpUpstream, HttpxUpstream, ProxySettings, Router, Upstream, create_app
+from . import admin
+from .judging import PeriodicJudge, engine_client
+from .operator import Operator
 from .settings import ServeSettings
 from .telemetry import tracer
+
+log = logging.getLogger("onjob.deploy")
 
 
 def build_upstream(p: ProxySettings) -> Upstream:
@@ -33,14 +37,26 @@ def build_upstream(p: ProxySettings) -> Upstream:
 def build_app(settings: ServeSettings):
     upstream = build_upstream(settings.proxy)
     collector = Collector(settings.collector)
+    router = Router.from_settings(settings.proxy, upstream)
+    engine = engine_client(settings)
+    operator = Operator(collector, router, engine, settings.proxy.aliases)
     judge = PeriodicJudge(collector, settings)
+
+    async def restore_routing() -> None:
+        try:
+            await operator.restore()
+        except Exception as exc:  # serve anyway: the proxy's errors will say what is missing
+            log.error("could not restore routing from the deployments table: %s", exc)
+
     return create_app(
         settings.proxy,
         upstream=upstream,
         collector=collector,
         tracer=tracer(settings.telemetry),
-        on_startup=[judge.start],
-        on_shutdown=[judge.stop],
+        router=router,
+        routes=admin.routes(settings, collector, router, operator),
+        on_startup=[restore_routing, judge.start],
+        on_shutdown=[judge.stop, engine.aclose],
     )
 
 

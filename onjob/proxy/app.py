@@ -58,16 +58,16 @@ def create_app(
     collector: Collector,
     tracer: Tracer | None = None,
     router: Router | None = None,
+    routes: Sequence = (),
     on_startup: Sequence[Callable[[], Awaitable[None]]] = (),
     on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
 ) -> Litestar:
     """The proxy's app. `router` (default: from `settings`) is the handle that changes an
-    alias's arms while serving. `on_startup` hooks run after the collector has started, and
-    `on_shutdown` hooks before it closes (the server's background work)."""
+    alias's arms while serving; `routes` are more handlers (the admin API). `on_startup`
+    hooks run after the collector has started, and `on_shutdown` hooks before it closes
+    (the server's background work)."""
     if router is None:
-        router = Router(settings.aliases, upstream)
-        for alias, canary in settings.canaries.items():
-            router.set(alias, settings.aliases.get(alias), canary.checkpoint, canary.fraction)
+        router = Router.from_settings(settings, upstream)
     key_ids = {secret: key_id for key_id, secret in settings.api_keys.items()}
 
     def authenticate(request: Request) -> str | None:
@@ -248,7 +248,7 @@ def create_app(
         await collector.close()
 
     return Litestar(
-        route_handlers=[chat_completions, models, feedback, health],
+        route_handlers=[chat_completions, models, feedback, health, *routes],
         on_startup=[collector.start, *on_startup],
         on_shutdown=[shutdown],
         exception_handlers=HANDLERS,

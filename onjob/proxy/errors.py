@@ -23,6 +23,16 @@ class Unauthorized(ProxyError):
     type = "authentication_error"
 
 
+class Forbidden(ProxyError):
+    status = 403
+    type = "permission_error"
+
+
+class Conflict(ProxyError):
+    status = 409
+    type = "invalid_request_error"
+
+
 class NotFound(ProxyError):
     status = 404
     type = "not_found_error"

@@ -50,6 +50,14 @@ class Router:
         self.upstream = upstream
         self.base_model: str | None = None
 
+    @classmethod
+    def from_settings(cls, settings, upstream: Upstream) -> Router:
+        """Aliases and canaries as `[proxy]` configures them."""
+        router = cls(settings.aliases, upstream)
+        for alias, canary in settings.canaries.items():
+            router.set(alias, settings.aliases.get(alias), canary.checkpoint, canary.fraction)
+        return router
+
     def set(
         self, alias: str, live: str | None, canary: str | None = None, fraction: float = 0.0
     ) -> None:

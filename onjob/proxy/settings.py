@@ -30,6 +30,9 @@ class ProxySettings(BaseModel):
     api_keys: dict[str, str] = Field(
         default_factory=dict, description="key id -> secret; when set, every request needs one"
     )
+    admin_key: str | None = Field(
+        None, description="secret for /admin (status, canary, promote, rollback)"
+    )
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     connect_timeout_s: float = Field(5.0, gt=0)
     read_timeout_s: float = Field(300.0, gt=0, description="longest silence from the engine")
