@@ -113,9 +113,10 @@ def cmd_judge(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    import asyncio
     from pathlib import Path
 
-    from ..collector import StorageError
+    from ..collector import Collector, StorageError
     from ..trainer import TrainerError
     from .training import live_checkpoint, train, train_child
 
@@ -141,9 +142,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     if settings is None:
         return 2
-    parent = args.parent if args.parent is not None else live_checkpoint(settings)
+
+    async def run():
+        db = Collector(settings.collector)
+        await db.start()
+        try:
+            parent = args.parent
+            if parent is None:
+                parent = await db.query(lambda st: live_checkpoint(st, settings))
+            return await train(db, settings, parent=parent or None)
+        finally:
+            await db.close()
+
     try:
-        manifest = train(settings, parent=parent or None)
+        manifest = asyncio.run(run())
     except (StorageError, ValueError) as exc:
         print(f"onjob train: {exc}", file=sys.stderr)
         return 2

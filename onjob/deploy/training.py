@@ -7,39 +7,39 @@ manifest, and exits (0: written, 3: nothing to train, 1: failed or diverged).
 
 from __future__ import annotations
 
+import asyncio
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from ..collector import Store
+from ..collector import Collector
 from ..collector.ids import new_id
 from ..trainer import snapshot
 from ..trainer.records import checkpoint_path, record_run
+from . import deployments
 from .settings import ServeSettings
 
 NOTHING_TO_TRAIN = 3
 
 
-def live_checkpoint(settings: ServeSettings) -> str | None:
-    """The checkpoint clients get today: the first alias's (None: the base model)."""
-    return next(iter(settings.proxy.aliases.values()), None)
+def live_checkpoint(store, settings: ServeSettings, alias: str | None = None) -> str | None:
+    """What `alias` (default: the first configured) serves as live today (None: the base
+    model): the latest deployment, else the configured alias."""
+    alias = alias or next(iter(settings.proxy.aliases), "agent")
+    return deployments.arms_of(store, alias, settings.proxy.aliases.get(alias))[0]
 
 
-def train(settings: ServeSettings, *, parent: str | None, echo=print) -> dict | None:
+async def train(db: Collector, settings: ServeSettings, *, parent: str | None, echo=print):
     """One run on the groups not trained on yet; the manifest, or None when there was
-    nothing to train on."""
+    nothing to train on. The child writes into `<name>.partial`, renamed when it is done:
+    a run killed half way leaves no directory anyone mistakes for a checkpoint, and no row."""
     t = settings.trainer
     name = f"ckpt-{time.strftime('%Y%m%d-%H%M%S')}-{new_id('')[:6]}"
-    out = t.checkpoints_dir / name
+    out, partial = t.checkpoints_dir / name, t.checkpoints_dir / f"{name}.partial"
     snap_path = t.checkpoints_dir / ".snapshots" / f"{name}.parquet"
-    store = Store(settings.collector.db)
-    try:
-        info = snapshot.export(store, snap_path, t, live=parent)
-        parent_dir = checkpoint_path(store, parent) if parent else None
-    finally:
-        store.close()
+    info = await db.query(lambda st: snapshot.export(st, snap_path, t, live=parent))
+    parent_dir = await db.query(lambda st: checkpoint_path(st, parent)) if parent else None
     if parent and parent_dir is None:
         raise ValueError(f"checkpoint {parent!r} is not in the checkpoints table")
     echo(
@@ -51,21 +51,26 @@ def train(settings: ServeSettings, *, parent: str | None, echo=print) -> dict | 
         return None
     settings_file = snap_path.with_suffix(".json")
     settings_file.write_text(t.model_dump_json())
-    cmd = [sys.executable, "-m", "onjob.deploy.cli", "train", "--snapshot", str(snap_path)]
-    cmd += ["--out", str(out), "--settings", str(settings_file)]
+    cmd = ["-m", "onjob.deploy.cli", "train", "--snapshot", str(snap_path)]
+    cmd += ["--out", str(partial), "--settings", str(settings_file)]
     if parent_dir:
         cmd += ["--parent", str(parent_dir)]
-    code = subprocess.run(cmd).returncode
+    child = await asyncio.create_subprocess_exec(sys.executable, *cmd)
+    try:
+        code = await child.wait()
+    except asyncio.CancelledError:
+        child.kill()
+        await child.wait()
+        raise
     if code == NOTHING_TO_TRAIN:
         return None
     if code != 0:
         raise RuntimeError(f"the training run failed (exit {code}); no checkpoint recorded")
-    manifest = json.loads((out / "onjob-manifest.json").read_text())
-    store = Store(settings.collector.db)
-    try:
-        record_run(store, new_id("run-"), manifest, out, parent)
-    finally:
-        store.close()
+    partial.rename(out)
+    manifest_file = out / "onjob-manifest.json"
+    manifest = {**json.loads(manifest_file.read_text()), "name": name}
+    manifest_file.write_text(json.dumps(manifest, indent=2))
+    await db.query(lambda st: record_run(st, new_id("run-"), manifest, out, parent))
     echo(f"checkpoint {name} recorded as a candidate: {out}")
     return manifest
 
