@@ -10,20 +10,17 @@ not touched.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import random
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import httpx
 
 from ..collector import Collector
 from ..collector.ids import new_id
-from ..judge import SamplingFailed, rewards, sampling, tables
-from ..judge.passes import PassReport, score_group
+from ..judge import rewards, sampling
 from . import adapters, registry, stats
+from .canary import ab_outcomes, paired_round
 from .judging import engine_client
 from .settings import ServeSettings
 
@@ -59,26 +56,7 @@ async def compare(
             echo(
                 f"comparing {a} (A) and {b} (B) on {len(chosen)} prompts, {samples} answer(s) each"
             )
-            gate = asyncio.Semaphore(s.concurrency)
-            report = PassReport()
-            rng = random.Random()
-
-            async def one(prefix: dict) -> str | None:
-                async with gate:
-                    drawn = {}
-                    try:
-                        for arm, (model, checkpoint) in models.items():
-                            body = sampling.request_for(prefix, model, s)
-                            drawn[arm] = (checkpoint, await sampling.sample(engine, body))
-                    except SamplingFailed as exc:
-                        echo(f"  skipped a prompt: {exc}")
-                        return None
-                    group_id = await db.query(lambda st: tables.add_ab_group(st, prefix, drawn))
-                    group = {"id": group_id, "kind": "ab"}
-                    await score_group(db, s, fns, group, report, lambda _: None, rng)
-                    return group_id
-
-            groups = [g for g in await asyncio.gather(*(one(p) for p in chosen)) if g]
+            groups = await paired_round(db, engine, s, fns, chosen, models, echo=echo)
             result = await db.query(lambda st: _outcomes(st, groups))
     finally:
         await db.close()
@@ -133,28 +111,7 @@ async def _prompts(db: Collector, n: int, scenario: str | None, file: Path | Non
 
 
 def _outcomes(store, group_ids: list[str]) -> dict:
-    rows = store.query(
-        """
-        SELECT g.id, g.status, g.reason, g.scenario_id, m.origin, s.score
-        FROM groups g JOIN members m ON m.group_id = g.id
-        LEFT JOIN scores s ON s.member_id = m.id AND s.source = 'combined'
-        WHERE list_contains(?, g.id)
-        """,
-        [group_ids],
-    )
-    groups: dict[str, dict] = {}
-    for r in rows:
-        g = groups.setdefault(
-            r["id"], {"status": r["status"], "reason": r["reason"], "scenario": r["scenario_id"]}
-        )
-        g.setdefault(r["origin"], []).append(r["score"])
-    by_scenario: dict[str, list[float]] = defaultdict(list)
-    failed = []
-    for group_id, g in groups.items():
-        if g["status"] != "scored":
-            failed.append({"group": group_id, "reason": g["reason"]})
-            continue
-        by_scenario[g["scenario"]].append(stats.outcome(g["a"], g["b"]))
+    by_scenario, failed = ab_outcomes(store, "list_contains(?, g.id)", [group_ids])
     everything = [o for outs in by_scenario.values() for o in outs]
     return {
         "overall": stats.tally(everything).as_dict(),

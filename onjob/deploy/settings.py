@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -28,6 +28,25 @@ from .telemetry import TelemetrySettings
 DEFAULT_CONFIG = Path("onjob.toml")
 
 
+class LoopSettings(BaseModel):
+    """resample -> judge -> train -> canary -> compare -> decide, inside `onjob serve`."""
+
+    interval_s: float = Field(300.0, ge=0, description="how often the loop runs (0: never)")
+    alias: str = Field("agent", description="the alias the loop trains and canaries")
+    train: bool = Field(True, description="false: the loop only re-samples and judges")
+    min_new_groups: int = Field(4, ge=1, description="trainable groups that start a run")
+    canary_fraction: float = Field(0.1, gt=0, le=1, description="a new checkpoint's share")
+    pairs_per_round: int = Field(8, ge=1, description="paired re-samples per canary round")
+    min_pairs: int = Field(10, ge=1, description="judged pairs before any decision")
+    max_pairs: int = Field(200, ge=1, description="undecided by then: roll back, keep live")
+    sprt_delta: float = Field(0.1, gt=0, lt=0.5, description="win rate 0.5 +/- delta")
+    alpha: float = Field(0.05, gt=0, lt=0.5, description="chance of promoting a worse one")
+    beta: float = Field(0.05, gt=0, lt=0.5, description="chance of rolling back a better one")
+    max_error_increase: float = Field(0.05, ge=0, description="canary error rate over live's")
+    max_latency_ratio: float = Field(1.5, gt=1, description="canary median latency / live's")
+    min_guard_requests: int = Field(20, ge=1, description="requests per arm before guards")
+
+
 class ServeSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="ONJOB_",
@@ -42,6 +61,7 @@ class ServeSettings(BaseSettings):
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
     trainer: TrainSettings = Field(default_factory=TrainSettings)
+    loop: LoopSettings = Field(default_factory=LoopSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -57,3 +57,35 @@ def outcome(a_scores: list[float], b_scores: list[float], margin: float = 1e-9) 
     if a > b + margin:
         return 0.0
     return 0.5
+
+
+@dataclass(frozen=True)
+class Sprt:
+    """Wald's sequential probability ratio test on paired wins (ties dropped): is the
+    challenger's win rate 0.5 + delta (promote) or 0.5 - delta (roll back)? Checked after
+    every round, it keeps its error rates (alpha: promoting a worse checkpoint, beta:
+    rolling back a better one) however often it looks."""
+
+    delta: float = 0.1
+    alpha: float = 0.05
+    beta: float = 0.05
+
+    @property
+    def upper(self) -> float:
+        return math.log((1 - self.beta) / self.alpha)
+
+    @property
+    def lower(self) -> float:
+        return math.log(self.beta / (1 - self.alpha))
+
+    def llr(self, wins: int, losses: int) -> float:
+        p1, p0 = 0.5 + self.delta, 0.5 - self.delta
+        return wins * math.log(p1 / p0) + losses * math.log((1 - p1) / (1 - p0))
+
+    def decide(self, wins: int, losses: int) -> str | None:
+        llr = self.llr(wins, losses)
+        if llr >= self.upper:
+            return "promote"
+        if llr <= self.lower:
+            return "rollback"
+        return None
