@@ -84,8 +84,11 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     return path
 
 
-def make_adapter(model_dir: Path, out: Path, *, seed: int, r: int, targets: list[str]) -> Path:
-    """A LoRA adapter with random non-zero weights: it really changes the model's outputs."""
+def make_adapter(
+    model_dir: Path, out: Path, *, seed: int, r: int, targets: list[str], std: float = 0.5
+) -> Path:
+    """A LoRA adapter with random non-zero weights: it really changes the model's outputs
+    (with the default `std`, enough to scramble a tiny model; a small one barely moves it)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -95,7 +98,7 @@ def make_adapter(model_dir: Path, out: Path, *, seed: int, r: int, targets: list
     peft_model = get_peft_model(model, config)
     for name, p in peft_model.named_parameters():
         if "lora_B" in name:
-            torch.nn.init.normal_(p, std=0.5)
+            torch.nn.init.normal_(p, std=std)
     peft_model.save_pretrained(out)
     return out
 

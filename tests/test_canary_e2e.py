@@ -24,7 +24,7 @@ def adapter_loaded(engine, tiny_adapter_dir):
 
 def serve(tmp_path, engine, canary: str, fraction: float) -> ServerProcess:
     env = {
-        "ONJOB_JUDGE__INTERVAL_S": "0",
+        "ONJOB_LOOP__INTERVAL_S": "0",
         "ONJOB_PROXY__CANARIES": json.dumps(
             {"agent": {"checkpoint": canary, "fraction": fraction}}
         ),

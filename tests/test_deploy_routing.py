@@ -40,7 +40,7 @@ def test_canary_set_served_restored_after_restart_and_promoted(
     registry.add(store, tiny_adapter_dir, "cand-1", tiny_model_dir)
     store.close()
     port = free_port()
-    env = {"ONJOB_JUDGE__INTERVAL_S": "0", "ONJOB_PROXY__ADMIN_KEY": "adm-secret"}
+    env = {"ONJOB_LOOP__INTERVAL_S": "0", "ONJOB_PROXY__ADMIN_KEY": "adm-secret"}
     args = ["--engine-url", engine.url, "--db", str(db)]
     server_flag = ["--server", f"http://127.0.0.1:{port}"]
     try:

@@ -44,7 +44,7 @@ def logged(tmp_path_factory, tool_engine) -> dict:
     """A database of real traffic: two tool-using conversations that share a scenario (two
     turns each), and one plain question asked with n=2 that got feedback."""
     db = tmp_path_factory.mktemp("logged") / "onjob.duckdb"
-    env = {"ONJOB_JUDGE__INTERVAL_S": "0"}
+    env = {"ONJOB_LOOP__INTERVAL_S": "0"}
     with ServerProcess(["--engine-url", tool_engine.url, "--db", str(db)], env=env) as server:
         client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
         params = {"model": "agent", "tools": TOOLS, "max_tokens": 24, "temperature": 0}
@@ -321,7 +321,8 @@ def test_serve_runs_the_judge_by_itself_every_interval(tmp_path, tool_engine):
     db = tmp_path / "onjob.duckdb"
     env = {
         "PYTHONPATH": str(tmp_path),
-        "ONJOB_JUDGE__INTERVAL_S": "0.5",
+        "ONJOB_LOOP__INTERVAL_S": "0.5",
+        "ONJOB_LOOP__TRAIN": "false",
         "ONJOB_JUDGE__GROUP_SIZE": "2",
         "ONJOB_JUDGE__REWARDS": '{"tool": {"fn": "my_rewards:calls_weather"}}',
     }

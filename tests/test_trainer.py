@@ -129,7 +129,7 @@ def test_traffic_to_judged_groups_to_a_checkpoint_the_engine_loads_and_serves(
 ):
     db = tmp_path / "onjob.duckdb"
     with ServerProcess(
-        ["--engine-url", tool_engine.url, "--db", str(db)], env={"ONJOB_JUDGE__INTERVAL_S": "0"}
+        ["--engine-url", tool_engine.url, "--db", str(db)], env={"ONJOB_LOOP__INTERVAL_S": "0"}
     ) as server:
         client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
         for question in ("What is the weather in Paris?", "What is the weather in Rome?"):

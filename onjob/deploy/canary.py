@@ -95,7 +95,7 @@ def canary_prompts(store, alias: str, live: str | None, canary: str, n: int) -> 
         WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ?
           AND NOT EXISTS (
               SELECT 1 FROM groups g WHERE g.prefix_exchange = e.id AND g.kind = 'ab'
-                AND list_transform(g.checkpoints, x -> coalesce(x, '')) = ?)
+                AND list_transform(g.checkpoints, lambda x: coalesce(x, '')) = ?)
         ORDER BY e.ts DESC LIMIT ?
         """,
         [alias, _pair(live, canary), n],
@@ -114,7 +114,7 @@ def verdict(store, alias: str, routing: dict, rule: LoopSettings) -> Verdict:
     guard = _guards(store, alias, since, rule)
     outcomes, failed = ab_outcomes(
         store,
-        "list_transform(g.checkpoints, x -> coalesce(x, '')) = ? AND g.created >= ?",
+        "list_transform(g.checkpoints, lambda x: coalesce(x, '')) = ? AND g.created >= ?",
         [_pair(live, canary), since],
     )
     tally = stats.tally([o for outs in outcomes.values() for o in outs])

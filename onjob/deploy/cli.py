@@ -102,7 +102,8 @@ def cmd_judge(args: argparse.Namespace) -> int:
         asyncio.run(judge(settings, once=args.once, echo=lambda line: print(line, flush=True)))
     except StorageError as exc:
         print(
-            f"onjob judge: {exc} (a running `onjob serve` judges by itself every judge.interval_s)",
+            f"onjob judge: {exc} (a running `onjob serve` runs the judge in its loop every "
+            "loop.interval_s)",
             file=sys.stderr,
         )
         return 2
@@ -366,6 +367,33 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_loop(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from ..collector import StorageError
+    from ..judge import ConfigError, JudgeError
+    from .deployments import DeployError
+    from .loop import run
+
+    settings = _load_settings(
+        "loop", args, proxy=_given(engine_url=args.engine_url), collector=_given(db=args.db)
+    )
+    if settings is None:
+        return 2
+    try:
+        asyncio.run(run(settings, once=args.once, echo=lambda line: print(line, flush=True)))
+    except StorageError as exc:
+        print(f"onjob loop: {exc} (a running `onjob serve` runs the loop itself)", file=sys.stderr)
+        return 2
+    except (ConfigError, DeployError, ValueError) as exc:
+        print(f"onjob loop: {exc}", file=sys.stderr)
+        return 2
+    except (JudgeError, RuntimeError) as exc:
+        print(f"onjob loop: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_model_prepare(args: argparse.Namespace) -> int:
     from .. import bundled
 
@@ -458,7 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
             "by scenario, and score every unscored group with RULER (--model, any litellm "
             "model), the reward functions in [judge.rewards] and posted feedback. Works on a "
             "database no server holds; `onjob serve` runs the same pass every "
-            "judge.interval_s. Settings as for `onjob serve` ([judge] section)."
+            "loop.interval_s. Settings as for `onjob serve` ([judge] section)."
         ),
     )
     judge.add_argument("--once", action="store_true", help="one pass, then exit")
@@ -574,6 +602,25 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--config", help="TOML settings file")
     status.add_argument("--db", help="DuckDB file, when no server is running")
     status.set_defaults(func=cmd_status)
+
+    loop = sub.add_parser(
+        "loop",
+        help="resample, judge, train, canary, compare, decide (what onjob serve runs)",
+        description=(
+            "One iteration: a judge pass; then, if loop.alias has a canary, a paired round "
+            "(logged prompts answered by live and canary, judged together) and the verdict "
+            "(guards on errors and latency, then a sequential test on paired wins: promote, "
+            "roll back or keep collecting); else, with loop.min_new_groups trainable groups, "
+            "a training run whose checkpoint becomes the canary. State lives in DuckDB, so an "
+            "interrupted iteration is resumed by the next. For a database no server holds; "
+            "`onjob serve` runs it every loop.interval_s. Settings: [loop], [judge], [trainer]."
+        ),
+    )
+    loop.add_argument("--once", action="store_true", help="one iteration, then exit")
+    loop.add_argument("--config", help="TOML settings file")
+    loop.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
+    loop.add_argument("--engine-url", help="the engine's OpenAI base URL")
+    loop.set_defaults(func=cmd_loop)
 
     model = sub.add_parser("model", help="manage the bundled model")
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")

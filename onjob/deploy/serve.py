@@ -10,7 +10,8 @@ import httpx
 from ..collector import Collector, Store
 from ..proxy import AiohttpUpstream, HttpxUpstream, ProxySettings, Router, Upstream, create_app
 from . import admin
-from .judging import PeriodicJudge, engine_client
+from .judging import engine_client
+from .loop import PeriodicLoop
 from .operator import Operator
 from .settings import ServeSettings
 from .telemetry import tracer
@@ -40,7 +41,7 @@ def build_app(settings: ServeSettings):
     router = Router.from_settings(settings.proxy, upstream)
     engine = engine_client(settings)
     operator = Operator(collector, router, engine, settings.proxy.aliases)
-    judge = PeriodicJudge(collector, settings)
+    loop = PeriodicLoop(collector, operator, settings)
 
     async def restore_routing() -> None:
         try:
@@ -55,8 +56,8 @@ def build_app(settings: ServeSettings):
         tracer=tracer(settings.telemetry),
         router=router,
         routes=admin.routes(settings, collector, router, operator),
-        on_startup=[restore_routing, judge.start],
-        on_shutdown=[judge.stop, engine.aclose],
+        on_startup=[restore_routing, loop.start],
+        on_shutdown=[loop.stop, engine.aclose],
     )
 
 
@@ -84,9 +85,9 @@ def serve(settings: ServeSettings) -> None:
         f"logging to {settings.collector.db}; models: {', '.join(p.aliases)}"
         + ("" if p.api_keys else " (no API keys: loopback only)")
         + (
-            f"; judge every {settings.judge.interval_s:g} s"
-            if settings.judge.interval_s > 0
-            else "; judge off"
+            f"; loop every {settings.loop.interval_s:g} s"
+            if settings.loop.interval_s > 0
+            else "; loop off"
         ),
         file=sys.stderr,
         flush=True,

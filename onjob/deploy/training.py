@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -38,6 +39,8 @@ async def train(db: Collector, settings: ServeSettings, *, parent: str | None, e
     name = f"ckpt-{time.strftime('%Y%m%d-%H%M%S')}-{new_id('')[:6]}"
     out, partial = t.checkpoints_dir / name, t.checkpoints_dir / f"{name}.partial"
     snap_path = t.checkpoints_dir / ".snapshots" / f"{name}.parquet"
+    for stale in t.checkpoints_dir.glob("*.partial"):  # one run at a time: a killed run's
+        shutil.rmtree(stale, ignore_errors=True)
     info = await db.query(lambda st: snapshot.export(st, snap_path, t, live=parent))
     parent_dir = await db.query(lambda st: checkpoint_path(st, parent)) if parent else None
     if parent and parent_dir is None:

@@ -1,7 +1,7 @@
 """One judge pass: re-sample turn groups, gather trajectory groups, score what is unscored.
 
 `run_pass()` is what `onjob judge --once` runs and what `onjob serve` runs every
-`interval_s`. It works through a `Collector` (every DuckDB read and write on the
+`loop.interval_s`. It works through a `Collector` (every DuckDB read and write on the
 collector's database thread) and an `httpx.AsyncClient` for the engine, passed in.
 """
 

@@ -21,10 +21,6 @@ class RewardFn(BaseModel):
 
 
 class JudgeSettings(BaseModel):
-    interval_s: float = Field(
-        300.0, ge=0, description="how often `onjob serve` runs a judge pass (0: never)"
-    )
-
     # Turn groups: alternatives re-sampled for logged exchanges.
     group_size: int = Field(4, ge=1, le=64, description="alternatives sampled per logged turn")
     temperature: float = Field(1.0, ge=0, le=2, description="sampling temperature for them")

@@ -65,6 +65,20 @@ def lineage(store: Store, live: str | None, staleness: int) -> list[str | None]:
     return chain
 
 
+def trainable(store: Store, s: TrainSettings, *, live: str | None = None) -> int:
+    """How many groups a snapshot would take now."""
+    allowed = [name or "" for name in lineage(store, live, s.max_staleness)]
+    row = (  # fetchall: a DuckDB relation has no fetchone
+        store.con.cursor()
+        .sql(
+            f"SELECT count(DISTINCT group_id) AS n FROM ({_MEMBERS})",
+            params=[s.min_spread, allowed, s.max_groups],
+        )
+        .fetchall()
+    )
+    return row[0][0]
+
+
 def export(store: Store, path: Path, s: TrainSettings, *, live: str | None = None) -> dict:
     """Write the snapshot; return what it holds (`groups`, `members`, `sha256`)."""
     allowed = [name or "" for name in lineage(store, live, s.max_staleness)]

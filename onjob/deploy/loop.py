@@ -1,0 +1,146 @@
+"""The loop: re-sample and judge, train, put the checkpoint behind a canary, compare, decide.
+
+One iteration (`run_once`):
+
+    judge pass                    turn and trajectory groups, scored
+    if the alias has a canary:    a paired round (logged prompts on live and canary,
+                                  judged together), then the verdict: promote, roll
+                                  back, or keep collecting
+    else, enough new groups:      train (child process) -> candidate -> canary
+
+Every stage reads its state from DuckDB (groups not trained on, the latest
+deployment, pairs already judged), so an iteration killed anywhere, even mid-train,
+is picked up by the next one without duplicates. `onjob serve` runs it every
+`loop.interval_s` (`PeriodicLoop`); `onjob loop [--once]` runs it on a database no
+server holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import httpx
+
+from ..collector import Collector
+from ..judge import JudgeError, rewards, run_pass, sampling
+from ..proxy import Router
+from ..trainer import snapshot
+from . import canary, deployments, training
+from .judging import engine_client
+from .operator import Operator
+from .settings import ServeSettings
+
+log = logging.getLogger("onjob.loop")
+
+
+async def run_once(
+    db: Collector, engine: httpx.AsyncClient, operator: Operator, settings: ServeSettings, echo
+) -> None:
+    report = await run_pass(db, engine, settings.judge, echo=echo)
+    echo(f"judge pass: {report.summary()}")
+    loop = settings.loop
+    if not loop.train:
+        return
+    alias = loop.alias
+    routing = (await db.query(deployments.current)).get(alias)
+    if routing and routing["canary"]:
+        await _canary_round(db, engine, operator, settings, routing, echo)
+        return
+    live = routing["live"] if routing else settings.proxy.aliases.get(alias)
+    ready = await db.query(lambda st: snapshot.trainable(st, settings.trainer, live=live))
+    if ready < loop.min_new_groups:
+        echo(f"train: {ready} new trainable groups, waiting for {loop.min_new_groups}")
+        return
+    manifest = await training.train(db, settings, parent=live, echo=echo)
+    if manifest is None:
+        return
+    row = await operator.set_canary(
+        alias,
+        manifest["name"],
+        loop.canary_fraction,
+        reason=f"trained on {len(manifest['groups'])} groups",
+        actor="loop",
+        evidence=manifest["metrics"],
+    )
+    echo(f"canary: {row['canary']} serves {row['fraction']:.0%} of {alias}")
+
+
+async def _canary_round(db, engine, operator, settings: ServeSettings, routing, echo) -> None:
+    alias, live, candidate = routing["model_alias"], routing["live"], routing["canary"]
+    s = settings.judge
+    if not s.scorers:
+        echo(
+            f"canary {candidate}: no scorer to compare with (set judge.model or "
+            "[judge.rewards]); promote or roll back by hand"
+        )
+        return
+    base = await sampling.base_model(engine)
+    prompts = await db.query(
+        lambda st: canary.canary_prompts(st, alias, live, candidate, settings.loop.pairs_per_round)
+    )
+    models = {"a": (live or base, live), "b": (candidate, candidate)}
+    fns = rewards.load(s.rewards)
+    await canary.paired_round(db, engine, s, fns, prompts, models, echo=lambda _: None)
+    verdict = await db.query(lambda st: canary.verdict(st, alias, routing, settings.loop))
+    echo(f"canary {candidate} against {live or 'base'}: {verdict.decision}: {verdict.reason}")
+    if verdict.decision == "promote":
+        await operator.promote(
+            alias, reason=verdict.reason, actor="loop", evidence=verdict.evidence
+        )
+    elif verdict.decision == "rollback":
+        await operator.rollback(
+            alias, reason=verdict.reason, actor="loop", evidence=verdict.evidence
+        )
+
+
+class PeriodicLoop:
+    """`onjob serve`'s background loop: an iteration every `loop.interval_s`, one at a time;
+    one that fails is logged and the next tries again."""
+
+    def __init__(self, collector: Collector, operator: Operator, settings: ServeSettings):
+        self.collector = collector
+        self.operator = operator
+        self.settings = settings
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        if self.settings.loop.interval_s > 0:
+            self._task = asyncio.create_task(self._run(), name="onjob-loop")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.loop.interval_s)
+            try:
+                await run_once(
+                    self.collector, self.operator.engine, self.operator, self.settings, log.info
+                )
+            except (JudgeError, deployments.DeployError, RuntimeError) as exc:
+                log.error("loop iteration stopped: %s", exc)
+            except Exception:
+                log.exception("loop iteration failed; the next one tries again")
+
+
+async def run(settings: ServeSettings, *, once: bool, echo) -> None:
+    """`onjob loop`: iterations on a database no server holds."""
+    db = Collector(settings.collector)
+    await db.start()
+    try:
+        async with engine_client(settings) as engine:
+            router = Router(settings.proxy.aliases, upstream=None)
+            operator = Operator(db, router, engine, settings.proxy.aliases)
+            await operator.restore()
+            while True:
+                await run_once(db, engine, operator, settings, echo)
+                if once or settings.loop.interval_s <= 0:
+                    return
+                await asyncio.sleep(settings.loop.interval_s)
+    finally:
+        await db.close()

@@ -1,0 +1,190 @@
+"""The loop through `onjob loop --once`, with real traffic, a real engine and the real
+decision rule: a harmful canary is rolled back and a better one promoted by the paired
+comparison; a fresh database runs every stage; a run killed mid-train resumes cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from onjob.collector import Store
+from onjob.deploy import registry
+from onjob.deploy.process import ServerProcess, free_port
+
+from .conftest import TOOL_QUESTION, TOOLS, make_adapter, rows
+
+ONJOB = str(Path(sys.executable).with_name("onjob"))
+TARGETS = ["q_proj", "v_proj", "o_proj"]
+REWARDS = (
+    "def tool(r):\n    return any(c['function']['name'] == 'get_weather' for c in r.tool_calls)\n"
+)
+
+
+def onjob(cwd: Path, *args: str, env: dict | None = None, timeout: float = 600):
+    nowhere = ["--server", f"http://127.0.0.1:{free_port()}"] if args[0] in ROUTING else []
+    return subprocess.run(
+        [ONJOB, *args, *nowhere],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
+
+
+ROUTING = {"canary", "promote", "rollback", "status"}
+
+
+@pytest.fixture(scope="module")
+def traffic(tmp_path_factory, tool_engine) -> Path:
+    """A database with 12 logged tool-question conversations, served by the base model."""
+    db = tmp_path_factory.mktemp("traffic") / "onjob.duckdb"
+    env = {"ONJOB_LOOP__INTERVAL_S": "0"}
+    with ServerProcess(["--engine-url", tool_engine.url, "--db", str(db)], env=env) as server:
+        client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+        for i in range(12):
+            client.chat.completions.create(
+                model="agent",
+                messages=TOOL_QUESTION,
+                tools=TOOLS,
+                max_tokens=24,
+                metadata={"trajectory_id": f"conv-{i}"},
+            )
+    return db
+
+
+def workdir(tmp_path: Path, traffic: Path, config: str) -> Path:
+    (tmp_path / "onjob.duckdb").write_bytes(traffic.read_bytes())
+    (tmp_path / "my_rewards.py").write_text(REWARDS)
+    (tmp_path / "onjob.toml").write_text(config)
+    return tmp_path / "onjob.duckdb"
+
+
+COMPARE_ONLY = """
+[judge]
+temperature = 0
+max_groups = 0
+scenario_groups = false
+[judge.rewards]
+tool = { fn = "my_rewards:tool" }
+[loop]
+pairs_per_round = 12
+min_pairs = 10
+"""
+
+
+def with_routing(tmp_path, tool_model_dir, live: str, canary: str) -> None:
+    """Adapters built to differ: `mild` barely moves the tool model (it still calls the
+    tool), `scrambled` breaks it. `live` is made live by hand, `canary` set as its canary."""
+    store = Store(tmp_path / "onjob.duckdb")
+    for name, std, seed in (("mild", 0.001, 4), ("scrambled", 0.5, 5)):
+        path = make_adapter(
+            tool_model_dir, tmp_path / name, seed=seed, r=8, targets=TARGETS, std=std
+        )
+        registry.add(store, path, name, tool_model_dir)
+    store.close()
+    for args in (("canary", "agent", live), ("promote", "agent"), ("canary", "agent", canary)):
+        done = onjob(tmp_path, *args)
+        assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture
+def unload(tool_engine):
+    yield
+    for name in ("mild", "scrambled"):
+        httpx.post(f"{tool_engine.url}/unload_lora_adapter", json={"lora_name": name}, timeout=60)
+
+
+def test_a_harmful_canary_is_rolled_back_by_the_paired_comparison(
+    tmp_path, traffic, tool_engine, tool_model_dir, unload
+):
+    db = workdir(tmp_path, traffic, COMPARE_ONLY)
+    with_routing(tmp_path, tool_model_dir, live="mild", canary="scrambled")
+    done = onjob(tmp_path, "loop", "--once", "--engine-url", tool_engine.url)
+    assert done.returncode == 0, done.stderr
+    assert "canary scrambled against mild: rollback: canary scrambled lost" in done.stdout
+    last = rows(db, "SELECT * FROM deployments ORDER BY ts DESC LIMIT 1")[0]
+    assert (last["live"], last["canary"], last["actor"]) == ("mild", None, "loop")
+    assert '"losses": 12' in last["evidence"] and '"llr"' in last["evidence"]
+    statuses = {r["name"]: r["status"] for r in rows(db, "SELECT * FROM checkpoints")}
+    assert statuses == {"mild": "live", "scrambled": "retired"}
+
+
+def test_a_better_canary_is_promoted_by_the_paired_comparison(
+    tmp_path, traffic, tool_engine, tool_model_dir, unload
+):
+    db = workdir(tmp_path, traffic, COMPARE_ONLY)
+    with_routing(tmp_path, tool_model_dir, live="scrambled", canary="mild")
+    done = onjob(tmp_path, "loop", "--once", "--engine-url", tool_engine.url)
+    assert done.returncode == 0, done.stderr
+    assert "canary mild against scrambled: promote: canary mild won" in done.stdout
+    last = rows(db, "SELECT * FROM deployments ORDER BY ts DESC LIMIT 1")[0]
+    assert (last["live"], last["canary"], last["actor"]) == ("mild", None, "loop")
+    pairs = rows(db, "SELECT count(*) AS n FROM groups WHERE kind = 'ab' AND status = 'scored'")
+    assert pairs[0]["n"] == 12
+
+
+TRAIN = """
+[judge]
+group_size = 6
+temperature = 1.5
+scenario_groups = false
+[judge.rewards]
+tool = { fn = "my_rewards:tool" }
+[trainer]
+base_model = "{model}"
+learning_rate = 0.005
+epochs = 2
+lora_rank = 8
+[loop]
+min_new_groups = 1
+"""
+
+
+def test_a_fresh_database_runs_every_stage_and_a_run_killed_mid_train_resumes_cleanly(
+    tmp_path, traffic, tool_engine, tool_model_dir
+):
+    db = workdir(tmp_path, traffic, TRAIN.replace("{model}", str(tool_model_dir)))
+    cmd = [ONJOB, "loop", "--once", "--engine-url", tool_engine.url]
+    slow = {**os.environ, "ONJOB_TRAINER__EPOCHS": "5000"}
+    killed = subprocess.Popen(
+        cmd, cwd=tmp_path, env=slow, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    seen = []
+    for line in killed.stdout:
+        seen.append(line)
+        if line.startswith("training on"):
+            break
+    os.killpg(killed.pid, signal.SIGKILL)  # the loop and its training child
+    killed.wait()
+    assert any(line.startswith("training on") for line in seen), "".join(seen)
+    assert rows(db, "SELECT count(*) AS n FROM checkpoints")[0]["n"] == 0
+    assert not list((tmp_path / "checkpoints").glob("ckpt-*"))  # nothing anyone could load
+
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "recorded as a candidate" in done.stdout and "canary: ckpt-" in done.stdout
+    [checkpoint] = rows(db, "SELECT * FROM checkpoints")
+    assert checkpoint["status"] == "canary"
+    assert rows(db, "SELECT count(*) AS n FROM train_runs")[0]["n"] == 1
+    assert not list((tmp_path / "checkpoints").glob("*.partial"))
+    [deployment] = rows(db, "SELECT * FROM deployments")
+    assert deployment["canary"] == checkpoint["name"] and deployment["fraction"] == 0.1
+    assert deployment["reason"].startswith("trained on")
+    groups = rows(db, "SELECT kind, status FROM groups")
+    assert groups and all(g["kind"] == "turn" for g in groups)
+    # The next iteration compares the canary with live on paired prompts.
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"canary {checkpoint['name']} against base" in done.stdout
+    assert rows(db, "SELECT count(*) AS n FROM groups WHERE kind = 'ab'")[0]["n"] >= 1
+    httpx.post(
+        f"{tool_engine.url}/unload_lora_adapter", json={"lora_name": checkpoint["name"]}, timeout=60
+    )
