@@ -19,14 +19,16 @@ from onjob.proxy import HttpxUpstream
 MODELS = {"object": "list", "data": [{"id": "fake", "object": "model", "parent": None}]}
 
 
-def completion(content: str = "hello there", *, token_ids=(7, 8, 9), n: int = 1) -> dict:
+def completion(
+    content: str = "hello there", *, token_ids=(7, 8, 9), n: int = 1, model: str = "fake"
+) -> dict:
     """A chat completion as the engine sends it with logprobs and return_token_ids on."""
     logprobs = {"content": [{"token": "t", "logprob": -0.5 * (i + 1)} for i in range(3)]}
     return {
         "id": "chatcmpl-engine",
         "object": "chat.completion",
         "created": 1,
-        "model": "fake",
+        "model": model,
         "choices": [
             {
                 "index": i,

@@ -18,15 +18,17 @@ from .fake_engine import completion, scripted
 CANARY = {"agent": {"checkpoint": "ckpt-b", "fraction": 0.3}}
 
 
-def echo_engine(broken: set[str] = frozenset()):
-    """Answers with the model it was asked for; 404 for adapters in `broken`."""
+def echo_engine(broken: set[str] = frozenset(), wrong: set[str] = frozenset()):
+    """Answers with the model it was asked for; 404 for adapters in `broken`; as another
+    model for those in `wrong`."""
 
     def chat(request: httpx.Request) -> httpx.Response:
         model = json.loads(request.content)["model"]
         if model in broken:
             error = {"message": f"The model `{model}` does not exist.", "type": "NotFoundError"}
             return httpx.Response(404, json={"error": {**error, "param": None, "code": 404}})
-        return httpx.Response(200, json=completion(model))
+        answered_as = "stale-adapter" if model in wrong else model
+        return httpx.Response(200, json=completion(model, model=answered_as))
 
     return scripted(chat)
 
@@ -103,3 +105,18 @@ def test_a_failing_canary_is_answered_by_live_and_counted_against_the_canary(tmp
     assert {r.headers["x-onjob-exchange-id"] for r in answers} == {
         r["id"] for r in logged if r["arm"] == "live"
     }
+
+
+def test_an_answer_from_another_model_than_asked_is_refused_not_logged_as_that_checkpoint(
+    tmp_path,
+):
+    with TestClient(app_for(tmp_path, echo_engine(wrong={"ckpt-a"}))) as client:
+        resp = client.post(
+            "/v1/chat/completions",
+            json={"model": "agent", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"X-Onjob-Arm": "live"},
+        )
+    assert resp.status_code == 502
+    assert "answered as `stale-adapter`, not `ckpt-a`" in resp.json()["error"]["message"]
+    [logged] = rows(tmp_path / "onjob.duckdb", "SELECT checkpoint, status, error FROM exchanges")
+    assert logged["status"] == 502 and "stale-adapter" in logged["error"]

@@ -11,6 +11,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 from openai import OpenAI
 
 from onjob.collector import Store
@@ -108,3 +109,22 @@ def test_server_killed_mid_traffic_loses_no_answered_exchange(tmp_path, engine):
         store.close()
     assert set(answered) <= logged
     assert len(answered) >= 12
+
+
+def test_serve_can_start_the_local_engine_as_its_child(tmp_path, tiny_model_dir):
+    engine_port = free_port()
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "0",
+        "ONJOB_ENGINE__ARGS": json.dumps(["--model", str(tiny_model_dir), "--threads", "1"]),
+    }
+    url = f"http://127.0.0.1:{engine_port}/v1"
+    args = ["--start-engine", "--engine-url", url, "--db", str(tmp_path / "db")]
+    with ServerProcess(args, env=env) as server:
+        client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+        reply = client.chat.completions.create(
+            model="agent", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+        assert reply.choices[0].message.content is not None
+        assert httpx.get(f"{url}/models").status_code == 200
+    with pytest.raises(httpx.TransportError):  # stopped with the server
+        httpx.get(f"{url}/models", timeout=2)

@@ -71,12 +71,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args,
         proxy=_given(host=args.host, port=args.port, engine_url=args.engine_url),
         collector=_given(db=args.db),
+        engine={"start": True} if args.start_engine else {},
     )
     if settings is None:
         return 2
     try:
         serve(settings)
-    except (StorageError, RuntimeError) as exc:
+    except (StorageError, RuntimeError, TimeoutError) as exc:
         print(f"onjob serve: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -474,6 +475,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine-url", help="the engine's OpenAI base URL (default http://127.0.0.1:8001/v1)"
     )
     serve.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
+    serve.add_argument(
+        "--start-engine",
+        action="store_true",
+        help="start `onjob engine` as a child on --engine-url's port ([engine] args = [...])",
+    )
     serve.set_defaults(func=cmd_serve)
 
     judge = sub.add_parser(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -13,6 +14,7 @@ from . import admin
 from .judging import engine_client
 from .loop import PeriodicLoop
 from .operator import Operator
+from .process import EngineProcess
 from .settings import ServeSettings
 from .telemetry import tracer
 
@@ -80,6 +82,11 @@ def serve(settings: ServeSettings) -> None:
     log_to_stderr()
     app = build_app(settings)
     p = settings.proxy
+    engine = None
+    if settings.engine.start:
+        port = urlsplit(p.engine_url).port or 8001
+        print(f"onjob serve: starting `onjob engine` on port {port}...", file=sys.stderr)
+        engine = EngineProcess(settings.engine.args, port=port, timeout=900).start()
     print(
         f"onjob serve: http://{p.host}:{p.port}/v1 -> engine {p.engine_url}; "
         f"logging to {settings.collector.db}; models: {', '.join(p.aliases)}"
@@ -92,4 +99,8 @@ def serve(settings: ServeSettings) -> None:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(app, host=p.host, port=p.port, log_level="warning", access_log=False)
+    try:
+        uvicorn.run(app, host=p.host, port=p.port, log_level="warning", access_log=False)
+    finally:
+        if engine is not None:
+            engine.stop()

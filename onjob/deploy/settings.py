@@ -47,6 +47,13 @@ class LoopSettings(BaseModel):
     min_guard_requests: int = Field(20, ge=1, description="requests per arm before guards")
 
 
+class ChildEngine(BaseModel):
+    start: bool = Field(False, description="start `onjob engine` on engine_url's port")
+    args: list[str] = Field(
+        default_factory=list, description='more `onjob engine` flags, e.g. ["--threads", "1"]'
+    )
+
+
 class ServeSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="ONJOB_",
@@ -62,6 +69,7 @@ class ServeSettings(BaseSettings):
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
     trainer: TrainSettings = Field(default_factory=TrainSettings)
     loop: LoopSettings = Field(default_factory=LoopSettings)
+    engine: ChildEngine = Field(default_factory=ChildEngine)
 
     @classmethod
     def settings_customise_sources(

@@ -175,6 +175,13 @@ class Exchange:
         return acc
 
     def _head(self, data: dict) -> None:
+        served = data.get("model")
+        if served is not None and served != self.route.model:
+            # A stale or missing adapter must not pass for the checkpoint the exchange records.
+            raise MalformedAnswer(
+                f"the engine answered as `{served}`, not `{self.route.model}`: refusing to "
+                "pass it off as that checkpoint"
+            )
         ids = (
             data.get("prompt_token_ids")
             if self._wants_token_ids
