@@ -254,6 +254,7 @@ def create_app(
         exception_handlers=HANDLERS,
         request_max_body_size=settings.max_body_bytes,
         openapi_config=None,
+        logging_config=None,  # the host application owns logging (and root stays quiet)
     )
 
 
