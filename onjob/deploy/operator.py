@@ -89,10 +89,7 @@ class Operator:
         )
         routed = self._route(row)
         if before and before.canary:
-            try:
-                await adapters.unload(self.engine, before.canary)
-            except adapters.EngineControlError as exc:
-                log.warning("rolled back, but unloading %s failed: %s", before.canary, exc)
+            await self._unload(before.canary)
         return routed
 
     def _known(self, alias: str) -> None:
@@ -104,6 +101,15 @@ class Operator:
     def _route(self, row: dict) -> dict:
         self.router.set(row["model_alias"], row["live"], row["canary"], row["fraction"] or 0.0)
         return row
+
+    async def _unload(self, name: str) -> None:
+        """A retired adapter leaves the engine (it still exists on disk and in the registry)."""
+        if any(name in (a.live, a.canary) for a in self.router.arms.values()):
+            return  # another alias still routes to it
+        try:
+            await adapters.unload(self.engine, name)
+        except adapters.EngineControlError as exc:
+            log.warning("%s is retired, but unloading it failed: %s", name, exc)
 
     async def _load(self, name: str) -> None:
         row = await self.collector.query(lambda st: registry.get(st, name))
