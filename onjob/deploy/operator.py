@@ -44,63 +44,50 @@ class Operator:
             )
 
     async def set_canary(self, alias, checkpoint, fraction, *, reason, actor, evidence=None):
-        self._known(alias)
         await self._load(checkpoint)
-        row = await self.collector.query(
-            lambda st: deployments.set_canary(
-                st,
-                alias,
-                checkpoint,
-                fraction,
-                default_live=self.default_live.get(alias),
-                reason=reason,
-                actor=actor,
-                evidence=evidence,
-            )
+        return await self._change(
+            alias,
+            deployments.set_canary,
+            checkpoint,
+            fraction,
+            reason=reason,
+            actor=actor,
+            evidence=evidence,
         )
-        return self._route(row)
 
     async def promote(self, alias, *, reason, actor, evidence=None):
-        self._known(alias)
-        row = await self.collector.query(
-            lambda st: deployments.promote(
-                st,
-                alias,
-                default_live=self.default_live.get(alias),
-                reason=reason,
-                actor=actor,
-                evidence=evidence,
-            )
+        before = self.router.arms.get(alias)
+        row = await self._change(
+            alias, deployments.promote, reason=reason, actor=actor, evidence=evidence
         )
-        return self._route(row)
+        if before and before.live:
+            await self._unload(before.live)
+        return row
 
     async def rollback(self, alias, *, reason, actor, evidence=None):
-        self._known(alias)
         before = self.router.arms.get(alias)
-        row = await self.collector.query(
-            lambda st: deployments.rollback(
-                st,
-                alias,
-                default_live=self.default_live.get(alias),
-                reason=reason,
-                actor=actor,
-                evidence=evidence,
-            )
+        row = await self._change(
+            alias, deployments.rollback, reason=reason, actor=actor, evidence=evidence
         )
-        routed = self._route(row)
         if before and before.canary:
             await self._unload(before.canary)
-        return routed
+        return row
+
+    async def _change(self, alias: str, change, *args, **kwargs) -> dict:
+        """Record `change` in the database, then route the proxy as it says."""
+        self._known(alias)
+        default = self.default_live.get(alias)
+        row = await self.collector.query(
+            lambda st: change(st, alias, *args, default_live=default, **kwargs)
+        )
+        self.router.set(row["model_alias"], row["live"], row["canary"], row["fraction"] or 0.0)
+        return row
 
     def _known(self, alias: str) -> None:
         if alias not in self.router.arms:
             raise deployments.DeployError(
                 f"unknown alias {alias!r} (this server routes {', '.join(self.router.arms)})"
             )
-
-    def _route(self, row: dict) -> dict:
-        self.router.set(row["model_alias"], row["live"], row["canary"], row["fraction"] or 0.0)
-        return row
 
     async def _unload(self, name: str) -> None:
         """A retired adapter leaves the engine (it still exists on disk and in the registry)."""
