@@ -1,0 +1,1 @@
+"""Example agents: ordinary programs using the official `openai` client, pointed at onjob."""

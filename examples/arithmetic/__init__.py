@@ -1,0 +1,1 @@
+"""A single-turn task with a checkable answer: "What is A + B?"."""

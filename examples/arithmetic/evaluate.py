@@ -1,0 +1,52 @@
+"""Held-out success of a model on the arithmetic task: the fraction of sampled answers
+(temperature 1) that contain the right sum, with a 95% Wilson interval.
+
+    python examples/arithmetic/evaluate.py --base-url http://127.0.0.1:8001/v1 \\
+        --model SmolLM2-135M-Instruct --questions 25 --samples 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from openai import OpenAI
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from examples.arithmetic import task
+
+
+def evaluate(base_url: str, model: str, questions: int = 25, samples: int = 8) -> dict:
+    client = OpenAI(base_url=base_url, api_key="unused", max_retries=2, timeout=600)
+
+    def score(q: str) -> int:
+        reply = client.chat.completions.create(
+            model=model, messages=task.messages(q), max_tokens=48, temperature=1.0, n=samples
+        )
+        return sum(task.correct(q, c.message.content) for c in reply.choices)
+
+    with ThreadPoolExecutor(4) as pool:
+        right = sum(pool.map(score, task.heldout_questions(questions)))
+    n = questions * samples
+    p, z = right / n, 1.96
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return {"success": p, "n": n, "ci95": [max(0.0, centre - half), min(1.0, centre + half)]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base-url", default="http://127.0.0.1:8001/v1")
+    parser.add_argument("--model", default="SmolLM2-135M-Instruct")
+    parser.add_argument("--questions", type=int, default=25)
+    parser.add_argument("--samples", type=int, default=8)
+    args = parser.parse_args()
+    print(json.dumps(evaluate(args.base_url, args.model, args.questions, args.samples)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""The arithmetic task: questions, the held-out set, the success check and the reward.
+
+SmolLM2-135M answers "What is A + B?" for one-digit A and B with the right sum in
+about a quarter of its samples (27% of 48 measured here; with two-digit numbers, 2%):
+often enough for GRPO to find and reinforce it. The 81 questions are split once:
+56 to train on, 25 held out.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+_QUESTION = re.compile(r"What is (\d+) \+ (\d+)\?")
+
+
+_ALL = [f"What is {a} + {b}?" for a in range(1, 10) for b in range(1, 10)]
+random.Random(7).shuffle(_ALL)
+HELDOUT, TRAIN = _ALL[:25], _ALL[25:]
+
+
+def messages(q: str) -> list[dict]:
+    return [{"role": "user", "content": q}]
+
+
+def training_questions(n: int, seed: int = 1) -> list[str]:
+    """`n` questions drawn (with repeats) from the training split."""
+    rng = random.Random(seed)
+    return [rng.choice(TRAIN) for _ in range(n)]
+
+
+def heldout_questions(n: int = 25) -> list[str]:
+    return HELDOUT[:n]
+
+
+def correct(q: str, answer: str | None) -> bool:
+    """The right sum appears in the answer as a number of its own."""
+    a, b = map(int, _QUESTION.search(q).groups())
+    return re.search(rf"(?<!\d){a + b}(?!\d)", answer or "") is not None
+
+
+def reward(rollout) -> bool:
+    """The reward function onjob's judge calls (`examples.arithmetic.task:reward`)."""
+    q = next(m["content"] for m in reversed(rollout.prompt) if m["role"] == "user")
+    return correct(q, rollout.text)
