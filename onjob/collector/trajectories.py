@@ -36,7 +36,8 @@ class Placement:
     prefix_hash: str  # chain hash of the request's messages
 
 
-def _text(content: Any) -> str:
+def text_of(content: Any) -> str:
+    """OpenAI message content (a string or a list of parts) as plain text."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -66,7 +67,7 @@ def canonical(message: dict) -> str:
         for c in message.get("tool_calls") or []
     ]
     return json.dumps(
-        [message.get("role"), _text(message.get("content")), calls, message.get("tool_call_id")],
+        [message.get("role"), text_of(message.get("content")), calls, message.get("tool_call_id")],
         sort_keys=True,
         separators=(",", ":"),
     )
@@ -93,10 +94,14 @@ def scenario_of(messages: list[dict], explicit: str | None) -> tuple[str, str, s
         key, keyed = explicit, EXPLICIT
     else:
         system = next(
-            (_text(m.get("content")) for m in messages if m.get("role") in ("system", "developer")),
+            (
+                text_of(m.get("content"))
+                for m in messages
+                if m.get("role") in ("system", "developer")
+            ),
             "",
         )
-        user = next((_text(m.get("content")) for m in messages if m.get("role") == "user"), "")
+        user = next((text_of(m.get("content")) for m in messages if m.get("role") == "user"), "")
         key = hashlib.blake2b(json.dumps([system, user]).encode(), digest_size=8).hexdigest()
         keyed = DERIVED
     digest = hashlib.blake2b(f"{keyed}\0{key}".encode(), digest_size=8).hexdigest()

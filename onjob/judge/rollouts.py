@@ -13,6 +13,8 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from ..collector.trajectories import text_of
+
 
 @dataclass(frozen=True)
 class Rollout:
@@ -36,10 +38,7 @@ class Rollout:
 
     @property
     def text(self) -> str:
-        content = self.completion.get("content")
-        if isinstance(content, list):
-            return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        return content or ""
+        return text_of(self.completion.get("content"))
 
     @property
     def tool_calls(self) -> list[dict]:
@@ -48,8 +47,8 @@ class Rollout:
 
 def from_row(row: dict) -> Rollout:
     """A member from the judge's query: its member row joined with its exchange."""
-    request = _json(row["request"]) or {}
-    response = _json(row["response"]) or {}
+    request = json_value(row["request"]) or {}
+    response = json_value(row["response"]) or {}
     choices = {c.get("index", i): c for i, c in enumerate(response.get("choices") or ())}
     message = (choices.get(row["choice"]) or {}).get("message") or {
         "role": "assistant",
@@ -96,5 +95,6 @@ def _clean(message: dict) -> dict:
     return out
 
 
-def _json(value):
+def json_value(value):
+    """A JSON column as DuckDB returns it (text) parsed; anything else as it is."""
     return json.loads(value) if isinstance(value, str | bytes) else value

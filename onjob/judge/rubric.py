@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+from ..collector.trajectories import text_of
+
 DEFAULT_RUBRIC = """\
 - A candidate that achieves what the user asked for should score much higher than one \
 that does not.
@@ -34,7 +36,7 @@ Answer with JSON only, in exactly this shape, one entry per candidate id:
 def render_message(message: dict) -> str:
     role = message.get("role", "?")
     lines = []
-    content = _text(message.get("content"))
+    content = text_of(message.get("content"))
     if role == "tool":
         lines.append(f"[tool result] {content}")
     elif content:
@@ -69,9 +71,3 @@ def prompt(
         {"role": "system", "content": SYSTEM.format(rubric=rubric)},
         {"role": "user", "content": "\n".join(parts)},
     ]
-
-
-def _text(content) -> str:
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content or ""

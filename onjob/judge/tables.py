@@ -12,6 +12,7 @@ from collections import defaultdict
 
 from ..collector import Store
 from ..collector.ids import new_id
+from .rollouts import json_value
 from .ruler import Judgement
 from .sampling import Sample
 from .settings import JudgeSettings
@@ -51,7 +52,7 @@ def add_turn_group(
     sample as a `resample` exchange (same trajectory, turn and scenario); or, when the
     engine could not sample, a `failed` group so the turn is not retried forever."""
     group_id = new_id("group-")
-    logged = len((_json(prefix["response"]) or {}).get("choices") or ()) or 1
+    logged = len((json_value(prefix["response"]) or {}).get("choices") or ()) or 1
     with store.transaction() as con:
         con.execute(
             "INSERT INTO groups (id, scenario_id, prefix_exchange, kind, checkpoints, status, "
@@ -165,7 +166,7 @@ def cached_result(store: Store, cache_key: str) -> dict | None:
         "ORDER BY created DESC LIMIT 1",
         [cache_key],
     )
-    return _json(rows[0]["result"]) if rows else None
+    return json_value(rows[0]["result"]) if rows else None
 
 
 def save_scores(
@@ -262,7 +263,3 @@ def _add_members(con, group_id: str, trajectory_id: str, members: list[tuple]) -
             "INSERT INTO members VALUES (?, ?, ?, ?, ?, ?, ?)",
             [new_id("member-"), group_id, position, exchange_id, choice, trajectory_id, origin],
         )
-
-
-def _json(value):
-    return json.loads(value) if isinstance(value, str | bytes) else value
