@@ -332,18 +332,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if status is None:
 
         def read(st):
-            routing = deployments.current(st)
             return (
-                {
-                    alias: {
-                        "live": routing[alias]["live"] if alias in routing else live,
-                        "canary": routing[alias]["canary"] if alias in routing else None,
-                        "fraction": (routing[alias]["fraction"] or 0.0)
-                        if alias in routing
-                        else 0.0,
-                    }
-                    for alias, live in {**settings.proxy.aliases, **dict.fromkeys(routing)}.items()
-                },
+                deployments.routes(st, settings.proxy.aliases),
                 registry.checkpoints(st),
                 deployments.history(st, 10),
             )

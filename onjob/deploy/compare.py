@@ -69,14 +69,14 @@ async def _ensure_loaded(db: Collector, engine: httpx.AsyncClient, name: str, ba
     the engine if it is not there yet."""
     if name in BASE or name == base:
         return base, None
-    if name not in await adapters.loaded(engine):
-        row = await db.query(lambda st: registry.get(st, name))
-        if row is None:
-            raise ValueError(f"{name!r} is neither in the engine nor in the checkpoints table")
-        try:
+    row = await db.query(lambda st: registry.get(st, name))
+    try:
+        if row is not None:
             await adapters.ensure_loaded(engine, name, row["path"])
-        except adapters.EngineControlError as exc:
-            raise ValueError(str(exc)) from exc
+        elif name not in await adapters.loaded(engine):
+            raise ValueError(f"{name!r} is neither in the engine nor in the checkpoints table")
+    except adapters.EngineControlError as exc:
+        raise ValueError(str(exc)) from exc
     return name, name
 
 

@@ -26,6 +26,20 @@ def current(store: Store) -> dict[str, dict]:
     return {r["model_alias"]: r for r in rows}
 
 
+def routes(store: Store, defaults: dict[str, str | None]) -> dict[str, dict]:
+    """Every alias's arms: its latest deployment, else its configured live checkpoint."""
+    out = {
+        alias: {"live": live, "canary": None, "fraction": 0.0} for alias, live in defaults.items()
+    }
+    for alias, row in current(store).items():
+        out[alias] = {
+            "live": row["live"],
+            "canary": row["canary"],
+            "fraction": row["fraction"] or 0.0,
+        }
+    return out
+
+
 def history(store: Store, limit: int = 100) -> list[dict]:
     return store.query("SELECT * FROM deployments ORDER BY ts DESC LIMIT ?", [limit])
 
