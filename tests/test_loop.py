@@ -27,6 +27,9 @@ REWARDS = (
 )
 
 
+ROUTING = {"canary", "promote", "rollback", "status"}
+
+
 def onjob(cwd: Path, *args: str, env: dict | None = None, timeout: float = 600):
     nowhere = ["--server", f"http://127.0.0.1:{free_port()}"] if args[0] in ROUTING else []
     return subprocess.run(
@@ -37,9 +40,6 @@ def onjob(cwd: Path, *args: str, env: dict | None = None, timeout: float = 600):
         env={**os.environ, **(env or {})},
         timeout=timeout,
     )
-
-
-ROUTING = {"canary", "promote", "rollback", "status"}
 
 
 @pytest.fixture(scope="module")
@@ -102,33 +102,30 @@ def unload(tool_engine):
         httpx.post(f"{tool_engine.url}/unload_lora_adapter", json={"lora_name": name}, timeout=60)
 
 
-def test_a_harmful_canary_is_rolled_back_by_the_paired_comparison(
-    tmp_path, traffic, tool_engine, tool_model_dir, unload
+@pytest.mark.parametrize(
+    ("live", "canary", "said", "tally"),
+    [
+        ("mild", "scrambled", "rollback: canary scrambled lost", '"losses": 12'),
+        ("scrambled", "mild", "promote: canary mild won", '"wins": 12'),
+    ],
+    ids=["harmful-canary-rolled-back", "better-canary-promoted"],
+)
+def test_the_paired_comparison_decides_the_canary(
+    tmp_path, traffic, tool_engine, tool_model_dir, unload, live, canary, said, tally
 ):
     db = workdir(tmp_path, traffic, COMPARE_ONLY)
-    with_routing(tmp_path, tool_model_dir, live="mild", canary="scrambled")
+    with_routing(tmp_path, tool_model_dir, live=live, canary=canary)
     done = onjob(tmp_path, "loop", "--once", "--engine-url", tool_engine.url)
     assert done.returncode == 0, done.stderr
-    assert "canary scrambled against mild: rollback: canary scrambled lost" in done.stdout
+    assert f"canary {canary} against {live}: {said}" in done.stdout
     last = rows(db, "SELECT * FROM deployments ORDER BY ts DESC LIMIT 1")[0]
+    # Either way `mild` (the one that still calls the tool) ends up live, by the rule.
     assert (last["live"], last["canary"], last["actor"]) == ("mild", None, "loop")
-    assert '"losses": 12' in last["evidence"] and '"llr"' in last["evidence"]
-    statuses = {r["name"]: r["status"] for r in rows(db, "SELECT * FROM checkpoints")}
-    assert statuses == {"mild": "live", "scrambled": "retired"}
-
-
-def test_a_better_canary_is_promoted_by_the_paired_comparison(
-    tmp_path, traffic, tool_engine, tool_model_dir, unload
-):
-    db = workdir(tmp_path, traffic, COMPARE_ONLY)
-    with_routing(tmp_path, tool_model_dir, live="scrambled", canary="mild")
-    done = onjob(tmp_path, "loop", "--once", "--engine-url", tool_engine.url)
-    assert done.returncode == 0, done.stderr
-    assert "canary mild against scrambled: promote: canary mild won" in done.stdout
-    last = rows(db, "SELECT * FROM deployments ORDER BY ts DESC LIMIT 1")[0]
-    assert (last["live"], last["canary"], last["actor"]) == ("mild", None, "loop")
+    assert tally in last["evidence"] and '"llr"' in last["evidence"]
     pairs = rows(db, "SELECT count(*) AS n FROM groups WHERE kind = 'ab' AND status = 'scored'")
     assert pairs[0]["n"] == 12
+    statuses = {r["name"]: r["status"] for r in rows(db, "SELECT * FROM checkpoints")}
+    assert statuses == {"mild": "live", "scrambled": "retired"}
 
 
 TRAIN = """
