@@ -109,38 +109,47 @@ def tiny_adapter_dir(tmp_path_factory, tiny_model_dir) -> Path:
     return make_adapter(tiny_model_dir, out, seed=1, r=8, targets=["q_proj", "v_proj", "o_proj"])
 
 
-@pytest.fixture(scope="session")
-def tool_model_dir(tmp_path_factory, tokenizer) -> Path:
-    """A tiny model taught (by overfitting) to answer TOOL_QUESTION with TOOL_ANSWER."""
+def teach(tokenizer, lessons: list[tuple[list[dict], list[dict] | None, str]], out: Path, seed=2):
+    """A tiny model overfitted to answer each (messages, tools) with its text, saved with the
+    tokenizer in `out`: a stand-in for a model that has learnt a behaviour."""
     import msgspec
 
     from onjob.deploy.engine import chat
     from onjob.deploy.engine.protocol import Message, Tool
 
-    prompt = chat.render(
-        tokenizer,
-        msgspec.convert(TOOL_QUESTION, list[Message]),
-        msgspec.convert(TOOLS, list[Tool]),
-    )
-    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    answer_ids = tokenizer(TOOL_ANSWER + "<|im_end|>", add_special_tokens=False)["input_ids"]
-    ids = torch.tensor([prompt_ids + answer_ids])
-    labels = ids.clone()
-    labels[0, : len(prompt_ids)] = -100
-    model = _tiny_model(seed=2)
+    batch = []
+    for messages, tools, answer in lessons:
+        prompt = chat.render(
+            tokenizer,
+            msgspec.convert(messages, list[Message]),
+            msgspec.convert(tools, list[Tool]) if tools else None,
+        )
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        answer_ids = tokenizer(answer + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        ids = torch.tensor([prompt_ids + answer_ids])
+        labels = ids.clone()
+        labels[0, : len(prompt_ids)] = -100
+        batch.append((ids, labels))
+    model = _tiny_model(seed=seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(300):
-        loss = model(input_ids=ids, labels=labels).loss
+    for _ in range(400):
+        loss = sum(model(input_ids=ids, labels=labels).loss for ids, labels in batch)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        if loss.item() < 0.01:
+        if loss.item() < 0.01 * len(batch):
             break
-    path = tmp_path_factory.mktemp("tool-model")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    (path / "onjob-test.json").write_text(json.dumps({"final_loss": loss.item()}))
-    return path
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "onjob-test.json").write_text(json.dumps({"final_loss": loss.item()}))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tool_model_dir(tmp_path_factory, tokenizer) -> Path:
+    """A tiny model taught (by overfitting) to answer TOOL_QUESTION with TOOL_ANSWER."""
+    out = tmp_path_factory.mktemp("tool-model")
+    return teach(tokenizer, [(TOOL_QUESTION, TOOLS, TOOL_ANSWER)], out)
 
 
 @pytest.fixture(scope="session")

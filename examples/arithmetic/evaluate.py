@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +17,7 @@ from openai import OpenAI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from examples.arithmetic import task
+from examples.success import success
 
 
 def evaluate(base_url: str, model: str, questions: int = 25, samples: int = 8) -> dict:
@@ -31,11 +31,7 @@ def evaluate(base_url: str, model: str, questions: int = 25, samples: int = 8) -
 
     with ThreadPoolExecutor(4) as pool:
         right = sum(pool.map(score, task.heldout_questions(questions)))
-    n = questions * samples
-    p, z = right / n, 1.96
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return {"success": p, "n": n, "ci95": [max(0.0, centre - half), min(1.0, centre + half)]}
+    return success(right, questions * samples)
 
 
 def main() -> None:

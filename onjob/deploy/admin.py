@@ -1,4 +1,5 @@
-"""The admin API of `onjob serve`: status, checkpoints, canary, promote, roll back.
+"""The admin API of `onjob serve`: status (routing, deployments, the loop's stage and the
+reward per checkpoint), checkpoints, canary, promote, roll back.
 
 Behind `proxy.admin_key` (`Authorization: Bearer <admin key>`). A server with no
 admin key answers admin calls only when it has no API keys either (a loopback
@@ -15,7 +16,8 @@ from litestar import Request, get, post
 from ..collector import Collector
 from ..proxy import Router
 from ..proxy.errors import BadRequest, Conflict, Forbidden, Unauthorized
-from . import adapters, deployments, registry
+from . import adapters, deployments, progress, registry
+from .loop import LoopState
 from .operator import Operator
 from .settings import ServeSettings
 
@@ -32,7 +34,13 @@ class AliasBody(msgspec.Struct, forbid_unknown_fields=True):
     reason: str = "by hand"
 
 
-def routes(settings: ServeSettings, collector: Collector, router: Router, operator: Operator):
+def routes(
+    settings: ServeSettings,
+    collector: Collector,
+    router: Router,
+    operator: Operator,
+    loop: LoopState | None = None,
+):
     admin_key = settings.proxy.admin_key
 
     def require_admin(request: Request) -> None:
@@ -68,6 +76,8 @@ def routes(settings: ServeSettings, collector: Collector, router: Router, operat
             "base_model": router.base_model,
             "collector": collector.stats(),
             "deployments": history,
+            "loop": (loop or LoopState()).as_dict(),
+            "rewards": await collector.query(progress.reward_by_checkpoint),
         }
 
     @get("/admin/checkpoints")

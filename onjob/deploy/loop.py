@@ -2,11 +2,11 @@
 
 One iteration (`run_once`):
 
-    judge pass                    turn and trajectory groups, scored
     if the alias has a canary:    a paired round (logged prompts on live and canary,
                                   judged together), then the verdict: promote, roll
                                   back, or keep collecting
-    else, enough new groups:      train (child process) -> candidate -> canary
+    judge pass                    turn and trajectory groups, scored
+    no canary, enough new groups: train (child process) -> candidate -> canary
 
 Every stage reads its state from DuckDB (groups not trained on, the latest
 deployment, pairs already judged), so an iteration killed anywhere, even mid-train,
@@ -20,6 +20,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -35,25 +38,64 @@ from .settings import ServeSettings
 log = logging.getLogger("onjob.loop")
 
 
+@dataclass
+class LoopState:
+    """What the loop is doing now and the wall time it has spent per stage (the admin
+    status and the demo's progress show it)."""
+
+    stage: str = "idle"
+    since: float = field(default_factory=time.time)
+    iterations: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    @contextlib.contextmanager
+    def doing(self, stage: str):
+        self.stage, self.since = stage, time.time()
+        try:
+            yield
+        finally:
+            self.seconds[stage] += time.time() - self.since
+            self.stage, self.since = "idle", time.time()
+
+    def as_dict(self) -> dict:
+        return {
+            "stage": self.stage,
+            "since": self.since,
+            "iterations": self.iterations,
+            "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
+        }
+
+
 async def run_once(
-    db: Collector, engine: httpx.AsyncClient, operator: Operator, settings: ServeSettings, echo
+    db: Collector,
+    engine: httpx.AsyncClient,
+    operator: Operator,
+    settings: ServeSettings,
+    echo,
+    state: LoopState | None = None,
 ) -> None:
-    report = await run_pass(db, engine, settings.judge, echo=echo)
-    echo(f"judge pass: {report.summary()}")
-    loop = settings.loop
-    if not loop.train:
-        return
-    alias = loop.alias
+    state = state or LoopState()
+    state.iterations += 1
+    loop, alias = settings.loop, settings.loop.alias
     routing = (await db.query(deployments.current)).get(alias)
-    if routing and routing["canary"]:
-        await _canary_round(db, engine, operator, settings, routing, echo)
+    if loop.train and routing and routing["canary"]:
+        # The open comparison before the judge pass (which can take minutes on a CPU):
+        # the decision comes as soon as the pairs allow.
+        with state.doing("compare"):
+            await _canary_round(db, engine, operator, settings, routing, echo)
+        routing = (await db.query(deployments.current)).get(alias)
+    with state.doing("judge"):
+        report = await run_pass(db, engine, settings.judge, echo=echo)
+    echo(f"judge pass: {report.summary()}")
+    if not loop.train or (routing and routing["canary"]):
         return
     live = routing["live"] if routing else settings.proxy.aliases.get(alias)
     ready = await db.query(lambda st: snapshot.trainable(st, settings.trainer, live=live))
     if ready < loop.min_new_groups:
         echo(f"train: {ready} new trainable groups, waiting for {loop.min_new_groups}")
         return
-    manifest = await training.train(db, settings, parent=live, echo=echo)
+    with state.doing("train"):
+        manifest = await training.train(db, settings, parent=live, echo=echo)
     if manifest is None:
         return
     row = await operator.set_canary(
@@ -103,6 +145,7 @@ class PeriodicLoop:
         self.collector = collector
         self.operator = operator
         self.settings = settings
+        self.state = LoopState()
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -120,7 +163,12 @@ class PeriodicLoop:
             await asyncio.sleep(self.settings.loop.interval_s)
             try:
                 await run_once(
-                    self.collector, self.operator.engine, self.operator, self.settings, log.info
+                    self.collector,
+                    self.operator.engine,
+                    self.operator,
+                    self.settings,
+                    log.info,
+                    self.state,
                 )
             except (JudgeError, deployments.DeployError, RuntimeError) as exc:
                 log.error("loop iteration stopped: %s", exc)

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
+from pathlib import Path
 
 import httpx
 
@@ -26,14 +28,28 @@ class OnjobProcess:
     command = ""
 
     def __init__(
-        self, args: list[str] = (), *, port: int = 0, env: dict | None = None, timeout: float = 300
+        self,
+        args: list[str] = (),
+        *,
+        port: int = 0,
+        env: dict | None = None,
+        timeout: float = 300,
+        log: Path | None = None,
     ) -> None:
         self.port = port or free_port()
         self.args = list(args)
         self.env = env
         self.timeout = timeout
         self.proc: subprocess.Popen | None = None
-        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the process)
+        if log is None:  # a temporary log, removed with this object
+            fd, log = tempfile.mkstemp(prefix=f"onjob-{self.command}-", suffix=".log")
+            os.close(fd)
+            weakref.finalize(self, os.unlink, log)
+        # The child appends; reads go through a handle of their own, so they never move
+        # the position the child writes at.
+        self._log = open(log, "ab")  # noqa: SIM115 (lives as long as the process)
+        self._reader = open(log, "rb")  # noqa: SIM115
+        self._read = 0
 
     @property
     def base(self) -> str:
@@ -67,8 +83,17 @@ class OnjobProcess:
         raise TimeoutError(f"{self.command} not ready after {self.timeout} s:\n{self.output()}")
 
     def output(self) -> str:
-        self._log.seek(0)
-        return self._log.read().decode(errors="replace")[-4000:]
+        """The last few KB of the log."""
+        self._reader.seek(0)
+        return self._reader.read().decode(errors="replace")[-4000:]
+
+    def new_lines(self) -> list[str]:
+        """The complete lines written since the last call."""
+        self._reader.seek(self._read)
+        text = self._reader.read()
+        end = text.rfind(b"\n") + 1
+        self._read += end
+        return text[:end].decode(errors="replace").splitlines()
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs (crash tests)."""

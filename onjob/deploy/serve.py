@@ -57,7 +57,7 @@ def build_app(settings: ServeSettings):
         collector=collector,
         tracer=tracer(settings.telemetry),
         router=router,
-        routes=admin.routes(settings, collector, router, operator),
+        routes=admin.routes(settings, collector, router, operator, loop.state),
         on_startup=[restore_routing, loop.start],
         on_shutdown=[loop.stop, engine.aclose],
     )

@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -76,7 +77,7 @@ def train(
             f"warm start: {s.sft_epochs} supervised passes on {sft['members']} best members, "
             f"loss {sft['loss_first']:.3f} -> {sft['loss_last']:.3f}"
         )
-    bar = _bar(steps, progress)
+    step_done, progress_done = _progress(steps, progress, echo)
 
     # --- steps
     history, tokens_seen = [], 0
@@ -117,11 +118,10 @@ def train(
                 "tokens_per_s": step_tokens / (time.perf_counter() - step_started),
             }
             history.append(record)
-            bar.update(1)
-            bar.set_postfix(loss=f"{record['loss']:.4f}", reward=f"{record['reward_mean']:.2f}")
+            step_done(record)
             if wandb:
                 wandb.log(record)
-    bar.close()
+    progress_done()
 
     # --- checkpoint
     duration = time.perf_counter() - started
@@ -323,10 +323,28 @@ def _summary(history: list[dict], groups, notes, duration: float, tokens: int) -
     }
 
 
-def _bar(total: int, enabled: bool):
+def _progress(total: int, enabled: bool, echo):
+    """A bar on a terminal; in a log (the training child of `onjob serve`) a line per step."""
+    if not enabled:
+        return (lambda record: None), (lambda: None)
+    if not sys.stderr.isatty():
+
+        def line(r: dict) -> None:
+            echo(
+                f"step {r['step']}/{total}: loss {r['loss']:.4f}, reward {r['reward_mean']:.2f}, "
+                f"{r['tokens_per_s']:.0f} tokens/s"
+            )
+
+        return line, (lambda: None)
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc="grpo", unit="step", disable=not enabled)
+    bar = tqdm(total=total, desc="grpo", unit="step")
+
+    def update(r: dict) -> None:
+        bar.update(1)
+        bar.set_postfix(loss=f"{r['loss']:.4f}", reward=f"{r['reward_mean']:.2f}")
+
+    return update, bar.close
 
 
 def _wandb(s: TrainSettings):

@@ -1,0 +1,1 @@
+"""A multi-turn tool-using task: "What is A × B?" with a `multiply` tool."""

@@ -1,0 +1,50 @@
+"""Held-out success of a model on the calculator task: the fraction of conversations
+(temperature 1, the tool run for real) whose final answer has the right product, with
+a 95% Wilson interval, and how often the model called the tool.
+
+    python examples/calculator/evaluate.py --base-url http://127.0.0.1:8001/v1 \\
+        --model SmolLM2-135M-Instruct --questions 30 --samples 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from openai import OpenAI
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from examples.calculator import task
+from examples.calculator.agent import solve
+from examples.success import success
+
+
+def evaluate(base_url: str, model: str, questions: int = 30, samples: int = 2) -> dict:
+    client = OpenAI(base_url=base_url, api_key="unused", max_retries=2, timeout=600)
+
+    def run(q: str) -> tuple[bool, int]:
+        answer, _, calls = solve(client, model, q)
+        return task.correct(q, answer), calls
+
+    asked = [q for q in task.heldout_questions(questions) for _ in range(samples)]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(run, asked))
+    used_tool = sum(calls > 0 for _, calls in results)
+    return {**success(sum(ok for ok, _ in results), len(asked)), "used_tool": used_tool}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base-url", default="http://127.0.0.1:8001/v1")
+    parser.add_argument("--model", default="SmolLM2-135M-Instruct")
+    parser.add_argument("--questions", type=int, default=30)
+    parser.add_argument("--samples", type=int, default=2)
+    args = parser.parse_args()
+    print(json.dumps(evaluate(args.base_url, args.model, args.questions, args.samples)))
+
+
+if __name__ == "__main__":
+    main()

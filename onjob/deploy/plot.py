@@ -1,0 +1,67 @@
+"""The demo's learning curve as a PNG: each re-sampled group's mean reward over time,
+coloured by the checkpoint that sampled it, with the routing changes and the held-out
+success before and after. Needs matplotlib (`pip install 'onjob[demo]'`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display needed
+import matplotlib.pyplot as plt
+
+
+def learning_curve(path: Path, groups: list[dict], history: list[dict], result: dict) -> None:
+    start = result["started"]
+
+    def minutes(ts) -> float:
+        return (ts.timestamp() - start) / 60
+
+    fig, ax = plt.subplots(figsize=(10, 5), dpi=110)
+    names = list(dict.fromkeys(g["checkpoint"] for g in groups))
+    colours = plt.get_cmap("tab10")
+    for i, name in enumerate(names):
+        mine = [g for g in groups if g["checkpoint"] == name]
+        xs, ys = [minutes(g["created"]) for g in mine], [g["reward"] for g in mine]
+        mean = sum(ys) / len(ys)
+        label = f"{_short(name)}: mean {mean:.2f} over {len(ys)} groups"
+        ax.scatter(xs, ys, s=14, alpha=0.5, color=colours(i % 10), label=label)
+        ax.hlines(mean, min(xs), max(xs), colors=colours(i % 10), linewidth=2.5)
+    for row in history:
+        x = minutes(row["ts"])
+        what = f"canary {_short(row['canary'])}" if row["canary"] else f"live {_short(row['live'])}"
+        ax.axvline(x, color="grey", linestyle="--", linewidth=0.8)
+        ax.text(x, 1.02, what, rotation=90, fontsize=7, va="bottom", ha="right", color="grey")
+    before, after = result["before"], result["after"]
+    end = result["wall_s"] / 60
+    for x, r, name in ((0, before, "before"), (end, after, "after")):
+        low, high = r["ci95"]
+        ax.errorbar(
+            [x],
+            [r["success"]],
+            yerr=[[r["success"] - low], [high - r["success"]]],
+            fmt="D",
+            color="black",
+            capsize=4,
+        )
+        ax.annotate(
+            f"held-out {name}: {r['success']:.0%}",
+            (x, r["success"]),
+            textcoords="offset points",
+            xytext=(6, -12),
+            fontsize=8,
+        )
+    ax.set_xlim(-0.5, end + 0.5)
+    ax.set_ylim(-0.05, 1.15)
+    ax.set_xlabel("minutes since the demo started")
+    ax.set_ylabel("mean reward of a re-sampled group")
+    ax.set_title(f"onjob demo: {result['task']}", fontsize=10)
+    ax.legend(loc="upper left", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _short(name: str | None) -> str:
+    return "base" if not name else name[-6:] if name.startswith("ckpt-") else name

@@ -1,0 +1,106 @@
+"""`onjob demo` end to end, shortened, on the tiny model: every stage runs (base
+evaluation, agent traffic through the proxy, re-sampling, reward, training, canary,
+paired comparison, decision, final evaluation) and leaves its rows, its result and
+its plot; Ctrl-C stops the demo and every process it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import rows
+
+ROOT = Path(__file__).resolve().parents[1]
+ONJOB = str(Path(sys.executable).with_name("onjob"))
+# The loop scaled down to a tiny model: small groups, one short run, two pairs.
+SHORT = {
+    "ONJOB_LOOP__INTERVAL_S": "1",
+    "ONJOB_LOOP__MIN_NEW_GROUPS": "2",
+    "ONJOB_LOOP__PAIRS_PER_ROUND": "2",
+    "ONJOB_LOOP__MIN_PAIRS": "2",
+    "ONJOB_LOOP__MAX_PAIRS": "2",
+    "ONJOB_JUDGE__GROUP_SIZE": "4",
+    "ONJOB_JUDGE__MAX_GROUPS": "4",
+    "ONJOB_TRAINER__MAX_GROUPS": "4",
+}
+
+
+def demo(tmp_path: Path, model: Path, *more: str) -> list[str]:
+    return [
+        ONJOB, "demo", "--dir", str(tmp_path / "demo"), "--model", str(model),
+        "--reward", "tests.demo_rewards:varied", "--questions", "3", "--samples", "2", *more,
+    ]  # fmt: skip
+
+
+def test_shortened_demo_runs_every_stage_and_leaves_its_rows(tmp_path, tiny_model_dir):
+    done = subprocess.run(
+        demo(tmp_path, tiny_model_dir, "--rounds", "1", "--minutes", "8"),
+        cwd=ROOT,
+        env={**os.environ, **SHORT},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    for stage in ("== starting onjob serve", "== measuring", "== the agent's traffic"):
+        assert stage in out, out
+    assert "trainer: step 1/1" in out and "canary decision(s) made" in out, out
+    assert "held-out success (6 sampled answers" in out and "change" in out, out
+
+    work = tmp_path / "demo"
+    result = json.loads((work / "result.json").read_text())
+    assert result["before"]["n"] == result["after"]["n"] == 6
+    assert result["train_runs"] == 1 and result["canaries"] == 1
+    assert result["promotions"] + result["rollbacks"] == 1
+    assert result["agent"]["conversations"] > 0
+    assert result["stage_s"]["loop_stages"]["train"] > 0
+    assert (work / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    db = work / "onjob.duckdb"
+    answered = "SELECT count(*) AS n FROM exchanges WHERE source = 'production' AND status = 200"
+    assert rows(db, answered)[0]["n"] == result["agent"]["conversations"]  # each one logged
+    scored = "SELECT kind, count(*) AS n FROM groups WHERE status = 'scored' GROUP BY kind"
+    kinds = {r["kind"]: r["n"] for r in rows(db, scored)}
+    assert kinds["turn"] >= 2 and kinds["ab"] >= 2
+    assert rows(db, "SELECT count(*) AS n FROM scores WHERE source = 'correct'")[0]["n"] > 0
+    (checkpoint,) = rows(db, "SELECT name, status FROM checkpoints")
+    assert (work / "checkpoints" / checkpoint["name"] / "adapter_config.json").is_file()
+    routing = rows(db, "SELECT live, canary, actor FROM deployments ORDER BY ts")
+    assert routing[0]["canary"] == checkpoint["name"] and routing[-1]["canary"] is None
+    assert {r["actor"] for r in routing} == {"loop"}
+
+
+def test_ctrl_c_stops_the_demo_and_everything_it_started(tmp_path, tiny_model_dir):
+    proc = subprocess.Popen(
+        demo(tmp_path, tiny_model_dir),
+        cwd=ROOT,
+        env={**os.environ, **SHORT},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's job is
+    )
+    try:
+        for line in proc.stdout:
+            if "== the agent's traffic" in line:
+                break
+        else:
+            raise AssertionError(proc.stderr.read())
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "stopped; what ran so far is in" in err
+    try:
+        os.killpg(proc.pid, 0)
+        left = subprocess.run(["pgrep", "-g", str(proc.pid), "-a"], capture_output=True, text=True)
+        raise AssertionError(f"processes left behind:\n{left.stdout}")
+    except ProcessLookupError:
+        pass
