@@ -10,7 +10,10 @@ import os
 import signal
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+
+from onjob.deploy.demo import REWARD
 
 from .conftest import rows
 
@@ -57,13 +60,13 @@ def test_shortened_demo_runs_every_stage_and_leaves_its_rows(tmp_path, tiny_mode
     assert result["before"]["n"] == result["after"]["n"] == 6
     assert result["train_runs"] == 1 and result["canaries"] == 1
     assert result["promotions"] + result["rollbacks"] == 1
-    assert result["agent"]["conversations"] > 0
+    assert result["agent"]["requests"] > 0
     assert result["stage_s"]["loop_stages"]["train"] > 0
     assert (work / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     db = work / "onjob.duckdb"
     answered = "SELECT count(*) AS n FROM exchanges WHERE source = 'production' AND status = 200"
-    assert rows(db, answered)[0]["n"] == result["agent"]["conversations"]  # each one logged
+    assert rows(db, answered)[0]["n"] == result["agent"]["requests"]  # each one logged
     scored = "SELECT kind, count(*) AS n FROM groups WHERE status = 'scored' GROUP BY kind"
     kinds = {r["kind"]: r["n"] for r in rows(db, scored)}
     assert kinds["turn"] >= 2 and kinds["ab"] >= 2
@@ -104,3 +107,21 @@ def test_ctrl_c_stops_the_demo_and_everything_it_started(tmp_path, tiny_model_di
         raise AssertionError(f"processes left behind:\n{left.stdout}")
     except ProcessLookupError:
         pass
+
+
+def test_judge_flag_switches_the_demo_from_the_reward_function_to_ruler(tmp_path):
+    from onjob.deploy.demo import Options, config
+    from onjob.deploy.settings import LoopSettings
+    from onjob.judge import JudgeSettings
+    from onjob.trainer import TrainSettings
+
+    default = tomllib.loads(config(Options(dir=tmp_path), tmp_path / "model"))
+    assert JudgeSettings.model_validate(default["judge"]).rewards["correct"].fn == REWARD
+    assert JudgeSettings.model_validate(default["judge"]).model is None
+    for section, model in (("judge", JudgeSettings), ("trainer", TrainSettings),
+                           ("loop", LoopSettings)):  # fmt: skip
+        assert set(default[section]) <= set(model.model_fields), section  # no typo ignored
+        model.model_validate(default[section])
+    ruler = tomllib.loads(config(Options(dir=tmp_path, judge="openai/gpt-4.1-mini"), tmp_path))
+    judge = JudgeSettings.model_validate(ruler["judge"])
+    assert judge.model == "openai/gpt-4.1-mini" and not judge.rewards

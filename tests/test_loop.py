@@ -24,6 +24,7 @@ ONJOB = str(Path(sys.executable).with_name("onjob"))
 TARGETS = ["q_proj", "v_proj", "o_proj"]
 REWARDS = (
     "def tool(r):\n    return any(c['function']['name'] == 'get_weather' for c in r.tool_calls)\n"
+    "def varied(r):\n    return sum(map(ord, str(r.tool_calls))) % 3 / 2\n"  # a spread
 )
 
 
@@ -185,3 +186,34 @@ def test_a_fresh_database_runs_every_stage_and_a_run_killed_mid_train_resumes_cl
     httpx.post(
         f"{tool_engine.url}/unload_lora_adapter", json={"lora_name": checkpoint["name"]}, timeout=60
     )
+
+
+SKIP_WHILE_COMPARING = """
+[judge]
+group_size = 4
+temperature = 1.0
+max_groups = 6
+scenario_groups = false
+[judge.rewards]
+varied = { fn = "my_rewards:varied" }
+[loop]
+min_new_groups = 1
+pairs_per_round = 2
+min_pairs = 10
+"""
+
+
+def test_while_comparing_the_loop_samples_no_more_than_the_next_run_needs(
+    tmp_path, traffic, tool_engine, tool_model_dir, unload
+):
+    db = workdir(tmp_path, traffic, SKIP_WHILE_COMPARING)
+    judged = onjob(tmp_path, "judge", "--once", "--engine-url", tool_engine.url)
+    assert judged.returncode == 0, judged.stderr
+    turn_groups = "SELECT count(*) AS n FROM groups WHERE kind = 'turn'"
+    before = rows(db, turn_groups)[0]["n"]
+    with_routing(tmp_path, tool_model_dir, live="mild", canary="scrambled")
+    done = onjob(tmp_path, "loop", "--once", "--engine-url", tool_engine.url)
+    assert done.returncode == 0, done.stderr
+    assert "canary scrambled against mild: wait" in done.stdout  # the paired round ran
+    assert "judge pass skipped while comparing" in done.stdout
+    assert rows(db, turn_groups)[0]["n"] == before  # no turn re-sampled

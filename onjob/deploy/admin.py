@@ -8,6 +8,7 @@ server for one developer); otherwise the admin API is closed.
 
 from __future__ import annotations
 
+import base64
 import hmac
 
 import msgspec
@@ -17,7 +18,7 @@ from ..collector import Collector
 from ..proxy import Router
 from ..proxy.errors import BadRequest, Conflict, Forbidden, Unauthorized
 from . import adapters, deployments, progress, registry
-from .loop import LoopState
+from .loop import LoopState, PeriodicLoop
 from .operator import Operator
 from .settings import ServeSettings
 
@@ -29,9 +30,35 @@ class CanaryBody(msgspec.Struct, forbid_unknown_fields=True):
     reason: str = "set by hand"
 
 
+class LoopBody(msgspec.Struct, forbid_unknown_fields=True):
+    running: bool
+
+
 class AliasBody(msgspec.Struct, forbid_unknown_fields=True):
     alias: str
     reason: str = "by hand"
+
+
+def admin_refusal(request: Request, settings: ServeSettings) -> Exception | None:
+    """Why `request` may not use admin routes (None: it may). The key comes as `Bearer
+    <admin key>`, or as the password of HTTP Basic auth, which is what a browser asks for
+    on the dashboard."""
+    admin_key = settings.proxy.admin_key
+    if admin_key is None:
+        if settings.proxy.api_keys:
+            return Forbidden("The admin API is off: set proxy.admin_key to use it.")
+        return None
+    scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
+    if scheme.lower() == "basic":
+        try:
+            token = base64.b64decode(token.strip(), validate=True).decode().partition(":")[2]
+        except (ValueError, UnicodeDecodeError):
+            token = ""
+    elif scheme.lower() != "bearer":
+        token = ""
+    if not token or not hmac.compare_digest(token.strip().encode(), admin_key.encode()):
+        return Unauthorized("Admin routes need `Authorization: Bearer <admin key>`.")
+    return None
 
 
 def routes(
@@ -39,18 +66,11 @@ def routes(
     collector: Collector,
     router: Router,
     operator: Operator,
-    loop: LoopState | None = None,
+    loop: PeriodicLoop | None = None,
 ):
-    admin_key = settings.proxy.admin_key
-
     def require_admin(request: Request) -> None:
-        if admin_key is None:
-            if settings.proxy.api_keys:
-                raise Forbidden("The admin API is off: set proxy.admin_key to use it.")
-            return
-        scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), admin_key):
-            raise Unauthorized("The admin API needs `Authorization: Bearer <admin key>`.")
+        if (refusal := admin_refusal(request, settings)) is not None:
+            raise refusal
 
     async def body(request: Request, kind):
         try:
@@ -76,7 +96,7 @@ def routes(
             "base_model": router.base_model,
             "collector": collector.stats(),
             "deployments": history,
-            "loop": (loop or LoopState()).as_dict(),
+            "loop": (loop.state if loop else LoopState()).as_dict(),
             "rewards": await collector.query(progress.reward_by_checkpoint),
         }
 
@@ -107,4 +127,15 @@ def routes(
         b = await body(request, AliasBody)
         return await change(lambda: operator.rollback(b.alias, reason=b.reason, actor="admin-api"))
 
-    return [status, checkpoints, canary, promote, rollback]
+    @post("/admin/loop", status_code=200)
+    async def loop_switch(request: Request) -> dict:
+        """Pause (`{"running": false}`) or resume the loop; pausing cancels an iteration
+        in flight."""
+        require_admin(request)
+        b = await body(request, LoopBody)
+        if loop is None or settings.loop.interval_s <= 0:
+            raise Conflict("The loop is off in this server (loop.interval_s = 0).")
+        await (loop.resume() if b.running else loop.pause())
+        return loop.state.as_dict()
+
+    return [status, checkpoints, canary, promote, rollback, loop_switch]

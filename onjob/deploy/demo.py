@@ -31,6 +31,7 @@ from . import deployments, progress
 from .process import ServerProcess, free_port
 
 ADMIN_KEY = "demo"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 MARKER = ".onjob-demo"
 REWARD = "examples.arithmetic.task:reward"
 
@@ -46,14 +47,16 @@ class Options:
     port: int = 0
     questions: int = 25
     samples: int = 8
-    agents: int = 2  # conversations in flight
+    agents: int = 1  # conversations in flight
 
 
 def config(o: Options, model: Path) -> str:
     """The demo's onjob.toml. Tuned for the 135M model on 2 cores: big groups at
-    temperature 1 (GRPO needs a spread of rewards), 16 groups per run at a high learning
-    rate, half the traffic on the canary and a coarse test (win rate 0.7 against 0.3 at
-    10% error each way), so one round of train -> canary -> decide fits in minutes."""
+    temperature 1 (GRPO needs a spread of rewards), 16 groups per run in 8 steps at a high
+    learning rate, judge passes of 8 recent turns (sampled by the checkpoints serving now),
+    paired rounds of 6 prompts, half the traffic on the canary and a coarse test (win rate
+    0.7 against 0.3 at 10% error each way): one round of train, canary and decision fits in
+    a few minutes."""
     judge = (
         f'model = "{o.judge}"' if o.judge else f'[judge.rewards]\ncorrect = {{ fn = "{o.reward}" }}'
     )
@@ -73,7 +76,7 @@ args = ["--model", "{model}", "--threads", "2"]
 base_model = "{model}"
 checkpoints_dir = "{o.dir / "checkpoints"}"
 learning_rate = 0.0002
-groups_per_step = 4
+groups_per_step = 2
 max_groups = 16
 threads = 1
 
@@ -81,9 +84,9 @@ threads = 1
 interval_s = 5
 min_new_groups = 16
 canary_fraction = 0.5
-pairs_per_round = 8
-min_pairs = 8
-max_pairs = 40
+pairs_per_round = 6
+min_pairs = 6
+max_pairs = 48
 sprt_delta = 0.2
 alpha = 0.1
 beta = 0.1
@@ -92,7 +95,8 @@ beta = 0.1
 group_size = 8
 temperature = 1.0
 max_tokens = 48
-max_groups = 16
+max_groups = 8
+max_age_s = 180
 per_scenario = 1
 scenario_groups = false
 concurrency = 2
@@ -135,6 +139,8 @@ def run(o: Options, echo=say) -> dict:
         )
         with _Traffic(server.url, task, o.agents) as traffic:
             status = _watch(server, clock, deadline, o.rounds)
+        # The loop stops before the final measurement, which then has the engine to itself.
+        httpx.post(f"{server.base}/admin/loop", json={"running": False}, headers=ADMIN, timeout=60)
         seconds["loop"] = clock.lap()
         live = status["aliases"]["agent"]["live"]
         clock.stage(f"measuring {live or base} on the same questions")
@@ -159,7 +165,7 @@ def run(o: Options, echo=say) -> dict:
         "stage_s": {**seconds, "loop_stages": status["loop"]["seconds"]},
         "train_runs": runs,
         **_decisions(history),
-        "agent": {"conversations": traffic.done, "errors": traffic.errors},
+        "agent": {"requests": traffic.done, "errors": traffic.errors},
         "rewards": status["rewards"],
     }
     (o.dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
@@ -167,8 +173,8 @@ def run(o: Options, echo=say) -> dict:
     echo(_table(result))
     echo(f"\nin {o.dir}/: result.json, onjob.duckdb, checkpoints/, serve.log" + plotted)
     echo(
-        f"to look around: onjob serve --config {o.dir}/onjob.toml --start-engine, then "
-        f"curl -H 'Authorization: Bearer {ADMIN_KEY}' http://127.0.0.1:8000/admin/status"
+        f"to look around: onjob serve --config {o.dir}/onjob.toml --start-engine, then open "
+        f"http://127.0.0.1:8000/dashboard (password: {ADMIN_KEY})"
     )
     return result
 
@@ -282,14 +288,13 @@ _TRAINER = ("training on", "step ", "wrote ", "warm start")
 
 def _watch(server: ServerProcess, clock: _Clock, deadline: float, rounds: int) -> dict:
     """Relay the loop's progress until the deadline or `rounds` decisions; the last status."""
-    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     waiting = rewards = None
     while True:
         for line in server.new_lines():
             shown, waiting = _shown(line, waiting)
             if shown:
                 clock.line(shown)
-        status = httpx.get(f"{server.base}/admin/status", headers=admin, timeout=60).json()
+        status = httpx.get(f"{server.base}/admin/status", headers=ADMIN, timeout=60).json()
         summary = _reward_summary(status["rewards"])
         if summary and summary != rewards:
             clock.line(f"reward of re-sampled answers: {summary}")
@@ -363,7 +368,7 @@ def _table(r: dict) -> str:
             f"  change  {(a['success'] - b['success']) * 100:+.1f} points",
             f"{r['train_runs']} training runs, {r['canaries']} canaries, "
             f"{r['promotions']} promoted, {r['rollbacks']} rolled back; "
-            f"{r['agent']['conversations']} agent requests ({r['agent']['errors']} errors)",
+            f"{r['agent']['requests']} agent requests ({r['agent']['errors']} errors)",
             f"wall time {r['wall_s']:.0f} s: start {stages['start']:.0f} s, "
             f"evaluations {stages['eval_before'] + stages['eval_after']:.0f} s, "
             f"loop {stages['loop']:.0f} s ({loop})",

@@ -5,7 +5,8 @@ One iteration (`run_once`):
     if the alias has a canary:    a paired round (logged prompts on live and canary,
                                   judged together), then the verdict: promote, roll
                                   back, or keep collecting
-    judge pass                    turn and trajectory groups, scored
+    judge pass                    turn and trajectory groups, scored (skipped during a
+                                  comparison once the next run has its groups)
     no canary, enough new groups: train (child process) -> candidate -> canary
 
 Every stage reads its state from DuckDB (groups not trained on, the latest
@@ -44,6 +45,7 @@ class LoopState:
     status and the demo's progress show it)."""
 
     stage: str = "idle"
+    paused: bool = False
     since: float = field(default_factory=time.time)
     iterations: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
@@ -60,6 +62,7 @@ class LoopState:
     def as_dict(self) -> dict:
         return {
             "stage": self.stage,
+            "paused": self.paused,
             "since": self.since,
             "iterations": self.iterations,
             "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
@@ -84,12 +87,19 @@ async def run_once(
         with state.doing("compare"):
             await _canary_round(db, engine, operator, settings, routing, echo)
         routing = (await db.query(deployments.current)).get(alias)
+    live = routing["live"] if routing else settings.proxy.aliases.get(alias)
+    comparing = loop.train and routing is not None and routing["canary"] is not None
+    if comparing:
+        # While a comparison needs the engine, sample no more than the next run will use.
+        ready = await db.query(lambda st: snapshot.trainable(st, settings.trainer, live=live))
+        if ready >= loop.min_new_groups:
+            echo(f"judge pass skipped while comparing: {ready} groups wait for the next run")
+            return
     with state.doing("judge"):
         report = await run_pass(db, engine, settings.judge, echo=echo)
     echo(f"judge pass: {report.summary()}")
-    if not loop.train or (routing and routing["canary"]):
+    if not loop.train or comparing:
         return
-    live = routing["live"] if routing else settings.proxy.aliases.get(alias)
     ready = await db.query(lambda st: snapshot.trainable(st, settings.trainer, live=live))
     if ready < loop.min_new_groups:
         echo(f"train: {ready} new trainable groups, waiting for {loop.min_new_groups}")
@@ -157,6 +167,19 @@ class PeriodicLoop:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+            self._task = None
+
+    async def pause(self) -> None:
+        """No more iterations until `resume`; one in flight is cancelled (a training child
+        killed), which the next iteration picks up from the tables as after a crash."""
+        self.state.paused = True
+        await self.stop()
+        self.state.stage = "idle"
+
+    async def resume(self) -> None:
+        self.state.paused = False
+        if self._task is None:
+            await self.start()
 
     async def _run(self) -> None:
         while True:

@@ -32,7 +32,7 @@ def learning_curve(path: Path, groups: list[dict], history: list[dict], result: 
         x = minutes(row["ts"])
         what = f"canary {_short(row['canary'])}" if row["canary"] else f"live {_short(row['live'])}"
         ax.axvline(x, color="grey", linestyle="--", linewidth=0.8)
-        ax.text(x, 1.02, what, rotation=90, fontsize=7, va="bottom", ha="right", color="grey")
+        ax.text(x, 1.13, what, rotation=90, fontsize=7, va="top", ha="right", color="grey")
     before, after = result["before"], result["after"]
     end = result["wall_s"] / 60
     for x, r, name in ((0, before, "before"), (end, after, "after")):

@@ -10,7 +10,7 @@ import httpx
 
 from ..collector import Collector, Store
 from ..proxy import AiohttpUpstream, HttpxUpstream, ProxySettings, Router, Upstream, create_app
-from . import admin
+from . import admin, dashboard
 from .judging import engine_client
 from .loop import PeriodicLoop
 from .operator import Operator
@@ -57,7 +57,10 @@ def build_app(settings: ServeSettings):
         collector=collector,
         tracer=tracer(settings.telemetry),
         router=router,
-        routes=admin.routes(settings, collector, router, operator, loop.state),
+        routes=[
+            *admin.routes(settings, collector, router, operator, loop),
+            *dashboard.routes(settings, collector, router, loop.state),
+        ],
         on_startup=[restore_routing, loop.start],
         on_shutdown=[loop.stop, engine.aclose],
     )

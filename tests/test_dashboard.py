@@ -1,0 +1,219 @@
+"""The dashboard in a real browser: Playwright driving Debian's Chromium against `onjob
+serve` over a database filled by real traffic (tool-using conversations through the
+proxy), a real judge pass and a real paired comparison. Each page's numbers are checked
+against the database; a group leads to its conversation; every page is screenshotted
+(into $ONJOB_SCREENSHOTS, default build/screenshots)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from onjob.collector import Store
+from onjob.deploy import progress, registry
+from onjob.deploy.process import ServerProcess, free_port
+
+from .conftest import TOOL_QUESTION, TOOLS, make_adapter, rows
+
+ROOT = Path(__file__).resolve().parents[1]
+ONJOB = str(Path(sys.executable).with_name("onjob"))
+SHOTS = Path(os.environ.get("ONJOB_SCREENSHOTS", ROOT / "build" / "screenshots"))
+CHROMIUM = "/usr/bin/chromium"
+# As the machine's notes say: without these, Chromium's background connections are
+# refused by the closed network, many at a time.
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+CONFIG = """
+[proxy]
+admin_key = "sesame"
+[judge]
+group_size = 3
+temperature = 1.0
+max_tokens = 16
+settle_s = 0
+[judge.rewards]
+tool = { fn = "my_rewards:tool" }
+[loop]
+interval_s = 0
+pairs_per_round = 4
+min_pairs = 10
+"""
+REWARDS = """
+def tool(r):
+    return 1.0 if r.tool_calls else len(r.text or "") % 3 / 2
+"""
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's Chromium, installed here if missing (Playwright's own download cannot work
+    on these machines)."""
+    if not Path(CHROMIUM).exists():
+        if os.geteuid() != 0 or not shutil.which("apt-get"):
+            pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"],
+            check=True, env=env, timeout=1200,
+        )  # fmt: skip
+    return CHROMIUM
+
+
+def onjob(cwd: Path, *args: str) -> str:
+    done = subprocess.run(
+        [ONJOB, *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=os.environ
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, tool_engine, tool_model_dir):
+    """A database with real traffic, judged groups, a canary and a paired round."""
+    work = tmp_path_factory.mktemp("dashboard")
+    (work / "onjob.toml").write_text(CONFIG)
+    (work / "my_rewards.py").write_text(REWARDS)
+    db = work / "onjob.duckdb"
+    args = ["--config", str(work / "onjob.toml"), "--engine-url", tool_engine.url]
+    args += ["--db", str(db)]
+    with ServerProcess(args) as server:
+        client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+        for i in range(6):
+            messages = [*TOOL_QUESTION]
+            first = client.chat.completions.create(
+                model="agent", messages=messages, tools=TOOLS, max_tokens=24, temperature=0
+            )
+            call = first.choices[0].message.tool_calls[0]
+            messages += [
+                first.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": f"{10 + i} °C, sunny"},
+            ]
+            client.chat.completions.create(
+                model="agent", messages=messages, tools=TOOLS, max_tokens=12
+            )
+    onjob(work, "judge", "--once", "--engine-url", tool_engine.url)  # ./onjob.toml, its DB
+    adapter = make_adapter(
+        tool_model_dir, work / "mild", seed=4, r=8, targets=["q_proj", "v_proj"], std=0.001
+    )
+    store = Store(db)
+    registry.add(store, adapter, "mild", tool_model_dir)
+    store.close()
+    nowhere = ["--server", f"http://127.0.0.1:{free_port()}"]  # no server: the DB directly
+    onjob(work, "canary", "agent", "mild", "--fraction", "0.5", *nowhere)
+    onjob(work, "loop", "--once", "--engine-url", tool_engine.url)
+    httpx.post(f"{tool_engine.url}/unload_lora_adapter", json={"lora_name": "mild"}, timeout=60)
+    return work, args
+
+
+@pytest.fixture(scope="module")
+def browser(chromium):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def test_the_dashboard_shows_what_the_database_holds(site, browser):
+    work, args = site
+    db = work / "onjob.duckdb"
+    exchanges = rows(db, "SELECT count(*) AS n FROM exchanges WHERE source = 'production'")[0]
+    per_arm = {
+        r["arm"]: r["n"]
+        for r in rows(
+            db,
+            "SELECT arm, count(*) AS n FROM exchanges WHERE source = 'production' GROUP BY arm",
+        )
+    }
+    top = rows(db, "SELECT id, count FROM scenarios ORDER BY count DESC, id LIMIT 1")[0]
+    turn = rows(db, "SELECT id FROM groups WHERE kind = 'turn' AND status = 'scored' "
+                    "ORDER BY created DESC, id LIMIT 1")[0]["id"]  # fmt: skip
+    scores = rows(
+        db,
+        "SELECT m.position, s.score FROM scores s JOIN members m ON m.id = s.member_id "
+        "WHERE s.group_id = ? AND s.source = 'combined' ORDER BY m.position",
+        [turn],
+    )
+    store = Store(db)
+    rewards = progress.reward_by_checkpoint(store)
+    store.close()
+    pairs = rows(db, "SELECT count(*) AS n FROM groups WHERE kind = 'ab' AND status = 'scored'")
+    assert exchanges["n"] == 12 and pairs[0]["n"] > 0 and rewards
+
+    with ServerProcess(args) as server:
+        assert httpx.get(f"{server.base}/dashboard").status_code == 401  # the admin key
+        context = browser.new_context(
+            http_credentials={"username": "admin", "password": "sesame"},
+            viewport={"width": 1300, "height": 900},
+        )
+        page = context.new_page()
+        failed = []
+        page.on("requestfailed", lambda r: failed.append(r.url))
+
+        page.goto(f"{server.base}/dashboard")
+        assert page.locator("#total-exchanges").inner_text() == str(exchanges["n"])
+        for arm, n in per_arm.items():
+            row = page.locator(f'#traffic tr[data-arm="{arm}"]')
+            assert row.locator(".requests").inner_text() == str(n)
+        assert "mild" in page.locator("#routing").inner_text()  # the canary
+        # The chart library came from onjob itself (no CDN) and drew the chart.
+        assert page.evaluate("Chart.getChart('per-minute') !== undefined")
+        shot(page, "overview")
+
+        page.click("text=Scenarios")
+        page.wait_for_url("**/dashboard/scenarios")
+        first = page.locator("#scenarios tr[data-id]").first
+        assert first.get_attribute("data-id") == top["id"]
+        assert first.locator(".count").inner_text() == str(top["count"])
+        shot(page, "scenarios")
+
+        page.click("nav >> text=Groups")
+        page.wait_for_url("**/dashboard/groups")
+        page.click(f'a[href="/dashboard/groups/{turn}"]')
+        page.wait_for_url(f"**/dashboard/groups/{turn}")
+        shown = page.locator('.member tr[data-source="combined"] .score').all_inner_texts()
+        assert shown == [f"{s['score']:.2f}" for s in scores]
+        assert page.locator(".member .tool-call").count() > 0  # the tool call, readable
+        shot(page, "group")
+
+        page.locator(".trajectory-link").first.click()
+        page.wait_for_url("**/dashboard/trajectories/*")
+        dialogue = page.locator("#dialogue")
+        assert "What is the weather in Paris?" in dialogue.inner_text()
+        assert "get_weather" in dialogue.locator(".tool-call").first.inner_text()
+        assert dialogue.locator(".message.tool").count() == 1  # the tool's result
+        shot(page, "trajectory")
+
+        page.click("text=Learning")
+        page.wait_for_url("**/dashboard/learning")
+        for r in rewards:
+            row = page.locator(f'#rewards tr[data-checkpoint="{r["checkpoint"] or "base"}"]')
+            assert row.locator(".reward").inner_text() == f"{r['reward']:.3f}"
+        assert page.evaluate("Chart.getChart('reward-curve') !== undefined")
+        shot(page, "learning")
+
+        page.click("text=A/B")
+        page.wait_for_url("**/dashboard/ab")
+        section = page.locator('.comparison[data-alias="agent"]')
+        assert section.locator(".decision").inner_text() == "wait"
+        assert section.locator(".pairs").inner_text() == str(pairs[0]["n"])
+        assert page.locator("#deployments tr").count() == 2  # header + the canary
+        shot(page, "ab")
+        assert not failed, failed
+        context.close()
