@@ -52,7 +52,7 @@ def test_shortened_demo_runs_every_stage_and_leaves_its_rows(tmp_path, tiny_mode
     assert done.returncode == 0, out + done.stderr
     for stage in ("== starting onjob serve", "== measuring", "== the agent's traffic"):
         assert stage in out, out
-    assert "trainer: step 1/1" in out and "canary decision(s) made" in out, out
+    assert "trainer: step 1/" in out and "canary decision(s) made" in out, out
     assert "held-out success (6 sampled answers" in out and "change" in out, out
 
     work = tmp_path / "demo"
