@@ -70,7 +70,7 @@ def test_shortened_demo_runs_every_stage_and_leaves_its_rows(tmp_path, tiny_mode
     scored = "SELECT kind, count(*) AS n FROM groups WHERE status = 'scored' GROUP BY kind"
     kinds = {r["kind"]: r["n"] for r in rows(db, scored)}
     assert kinds["turn"] >= 2 and kinds["ab"] >= 2
-    assert rows(db, "SELECT count(*) AS n FROM scores WHERE source = 'correct'")[0]["n"] > 0
+    assert rows(db, "SELECT count(*) AS n FROM scores WHERE source = 'fn:correct'")[0]["n"] > 0
     (checkpoint,) = rows(db, "SELECT name, status FROM checkpoints")
     assert (work / "checkpoints" / checkpoint["name"] / "adapter_config.json").is_file()
     routing = rows(db, "SELECT live, canary, actor FROM deployments ORDER BY ts")
