@@ -39,10 +39,13 @@ class Result:
         }
 
 
-def request_bytes(host: str, port: int, path: str, body: bytes, api_key: str = "bench") -> bytes:
+def request_bytes(
+    host: str, port: int, path: str, body: bytes, api_key: str = "bench", headers=None
+) -> bytes:
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     return (
         f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-        f"Authorization: Bearer {api_key}\r\nContent-Length: {len(body)}\r\n\r\n"
+        f"Authorization: Bearer {api_key}\r\n{extra}Content-Length: {len(body)}\r\n\r\n"
     ).encode() + body
 
 

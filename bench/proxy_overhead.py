@@ -1,15 +1,19 @@
-"""What the proxy adds: latency and throughput, direct to a fake engine vs through
-`onjob serve` with logging on, side by side in one run.
+"""What the proxy adds, against its peers: latency and throughput direct to a fake
+engine, through `onjob serve` with logging on, through the LiteLLM proxy and a bare
+aiohttp passthrough (and optionally the Portkey gateway), side by side in one run.
 
 Layout on a 2-core machine: the load generator (this process) on core 0; the fake
-engine(s) and the proxy on core 1, so the proxy's requests/s is what one core gives.
-For each concurrency (1, 16, 64), streaming and not, the same load runs direct then
-through the proxy; then a 50 ms engine at concurrency 16, the httpx client for
+engine(s) and every proxy on core 1, so a proxy's requests/s is what one core
+gives. For each concurrency (1, 16, 64), streaming and not, the same load runs
+direct, then through each proxy in turn; the ratios to onjob are printed at the
+end. Then onjob alone: a 50 ms engine at concurrency 16, the httpx client for
 comparison, and whether loading into DuckDB kept up (the proxy's `/health`
 counters), at the default loader priority (nice 10) and at the proxy's own (0).
+Peers are installed on first use under build/peers/ (bench/peers.py).
 
-    python bench/proxy_overhead.py            # ~2 minutes
-    python bench/proxy_overhead.py --seconds 2 --concurrency 1 16
+    python bench/proxy_overhead.py                         # ~5 minutes
+    python bench/proxy_overhead.py --peers aiohttp litellm portkey
+    python bench/proxy_overhead.py --seconds 2 --concurrency 1 16 --peers
 
 Writes bench/results/proxy_overhead-<timestamp>.json.
 """
@@ -31,6 +35,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 import loadgen
+import peers
 
 from onjob.deploy.process import free_port
 
@@ -50,7 +55,9 @@ def body(model: str, stream: bool) -> bytes:
     return json.dumps(chat, separators=(",", ":")).encode()
 
 
-def start(cmd: list[str], port: int, core: int, env: dict | None = None) -> subprocess.Popen:
+def start(
+    cmd: list[str], port: int, core: int, env: dict | None = None, ready: str = "/health"
+) -> subprocess.Popen:
     proc = subprocess.Popen(
         cmd,
         env={**os.environ, **(env or {})},
@@ -58,15 +65,16 @@ def start(cmd: list[str], port: int, core: int, env: dict | None = None) -> subp
         stderr=subprocess.PIPE,
         preexec_fn=lambda: os.sched_setaffinity(0, {core}),
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{cmd} exited: {proc.stderr.read().decode()}")
         try:
-            httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
-            return proc
+            if httpx.get(f"http://127.0.0.1:{port}{ready}", timeout=1).status_code == 200:
+                return proc
         except httpx.TransportError:
-            time.sleep(0.1)
+            pass
+        time.sleep(0.1)
     raise TimeoutError(cmd)
 
 
@@ -87,8 +95,11 @@ def health(port: int) -> dict:
     return httpx.get(f"http://127.0.0.1:{port}/health").json()["collector"]
 
 
-def load(port: int, model: str, stream: bool, c: int, args, stagger: float = 0.0) -> dict:
-    raw = loadgen.request_bytes("127.0.0.1", port, "/v1/chat/completions", body(model, stream))
+def load(
+    port: int, model: str, stream: bool, c: int, args, stagger: float = 0.0, headers=None
+) -> dict:
+    path = "/v1/chat/completions"
+    raw = loadgen.request_bytes("127.0.0.1", port, path, body(model, stream), headers=headers)
     result = asyncio.run(
         loadgen.run(
             "127.0.0.1",
@@ -101,6 +112,48 @@ def load(port: int, model: str, stream: bool, c: int, args, stagger: float = 0.0
         )
     )
     return result.summary()
+
+
+def line(name: str, m: dict, direct: dict | None = None) -> str:
+    text = f"{name:<8} p50 {m['p50_ms']:8.3f} p99 {m['p99_ms']:8.3f} ms {m['rps']:8.1f}/s"
+    if direct is not None:
+        text += (
+            f"  added p50 {m['p50_ms'] - direct['p50_ms']:+8.3f}"
+            f" p99 {m['p99_ms'] - direct['p99_ms']:+8.3f} ms"
+        )
+    return text + (f"  ERRORS {m['errors']}" if m["errors"] else "")
+
+
+def side_by_side(targets: dict[str, tuple[int, str, dict]], stream: bool, c: int, args) -> dict:
+    """The same load direct to the engine, then through each proxy (name -> port, model
+    name, extra headers): added latency against the direct run, ratios against onjob."""
+    engine_port = targets.pop("direct")[0]
+    print(f"-- stream={stream} concurrency={c}", flush=True)
+    direct = load(engine_port, "fake", stream, c, args)
+    print("   " + line("direct", direct), flush=True)
+    row = {"stream": stream, "concurrency": c, "direct": direct}
+    for name, (port, model, headers) in targets.items():
+        m = load(port, model, stream, c, args, headers=headers)
+        m["added_p50_ms"] = round(m["p50_ms"] - direct["p50_ms"], 3)
+        m["added_p99_ms"] = round(m["p99_ms"] - direct["p99_ms"], 3)
+        row[name] = m
+        print("   " + line(name, m, direct), flush=True)
+    onjob = row["onjob"]
+    row["onjob_vs"] = {
+        name: {
+            "rps_ratio": round(onjob["rps"] / row[name]["rps"], 2) if row[name]["rps"] else None,
+            "added_p99_ratio": _ratio(onjob["added_p99_ms"], row[name]["added_p99_ms"]),
+        }
+        for name in targets
+        if name != "onjob"
+    }
+    return row
+
+
+def _ratio(a: float, b: float) -> float | None:
+    """onjob's added p99 as a fraction of a peer's (a floor of 0.01 ms: added latency
+    at a noise-level of zero or below would make the ratio meaningless)."""
+    return round(max(a, 0.01) / max(b, 0.01), 3)
 
 
 def compare(
@@ -117,15 +170,22 @@ def compare(
         "added_p50_ms": round(through["p50_ms"] - direct["p50_ms"], 3),
         "added_p99_ms": round(through["p99_ms"] - direct["p99_ms"], 3),
     }
-    print(
-        f"{label:<10} stream={stream!s:<5} c={c:<3} "
-        f"direct p50 {direct['p50_ms']:7.3f} p99 {direct['p99_ms']:7.3f} {direct['rps']:8.1f}/s | "
-        f"proxy p50 {through['p50_ms']:7.3f} p99 {through['p99_ms']:7.3f} {through['rps']:8.1f}/s"
-        f" | added p50 {row['added_p50_ms']:+.3f} p99 {row['added_p99_ms']:+.3f} ms"
-        + (f"  ERRORS {errors}" if (errors := through["errors"] + direct["errors"]) else ""),
-        flush=True,
-    )
+    print(f"{label:<10} stream={stream!s:<5} c={c:<3} " + line("onjob", through, direct))
     return row
+
+
+def summary(rows: list[dict]) -> None:
+    names = [k for k in rows[0]["onjob_vs"]] if rows else []
+    if not names:
+        return
+    print("\nonjob (logging on) against each peer: requests/s ratio, added p99 ratio")
+    print(f"{'stream':<7}{'c':>4}  " + "  ".join(f"{n + ' rps×':>14}{'p99':>8}" for n in names))
+    for r in rows:
+        cells = "  ".join(
+            f"{r['onjob_vs'][n]['rps_ratio']!s:>14}{r['onjob_vs'][n]['added_p99_ratio']!s:>8}"
+            for n in names
+        )
+        print(f"{r['stream']!s:<7}{r['concurrency']:>4}  {cells}")
 
 
 def main() -> int:
@@ -133,13 +193,20 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per run")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument(
+        "--peers",
+        nargs="*",
+        choices=peers.NAMES,
+        default=["aiohttp", "litellm"],
+        help="proxies to measure beside onjob (default: aiohttp litellm; portkey needs npm)",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
     cores = sorted(os.sched_getaffinity(0))
     load_core, server_core = cores[0], cores[-1]
     procs: list[subprocess.Popen] = []
     tmp = Path(tempfile.mkdtemp(prefix="onjob-bench-"))
-    rows, logging_rows = [], []
+    rows, cases, logging_rows = [], [], []
     try:
         engine, engine_port = fake_engine(server_core)
         slow, slow_port = fake_engine(server_core, delay_ms=50)
@@ -153,40 +220,48 @@ def main() -> int:
             engine_port, tmp / "eager.duckdb", server_core, ONJOB_COLLECTOR__LOADER_NICE="0"
         )
         procs += [fast_proxy, slow_proxy, httpx_proxy, eager_proxy]
+        targets = {"direct": (engine_port, "fake", {}), "onjob": (fast_port, "agent", {})}
+        for name in args.peers:
+            port = free_port()
+            p = peers.peer(name, port, engine_port, tmp)
+            procs.append(start(p.cmd, port, server_core, p.env, ready=p.health))
+            targets[name] = (port, p.model, p.headers)
         os.sched_setaffinity(0, {load_core})
         print(f"load generator on core {load_core}; engines and proxies on core {server_core}")
 
         for stream in (False, True):
             for c in args.concurrency:
                 before = health(fast_port)
-                rows.append(compare("fast", engine_port, fast_port, stream, c, args))
+                rows.append(side_by_side(dict(targets), stream, c, args))
                 after = health(fast_port)
                 if c == max(args.concurrency):
                     logging_rows.append(
                         {"loader_nice": 10, **drain(fast_port, before, after, stream)}
                     )
+        print("\nonjob alone:")
         # Connections spread over one 50 ms period, as independent agents would be; then
         # all 16 in lockstep (every request arrives in a burst of 16), the worst case.
         for stream in (False, True):
-            rows.append(compare("50ms", slow_port, slow_proxy_port, stream, 16, args, 0.05))
-        rows.append(compare("50ms-burst", slow_port, slow_proxy_port, False, 16, args))
+            cases.append(compare("50ms", slow_port, slow_proxy_port, stream, 16, args, 0.05))
+        cases.append(compare("50ms-burst", slow_port, slow_proxy_port, False, 16, args))
         c = max(args.concurrency)
         before = health(eager_port)
         row = compare("nice0", engine_port, eager_port, False, c, args)
         row["note"] = "collector.loader_nice = 0: loading at the proxy's own priority"
-        rows.append(row)
+        cases.append(row)
         logging_rows.append(
             {"loader_nice": 0, **drain(eager_port, before, health(eager_port), False)}
         )
         httpx_row = compare("httpx", engine_port, httpx_port, False, c, args)
         httpx_row["note"] = "same proxy with proxy.upstream_client = httpx"
-        rows.append(httpx_row)
+        cases.append(httpx_row)
     finally:
         for p in procs:
             p.terminate()
         for p in procs:
             p.wait(timeout=30)
 
+    summary(rows)
     result = {
         "bench": "proxy_overhead",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -194,7 +269,13 @@ def main() -> int:
         "layout": {"load_core": load_core, "server_core": server_core},
         "seconds": args.seconds,
         "warmup": args.warmup,
-        "rows": rows,
+        "peers": {
+            "litellm": peers.LITELLM_VERSION,
+            "portkey": peers.PORTKEY_VERSION,
+            "aiohttp": "bench/passthrough.py",
+        },
+        "side_by_side": rows,
+        "onjob_cases": cases,
         "logging": logging_rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)

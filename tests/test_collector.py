@@ -84,6 +84,27 @@ def test_logged_exchanges_land_with_trajectories_and_scenarios(tmp_path):
     assert not list((tmp_path / "onjob.duckdb.spool").glob("*.jsonl"))  # all loaded
 
 
+def test_segments_are_capped_while_loading_lags_and_all_of_them_land(tmp_path):
+    db = tmp_path / "onjob.duckdb"
+    cap = 1 << 16
+
+    async def main():
+        # A flush interval longer than the test: nothing is loaded until close().
+        c = Collector(CollectorSettings(db=db, flush_interval_s=3600, max_segment_bytes=cap))
+        await c.start()
+        ids = await log_conversations(c, conversations=150, turns=4)
+        sizes = [s.stat().st_size for s in c._spool.segments()]
+        await c.close()
+        return ids, sizes
+
+    ids, sizes = asyncio.run(main())
+    assert len(sizes) > 3  # the backlog was split, not one growing file
+    assert max(sizes) < cap + 4096
+    con = duckdb.connect(str(db), read_only=True)
+    assert {r[0] for r in con.execute("SELECT id FROM exchanges").fetchall()} == set(ids)
+    assert con.execute("SELECT sum(n_turns) FROM trajectories").fetchone() == (600,)
+
+
 def test_loading_the_same_segment_twice_changes_nothing(tmp_path):
     store = Store(tmp_path / "db.duckdb")
     from onjob.collector import Stitcher

@@ -22,6 +22,12 @@ class CollectorSettings(BaseModel):
     )
     duckdb_threads: int = Field(1, ge=1, description="DuckDB worker threads")
     fsync: bool = Field(False, description="fsync each exchange (survives power loss, slow)")
+    max_segment_bytes: int = Field(
+        64 << 20,
+        ge=1 << 16,
+        description="a spool segment is closed at this size: bounds the memory of one load "
+        "into DuckDB when loading falls behind",
+    )
 
     @property
     def spool(self) -> Path:

@@ -8,7 +8,9 @@ exchange; `fsync=True` buys that at a large cost in throughput.)
 The writer never takes exchanges from memory: it rotates the current segment,
 loads every closed segment into DuckDB, then deletes it. Normal operation and
 replay after a crash are one code path, and when DuckDB falls behind the closed
-segments pile up on disk rather than in memory.
+segments pile up on disk rather than in memory. A segment is closed at
+`max_segment_bytes` even between flushes, so one load (which DuckDB reads whole)
+stays bounded in memory however far loading falls behind.
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ from pathlib import Path
 
 
 class Spool:
-    def __init__(self, directory: Path, *, fsync: bool = False) -> None:
+    def __init__(
+        self, directory: Path, *, fsync: bool = False, max_segment_bytes: int = 64 << 20
+    ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
+        self.max_segment_bytes = max_segment_bytes
         existing = self.segments()
         self._seq = _seq(existing[-1]) + 1 if existing else 1
         # Names are unique across runs (the database remembers loaded names until the
@@ -48,14 +53,19 @@ class Spool:
         if self.fsync:
             os.fsync(self._fd)
         self._bytes += len(line) + 1
+        if self._bytes >= self.max_segment_bytes:
+            self._next()
 
     def rotate(self) -> list[Path]:
         """Close the current segment if not empty; return all closed segments, oldest first."""
         if self._bytes:
-            os.close(self._fd)
-            self._seq += 1
-            self._open()
+            self._next()
         return [p for p in self.segments() if p != self._current]
+
+    def _next(self) -> None:
+        os.close(self._fd)
+        self._seq += 1
+        self._open()
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -49,7 +49,11 @@ class Collector:
     async def start(self) -> None:
         """Open (and migrate) the database, load what a previous run left in the spool, warm up."""
         self._store = await self._run(Store, self.settings.db, self.settings.duckdb_threads)
-        self._spool = Spool(self.settings.spool, fsync=self.settings.fsync)
+        self._spool = Spool(
+            self.settings.spool,
+            fsync=self.settings.fsync,
+            max_segment_bytes=self.settings.max_segment_bytes,
+        )
         replayed = await self.flush()
         if replayed:
             log.warning("replayed %d exchanges from the spool of a previous run", replayed)
