@@ -14,9 +14,12 @@ def exchange(store: Store, exchange_id: str) -> dict | None:
     return rows[0] if rows else None
 
 
-def trajectory_exists(store: Store, trajectory_id: str) -> bool:
-    return bool(
-        store.query("SELECT 1 AS x FROM exchanges WHERE trajectory_id = ? LIMIT 1", [trajectory_id])
+def trajectory_owner(store: Store, trajectory_id: str) -> list[dict]:
+    """The API key id that started a conversation ([] when there is none): later turns may
+    come from anyone who names it."""
+    return store.query(
+        "SELECT api_key_id FROM exchanges WHERE trajectory_id = ? ORDER BY turn, ts LIMIT 1",
+        [trajectory_id],
     )
 
 

@@ -21,6 +21,11 @@ class CollectorSettings(BaseModel):
         "lower tail latency, while a saturated CPU lets the spool grow on disk)",
     )
     duckdb_threads: int = Field(1, ge=1, description="DuckDB worker threads")
+    duckdb_memory_limit: str = Field(
+        "1GB",
+        description="DuckDB's buffer memory (its default is 80% of RAM; beyond this it "
+        "evicts cached blocks and spills to disk, next to an engine that needs the memory)",
+    )
     fsync: bool = Field(False, description="fsync each exchange (survives power loss, slow)")
     max_segment_bytes: int = Field(
         64 << 20,

@@ -67,9 +67,13 @@ _READ = (
 
 
 class Store:
-    def __init__(self, path: Path | str, threads: int | None = None) -> None:
+    def __init__(
+        self, path: Path | str, threads: int | None = None, memory_limit: str | None = None
+    ) -> None:
         try:
             config = {"threads": threads} if threads else {}
+            if memory_limit:
+                config["memory_limit"] = memory_limit
             self.con = duckdb.connect(str(path), config=config)
             self.schema_before = migrate(self.con)
         except duckdb.IOException as exc:
@@ -77,6 +81,8 @@ class Store:
                 f"cannot open {path}: {exc}. DuckDB allows one read-write process per file; "
                 "is `onjob serve` already running on it?"
             ) from exc
+        except duckdb.Error as exc:  # e.g. a memory limit DuckDB cannot parse
+            raise StorageError(f"cannot open {path}: {exc}") from exc
 
     def close(self) -> None:
         self.con.close()

@@ -48,7 +48,9 @@ class Collector:
 
     async def start(self) -> None:
         """Open (and migrate) the database, load what a previous run left in the spool, warm up."""
-        self._store = await self._run(Store, self.settings.db, self.settings.duckdb_threads)
+        self._store = await self._run(
+            Store, self.settings.db, self.settings.duckdb_threads, self.settings.duckdb_memory_limit
+        )
         self._spool = Spool(
             self.settings.spool,
             fsync=self.settings.fsync,

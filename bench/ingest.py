@@ -1,0 +1,538 @@
+"""The collector's ingest rate: exchanges/s from `collector.log()` to rows in DuckDB, the
+size on disk per million exchanges, and the process's peak memory.
+
+Synthetic agent traffic takes the proxy's path into the collector: each request is
+placed by the collector's stitcher (as `Exchange.open()` places it), its record filled
+as `Exchange.record()` fills it (the request bytes the client sent, the answer it got,
+the engine's prompt and completion token ids and float32 logprobs), its reply
+registered as a continuation, and the record handed to `collector.log()`, one append
+to the spool. The collector's own loop loads the spool into DuckDB at its default
+settings (`--loader-nice` changes the loader's priority). Traffic: 200 scenarios (a
+system prompt and 3-6 tool schemas each), 256 conversations in flight, 1-8 turns of
+tool calls and tool results before an answer, sometimes a follow-up question; 1% of
+exchanges fail (502) and are retried.
+
+Building records runs in this process and is timed apart. Reported: the append rate
+(time inside `log()`), the load rate (the loader thread's CPU time; its waits on the
+disk are not in it), and the sustained rate: the wall time from the first `log()`
+until the loader has caught up (a last `flush()`), which is bounded by building
+records when the loader is the faster side.
+
+    .venv/bin/python bench/ingest.py                       # 100,000 exchanges, ~1-3 minutes
+    .venv/bin/python bench/ingest.py --exchanges 1000000 --loader-nice 0
+
+At a million, expect ~10x the default's time, ~8 GB of database and up to ~22 GB of
+spool on disk while the loader catches up (in segments of `collector.max_segment_bytes`,
+so memory stays bounded; DuckDB's own buffers by `collector.duckdb_memory_limit`).
+
+Writes bench/results/ingest-<timestamp>.json, with the load average before and after:
+on a shared machine the rates are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from array import array
+from pathlib import Path
+
+import duckdb
+import msgspec
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from onjob.collector import Collector, CollectorSettings, ExchangeRecord, Store  # noqa: E402
+from onjob.collector.ids import new_id  # noqa: E402
+from onjob.collector.records import encode, to_json  # noqa: E402
+from onjob.proxy.routing import canary_share  # noqa: E402
+
+SCENARIOS = 200
+AGENTS = 256  # conversations in flight at once: a segment holds turns of many
+FAILURE_RATE = 0.01
+CANARY = "ckpt-20261121-152144-116410"
+CANARY_FRACTION = 0.1
+TOOLS = ["search_orders", "get_customer", "issue_refund", "lookup_docs", "run_sql", "read_file"]
+
+
+class Traffic:
+    """Multi-turn tool-using conversations, placed by the collector's stitcher and recorded
+    as the proxy records them.
+
+    Text, token ids and logprobs are slices at random offsets of large random pools, so
+    no two exchanges carry the same payload while building one costs little next to
+    logging it (the proxy's own shaping is measured by bench/proxy_overhead.py).
+    """
+
+    def __init__(self, collector: Collector, seed: int) -> None:
+        self.collector = collector
+        self.rng = random.Random(seed)
+        syllables = ["ka", "to", "ri", "men", "sol", "da", "vi", "ne", "lo", "par", "us", "ing"]
+        words = [
+            "".join(self.rng.choices(syllables, k=self.rng.randint(1, 4))) for _ in range(4000)
+        ]
+        self.corpus = " ".join(self.rng.choices(words, k=1_500_000))  # ~8 MB of "prose"
+        # Token ids of a 64k vocabulary; vLLM's logprobs are float32 values, whose shortest
+        # JSON form is ~20 characters.
+        self.token_pool = array("H", self.rng.randbytes(8_000_000))
+        self.logprob_pool = array("f", [-self.rng.expovariate(2.5) for _ in range(1_000_000)])
+        self.scenarios = [self._scenario(i) for i in range(SCENARIOS)]
+        self.agents = [self._conversation() for _ in range(AGENTS)]
+        self.payload = dict.fromkeys(
+            [
+                "spool_bytes",
+                "request_bytes",
+                "response_bytes",
+                "prompt_tokens",
+                "completion_tokens",
+                "failed",
+            ],
+            0,
+        )
+
+    def text(self, chars: int) -> str:
+        at = self.rng.randrange(len(self.corpus) - chars)
+        return self.corpus[at : at + chars]
+
+    def tokens(self, chars: int) -> list[int]:
+        n = max(1, chars // 4)
+        at = self.rng.randrange(len(self.token_pool) - n)
+        return self.token_pool[at : at + n].tolist()
+
+    def logprobs(self, n: int) -> list[float]:
+        at = self.rng.randrange(len(self.logprob_pool) - n)
+        return self.logprob_pool[at : at + n].tolist()
+
+    def _scenario(self, i: int) -> dict:
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": self.text(self.rng.randint(60, 200)),
+                    "parameters": {
+                        "type": "object",
+                        "properties": {
+                            arg: {"type": "string", "description": self.text(40)}
+                            for arg in ("query", "id", "limit")[: self.rng.randint(1, 3)]
+                        },
+                        "required": ["query"],
+                    },
+                },
+            }
+            for name in self.rng.sample(TOOLS, self.rng.randint(3, 6))
+        ]
+        system = f"You are agent {i}. " + self.text(self.rng.randint(600, 1800))
+        return {"system": system, "tools": tools, "schema_chars": len(json.dumps(tools))}
+
+    def _conversation(self) -> dict:
+        scenario = self.rng.choice(self.scenarios)
+        question = self.text(self.rng.randint(80, 600))
+        return {
+            "scenario": scenario,
+            "messages": [
+                {"role": "system", "content": scenario["system"]},
+                {"role": "user", "content": question},
+            ],
+            # the chat template renders the tool schemas into the prompt too
+            "prompt": self.tokens(len(scenario["system"]) + scenario["schema_chars"])
+            + self.tokens(len(question)),
+            "left": self.rng.choice([1, 2, 2, 3, 3, 4, 4, 5, 6, 8]),  # turns until the answer
+        }
+
+    def _reply(self, conversation: dict) -> dict:
+        """The assistant's next message: tool calls while turns are left, then a text answer."""
+        if conversation["left"] > 1:
+            names = [t["function"]["name"] for t in conversation["scenario"]["tools"]]
+            calls = [
+                {
+                    "id": new_id("call_")[:29],
+                    "type": "function",
+                    "function": {
+                        "name": self.rng.choice(names),
+                        "arguments": json.dumps({"query": self.text(self.rng.randint(20, 120))}),
+                    },
+                }
+                for _ in range(self.rng.choice([1, 1, 1, 2]))
+            ]
+            thought = self.text(self.rng.randint(40, 300)) if self.rng.random() < 0.5 else None
+            return {"role": "assistant", "content": thought, "tool_calls": calls}
+        return {"role": "assistant", "content": self.text(self.rng.randint(200, 1200))}
+
+    def next(self) -> ExchangeRecord:
+        """One exchange as the proxy's `finish()` hands it to the collector."""
+        slot = self.rng.randrange(AGENTS)
+        conversation = self.agents[slot]
+        messages = list(conversation["messages"])
+        raw = msgspec.json.encode(
+            {
+                "model": "agent",
+                "messages": messages,
+                "tools": conversation["scenario"]["tools"],
+                "temperature": 0.7,
+                "max_tokens": 1024,
+            }
+        )
+        placement = self.collector.place(messages)
+        canary = canary_share(placement.trajectory_id) < CANARY_FRACTION
+        exchange_id = new_id("chatcmpl-")
+        shared = {
+            "id": exchange_id,
+            "ts": time.time(),
+            "trajectory_id": placement.trajectory_id,
+            "turn": placement.turn,
+            "scenario_id": placement.scenario_id,
+            "scenario_key": placement.scenario_key,
+            "scenario_keyed": placement.scenario_keyed,
+            "model_alias": "agent",
+            "api_key_id": "agents",
+            "checkpoint": CANARY if canary else None,
+            "arm": "canary" if canary else "live",
+            "request": msgspec.Raw(raw),
+            "latency_ms": self.rng.uniform(300, 20_000),  # agents wait seconds for a model
+        }
+        self.payload["request_bytes"] += len(raw)
+        if self.rng.random() < FAILURE_RATE:
+            # Logged with its status and no answer; the agent retries the same turn.
+            self.collector.stitcher.release(placement)
+            answer = {
+                "id": exchange_id,
+                "object": "chat.completion",
+                "created": 0,
+                "model": "agent",
+                "choices": [],
+                "usage": None,
+            }
+            record = ExchangeRecord(
+                **shared,
+                response=to_json(answer),
+                status=502,
+                error="the engine is unreachable: connection refused",
+            )
+            self.payload["failed"] += 1
+        else:
+            reply = self._reply(conversation)
+            completion = self.tokens(len(json.dumps(reply)))
+            prompt = conversation["prompt"]
+            usage = {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(completion),
+                "total_tokens": len(prompt) + len(completion),
+            }
+            # The answer as the client got it: the engine's, with the exchange id and the
+            # alias in, and the token ids and logprobs (which it did not ask for) out.
+            answer = msgspec.json.encode(
+                {
+                    "id": exchange_id,
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": "agent",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": reply,
+                            "logprobs": None,
+                            "finish_reason": "tool_calls" if "tool_calls" in reply else "stop",
+                        }
+                    ],
+                    "usage": usage,
+                }
+            )
+            hashes = self.collector.stitcher.record_replies(placement, [reply])
+            record = ExchangeRecord(
+                **shared,
+                response=msgspec.Raw(answer),
+                prompt_token_ids=prompt,
+                completion_token_ids=[completion],
+                completion_logprobs=[self.logprobs(len(completion))],
+                usage=to_json(usage),
+                continuation_hashes=hashes,
+            )
+            self._advance(slot, reply, completion)
+            self.payload["prompt_tokens"] += len(prompt)
+            self.payload["completion_tokens"] += len(completion)
+        self.payload["response_bytes"] += len(record.response)
+        self.payload["spool_bytes"] += len(encode(record)) + 1
+        return record
+
+    def _advance(self, slot: int, reply: dict, completion: list[int]) -> None:
+        conversation = self.agents[slot]
+        messages = conversation["messages"]
+        messages.append(reply)
+        conversation["prompt"] = conversation["prompt"] + completion
+        conversation["left"] -= 1
+        for call in reply.get("tool_calls") or ():
+            result = self.text(self.rng.randint(150, 1500))
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+            conversation["prompt"] = conversation["prompt"] + self.tokens(len(result))
+        if conversation["left"] == 0:
+            if self.rng.random() < 0.3:  # a follow-up question: the conversation goes on
+                question = self.text(self.rng.randint(40, 300))
+                messages.append({"role": "user", "content": question})
+                conversation["prompt"] = conversation["prompt"] + self.tokens(len(question))
+                conversation["left"] = self.rng.randint(1, 3)
+            else:
+                self.agents[slot] = self._conversation()
+
+
+def thread_cpu_s(tid: int) -> float:
+    """CPU seconds (user + system) a thread of this process has used (Linux)."""
+    stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mb() -> float:
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def spool_bytes(settings: CollectorSettings) -> int:
+    """What the spool holds on disk: logged, not yet in DuckDB (the segment loading included)."""
+    total = 0
+    for segment in settings.spool.glob("*.jsonl"):
+        with contextlib.suppress(FileNotFoundError):  # loaded and deleted meanwhile
+            total += segment.stat().st_size
+    return total
+
+
+async def ingest(settings: CollectorSettings, exchanges: int, seed: int, progress_s: float) -> dict:
+    collector = Collector(settings)
+    await collector.start()
+    loader_tid = await collector.query(lambda _store: threading.get_native_id())
+    traffic = Traffic(collector, seed)
+    setup_rss = rss_mb()  # the traffic's random pools and the empty collector
+    loader_cpu0 = thread_cpu_s(loader_tid)
+    build_s = append_s = append_cpu_s = 0.0
+    started = last = time.perf_counter()
+    samples = []
+    logged = 0
+    while logged < exchanges:
+        batch = min(64, exchanges - logged)
+        t0 = time.perf_counter()
+        records = [traffic.next() for _ in range(batch)]
+        t1, c1 = time.perf_counter(), time.thread_time()
+        for record in records:
+            collector.log(record)
+        t2 = time.perf_counter()
+        build_s += t1 - t0
+        append_s += t2 - t1
+        append_cpu_s += time.thread_time() - c1
+        logged += batch
+        # The proxy's event loop turns over all the time; this one must too, or the
+        # collector's loop could not hand the loader its next segment.
+        await asyncio.sleep(0)
+        if t2 - last >= progress_s or logged == exchanges:
+            last = t2
+            sample = {
+                "s": round(t2 - started, 2),
+                "logged": logged,
+                "loaded": collector.loaded,
+                "spool_mb": round(spool_bytes(settings) / 1e6, 1),
+                "rss_mb": round(rss_mb()),
+            }
+            samples.append(sample)
+            print(
+                f"[{sample['s']:6.1f} s] logged {logged:>9,}  loaded {sample['loaded']:>9,}  "
+                f"spool {sample['spool_mb']:>8,.1f} MB  RSS {sample['rss_mb']:>6,} MB",
+                flush=True,
+            )
+    logged_at = time.perf_counter()
+    # Exchanges not yet committed to DuckDB: `collector.loaded` moves only when a whole
+    # flush ends, the spool's bytes as each segment is.
+    behind = round(spool_bytes(settings) / (traffic.payload["spool_bytes"] / exchanges))
+    rss_logging = peak_rss_mb()
+    await collector.flush()  # every closed segment loaded: the loader has caught up
+    caught_up = time.perf_counter()
+    loader_cpu = thread_cpu_s(loader_tid) - loader_cpu0
+    assert collector.loaded == exchanges, (collector.loaded, exchanges)
+    await collector.close()
+    print(
+        f"[{caught_up - started:6.1f} s] caught up: {exchanges:,} exchanges in DuckDB", flush=True
+    )
+    return {
+        "exchanges": exchanges,
+        "payload": traffic.payload,
+        "wall_s": caught_up - started,
+        "logging_s": logged_at - started,
+        "build_records_s": build_s,
+        "append_s": append_s,
+        "append_cpu_s": append_cpu_s,
+        "not_loaded_when_logging_ended": behind,
+        "catch_up_s": caught_up - logged_at,
+        "loader_cpu_s": loader_cpu,
+        "rss_after_setup_mb": setup_rss,
+        "peak_rss_while_logging_mb": rss_logging,
+        "samples": samples,
+    }
+
+
+def size_on_disk(db: Path) -> tuple[int, int]:
+    """(file bytes, bytes in used blocks) after a CHECKPOINT folded the WAL in. The file
+    keeps the blocks that rewritten row groups freed (DuckDB reuses them, never returns them)."""
+    con = duckdb.connect(str(db))
+    con.execute("CHECKPOINT")
+    block, used = con.execute(
+        "SELECT block_size, used_blocks FROM pragma_database_size()"
+    ).fetchone()
+    con.close()
+    wal = db.with_name(db.name + ".wal")
+    return db.stat().st_size + (wal.stat().st_size if wal.exists() else 0), block * used
+
+
+def empty_size(directory: Path) -> tuple[int, int]:
+    """A migrated database with no rows: the fixed part of the file."""
+    db = directory / "empty.duckdb"
+    Store(db).close()
+    return size_on_disk(db)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--exchanges", type=int, default=100_000, help="exchanges to log (default 100,000)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic traffic")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="a fresh folder for the database and its spool, kept after the run (default: a "
+        "temporary folder, removed after)",
+    )
+    parser.add_argument(
+        "--loader-nice",
+        type=int,
+        default=CollectorSettings.model_fields["loader_nice"].default,
+        help="collector.loader_nice: the loader's priority below this process's (default 10, "
+        "as `onjob serve`; 0 loads at the same priority)",
+    )
+    parser.add_argument(
+        "--progress", type=float, default=5.0, help="seconds between progress lines"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "bench" / "results", help="where the JSON result goes"
+    )
+    args = parser.parse_args()
+
+    directory = args.dir or Path(tempfile.mkdtemp(prefix="onjob-ingest-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    db = directory / "ingest.duckdb"
+    if db.exists():
+        parser.error(f"{db} exists: give --dir a fresh folder")
+    settings = CollectorSettings(db=db, loader_nice=args.loader_nice)
+    load_before = os.getloadavg()
+    print(f"logging {args.exchanges:,} exchanges into {db} (load average {load_before[0]:.2f})")
+    try:
+        run = asyncio.run(ingest(settings, args.exchanges, args.seed, args.progress))
+        size, used = size_on_disk(db)
+        empty, empty_used = empty_size(directory)
+    finally:
+        if args.dir is None:
+            shutil.rmtree(directory, ignore_errors=True)
+    load_after = os.getloadavg()
+
+    n = run["exchanges"]
+    payload = run["payload"]
+    per_exchange = (size - empty) / n
+    behind, catch_up = run["not_loaded_when_logging_ended"], run["catch_up_s"]
+    f = {
+        "sustained_exchanges_per_s": n / run["wall_s"],
+        "append_exchanges_per_s": n / run["append_s"],
+        "append_us_per_exchange": run["append_s"] / n * 1e6,
+        "append_cpu_us_per_exchange": run["append_cpu_s"] / n * 1e6,
+        "load_exchanges_per_cpu_s": n / run["loader_cpu_s"],
+        "load_cpu_us_per_exchange": run["loader_cpu_s"] / n * 1e6,
+        "catch_up_exchanges_per_s": behind / catch_up if behind > n / 10 else None,
+        "loader_busy_share": run["loader_cpu_s"] / run["wall_s"],
+        "build_records_us_per_exchange": run["build_records_s"] / n * 1e6,
+        "spool_bytes_per_exchange": payload["spool_bytes"] / n,
+        "request_bytes_per_exchange": payload["request_bytes"] / n,
+        "response_bytes_per_exchange": payload["response_bytes"] / n,
+        "prompt_tokens_per_exchange": payload["prompt_tokens"] / n,
+        "completion_tokens_per_exchange": payload["completion_tokens"] / n,
+        "db_file_bytes": size,
+        "db_used_bytes": used,
+        "empty_db_file_bytes": empty,
+        "db_bytes_per_exchange": per_exchange,
+        "db_used_bytes_per_exchange": (used - empty_used) / n,
+        "db_gb_per_million_exchanges": per_exchange * 1e6 / 1e9,
+        "db_used_gb_per_million_exchanges": (used - empty_used) / n * 1e6 / 1e9,
+        "spool_to_db_used_ratio": payload["spool_bytes"] / (used - empty_used),
+        "peak_rss_mb": peak_rss_mb(),
+        "peak_rss_while_logging_mb": run["peak_rss_while_logging_mb"],
+        "rss_after_setup_mb": run["rss_after_setup_mb"],
+    }
+    noisy = max(load_before[0], load_after[0]) > 0.5
+    lines = [
+        f"{n:,} exchanges of {f['spool_bytes_per_exchange'] / 1e3:.1f} KB on the spool "
+        f"(request {f['request_bytes_per_exchange'] / 1e3:.1f} KB, answer "
+        f"{f['response_bytes_per_exchange'] / 1e3:.1f} KB, token ids of "
+        f"{f['prompt_tokens_per_exchange']:.0f} prompt + {f['completion_tokens_per_exchange']:.0f}"
+        " completion tokens, their logprobs)",
+        f"sustained, log() to rows in DuckDB: {f['sustained_exchanges_per_s']:,.0f} exchanges/s "
+        f"({n:,} in {run['wall_s']:.1f} s; when logging ended {behind:,} were not loaded, "
+        f"caught up {catch_up:.1f} s later)",
+        f"  spool append, log(): {f['append_exchanges_per_s']:,.0f} exchanges/s "
+        f"({f['append_us_per_exchange']:.0f} us each, {f['append_cpu_us_per_exchange']:.0f} us "
+        "of CPU)",
+        f"  load into DuckDB: {f['load_exchanges_per_cpu_s']:,.0f} exchanges per second of the "
+        f"loader's CPU ({f['load_cpu_us_per_exchange']:.0f} us each, waits on the disk not "
+        f"counted; {f['loader_busy_share']:.0%} of the wall time)"
+        + (
+            f"; catching up, {f['catch_up_exchanges_per_s']:,.0f}/s of wall time"
+            if f["catch_up_exchanges_per_s"]
+            else ""
+        ),
+        f"  building each record (the proxy's work, stitching included): "
+        f"{f['build_records_us_per_exchange']:.0f} us",
+        f"DuckDB file after CHECKPOINT: {size / 1e6:,.1f} MB = {per_exchange / 1e3:.2f} KB per "
+        f"exchange -> {f['db_gb_per_million_exchanges']:.1f} GB per million exchanges; in used "
+        f"blocks {used / 1e6:,.1f} MB -> {f['db_used_gb_per_million_exchanges']:.1f} GB per "
+        f"million, {f['spool_to_db_used_ratio']:.1f}x smaller than the spool",
+        f"peak RSS {f['peak_rss_mb']:,.0f} MB ({f['peak_rss_while_logging_mb']:,.0f} MB while "
+        f"logging, {f['rss_after_setup_mb']:,.0f} MB after setup)",
+        f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after, "
+        f"{os.cpu_count()} CPUs" + (": shared machine, noisy rates" if noisy else ""),
+    ]
+    print("\n" + "\n".join(lines))
+    result = {
+        "bench": "ingest",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "duckdb": duckdb.__version__,
+            "load_average_before": load_before,
+            "load_average_after": load_after,
+        },
+        "settings": settings.model_dump(mode="json"),
+        "figures": f,
+        "run": run,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"ingest-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
