@@ -1,4 +1,5 @@
-"""The proxy's Litestar app: `/v1/chat/completions`, `/v1/models`, `/v1/feedback`, `/health`.
+"""The proxy's Litestar app: `/v1/chat/completions`, `/v1/models`, `/v1/feedback`, `/health`,
+`/openapi.json`.
 
 The upstream client and the collector are handed in (so tests can give an
 `HttpxUpstream` over a `MockTransport`); the app starts the collector and closes
@@ -19,7 +20,7 @@ from opentelemetry.trace import Tracer
 
 from ..collector import Collector, FeedbackRecord, queries
 from ..collector.ids import new_id
-from . import sse, telemetry
+from . import openapi, sse, telemetry
 from .errors import (
     BadRequest,
     NotFound,
@@ -42,13 +43,6 @@ TRAJECTORY_HEADER = "X-Onjob-Trajectory"
 SCENARIO_HEADER = "X-Onjob-Scenario"
 ARM_HEADER = "X-Onjob-Arm"
 _CLIENT_CLOSED = 499  # nginx's code: the client went away before the answer was complete
-
-
-class Feedback(msgspec.Struct, forbid_unknown_fields=True):
-    value: float
-    exchange_id: str | None = None
-    trajectory_id: str | None = None
-    comment: str | None = None
 
 
 def create_app(
@@ -99,7 +93,7 @@ def create_app(
     async def chat_completions(request: Request) -> Response | Stream:
         api_key_id = authenticate(request)
         raw = await request.body()
-        body = parse_request(raw)
+        body = parse_request(raw, settings)
         exchange = await Exchange.open(
             body,
             raw,
@@ -113,7 +107,7 @@ def create_app(
         span = telemetry.start(tracer, exchange)
         try:
             try:
-                resp = await send(exchange)
+                resp, answer = await attempt(exchange)
             except ProxyError as exc:
                 if exchange.route.arm != CANARY:
                     raise
@@ -124,7 +118,7 @@ def create_app(
                 telemetry.end(span, exchange)
                 exchange = exchange.rerouted(router.live(exchange.route))
                 span = telemetry.start(tracer, exchange)
-                resp = await send(exchange)
+                resp, answer = await attempt(exchange)
             headers = {EXCHANGE_HEADER: exchange.id, ARM_HEADER: exchange.route.arm}
             if exchange.stream:
                 return Stream(
@@ -132,7 +126,6 @@ def create_app(
                     media_type="text/event-stream",
                     headers={**headers, "Cache-Control": "no-cache"},
                 )
-            answer = exchange.answer(await resp.read())
         except ProxyError as exc:
             exchange.fail(exc.status, exc.message)
             finish(exchange)
@@ -144,6 +137,15 @@ def create_app(
         finish(exchange)
         telemetry.end(span, exchange)
         return Response(answer, media_type="application/json", headers=headers)
+
+    async def attempt(exchange: Exchange) -> tuple[UpstreamResponse, bytes | None]:
+        """Send the request; a whole answer is also read and shaped here, so that a canary
+        whose answer is cut short or malformed is still retried on live (the client has
+        heard nothing yet). A stream is relayed as it comes, so it is only sent."""
+        resp = await send(exchange)
+        if exchange.stream:
+            return resp, None
+        return resp, exchange.answer(await resp.read())
 
     async def send(exchange: Exchange) -> UpstreamResponse:
         resp = await upstream.request("POST", "/chat/completions", exchange.upstream_body())
@@ -163,25 +165,25 @@ def create_app(
     async def relay(exchange: Exchange, resp: UpstreamResponse, span) -> AsyncIterator[bytes]:
         finished = False
         try:
-            done = False
             async for payloads in sse.data_events(resp.chunks()):
                 out = []
                 for payload in payloads:
                     if payload == sse.DONE:
-                        done = True
+                        # Logged before the last events leave, which go with [DONE] in one
+                        # write (the usual case: the engine's last read holds them all).
+                        finish(exchange)
+                        finished = True
+                        out.append(sse.frame(sse.DONE))
                         break
                     shaped = exchange.chunk(payload)
                     if shaped is not None:
                         out.append(sse.frame(shaped))
                 if out:
                     yield b"".join(out)
-                if done:
+                if finished:
                     break
             else:
                 raise StreamCut("the engine's stream ended without [DONE]")
-            finish(exchange)
-            finished = True
-            yield sse.frame(sse.DONE)
         except ProxyError as exc:
             exchange.fail(exc.status, exc.message)
             finish(exchange)
@@ -210,21 +212,24 @@ def create_app(
     async def feedback(request: Request) -> dict:
         api_key_id = authenticate(request)
         try:
-            fb = msgspec.json.decode(await request.body(), type=Feedback)
+            fb = msgspec.json.decode(await request.body(), type=openapi.Feedback)
         except msgspec.ValidationError as exc:
             raise BadRequest(f"Invalid feedback: {exc}") from exc
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             raise BadRequest(f"Malformed JSON body: {exc}") from exc
         if not (fb.exchange_id or fb.trajectory_id):
             raise BadRequest("Feedback needs an `exchange_id` or a `trajectory_id`.")
+        # Another key's exchange or conversation is answered as missing: its id stays secret.
         trajectory_id = fb.trajectory_id
         if fb.exchange_id:
             row = await _lookup(collector, queries.exchange, fb.exchange_id)
-            if row is None:
+            if row is None or row["api_key_id"] != api_key_id:
                 raise NotFound(f"No exchange `{fb.exchange_id}`.", param="exchange_id")
             trajectory_id = trajectory_id or row["trajectory_id"]
-        elif not await _lookup(collector, queries.trajectory_exists, fb.trajectory_id):
-            raise NotFound(f"No trajectory `{fb.trajectory_id}`.", param="trajectory_id")
+        if fb.trajectory_id:
+            owner = await _lookup(collector, queries.trajectory_owner, fb.trajectory_id)
+            if not owner or owner[0]["api_key_id"] != api_key_id:
+                raise NotFound(f"No trajectory `{fb.trajectory_id}`.", param="trajectory_id")
         record = FeedbackRecord(
             id=new_id("fb_"),
             ts=time.time(),
@@ -237,6 +242,13 @@ def create_app(
         collector.log(record)
         return {"object": "feedback", **msgspec.structs.asdict(record)}
 
+    @get("/openapi.json")
+    async def openapi_document(request: Request) -> dict:
+        authenticate(request)  # it names the models, as /v1/models does
+        with contextlib.suppress(UpstreamError):
+            await router.discover()
+        return openapi.document(settings, router.names())
+
     @get("/health")
     async def health() -> dict:
         return {"status": "ok", "collector": collector.stats()}
@@ -248,7 +260,7 @@ def create_app(
         await collector.close()
 
     return Litestar(
-        route_handlers=[chat_completions, models, feedback, health, *routes],
+        route_handlers=[chat_completions, models, feedback, openapi_document, health, *routes],
         on_startup=[collector.start, *on_startup],
         on_shutdown=[shutdown],
         exception_handlers=HANDLERS,

@@ -33,7 +33,13 @@ class ProxySettings(BaseModel):
     admin_key: str | None = Field(
         None, description="secret for /admin (status, canary, promote, rollback)"
     )
-    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="largest request body (bigger: 413)"
+    )
+    max_n: int = Field(16, ge=1, description="most choices one request may ask for (`n`)")
+    max_tokens_limit: int = Field(
+        32768, ge=1, description="largest `max_tokens` / `max_completion_tokens` a request may ask"
+    )
     connect_timeout_s: float = Field(5.0, gt=0)
     read_timeout_s: float = Field(300.0, gt=0, description="longest silence from the engine")
     max_connections: int = Field(1024, ge=1, description="connections to the engine")
