@@ -4,7 +4,9 @@
   virtualenv of its own so its pins never touch onjob's;
 - `portkey`: the Portkey gateway (Node, from npm; `@hono/node-server` pinned to 1.13.5,
   as the gateway's start script needs);
-- `aiohttp`: bench/passthrough.py, a bare aiohttp relay: Python's floor.
+- `aiohttp`: bench/passthrough.py, a bare aiohttp relay: Python's floor;
+- `litestar`: bench/passthrough_litestar.py, a bare relay on onjob's own stack (Litestar,
+  uvicorn, the aiohttp client): what the stack costs before onjob does any work.
 
 Each `Peer` knows its command, the model name clients send, the path that says it
 is up, and any headers its requests need.
@@ -23,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT / "build" / "peers"
 LITELLM_VERSION = "1.106.0"
 PORTKEY_VERSION = "1.15.2"
-NAMES = ("aiohttp", "litellm", "portkey")
+NAMES = ("aiohttp", "litestar", "litellm", "portkey")
 
 
 @dataclass
@@ -41,6 +43,10 @@ def peer(name: str, port: int, engine_port: int, workdir: Path) -> Peer:
     if name == "aiohttp":
         cmd = [sys.executable, str(ROOT / "bench" / "passthrough.py"), "--port", str(port)]
         return Peer(name, [*cmd, "--upstream", engine], "fake", "/health")
+    if name == "litestar":
+        script = ROOT / "bench" / "passthrough_litestar.py"
+        cmd = [sys.executable, str(script), "--port", str(port), "--upstream", engine]
+        return Peer(name, cmd, "fake", "/health")
     if name == "litellm":
         config = workdir / "litellm.yaml"
         config.write_text(

@@ -1,6 +1,8 @@
 """What the proxy adds, against its peers: latency and throughput direct to a fake
-engine, through `onjob serve` with logging on, through the LiteLLM proxy and a bare
-aiohttp passthrough (and optionally the Portkey gateway), side by side in one run.
+engine, through `onjob serve` with logging on, through the LiteLLM proxy, a bare
+aiohttp passthrough (Python's floor) and a bare passthrough on onjob's own stack
+(Litestar + uvicorn + the aiohttp client), and optionally the Portkey gateway, side by
+side in one run.
 
 Layout on a 2-core machine: the load generator (this process) on core 0; the fake
 engine(s) and every proxy on core 1, so a proxy's requests/s is what one core
@@ -197,8 +199,9 @@ def main() -> int:
         "--peers",
         nargs="*",
         choices=peers.NAMES,
-        default=["aiohttp", "litellm"],
-        help="proxies to measure beside onjob (default: aiohttp litellm; portkey needs npm)",
+        default=["aiohttp", "litestar", "litellm"],
+        help="proxies to measure beside onjob (default: aiohttp litestar litellm; portkey "
+        "needs npm)",
     )
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
