@@ -123,7 +123,9 @@ def test_engine_that_goes_silent_is_504(tmp_path, stream):
             assert "in time" in error["message"]
     finally:
         engine.close()
-    assert [r["status"] for r in rows(tmp_path, "SELECT status FROM exchanges")] == [504]
+    logged = rows(tmp_path, "SELECT id, status FROM exchanges")
+    assert [r["status"] for r in logged] == [504]
+    assert resp.headers["X-Onjob-Exchange-Id"] == logged[0]["id"]  # the client can refer to it
 
 
 def test_engine_timeout_through_httpx_is_504(tmp_path):

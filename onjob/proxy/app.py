@@ -133,7 +133,9 @@ def create_app(
             headers = {EXCHANGE_HEADER: exchange.id, ARM_HEADER: exchange.route.arm}
             if isinstance(exc, UpstreamStatus):
                 return _passthrough(exc, headers)
-            raise
+            # Logged like any exchange, so the client gets its id to post feedback or look
+            # it up, as with an error the engine itself sent.
+            return Response(exc.body(), status_code=exc.status, headers=headers)
         finish(exchange)
         telemetry.end(span, exchange)
         return Response(answer, media_type="application/json", headers=headers)
