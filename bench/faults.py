@@ -31,8 +31,6 @@ import argparse
 import asyncio
 import itertools
 import json
-import os
-import platform
 import random
 import sys
 import tempfile
@@ -46,6 +44,7 @@ import aiohttp
 import duckdb
 
 sys.path.insert(0, str(Path(__file__).parent))
+import results_file
 from faulty_upstream import FaultyEngine
 
 from onjob.deploy.process import ServerProcess, free_port
@@ -440,18 +439,8 @@ def main() -> int:
         f"max {report['health']['max_ms']} ms"
     )
     print("violations: " + (json.dumps(found, default=str)[:2000] if found else "none"))
-    result = {
-        "bench": "faults",
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "report": report,
-        "violations": found,
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"faults-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"wrote {path}")
+    fields = {"args": {k: str(v) for k, v in vars(args).items()}, "report": report}
+    results_file.save("faults", {**fields, "violations": found}, args.out)
     return 1 if found else 0
 
 

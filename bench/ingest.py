@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import random
 import resource
 import shutil
@@ -52,6 +51,9 @@ import msgspec
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import results_file  # noqa: E402
 
 from onjob.collector import Collector, CollectorSettings, ExchangeRecord, Store  # noqa: E402
 from onjob.collector.ids import new_id  # noqa: E402
@@ -513,24 +515,13 @@ def main() -> int:
         f"{os.cpu_count()} CPUs" + (": shared machine, noisy rates" if noisy else ""),
     ]
     print("\n" + "\n".join(lines))
-    result = {
-        "bench": "ingest",
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "duckdb": duckdb.__version__,
-            "load_average_before": load_before,
-            "load_average_after": load_after,
-        },
-        "settings": settings.model_dump(mode="json"),
-        "figures": f,
-        "run": run,
+    machine = {
+        "duckdb": duckdb.__version__,
+        "load_average_before": load_before,
+        "load_average_after": load_after,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"ingest-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
+    fields = {"settings": settings.model_dump(mode="json"), "figures": f, "run": run}
+    results_file.save("ingest", fields, args.out, machine)
     return 0
 
 

@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 import loadgen
 import peers
+import results_file
 
 from onjob.deploy.process import free_port
 
@@ -266,9 +266,6 @@ def main() -> int:
 
     summary(rows)
     result = {
-        "bench": "proxy_overhead",
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "layout": {"load_core": load_core, "server_core": server_core},
         "seconds": args.seconds,
         "warmup": args.warmup,
@@ -281,10 +278,7 @@ def main() -> int:
         "onjob_cases": cases,
         "logging": logging_rows,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"proxy_overhead-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
+    results_file.save("proxy_overhead", result, args.out)
     return 0
 
 

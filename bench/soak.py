@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,6 +37,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).parent))
 import faults
+import results_file
 
 from onjob.deploy.process import ServerProcess, free_port
 
@@ -60,10 +59,9 @@ def rss_mb(pid: int) -> float:
 def slope_per_min(samples: list[dict]) -> float:
     """Least-squares slope of RSS (MB) over time, per minute."""
     ts = [s["t"] for s in samples]
-    ys = [s["rss_mb"] for s in samples]
-    mt, my = sum(ts) / len(ts), sum(ys) / len(ys)
-    var = sum((t - mt) ** 2 for t in ts)
-    return 60 * sum((t - mt) * (y - my) for t, y in zip(ts, ys, strict=True)) / var if var else 0.0
+    if len(set(ts)) < 2:
+        return 0.0
+    return 60 * statistics.linear_regression(ts, [s["rss_mb"] for s in samples]).slope
 
 
 def fake_engine(delay_ms: float) -> tuple[subprocess.Popen, int]:
@@ -232,18 +230,8 @@ def main() -> int:
         f"({summary['rate_per_s']}/s), {summary['errors']} errors, {traffic.late} late sends; "
         f"{summary['answered_in_duckdb']}/{summary['answered']} answered exchanges in DuckDB"
     )
-    result = {
-        "bench": "soak",
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "summary": summary,
-        "samples": samples,
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"soak-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
+    fields = {"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary}
+    results_file.save("soak", {**fields, "samples": samples}, args.out)
     return 0 if not missing and not summary["errors"] and not problems else 1
 
 
