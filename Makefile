@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.onjob-installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint format bench-engine bench-proxy clean
+.PHONY: install demo test lint format docs bench-engine bench-proxy clean
 
 install: $(STAMP)
 
@@ -25,10 +25,15 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 format: install
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
+
+# The settings reference, generated from the settings models (a test fails when it is stale).
+docs: install
+	$(PY) -m onjob.cli.reference > docs/settings.md
 
 bench-engine: install
 	$(PY) bench/engine.py

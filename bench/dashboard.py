@@ -24,8 +24,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from onjob.cli.process import ServerProcess  # noqa: E402
 from onjob.collector import Store  # noqa: E402
-from onjob.deploy.process import ServerProcess  # noqa: E402
 
 FILL = """
 INSERT INTO scenarios

@@ -22,7 +22,7 @@ from pathlib import Path
 from openai import AsyncOpenAI
 
 from onjob import bundled
-from onjob.deploy.process import EngineProcess
+from onjob.cli.process import EngineProcess
 
 PROMPTS = [
     "Write a short poem about the sea.",

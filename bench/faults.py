@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import results_file
 from faulty_upstream import FaultyEngine
 
-from onjob.deploy.process import ServerProcess, free_port
+from onjob.cli.process import ServerProcess, free_port
 from onjob.proxy.routing import canary_share
 
 HERE = Path(__file__).parent

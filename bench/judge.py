@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from onjob import bundled
-from onjob.deploy.process import EngineProcess
+from onjob.cli.process import EngineProcess
 from onjob.judge import JudgeSettings, Rollout
 from onjob.judge import rubric as prompts
 from onjob.judge.ruler import judge

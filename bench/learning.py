@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from onjob.deploy.demo import Options, run  # noqa: E402
+from examples.arithmetic.demo import Options, run  # noqa: E402
 
 
 def main() -> None:

@@ -39,7 +39,7 @@ import loadgen
 import peers
 import results_file
 
-from onjob.deploy.process import free_port
+from onjob.cli.process import free_port
 
 HERE = Path(__file__).parent
 SYSTEM = "You are a support agent for an online shop. Be brief and polite. " * 4
@@ -88,7 +88,7 @@ def fake_engine(core: int, delay_ms: float = 0) -> tuple[subprocess.Popen, int]:
 
 def proxy(engine_port: int, db: Path, core: int, **env: str):
     port = free_port()
-    cmd = [sys.executable, "-m", "onjob.deploy.cli", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "onjob.cli", "serve", "--port", str(port)]
     cmd += ["--engine-url", f"http://127.0.0.1:{engine_port}/v1", "--db", str(db)]
     return start(cmd, port, core, env), port
 

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import faults
 import results_file
 
-from onjob.deploy.process import ServerProcess, free_port
+from onjob.cli.process import ServerProcess, free_port
 
 HERE = Path(__file__).parent
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from onjob import bundled
+from onjob.cli.process import EngineProcess
 from onjob.collector import Store
-from onjob.deploy.process import EngineProcess
 
 TOOLS = [
     {
@@ -114,8 +114,8 @@ def teach(tokenizer, lessons: list[tuple[list[dict], list[dict] | None, str]], o
     tokenizer in `out`: a stand-in for a model that has learnt a behaviour."""
     import msgspec
 
-    from onjob.deploy.engine import chat
-    from onjob.deploy.engine.protocol import Message, Tool
+    from onjob.engine import chat
+    from onjob.engine.protocol import Message, Tool
 
     batch = []
     for messages, tools, answer in lessons:

@@ -14,7 +14,7 @@ from onjob import bundled
 
 
 def prepare_cmd(*extra: str) -> list[str]:
-    return [sys.executable, "-m", "onjob.deploy.cli", "model", "prepare", *extra]
+    return [sys.executable, "-m", "onjob.cli", "model", "prepare", *extra]
 
 
 def test_prepare_writes_a_model_that_loads_and_chats(tmp_path):

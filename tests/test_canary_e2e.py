@@ -9,7 +9,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from onjob.deploy.process import ServerProcess
+from onjob.cli.process import ServerProcess
 
 from .conftest import rows
 

@@ -13,7 +13,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from onjob.deploy.demo import REWARD
+from examples.arithmetic.demo import REWARD
 
 from .conftest import rows
 
@@ -110,7 +110,7 @@ def test_ctrl_c_stops_the_demo_and_everything_it_started(tmp_path, tiny_model_di
 
 
 def test_judge_flag_switches_the_demo_from_the_reward_function_to_ruler(tmp_path):
-    from onjob.deploy.demo import Options, config
+    from examples.arithmetic.demo import Options, config
     from onjob.deploy.settings import LoopSettings
     from onjob.judge import JudgeSettings
     from onjob.trainer import TrainSettings

@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 from openai import OpenAI
 
+from onjob.cli.process import ServerProcess, free_port
 from onjob.collector import Store
 from onjob.deploy import registry
-from onjob.deploy.process import ServerProcess, free_port
 
 from .conftest import rows
 

@@ -12,7 +12,7 @@ from openai import AsyncOpenAI, NotFoundError, OpenAI
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from onjob.deploy.process import EngineProcess
+from onjob.cli.process import EngineProcess
 
 from .conftest import make_adapter
 from .test_engine_api import HELLO, forward_logprobs

@@ -226,7 +226,7 @@ def test_tool_schemas_reach_the_prompt(client):
 
 @pytest.fixture(scope="module")
 def tool_engine(tool_model_dir):
-    from onjob.deploy.process import EngineProcess
+    from onjob.cli.process import EngineProcess
 
     with EngineProcess(["--model", str(tool_model_dir), "--served-model-name", "toolbot"]) as e:
         yield e

@@ -14,7 +14,7 @@ from openai import OpenAI
 from examples.arithmetic import task
 from examples.calculator import task as task_calc
 from examples.calculator.agent import solve
-from onjob.deploy.process import EngineProcess, ServerProcess
+from onjob.cli.process import EngineProcess, ServerProcess
 from onjob.judge import Rollout
 
 from .conftest import rows, teach

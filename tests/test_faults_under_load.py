@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 import faults
 from faulty_upstream import FaultyEngine
 
-from onjob.deploy.process import ServerProcess, free_port
+from onjob.cli.process import ServerProcess, free_port
 
 SECONDS = float(os.environ.get("ONJOB_FAULTS_SECONDS", "15"))
 

@@ -29,8 +29,8 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
+from onjob.cli.process import ServerProcess
 from onjob.collector import Collector, CollectorSettings, Store
-from onjob.deploy.process import ServerProcess
 from onjob.proxy import ProxySettings, create_app
 from onjob.proxy.exchange import MAX_DEPTH
 

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from onjob.cli.process import ServerProcess, free_port
 from onjob.collector import Store
-from onjob.deploy.process import ServerProcess, free_port
 from onjob.judge import tables
 from onjob.judge.rollouts import common_prefix, from_row
 

@@ -14,9 +14,9 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from onjob.cli.process import ServerProcess, free_port
 from onjob.collector import Store
 from onjob.deploy import registry
-from onjob.deploy.process import ServerProcess, free_port
 
 from .conftest import TOOL_QUESTION, TOOLS, make_adapter, rows
 

@@ -12,7 +12,7 @@ import time
 import httpx
 from openai import AsyncOpenAI, OpenAI
 
-from onjob.deploy.process import ServerProcess
+from onjob.cli.process import ServerProcess
 
 from .conftest import TOOL_QUESTION, TOOLS, rows
 from .fake_engine import RawEngine, chunk, send_chunk, send_chunked_head

@@ -11,8 +11,8 @@ import openai
 import pytest
 from litestar.testing import TestClient
 
+from onjob.cli.process import free_port
 from onjob.collector import Collector, CollectorSettings, Store
-from onjob.deploy.process import free_port
 from onjob.proxy import AiohttpUpstream, ProxySettings, create_app
 from onjob.proxy.upstream import Upstream
 

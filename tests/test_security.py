@@ -18,10 +18,10 @@ import openai
 import pytest
 from openai import OpenAI
 
+from onjob.cli.process import ServerProcess, free_port
+from onjob.cli.settings import ServeSettings
+from onjob.dashboard import pages
 from onjob.deploy import admin
-from onjob.deploy.dashboard import pages
-from onjob.deploy.process import ServerProcess, free_port
-from onjob.deploy.settings import ServeSettings
 from onjob.proxy import ProxySettings
 
 ROOT = Path(__file__).resolve().parents[1]

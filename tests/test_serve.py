@@ -14,13 +14,13 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from onjob.cli.process import ServerProcess, free_port
 from onjob.collector import Store
-from onjob.deploy.process import ServerProcess, free_port
 
 
 def onjob(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "onjob.deploy.cli", *args],
+        [sys.executable, "-m", "onjob.cli", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -15,7 +15,7 @@ import pytest
 import torch
 from openai import OpenAI
 
-from onjob.deploy.process import ServerProcess
+from onjob.cli.process import ServerProcess
 from onjob.trainer import NothingToTrain, TrainSettings
 from onjob.trainer.loop import MANIFEST, train
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from onjob.deploy.engine import EngineSettings, vllm
+from onjob.engine import EngineSettings, vllm
 
 
 def test_command_enables_runtime_lora_and_logprobs():
@@ -50,7 +50,7 @@ def test_cli_dry_run_prints_the_command_and_env():
         [
             sys.executable,
             "-m",
-            "onjob.deploy.cli",
+            "onjob.cli",
             "engine",
             "--backend",
             "vllm",
@@ -75,7 +75,7 @@ def test_cli_dry_run_prints_the_command_and_env():
 
 def test_cli_without_vllm_installed_says_how_to_get_it():
     out = subprocess.run(
-        [sys.executable, "-m", "onjob.deploy.cli", "engine", "--backend", "vllm", "--model", "/m"],
+        [sys.executable, "-m", "onjob.cli", "engine", "--backend", "vllm", "--model", "/m"],
         capture_output=True,
         text=True,
     )

@@ -1,4 +1,9 @@
-"""The composition root and operator: engines, CLI, and (later) registry, canary and the loop.
+"""The release machinery: which checkpoint serves each alias, and the evidence that moves it.
 
-Nothing imports `deploy`; it imports the other packages and wires them together.
+The checkpoint registry (`registry`), loading adapters into the engine (`adapters`), the
+routing log (`deployments`) and the operator that applies it (`operator`), paired
+comparisons (`compare`, `canary`) with their statistics (`stats`), the admin API
+(`admin`), and the periodic loop that re-samples, judges, trains, canaries and decides
+(`loop`). It drives `judge` and `trainer` through their public functions and the
+trainer's child process; it never imports torch.
 """

@@ -20,7 +20,7 @@ from ..proxy.errors import BadRequest, Conflict, Forbidden, Unauthorized
 from . import adapters, deployments, progress, registry
 from .loop import LoopState, PeriodicLoop
 from .operator import Operator
-from .settings import ServeSettings
+from .settings import DeploySettings
 
 
 class CanaryBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -39,7 +39,7 @@ class AliasBody(msgspec.Struct, forbid_unknown_fields=True):
     reason: str = "by hand"
 
 
-def admin_refusal(request: Request, settings: ServeSettings) -> Exception | None:
+def admin_refusal(request: Request, settings: DeploySettings) -> Exception | None:
     """Why `request` may not use admin routes (None: it may). The key comes as `Bearer
     <admin key>`, or as the password of HTTP Basic auth, which is what a browser asks for
     on the dashboard."""
@@ -62,7 +62,7 @@ def admin_refusal(request: Request, settings: ServeSettings) -> Exception | None
 
 
 def routes(
-    settings: ServeSettings,
+    settings: DeploySettings,
     collector: Collector,
     router: Router,
     operator: Operator,

@@ -22,13 +22,13 @@ from ..judge import rewards, sampling
 from . import adapters, registry, stats
 from .canary import ab_outcomes, paired_round
 from .judging import engine_client
-from .settings import ServeSettings
+from .settings import DeploySettings
 
 BASE = ("base", "")
 
 
 async def compare(
-    settings: ServeSettings,
+    settings: DeploySettings,
     a: str,
     b: str,
     *,

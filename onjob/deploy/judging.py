@@ -9,10 +9,10 @@ import httpx
 
 from ..collector import Collector
 from ..judge import run_pass
-from .settings import ServeSettings
+from .settings import DeploySettings
 
 
-def engine_client(settings: ServeSettings) -> httpx.AsyncClient:
+def engine_client(settings: DeploySettings) -> httpx.AsyncClient:
     """The judge's own client to the engine (off the hot path: httpx is fine here)."""
     return httpx.AsyncClient(
         base_url=settings.proxy.engine_url,
@@ -22,7 +22,7 @@ def engine_client(settings: ServeSettings) -> httpx.AsyncClient:
     )
 
 
-async def judge(settings: ServeSettings, *, once: bool, echo: Callable[[str], None]) -> None:
+async def judge(settings: DeploySettings, *, once: bool, echo: Callable[[str], None]) -> None:
     """`onjob judge`: passes on a database no server holds, every `loop.interval_s` or once."""
     collector = Collector(settings.collector)
     await collector.start()

@@ -34,7 +34,7 @@ from ..trainer import snapshot
 from . import canary, deployments, training
 from .judging import engine_client
 from .operator import Operator
-from .settings import ServeSettings
+from .settings import DeploySettings
 
 log = logging.getLogger("onjob.loop")
 
@@ -73,7 +73,7 @@ async def run_once(
     db: Collector,
     engine: httpx.AsyncClient,
     operator: Operator,
-    settings: ServeSettings,
+    settings: DeploySettings,
     echo,
     state: LoopState | None = None,
 ) -> None:
@@ -119,7 +119,7 @@ async def run_once(
     echo(f"canary: {row['canary']} serves {row['fraction']:.0%} of {alias}")
 
 
-async def _canary_round(db, engine, operator, settings: ServeSettings, routing, echo) -> None:
+async def _canary_round(db, engine, operator, settings: DeploySettings, routing, echo) -> None:
     alias, live, candidate = routing["model_alias"], routing["live"], routing["canary"]
     s = settings.judge
     if not s.scorers:
@@ -151,7 +151,7 @@ class PeriodicLoop:
     """`onjob serve`'s background loop: an iteration every `loop.interval_s`, one at a time;
     one that fails is logged and the next tries again."""
 
-    def __init__(self, collector: Collector, operator: Operator, settings: ServeSettings):
+    def __init__(self, collector: Collector, operator: Operator, settings: DeploySettings):
         self.collector = collector
         self.operator = operator
         self.settings = settings
@@ -199,7 +199,7 @@ class PeriodicLoop:
                 log.exception("loop iteration failed; the next one tries again")
 
 
-async def run(settings: ServeSettings, *, once: bool, echo) -> None:
+async def run(settings: DeploySettings, *, once: bool, echo) -> None:
     """`onjob loop`: iterations on a database no server holds."""
     db = Collector(settings.collector)
     await db.start()

@@ -12,26 +12,25 @@ import json
 import shutil
 import sys
 import time
-from pathlib import Path
 
 from ..collector import Collector
 from ..collector.ids import new_id
 from ..trainer import snapshot
 from ..trainer.records import checkpoint_path, record_run
 from . import deployments
-from .settings import ServeSettings
+from .settings import DeploySettings
 
 NOTHING_TO_TRAIN = 3
 
 
-def live_checkpoint(store, settings: ServeSettings, alias: str | None = None) -> str | None:
+def live_checkpoint(store, settings: DeploySettings, alias: str | None = None) -> str | None:
     """What `alias` (default: the first configured) serves as live today (None: the base
     model): the latest deployment, else the configured alias."""
     alias = alias or next(iter(settings.proxy.aliases), "agent")
     return deployments.arms_of(store, alias, settings.proxy.aliases.get(alias))[0]
 
 
-async def train(db: Collector, settings: ServeSettings, *, parent: str | None, echo=print):
+async def train(db: Collector, settings: DeploySettings, *, parent: str | None, echo=print):
     """One run on the groups not trained on yet; the manifest, or None when there was
     nothing to train on. The child writes into `<name>.partial`, renamed when it is done:
     a run killed half way leaves no directory anyone mistakes for a checkpoint, and no row."""
@@ -54,7 +53,7 @@ async def train(db: Collector, settings: ServeSettings, *, parent: str | None, e
         return None
     settings_file = snap_path.with_suffix(".json")
     settings_file.write_text(t.model_dump_json())
-    cmd = ["-m", "onjob.deploy.cli", "train", "--snapshot", str(snap_path)]
+    cmd = ["-m", "onjob.cli", "train", "--snapshot", str(snap_path)]
     cmd += ["--out", str(partial), "--settings", str(settings_file)]
     if parent_dir:
         cmd += ["--parent", str(parent_dir)]
@@ -76,21 +75,3 @@ async def train(db: Collector, settings: ServeSettings, *, parent: str | None, e
     await db.query(lambda st: record_run(st, new_id("run-"), manifest, out, parent))
     echo(f"checkpoint {name} recorded as a candidate: {out}")
     return manifest
-
-
-def train_child(snapshot_path: Path, out: Path, settings_file: Path | None, parent: Path | None):
-    """The child's side: torch is imported here and only here."""
-    from ..trainer import NothingToTrain, TrainSettings
-    from ..trainer.loop import train as run
-
-    s = (
-        TrainSettings.model_validate_json(settings_file.read_text())
-        if settings_file
-        else TrainSettings()
-    )
-    try:
-        run(snapshot_path, out, s, parent=parent, echo=lambda line: print(line, flush=True))
-    except NothingToTrain as exc:
-        print(f"onjob train: {exc}", file=sys.stderr)
-        return NOTHING_TO_TRAIN
-    return 0

@@ -20,6 +20,7 @@ from opentelemetry.trace import Tracer
 
 from ..collector import Collector, FeedbackRecord, queries
 from ..collector.ids import new_id
+from ..openai_errors import HANDLERS, error_body
 from . import openapi, sse, telemetry
 from .errors import (
     BadRequest,
@@ -31,7 +32,6 @@ from .errors import (
     UpstreamStatus,
 )
 from .exchange import Exchange, parse_request
-from .openai_errors import HANDLERS, error_body
 from .routing import CANARY, Router
 from .settings import ProxySettings
 from .upstream import Upstream, UpstreamResponse

@@ -6,7 +6,7 @@ The upstream clients' own errors (aiohttp's, httpx's) are translated into
 
 from __future__ import annotations
 
-from .openai_errors import OpenAIError
+from ..openai_errors import OpenAIError
 
 
 class ProxyError(OpenAIError):

@@ -3,8 +3,8 @@ rows, never whole tables, so a page stays fast with millions of exchanges."""
 
 from __future__ import annotations
 
-from ...collector import Store
-from ...judge.rollouts import json_value
+from ..collector import Store
+from ..judge.rollouts import json_value
 
 PAGE = 50
 

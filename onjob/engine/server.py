@@ -18,7 +18,7 @@ import msgspec
 from litestar import Litestar, Request, Response, get, post
 from litestar.response import Stream
 
-from ...proxy.openai_errors import HANDLERS
+from ..openai_errors import HANDLERS
 from . import chat
 from .batching import Batcher, TokenEvent
 from .errors import BadRequest, EngineError

@@ -60,7 +60,7 @@ class OnjobProcess:
         return f"{self.base}/v1"
 
     def start(self) -> OnjobProcess:
-        cmd = [sys.executable, "-m", "onjob.deploy.cli", self.command, "--port", str(self.port)]
+        cmd = [sys.executable, "-m", "onjob.cli", self.command, "--port", str(self.port)]
         self.proc = subprocess.Popen(
             [*cmd, *self.args],
             stdout=self._log,

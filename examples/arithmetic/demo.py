@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -25,10 +24,13 @@ from pathlib import Path
 
 import httpx
 
-from .. import bundled
-from ..collector import Store
-from . import deployments, progress
-from .process import ServerProcess, free_port
+from onjob import bundled
+from onjob.cli.process import ServerProcess, free_port
+from onjob.collector import Store
+from onjob.deploy import deployments, progress
+
+from . import task
+from .evaluate import evaluate
 
 ADMIN_KEY = "demo"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -112,7 +114,6 @@ def run(o: Options, echo=say) -> dict:
     """The whole demo; returns what result.json holds."""
     started, started_at = time.monotonic(), time.time()
     clock = _Clock(started, echo)
-    task, evaluate = _example()
     o.dir = _fresh(o.dir)
     clock.stage("preparing the model")
     model = o.model or bundled.prepare()
@@ -203,21 +204,6 @@ class _Clock:
 
 class DemoError(Exception):
     """The demo cannot run here (said in one line)."""
-
-
-def _example():
-    """The arithmetic example, imported from the checkout the demo runs in."""
-    if str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        from examples.arithmetic import task
-        from examples.arithmetic.evaluate import evaluate
-    except ImportError as exc:
-        raise DemoError(
-            "onjob demo runs the example agent in examples/arithmetic: run it from the root "
-            f"of an onjob checkout ({exc})"
-        ) from exc
-    return task, evaluate
 
 
 def _fresh(path: Path) -> Path:

@@ -11,7 +11,7 @@ from .settings import EngineSettings
 
 def serve(settings: EngineSettings) -> None:
     if settings.backend == "vllm":
-        from ... import bundled
+        from .. import bundled
         from . import vllm
 
         model = settings.model or str(bundled.prepare())
@@ -21,7 +21,7 @@ def serve(settings: EngineSettings) -> None:
     import torch
     import uvicorn
 
-    from ... import bundled
+    from .. import bundled
     from .batching import Batcher
     from .model import LoadedModel
     from .server import create_app

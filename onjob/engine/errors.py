@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...proxy.openai_errors import OpenAIError
+from ..openai_errors import OpenAIError
 
 
 class EngineError(OpenAIError):

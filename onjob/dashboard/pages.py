@@ -12,13 +12,13 @@ import jinja2
 from litestar import Request, Response, get
 from litestar.static_files import create_static_files_router
 
-from ...collector import Collector
-from ...judge.rollouts import json_value
-from ...proxy import Router
-from .. import canary, deployments, progress
-from ..admin import admin_refusal
-from ..loop import LoopState
-from ..settings import ServeSettings
+from ..collector import Collector
+from ..deploy import canary, deployments, progress
+from ..deploy.admin import admin_refusal
+from ..deploy.loop import LoopState
+from ..deploy.settings import DeploySettings
+from ..judge.rollouts import json_value
+from ..proxy import Router
 from . import queries
 
 HERE = Path(__file__).parent
@@ -69,7 +69,7 @@ def _chart_data(value) -> str:
 
 
 def routes(
-    settings: ServeSettings,
+    settings: DeploySettings,
     collector: Collector,
     router: Router,
     loop: LoopState | None = None,

@@ -8,17 +8,18 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from .. import dashboard
 from ..collector import Collector, Store
+from ..deploy import admin
+from ..deploy.judging import engine_client
+from ..deploy.loop import PeriodicLoop
+from ..deploy.operator import Operator
 from ..proxy import AiohttpUpstream, HttpxUpstream, ProxySettings, Router, Upstream, create_app
-from . import admin, dashboard
-from .judging import engine_client
-from .loop import PeriodicLoop
-from .operator import Operator
 from .process import EngineProcess
 from .settings import ServeSettings
 from .telemetry import tracer
 
-log = logging.getLogger("onjob.deploy")
+log = logging.getLogger("onjob.serve")
 
 
 def build_upstream(p: ProxySettings) -> Upstream:

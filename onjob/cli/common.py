@@ -1,0 +1,76 @@
+"""What every command shares: settings read once from flags, the environment and the TOML
+file, and asking the running server's admin API (or, with none running, the database)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def load_settings(command: str, args: argparse.Namespace, **sections: dict):
+    """ServeSettings from --config, the environment and the flags given; None (after saying
+    why) when they are invalid."""
+    from pydantic import ValidationError
+
+    from .settings import ServeSettings
+
+    try:
+        return ServeSettings.load(args.config, **{k: v for k, v in sections.items() if v})
+    except ValidationError as exc:
+        for e in exc.errors():
+            print(f"onjob {command}: {'.'.join(map(str, e['loc']))}: {e['msg']}", file=sys.stderr)
+    except FileNotFoundError as exc:
+        print(f"onjob {command}: {exc}", file=sys.stderr)
+    return None
+
+
+def given(**flags) -> dict:
+    return {k: v for k, v in flags.items() if v is not None}
+
+
+def ask_server(args: argparse.Namespace, command: str, path: str, body: dict | None):
+    """Ask the running server's admin API; None when no server answers (then the caller
+    opens the database itself)."""
+    import httpx
+
+    settings = load_settings(command, args, collector=given(db=args.db))
+    if settings is None:
+        raise SystemExit(2)
+    host = settings.proxy.host if settings.proxy.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    server = args.server or f"http://{host}:{settings.proxy.port}"
+    headers = {}
+    if settings.proxy.admin_key:
+        headers["Authorization"] = f"Bearer {settings.proxy.admin_key}"
+    try:
+        if body is None:
+            resp = httpx.get(f"{server}/admin/{path}", headers=headers, timeout=30)
+        else:
+            resp = httpx.post(f"{server}/admin/{path}", json=body, headers=headers, timeout=300)
+    except httpx.TransportError:
+        return settings, None
+    if resp.status_code >= 400:
+        try:
+            message = resp.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = resp.text[:300]
+        print(f"onjob {command}: {server}: {message}", file=sys.stderr)
+        raise SystemExit(2)
+    return settings, resp.json()
+
+
+def offline(settings, fn):
+    from ..collector import StorageError, Store
+    from ..deploy.deployments import DeployError
+
+    try:
+        store = Store(settings.collector.db)
+    except StorageError as exc:
+        print(f"onjob: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    try:
+        return fn(store)
+    except DeployError as exc:
+        print(f"onjob: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    finally:
+        store.close()

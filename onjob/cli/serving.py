@@ -1,0 +1,128 @@
+"""`onjob engine` (the model-serving process) and `onjob serve` (proxy, collector, admin API,
+dashboard and loop in one process)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from ..engine import EngineSettings
+from .common import given, load_settings
+
+
+def _engine_settings(args: argparse.Namespace) -> EngineSettings:
+    given = {
+        k: v
+        for k, v in vars(args).items()
+        if v is not None and k in EngineSettings.model_fields and v != []
+    }
+    return EngineSettings(**given)
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    from ..engine import serve
+
+    settings = _engine_settings(args)
+    if args.dry_run:
+        if settings.backend != "vllm":
+            print("--dry-run applies to --backend vllm", file=sys.stderr)
+            return 2
+        from ..engine import vllm
+
+        argv, env = vllm.command(settings, settings.model or "<bundled model dir>")
+        print(" ".join(f"{k}={v}" for k, v in env.items()), shlex.join(argv))
+        return 0
+    from ..engine.vllm import VLLMUnavailable
+
+    try:
+        serve(settings)
+    except VLLMUnavailable as exc:
+        print(f"onjob: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ..collector import StorageError
+    from .server import serve
+
+    settings = load_settings(
+        "serve",
+        args,
+        proxy=given(host=args.host, port=args.port, engine_url=args.engine_url),
+        collector=given(db=args.db),
+        engine={"start": True} if args.start_engine else {},
+    )
+    if settings is None:
+        return 2
+    try:
+        serve(settings)
+    except (StorageError, RuntimeError, TimeoutError) as exc:
+        print(f"onjob serve: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def add_commands(sub) -> None:
+    engine = sub.add_parser(
+        "engine",
+        help="serve a model with vLLM's OpenAI + LoRA contract (local engine or vLLM)",
+        description=(
+            "Serve the base model and LoRA adapters over vLLM's OpenAI-compatible API. "
+            "The local backend runs transformers + peft (CPU or GPU) with continuous batching; "
+            "the vllm backend execs `vllm serve` with runtime LoRA loading enabled. "
+            "Every flag can also be set as ONJOB_ENGINE_<FLAG>."
+        ),
+    )
+    engine.add_argument("--backend", choices=["local", "vllm"])
+    engine.add_argument("--model", help="local model directory (default: bundled SmolLM2-135M)")
+    engine.add_argument("--served-model-name", help="model id clients use (default: model name)")
+    engine.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    engine.add_argument("--port", type=int, help="port to listen on (default 8001)")
+    engine.add_argument("--max-batch-size", type=int, help="choices decoded together (default 16)")
+    engine.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    engine.add_argument(
+        "--default-max-tokens", type=int, help="completion cap when a request sets none (512)"
+    )
+    engine.add_argument("--dtype", choices=["float32", "bfloat16"])
+    engine.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    engine.add_argument("--threads", type=int, help="torch CPU threads")
+    engine.add_argument(
+        "--lora-modules",
+        nargs="*",
+        default=[],
+        metavar="NAME=PATH",
+        help="adapters to load at start",
+    )
+    engine.add_argument("--max-lora-rank", type=int, help="vllm: largest adapter rank (64)")
+    engine.add_argument("--max-loras", type=int, help="vllm: adapters resident at once (4)")
+    engine.add_argument(
+        "--dry-run", action="store_true", help="vllm: print the command, run nothing"
+    )
+    engine.set_defaults(func=cmd_engine)
+
+    serve = sub.add_parser(
+        "serve",
+        help="the OpenAI-compatible proxy that logs every exchange into DuckDB",
+        description=(
+            "Serve /v1/chat/completions, /v1/models and /v1/feedback in front of an engine "
+            "(`onjob engine` or vLLM) and log every exchange into DuckDB, stitched into "
+            "trajectories and scenarios. Settings come from flags, then ONJOB_<SECTION>__<FIELD> "
+            'variables (e.g. ONJOB_PROXY__API_KEYS=\'{"app": "sk-..."}\'), then the TOML '
+            "file (--config, $ONJOB_CONFIG or ./onjob.toml), then defaults."
+        ),
+    )
+    serve.add_argument("--config", help="TOML settings file ([proxy], [collector], [telemetry])")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to listen on (default 8000)")
+    serve.add_argument(
+        "--engine-url", help="the engine's OpenAI base URL (default http://127.0.0.1:8001/v1)"
+    )
+    serve.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
+    serve.add_argument(
+        "--start-engine",
+        action="store_true",
+        help="start `onjob engine` as a child on --engine-url's port ([engine] args = [...])",
+    )
+    serve.set_defaults(func=cmd_serve)

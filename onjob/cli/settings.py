@@ -1,0 +1,76 @@
+"""The server's settings: one typed object composed of each package's settings.
+
+Sources, strongest first: command-line flags, `ONJOB_<SECTION>__<FIELD>` variables
+(e.g. `ONJOB_PROXY__PORT=9000`), the TOML file (`--config`, `$ONJOB_CONFIG`, or
+`./onjob.toml` when present), then the defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from ..deploy.settings import DeploySettings
+from .telemetry import TelemetrySettings
+
+DEFAULT_CONFIG = Path("onjob.toml")
+
+
+class ChildEngine(BaseModel):
+    start: bool = Field(False, description="start `onjob engine` on engine_url's port")
+    args: list[str] = Field(
+        default_factory=list, description='more `onjob engine` flags, e.g. ["--threads", "1"]'
+    )
+
+
+class ServeSettings(DeploySettings, BaseSettings):
+    """Every section, composed once: deploy's (proxy, collector, judge, trainer, loop)
+    plus the process-level ones (telemetry, the child engine)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ONJOB_",
+        env_nested_delimiter="__",
+        extra="ignore",
+        nested_model_default_partial_update=True,
+    )
+    _toml: ClassVar[Path | None] = None
+
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    engine: ChildEngine = Field(default_factory=ChildEngine)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources = [init_settings, env_settings]
+        if cls._toml is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=cls._toml))
+        return tuple(sources)
+
+    @classmethod
+    def load(cls, config: Path | str | None = None, **overrides: Any) -> ServeSettings:
+        """Read the TOML file (if any) and the environment; `overrides` (nested dicts) win."""
+        path = config or os.environ.get("ONJOB_CONFIG")
+        if path is None and DEFAULT_CONFIG.exists():
+            path = DEFAULT_CONFIG
+        if path is not None and not Path(path).is_file():
+            raise FileNotFoundError(f"config file {path} does not exist")
+        cls._toml = Path(path) if path else None
+        try:
+            return cls(**overrides)
+        finally:
+            cls._toml = None
