@@ -9,15 +9,31 @@ import pytest
 import torch
 
 from onjob.trainer.data import Sequence, sequence
-from onjob.trainer.loop import _loss, sampled_logprobs
+from onjob.trainer.forward import Head, sampled_logprobs
+from onjob.trainer.loop import _loss
 from onjob.trainer.maths import advantages, policy_loss, token_logprobs
 from onjob.trainer.settings import TrainSettings
 
 
-def test_advantages_are_centred_and_scaled_by_the_group_std():
-    assert advantages([1.0, 0.0, 0.0, 1.0]) == pytest.approx([1, -1, -1, 1], abs=1e-5)
-    assert advantages([1.0, 0.0, 0.5], normalize_std=False) == pytest.approx([0.5, -0.5, 0])
+def test_advantages_are_centred_and_unscaled_by_default():
+    assert advantages([1.0, 0.0, 0.5]) == pytest.approx([0.5, -0.5, 0])
     assert advantages([0.3, 0.3]) == [0.0, 0.0]
+    with_std = advantages([1.0, 0.0, 0.0, 1.0], normalize_std=True)
+    assert with_std == pytest.approx([1, -1, -1, 1], abs=1e-5)
+
+
+def test_judge_noise_stays_a_small_advantage():
+    """0.80 against 0.81 is noise: Dr. GRPO's unnormalised advantages keep it at +-0.005,
+    and with std normalisation the floor keeps it at +-0.05 instead of +-1."""
+    assert advantages([0.80, 0.81]) == pytest.approx([-0.005, 0.005])
+    assert advantages([0.80, 0.81], normalize_std=True) == pytest.approx([-0.05, 0.05])
+    assert advantages([0.80, 0.81], normalize_std=True, std_floor=0) == pytest.approx([-1, 1])
+
+
+def test_a_member_outside_the_baseline_is_scored_against_it_but_does_not_move_it():
+    # The logged answer (1.0, the client's temperature) against rivals at 0.2 and 0.4.
+    advs = advantages([1.0, 0.2, 0.4], baseline=[False, True, True])
+    assert advs == pytest.approx([0.7, -0.1, 0.1])
 
 
 def test_ppo_loss_on_a_toy_batch_equals_a_hand_computation():
@@ -31,6 +47,21 @@ def test_ppo_loss_on_a_toy_batch_equals_a_hand_computation():
     expected = -(min(r[0], 1.0) * 1 + min(r[1], 1.2) * 1 + min(r[2] * -1, 0.8 * -1) + -2 * r[3])
     assert parts.loss.item() == pytest.approx(expected, rel=1e-6)
     assert parts.clipped == 2 and parts.tokens == 4
+
+
+def test_one_wild_token_cannot_make_the_loss_infinite_or_dominate_the_step():
+    """A negative advantage and a token the sampler found near-impossible (logged logprob
+    -1e4): the ratio overflows to inf without the log-ratio clamp; with dual clip the
+    token's loss is capped at dual_clip x |A| and it gives no gradient."""
+    logp = torch.tensor([-0.5, -0.7], requires_grad=True)
+    old = torch.tensor([-1e4, -0.7])
+    adv = torch.tensor([-1.0, -1.0])
+    parts = policy_loss(logp, old, adv, dual_clip=3.0)
+    assert math.isfinite(parts.loss.item()) and math.isfinite(parts.ratio_sum)
+    assert parts.loss.item() == pytest.approx(3.0 + 1.0)
+    parts.loss.backward()
+    assert logp.grad.tolist() == pytest.approx([0.0, 1.0])
+    assert parts.gap_max == pytest.approx(1e4 - 0.5)
 
 
 def test_ratio_is_one_when_the_policy_has_not_moved():
@@ -76,7 +107,29 @@ def test_token_logprobs_match_a_full_log_softmax():
     assert torch.allclose(token_logprobs(hidden, head, targets, chunk=8), full, atol=1e-5)
 
 
-def tiny_lora():
+def test_the_head_keeps_no_vocabulary_sized_logits_for_backward():
+    """Each chunk of the head is recomputed in backward: what autograd keeps for 512 rows of
+    a 5,000-token vocabulary is far below the 512 x 5,000 fp32 logits (10 MB)."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 5000, bias=False)
+    hidden = torch.randn(512, 16, requires_grad=True)
+    targets = torch.randint(0, 5000, (512,))
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logp = token_logprobs(hidden, lambda h: head(h).float(), targets, chunk=64)
+    assert sum(saved) < 512 * 5000 * 4 / 10
+    logp.sum().backward()  # and the gradient is still there
+    full = torch.log_softmax(head(hidden), -1).gather(-1, targets[:, None]).sum()
+    (expected,) = torch.autograd.grad(full, hidden)
+    assert torch.allclose(hidden.grad, expected, atol=1e-5)
+
+
+def tiny_lora(**overrides):
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -88,6 +141,7 @@ def tiny_lora():
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
+        **overrides,
     )
     lora = LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     return get_peft_model(LlamaForCausalLM(config), lora)
@@ -114,11 +168,15 @@ def naive_logprobs(model, seqs: list[Sequence]) -> torch.Tensor:
     return torch.stack(out)
 
 
-def test_members_sharing_a_prompt_get_the_logprobs_of_separate_full_forwards():
-    model = tiny_lora()
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_members_sharing_a_prompt_get_the_logprobs_of_separate_full_forwards(attention):
+    """Eager attention adds the mask to the scores: a boolean mask (True -> +1.0) masked
+    nothing there, and every member saw the others."""
+    model = tiny_lora(attn_implementation=attention)
+    head = Head.of(model.get_base_model())
     seqs = members()
-    shared = sampled_logprobs(model, seqs, "cpu", share_prefix=True)
-    separate = sampled_logprobs(model, seqs, "cpu", share_prefix=False)
+    shared = sampled_logprobs(model, head, seqs, "cpu", share_prefix=True)
+    separate = sampled_logprobs(model, head, seqs, "cpu", share_prefix=False)
     reference = naive_logprobs(model, seqs)
     assert shared.shape == (16,)
     assert torch.allclose(shared, reference, atol=1e-5)
@@ -142,7 +200,7 @@ def test_masked_tokens_get_zero_gradient():
         grads.append(output)
 
     handle = norm.register_forward_hook(keep)
-    _loss(model, seqs, TrainSettings(), "cpu").loss.backward()
+    _loss(model, Head.of(model.get_base_model()), seqs, TrainSettings(), "cpu").loss.backward()
     handle.remove()
     has_grad = (grads[0].grad[0].abs().sum(-1) > 0).tolist()
     # Packed: the shared 6-token prompt (0-5), member 0's 4 answer tokens (6-9), member 1's

@@ -6,7 +6,22 @@ train on as Parquet; `loop.train()` (torch, in a child process: `onjob train
 load as they are, with `onjob-manifest.json` beside it. The maths is in `maths`.
 """
 
-from .errors import Diverged, NothingToTrain, TrainerError
+from .errors import (
+    BadTargets,
+    Diverged,
+    NothingToTrain,
+    ParentMismatch,
+    TrainerError,
+    UnsupportedModel,
+)
 from .settings import TrainSettings
 
-__all__ = ["Diverged", "NothingToTrain", "TrainSettings", "TrainerError"]
+__all__ = [
+    "BadTargets",
+    "Diverged",
+    "NothingToTrain",
+    "ParentMismatch",
+    "TrainSettings",
+    "TrainerError",
+    "UnsupportedModel",
+]

@@ -1,13 +1,15 @@
 """One GRPO training run: snapshot in, LoRA checkpoint out. Reads top to bottom.
 
     groups  = data.load(snapshot)              advantages, masks, the sampler's logprobs
-    model   = base + LoRA (new, or the live adapter continued)
+    model   = base + LoRA (new, or the live adapter continued), no dropout
+    check   = each group's logprobs under the policy at step 0 (= the sampler's weights)
+              against the logged ones: a group they disagree on is skipped and recorded
     for each step of `groups_per_step` groups:
-        for each group, members chunked by length:
+        for each group, members chunked by length (forward.chunks):
             one packed forward: the shared prompt once, each member's own tokens
-            logprobs of the sampled tokens (no full-vocabulary log-softmax)
+            logprobs of the sampled tokens (fp32 head, no full-vocabulary log-softmax kept)
             loss = clipped ratio x advantage, summed / the step's tokens; backward
-        clip, step
+        clip, step (a step whose gradient is not finite is dropped, its groups recorded)
     save adapter (PEFT format) + onjob-manifest.json + metrics.json
 
 Runs as `onjob train --snapshot S --out DIR` in a child process of the server.
@@ -21,16 +23,17 @@ import math
 import os
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from . import adapter
 from .data import Group, Sequence, load
 from .errors import Diverged, NothingToTrain
-from .maths import policy_loss, token_logprobs
-from .settings import TARGETS, TrainSettings
+from .forward import Head, chunks, pack_limit, sampled_logprobs
+from .maths import policy_loss
+from .settings import TrainSettings
 
 MANIFEST = "onjob-manifest.json"
 
@@ -56,23 +59,56 @@ def train(
         raise NothingToTrain(
             f"nothing to train on in {snapshot}: {notes.equal_groups} groups with equal "
             f"scores, {notes.zero_advantage} members at their group's mean, "
-            f"{notes.unusable} without token ids"
+            f"{notes.unusable} without token ids, {notes.too_long} too long"
         )
     groups.sort(key=lambda g: g.id)  # a fixed order for a given snapshot
 
     # --- model
     device, dtype = _device(s)
-    model, base_dir = _model(s, parent, device, dtype)
+    model, base_dir = adapter.load(s, parent, device, dtype)
+    head = Head.of(model.get_base_model())
+    head_gap = head.check(model, device, tolerance=1e-3 if dtype == torch.float32 else 0.25)
+    limit = pack_limit(model, s.max_batch_tokens)
+    precision = {
+        "device": str(device),
+        "model_dtype": str(dtype),
+        "head_dtype": str(torch.float32),
+        "attention": model.config._attn_implementation,
+        "head_check_gap": head_gap,
+    }
+
+    # --- check: at step 0 the policy has the sampler's weights
+    skipped = dict(notes.skipped)
+    gaps = _step0_gaps(model, head, groups, limit, device)
+    for group in groups:
+        gap = gaps[group.id]
+        if not gap["mean"] <= s.max_logprob_gap:
+            skipped[group.id] = (
+                f"the policy's logprobs differ from the logged ones by {gap['mean']:.3g} per "
+                f"token (max {gap['max']:.3g}) before any step: sampled by other weights, "
+                "tokenizer or template"
+            )
+            echo(f"group {group.id}: {skipped[group.id]}, skipped")
+    groups = [g for g in groups if g.id not in skipped]
+    if not groups:
+        raise NothingToTrain(f"nothing to train on in {snapshot}: every group was skipped")
+    gap_tokens = sum(g["tokens"] for g in gaps.values())
+    step0 = {
+        "logprob_gap_step0": sum(g["sum"] for g in gaps.values()) / max(gap_tokens, 1),
+        "logprob_gap_step0_max": max(g["max"] for g in gaps.values()),
+    }
+
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=s.learning_rate, weight_decay=0.0)
     steps = math.ceil(len(groups) / s.groups_per_step) * s.epochs
     echo(
         f"training on {len(groups)} groups, {sum(len(g.members) for g in groups)} members, "
-        f"{sum(g.loss_tokens for g in groups)} tokens: {steps} steps on {device} ({dtype})"
+        f"{sum(g.loss_tokens for g in groups)} tokens: {steps} steps on {device} ({dtype}); "
+        f"logprob gap to the sampler at step 0: {step0['logprob_gap_step0']:.2g} per token"
     )
     wandb = _wandb(s)
     if s.sft_epochs:
-        sft = _warm_start(model, groups, s, device)
+        sft = _warm_start(model, head, groups, s, device)
         echo(
             f"warm start: {s.sft_epochs} supervised passes on {sft['members']} best members, "
             f"loss {sft['loss_first']:.3f} -> {sft['loss_last']:.3f}"
@@ -80,7 +116,7 @@ def train(
     step_done, progress_done = _progress(steps, progress, echo)
 
     # --- steps
-    history, tokens_seen = [], 0
+    history, tokens_seen, dropped = [], 0, []
     for epoch in range(s.epochs):
         for first in range(0, len(groups), s.groups_per_step):
             batch = groups[first : first + s.groups_per_step]
@@ -88,8 +124,8 @@ def train(
             totals = {"loss": 0.0, "clipped": 0, "ratio": 0.0, "kl": 0.0}
             step_started = time.perf_counter()
             for group in batch:
-                for chunk in _chunks(group, s.max_batch_tokens):
-                    parts = _loss(model, chunk, s, device)
+                for chunk in chunks(group, limit):
+                    parts = _loss(model, head, chunk, s, device)
                     (parts.loss / step_tokens).backward()
                     totals["loss"] += parts.loss.item() / step_tokens
                     totals["clipped"] += parts.clipped
@@ -97,10 +133,21 @@ def train(
                     totals["kl"] += parts.kl_sum
             grad_norm = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm).item()
             if not (math.isfinite(totals["loss"]) and math.isfinite(grad_norm)):
-                raise Diverged(
-                    f"step {len(history) + 1}: loss {totals['loss']}, grad norm {grad_norm}; "
-                    "no checkpoint written (lower trainer.learning_rate?)"
+                # Not applied, recorded, and the run goes on with the other steps.
+                optimizer.zero_grad(set_to_none=True)
+                dropped.append(
+                    {
+                        "epoch": epoch,
+                        "groups": [g.id for g in batch],
+                        "loss": totals["loss"],
+                        "grad_norm": grad_norm,
+                    }
                 )
+                echo(
+                    f"a step of epoch {epoch}: loss {totals['loss']}, gradient norm "
+                    f"{grad_norm}: not applied (groups {', '.join(g.id for g in batch)})"
+                )
+                continue
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             tokens_seen += step_tokens
@@ -122,10 +169,20 @@ def train(
             if wandb:
                 wandb.log(record)
     progress_done()
+    if not history:
+        raise Diverged(
+            f"all {len(dropped)} steps had a loss or gradient that is not finite; no checkpoint "
+            "written (lower trainer.learning_rate?)"
+        )
 
     # --- checkpoint
     duration = time.perf_counter() - started
-    metrics = _summary(history, groups, notes, duration, tokens_seen)
+    metrics = {
+        **_summary(history, groups, notes, duration, tokens_seen),
+        **step0,
+        "skipped_groups": len(skipped),
+        "dropped_steps": dropped,
+    }
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     manifest = {
@@ -136,6 +193,8 @@ def train(
         "config_sha256": hashlib.sha256(s.model_dump_json().encode()).hexdigest(),
         "config": json.loads(s.model_dump_json()),
         "groups": [g.id for g in groups],
+        "skipped_groups": skipped,
+        "precision": precision,
         "metrics": metrics,
         "history": history,
         "created": time.time(),
@@ -150,7 +209,25 @@ def train(
     return manifest
 
 
-def _warm_start(model, groups: list[Group], s: TrainSettings, device) -> dict:
+def _step0_gaps(model, head: Head, groups: list[Group], limit: int, device) -> dict[str, dict]:
+    """Per group, how far the policy's logprobs are from the logged ones before any step
+    (the same weights, so ~0 up to numerics and dtypes): |logp - old| summed, its max, and
+    the tokens. One forward per chunk, no gradient."""
+    gaps = {}
+    with torch.no_grad():
+        for group in groups:
+            total, most, tokens = 0.0, 0.0, 0
+            for chunk in chunks(group, limit):
+                logp = sampled_logprobs(model, head, chunk, device)
+                gap = (logp - _old(chunk, device)).abs()
+                total += gap.sum().item()
+                most = max(most, gap.max().item())
+                tokens += gap.numel()
+            gaps[group.id] = {"sum": total, "max": most, "tokens": tokens, "mean": total / tokens}
+    return gaps
+
+
+def _warm_start(model, head: Head, groups: list[Group], s: TrainSettings, device) -> dict:
     """Rejection-sampling fine-tuning: the mean negative logprob of each group's best member,
     one optimizer step per `groups_per_step` groups. GRPO can only reinforce what the
     policy samples; this teaches what it samples rarely."""
@@ -164,7 +241,7 @@ def _warm_start(model, groups: list[Group], s: TrainSettings, device) -> dict:
             tokens = sum(m.loss_tokens for m in batch)
             total = 0.0
             for m in batch:
-                loss = -sampled_logprobs(model, [m], device).sum() / tokens
+                loss = -sampled_logprobs(model, head, [m], device).sum() / tokens
                 loss.backward()
                 total += loss.item()
             torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)
@@ -174,95 +251,35 @@ def _warm_start(model, groups: list[Group], s: TrainSettings, device) -> dict:
     return {"members": len(best), "loss_first": losses[0], "loss_last": losses[-1]}
 
 
-def _loss(model, members: list[Sequence], s: TrainSettings, device):
+def _loss(model, head: Head, members: list[Sequence], s: TrainSettings, device):
     adv = torch.tensor(
         [m.advantage for m in members for keep in m.loss_mask if keep], device=device
     )
-    old = torch.tensor(
-        [lp for m in members for lp, keep in zip(m.old_logprobs, m.loss_mask, strict=True) if keep],
-        device=device,
-    )
-    logp = sampled_logprobs(model, members, device)
+    logp = sampled_logprobs(model, head, members, device)
     ref = None
     if s.kl_beta > 0:
         with torch.no_grad(), model.disable_adapter():
-            ref = sampled_logprobs(model, members, device, share_prefix=True)
+            ref = sampled_logprobs(model, head, members, device)
     return policy_loss(
         logp,
-        old,
+        _old(members, device),
         adv,
         eps_low=s.eps_low,
         eps_high=s.eps_high,
+        dual_clip=s.dual_clip,
         kind=s.loss,
         ref_logp=ref,
         beta=s.kl_beta,
     )
 
 
-def sampled_logprobs(model, members: list[Sequence], device, *, share_prefix: bool = True):
-    """The policy's logprob of every loss token of `members`, in order (member by member).
-
-    One forward for all of them, packed into one sequence without padding: the prompt
-    they share once, then each member's remaining tokens, with an attention mask that
-    lets each member see the shared prompt and its own tokens only (and positions that
-    restart after the prompt for each). The prompt's work is done once for the group,
-    and the gradient from every member flows back into it. The hidden states become
-    logprobs only where there is a loss (`token_logprobs`)."""
-    base = model.get_base_model()
-    decoder, head = base.model, base.get_output_embeddings()
-    prefix = _shared_prefix(members) if share_prefix and len(members) > 1 else 0
-    tokens, positions = list(members[0].tokens[:prefix]), list(range(prefix))
-    segments = [-1] * prefix  # -1: the shared prompt; i: member i's own tokens
-    before, targets = [], []  # per loss token: the packed index of the state predicting it
-    for i, m in enumerate(members):
-        start = len(tokens)
-        tokens += m.tokens[prefix:]
-        positions += range(prefix, len(m.tokens))
-        segments += [i] * (len(m.tokens) - prefix)
-        for t in range(max(prefix, 1), len(m.tokens)):
-            if m.loss_mask[t]:
-                before.append(start + t - prefix - 1 if t > prefix else prefix - 1)
-                targets.append(m.tokens[t])
-    seg = torch.tensor(segments, device=device)
-    index = torch.arange(len(tokens), device=device)
-    visible = (index[None, :] <= index[:, None]) & (
-        (seg[None, :] == -1) | (seg[None, :] == seg[:, None])
+def _old(members: list[Sequence], device) -> torch.Tensor:
+    """The sampler's logprob of every loss token, in `sampled_logprobs`' order."""
+    return torch.tensor(
+        [lp for m in members for lp, keep in zip(m.old_logprobs, m.loss_mask, strict=True) if keep],
+        device=device,
+        dtype=torch.float32,
     )
-    hidden = decoder(
-        input_ids=torch.tensor([tokens], device=device),
-        attention_mask=visible[None, None],
-        position_ids=torch.tensor([positions], device=device),
-    ).last_hidden_state[0]
-    return token_logprobs(
-        hidden[torch.tensor(before, device=device)],
-        head,
-        torch.tensor(targets, device=device),
-    )
-
-
-def _shared_prefix(members: list[Sequence]) -> int:
-    """Tokens every member starts with, ending before any member's first loss token."""
-    limit = min(m.first_loss for m in members)
-    first = members[0].tokens
-    n = 0
-    while n < limit and all(m.tokens[n] == first[n] for m in members):
-        n += 1
-    return n
-
-
-def _chunks(group: Group, max_tokens: int) -> list[list[Sequence]]:
-    """A group's members cut so that one packed forward (the shared prompt once, then each
-    member's own tokens) holds at most `max_tokens`."""
-    prefix = _shared_prefix(group.members) if len(group.members) > 1 else 0
-    chunks, current, size = [], [], prefix
-    for m in group.members:
-        own = len(m.tokens) - prefix
-        if current and size + own > max_tokens:
-            chunks.append(current)
-            current, size = [], prefix
-        current.append(m)
-        size += own
-    return [*chunks, current] if current else chunks
 
 
 def _device(s: TrainSettings):
@@ -277,41 +294,15 @@ def _device(s: TrainSettings):
     return device, dtype
 
 
-def _model(s: TrainSettings, parent: Path | None, device, dtype):
-    from peft import LoraConfig, PeftModel, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from .. import bundled
-
-    # peft asks transformers a deprecated question on every load; not the user's concern.
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
-    base_dir = s.base_model or bundled.prepare()
-    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=dtype).to(device)
-    if s.gradient_checkpointing:
-        base.gradient_checkpointing_enable()
-        base.enable_input_require_grads()
-    if parent is not None:
-        model = PeftModel.from_pretrained(base, parent, is_trainable=True)
-    else:
-        targets = s.target_modules or TARGETS.get(base.config.model_type, "all-linear")
-        config = LoraConfig(
-            r=s.lora_rank,
-            lora_alpha=s.lora_alpha,
-            lora_dropout=s.lora_dropout,
-            target_modules=targets,
-            task_type="CAUSAL_LM",
-        )
-        model = get_peft_model(base, config)
-    model.train()
-    return model, base_dir
-
-
 def _summary(history: list[dict], groups, notes, duration: float, tokens: int) -> dict:
     return {
         "steps": len(history),
         "groups": len(groups),
         "members": sum(len(g.members) for g in groups),
         "skipped_equal_groups": notes.equal_groups,
+        "skipped_too_long": notes.too_long,
+        "turns_trained_in_their_turn_group": notes.trained_elsewhere,
+        "members_outside_baseline": notes.outside_baseline,
         "loss_first": history[0]["loss"],
         "loss_last": history[-1]["loss"],
         "reward_mean": sum(h["reward_mean"] for h in history) / len(history),

@@ -7,35 +7,71 @@ current policy's logprob.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 
 def advantages(
-    rewards: list[float], *, normalize_std: bool = True, eps: float = 1e-6
+    rewards: list[float],
+    *,
+    normalize_std: bool = False,
+    std_floor: float = 0.1,
+    baseline: list[bool] | None = None,
 ) -> list[float]:
-    """Group-relative advantages of one group's members: reward minus the group's mean,
-    divided by the group's (population) standard deviation unless `normalize_std` is off."""
+    """Group-relative advantages of one group's members: reward minus the baseline, the
+    mean reward of the members marked in `baseline` (default: all of them).
+
+    Unnormalised by default (Dr. GRPO, Liu et al. 2025): dividing by the group's std
+    turns judge noise into full-size advantages (0.80 vs 0.81 becomes +-1) and weights
+    easy and hard prompts differently. With `normalize_std`, the divisor is the
+    baseline members' (population) std, never below `std_floor`.
+
+    A member outside the baseline (the logged answer of a turn group sampled under the
+    client's temperature, its rivals under the judge's) gets an advantage against the
+    others' mean but does not move it: the baseline is the expected reward of one
+    sampling distribution."""
     r = torch.tensor(rewards, dtype=torch.float64)
-    centred = r - r.mean()
+    inside = torch.tensor(baseline if baseline is not None else [True] * len(rewards))
+    if not inside.any():
+        inside = torch.ones_like(inside)
+    centred = r - r[inside].mean()
     if normalize_std:
-        centred = centred / (r.std(unbiased=False) + eps)
+        centred = centred / max(r[inside].std(unbiased=False).item(), std_floor, 1e-12)
     return centred.tolist()
 
 
 def token_logprobs(
-    hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, chunk: int = 1024
+    hidden: torch.Tensor,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    targets: torch.Tensor,
+    chunk: int | None = None,
 ) -> torch.Tensor:
-    """log p(target) for each row of `hidden` [N, H], without a full-vocabulary log-softmax:
-    the head runs on the rows that have a loss only, `chunk` rows at a time, and each
-    row needs only its target's logit and the logsumexp of its logits."""
+    """log p(target) for each row of `hidden` [N, H], without a full-vocabulary log-softmax
+    kept for backward: `head` (hidden -> fp32 logits) runs on the rows that have a loss
+    only, `chunk` rows at a time, and each chunk is recomputed in backward instead of
+    stored, so memory holds one chunk's logits, not [N, vocab] (16k tokens x 49k vocab
+    in fp32 is 3.2 GB). Each row needs only its target's logit and its logsumexp."""
+    if hidden.shape[0] == 0:
+        return hidden.new_zeros(0, dtype=torch.float32)
+    if chunk is None:  # ~128 MB of fp32 logits at a time, whatever the vocabulary
+        with torch.no_grad():
+            chunk = max(16, 2**25 // head(hidden[:1]).shape[-1])
+
+    def picked(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        logits = head(h)
+        return logits.gather(-1, t[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
     out = []
     for start in range(0, hidden.shape[0], chunk):
-        logits = lm_head(hidden[start : start + chunk]).float()
-        picked = logits.gather(-1, targets[start : start + chunk, None]).squeeze(-1)
-        out.append(picked - torch.logsumexp(logits, dim=-1))
-    return torch.cat(out) if out else hidden.new_zeros(0)
+        h, t = hidden[start : start + chunk], targets[start : start + chunk]
+        if torch.is_grad_enabled() and h.requires_grad:
+            out.append(checkpoint(picked, h, t, use_reentrant=False))
+        else:
+            out.append(picked(h, t))
+    return torch.cat(out)
 
 
 @dataclass
@@ -45,6 +81,13 @@ class LossParts:
     ratio_sum: float
     kl_sum: float
     tokens: int
+    gap_sum: float = 0.0  # sum over tokens of |logp - old_logp|: how far policy and sampler
+    gap_max: float = 0.0  # disagree (at step 0 they are the same weights: ~0 expected)
+
+
+# exp() of a log ratio above this is past any clip, and e^20 ~ 5e8 is still finite in fp32:
+# one token whose logged logprob disagrees wildly with the policy cannot make the loss inf.
+MAX_LOG_RATIO = 20.0
 
 
 def policy_loss(
@@ -54,36 +97,47 @@ def policy_loss(
     *,
     eps_low: float = 0.2,
     eps_high: float = 0.2,
+    dual_clip: float = 3.0,
     kind: str = "ppo",
     ref_logp: torch.Tensor | None = None,
     beta: float = 0.0,
 ) -> LossParts:
     """Token-level clipped objective, summed (the caller divides by all tokens of the step).
 
-    ppo:   -min(r·A, clip(r, 1-eps_low, 1+eps_high)·A), r = exp(logp - old_logp)
+    r = exp(clamp(logp - old_logp, -20, 20))
+    ppo:   -min(r·A, clip(r, 1-eps_low, 1+eps_high)·A), and for A < 0 at least -dual_clip·A
+           (dual clip, Ye et al. 2020: with a negative advantage the min above is
+           unbounded as r grows; past `dual_clip` the token's loss is constant, so one
+           token the sampler found unlikely cannot dominate the step)
     cispo: -sg(clip(r, 1-eps_low, 1+eps_high))·A·logp  (the weight is clipped, never the
            gradient dropped: tokens outside the trust region still teach, scaled)
     plus beta · k3(policy ‖ reference), k3 = exp(ref - logp) - (ref - logp) - 1.
     """
-    ratio = torch.exp(logp - old_logp)
+    ratio = torch.exp((logp - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
     clipped_ratio = ratio.clamp(1 - eps_low, 1 + eps_high)
     if kind == "ppo":
         per_token = -torch.minimum(ratio * advantage, clipped_ratio * advantage)
+        per_token = torch.where(
+            advantage < 0, torch.minimum(per_token, -dual_clip * advantage), per_token
+        )
     elif kind == "cispo":
         per_token = -clipped_ratio.detach() * advantage * logp
     else:
         raise ValueError(f"unknown loss {kind!r} (ppo or cispo)")
     kl = torch.zeros_like(logp)
     if ref_logp is not None and beta > 0:
-        diff = ref_logp - logp
+        diff = (ref_logp - logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
         kl = torch.exp(diff) - diff - 1
         per_token = per_token + beta * kl
     with torch.no_grad():
         clipped = ((ratio < 1 - eps_low) | (ratio > 1 + eps_high)).sum().item()
+        gap = (logp - old_logp).abs()
     return LossParts(
         loss=per_token.sum(),
         clipped=clipped,
         ratio_sum=ratio.detach().sum().item(),
         kl_sum=kl.detach().sum().item(),
         tokens=logp.numel(),
+        gap_sum=gap.sum().item(),
+        gap_max=gap.max().item() if gap.numel() else 0.0,
     )

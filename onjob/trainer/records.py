@@ -9,12 +9,16 @@ from ..collector import Store
 
 
 def record_run(store: Store, run_id: str, manifest: dict, path: Path, parent: str | None) -> None:
+    """`groups_used` is every group the run consumed: those it trained on and those it
+    skipped with a reason (in the manifest's `skipped_groups`), so that a group the trainer
+    cannot use is not exported, and skipped, on every later run."""
+    used = [*manifest["groups"], *manifest.get("skipped_groups", {})]
     with store.transaction() as con:
         con.execute(
             "INSERT INTO train_runs VALUES (?, ?, ?, ?, ?, now())",
             [
                 run_id,
-                manifest["groups"],
+                used,
                 json.dumps(manifest["config"]),
                 json.dumps(manifest["metrics"]),
                 manifest["metrics"]["duration_s"],

@@ -5,13 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
-# LoRA targets per architecture family (`config.model_type`): the projections vLLM
-# can serve adapters on. Others fall back to peft's "all-linear".
+# LoRA targets per architecture family (`config.model_type`): every attention and MLP
+# projection, under the names the family uses (vLLM serves adapters on these). Phi-3
+# fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj`: the Llama names would
+# silently miss them. Other families fall back to peft's "all-linear".
+_LLAMA = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 TARGETS = {
-    family: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    for family in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3")
+    **{
+        family: _LLAMA
+        for family in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "granite")
+    },
+    "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
 }
 
 
@@ -30,7 +36,24 @@ class TrainSettings(BaseModel):
     loss: Literal["ppo", "cispo"] = "ppo"
     eps_low: float = Field(0.2, ge=0, le=1)
     eps_high: float = Field(0.2, ge=0)
-    normalize_std: bool = Field(True, description="divide advantages by the group's std")
+    dual_clip: float = Field(
+        3.0,
+        gt=1,
+        description="with a negative advantage, a token's loss stops growing past this ratio",
+    )
+    normalize_std: bool = Field(
+        False,
+        description="divide advantages by the group's std (off: Dr. GRPO, judge noise stays small)",
+    )
+    std_floor: float = Field(
+        0.1, ge=0, description="with normalize_std: the smallest std advantages are divided by"
+    )
+    max_logprob_gap: float = Field(
+        1.0,
+        gt=0,
+        description="skip a group whose mean |policy - sampler| logprob per token, when first "
+        "seen, is above this (nats): another model, tokenizer or template sampled it",
+    )
     kl_beta: float = Field(0.0, ge=0, description="KL to the base model (k3); 0 = off")
 
     # The optimisation.
@@ -41,6 +64,11 @@ class TrainSettings(BaseModel):
         1024,
         ge=64,
         description="tokens per packed forward (attention memory grows with its square)",
+    )
+    max_tokens_per_member: int = Field(
+        16384,
+        ge=64,
+        description="skip (and say) members longer than this: one member is one forward",
     )
     max_grad_norm: float = Field(1.0, gt=0)
     gradient_checkpointing: bool = Field(False, description="less memory, more compute")
@@ -54,10 +82,26 @@ class TrainSettings(BaseModel):
     sft_epochs: int = Field(0, ge=0, description="supervised passes on best members first")
     sft_learning_rate: float = Field(1e-4, gt=0)
 
-    # The adapter.
+    # The adapter. The trainer's forwards run without dropout (LoRA's or the model's): the
+    # importance ratio must be exactly 1 before the first step.
     lora_rank: Literal[1, 8, 16, 32, 64, 128, 256] = Field(16, description="vLLM's allowed ranks")
     lora_alpha: int = Field(32, ge=1)
-    lora_dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: list[str] | None = Field(None, description="default: per architecture")
+    max_lora_rank: int = Field(
+        64,
+        ge=1,
+        description="the serving engine's max_lora_rank: a larger lora_rank is refused here, "
+        "not when the engine loads the adapter",
+    )
 
     wandb_project: str | None = Field(None, description="log to W&B when wandb is installed")
+
+    @model_validator(mode="after")
+    def _rank_the_engine_serves(self) -> TrainSettings:
+        if self.lora_rank > self.max_lora_rank:
+            raise ValueError(
+                f"trainer.lora_rank {self.lora_rank} is above trainer.max_lora_rank "
+                f"{self.max_lora_rank} (the engine's --max-lora-rank): the engine would "
+                "refuse the adapter"
+            )
+        return self

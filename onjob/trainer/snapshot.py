@@ -2,9 +2,11 @@
 
 Runs where the database is (the server, or `onjob train --db` when no server
 holds it); needs no torch. A row per member: its group, reward (the `combined`
-score), the checkpoint that sampled it, and its turns as the engine saw them
-(prompt token ids, sampled completion token ids, the sampler's logprobs). A turn
-group's member has one turn; a conversation has all its turns.
+score), the checkpoint that sampled it, its origin (logged or re-sampled) and the
+temperature and top-p it was sampled at, and its turns as the engine saw them
+(exchange ids, prompt token ids, sampled completion token ids, the sampler's
+logprobs). A turn group's member has one turn; a conversation has its turns up to
+the judged one.
 """
 
 from __future__ import annotations
@@ -17,41 +19,55 @@ import pyarrow.parquet as pq
 from ..collector import Store
 from .settings import TrainSettings
 
+# `turn_of`: every exchange a member trains on, in order: a turn group's member, its own
+# exchange (and choice); a conversation's member, its production turns up to the judged
+# one (the trajectory's last exchange when the group was formed). Turns logged after the
+# judgement were not judged: they would inherit an advantage they did not earn. Every one
+# of these exchanges must be sampled by an allowed checkpoint, not only the last.
 _MEMBERS = """
 WITH spread AS (
     SELECT group_id, max(score) - min(score) AS spread FROM scores
     WHERE source = 'combined' GROUP BY group_id
-), eligible AS (
+), candidates AS (
     SELECT g.id, g.kind, g.created FROM groups g JOIN spread s ON s.group_id = g.id
     WHERE g.status = 'scored' AND g.kind <> 'ab' AND s.spread > ?
       AND NOT EXISTS (SELECT 1 FROM train_runs t WHERE list_contains(t.groups_used, g.id))
-      AND NOT EXISTS (
-          SELECT 1 FROM members m JOIN exchanges e ON e.id = m.exchange_id
-          WHERE m.group_id = g.id AND NOT list_contains(?, coalesce(e.checkpoint, '')))
+), turn_of AS (
+    SELECT m.id AS member_id, m.group_id, e.id AS exchange_id, m.choice, e.turn
+    FROM members m JOIN candidates g ON g.id = m.group_id JOIN exchanges e ON e.id = m.exchange_id
+    WHERE g.kind = 'turn'
+    UNION ALL
+    SELECT m.id, m.group_id, e.id, 0, e.turn
+    FROM members m JOIN candidates g ON g.id = m.group_id
+    JOIN exchanges judged ON judged.id = m.exchange_id
+    JOIN exchanges e ON e.trajectory_id = m.trajectory_id AND e.turn <= judged.turn
+    WHERE g.kind = 'trajectory' AND e.status < 400 AND e.source = 'production'
+), eligible AS (
+    SELECT g.* FROM candidates g
+    WHERE NOT EXISTS (
+        SELECT 1 FROM turn_of t JOIN exchanges e ON e.id = t.exchange_id
+        WHERE t.group_id = g.id AND NOT list_contains(?, coalesce(e.checkpoint, '')))
     ORDER BY g.created DESC LIMIT ?
 ), turns AS (
-    SELECT m.id AS member_id, [e.prompt_token_ids] AS prompt_ids,
-           [e.completion_token_ids[m.choice + 1]] AS completion_ids,
-           [e.completion_logprobs[m.choice + 1]] AS logprobs
-    FROM members m JOIN eligible g ON g.id = m.group_id JOIN exchanges e ON e.id = m.exchange_id
-    WHERE g.kind = 'turn'
-), conversations AS (
-    SELECT m.id AS member_id,
-           list(e.prompt_token_ids ORDER BY e.turn) AS prompt_ids,
-           list(e.completion_token_ids[1] ORDER BY e.turn) AS completion_ids,
-           list(e.completion_logprobs[1] ORDER BY e.turn) AS logprobs
-    FROM members m JOIN eligible g ON g.id = m.group_id
-    JOIN exchanges e ON e.trajectory_id = m.trajectory_id
-    WHERE g.kind = 'trajectory' AND e.status < 400 AND e.source = 'production'
-    GROUP BY m.id
+    SELECT t.member_id,
+           list(e.prompt_token_ids ORDER BY t.turn, e.ts) AS prompt_ids,
+           list(e.completion_token_ids[t.choice + 1] ORDER BY t.turn, e.ts) AS completion_ids,
+           list(e.completion_logprobs[t.choice + 1] ORDER BY t.turn, e.ts) AS logprobs,
+           list(e.id ORDER BY t.turn, e.ts) AS exchange_ids
+    FROM turn_of t JOIN eligible g ON g.id = t.group_id JOIN exchanges e ON e.id = t.exchange_id
+    GROUP BY t.member_id
 )
-SELECT m.group_id, g.kind, m.id AS member_id, m.position, s.score AS reward,
-       e.checkpoint, t.prompt_ids, t.completion_ids, t.logprobs
+SELECT m.group_id, g.kind, m.id AS member_id, m.position, m.origin, m.choice,
+       s.score AS reward, e.checkpoint,
+       coalesce(TRY_CAST(json_extract_string(e.request, '$.temperature') AS DOUBLE), 1.0)
+           AS temperature,
+       coalesce(TRY_CAST(json_extract_string(e.request, '$.top_p') AS DOUBLE), 1.0) AS top_p,
+       t.prompt_ids, t.completion_ids, t.logprobs, t.exchange_ids
 FROM members m
 JOIN eligible g ON g.id = m.group_id
 JOIN exchanges e ON e.id = m.exchange_id
 JOIN scores s ON s.member_id = m.id AND s.source = 'combined'
-JOIN (SELECT * FROM turns UNION ALL SELECT * FROM conversations) t ON t.member_id = m.id
+JOIN turns t ON t.member_id = m.id
 ORDER BY g.created, m.group_id, m.position
 """
 
