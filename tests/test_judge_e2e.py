@@ -148,7 +148,9 @@ def test_judge_pass_makes_turn_groups_that_share_the_prefix_and_carry_tokens(tmp
     assert rows(db, "SELECT count(*) AS n FROM groups WHERE kind = 'turn'")[0]["n"] == 5
 
 
-def test_reward_functions_and_feedback_are_combined_by_weight_into_scores(tmp_path, logged):
+def test_reward_functions_are_combined_by_weight_and_feedback_only_some_members_have_is_kept_out(
+    tmp_path, logged
+):
     db = workdir(tmp_path, logged, CONFIG)
     judge_once(tmp_path, logged["engine"])
     scores = rows(
@@ -172,12 +174,13 @@ def test_reward_functions_and_feedback_are_combined_by_weight_into_scores(tmp_pa
     for member_id, sources in by_member.items():
         assert {"fn:tool", "fn:length", "combined"} <= set(sources)
         weighted = 2 * sources["fn:tool"] + sources["fn:length"]
+        # Feedback is kept, but only the logged answers have it: it stays out of the reward,
+        # which is on one footing for every member of the group.
         if member_id in feedback_members:
             assert sources["feedback"] == 0.75
-            assert sources["combined"] == pytest.approx((weighted + 0.75) / 4)
         else:
             assert "feedback" not in sources
-            assert sources["combined"] == pytest.approx(weighted / 3)
+        assert sources["combined"] == pytest.approx(weighted / 3)
     # The tool-calling scenario's logged answers called the tool (the model was taught to).
     tool_scores = [s["score"] for s in scores if s["source"] == "fn:tool" and s["kind"] == "turn"]
     assert 1.0 in tool_scores

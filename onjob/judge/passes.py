@@ -194,7 +194,7 @@ async def score_group(db, s: JudgeSettings, fns, group, report: PassReport, echo
         echo(f"  group {group['id']}: not scored: {reason}")
     else:
         status, reason = "scored", None
-        combined = {m: _combine(s, sources) for m, sources in by_member.items()}
+        combined = combine(s, by_member)
         scores += [(m, "combined", v, None) for m, v in combined.items()]
         report.scored += 1
         echo(
@@ -229,9 +229,30 @@ async def _ruler(db, s: JudgeSettings, rollouts, rng, report: PassReport):
     return judgement, ruler.result_by_content(judgement, rollouts)
 
 
-def _combine(s: JudgeSettings, sources: dict[str, tuple[float, str | None]]) -> float:
-    """The weighted mean of a member's scores: RULER, each reward function, feedback."""
+def combine(
+    s: JudgeSettings, by_member: dict[str, dict[str, tuple[float, str | None]]]
+) -> dict[str, float]:
+    """Each member's reward: the weighted mean of the sources *every* member of the group
+    has, each read on [0, 1].
 
+    Only shared sources: in a turn group only the logged answer can carry feedback, and
+    a reward that is mean(judge, feedback) for it but the judge alone for its rivals
+    would make advantages partly measure "had feedback". A source some members lack
+    stays in `scores`, out of the reward. One scale: RULER scores are in [0, 1]; a
+    reward function's number and posted feedback (any float) are clipped into it, so no
+    source outweighs the others by its units rather than its weight."""
+    if not by_member:
+        return {}
+    shared = set.intersection(*(set(sources) for sources in by_member.values()))
+    if not shared:
+        return {}
+    return {
+        member: _weighted_mean(s, {k: v for k, (v, _) in sources.items() if k in shared})
+        for member, sources in by_member.items()
+    }
+
+
+def _weighted_mean(s: JudgeSettings, values: dict[str, float]) -> float:
     def weight(source: str) -> float:
         if source.startswith("ruler:"):
             return s.ruler_weight
@@ -239,7 +260,8 @@ def _combine(s: JudgeSettings, sources: dict[str, tuple[float, str | None]]) -> 
             return s.rewards[source[3:]].weight
         return s.feedback_weight
 
-    total = sum(weight(src) for src in sources)
+    clipped = {src: min(max(v, 0.0), 1.0) for src, v in values.items()}
+    total = sum(weight(src) for src in clipped)
     if total == 0:
-        return sum(v for v, _ in sources.values()) / len(sources)
-    return sum(weight(src) * v for src, (v, _) in sources.items()) / total
+        return sum(clipped.values()) / len(clipped)
+    return sum(weight(src) * v for src, v in clipped.items()) / total

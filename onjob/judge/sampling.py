@@ -43,10 +43,16 @@ class Sample:
 def request_for(logged: dict, model: str, s: JudgeSettings) -> dict:
     request = json.loads(logged["request"]) if isinstance(logged["request"], str) else {}
     body = {k: v for k, v in request.items() if k not in _DROP}
+    top_p = request.get("top_p")
+    # The alternatives' sampling settings, written out in full (the request is stored with
+    # the re-sampled exchange): the judge's temperature, the client's top-p. When the
+    # client sampled its logged answer otherwise, the trainer keeps that answer out of
+    # the group's baseline (`trainer.data`), which must be the mean of one distribution.
     body.update(
         model=model,
         n=s.group_size,
         temperature=s.temperature,
+        top_p=top_p if isinstance(top_p, int | float) else 1.0,
         logprobs=True,
         return_token_ids=True,
     )
