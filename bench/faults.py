@@ -328,7 +328,7 @@ def check(answers: list[Answer], rows: dict[str, dict], fraction: float) -> dict
             continue
         if row["status"] != (200 if a.kind == "ok" else a.status) or row["arm"] != a.arm:
             disagree.append({"answer": asdict(a), "row": row})
-        if a.arm == "live" and canary_share(a.trajectory) < fraction:
+        if a.arm == "live" and canary_share(a.trajectory, CANARY) < fraction:
             attempts = [
                 r
                 for r in by_trajectory.get(a.trajectory, [])
@@ -355,7 +355,7 @@ def check(answers: list[Answer], rows: dict[str, dict], fraction: float) -> dict
         "malformed": [asdict(a) for a in answers if a.kind in ("malformed", "transport")],
         "canary": {
             "conversations_in_canary_share": sum(
-                canary_share(a.trajectory) < fraction for a in answers
+                canary_share(a.trajectory, CANARY) < fraction for a in answers
             ),
             "answered_by_canary": sum(a.arm == "canary" for a in answers),
             "fell_back_to_live": dict(fell_back),

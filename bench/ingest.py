@@ -187,7 +187,7 @@ class Traffic:
             }
         )
         placement = self.collector.place(messages)
-        canary = canary_share(placement.trajectory_id) < CANARY_FRACTION
+        canary = canary_share(placement.trajectory_id, CANARY) < CANARY_FRACTION
         exchange_id = new_id("chatcmpl-")
         shared = {
             "id": exchange_id,

@@ -86,22 +86,6 @@ def site(tmp_path_factory, tool_engine, tool_model_dir):
     db = work / "onjob.duckdb"
     args = ["--config", str(work / "onjob.toml"), "--engine-url", tool_engine.url]
     args += ["--db", str(db)]
-    with ServerProcess(args) as server:
-        client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
-        for i in range(6):
-            messages = [*TOOL_QUESTION]
-            first = client.chat.completions.create(
-                model="agent", messages=messages, tools=TOOLS, max_tokens=24, temperature=0
-            )
-            call = first.choices[0].message.tool_calls[0]
-            messages += [
-                first.choices[0].message.model_dump(exclude_none=True),
-                {"role": "tool", "tool_call_id": call.id, "content": f"{10 + i} °C, sunny"},
-            ]
-            client.chat.completions.create(
-                model="agent", messages=messages, tools=TOOLS, max_tokens=12
-            )
-    onjob(work, "judge", "--once", "--engine-url", tool_engine.url)  # ./onjob.toml, its DB
     adapter = make_adapter(
         tool_model_dir, work / "mild", seed=4, r=8, targets=["q_proj", "v_proj"], std=0.001
     )
@@ -110,6 +94,28 @@ def site(tmp_path_factory, tool_engine, tool_model_dir):
     store.close()
     nowhere = ["--server", f"http://127.0.0.1:{free_port()}"]  # no server: the DB directly
     onjob(work, "canary", "agent", "mild", "--fraction", "0.5", *nowhere)
+    with ServerProcess(args) as server:  # the canary restored, its adapter loaded
+        client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+        for i in range(6):
+            messages = [*TOOL_QUESTION]
+            meta = {"trajectory_id": f"dash-{i}"}
+            first = client.chat.completions.create(
+                model="agent",
+                messages=messages,
+                tools=TOOLS,
+                max_tokens=24,
+                temperature=0,
+                metadata=meta,
+            )
+            call = first.choices[0].message.tool_calls[0]
+            messages += [
+                first.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": f"{10 + i} °C, sunny"},
+            ]
+            client.chat.completions.create(
+                model="agent", messages=messages, tools=TOOLS, max_tokens=12, metadata=meta
+            )
+    onjob(work, "judge", "--once", "--engine-url", tool_engine.url)  # ./onjob.toml, its DB
     onjob(work, "loop", "--once", "--engine-url", tool_engine.url)
     httpx.post(f"{tool_engine.url}/unload_lora_adapter", json={"lora_name": "mild"}, timeout=60)
     return work, args

@@ -1,6 +1,8 @@
 """The loop through `onjob loop --once`, with real traffic, a real engine and the real
 decision rule: a harmful canary is rolled back and a better one promoted by the paired
-comparison; a fresh database runs every stage; a run killed mid-train resumes cleanly."""
+comparison on traffic logged after it started; a winning canary that has not served
+enough conversations waits; a fresh database runs every stage; a run killed mid-train
+resumes cleanly."""
 
 from __future__ import annotations
 
@@ -43,21 +45,27 @@ def onjob(cwd: Path, *args: str, env: dict | None = None, timeout: float = 600):
     )
 
 
-@pytest.fixture(scope="module")
-def traffic(tmp_path_factory, tool_engine) -> Path:
-    """A database with 12 logged tool-question conversations, served by the base model."""
-    db = tmp_path_factory.mktemp("traffic") / "onjob.duckdb"
+def converse(db: Path, engine_url: str, n: int, name: str) -> None:
+    """`n` one-turn tool-question conversations through a real `onjob serve` on `db`
+    (routing restored from its deployments, adapters loaded), named `name-<i>`."""
     env = {"ONJOB_LOOP__INTERVAL_S": "0"}
-    with ServerProcess(["--engine-url", tool_engine.url, "--db", str(db)], env=env) as server:
+    with ServerProcess(["--engine-url", engine_url, "--db", str(db)], env=env) as server:
         client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
-        for i in range(12):
+        for i in range(n):
             client.chat.completions.create(
                 model="agent",
                 messages=TOOL_QUESTION,
                 tools=TOOLS,
                 max_tokens=24,
-                metadata={"trajectory_id": f"conv-{i}"},
+                metadata={"trajectory_id": f"{name}-{i}"},
             )
+
+
+@pytest.fixture(scope="module")
+def traffic(tmp_path_factory, tool_engine) -> Path:
+    """A database with 12 logged tool-question conversations, served by the base model."""
+    db = tmp_path_factory.mktemp("traffic") / "onjob.duckdb"
+    converse(db, tool_engine.url, 12, "conv")
     return db
 
 
@@ -78,12 +86,15 @@ tool = { fn = "my_rewards:tool" }
 [loop]
 pairs_per_round = 12
 min_pairs = 10
+sprt_delta = 0.3
+min_guard_conversations = 2
 """
 
 
 def with_routing(tmp_path, tool_model_dir, live: str, canary: str) -> None:
     """Adapters built to differ: `mild` barely moves the tool model (it still calls the
-    tool), `scrambled` breaks it. `live` is made live by hand, `canary` set as its canary."""
+    tool), `scrambled` breaks it. `live` is made live by hand, `canary` set as its canary
+    for 30% of conversations."""
     store = Store(tmp_path / "onjob.duckdb")
     for name, std, seed in (("mild", 0.001, 4), ("scrambled", 0.5, 5)):
         path = make_adapter(
@@ -91,7 +102,9 @@ def with_routing(tmp_path, tool_model_dir, live: str, canary: str) -> None:
         )
         registry.add(store, path, name, tool_model_dir)
     store.close()
-    for args in (("canary", "agent", live), ("promote", "agent"), ("canary", "agent", canary)):
+    steps = (("canary", "agent", live), ("promote", "agent"))
+    steps += (("canary", "agent", canary, "--fraction", "0.3"),)
+    for args in steps:
         done = onjob(tmp_path, *args)
         assert done.returncode == 0, done.stderr
 
@@ -116,6 +129,7 @@ def test_the_paired_comparison_decides_the_canary(
 ):
     db = workdir(tmp_path, traffic, COMPARE_ONLY)
     with_routing(tmp_path, tool_model_dir, live=live, canary=canary)
+    converse(db, tool_engine.url, 24, "after")  # traffic while the canary runs
     done = onjob(tmp_path, "loop", "--once", "--engine-url", tool_engine.url)
     assert done.returncode == 0, done.stderr
     assert f"canary {canary} against {live}: {said}" in done.stdout
@@ -127,6 +141,40 @@ def test_the_paired_comparison_decides_the_canary(
     assert pairs[0]["n"] == 12
     statuses = {r["name"]: r["status"] for r in rows(db, "SELECT * FROM checkpoints")}
     assert statuses == {"mild": "live", "scrambled": "retired"}
+    # The prompts: live-arm turns of conversations started after the canary, one each.
+    prompts = rows(
+        db,
+        "SELECT p.trajectory_id, p.arm FROM groups g JOIN exchanges p ON p.id = g.prefix_exchange "
+        "WHERE g.kind = 'ab'",
+    )
+    assert all(p["arm"] == "live" and p["trajectory_id"].startswith("after-") for p in prompts)
+    assert len({p["trajectory_id"] for p in prompts}) == len(prompts)
+
+
+def test_a_winning_canary_that_has_served_too_few_conversations_waits(
+    tmp_path, traffic, tool_engine, tool_model_dir, unload
+):
+    db = workdir(
+        tmp_path, traffic, COMPARE_ONLY.replace("conversations = 2", "conversations = 1000")
+    )
+    with_routing(tmp_path, tool_model_dir, live="scrambled", canary="mild")
+    converse(db, tool_engine.url, 24, "after")
+    done = onjob(tmp_path, "loop", "--once", "--engine-url", tool_engine.url)
+    assert done.returncode == 0, done.stderr
+    assert "canary mild against scrambled: wait: canary mild won the pairs, but" in done.stdout
+    assert "the guards need 1000 conversations per arm" in done.stdout
+    last = rows(db, "SELECT * FROM deployments ORDER BY ts DESC LIMIT 1")[0]
+    assert (last["live"], last["canary"]) == ("scrambled", "mild")  # nothing changed
+
+
+def test_traffic_from_before_the_canary_is_never_a_comparison_prompt(
+    tmp_path, traffic, tool_engine, tool_model_dir, unload
+):
+    workdir(tmp_path, traffic, COMPARE_ONLY)
+    with_routing(tmp_path, tool_model_dir, live="scrambled", canary="mild")
+    done = onjob(tmp_path, "loop", "--once", "--engine-url", tool_engine.url)
+    assert done.returncode == 0, done.stderr
+    assert "canary mild against scrambled: wait: 0 wins, 0 ties, 0 losses in 0 pairs" in done.stdout
 
 
 TRAIN = """
@@ -178,7 +226,8 @@ def test_a_fresh_database_runs_every_stage_and_a_run_killed_mid_train_resumes_cl
     assert deployment["reason"].startswith("trained on")
     groups = rows(db, "SELECT kind, status FROM groups")
     assert groups and all(g["kind"] == "turn" for g in groups)
-    # The next iteration compares the canary with live on paired prompts.
+    # The next iteration compares the canary with live on prompts logged since it started.
+    converse(db, tool_engine.url, 6, "after")
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"canary {checkpoint['name']} against base" in done.stdout
@@ -217,3 +266,50 @@ def test_while_comparing_the_loop_samples_no_more_than_the_next_run_needs(
     assert "canary scrambled against mild: wait" in done.stdout  # the paired round ran
     assert "judge pass skipped while comparing" in done.stdout
     assert rows(db, turn_groups)[0]["n"] == before  # no turn re-sampled
+
+
+def test_conversations_the_canary_trained_on_and_compare_runs_never_count_for_it(
+    tmp_path, traffic, tool_engine, tool_model_dir, unload
+):
+    from onjob.trainer.records import record_run
+
+    db = workdir(tmp_path, traffic, COMPARE_ONLY)
+    env = {"ONJOB_JUDGE__MAX_GROUPS": "4", "ONJOB_JUDGE__PER_SCENARIO": "4"}
+    judged = onjob(tmp_path, "judge", "--once", "--engine-url", tool_engine.url, env=env)
+    assert judged.returncode == 0, judged.stderr
+    with_routing(tmp_path, tool_model_dir, live="scrambled", canary="mild")
+    # mild's parent was trained on the judged groups: their conversations are its lineage's.
+    store = Store(db)
+    groups = [r["id"] for r in store.query("SELECT id FROM groups WHERE kind = 'turn'")]
+    manifest = {"groups": groups, "config": {}, "metrics": {"duration_s": 1.0}}
+    manifest.update(name="mild-parent", base_model=str(tool_model_dir))
+    record_run(store, "run-parent", manifest, tmp_path / "mild", None)
+    store.con.execute("UPDATE checkpoints SET parent = 'mild-parent' WHERE name = 'mild'")
+    trained = {
+        r["trajectory_id"]
+        for r in store.query(
+            "SELECT DISTINCT trajectory_id FROM members WHERE group_id IN "
+            "(SELECT id FROM groups WHERE kind = 'turn')"
+        )
+    }
+    store.close()
+    assert trained
+    converse(db, tool_engine.url, 12, "conv")  # the same conversations go on...
+    converse(db, tool_engine.url, 12, "after")  # ...and new ones start
+    cmp = onjob(tmp_path, "compare", "scrambled", "mild", "--prompts", "4",
+                "--engine-url", tool_engine.url)  # fmt: skip
+    assert cmp.returncode == 0, cmp.stderr
+    done = onjob(tmp_path, "loop", "--once", "--engine-url", tool_engine.url)
+    assert done.returncode == 0, done.stderr
+
+    ab = rows(
+        db,
+        "SELECT g.test, p.trajectory_id FROM groups g JOIN exchanges p "
+        "ON p.id = g.prefix_exchange WHERE g.kind = 'ab'",
+    )
+    canary_pairs = [r for r in ab if r["test"].startswith("canary:")]
+    compare_pairs = [r for r in ab if r["test"].startswith("compare:")]
+    assert len(compare_pairs) == 4 and canary_pairs
+    assert not {r["trajectory_id"] for r in ab} & trained  # neither drew a trained one
+    [decision] = rows(db, "SELECT * FROM deployments WHERE actor = 'loop'")
+    assert f'"pairs": {len(canary_pairs)}' in decision["evidence"]  # compare's not counted

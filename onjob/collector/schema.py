@@ -160,7 +160,15 @@ V4 = """
 ALTER TABLE deployments ADD COLUMN evidence JSON;
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4]
+# A paired comparison's groups name the test they are evidence for (a canary's, or one
+# `onjob compare` run), so no run's pairs count toward another's decision; a pair whose
+# sampling failed keeps which arm failed (a canary that cannot answer loses the pair).
+V5 = """
+ALTER TABLE groups ADD COLUMN test VARCHAR;
+ALTER TABLE groups ADD COLUMN failed_arm VARCHAR;
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5]
 
 
 def version(con: duckdb.DuckDBPyConnection) -> int:

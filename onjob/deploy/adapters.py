@@ -34,7 +34,12 @@ async def ensure_loaded(engine: httpx.AsyncClient, name: str, path: str) -> bool
 
 
 async def unload(engine: httpx.AsyncClient, name: str) -> None:
+    """Unload `name`; an engine that no longer has it (404) is what was wanted."""
     try:
-        await engine.post("/unload_lora_adapter", json={"lora_name": name})
+        resp = await engine.post("/unload_lora_adapter", json={"lora_name": name})
     except httpx.HTTPError as exc:
         raise EngineControlError(f"cannot reach the engine to unload {name}: {exc!r}") from exc
+    if resp.status_code not in (200, 404):
+        raise EngineControlError(
+            f"the engine could not unload {name} ({resp.status_code}): {resp.text[:300]}"
+        )

@@ -2,10 +2,21 @@
 
 A *paired round*: logged prompts, each answered by both checkpoints, the answers of
 one prompt judged together in one `ab` group (so judge drift and position bias
-cancel out). The *verdict* on a canary: guards first (its error rate and median
-latency against live's, on real traffic since it started), then Wald's SPRT on
-the paired wins (at least `min_pairs`; undecided after `max_pairs` means roll
-back and keep live).
+cancel out). Every group names the test it is evidence for (`test_id`): a canary's
+verdict counts only its own pairs, never an `onjob compare` run's.
+
+The prompts (`canary_prompts`) are ones the canary cannot have trained on and that
+its own answers did not shape: production turns logged after the canary started,
+on live-arm conversations, outside every conversation in the training snapshots of
+the canary's lineage, one turn per conversation (turns of one conversation are not
+independent evidence).
+
+The *verdict* (`verdict`): guards on real traffic first, per conversation since the
+canary started (error rate and latency against live's; they must have enough
+conversations on both arms before any promotion, and trip a rollback only when an
+interval valid at every look says the canary is worse), then the paired test
+(`stats.Rule`: a canary that fails to answer loses the pair; too many unjudged pairs
+block promotion; undecided after `max_pairs` keeps live).
 """
 
 from __future__ import annotations
@@ -31,37 +42,55 @@ async def paired_round(
     fns: dict,
     prefixes: list[dict],
     models: dict[str, tuple[str, str | None]],
+    *,
+    test: str,
     echo=print,
 ) -> list[str]:
     """For each logged prompt, arm `a` and arm `b` (engine model id, checkpoint) answer it
-    and the answers are judged together; returns the `ab` group ids."""
+    and the answers are judged together; returns the `ab` group ids. A prompt an arm could
+    not answer is recorded as a failed pair with the arm that failed."""
     gate = asyncio.Semaphore(s.concurrency)
     report, rng = PassReport(), random.Random()
 
-    async def one(prefix: dict) -> str | None:
+    async def draw(model: str, prefix: dict):
+        try:
+            return await sampling.sample(engine, sampling.request_for(prefix, model, s))
+        except SamplingFailed as exc:
+            return exc
+
+    async def one(prefix: dict) -> str:
         async with gate:
-            drawn = {}
-            try:
-                for arm, (model, checkpoint) in models.items():
-                    body = sampling.request_for(prefix, model, s)
-                    drawn[arm] = (checkpoint, await sampling.sample(engine, body))
-            except SamplingFailed as exc:
-                echo(f"  skipped a prompt: {exc}")
-                return None
-            group_id = await db.query(lambda st: tables.add_ab_group(st, prefix, drawn))
+            arms = list(models)
+            answers = [await draw(models[arm][0], prefix) for arm in arms]
+            failed = [arm for arm, x in zip(arms, answers, strict=True) if isinstance(x, Exception)]
+            if failed:
+                arm = failed[0] if len(failed) == 1 else "both"
+                reason = "; ".join(
+                    f"{a}: {x}" for a, x in zip(arms, answers, strict=True) if a in failed
+                )
+                echo(f"  a pair could not be sampled ({reason})")
+                checkpoints = [models[a][1] for a in arms]
+                return await db.query(
+                    lambda st: tables.add_failed_ab_group(
+                        st, prefix, checkpoints, test=test, arm=arm, reason=reason
+                    )
+                )
+            drawn = {arm: (models[arm][1], x) for arm, x in zip(arms, answers, strict=True)}
+            group_id = await db.query(lambda st: tables.add_ab_group(st, prefix, drawn, test=test))
             await score_group(db, s, fns, {"id": group_id, "kind": "ab"}, report, echo, rng)
             return group_id
 
-    return [g for g in await asyncio.gather(*(one(p) for p in prefixes)) if g]
+    return list(await asyncio.gather(*(one(p) for p in prefixes)))
 
 
 def ab_outcomes(store, where: str, params: list) -> tuple[dict[str, list[float]], list[dict]]:
-    """Per scenario, the outcome of each scored `ab` group (1: b won, 0.5 tie, 0: a won);
-    and the groups that could not be judged."""
+    """Per scenario, the outcome of each `ab` pair (1: b won, 0.5 tie, 0: a won; b failing
+    to answer while a answered is b's loss); and the pairs that count for neither: not
+    judged, or not sampled by a or by both."""
     rows = store.query(
         f"""
-        SELECT g.id, g.status, g.reason, g.scenario_id, m.origin, s.score
-        FROM groups g JOIN members m ON m.group_id = g.id
+        SELECT g.id, g.status, g.reason, g.failed_arm, g.scenario_id, m.origin, s.score
+        FROM groups g LEFT JOIN members m ON m.group_id = g.id
         LEFT JOIN scores s ON s.member_id = m.id AND s.source = 'combined'
         WHERE g.kind = 'ab' AND {where}
         """,
@@ -69,129 +98,185 @@ def ab_outcomes(store, where: str, params: list) -> tuple[dict[str, list[float]]
     )
     groups: dict[str, dict] = {}
     for r in rows:
-        g = groups.setdefault(
-            r["id"], {"status": r["status"], "reason": r["reason"], "scenario": r["scenario_id"]}
-        )
-        g.setdefault(r["origin"], []).append(r["score"])
+        g = groups.setdefault(r["id"], {k: r[k] for k in ("status", "reason", "failed_arm")})
+        g["scenario"] = r["scenario_id"]
+        if r["origin"] is not None:
+            g.setdefault(r["origin"], []).append(r["score"])
     by_scenario: dict[str, list[float]] = defaultdict(list)
     failed = []
     for group_id, g in groups.items():
         if g["status"] == "scored":
             by_scenario[g["scenario"]].append(stats.outcome(g["a"], g["b"]))
+        elif g["failed_arm"] == "b":
+            by_scenario[g["scenario"]].append(0.0)
         elif g["status"] == "failed":
-            failed.append({"group": group_id, "reason": g["reason"]})
+            failed.append({"group": group_id, "reason": g["reason"], "arm": g["failed_arm"]})
     return by_scenario, failed
 
 
-def _pair(live: str | None, canary: str) -> list[str]:
-    return [live or "", canary]
+def test_id(alias: str, routing: dict) -> str:
+    """The name of the test a canary's pairs belong to: its alias, live, canary and start."""
+    since = routing["ts"].isoformat()
+    return f"canary:{alias}:{routing['live'] or ''}:{routing['canary']}:{since}"
 
 
-def canary_prompts(store, alias: str, live: str | None, canary: str, n: int) -> list[dict]:
-    """Recent answered production turns of the alias not yet compared for this pair."""
+# Conversations in the training snapshot of a checkpoint or any of its ancestors: the
+# lineage's train runs, their groups, and every conversation those groups' members are in.
+TRAINED_CONVERSATIONS = """
+WITH RECURSIVE chain(name) AS (
+    SELECT unnest(?::VARCHAR[])
+    UNION
+    SELECT c.parent FROM checkpoints c JOIN chain ON c.name = chain.name
+    WHERE c.parent IS NOT NULL
+), trained AS (
+    SELECT unnest(t.groups_used) AS group_id
+    FROM checkpoints c JOIN chain ON c.name = chain.name JOIN train_runs t ON t.id = c.train_run
+)
+SELECT DISTINCT m.trajectory_id FROM members m JOIN trained ON trained.group_id = m.group_id
+WHERE m.trajectory_id IS NOT NULL
+"""
+
+
+def canary_prompts(store, alias: str, routing: dict, n: int) -> list[dict]:
+    """Up to `n` prompts for the canary's next round: production turns of the alias logged
+    on the live arm since the canary started, in no conversation of its lineage's training
+    snapshots, from conversations this test has not drawn from yet, the latest turn of
+    each (the newest conversations first)."""
+    checkpoints = [c for c in (routing["live"], routing["canary"]) if c]
     return store.query(
-        """
+        f"""
         SELECT e.* FROM exchanges e
         WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ?
-          AND NOT EXISTS (
-              SELECT 1 FROM groups g WHERE g.prefix_exchange = e.id AND g.kind = 'ab'
-                AND list_transform(g.checkpoints, lambda x: coalesce(x, '')) = ?)
+          AND e.arm = 'live' AND e.ts >= ?
+          AND e.trajectory_id NOT IN ({TRAINED_CONVERSATIONS})
+          AND e.trajectory_id NOT IN (
+              SELECT p.trajectory_id FROM groups g JOIN exchanges p ON p.id = g.prefix_exchange
+              WHERE g.kind = 'ab' AND g.test = ?)
+        QUALIFY row_number() OVER (PARTITION BY e.trajectory_id ORDER BY e.ts DESC) = 1
         ORDER BY e.ts DESC LIMIT ?
         """,
-        [alias, _pair(live, canary), n],
+        [alias, routing["ts"], checkpoints, test_id(alias, routing), n],
     )
 
 
 @dataclass
 class Verdict:
-    decision: str  # promote | rollback | wait
+    decision: stats.Decision
     reason: str
     evidence: dict
 
 
-def verdict(store, alias: str, routing: dict, rule: LoopSettings) -> Verdict:
-    live, canary, since = routing["live"], routing["canary"], routing["ts"]
-    guard = _guards(store, alias, since, rule)
-    outcomes, failed = ab_outcomes(
-        store,
-        "list_transform(g.checkpoints, lambda x: coalesce(x, '')) = ? AND g.created >= ?",
-        [_pair(live, canary), since],
+def rule_of(settings: LoopSettings) -> stats.Rule:
+    return stats.Rule(
+        stats.Sprt(settings.sprt_delta, settings.alpha, settings.beta),
+        settings.min_pairs,
+        settings.max_pairs,
+        settings.max_unjudged_share,
     )
+
+
+def verdict(store, alias: str, routing: dict, settings: LoopSettings) -> Verdict:
+    """What the evidence gathered so far says about `routing`'s canary (a `deployments`
+    row: live, canary, since); the evidence names the routing it is about."""
+    live, canary = routing["live"], routing["canary"]
+    test = test_id(alias, routing)
+    guards = _guards(store, alias, routing["ts"], settings)
+    outcomes, unjudged = ab_outcomes(store, "g.test = ?", [test])
     tally = stats.tally([o for outs in outcomes.values() for o in outs])
-    sprt = stats.Sprt(rule.sprt_delta, rule.alpha, rule.beta)
+    rule = rule_of(settings)
     evidence = {
+        "test": test,
+        "routing": {"live": live, "canary": canary, "since": routing["ts"].isoformat()},
         "paired": tally.as_dict(),
-        "unjudged_pairs": len(failed),
+        "unjudged_pairs": len(unjudged),
         "sprt": {
-            "llr": sprt.llr(tally.wins, tally.losses),
-            "promote_at": sprt.upper,
-            "rollback_at": sprt.lower,
-            "delta": rule.sprt_delta,
-            "alpha": rule.alpha,
-            "beta": rule.beta,
+            "llr": rule.sprt.llr(tally.wins, tally.losses),
+            "promote_at": rule.sprt.upper,
+            "rollback_at": rule.sprt.lower,
+            "delta": rule.sprt.delta,
+            "alpha": rule.sprt.alpha,
+            "beta": rule.sprt.beta,
         },
-        "guards": guard,
+        "guards": guards,
     }
-    if guard["tripped"]:
-        return Verdict("rollback", guard["tripped"], evidence)
-    low, high = tally.interval()
-    summary = (
-        f"{tally.wins} wins, {tally.ties} ties, {tally.losses} losses in {tally.pairs} pairs "
-        f"(win rate {tally.rate:.2f} [{low:.2f}, {high:.2f}])"
-    )
-    if tally.pairs < rule.min_pairs:
-        return Verdict("wait", f"{summary}: fewer than {rule.min_pairs} pairs", evidence)
-    decision = sprt.decide(tally.wins, tally.losses)
-    if decision == "promote":
-        return Verdict("promote", f"canary {canary} won: {summary}", evidence)
-    if decision == "rollback":
-        return Verdict("rollback", f"canary {canary} lost: {summary}", evidence)
-    if tally.pairs >= rule.max_pairs:
-        return Verdict(
-            "rollback", f"no decision after {tally.pairs} pairs: keep live ({summary})", evidence
-        )
-    return Verdict("wait", f"{summary}: the test has not decided", evidence)
+    if guards["tripped"]:
+        return Verdict("rollback", guards["tripped"], evidence)
+    decision, why = rule.decide(tally, len(unjudged))
+    reason = f"canary {canary} {why}" if decision != "wait" else why
+    if decision == "promote" and guards["holding"]:
+        return Verdict("wait", f"canary {canary} won the pairs, but {guards['holding']}", evidence)
+    return Verdict(decision, reason, evidence)
 
 
-def _guards(store, alias: str, since, rule: LoopSettings) -> dict:
-    """Error rate and median latency per arm on the alias's traffic since the canary began.
-    Errors are the engine's and onjob's (a canary whose adapter fails counts), not the
-    client's (400, 401, 413) or a client hanging up (499)."""
+def _guards(store, alias: str, since, settings: LoopSettings) -> dict:
+    """Errors and latency per conversation on each arm since the canary began. A guard
+    *trips* (roll back) when an interval valid at every look (`stats.anytime_interval`,
+    at `alpha`) puts the canary beyond its bound; it *holds* a promotion while either arm
+    has served fewer than `min_guard_conversations` conversations or the point estimate is
+    beyond the bound. Errors are the engine's and onjob's (a canary whose adapter fails
+    counts), not the client's (400, 401, 413) or a client hanging up (499).
+
+    Errors: the share of conversations with a failed request, canary's against live's plus
+    `max_error_increase`. Latency: the share of canary conversations slower than
+    `max_latency_ratio` times live's median conversation; over one half means the canary's
+    median is beyond the ratio."""
     rows = store.query(
         """
-        SELECT arm, count(*) AS requests,
-               count(*) FILTER (WHERE status >= 400 AND status NOT IN (400, 401, 413, 499))
-                   AS errors,
-               median(latency_ms) FILTER (WHERE status < 400) AS p50_ms
+        SELECT arm, trajectory_id,
+               bool_or(status >= 400 AND status NOT IN (400, 401, 413, 499)) AS failed,
+               median(latency_ms) FILTER (WHERE status < 400) AS latency_ms
         FROM exchanges
         WHERE model_alias = ? AND ts >= ? AND source = 'production' AND arm IN ('live', 'canary')
-        GROUP BY arm
+        GROUP BY arm, trajectory_id
         """,
         [alias, since],
     )
-    arms = {r["arm"]: r for r in rows}
-    out = {a: arms.get(a) for a in ("live", "canary")}
-    out["tripped"] = None
-    live, canary = arms.get("live"), arms.get("canary")
-    if (
-        not live
-        or not canary
-        or min(live["requests"], canary["requests"]) < rule.min_guard_requests
-    ):
-        return out
-    live_rate = live["errors"] / live["requests"]
-    canary_rate = canary["errors"] / canary["requests"]
-    if canary_rate > live_rate + rule.max_error_increase:
-        out["tripped"] = (
-            f"error guard: canary errors {canary_rate:.1%} against live {live_rate:.1%}"
-        )
-    elif (
-        live["p50_ms"]
-        and canary["p50_ms"]
-        and (canary["p50_ms"] > rule.max_latency_ratio * live["p50_ms"])
-    ):
-        out["tripped"] = (
-            f"latency guard: canary median {canary['p50_ms']:.0f} ms against live "
-            f"{live['p50_ms']:.0f} ms"
+    arms: dict[str, list[dict]] = {"live": [], "canary": []}
+    for r in rows:
+        arms[r["arm"]].append(r)
+    out: dict = {}
+    for arm, convs in arms.items():
+        times = sorted(c["latency_ms"] for c in convs if c["latency_ms"] is not None)
+        out[arm] = {
+            "conversations": len(convs),
+            "failed": sum(bool(c["failed"]) for c in convs),
+            "p50_ms": times[len(times) // 2] if times else None,
+        }
+    out["tripped"], out["holding"] = None, None
+    live, canary = out["live"], out["canary"]
+    need = settings.min_guard_conversations
+    a = settings.alpha / 2  # two guards
+    if live["conversations"] and canary["conversations"]:
+        c_low, _ = stats.anytime_interval(canary["failed"], canary["conversations"], a / 2)
+        _, l_high = stats.anytime_interval(live["failed"], live["conversations"], a / 2)
+        c_rate = canary["failed"] / canary["conversations"]
+        l_rate = live["failed"] / live["conversations"]
+        if c_low - l_high > settings.max_error_increase:
+            out["tripped"] = (
+                f"error guard: canary conversations failed {c_rate:.1%} against live "
+                f"{l_rate:.1%} (more than +{settings.max_error_increase:.0%} at every look)"
+            )
+        elif c_rate - l_rate > settings.max_error_increase:
+            out["holding"] = f"the error guard holds: canary {c_rate:.1%} against live {l_rate:.1%}"
+    if not out["tripped"] and live["p50_ms"] and canary["conversations"]:
+        bound = settings.max_latency_ratio * live["p50_ms"]
+        timed = [c for c in arms["canary"] if c["latency_ms"] is not None]
+        slow = sum(c["latency_ms"] > bound for c in timed)
+        low, _ = stats.anytime_interval(slow, len(timed), a)
+        share = slow / len(timed) if timed else 0.0
+        if low > 0.5:
+            out["tripped"] = (
+                f"latency guard: {share:.0%} of canary conversations slower than "
+                f"{settings.max_latency_ratio:g} x live's median ({live['p50_ms']:.0f} ms)"
+            )
+        elif share > 0.5 and not out["holding"]:
+            out["holding"] = (
+                f"the latency guard holds: {share:.0%} of canary conversations slower than "
+                f"{settings.max_latency_ratio:g} x live's median"
+            )
+    if not out["holding"] and min(live["conversations"], canary["conversations"]) < need:
+        out["holding"] = (
+            f"the guards need {need} conversations per arm (live {live['conversations']}, "
+            f"canary {canary['conversations']})"
         )
     return out

@@ -20,7 +20,7 @@ from ..collector import Collector
 from ..collector.ids import new_id
 from ..judge import rewards, sampling
 from . import adapters, registry, stats
-from .canary import ab_outcomes, paired_round
+from .canary import TRAINED_CONVERSATIONS, ab_outcomes, paired_round
 from .judging import engine_client
 from .settings import DeploySettings
 
@@ -52,11 +52,13 @@ async def compare(
                 arm: await _ensure_loaded(db, engine, name, base)
                 for arm, name in (("a", a), ("b", b))
             }
-            chosen = await _prompts(db, prompts, scenario, file)
+            trained = [name for name in (a, b) if name not in BASE and name != base]
+            chosen = await _prompts(db, prompts, scenario, file, trained)
             echo(
                 f"comparing {a} (A) and {b} (B) on {len(chosen)} prompts, {samples} answer(s) each"
             )
-            groups = await paired_round(db, engine, s, fns, chosen, models, echo=echo)
+            test = new_id("compare:")
+            groups = await paired_round(db, engine, s, fns, chosen, models, test=test, echo=echo)
             result = await db.query(lambda st: _outcomes(st, groups))
     finally:
         await db.close()
@@ -80,7 +82,11 @@ async def _ensure_loaded(db: Collector, engine: httpx.AsyncClient, name: str, ba
     return name, name
 
 
-async def _prompts(db: Collector, n: int, scenario: str | None, file: Path | None) -> list[dict]:
+async def _prompts(
+    db: Collector, n: int, scenario: str | None, file: Path | None, trained: list[str]
+) -> list[dict]:
+    """The file's requests; or recent production turns (of one scenario), one per
+    conversation, in no conversation either checkpoint's lineage trained on."""
     if file is not None:
         out = []
         for i, line in enumerate(file.read_text().splitlines()):
@@ -103,10 +109,12 @@ async def _prompts(db: Collector, n: int, scenario: str | None, file: Path | Non
     sql = (
         "SELECT e.* FROM exchanges e JOIN scenarios s ON s.id = e.scenario_id "
         "WHERE e.status < 400 AND e.source = 'production' "
+        f"AND e.trajectory_id NOT IN ({TRAINED_CONVERSATIONS}) "
         + ("AND (s.key = ? OR s.id = ?) " if scenario else "")
+        + "QUALIFY row_number() OVER (PARTITION BY e.trajectory_id ORDER BY e.ts DESC) = 1 "
         + "ORDER BY e.ts DESC LIMIT ?"
     )
-    params = [scenario, scenario, n] if scenario else [n]
+    params = [trained, scenario, scenario, n] if scenario else [trained, n]
     return await db.query(lambda st: st.query(sql, params))
 
 

@@ -66,59 +66,94 @@ def set_canary(
 ) -> dict:
     if not 0 < fraction <= 1:
         raise DeployError(f"canary fraction {fraction} is not in (0, 1]")
-    if registry.get(store, checkpoint) is None:
-        raise DeployError(f"{checkpoint!r} is not in the checkpoints table")
-    live, canary, _ = arms_of(store, alias, default_live)
-    if canary and canary != checkpoint:
-        raise DeployError(f"{alias} already has a canary ({canary}): promote or roll it back first")
-    if checkpoint == live:
-        raise DeployError(f"{checkpoint} is already live for {alias}")
-    return _record(
-        store,
-        alias,
-        live,
-        checkpoint,
-        fraction,
-        reason,
-        actor,
-        evidence,
-        statuses={checkpoint: "canary"},
-    )
-
-
-def promote(store: Store, alias: str, *, default_live, reason, actor, evidence=None) -> dict:
-    live, canary, _ = arms_of(store, alias, default_live)
-    if not canary:
-        raise DeployError(f"{alias} has no canary to promote")
-    statuses = {canary: "live"}
-    if live:
-        statuses[live] = "retired"
-    return _record(store, alias, canary, None, 0.0, reason, actor, evidence, statuses=statuses)
-
-
-def rollback(store: Store, alias: str, *, default_live, reason, actor, evidence=None) -> dict:
-    live, canary, _ = arms_of(store, alias, default_live)
-    if not canary:
-        raise DeployError(f"{alias} has no canary to roll back")
-    return _record(
-        store, alias, live, None, 0.0, reason, actor, evidence, statuses={canary: "retired"}
-    )
-
-
-def _record(store, alias, live, canary, fraction, reason, actor, evidence, *, statuses) -> dict:
-    with store.transaction() as con:
-        con.execute(
-            "INSERT INTO deployments VALUES (now(), ?, ?, ?, ?, ?, ?, ?)",
-            [
-                alias,
-                live,
-                canary,
-                fraction,
-                reason,
-                actor,
-                json.dumps(evidence) if evidence is not None else None,
-            ],
+    with store.transaction():
+        if registry.get(store, checkpoint) is None:
+            raise DeployError(f"{checkpoint!r} is not in the checkpoints table")
+        live, canary, _ = arms_of(store, alias, default_live)
+        if canary and canary != checkpoint:
+            raise DeployError(
+                f"{alias} already has a canary ({canary}): promote or roll it back first"
+            )
+        if checkpoint == live:
+            raise DeployError(f"{checkpoint} is already live for {alias}")
+        _record(
+            store,
+            alias,
+            live,
+            checkpoint,
+            fraction,
+            reason,
+            actor,
+            evidence,
+            statuses={checkpoint: "canary"},
         )
-        for name, status in statuses.items():
-            con.execute("UPDATE checkpoints SET status = ? WHERE name = ?", [status, name])
     return current(store)[alias]
+
+
+def promote(
+    store: Store, alias: str, *, default_live, reason, actor, evidence=None, expected=None
+) -> dict:
+    """The canary becomes live. With `expected` (the `deployments` row a decision was made
+    on), only if the routing is still that one: checked inside the transaction, so a
+    decision never applies to a canary its evidence is not about."""
+    with store.transaction():
+        _check(store, alias, expected)
+        live, canary, _ = arms_of(store, alias, default_live)
+        if not canary:
+            raise DeployError(f"{alias} has no canary to promote")
+        statuses = {canary: "live"}
+        if live:
+            statuses[live] = "retired"
+        _record(store, alias, canary, None, 0.0, reason, actor, evidence, statuses=statuses)
+    return current(store)[alias]
+
+
+def rollback(
+    store: Store, alias: str, *, default_live, reason, actor, evidence=None, expected=None
+) -> dict:
+    """The canary is retired; `expected` as for `promote`."""
+    with store.transaction():
+        _check(store, alias, expected)
+        live, canary, _ = arms_of(store, alias, default_live)
+        if not canary:
+            raise DeployError(f"{alias} has no canary to roll back")
+        _record(
+            store, alias, live, None, 0.0, reason, actor, evidence, statuses={canary: "retired"}
+        )
+    return current(store)[alias]
+
+
+class RoutingChanged(DeployError):
+    """The routing a decision was made on is no longer the current one."""
+
+
+def _check(store: Store, alias: str, expected: dict | None) -> None:
+    if expected is None:
+        return
+    now = current(store).get(alias)
+    key = ("live", "canary", "ts")
+    if now is None or any(now[k] != expected[k] for k in key):
+        shown = f"live {now['live'] or 'base'}, canary {now['canary']}" if now else "none"
+        raise RoutingChanged(
+            f"{alias}'s routing changed since the evidence was gathered (now {shown}): "
+            "the decision is dropped"
+        )
+
+
+def _record(store, alias, live, canary, fraction, reason, actor, evidence, *, statuses) -> None:
+    """Inside the caller's transaction: the `deployments` row and the statuses."""
+    store.con.execute(
+        "INSERT INTO deployments (ts, model_alias, live, canary, fraction, reason, actor, "
+        "evidence) VALUES (now(), ?, ?, ?, ?, ?, ?, ?)",
+        [
+            alias,
+            live,
+            canary,
+            fraction,
+            reason,
+            actor,
+            json.dumps(evidence) if evidence is not None else None,
+        ],
+    )
+    for name, status in statuses.items():
+        store.con.execute("UPDATE checkpoints SET status = ? WHERE name = ?", [status, name])

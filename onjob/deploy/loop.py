@@ -130,21 +130,26 @@ async def _canary_round(db, engine, operator, settings: DeploySettings, routing,
         return
     base = await sampling.base_model(engine)
     prompts = await db.query(
-        lambda st: canary.canary_prompts(st, alias, live, candidate, settings.loop.pairs_per_round)
+        lambda st: canary.canary_prompts(st, alias, routing, settings.loop.pairs_per_round)
     )
     models = {"a": (live or base, live), "b": (candidate, candidate)}
     fns = rewards.load(s.rewards)
-    await canary.paired_round(db, engine, s, fns, prompts, models, echo=lambda _: None)
+    test = canary.test_id(alias, routing)
+    await canary.paired_round(db, engine, s, fns, prompts, models, test=test, echo=lambda _: None)
     verdict = await db.query(lambda st: canary.verdict(st, alias, routing, settings.loop))
     echo(f"canary {candidate} against {live or 'base'}: {verdict.decision}: {verdict.reason}")
-    if verdict.decision == "promote":
-        await operator.promote(
-            alias, reason=verdict.reason, actor="loop", evidence=verdict.evidence
+    if verdict.decision == "wait":
+        return
+    act = operator.promote if verdict.decision == "promote" else operator.rollback
+    try:
+        row = await act(
+            alias, reason=verdict.reason, actor="loop", evidence=verdict.evidence, expected=routing
         )
-    elif verdict.decision == "rollback":
-        await operator.rollback(
-            alias, reason=verdict.reason, actor="loop", evidence=verdict.evidence
-        )
+    except deployments.RoutingChanged as exc:
+        echo(f"canary {candidate}: {exc}")
+        return
+    for warning in row["warnings"]:
+        echo(f"warning: {warning}")
 
 
 class PeriodicLoop:
@@ -175,6 +180,7 @@ class PeriodicLoop:
         self.state.paused = True
         await self.stop()
         self.state.stage = "idle"
+        await self.operator.resync()  # a routing change the cancel cut short, applied
 
     async def resume(self) -> None:
         self.state.paused = False

@@ -3,6 +3,7 @@ and the proxy's router together, and restores them after a restart."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import httpx
@@ -26,6 +27,8 @@ class Operator:
         self.router = router
         self.engine = engine
         self.default_live = default_live
+        # alias -> the live adapter a promotion replaced, kept loaded until the next one
+        self._previous: dict[str, str] = {}
 
     async def restore(self) -> None:
         """Route as the latest `deployments` rows say, with their adapters loaded."""
@@ -43,6 +46,13 @@ class Operator:
                 100 * (row["fraction"] or 0),
             )
 
+    async def resync(self) -> None:
+        """Route as the database says, loading nothing: after a change was interrupted."""
+        routing = await self.collector.query(deployments.current)
+        for alias, row in routing.items():
+            if alias in self.router.arms:
+                self.router.set(alias, row["live"], row["canary"], row["fraction"] or 0.0)
+
     async def set_canary(self, alias, checkpoint, fraction, *, reason, actor, evidence=None):
         await self._load(checkpoint)
         return await self._change(
@@ -55,33 +65,55 @@ class Operator:
             evidence=evidence,
         )
 
-    async def promote(self, alias, *, reason, actor, evidence=None):
+    async def promote(self, alias, *, reason, actor, evidence=None, expected=None):
+        """The canary becomes live. The old live adapter stays loaded: requests in flight on
+        it finish, and a revert to it is instant; the one it had replaced leaves the engine.
+        `expected`: the routing the decision was made on (see `deployments.promote`)."""
         before = self.router.arms.get(alias)
         row = await self._change(
-            alias, deployments.promote, reason=reason, actor=actor, evidence=evidence
+            alias,
+            deployments.promote,
+            reason=reason,
+            actor=actor,
+            evidence=evidence,
+            expected=expected,
         )
+        older = self._previous.pop(alias, None)
         if before and before.live:
-            await self._unload(before.live)
+            self._previous[alias] = before.live
+        if older:
+            row["warnings"] += await self._unload(older)
         return row
 
-    async def rollback(self, alias, *, reason, actor, evidence=None):
+    async def rollback(self, alias, *, reason, actor, evidence=None, expected=None):
         before = self.router.arms.get(alias)
         row = await self._change(
-            alias, deployments.rollback, reason=reason, actor=actor, evidence=evidence
+            alias,
+            deployments.rollback,
+            reason=reason,
+            actor=actor,
+            evidence=evidence,
+            expected=expected,
         )
         if before and before.canary:
-            await self._unload(before.canary)
+            row["warnings"] += await self._unload(before.canary)
         return row
 
     async def _change(self, alias: str, change, *args, **kwargs) -> dict:
-        """Record `change` in the database, then route the proxy as it says."""
+        """Record `change` in the database, then route the proxy as it says. Shielded: a
+        caller cancelled half way (the loop paused) cannot leave a change recorded in the
+        database and missing from the router."""
         self._known(alias)
         default = self.default_live.get(alias)
-        row = await self.collector.query(
-            lambda st: change(st, alias, *args, default_live=default, **kwargs)
-        )
-        self.router.set(row["model_alias"], row["live"], row["canary"], row["fraction"] or 0.0)
-        return row
+
+        async def apply() -> dict:
+            row = await self.collector.query(
+                lambda st: change(st, alias, *args, default_live=default, **kwargs)
+            )
+            self.router.set(row["model_alias"], row["live"], row["canary"], row["fraction"] or 0.0)
+            return {**row, "warnings": []}
+
+        return await asyncio.shield(apply())
 
     def _known(self, alias: str) -> None:
         if alias not in self.router.arms:
@@ -89,14 +121,18 @@ class Operator:
                 f"unknown alias {alias!r} (this server routes {', '.join(self.router.arms)})"
             )
 
-    async def _unload(self, name: str) -> None:
-        """A retired adapter leaves the engine (it still exists on disk and in the registry)."""
-        if any(name in (a.live, a.canary) for a in self.router.arms.values()):
-            return  # another alias still routes to it
+    async def _unload(self, name: str) -> list[str]:
+        """A retired adapter leaves the engine (it still exists on disk and in the registry);
+        what went wrong, if anything, as warnings the caller returns."""
+        routed = [(a.live, a.canary) for a in self.router.arms.values()]
+        if any(name in pair for pair in routed) or name in self._previous.values():
+            return []  # another alias still routes to it, or keeps it for a revert
         try:
             await adapters.unload(self.engine, name)
         except adapters.EngineControlError as exc:
-            log.warning("%s is retired, but unloading it failed: %s", name, exc)
+            log.error("%s is retired, but unloading it from the engine failed: %s", name, exc)
+            return [f"{name} is retired, but unloading it from the engine failed: {exc}"]
+        return []
 
     async def _load(self, name: str) -> None:
         row = await self.collector.query(lambda st: registry.get(st, name))

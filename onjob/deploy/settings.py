@@ -26,12 +26,38 @@ class LoopSettings(BaseModel):
     pairs_per_round: int = Field(8, ge=1, description="paired re-samples per canary round")
     min_pairs: int = Field(10, ge=1, description="judged pairs before any decision")
     max_pairs: int = Field(200, ge=1, description="undecided by then: roll back, keep live")
-    sprt_delta: float = Field(0.1, gt=0, lt=0.5, description="win rate 0.5 +/- delta")
-    alpha: float = Field(0.05, gt=0, lt=0.5, description="chance of promoting a worse one")
-    beta: float = Field(0.05, gt=0, lt=0.5, description="chance of rolling back a better one")
-    max_error_increase: float = Field(0.05, ge=0, description="canary error rate over live's")
-    max_latency_ratio: float = Field(1.5, gt=1, description="canary median latency / live's")
-    min_guard_requests: int = Field(20, ge=1, description="requests per arm before guards")
+    sprt_delta: float = Field(
+        0.1,
+        gt=0,
+        lt=0.5,
+        description="the improvement the test is powered for: win rate 0.5 + delta "
+        "against 0.5 (no better than live)",
+    )
+    alpha: float = Field(
+        0.05,
+        gt=0,
+        lt=0.5,
+        description="chance of promoting a canary no better than live (win rate <= 0.5), "
+        "however often the test looks",
+    )
+    beta: float = Field(
+        0.05, gt=0, lt=0.5, description="chance of rolling back a canary at win rate 0.5 + delta"
+    )
+    max_unjudged_share: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="share of pairs the judge could not score that blocks promotion",
+    )
+    max_error_increase: float = Field(
+        0.05, ge=0, description="canary share of failed conversations over live's"
+    )
+    max_latency_ratio: float = Field(
+        1.5, gt=1, description="canary median conversation latency / live's"
+    )
+    min_guard_conversations: int = Field(
+        20, ge=1, description="conversations per arm since the canary started before a promotion"
+    )
 
 
 class DeploySettings(BaseModel):

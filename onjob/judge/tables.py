@@ -74,21 +74,44 @@ def add_turn_group(
     return group_id
 
 
-def add_ab_group(store: Store, prefix: dict, samples: dict[str, tuple[str | None, Sample]]) -> str:
+def add_ab_group(
+    store: Store, prefix: dict, samples: dict[str, tuple[str | None, Sample]], *, test: str
+) -> str:
     """A paired comparison: for one logged request, each arm's samples (arm -> (checkpoint,
-    sample)) in one group, judged together; members' `origin` is their arm."""
+    sample)) in one group, judged together; members' `origin` is their arm. `test` names
+    the comparison the pair is evidence for."""
     group_id = new_id("group-")
     with store.transaction() as con:
         con.execute(
             "INSERT INTO groups (id, scenario_id, prefix_exchange, kind, checkpoints, status, "
-            "created) VALUES (?, ?, ?, 'ab', ?, 'sampled', now())",
-            [group_id, prefix["scenario_id"], prefix["id"], [c for c, _ in samples.values()]],
+            "created, test) VALUES (?, ?, ?, 'ab', ?, 'sampled', now(), ?)",
+            [
+                group_id,
+                prefix["scenario_id"],
+                prefix["id"],
+                [c for c, _ in samples.values()],
+                test,
+            ],
         )
         members = []
         for arm, (checkpoint, sample) in samples.items():
             _insert_sample(con, prefix, sample, group_id, checkpoint)
             members += [(sample.id, c, arm) for c in range(sample.n)]
         _add_members(con, group_id, prefix["trajectory_id"], members)
+    return group_id
+
+
+def add_failed_ab_group(
+    store: Store, prefix: dict, checkpoints: list[str | None], *, test: str, arm: str, reason: str
+) -> str:
+    """A pair that could not be sampled: `arm` ("a", "b", or "both") failed to answer. It
+    stays in the record so the comparison can count it (`deploy.canary`)."""
+    group_id = new_id("group-")
+    store.con.execute(
+        "INSERT INTO groups (id, scenario_id, prefix_exchange, kind, checkpoints, status, "
+        "reason, created, test, failed_arm) VALUES (?, ?, ?, 'ab', ?, 'failed', ?, now(), ?, ?)",
+        [group_id, prefix["scenario_id"], prefix["id"], checkpoints, reason, test, arm],
+    )
     return group_id
 
 

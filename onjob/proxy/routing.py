@@ -2,8 +2,9 @@
 
 An alias (say `agent`) has a live checkpoint (an adapter the engine has loaded, or
 `None` for the engine's base model) and optionally a canary that serves a
-`fraction` of its conversations. The arm is a hash of the trajectory id, so a
-conversation never switches arms. `X-Onjob-Arm` pins `live`, `canary` or a named
+`fraction` of its conversations. The arm is a hash of the trajectory id salted by the
+canary's name, so a conversation never switches arms during a canary, and each canary
+draws its own conversations. `X-Onjob-Arm` pins `live`, `canary` or a named
 checkpoint for one request. The base model's own name is an alias of itself, so
 an agent that already names it changes nothing but its `base_url`.
 """
@@ -38,9 +39,12 @@ class Arms:
     fraction: float = 0.0
 
 
-def canary_share(trajectory_id: str) -> float:
-    """Where a conversation falls in [0, 1): below the canary fraction, it is the canary's."""
-    digest = hashlib.blake2b(trajectory_id.encode(), digest_size=8).digest()
+def canary_share(trajectory_id: str, canary: str) -> float:
+    """Where a conversation falls in [0, 1) for `canary`: below the canary's fraction, it
+    is the canary's. Salted by the canary's name, so each canary gets its own draw of
+    conversations, not the same bucket every time."""
+    key = f"{canary}\x00{trajectory_id}".encode()
+    digest = hashlib.blake2b(key, digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
 
 
@@ -100,7 +104,7 @@ class Router:
         if pin == CANARY and not arms.canary:
             raise BadRequest(f"`{name}` has no canary to pin (X-Onjob-Arm: canary).")
         canary = pin == CANARY or (
-            pin is None and arms.canary and canary_share(trajectory_id) < arms.fraction
+            pin is None and arms.canary and canary_share(trajectory_id, arms.canary) < arms.fraction
         )
         if canary:
             return Route(name, arms.canary, arms.canary, CANARY)

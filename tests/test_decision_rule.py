@@ -1,0 +1,68 @@
+"""The canary's decision rule, as a statistician reads it: a canary no better than live is
+promoted at most `alpha` of the time however often the rule looks; a pair the canary
+could not answer is its loss; too many unjudged pairs hold a promotion; guard intervals
+hold at every look. Exact probabilities (`stats.promotion_chance`, dynamic programming over
+every look), no simulation noise."""
+
+from __future__ import annotations
+
+import pytest
+
+from onjob.deploy import stats
+from onjob.deploy.settings import LoopSettings
+
+DEMO = LoopSettings(min_pairs=6, max_pairs=48, sprt_delta=0.2, alpha=0.1, beta=0.1)
+PRODUCTION = LoopSettings()
+
+
+def rule_of(s: LoopSettings) -> stats.Rule:
+    return stats.Rule(
+        stats.Sprt(s.sprt_delta, s.alpha, s.beta), s.min_pairs, s.max_pairs, s.max_unjudged_share
+    )
+
+
+@pytest.mark.parametrize("settings", [PRODUCTION, DEMO], ids=["production", "demo"])
+@pytest.mark.parametrize("p_win", [0.3, 0.4, 0.45, 0.5])
+def test_a_canary_no_better_than_live_is_promoted_at_most_alpha_of_the_time(settings, p_win):
+    chance = stats.promotion_chance(rule_of(settings), p_win)
+    assert chance <= settings.alpha, f"promoted {chance:.3f} at true win rate {p_win}"
+
+
+def test_ties_do_not_let_an_equal_canary_through():
+    chance = stats.promotion_chance(rule_of(DEMO), p_win=0.3, p_tie=0.4)  # wins = losses
+    assert chance <= DEMO.alpha
+
+
+@pytest.mark.parametrize("settings", [PRODUCTION, DEMO], ids=["production", "demo"])
+def test_a_canary_better_by_delta_is_promoted_most_of_the_time(settings):
+    chance = stats.promotion_chance(rule_of(settings), 0.5 + settings.sprt_delta)
+    assert chance >= 0.7, chance  # the test has power where it is meant to
+
+
+def test_too_many_unjudged_pairs_hold_a_promotion():
+    won = stats.WinRate(pairs=12, wins=12, ties=0, losses=0)
+    rule = rule_of(DEMO)
+    assert rule.decide(won, unjudged=0)[0] == "promote"
+    decision, why = rule.decide(won, unjudged=6)  # a third unjudged
+    assert decision == "wait" and "unjudged" in why
+
+
+def test_undecided_at_max_pairs_keeps_live():
+    even = stats.WinRate(pairs=48, wins=27, ties=1, losses=20)  # the test still undecided
+    decision, why = rule_of(DEMO).decide(even)
+    assert decision == "rollback" and "keep live" in why
+
+
+def test_the_anytime_interval_covers_the_rate_at_every_sample_size():
+    # Exact: for a Bernoulli(0.2) stream, the chance the interval ever excludes 0.2 within
+    # 200 samples is below alpha (summed over n, a union bound that is itself exact here).
+    from math import comb
+
+    alpha, p = 0.05, 0.2
+    miss = 0.0
+    for n in range(1, 201):
+        for k in range(n + 1):
+            low, high = stats.anytime_interval(k, n, alpha)
+            if not low <= p <= high:
+                miss += comb(n, k) * p**k * (1 - p) ** (n - k)
+    assert miss <= alpha
