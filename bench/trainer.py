@@ -1,12 +1,12 @@
 """Trainer speed and memory with the real SmolLM2-135M: onjob's GRPO step against a
-straightforward one, side by side.
+straightforward one, side by side; and tokens/s and peak memory by member length.
 
 Both run the same step (4 groups x 8 members, ~70-token prompts, 20-60-token
 answers, LoRA rank 16 on every projection, PPO loss, backward, AdamW):
 
 - onjob: each group's prompt runs once and its KV cache is repeated for the
   members; the LM head and the log-softmax run only on the sampled tokens
-  (`trainer.loop.sampled_logprobs`).
+  (`trainer.forward.sampled_logprobs`).
 - straightforward: every member's whole sequence through the model, full logits,
   `log_softmax` over the 49k vocabulary, then gather.
 
@@ -15,6 +15,15 @@ alternating. Prints tokens/s and peak RSS, and the ratio; writes
 bench/results/trainer-<timestamp>.json.
 
     .venv/bin/python bench/trainer.py [--steps 3] [--repeats 2] [--threads 2]
+
+`--lengths 1024 4096 16384` measures one member of each length instead (a 64-token
+prompt, the rest sampled answer): one GRPO step (forward, backward, AdamW) in a
+process of its own, its tokens/s, and its peak RSS above the RSS once the model is
+loaded (the memory the step itself needs; the target is linear in length). On a CPU
+host `--layers N` keeps the first N decoder layers so that 16k tokens take minutes,
+not an hour; `--checkpointing` turns on gradient checkpointing.
+
+    .venv/bin/python bench/trainer.py --lengths 1024 4096 16384 --layers 4
 """
 
 from __future__ import annotations
@@ -28,6 +37,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import results_file
 
 QUESTIONS = [
     "What is the capital of France, and what is it famous for?",
@@ -94,18 +106,24 @@ def worker(variant: str, steps: int, threads: int) -> dict:
     from transformers import AutoTokenizer
 
     from onjob import bundled
-    from onjob.trainer.loop import _model, sampled_logprobs
+    from onjob.trainer import adapter
+    from onjob.trainer.forward import Head, sampled_logprobs
     from onjob.trainer.maths import policy_loss
     from onjob.trainer.settings import TrainSettings
 
     torch.set_num_threads(threads)
     s = TrainSettings(lora_rank=16, threads=threads)
-    model, _ = _model(s, None, torch.device("cpu"), torch.float32)
+    model, _ = adapter.load(s, None, torch.device("cpu"), torch.float32)
+    head = Head.of(model.get_base_model())
     data = groups(AutoTokenizer.from_pretrained(bundled.prepare()))
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-5)
     step_tokens = sum(g.loss_tokens for g in data)
-    logprobs = sampled_logprobs if variant == "onjob" else naive_logprobs
+
+    def onjob_logprobs(model, members, device):
+        return sampled_logprobs(model, head, members, device)
+
+    logprobs = onjob_logprobs if variant == "onjob" else naive_logprobs
 
     def step():
         for g in data:
@@ -138,13 +156,117 @@ def worker(variant: str, steps: int, threads: int) -> dict:
     }
 
 
+def long_worker(length: int, layers: int | None, threads: int, checkpointing: bool) -> dict:
+    import torch
+
+    from onjob.trainer.data import Group, Sequence
+    from onjob.trainer.forward import Head, chunks, pack_limit
+    from onjob.trainer.loop import _loss
+    from onjob.trainer.settings import TrainSettings
+
+    torch.set_num_threads(threads)
+    s = TrainSettings(lora_rank=16, threads=threads, gradient_checkpointing=checkpointing)
+    model = _truncated_model(s, layers)
+    head = Head.of(model.get_base_model())
+    vocab = head.linear.weight.shape[0]
+    prompt = 64
+    tokens = [(7919 * i) % vocab for i in range(length)]
+    old = [0.0] * prompt + [-10.0] * (length - prompt)
+    member = Sequence("m", tokens, [False] * prompt + [True] * (length - prompt), old, 1.0, 1.0)
+    group = Group("g", "turn", [member])
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-5)
+    loaded_rss = _rss_mb()
+    started = time.perf_counter()
+    for chunk in chunks(group, pack_limit(model, s.max_batch_tokens)):
+        (_loss(model, head, chunk, s, "cpu").loss / member.loss_tokens).backward()
+    optimizer.step()
+    wall = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {
+        "length": length,
+        "layers": layers or model.config.num_hidden_layers,
+        "gradient_checkpointing": checkpointing,
+        "seconds": wall,
+        "tokens_per_s": member.loss_tokens / wall,
+        "loaded_rss_mb": loaded_rss,
+        "peak_rss_mb": peak,
+        "step_mb": peak - loaded_rss,
+    }
+
+
+def _truncated_model(s, layers: int | None):
+    """The trainer's model (base + LoRA, as `trainer.adapter.load` makes it) from the bundled
+    model, keeping its first `layers` decoder layers."""
+    import shutil
+    import tempfile
+
+    import torch
+    from transformers import AutoConfig
+
+    from onjob import bundled
+    from onjob.trainer import adapter
+
+    base = bundled.prepare()
+    if layers is None:
+        return adapter.load(s, None, torch.device("cpu"), torch.float32)[0]
+    tmp = Path(tempfile.mkdtemp(prefix="onjob-bench-"))
+    for f in base.iterdir():
+        if f.is_file():
+            shutil.copy(f, tmp / f.name)
+    config = AutoConfig.from_pretrained(base)
+    config.num_hidden_layers = layers
+    config.save_pretrained(tmp)  # from_pretrained then loads the first `layers` layers
+    s = s.model_copy(update={"base_model": tmp})
+    return adapter.load(s, None, torch.device("cpu"), torch.float32)[0]
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def lengths_main(args) -> None:
+    runs = []
+    for length in args.lengths:
+        cmd = [sys.executable, __file__, "--long-worker", str(length)]
+        cmd += ["--threads", str(args.threads)]
+        cmd += ["--layers", str(args.layers)] if args.layers else []
+        cmd += ["--checkpointing"] if args.checkpointing else []
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        run = json.loads(done.stdout.strip().splitlines()[-1])
+        runs.append(run)
+        print(
+            f"{length:>6} tokens ({run['layers']} layers): {run['seconds']:.1f} s, "
+            f"{run['tokens_per_s']:.0f} tokens/s, peak RSS {run['peak_rss_mb']:.0f} MB "
+            f"({run['step_mb']:.0f} MB above the loaded model, "
+            f"{run['step_mb'] / length * 1024:.0f} MB per 1k tokens)",
+            flush=True,
+        )
+    results_file.save("trainer-lengths", {"args": vars(args), "runs": runs})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--lengths", type=int, nargs="+", help="member lengths to measure")
+    parser.add_argument("--layers", type=int, help="with --lengths: keep this many layers")
+    parser.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     parser.add_argument("--worker", choices=["onjob", "naive"], help=argparse.SUPPRESS)
+    parser.add_argument("--long-worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.long_worker:
+        run = long_worker(args.long_worker, args.layers, args.threads, args.checkpointing)
+        print(json.dumps(run))
+        return
+    if args.lengths:
+        lengths_main(args)
+        return
     if args.worker:
         print(json.dumps(worker(args.worker, args.steps, args.threads)))
         return
