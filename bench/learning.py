@@ -1,8 +1,9 @@
 """The learning benchmark: held-out success of the arithmetic agent before and after the
 whole loop, through the real path (agent -> onjob serve -> judge -> trainer -> canary ->
-paired comparison -> promotion), on the bundled SmolLM2-135M, for a fixed budget.
+paired comparison -> promotion), on the bundled SmolLM2-135M, for a fixed number of canary
+decisions (the wall clock only a ceiling).
 
-    .venv/bin/python bench/learning.py [--minutes 19] [--questions 25 --samples 8]
+    .venv/bin/python bench/learning.py [--rounds 2] [--minutes 45] [--questions 25 --samples 8]
 
 It is `onjob demo` (same configuration, same stages) with its result copied to
 bench/results/learning-<timestamp>.json: before/after success with 95% intervals,
@@ -28,7 +29,8 @@ from examples.arithmetic.demo import Options, run  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--minutes", type=float, default=19)
+    parser.add_argument("--rounds", type=int, default=2, help="canary decisions to make")
+    parser.add_argument("--minutes", type=float, default=45, help="the wall clock's ceiling")
     parser.add_argument("--questions", type=int, default=25)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -36,7 +38,11 @@ def main() -> None:
     os.chdir(ROOT)  # the demo imports examples/ from the checkout
     work = Path(tempfile.mkdtemp(prefix="onjob-learning-")) / "demo"
     options = Options(
-        dir=work, budget_s=args.minutes * 60, questions=args.questions, samples=args.samples
+        dir=work,
+        rounds=args.rounds,
+        ceiling_s=args.minutes * 60,
+        questions=args.questions,
+        samples=args.samples,
     )
     result = run(options)
     result = {"bench": "learning", **result, "machine": {"cpus": os.cpu_count()}}

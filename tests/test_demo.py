@@ -53,6 +53,9 @@ def test_shortened_demo_runs_every_stage_and_leaves_its_rows(tmp_path, tiny_mode
     for stage in ("== starting onjob serve", "== measuring", "== the agent's traffic"):
         assert stage in out, out
     assert "trainer: step 1/" in out and "canary decision(s) made" in out, out
+    assert "tokens/s:" in out and "ETA about" in out, out  # sized to the engine's speed
+    assert "the rule: promote when the canary beats live" in out, out
+    assert "looser than production's rule" in out, out
     assert "held-out success (6 sampled answers" in out and "change" in out, out
 
     work = tmp_path / "demo"
@@ -61,6 +64,9 @@ def test_shortened_demo_runs_every_stage_and_leaves_its_rows(tmp_path, tiny_mode
     assert result["train_runs"] == 1 and result["canaries"] == 1
     assert result["promotions"] + result["rollbacks"] == 1
     assert result["agent"]["requests"] > 0
+    demo_rule = result["rule"]["demo"]
+    assert demo_rule["promoted_when_no_better"] <= demo_rule["alpha"]
+    assert result["plan"]["tokens_per_s"] > 0
     assert result["stage_s"]["loop_stages"]["train"] > 0
     assert (work / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -24,7 +24,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
-        from examples.arithmetic.demo import DemoError, Options, run
+        from examples.arithmetic.demo import DemoError, NoDecision, Options, run
     except ImportError as exc:
         print(
             "onjob demo: the demo runs examples/arithmetic: run it from the root of an onjob "
@@ -35,7 +35,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     options = Options(
         dir=args.dir,
-        budget_s=args.minutes * 60,
+        ceiling_s=args.minutes * 60,
         rounds=args.rounds,
         judge=args.judge,
         reward=args.reward,
@@ -44,8 +44,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
         questions=args.questions,
         samples=args.samples,
     )
+    if args.rounds < 1:
+        print("onjob demo: --rounds must be at least 1", file=sys.stderr)
+        return 2
     try:
         run(options)
+    except NoDecision as exc:
+        print(f"onjob demo: {exc}", file=sys.stderr)
+        return 3
     except DemoError as exc:
         print(f"onjob demo: {exc}", file=sys.stderr)
         return 2
@@ -72,15 +78,18 @@ def add_commands(sub) -> None:
 
     demo = sub.add_parser(
         "demo",
-        help="watch the example agent get better: the whole loop on a CPU (~19 minutes)",
+        help="watch the example agent get better: the whole loop on a CPU (2 decisions)",
         description=(
-            "Start `onjob serve` with the local engine and the bundled SmolLM2-135M-Instruct, "
-            "measure the base model on the arithmetic example's held-out questions, run the "
-            "example agent through the proxy while the loop re-samples, judges, trains, "
-            "canaries and promotes, then measure the live checkpoint on the same questions. "
-            "Prints each stage, ends with a before/after table; leaves result.json, "
-            "learning.png, the database and the checkpoints in --dir. Run it from the root "
-            "of an onjob checkout (it uses examples/arithmetic). Ctrl-C stops everything."
+            "Start the local engine with the bundled SmolLM2-135M-Instruct, measure its speed "
+            "(and size the evaluation and groups to it, with an ETA), start `onjob serve` on "
+            "it, print the decision rule with its error rates, measure the base model on the "
+            "arithmetic example's held-out questions, run the example agent through the proxy "
+            "while the loop re-samples, judges, trains, canaries and decides until --rounds "
+            "canary decisions are made, then measure the live checkpoint on the same "
+            "questions. Prints each stage, ends with a before/after table; leaves "
+            "result.json, learning.png, the database and the checkpoints in --dir. Exit 3: "
+            "no decision before the --minutes ceiling. Run it from the root of an onjob "
+            "checkout (it uses examples/arithmetic). Ctrl-C stops everything."
         ),
     )
     demo.add_argument(
@@ -90,13 +99,16 @@ def add_commands(sub) -> None:
         help="work directory, recreated on each run (default: ./onjob-demo)",
     )
     demo.add_argument(
-        "--minutes", type=float, default=19, help="the whole demo's budget (default: 19)"
+        "--minutes",
+        type=float,
+        default=45,
+        help="a ceiling on the wall clock, evaluations included (default: 45)",
     )
     demo.add_argument(
         "--rounds",
         type=int,
-        default=0,
-        help="stop after this many canary decisions (default: 0, run until the budget)",
+        default=2,
+        help="canary decisions (promotions or rollbacks) to make (default: 2)",
     )
     demo.add_argument(
         "--judge",
