@@ -31,8 +31,8 @@ import httpx
 from ..collector import Collector
 from ..judge import JudgeSettings, SamplingFailed, sampling, tables
 from ..judge.passes import PassReport, score_group
-from . import stats
-from .settings import LoopSettings
+from . import shape, stats
+from .settings import GateSettings, LoopSettings
 
 
 async def paired_round(
@@ -175,12 +175,34 @@ def rule_of(settings: LoopSettings) -> stats.Rule:
     )
 
 
+def referee(judge: JudgeSettings, gate: GateSettings) -> JudgeSettings:
+    """Who judges the pairs: the gate's scorers when `loop.gate` names any, else the
+    training reward's (the judge's model and reward functions)."""
+    if not gate.configured:
+        return judge
+    return judge.model_copy(
+        update={
+            "model": gate.model,
+            "rubric": gate.rubric or judge.rubric,
+            "rubrics": {} if gate.rubric else judge.rubrics,
+            "rewards": gate.rewards,
+        }
+    )
+
+
 def verdict(store, alias: str, routing: dict, settings: LoopSettings) -> Verdict:
     """What the evidence gathered so far says about `routing`'s canary (a `deployments`
-    row: live, canary, since); the evidence names the routing it is about."""
+    row: live, canary, since); the evidence names the routing it is about. Guards on
+    errors, latency and the answers' shape (`shape`) come before the paired test."""
     live, canary = routing["live"], routing["canary"]
     test = test_id(alias, routing)
     guards = _guards(store, alias, routing["ts"], settings)
+    hacking = {
+        "traffic": shape.guards(
+            shape.real_traffic(store, alias, routing["ts"]), settings, "real traffic"
+        ),
+        "pairs": shape.guards(shape.paired_samples(store, test), settings, "paired samples"),
+    }
     outcomes, unjudged = ab_outcomes(store, "g.test = ?", [test])
     tally = stats.tally([o for outs in outcomes.values() for o in outs])
     rule = rule_of(settings)
@@ -198,13 +220,17 @@ def verdict(store, alias: str, routing: dict, settings: LoopSettings) -> Verdict
             "beta": rule.sprt.beta,
         },
         "guards": guards,
+        "shape": hacking,
     }
-    if guards["tripped"]:
-        return Verdict("rollback", guards["tripped"], evidence)
+    checks = (guards, hacking["traffic"], hacking["pairs"])
+    tripped = next((g["tripped"] for g in checks if g["tripped"]), None)
+    if tripped:
+        return Verdict("rollback", tripped, evidence)
     decision, why = rule.decide(tally, len(unjudged))
     reason = f"canary {canary} {why}" if decision != "wait" else why
-    if decision == "promote" and guards["holding"]:
-        return Verdict("wait", f"canary {canary} won the pairs, but {guards['holding']}", evidence)
+    holding = next((g["holding"] for g in checks if g["holding"]), None)
+    if decision == "promote" and holding:
+        return Verdict("wait", f"canary {canary} won the pairs, but {holding}", evidence)
     return Verdict(decision, reason, evidence)
 
 

@@ -121,10 +121,10 @@ async def run_once(
 
 async def _canary_round(db, engine, operator, settings: DeploySettings, routing, echo) -> None:
     alias, live, candidate = routing["model_alias"], routing["live"], routing["canary"]
-    s = settings.judge
+    s = canary.referee(settings.judge, settings.loop.gate)
     if not s.scorers:
         echo(
-            f"canary {candidate}: no scorer to compare with (set judge.model or "
+            f"canary {candidate}: no scorer to compare with (set loop.gate, judge.model or "
             "[judge.rewards]); promote or roll back by hand"
         )
         return
@@ -137,6 +137,7 @@ async def _canary_round(db, engine, operator, settings: DeploySettings, routing,
     test = canary.test_id(alias, routing)
     await canary.paired_round(db, engine, s, fns, prompts, models, test=test, echo=lambda _: None)
     verdict = await db.query(lambda st: canary.verdict(st, alias, routing, settings.loop))
+    verdict.evidence["referee"] = s.scorers
     echo(f"canary {candidate} against {live or 'base'}: {verdict.decision}: {verdict.reason}")
     if verdict.decision == "wait":
         return

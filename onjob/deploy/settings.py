@@ -11,8 +11,27 @@ from pydantic import BaseModel, Field
 
 from ..collector import CollectorSettings
 from ..judge import JudgeSettings
+from ..judge.settings import RewardFn
 from ..proxy import ProxySettings
 from ..trainer import TrainSettings
+
+
+class GateSettings(BaseModel):
+    """The referee: the metric a canary must win on to be promoted, apart from the reward
+    it was trained on (e.g. exact success while training pays partial credit). Empty: the
+    training reward (judge.model and judge.rewards)."""
+
+    model: str | None = Field(
+        None, description="a RULER judge (litellm model name) for paired comparisons"
+    )
+    rubric: str | None = Field(None, description="its rubric (default: judge.rubric)")
+    rewards: dict[str, RewardFn] = Field(
+        default_factory=dict, description="name -> reward function judging the pairs"
+    )
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.model or self.rewards)
 
 
 class LoopSettings(BaseModel):
@@ -57,6 +76,24 @@ class LoopSettings(BaseModel):
     )
     min_guard_conversations: int = Field(
         20, ge=1, description="conversations per arm since the canary started before a promotion"
+    )
+    gate: GateSettings = Field(default_factory=GateSettings)
+    # Reward hacking shows in the answers' shape before it shows in the reward: each guard
+    # compares the canary's answers with live's, on real traffic and on the paired samples.
+    max_length_ratio: float = Field(
+        1.5, gt=1, description="canary median answer length / live's (tokens)"
+    )
+    max_empty_increase: float = Field(
+        0.05, ge=0, description="canary share of empty answers over live's"
+    )
+    max_truncated_increase: float = Field(
+        0.05, ge=0, description="canary share of answers cut at max_tokens over live's"
+    )
+    max_malformed_increase: float = Field(
+        0.05,
+        ge=0,
+        description="canary share of malformed tool calls or invalid JSON where JSON was "
+        "asked, over live's",
     )
 
 

@@ -1,0 +1,174 @@
+"""Guards against reward hacking: the shape of the canary's answers against live's.
+
+A checkpoint trained to please a reward finds the reward's blind spots: it answers at
+length when length pays, hedges between two answers when half credit pays, stops
+emitting valid tool calls or JSON when nothing checks them. Each shows in the answers
+before it shows in any reward, so the verdict compares, arm against arm:
+
+- length: the share of the canary's answers longer than `max_length_ratio` times live's
+  median answer, and `LENGTH_SLACK` tokens longer at least (over one half: the canary's
+  median is beyond the ratio);
+- empty answers (no text and no tool call), answers cut at `max_tokens`
+  (`finish_reason: length`), malformed tool calls (arguments that are not a JSON
+  object) and invalid JSON where the request asked for JSON (`response_format`): each a
+  share of answers, the canary's against live's plus its allowed increase.
+
+Like the error guard (`canary._guards`), a guard *trips* (roll back) only when an
+interval valid at every look (`stats.anytime_interval`) puts the canary beyond its
+bound, and *holds* a promotion while the point estimate is. They run on two sources:
+the real traffic since the canary started, and the paired samples of the canary's test
+(the same prompts answered by both, so the comparison is like for like).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ..judge.rollouts import json_value
+from . import stats
+from .settings import LoopSettings
+
+# Short answers vary by a few tokens ("4" against "4 or 7"): a ratio alone would call
+# that rambling. An answer must be this many tokens over the bound as well.
+LENGTH_SLACK = 16
+
+
+@dataclass
+class Shapes:
+    """The answers of one arm, counted."""
+
+    answers: int = 0
+    lengths: list[int] = field(default_factory=list)
+    empty: int = 0
+    truncated: int = 0
+    malformed: int = 0  # tool calls whose arguments are not a JSON object, or invalid JSON
+
+    def add(self, request: dict, choice: dict, length: int | None) -> None:
+        message = choice.get("message") or {}
+        content = message.get("content")
+        text = content if isinstance(content, str) else json.dumps(content or "")
+        calls = message.get("tool_calls") or []
+        self.answers += 1
+        if length is not None:
+            self.lengths.append(length)
+        if not (text or "").strip() and not calls:
+            self.empty += 1
+        if choice.get("finish_reason") == "length":
+            self.truncated += 1
+        if any(not _json_object(c.get("function", {}).get("arguments")) for c in calls) or (
+            _asks_json(request) and not calls and not _json_text(text)
+        ):
+            self.malformed += 1
+
+    def as_dict(self) -> dict:
+        lengths = sorted(self.lengths)
+        return {
+            "answers": self.answers,
+            "median_length": lengths[len(lengths) // 2] if lengths else None,
+            "empty": self.empty,
+            "truncated": self.truncated,
+            "malformed": self.malformed,
+        }
+
+
+def real_traffic(store, alias: str, since) -> dict[str, Shapes]:
+    """The answered production requests of each arm since `since`."""
+    rows = store.query(
+        """
+        SELECT arm, request, response, completion_token_ids FROM exchanges
+        WHERE model_alias = ? AND ts >= ? AND source = 'production' AND status < 400
+          AND arm IN ('live', 'canary')
+        """,
+        [alias, since],
+    )
+    out = {"live": Shapes(), "canary": Shapes()}
+    for r in rows:
+        request, response = json_value(r["request"]) or {}, json_value(r["response"]) or {}
+        ids = r["completion_token_ids"] or []
+        for i, choice in enumerate(response.get("choices") or ()):
+            out[r["arm"]].add(request, choice, len(ids[i]) if i < len(ids) else None)
+    return out
+
+
+def paired_samples(store, test: str) -> dict[str, Shapes]:
+    """The answers of a test's paired samples: arm `a` as live, `b` as the canary."""
+    rows = store.query(
+        """
+        SELECT m.origin, m.choice, e.request, e.response, e.completion_token_ids
+        FROM members m JOIN groups g ON g.id = m.group_id JOIN exchanges e ON e.id = m.exchange_id
+        WHERE g.kind = 'ab' AND g.test = ?
+        """,
+        [test],
+    )
+    out = {"live": Shapes(), "canary": Shapes()}
+    for r in rows:
+        request, response = json_value(r["request"]) or {}, json_value(r["response"]) or {}
+        choices = response.get("choices") or []
+        ids = r["completion_token_ids"] or []
+        if r["choice"] < len(choices):
+            length = len(ids[r["choice"]]) if r["choice"] < len(ids) else None
+            arm = "live" if r["origin"] == "a" else "canary"
+            out[arm].add(request, choices[r["choice"]], length)
+    return out
+
+
+def guards(arms: dict[str, Shapes], s: LoopSettings, source: str) -> dict:
+    """The shape guards on one source: the counts, and what tripped or holds (or None)."""
+    live, canary = arms["live"], arms["canary"]
+    out: dict = {"live": live.as_dict(), "canary": canary.as_dict()}
+    tripped = holding = None
+    if live.answers and canary.answers:
+        alpha = s.alpha / 8  # a share of the verdict's alpha per bound
+        for name, limit in (
+            ("empty", s.max_empty_increase),
+            ("truncated", s.max_truncated_increase),
+            ("malformed", s.max_malformed_increase),
+        ):
+            c, l_ = getattr(canary, name), getattr(live, name)
+            c_rate, l_rate = c / canary.answers, l_ / live.answers
+            c_low, _ = stats.anytime_interval(c, canary.answers, alpha)
+            _, l_high = stats.anytime_interval(l_, live.answers, alpha)
+            said = f"{name} answers: canary {c_rate:.0%} against live {l_rate:.0%} ({source})"
+            if c_low - l_high > limit:
+                tripped = tripped or f"{name} guard: {said}"
+            elif c_rate - l_rate > limit:
+                holding = holding or f"the {name} guard holds: {said}"
+    if live.lengths and canary.lengths and not tripped:
+        median = sorted(live.lengths)[len(live.lengths) // 2]
+        bound = max(s.max_length_ratio * median, median + LENGTH_SLACK)
+        longer = sum(n > bound for n in canary.lengths)
+        share = longer / len(canary.lengths)
+        low, _ = stats.anytime_interval(longer, len(canary.lengths), s.alpha / 8)
+        said = (
+            f"{share:.0%} of canary answers longer than {s.max_length_ratio:g} x live's "
+            f"median ({median} tokens; {source})"
+        )
+        if low > 0.5:
+            tripped = f"length guard: {said}"
+        elif share > 0.5:
+            holding = holding or f"the length guard holds: {said}"
+    out["tripped"], out["holding"] = tripped, holding
+    return out
+
+
+def _json_object(arguments) -> bool:
+    if isinstance(arguments, dict):
+        return True
+    try:
+        return isinstance(json.loads(arguments), dict)
+    except (TypeError, ValueError):
+        return False
+
+
+def _json_text(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _asks_json(request: dict) -> bool:
+    kind = (request.get("response_format") or {}).get("type")
+    return kind in ("json_object", "json_schema")

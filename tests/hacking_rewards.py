@@ -1,0 +1,26 @@
+"""Reward functions for tests/test_reward_hacking.py: the question is always 2 + 2."""
+
+import re
+
+
+def _numbers(text: str) -> list[str]:
+    return re.findall(r"\d+", text or "")
+
+
+def partial(r) -> float:
+    """1 for the right sum alone, half when the answer also names another number: the
+    reward that teaches a model to hedge."""
+    numbers = _numbers(r.text)
+    if "4" not in numbers:
+        return 0.0
+    return 1.0 if set(numbers) == {"4"} else 0.5
+
+
+def exact(r) -> float:
+    """The referee: the right sum and nothing else."""
+    return 1.0 if set(_numbers(r.text)) == {"4"} else 0.0
+
+
+def length(r) -> float:
+    """Pays for length: the reward that teaches a model to ramble."""
+    return min(1.0, len(r.text or "") / 200)

@@ -1,0 +1,163 @@
+"""A canary that learned to please its training reward is not promoted: one that hedges
+between two answers (paid half by the training reward) loses under a separate referee
+(`loop.gate`), and one that rambles (paid by length) is held by the length guard. The
+loop's real iteration (`run_once`) on a real DuckDB file, with the real paired rounds,
+reward functions and verdict; the engine scripted at its HTTP boundary, answering as
+the two checkpoints would."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from onjob.collector import Collector, CollectorSettings, Store
+from onjob.deploy import deployments, registry
+from onjob.deploy.loop import run_once
+from onjob.deploy.operator import Operator
+from onjob.deploy.settings import DeploySettings, GateSettings, LoopSettings
+from onjob.judge import JudgeSettings
+from onjob.judge.settings import RewardFn
+from onjob.proxy import Router
+
+QUESTION = [{"role": "user", "content": "What is 2 + 2? Answer with the number."}]
+LIVE = ["4", "7", "9", "3"]  # right one time in four
+HEDGING = "4 or 7"
+RAMBLING = "Let me think about this carefully, step by step. " * 5 + "The answer is 4."
+
+
+def engine(canary_says: str):
+    """Live (the base model) answers LIVE in turn; the canary always `canary_says`."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path.endswith("/models"):
+            data = [{"id": "base", "parent": None}, {"id": "ckpt-hack", "parent": "base"}]
+            return httpx.Response(200, json={"object": "list", "data": data})
+        if path.endswith(("/load_lora_adapter", "/unload_lora_adapter")):
+            return httpx.Response(200, text="ok")
+        body = json.loads(request.content)
+        n = body.get("n", 1)
+        texts = [canary_says] * n if body["model"] == "ckpt-hack" else (LIVE * n)[:n]
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": t},
+                "finish_reason": "stop",
+                "token_ids": list(range(len(t.split()))),
+                "logprobs": {"content": [{"token": w, "logprob": -0.1} for w in t.split()]},
+            }
+            for i, t in enumerate(texts)
+        ]
+        return httpx.Response(
+            200,
+            json={
+                "id": "chatcmpl-x",
+                "object": "chat.completion",
+                "created": 1,
+                "model": body["model"],
+                "choices": choices,
+                "usage": {"prompt_tokens": 9, "completion_tokens": n, "total_tokens": 9 + n},
+                "prompt_token_ids": list(range(9)),
+            },
+        )
+
+    return handle
+
+
+def settings(db, reward: str, **loop) -> DeploySettings:
+    return DeploySettings(
+        collector=CollectorSettings(db=db),
+        judge=JudgeSettings(
+            group_size=4,
+            max_groups=0,
+            scenario_groups=False,
+            rewards={reward: RewardFn(fn=f"tests.hacking_rewards:{reward}")},
+        ),
+        loop=LoopSettings(
+            pairs_per_round=12, min_pairs=6, sprt_delta=0.3, min_guard_conversations=1, **loop
+        ),
+    )
+
+
+def decide(tmp_path, tiny_adapter_dir, tiny_model_dir, canary_says: str, s: DeploySettings):
+    db = s.collector.db
+    store = Store(db)
+    registry.add(store, tiny_adapter_dir, "ckpt-hack", tiny_model_dir)
+    store.close()
+    lines: list[str] = []
+
+    async def run():
+        collector = Collector(s.collector)
+        await collector.start()
+        client = httpx.AsyncClient(
+            transport=httpx.MockTransport(engine(canary_says)), base_url="http://e/v1"
+        )
+        op = Operator(collector, Router({"agent": None}, upstream=None), client, {"agent": None})
+        try:
+            await op.set_canary("agent", "ckpt-hack", 0.5, reason="trained", actor="test")
+
+            # Production traffic since the canary started: 12 live conversations, 4 canary.
+            def log(st):
+                for i in range(16):
+                    arm = "live" if i < 12 else "canary"
+                    st.con.execute(
+                        "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, "
+                        "model_alias, arm, checkpoint, stream, request, response, status, "
+                        "latency_ms, source) VALUES (?, now() + INTERVAL 1 SECOND, ?, 0, "
+                        "'scn', 'agent', ?, ?, false, ?, ?, 200, 50, 'production')",
+                        [
+                            f"x-{i}",
+                            f"t-{i}",
+                            arm,
+                            "ckpt-hack" if arm == "canary" else None,
+                            json.dumps({"model": "agent", "messages": QUESTION}),
+                            json.dumps({"choices": [{"index": 0, "finish_reason": "stop",
+                                        "message": {"role": "assistant", "content": "4"}}]}),
+                        ],
+                    )  # fmt: skip
+
+            await collector.query(log)
+            await run_once(collector, client, op, s, lines.append)
+            return (await collector.query(deployments.current))["agent"]
+        finally:
+            await collector.close()
+
+    return asyncio.run(run()), "\n".join(lines)
+
+
+def test_without_a_referee_the_hedging_canary_would_be_promoted(
+    tmp_path, tiny_adapter_dir, tiny_model_dir
+):
+    # The hazard the referee exists for: the training reward prefers hedging.
+    s = settings(tmp_path / "onjob.duckdb", "partial")
+    routing, said = decide(tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, s)
+    assert routing["live"] == "ckpt-hack", said
+
+
+def test_a_canary_that_learned_to_hedge_loses_under_the_referee(
+    tmp_path, tiny_adapter_dir, tiny_model_dir
+):
+    gate = GateSettings(rewards={"exact": RewardFn(fn="tests.hacking_rewards:exact")})
+    s = settings(tmp_path / "onjob.duckdb", "partial", gate=gate)
+    routing, said = decide(tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, s)
+    assert (routing["live"], routing["canary"]) == (None, None), said  # rolled back
+    assert "canary ckpt-hack lost" in routing["reason"]
+    evidence = json.loads(routing["evidence"])
+    assert evidence["referee"] == ["fn:exact"]
+    assert evidence["paired"]["losses"] >= 4
+
+
+@pytest.mark.parametrize("ratio", [1.5, 1000.0], ids=["guarded", "unguarded"])
+def test_a_canary_that_learned_to_ramble_is_held_by_the_length_guard(
+    tmp_path, tiny_adapter_dir, tiny_model_dir, ratio
+):
+    s = settings(tmp_path / "onjob.duckdb", "length", max_length_ratio=ratio)
+    routing, said = decide(tmp_path, tiny_adapter_dir, tiny_model_dir, RAMBLING, s)
+    if ratio == 1000.0:  # without the guard the length reward wins it the promotion
+        assert routing["live"] == "ckpt-hack", said
+        return
+    assert routing["live"] is None, said  # not promoted
+    assert "length guard" in said and "paired samples" in said
