@@ -7,7 +7,7 @@ task loads the spool into DuckDB in batches. `queries` holds the questions other
 parts ask (`await collector.query(lambda store: queries.trajectory(store, trajectory_id))`).
 """
 
-from . import queries
+from . import budgets, queries
 from .errors import CollectorError, StorageError
 from .records import ExchangeRecord, FeedbackRecord
 from .settings import CollectorSettings
@@ -25,5 +25,6 @@ __all__ = [
     "Stitcher",
     "StorageError",
     "Store",
+    "budgets",
     "queries",
 ]

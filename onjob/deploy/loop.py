@@ -49,6 +49,7 @@ class LoopState:
     since: float = field(default_factory=time.time)
     iterations: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    budget: dict[str, dict] = field(default_factory=dict)  # stage -> its daily budget, if set
 
     @contextlib.contextmanager
     def doing(self, stage: str):
@@ -66,6 +67,7 @@ class LoopState:
             "since": self.since,
             "iterations": self.iterations,
             "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
+            "budget": self.budget,
         }
 
 
@@ -98,8 +100,16 @@ async def run_once(
     with state.doing("judge"):
         report = await run_pass(db, engine, settings.judge, echo=echo)
     echo(f"judge pass: {report.summary()}")
+    if report.budget is not None:
+        state.budget["judge"] = report.budget.as_dict()
     if not loop.train or comparing:
         return
+    budget = await training.budget(db, settings)
+    if budget is not None:
+        state.budget["train"] = budget.as_dict()
+        if budget.spent_out:
+            echo(f"train: {budget.status()}; the groups wait")
+            return
     ready = await db.query(lambda st: snapshot.trainable(st, settings.trainer, live=live))
     if ready < loop.min_new_groups:
         echo(f"train: {ready} new trainable groups, waiting for {loop.min_new_groups}")

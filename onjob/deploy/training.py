@@ -13,7 +13,7 @@ import shutil
 import sys
 import time
 
-from ..collector import Collector
+from ..collector import Collector, budgets
 from ..collector.ids import new_id
 from ..trainer import snapshot
 from ..trainer.records import checkpoint_path, record_run
@@ -28,6 +28,16 @@ def live_checkpoint(store, settings: DeploySettings, alias: str | None = None) -
     model): the latest deployment, else the configured alias."""
     alias = alias or next(iter(settings.proxy.aliases), "agent")
     return deployments.arms_of(store, alias, settings.proxy.aliases.get(alias))[0]
+
+
+async def budget(db: Collector, settings: DeploySettings) -> budgets.Budget | None:
+    """The trainer's budget today (None: no `trainer.max_minutes_per_day`). Checked before
+    a run starts: a run in progress is never cut, so a day can end past its limit by
+    the last run's length."""
+    limit = settings.trainer.max_minutes_per_day
+    if limit is None:
+        return None
+    return await db.query(lambda store: budgets.train(store, limit))
 
 
 async def train(db: Collector, settings: DeploySettings, *, parent: str | None, echo=print):

@@ -3,6 +3,15 @@
 `run_pass()` is what `onjob judge --once` runs and what `onjob serve` runs every
 `loop.interval_s`. It works through a `Collector` (every DuckDB read and write on the
 collector's database thread) and an `httpx.AsyncClient` for the engine, passed in.
+
+With `judge.max_usd_per_day`, the day's spend (the `judgements` rows since 00:00 UTC)
+is read before every RULER call; once it reaches the limit no call is made: a group
+that needs one stays `sampled`, whole (its reward functions wait with it: a group
+scored without its judge would be `scored` for good, with a reward the weights never
+meant), and is scored after 00:00 UTC. A judgement the cache holds costs nothing and
+is still used. A pass that starts over budget makes no new groups either: nobody could
+score them today, and the logged turns stay where they are. Calls already in flight
+(at most `judge.concurrency`) can pass the limit by their own cost.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from ..collector import Collector
+from ..collector import Collector, budgets
 from . import rewards, ruler, sampling, tables
 from .errors import RewardFnFailed, SamplingFailed
 from .rollouts import from_row
@@ -36,6 +45,8 @@ class PassReport:
     scored: int = 0
     failed: int = 0
     waiting: int = 0  # no scorer could score them yet (feedback-only, not all members have it)
+    waiting_for_budget: int = 0  # RULER's daily budget is spent: scored after 00:00 UTC
+    budget: budgets.Budget | None = None  # the judge's daily budget, when it has one
     judge_calls: int = 0
     cache_hits: int = 0
     judge_tokens: int = 0
@@ -52,11 +63,16 @@ class PassReport:
                 f"{self.judge_tokens / max(self.judge_calls, 1):.0f} tokens per group, "
                 f"${self.judge_cost_usd:.4f}), {self.cache_hits} cache hits"
             )
+        budget = ""
+        if self.budget is not None:
+            budget = f"; {self.budget.status()}"
+            if self.waiting_for_budget:
+                budget += f" ({self.waiting_for_budget} groups wait for it)"
         return (
             f"{self.turn_groups} turn groups ({self.sampled_tokens} tokens sampled, "
             f"{self.sampling_failed} failed, {self.over_budget} over budget), "
             f"{self.trajectory_groups} trajectory groups; scored {self.scored}, "
-            f"failed {self.failed}, waiting {self.waiting}{judge}; {self.seconds:.1f} s"
+            f"failed {self.failed}, waiting {self.waiting}{judge}{budget}; {self.seconds:.1f} s"
         )
 
 
@@ -72,12 +88,24 @@ async def run_pass(
     fns = rewards.load(settings.rewards)  # a reward function that does not import stops here
     report = PassReport()
     await db.flush()
-    await _sample_turn_groups(db, engine, settings, report, echo)
-    if settings.scenario_groups:
-        await _gather_trajectory_groups(db, settings, report, echo)
+    report.budget = await judge_budget(db, settings)
+    if report.budget is not None and report.budget.spent_out:
+        echo(f"{report.budget.status()}: no new groups, and those that need RULER wait")
+    else:
+        await _sample_turn_groups(db, engine, settings, report, echo)
+        if settings.scenario_groups:
+            await _gather_trajectory_groups(db, settings, report, echo)
     await _score_groups(db, settings, fns, report, echo, rng or random.Random())
+    report.budget = await judge_budget(db, settings)
     report.seconds = time.perf_counter() - started
     return report
+
+
+async def judge_budget(db: Collector, s: JudgeSettings) -> budgets.Budget | None:
+    """RULER's budget today (None: no RULER judge, or no limit)."""
+    if s.model is None or s.max_usd_per_day is None:
+        return None
+    return await db.query(lambda store: budgets.judge(store, s.max_usd_per_day))
 
 
 async def _sample_turn_groups(db, engine, s: JudgeSettings, report: PassReport, echo) -> None:
@@ -162,7 +190,11 @@ async def score_group(db, s: JudgeSettings, fns, group, report: PassReport, echo
     started = time.perf_counter()
 
     if s.model:
-        judgement, result = await _ruler(db, s, rollouts, rng, report)
+        ruled = await _ruler(db, s, rollouts, rng, report)
+        if ruled is None:
+            report.waiting_for_budget += 1
+            return
+        judgement, result = ruled
         judgements.append((judgement, result))
         if judgement.status == "failed":
             failures.append(f"{judgement.judge}: {judgement.error}")
@@ -211,7 +243,8 @@ async def score_group(db, s: JudgeSettings, fns, group, report: PassReport, echo
 
 async def _ruler(db, s: JudgeSettings, rollouts, rng, report: PassReport):
     """A judgement and what the cache should keep of it: from the cache when this judge has
-    seen these answers under this rubric before (no call), else from the judge."""
+    seen these answers under this rubric before (no call), else from the judge; None when
+    a call is needed and today's budget is spent."""
     key = ruler.cache_key(s.model, s.rubric_for(rollouts[0].scenario), rollouts)
     cached = await db.query(lambda store: tables.cached_result(store, key))
     if cached is not None:
@@ -219,6 +252,9 @@ async def _ruler(db, s: JudgeSettings, rollouts, rng, report: PassReport):
         judgement = ruler.Judgement(f"ruler:{s.model}", key, status="cached")
         judgement.scores = ruler.from_cache(cached, rollouts)
         return judgement, None
+    budget = await judge_budget(db, s)
+    if budget is not None and budget.spent_out:
+        return None
     judgement = await ruler.judge(s, rollouts, rng=rng)
     report.judge_calls += 1
     report.judge_ms.append(judgement.latency_ms)

@@ -147,6 +147,11 @@ async def _call(settings: JudgeSettings, messages: list[dict], result: Judgement
         kwargs["api_key"] = settings.api_key.get_secret_value()
     if settings.json_mode:
         kwargs["response_format"] = {"type": "json_object"}
+    # litellm's custom pricing: it then reports a cost for a model its table lacks.
+    if settings.input_cost_per_token is not None:
+        kwargs["input_cost_per_token"] = settings.input_cost_per_token
+    if settings.output_cost_per_token is not None:
+        kwargs["output_cost_per_token"] = settings.output_cost_per_token
     try:
         response = await litellm.acompletion(**kwargs)
     except Exception as exc:

@@ -62,6 +62,21 @@ class JudgeSettings(BaseModel):
     json_mode: bool = Field(
         False, description="ask for response_format=json_object (judges that support it)"
     )
+    max_usd_per_day: float | None = Field(
+        None,
+        ge=0,
+        description="judge spend per UTC day (litellm's cost of each call); when spent, RULER "
+        "pauses until 00:00 UTC and its groups wait unscored (none: no limit)",
+    )
+    input_cost_per_token: float | None = Field(
+        None,
+        ge=0,
+        description="USD per prompt token, for a judge litellm has no price for (a model "
+        "of your own): without one its calls cost nothing to the budget",
+    )
+    output_cost_per_token: float | None = Field(
+        None, ge=0, description="USD per completion token, likewise"
+    )
 
     # How the sources combine into one reward per member (weighted mean).
     ruler_weight: float = Field(1.0, ge=0)

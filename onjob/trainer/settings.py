@@ -76,6 +76,12 @@ class TrainSettings(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int = Field(1, ge=1, description="torch CPU threads (1 is kind to a shared host)")
     seed: int = 0
+    max_minutes_per_day: float | None = Field(
+        None,
+        ge=0,
+        description="training minutes per UTC day (the runs recorded since 00:00 UTC); when "
+        "spent, the loop starts no run until 00:00 UTC and the groups wait (none: no limit)",
+    )
 
     # A warm start for what the policy rarely samples: supervised passes on each group's
     # best member (rejection-sampling fine-tuning) before the GRPO steps.
