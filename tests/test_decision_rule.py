@@ -66,3 +66,14 @@ def test_the_anytime_interval_covers_the_rate_at_every_sample_size():
             if not low <= p <= high:
                 miss += comb(n, k) * p**k * (1 - p) ** (n - k)
     assert miss <= alpha
+
+
+def test_a_guard_holds_on_a_point_estimate_and_trips_only_on_evidence():
+    # 3 of 20 canary conversations failed against 0 of 20: over +5 points, not yet proven.
+    assert stats.increase((3, 20), (0, 20), limit=0.05, alpha=0.05) == "hold"
+    # 300 of 1000 against 0 of 1000: proven at every look.
+    assert stats.increase((300, 1000), (0, 1000), limit=0.05, alpha=0.05) == "trip"
+    assert stats.increase((1, 20), (1, 20), limit=0.05, alpha=0.05) is None
+    assert stats.majority(12, 20, alpha=0.05) == "hold"
+    assert stats.majority(950, 1000, alpha=0.05) == "trip"
+    assert stats.majority(5, 20, alpha=0.05) is None

@@ -72,6 +72,7 @@ DEMO_LOOP = {
     "alpha": 0.1,
     "beta": 0.1,
     "min_guard_conversations": 8,
+    "holdout_pairs": 6,
 }
 
 
@@ -247,7 +248,7 @@ def run(o: Options, echo=say) -> dict:
         f"to look around: onjob serve --config {o.dir}/onjob.toml --start-engine, then open "
         f"http://127.0.0.1:8000/dashboard (password: {ADMIN_KEY})"
     )
-    if result["promotions"] + result["rollbacks"] == 0:
+    if result["promotions"] + result["rollbacks"] + result["stopped"] == 0:
         raise NoDecision(
             f"no canary decision was made within the {o.ceiling_s / 60:.0f}-minute ceiling "
             "(the engine was slower than the ETA assumed, or the loop had too little to train "
@@ -418,14 +419,15 @@ def _watch(
             clock.line(f"reward of re-sampled answers: {summary}")
             rewards = summary
         decided = _decisions(list(reversed(status["deployments"])))
-        if decided["promotions"] + decided["rollbacks"] >= rounds:
+        made = decided["promotions"] + decided["rollbacks"] + decided["stopped"]
+        if made >= rounds:
             clock.line(f"{rounds} canary decision(s) made: stopping the traffic")
             return status
         if time.monotonic() >= deadline:
             canary = status["aliases"]["agent"]["canary"]
             clock.line(
                 f"the {ceiling_s / 60:.0f}-minute ceiling is near after "
-                f"{decided['promotions'] + decided['rollbacks']} of {rounds} decision(s)"
+                f"{made} of {rounds} decision(s)"
                 + (f"; canary {canary} left undecided" if canary else "")
             )
             return status
@@ -459,14 +461,19 @@ def _reward_summary(rows: list[dict]) -> str:
 
 
 def _decisions(history: list[dict]) -> dict:
-    """Canaries started, promoted and rolled back, from the deployments in time order."""
-    out = {"canaries": 0, "promotions": 0, "rollbacks": 0}
+    """Canaries started, promoted and rolled back, and candidates stopped on the held-out
+    slice before serving anyone, from the deployments in time order."""
+    out = {"canaries": 0, "promotions": 0, "rollbacks": 0, "stopped": 0}
     canary = None
     for row in history:
+        evidence = row.get("evidence") or {}
+        evidence = json.loads(evidence) if isinstance(evidence, str) else evidence
         if row["canary"] and row["canary"] != canary:
             out["canaries"] += 1
         elif canary and not row["canary"]:
             out["promotions" if row["live"] == canary else "rollbacks"] += 1
+        elif not canary and not row["canary"] and "holdout" in evidence:
+            out["stopped"] += 1
         canary = row["canary"]
     return out
 
@@ -489,7 +496,8 @@ def _table(r: dict) -> str:
             f"  after   {a['model']:<{width}}  {_pct(a)}",
             f"  change  {(a['success'] - b['success']) * 100:+.1f} points",
             f"{r['train_runs']} training runs, {r['canaries']} canaries, "
-            f"{r['promotions']} promoted, {r['rollbacks']} rolled back; "
+            f"{r['promotions']} promoted, {r['rollbacks']} rolled back, {r['stopped']} stopped "
+            "on the held-out slice; "
             f"{r['agent']['requests']} agent requests ({r['agent']['errors']} errors)",
             f"wall time {r['wall_s']:.0f} s: start {stages['start']:.0f} s, "
             f"evaluations {stages['eval_before'] + stages['eval_after']:.0f} s, "

@@ -65,6 +65,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..collector import Collector, StorageError
+    from ..deploy.holdout import held_out
     from ..deploy.training import live_checkpoint, train
     from ..trainer import TrainerError
 
@@ -98,7 +99,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             parent = args.parent
             if parent is None:
                 parent = await db.query(lambda st: live_checkpoint(st, settings))
-            return await train(db, settings, parent=parent or None)
+            held = await db.query(lambda st: held_out(st, settings.loop.holdout_share))
+            return await train(db, settings, parent=parent or None, held_out=held)
         finally:
             await db.close()
 

@@ -272,34 +272,33 @@ def _guards(store, alias: str, since, settings: LoopSettings) -> dict:
     live, canary = out["live"], out["canary"]
     need = settings.min_guard_conversations
     a = settings.alpha / 2  # two guards
-    if live["conversations"] and canary["conversations"]:
-        c_low, _ = stats.anytime_interval(canary["failed"], canary["conversations"], a / 2)
-        _, l_high = stats.anytime_interval(live["failed"], live["conversations"], a / 2)
+    errors = stats.increase(
+        (canary["failed"], canary["conversations"]),
+        (live["failed"], live["conversations"]),
+        settings.max_error_increase,
+        a,
+    )
+    if errors:
         c_rate = canary["failed"] / canary["conversations"]
         l_rate = live["failed"] / live["conversations"]
-        if c_low - l_high > settings.max_error_increase:
-            out["tripped"] = (
-                f"error guard: canary conversations failed {c_rate:.1%} against live "
-                f"{l_rate:.1%} (more than +{settings.max_error_increase:.0%} at every look)"
-            )
-        elif c_rate - l_rate > settings.max_error_increase:
-            out["holding"] = f"the error guard holds: canary {c_rate:.1%} against live {l_rate:.1%}"
-    if not out["tripped"] and live["p50_ms"] and canary["conversations"]:
+        said = f"canary conversations failed {c_rate:.1%} against live {l_rate:.1%}"
+        if errors == "trip":
+            out["tripped"] = f"error guard: {said} (more than +{settings.max_error_increase:.0%})"
+        else:
+            out["holding"] = f"the error guard holds: {said}"
+    if not out["tripped"] and live["p50_ms"]:
         bound = settings.max_latency_ratio * live["p50_ms"]
         timed = [c for c in arms["canary"] if c["latency_ms"] is not None]
         slow = sum(c["latency_ms"] > bound for c in timed)
-        low, _ = stats.anytime_interval(slow, len(timed), a)
-        share = slow / len(timed) if timed else 0.0
-        if low > 0.5:
-            out["tripped"] = (
-                f"latency guard: {share:.0%} of canary conversations slower than "
-                f"{settings.max_latency_ratio:g} x live's median ({live['p50_ms']:.0f} ms)"
-            )
-        elif share > 0.5 and not out["holding"]:
-            out["holding"] = (
-                f"the latency guard holds: {share:.0%} of canary conversations slower than "
-                f"{settings.max_latency_ratio:g} x live's median"
-            )
+        said = (
+            f"{slow} of {len(timed)} canary conversations slower than "
+            f"{settings.max_latency_ratio:g} x live's median ({live['p50_ms']:.0f} ms)"
+        )
+        latency = stats.majority(slow, len(timed), a)
+        if latency == "trip":
+            out["tripped"] = f"latency guard: {said}"
+        elif latency == "hold" and not out["holding"]:
+            out["holding"] = f"the latency guard holds: {said}"
     if not out["holding"] and min(live["conversations"], canary["conversations"]) < need:
         out["holding"] = (
             f"the guards need {need} conversations per arm (live {live['conversations']}, "

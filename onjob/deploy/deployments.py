@@ -123,6 +123,27 @@ def rollback(
     return current(store)[alias]
 
 
+def reject(
+    store: Store, alias: str, checkpoint: str, *, default_live, reason, actor, evidence=None
+) -> dict:
+    """A candidate stopped before serving anyone: retired, and a `deployments` row with the
+    routing unchanged, so the decision and its evidence are in the log like any other."""
+    with store.transaction():
+        live, canary, fraction = arms_of(store, alias, default_live)
+        _record(
+            store,
+            alias,
+            live,
+            canary,
+            fraction if canary else 0.0,
+            reason,
+            actor,
+            evidence,
+            statuses={checkpoint: "retired"},
+        )
+    return current(store)[alias]
+
+
 class RoutingChanged(DeployError):
     """The routing a decision was made on is no longer the current one."""
 

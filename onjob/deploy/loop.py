@@ -7,7 +7,9 @@ One iteration (`run_once`):
                                   back, or keep collecting
     judge pass                    turn and trajectory groups, scored (skipped during a
                                   comparison once the next run has its groups)
-    no canary, enough new groups: train (child process) -> candidate -> canary
+    no canary, enough new groups: train (child process, held-out scenarios excluded)
+                                  -> candidate -> compared with live on the held-out
+                                  slice (`holdout`) -> canary, or stopped there
 
 Every stage reads its state from DuckDB (groups not trained on, the latest
 deployment, pairs already judged), so an iteration killed anywhere, even mid-train,
@@ -31,7 +33,7 @@ from ..collector import Collector
 from ..judge import JudgeError, rewards, run_pass, sampling
 from ..proxy import Router
 from ..trainer import snapshot
-from . import canary, deployments, training
+from . import canary, deployments, holdout, training
 from .judging import engine_client
 from .operator import Operator
 from .settings import DeploySettings
@@ -91,9 +93,14 @@ async def run_once(
         routing = (await db.query(deployments.current)).get(alias)
     live = routing["live"] if routing else settings.proxy.aliases.get(alias)
     comparing = loop.train and routing is not None and routing["canary"] is not None
+    held = await db.query(lambda st: holdout.held_out(st, loop.holdout_share))
+
+    def trainable(st) -> int:
+        return snapshot.trainable(st, settings.trainer, live=live, held_out=held)
+
     if comparing:
         # While a comparison needs the engine, sample no more than the next run will use.
-        ready = await db.query(lambda st: snapshot.trainable(st, settings.trainer, live=live))
+        ready = await db.query(trainable)
         if ready >= loop.min_new_groups:
             echo(f"judge pass skipped while comparing: {ready} groups wait for the next run")
             return
@@ -110,21 +117,42 @@ async def run_once(
         if budget.spent_out:
             echo(f"train: {budget.status()}; the groups wait")
             return
-    ready = await db.query(lambda st: snapshot.trainable(st, settings.trainer, live=live))
+    ready = await db.query(trainable)
     if ready < loop.min_new_groups:
         echo(f"train: {ready} new trainable groups, waiting for {loop.min_new_groups}")
         return
     with state.doing("train"):
-        manifest = await training.train(db, settings, parent=live, echo=echo)
+        manifest = await training.train(db, settings, parent=live, held_out=held, echo=echo)
     if manifest is None:
+        return
+    candidate = manifest["name"]
+    with state.doing("holdout"):
+        checked = await holdout.compare(
+            db, engine, operator, settings, live=live, candidate=candidate, held=held
+        )
+    echo(f"held-out check of {candidate} against {live or 'base'}: {checked.reason}")
+    evidence = {**manifest["metrics"], "holdout": checked.evidence}
+    if not checked.passed:
+        await db.query(
+            lambda st: deployments.reject(
+                st,
+                alias,
+                candidate,
+                default_live=settings.proxy.aliases.get(alias),
+                reason=f"stopped before canary: {checked.reason}",
+                actor="loop",
+                evidence=evidence,
+            )
+        )
+        await operator.unload(candidate)
         return
     row = await operator.set_canary(
         alias,
-        manifest["name"],
+        candidate,
         loop.canary_fraction,
-        reason=f"trained on {len(manifest['groups'])} groups",
+        reason=f"trained on {len(manifest['groups'])} groups; held-out: {checked.reason}",
         actor="loop",
-        evidence=manifest["metrics"],
+        evidence=evidence,
     )
     echo(f"canary: {row['canary']} serves {row['fraction']:.0%} of {alias}")
 

@@ -36,7 +36,7 @@ class Operator:
         for alias, row in routing.items():
             for name in (row["live"], row["canary"]):
                 if name:
-                    await self._load(name)
+                    await self.load(name)
             self.router.set(alias, row["live"], row["canary"], row["fraction"] or 0.0)
             log.info(
                 "routing %s: live %s, canary %s (%.0f%%)",
@@ -54,7 +54,7 @@ class Operator:
                 self.router.set(alias, row["live"], row["canary"], row["fraction"] or 0.0)
 
     async def set_canary(self, alias, checkpoint, fraction, *, reason, actor, evidence=None):
-        await self._load(checkpoint)
+        await self.load(checkpoint)
         return await self._change(
             alias,
             deployments.set_canary,
@@ -121,6 +121,10 @@ class Operator:
                 f"unknown alias {alias!r} (this server routes {', '.join(self.router.arms)})"
             )
 
+    async def unload(self, name: str) -> list[str]:
+        """Unload `name` unless something routes to it; warnings, as for `_unload`."""
+        return await self._unload(name)
+
     async def _unload(self, name: str) -> list[str]:
         """A retired adapter leaves the engine (it still exists on disk and in the registry);
         what went wrong, if anything, as warnings the caller returns."""
@@ -134,7 +138,8 @@ class Operator:
             return [f"{name} is retired, but unloading it from the engine failed: {exc}"]
         return []
 
-    async def _load(self, name: str) -> None:
+    async def load(self, name: str) -> None:
+        """Load a registered checkpoint's adapter into the engine (a no-op when there)."""
         row = await self.collector.query(lambda st: registry.get(st, name))
         if row is None:
             raise deployments.DeployError(f"{name!r} is not in the checkpoints table")

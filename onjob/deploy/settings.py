@@ -78,6 +78,16 @@ class LoopSettings(BaseModel):
         20, ge=1, description="conversations per arm since the canary started before a promotion"
     )
     gate: GateSettings = Field(default_factory=GateSettings)
+    holdout_share: float = Field(
+        0.1,
+        ge=0,
+        lt=1,
+        description="share of scenarios (by a hash of their id) never trained on, where a "
+        "candidate must not lose to live before it becomes a canary",
+    )
+    holdout_pairs: int = Field(
+        12, ge=1, description="held-out prompts a candidate and live answer before a canary"
+    )
     # Reward hacking shows in the answers' shape before it shows in the reward: each guard
     # compares the canary's answers with live's, on real traffic and on the paired samples.
     max_length_ratio: float = Field(

@@ -118,35 +118,35 @@ def guards(arms: dict[str, Shapes], s: LoopSettings, source: str) -> dict:
     live, canary = arms["live"], arms["canary"]
     out: dict = {"live": live.as_dict(), "canary": canary.as_dict()}
     tripped = holding = None
-    if live.answers and canary.answers:
-        alpha = s.alpha / 8  # a share of the verdict's alpha per bound
-        for name, limit in (
-            ("empty", s.max_empty_increase),
-            ("truncated", s.max_truncated_increase),
-            ("malformed", s.max_malformed_increase),
-        ):
-            c, l_ = getattr(canary, name), getattr(live, name)
-            c_rate, l_rate = c / canary.answers, l_ / live.answers
-            c_low, _ = stats.anytime_interval(c, canary.answers, alpha)
-            _, l_high = stats.anytime_interval(l_, live.answers, alpha)
-            said = f"{name} answers: canary {c_rate:.0%} against live {l_rate:.0%} ({source})"
-            if c_low - l_high > limit:
+    alpha = s.alpha / 8  # a share of the verdict's alpha per guard
+    for name, limit in (
+        ("empty", s.max_empty_increase),
+        ("truncated", s.max_truncated_increase),
+        ("malformed", s.max_malformed_increase),
+    ):
+        c, lv = getattr(canary, name), getattr(live, name)
+        alarm = stats.increase((c, canary.answers), (lv, live.answers), limit, alpha)
+        if alarm:
+            said = (
+                f"{name} answers: canary {c / canary.answers:.0%} against live "
+                f"{lv / live.answers:.0%} ({source})"
+            )
+            if alarm == "trip":
                 tripped = tripped or f"{name} guard: {said}"
-            elif c_rate - l_rate > limit:
+            else:
                 holding = holding or f"the {name} guard holds: {said}"
     if live.lengths and canary.lengths and not tripped:
         median = sorted(live.lengths)[len(live.lengths) // 2]
         bound = max(s.max_length_ratio * median, median + LENGTH_SLACK)
         longer = sum(n > bound for n in canary.lengths)
-        share = longer / len(canary.lengths)
-        low, _ = stats.anytime_interval(longer, len(canary.lengths), s.alpha / 8)
         said = (
-            f"{share:.0%} of canary answers longer than {s.max_length_ratio:g} x live's "
-            f"median ({median} tokens; {source})"
+            f"{longer / len(canary.lengths):.0%} of canary answers longer than "
+            f"{s.max_length_ratio:g} x live's median ({median} tokens; {source})"
         )
-        if low > 0.5:
+        alarm = stats.majority(longer, len(canary.lengths), alpha)
+        if alarm == "trip":
             tripped = f"length guard: {said}"
-        elif share > 0.5:
+        elif alarm == "hold":
             holding = holding or f"the length guard holds: {said}"
     out["tripped"], out["holding"] = tripped, holding
     return out

@@ -133,6 +133,34 @@ class Rule:
         return "wait", f"{summary}: the test has not decided"
 
 
+Alarm = Literal["trip", "hold"] | None
+
+
+def increase(canary: tuple[int, int], live: tuple[int, int], limit: float, alpha: float) -> Alarm:
+    """Is the canary's rate (hits, n) more than `limit` over live's? "trip" when intervals
+    valid at every look (each at alpha / 2) say so, "hold" when only the point estimates
+    do, None when neither."""
+    (c, cn), (lv, ln) = canary, live
+    if not cn or not ln:
+        return None
+    c_low, _ = anytime_interval(c, cn, alpha / 2)
+    _, l_high = anytime_interval(lv, ln, alpha / 2)
+    if c_low - l_high > limit:
+        return "trip"
+    return "hold" if c / cn - lv / ln > limit else None
+
+
+def majority(hits: int, n: int, alpha: float) -> Alarm:
+    """Are more than half of `n` beyond a bound (the canary's median beyond it)? "trip"
+    when the interval valid at every look says so, "hold" when the point estimate does."""
+    if not n:
+        return None
+    low, _ = anytime_interval(hits, n, alpha)
+    if low > 0.5:
+        return "trip"
+    return "hold" if hits / n > 0.5 else None
+
+
 def anytime_interval(hits: int, n: int, alpha: float) -> tuple[float, float]:
     """An interval for a rate that holds at every sample size at once, with chance at least
     1 - alpha: Hoeffding's bound at level alpha / (n (n + 1)) (a union over n; the levels

@@ -40,7 +40,14 @@ async def budget(db: Collector, settings: DeploySettings) -> budgets.Budget | No
     return await db.query(lambda store: budgets.train(store, limit))
 
 
-async def train(db: Collector, settings: DeploySettings, *, parent: str | None, echo=print):
+async def train(
+    db: Collector,
+    settings: DeploySettings,
+    *,
+    parent: str | None,
+    held_out: list[str] = (),
+    echo=print,
+):
     """One run on the groups not trained on yet; the manifest, or None when there was
     nothing to train on. The child writes into `<name>.partial`, renamed when it is done:
     a run killed half way leaves no directory anyone mistakes for a checkpoint, and no row."""
@@ -50,7 +57,9 @@ async def train(db: Collector, settings: DeploySettings, *, parent: str | None, 
     snap_path = t.checkpoints_dir / ".snapshots" / f"{name}.parquet"
     for stale in t.checkpoints_dir.glob("*.partial"):  # one run at a time: a killed run's
         shutil.rmtree(stale, ignore_errors=True)
-    info = await db.query(lambda st: snapshot.export(st, snap_path, t, live=parent))
+    info = await db.query(
+        lambda st: snapshot.export(st, snap_path, t, live=parent, held_out=held_out)
+    )
     parent_dir = await db.query(lambda st: checkpoint_path(st, parent)) if parent else None
     if parent and parent_dir is None:
         raise ValueError(f"checkpoint {parent!r} is not in the checkpoints table")

@@ -31,6 +31,7 @@ WITH spread AS (
 ), candidates AS (
     SELECT g.id, g.kind, g.created FROM groups g JOIN spread s ON s.group_id = g.id
     WHERE g.status = 'scored' AND g.kind <> 'ab' AND s.spread > ?
+      AND NOT list_contains(?::VARCHAR[], coalesce(g.scenario_id, ''))
       AND NOT EXISTS (SELECT 1 FROM train_runs t WHERE list_contains(t.groups_used, g.id))
 ), turn_of AS (
     SELECT m.id AS member_id, m.group_id, e.id AS exchange_id, m.choice, e.turn
@@ -81,24 +82,34 @@ def lineage(store: Store, live: str | None, staleness: int) -> list[str | None]:
     return chain
 
 
-def trainable(store: Store, s: TrainSettings, *, live: str | None = None) -> int:
-    """How many groups a snapshot would take now."""
+def trainable(
+    store: Store, s: TrainSettings, *, live: str | None = None, held_out: list[str] = ()
+) -> int:
+    """How many groups a snapshot would take now (none of the `held_out` scenarios)."""
     allowed = [name or "" for name in lineage(store, live, s.max_staleness)]
     row = (  # fetchall: a DuckDB relation has no fetchone
         store.con.cursor()
         .sql(
             f"SELECT count(DISTINCT group_id) AS n FROM ({_MEMBERS})",
-            params=[s.min_spread, allowed, s.max_groups],
+            params=[s.min_spread, list(held_out), allowed, s.max_groups],
         )
         .fetchall()
     )
     return row[0][0]
 
 
-def export(store: Store, path: Path, s: TrainSettings, *, live: str | None = None) -> dict:
-    """Write the snapshot; return what it holds (`groups`, `members`, `sha256`)."""
+def export(
+    store: Store,
+    path: Path,
+    s: TrainSettings,
+    *,
+    live: str | None = None,
+    held_out: list[str] = (),
+) -> dict:
+    """Write the snapshot, no group of a `held_out` scenario in it; return what it holds
+    (`groups`, `members`, `sha256`)."""
     allowed = [name or "" for name in lineage(store, live, s.max_staleness)]
-    params = [s.min_spread, allowed, s.max_groups]
+    params = [s.min_spread, list(held_out), allowed, s.max_groups]
     table = store.con.cursor().sql(_MEMBERS, params=params).to_arrow_table()
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)

@@ -1,0 +1,112 @@
+"""The held-out slice: scenarios no checkpoint trains on, where a candidate must not lose
+to live before it may become a canary.
+
+A fixed share of scenarios (`loop.holdout_share`, by a hash of the scenario id, so the
+slice is the same on every run and every host) never enters a training snapshot. After
+a run, the candidate and live answer up to `loop.holdout_pairs` logged prompts of that
+slice (one per conversation, the newest), judged together by the referee
+(`canary.referee`: `loop.gate`, else the training reward). The candidate is stopped
+before serving anyone when it loses more of those pairs than it wins (a pair it could
+not answer is its loss), or when a shape guard on its answers trips or holds
+(`shape.guards`: length, empty, cut, malformed). With no held-out traffic yet, the check
+is skipped and says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import httpx
+
+from ..collector import Collector
+from ..judge import rewards, sampling
+from . import canary, shape, stats
+from .operator import Operator
+from .settings import DeploySettings, LoopSettings
+
+
+def share(scenario_id: str) -> float:
+    """Where a scenario falls in [0, 1): below `loop.holdout_share`, it is held out."""
+    digest = hashlib.blake2b(f"holdout\x00{scenario_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def held_out(store, fraction: float) -> list[str]:
+    """The held-out scenario ids among those seen so far; none while that would be every
+    scenario (one scenario cannot be both trained on and held out)."""
+    ids = [r["id"] for r in store.query("SELECT id FROM scenarios")]
+    held = [i for i in ids if share(i) < fraction]
+    return held if len(held) < len(ids) else []
+
+
+def prompts(store, alias: str, scenarios: list[str], n: int) -> list[dict]:
+    """Up to `n` answered production turns of the held-out scenarios, the newest turn of
+    each of the newest conversations."""
+    if not scenarios:
+        return []
+    return store.query(
+        """
+        SELECT e.* FROM exchanges e
+        WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ?
+          AND list_contains(?::VARCHAR[], e.scenario_id)
+        QUALIFY row_number() OVER (PARTITION BY e.trajectory_id ORDER BY e.ts DESC) = 1
+        ORDER BY e.ts DESC LIMIT ?
+        """,
+        [alias, scenarios, n],
+    )
+
+
+@dataclass(frozen=True)
+class Check:
+    passed: bool
+    reason: str
+    evidence: dict
+
+
+def test_id(candidate: str) -> str:
+    return f"holdout:{candidate}"
+
+
+async def compare(
+    db: Collector,
+    engine: httpx.AsyncClient,
+    operator: Operator,
+    settings: DeploySettings,
+    *,
+    live: str | None,
+    candidate: str,
+    held: list[str],
+) -> Check:
+    """The candidate (loaded into the engine) against live on the held-out slice, judged
+    by the referee; the result (`check`)."""
+    s = canary.referee(settings.judge, settings.loop.gate)
+    loop = settings.loop
+    chosen = await db.query(lambda st: prompts(st, loop.alias, held, loop.holdout_pairs))
+    if chosen and s.scorers:
+        await operator.load(candidate)
+        base = await sampling.base_model(engine)
+        models = {"a": (live or base, live), "b": (candidate, candidate)}
+        fns = rewards.load(s.rewards)
+        await canary.paired_round(
+            db, engine, s, fns, chosen, models, test=test_id(candidate), echo=lambda _: None
+        )
+    return await db.query(lambda st: check(st, candidate, loop))
+
+
+def check(store, candidate: str, settings: LoopSettings) -> Check:
+    """The held-out comparison's result, from the pairs of `test_id(candidate)`."""
+    test = test_id(candidate)
+    outcomes, unjudged = canary.ab_outcomes(store, "g.test = ?", [test])
+    tally = stats.tally([o for outs in outcomes.values() for o in outs])
+    guards = shape.guards(shape.paired_samples(store, test), settings, "held-out pairs")
+    evidence = {"test": test, "paired": tally.as_dict(), "unjudged_pairs": len(unjudged)}
+    evidence["shape"] = guards
+    summary = f"{tally.wins} wins, {tally.ties} ties, {tally.losses} losses on the held-out slice"
+    if tally.pairs == 0:
+        return Check(True, "no held-out pairs yet: not checked", evidence)
+    if tally.losses > tally.wins:
+        return Check(False, f"{candidate} lost to live: {summary}", evidence)
+    if problem := guards["tripped"] or guards["holding"]:
+        return Check(False, f"{candidate}: {problem}", evidence)
+    return Check(True, summary, evidence)

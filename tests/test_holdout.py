@@ -1,0 +1,146 @@
+"""The held-out slice: scenarios no training snapshot takes, where a candidate must not
+lose to live before it may become a canary. Real DuckDB files; the snapshot from real
+traffic through `onjob serve` and a real judge pass; the held-out comparison with the
+engine scripted at its HTTP boundary (as in test_reward_hacking)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pyarrow.parquet as pq
+from openai import OpenAI
+
+from onjob.cli.process import ServerProcess
+from onjob.collector import Collector, Store
+from onjob.deploy import deployments, holdout, registry
+from onjob.deploy.operator import Operator
+from onjob.deploy.settings import GateSettings
+from onjob.judge.settings import RewardFn
+from onjob.proxy import Router
+from onjob.trainer import TrainSettings, snapshot
+
+from .test_reward_hacking import HEDGING, QUESTION, engine, settings
+
+ONJOB = str(Path(sys.executable).with_name("onjob"))
+CONFIG = """
+[judge]
+group_size = 3
+temperature = 1.0
+max_tokens = 8
+max_groups = 8
+per_scenario = 2
+scenario_groups = false
+[judge.rewards]
+varied = { fn = "tests.demo_rewards:varied" }
+"""
+
+
+def test_held_out_scenarios_never_enter_a_training_snapshot(tmp_path, engine):
+    db = tmp_path / "onjob.duckdb"
+    (tmp_path / "onjob.toml").write_text(CONFIG)
+    env = {"ONJOB_LOOP__INTERVAL_S": "0"}
+    with ServerProcess(["--engine-url", engine.url, "--db", str(db)], env=env) as server:
+        client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+        for topic in ("apples", "boats", "clouds", "dunes"):  # four scenarios
+            client.chat.completions.create(
+                model="agent", messages=[{"role": "user", "content": f"Tell me about {topic}"}],
+                max_tokens=8,
+            )  # fmt: skip
+    judged = subprocess.run(
+        [ONJOB, "judge", "--once", "--config", str(tmp_path / "onjob.toml"), "--db", str(db),
+         "--engine-url", engine.url],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert judged.returncode == 0, judged.stderr
+    store = Store(db)
+    try:
+        trained_on = {
+            r["scenario_id"]
+            for r in store.query("SELECT DISTINCT scenario_id FROM groups WHERE kind = 'turn'")
+        }
+        assert len(trained_on) >= 2, trained_on
+        held = sorted(trained_on)[:1]
+        t = TrainSettings(min_spread=0.0)
+        every = snapshot.export(store, tmp_path / "all.parquet", t)
+        kept = snapshot.export(store, tmp_path / "kept.parquet", t, held_out=held)
+        scenario_of = {
+            r["id"]: r["scenario_id"] for r in store.query("SELECT id, scenario_id FROM groups")
+        }
+        assert {scenario_of[g] for g in every["groups"]} & set(held)  # it was there to take
+        assert not {scenario_of[g] for g in kept["groups"]} & set(held)
+        assert snapshot.trainable(store, t, held_out=held) == len(kept["groups"])
+        rows = pq.read_table(tmp_path / "kept.parquet").column("group_id").to_pylist()
+        assert not {scenario_of[g] for g in rows} & set(held)
+        # The slice is a fixed share by hash, never every scenario.
+        assert holdout.held_out(store, 0.999999) == []
+        assert holdout.held_out(store, 0.0) == []
+    finally:
+        store.close()
+
+
+def candidate_against_live(tmp_path, tiny_adapter_dir, tiny_model_dir, candidate_says, gate):
+    s = settings(tmp_path / "onjob.duckdb", "partial", gate=gate)
+    store = Store(s.collector.db)
+    registry.add(store, tiny_adapter_dir, "ckpt-hack", tiny_model_dir)
+    for i in range(8):
+        store.con.execute(
+            "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, model_alias, arm, "
+            "stream, request, status, source) VALUES (?, now(), ?, 0, 'scn-held', 'agent', "
+            "'live', false, ?, 200, 'production')",
+            [f"h-{i}", f"ht-{i}", json.dumps({"model": "agent", "messages": QUESTION})],
+        )
+    store.close()
+
+    async def run():
+        collector = Collector(s.collector)
+        await collector.start()
+        client = httpx.AsyncClient(
+            transport=httpx.MockTransport(engine(candidate_says)), base_url="http://e/v1"
+        )
+        op = Operator(collector, Router({"agent": None}, upstream=None), client, {"agent": None})
+        try:
+            return await holdout.compare(
+                collector, client, op, s, live=None, candidate="ckpt-hack", held=["scn-held"]
+            )
+        finally:
+            await collector.close()
+
+    return asyncio.run(run()), s
+
+
+def test_a_candidate_that_loses_on_the_held_out_slice_is_stopped_before_serving_anyone(
+    tmp_path, tiny_adapter_dir, tiny_model_dir
+):
+    gate = GateSettings(rewards={"exact": RewardFn(fn="tests.hacking_rewards:exact")})
+    checked, s = candidate_against_live(tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, gate)
+    assert not checked.passed and "lost to live" in checked.reason
+    assert checked.evidence["paired"]["pairs"] == 8
+    # What the loop does with it: retired, the routing unchanged, the reason on record.
+    store = Store(s.collector.db)
+    try:
+        row = deployments.reject(
+            store, "agent", "ckpt-hack", default_live=None,
+            reason=f"stopped before canary: {checked.reason}", actor="loop",
+            evidence={"holdout": checked.evidence},
+        )  # fmt: skip
+        assert (row["live"], row["canary"]) == (None, None)
+        assert row["reason"].startswith("stopped before canary: ckpt-hack lost to live")
+        assert registry.get(store, "ckpt-hack")["status"] == "retired"
+    finally:
+        store.close()
+
+
+def test_a_candidate_that_does_not_lose_on_the_held_out_slice_may_become_the_canary(
+    tmp_path, tiny_adapter_dir, tiny_model_dir
+):
+    # Under the training reward (half credit for hedging) the hedger wins these pairs.
+    checked, _ = candidate_against_live(
+        tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, GateSettings()
+    )
+    assert checked.passed, checked.reason
+    assert checked.evidence["paired"]["wins"] == 8
