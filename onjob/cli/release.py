@@ -121,6 +121,7 @@ def cmd_route(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from ..deploy import deployments, registry
+    from ..judge import Agreement, judge_agreement
 
     settings, status = ask_server(args, "status", "status", None)
     if status is None:
@@ -130,12 +131,14 @@ def cmd_status(args: argparse.Namespace) -> int:
                 deployments.routes(st, settings.proxy.aliases),
                 registry.checkpoints(st),
                 deployments.history(st, 10),
+                judge_agreement(st),
             )
 
-        aliases, ckpts, history = offline(settings, read)
+        aliases, ckpts, history, agreement = offline(settings, read)
         print("no server answered; from the database:")
     else:
         aliases, history = status["aliases"], status["deployments"]
+        agreement = [Agreement.from_dict(a) for a in status.get("judge_agreement", [])]
         ckpts = None
     for alias, a in aliases.items():
         canary = f", canary {a['canary']} ({a['fraction']:.0%})" if a["canary"] else ""
@@ -149,7 +152,25 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(
             f"{len(ckpts)} checkpoints: " + ", ".join(f"{c['name']} ({c['status']})" for c in ckpts)
         )
+    _show_agreement(agreement)
     return 0
+
+
+def _show_agreement(records) -> None:
+    """One line per judge over all scenarios; a WARNING line for a judge, or a scenario of
+    it, that orders answers no better than chance against users' feedback."""
+    for a in records:
+        if a.scenario_id is None:
+            print(f"judge {a.summary()}")
+        if a.warning:
+            where = f" in scenario {a.scenario}" if a.scenario_id else ""
+            print(
+                f"WARNING: judge {a.judge}{where} {_WARNED[a.verdict]} users' feedback "
+                f"({a.agreed:g} of {a.pairs} pairs): its rewards may not be what users want"
+            )
+
+
+_WARNED = {"chance": "does no better than chance against", "disagrees": "orders answers against"}
 
 
 def add_commands(sub) -> None:
@@ -224,7 +245,10 @@ def add_commands(sub) -> None:
         p.add_argument("alias")
         routing_flags(p)
         p.set_defaults(func=cmd_route)
-    status = sub.add_parser("status", help="routing per alias and the latest deployments")
+    status = sub.add_parser(
+        "status",
+        help="routing per alias, the latest deployments, each judge's agreement with feedback",
+    )
     status.add_argument("--server", help="the running server (default: from [proxy] host/port)")
     status.add_argument("--config", help="TOML settings file")
     status.add_argument("--db", help="DuckDB file, when no server is running")

@@ -17,6 +17,7 @@ from ..deploy import canary, deployments, progress
 from ..deploy.admin import admin_refusal
 from ..deploy.loop import LoopState
 from ..deploy.settings import DeploySettings
+from ..judge import judge_agreement
 from ..judge.rollouts import json_value
 from ..proxy import Router
 from . import queries
@@ -128,9 +129,19 @@ def routes(
     @get("/dashboard/groups", include_in_schema=False)
     async def groups(request: Request, page: int = 0, kind: str | None = None) -> Response:
         page = max(page, 0)
-        rows = await collector.query(lambda st: queries.groups(st, page, kind or None))
+
+        def read(store):
+            return queries.groups(store, page, kind or None), judge_agreement(store)
+
+        rows, agreement = await collector.query(read)
         return render(
-            request, "groups.html", rows=rows, page=page, kind=kind or "", size=queries.PAGE
+            request,
+            "groups.html",
+            rows=rows,
+            agreement=agreement,
+            page=page,
+            kind=kind or "",
+            size=queries.PAGE,
         )
 
     @get("/dashboard/groups/{group_id:str}", include_in_schema=False)

@@ -1,5 +1,6 @@
-"""The admin API of `onjob serve`: status (routing, deployments, the loop's stage and the
-reward per checkpoint), checkpoints, canary, promote, roll back.
+"""The admin API of `onjob serve`: status (routing, deployments, the loop's stage, the
+reward per checkpoint, each judge's agreement with users' feedback), checkpoints, canary,
+promote, roll back.
 
 Behind `proxy.admin_key` (`Authorization: Bearer <admin key>`). A server with no
 admin key answers admin calls only when it has no API keys either (a loopback
@@ -15,6 +16,7 @@ import msgspec
 from litestar import Request, get, post
 
 from ..collector import Collector
+from ..judge import judge_agreement
 from ..proxy import Router
 from ..proxy.errors import BadRequest, Conflict, Forbidden, Unauthorized
 from . import adapters, deployments, progress, registry
@@ -98,6 +100,7 @@ def routes(
             "deployments": history,
             "loop": (loop.state if loop else LoopState()).as_dict(),
             "rewards": await collector.query(progress.reward_by_checkpoint),
+            "judge_agreement": [a.as_dict() for a in await collector.query(judge_agreement)],
         }
 
     @get("/admin/checkpoints")

@@ -6,9 +6,11 @@ and logprobs) and *trajectory groups* (finished conversations that share a
 scenario), then scores every unscored group: RULER through litellm, the user's
 reward functions (`Rollout` -> float), and feedback posted to `/v1/feedback`,
 combined by weight into one `combined` score per member. Everything lands in the
-collector's tables: `groups`, `members`, `judgements`, `scores`.
+collector's tables: `groups`, `members`, `judgements`, `scores`. `judge_agreement` checks
+each judge against users: how often it orders members as their feedback does.
 """
 
+from .agreement import Agreement, judge_agreement
 from .errors import (
     ConfigError,
     InvalidAnswer,
@@ -23,6 +25,7 @@ from .rollouts import Rollout
 from .settings import JudgeSettings, RewardFn
 
 __all__ = [
+    "Agreement",
     "ConfigError",
     "InvalidAnswer",
     "JudgeError",
@@ -34,5 +37,6 @@ __all__ = [
     "RewardFnFailed",
     "Rollout",
     "SamplingFailed",
+    "judge_agreement",
     "run_pass",
 ]

@@ -19,6 +19,13 @@ from .settings import JudgeSettings
 
 _FRESH = "e.ts > now() - to_seconds(CAST(? AS DOUBLE))"
 
+# The feedback a member carries, as SQL over `m` (members) and `g` (groups): the mean of
+# what was posted on its exchange (a logged answer, never a re-sampled one) or, in a
+# trajectory group, on its whole conversation. The scorer and `agreement` read the same.
+MEMBER_FEEDBACK = """(SELECT avg(f.value) FROM feedback f
+                WHERE (m.origin <> 'sampled' AND f.exchange_id = m.exchange_id)
+                   OR (g.kind = 'trajectory' AND f.trajectory_id = m.trajectory_id))"""
+
 
 def turn_candidates(store: Store, s: JudgeSettings) -> list[dict]:
     """Logged turns to re-sample: answered production exchanges no group has used, recent
@@ -165,13 +172,10 @@ def members_of(store: Store, group_id: str) -> list[dict]:
     key, and the feedback posted on it (on the exchange; for a whole conversation, on the
     trajectory too)."""
     return store.query(
-        """
+        f"""
         SELECT m.id AS member_id, m.exchange_id, m.choice, m.trajectory_id, m.origin, g.kind,
                e.request, e.response, s.key AS scenario_key,
-               (SELECT avg(f.value) FROM feedback f
-                WHERE (m.origin <> 'sampled' AND f.exchange_id = m.exchange_id)
-                   OR (g.kind = 'trajectory' AND f.trajectory_id = m.trajectory_id)
-               ) AS feedback
+               {MEMBER_FEEDBACK} AS feedback
         FROM members m
         JOIN groups g ON g.id = m.group_id
         JOIN exchanges e ON e.id = m.exchange_id
