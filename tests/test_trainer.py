@@ -4,6 +4,7 @@ snapshots, the `onjob train` command, and the local engine loading what it wrote
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -118,15 +119,34 @@ def test_groups_with_equal_scores_are_skipped_and_said(tmp_path, tiny_model_dir,
     assert "nothing to train on" in done.stderr
 
 
+def test_groups_the_trainer_skips_every_member_of_are_not_exported_again(
+    tmp_path, tool_engine, tool_model_dir
+):
+    db = judged(tmp_path, tool_engine, tool_model_dir)
+    tight = {**os.environ, "ONJOB_TRAINER__MAX_TOKENS_PER_MEMBER": "64"}  # all too long
+    skipped = subprocess.run(
+        [ONJOB, "train"], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=tight
+    )
+    assert skipped.returncode == 3, skipped.stdout + skipped.stderr
+    [run] = rows(db, "SELECT * FROM train_runs")
+    assert run["groups_used"] and json.loads(run["metrics"])["skipped"]
+    assert rows(db, "SELECT count(*) AS n FROM checkpoints")[0]["n"] == 0
+    # The next run does not hand the same groups to a child again.
+    again = subprocess.run(
+        [ONJOB, "train"], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=tight
+    )
+    assert again.returncode == 3 and "nothing to train on" in again.stdout
+    assert "training on" not in again.stdout + again.stderr
+
+
 REWARDS = """
 def calls_weather(rollout):
     return any(c["function"]["name"] == "get_weather" for c in rollout.tool_calls)
 """
 
 
-def test_traffic_to_judged_groups_to_a_checkpoint_the_engine_loads_and_serves(
-    tmp_path, tool_engine, tool_model_dir
-):
+def judged(tmp_path, tool_engine, tool_model_dir) -> Path:
+    """A work directory with two logged tool questions judged into scored groups."""
     db = tmp_path / "onjob.duckdb"
     with ServerProcess(
         ["--engine-url", tool_engine.url, "--db", str(db)], env={"ONJOB_LOOP__INTERVAL_S": "0"}
@@ -165,6 +185,13 @@ lora_rank = 8
         timeout=300,
     )
     assert judge.returncode == 0, judge.stderr
+    return db
+
+
+def test_traffic_to_judged_groups_to_a_checkpoint_the_engine_loads_and_serves(
+    tmp_path, tool_engine, tool_model_dir
+):
+    db = judged(tmp_path, tool_engine, tool_model_dir)
     trained = subprocess.run(
         [ONJOB, "train"], cwd=tmp_path, capture_output=True, text=True, timeout=600
     )

@@ -180,6 +180,11 @@ def run(o: Options, echo=say) -> dict:
             f"samples, groups of {p.group_size}; ETA about {p.eta_s / 60:.0f} minutes for "
             f"{o.rounds} decisions (ceiling {o.ceiling_s / 60:.0f})"
         )
+        if p.eta_s > o.ceiling_s:
+            echo(
+                f"  the ETA is past the {o.ceiling_s / 60:.0f}-minute ceiling: this machine is "
+                "slow or busy (the engine shares its cores); stop other work or raise --minutes"
+            )
         for line in _rule_lines(loop_settings(o)):
             echo(f"  {line}")
         (o.dir / "onjob.toml").write_text(config(o, model, p.group_size))

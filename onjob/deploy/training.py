@@ -16,7 +16,7 @@ import time
 from ..collector import Collector, budgets
 from ..collector.ids import new_id
 from ..trainer import snapshot
-from ..trainer.records import checkpoint_path, record_run
+from ..trainer.records import checkpoint_path, record_run, record_skipped
 from . import deployments
 from .settings import DeploySettings
 
@@ -51,7 +51,7 @@ async def train(
     """One run on the groups not trained on yet; the manifest, or None when there was
     nothing to train on. The child writes into `<name>.partial`, renamed when it is done:
     a run killed half way leaves no directory anyone mistakes for a checkpoint, and no row."""
-    t = settings.trainer
+    t, started = settings.trainer, time.monotonic()
     name = f"ckpt-{time.strftime('%Y%m%d-%H%M%S')}-{new_id('')[:6]}"
     out, partial = t.checkpoints_dir / name, t.checkpoints_dir / f"{name}.partial"
     snap_path = t.checkpoints_dir / ".snapshots" / f"{name}.parquet"
@@ -84,6 +84,14 @@ async def train(
         await child.wait()
         raise
     if code == NOTHING_TO_TRAIN:
+        reason = "the trainer skipped every group of the snapshot (its output says why)"
+        await db.query(
+            lambda st: record_skipped(
+                st, new_id("run-"), info["groups"], t.model_dump(mode="json"), reason,
+                time.monotonic() - started,
+            )
+        )  # fmt: skip
+        echo(f"{reason}: {len(info['groups'])} groups recorded as used, no checkpoint")
         return None
     if code != 0:
         raise RuntimeError(f"the training run failed (exit {code}); no checkpoint recorded")

@@ -30,6 +30,19 @@ def record_run(store: Store, run_id: str, manifest: dict, path: Path, parent: st
         )
 
 
+def record_skipped(
+    store: Store, run_id: str, groups: list[str], config: dict, reason: str, duration_s: float
+) -> None:
+    """A run whose every group the trainer's own checks skipped (too long, logprobs that
+    disagree, nothing to learn): its groups recorded as used, with no checkpoint, so the
+    next snapshot does not hand them to a child again."""
+    store.con.execute(
+        "INSERT INTO train_runs (id, groups_used, config, metrics, duration_s, created) "
+        "VALUES (?, ?, ?, ?, ?, now())",
+        [run_id, groups, json.dumps(config), json.dumps({"skipped": reason}), duration_s],
+    )
+
+
 def checkpoint_path(store: Store, name: str) -> Path | None:
     rows = store.query("SELECT path FROM checkpoints WHERE name = ?", [name])
     return Path(rows[0]["path"]) if rows else None
