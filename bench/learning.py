@@ -3,7 +3,7 @@ whole loop, through the real path (agent -> onjob serve -> judge -> trainer -> c
 paired comparison -> promotion), on the bundled SmolLM2-135M, for a fixed number of canary
 decisions (the wall clock only a ceiling).
 
-    .venv/bin/python bench/learning.py [--rounds 2] [--minutes 45] [--questions 25 --samples 8]
+    .venv/bin/python bench/learning.py [--rounds 2] [--minutes 60] [--questions 25 --samples 8]
 
 It is `onjob demo` (same configuration, same stages) with its result copied to
 bench/results/learning-<timestamp>.json: before/after success with 95% intervals,
@@ -30,7 +30,7 @@ from examples.arithmetic.demo import Options, run  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2, help="canary decisions to make")
-    parser.add_argument("--minutes", type=float, default=45, help="the wall clock's ceiling")
+    parser.add_argument("--minutes", type=float, default=60, help="the wall clock's ceiling")
     parser.add_argument("--questions", type=int, default=25)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--keep", action="store_true", help="keep the work directory")

@@ -101,8 +101,8 @@ def add_commands(sub) -> None:
     demo.add_argument(
         "--minutes",
         type=float,
-        default=45,
-        help="a ceiling on the wall clock, evaluations included (default: 45)",
+        default=60,
+        help="a ceiling on the wall clock, evaluations included (default: 60)",
     )
     demo.add_argument(
         "--rounds",
