@@ -11,20 +11,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pyarrow.parquet as pq
 from openai import OpenAI
 
 from onjob.cli.process import ServerProcess
-from onjob.collector import Collector, Store
+from onjob.collector import Store
 from onjob.deploy import deployments, holdout, registry
-from onjob.deploy.operator import Operator
 from onjob.deploy.settings import GateSettings
 from onjob.judge.settings import RewardFn
-from onjob.proxy import Router
 from onjob.trainer import TrainSettings, snapshot
 
-from .test_reward_hacking import HEDGING, QUESTION, engine, settings
+from .test_reward_hacking import HEDGING, QUESTION, scripted, settings
 
 ONJOB = str(Path(sys.executable).with_name("onjob"))
 CONFIG = """
@@ -97,18 +94,10 @@ def candidate_against_live(tmp_path, tiny_adapter_dir, tiny_model_dir, candidate
     store.close()
 
     async def run():
-        collector = Collector(s.collector)
-        await collector.start()
-        client = httpx.AsyncClient(
-            transport=httpx.MockTransport(engine(candidate_says)), base_url="http://e/v1"
-        )
-        op = Operator(collector, Router({"agent": None}, upstream=None), client, {"agent": None})
-        try:
+        async with scripted(s, candidate_says) as (collector, client, op):
             return await holdout.compare(
                 collector, client, op, s, live=None, candidate="ckpt-hack", held=["scn-held"]
             )
-        finally:
-            await collector.close()
 
     return asyncio.run(run()), s
 

@@ -8,6 +8,7 @@ the two checkpoints would."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import httpx
@@ -82,6 +83,21 @@ def settings(db, reward: str, **loop) -> DeploySettings:
     )
 
 
+@contextlib.asynccontextmanager
+async def scripted(s: DeploySettings, canary_says: str):
+    """The collector on `s`'s database, the scripted engine, and an operator over both."""
+    collector = Collector(s.collector)
+    await collector.start()
+    client = httpx.AsyncClient(
+        transport=httpx.MockTransport(engine(canary_says)), base_url="http://e/v1"
+    )
+    op = Operator(collector, Router({"agent": None}, upstream=None), client, {"agent": None})
+    try:
+        yield collector, client, op
+    finally:
+        await collector.close()
+
+
 def decide(tmp_path, tiny_adapter_dir, tiny_model_dir, canary_says: str, s: DeploySettings):
     db = s.collector.db
     store = Store(db)
@@ -90,13 +106,7 @@ def decide(tmp_path, tiny_adapter_dir, tiny_model_dir, canary_says: str, s: Depl
     lines: list[str] = []
 
     async def run():
-        collector = Collector(s.collector)
-        await collector.start()
-        client = httpx.AsyncClient(
-            transport=httpx.MockTransport(engine(canary_says)), base_url="http://e/v1"
-        )
-        op = Operator(collector, Router({"agent": None}, upstream=None), client, {"agent": None})
-        try:
+        async with scripted(s, canary_says) as (collector, client, op):
             await op.set_canary("agent", "ckpt-hack", 0.5, reason="trained", actor="test")
 
             # Production traffic since the canary started: 12 live conversations, 4 canary.
@@ -122,8 +132,6 @@ def decide(tmp_path, tiny_adapter_dir, tiny_model_dir, canary_says: str, s: Depl
             await collector.query(log)
             await run_once(collector, client, op, s, lines.append)
             return (await collector.query(deployments.current))["agent"]
-        finally:
-            await collector.close()
 
     return asyncio.run(run()), "\n".join(lines)
 
