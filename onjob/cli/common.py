@@ -74,3 +74,11 @@ def offline(settings, fn):
         raise SystemExit(2) from exc
     finally:
         store.close()
+
+
+def settings_flags(parser: argparse.ArgumentParser, *, engine: bool = False) -> None:
+    """The flags every command that opens the database itself takes."""
+    parser.add_argument("--config", help="TOML settings file")
+    parser.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
+    if engine:
+        parser.add_argument("--engine-url", help="the engine's OpenAI base URL")

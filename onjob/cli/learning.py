@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import given, load_settings
+from .common import given, load_settings, settings_flags
 
 
 def cmd_judge(args: argparse.Namespace) -> int:
@@ -157,9 +157,7 @@ def add_commands(sub) -> None:
         ),
     )
     judge.add_argument("--once", action="store_true", help="one pass, then exit")
-    judge.add_argument("--config", help="TOML settings file")
-    judge.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
-    judge.add_argument("--engine-url", help="the engine's OpenAI base URL")
+    settings_flags(judge, engine=True)
     judge.add_argument(
         "--model", help='RULER judge as a litellm model name, e.g. "openai/gpt-4.1-mini"'
     )
@@ -179,8 +177,7 @@ def add_commands(sub) -> None:
             "on; 1: the run failed; 2: bad settings. Settings: [trainer] in the TOML file."
         ),
     )
-    train.add_argument("--config", help="TOML settings file")
-    train.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
+    settings_flags(train)
     train.add_argument(
         "--parent",
         help="checkpoint to continue (name; with --snapshot, its directory); default: the live "
@@ -197,17 +194,18 @@ def add_commands(sub) -> None:
         "loop",
         help="resample, judge, train, canary, compare, decide (what onjob serve runs)",
         description=(
-            "One iteration: a judge pass; then, if loop.alias has a canary, a paired round "
-            "(logged prompts answered by live and canary, judged together) and the verdict "
-            "(guards on errors and latency, then a sequential test on paired wins: promote, "
-            "roll back or keep collecting); else, with loop.min_new_groups trainable groups, "
-            "a training run whose checkpoint becomes the canary. State lives in DuckDB, so an "
+            "One iteration: if loop.alias has a canary, a paired round (live-arm prompts "
+            "logged since it started, answered by live and canary, judged together by the "
+            "referee, loop.gate or the training reward) and the verdict (guards on errors, "
+            "latency and the answers' shape, then a sequential test of 'better than live': "
+            "promote, roll back or keep collecting); then a judge pass; else, with "
+            "loop.min_new_groups trainable groups, a training run whose checkpoint must not "
+            "lose to live on the held-out slice before it becomes the canary. State lives in "
+            "DuckDB, so an "
             "interrupted iteration is resumed by the next. For a database no server holds; "
             "`onjob serve` runs it every loop.interval_s. Settings: [loop], [judge], [trainer]."
         ),
     )
     loop.add_argument("--once", action="store_true", help="one iteration, then exit")
-    loop.add_argument("--config", help="TOML settings file")
-    loop.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
-    loop.add_argument("--engine-url", help="the engine's OpenAI base URL")
+    settings_flags(loop, engine=True)
     loop.set_defaults(func=cmd_loop)

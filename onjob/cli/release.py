@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import ask_server, given, load_settings, offline
+from .common import ask_server, given, load_settings, offline, settings_flags
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
@@ -187,8 +187,7 @@ def add_commands(sub) -> None:
     ckpts.add_argument("path", nargs="?", help="with add: the adapter directory")
     ckpts.add_argument("--name", help="with add: the checkpoint's name")
     ckpts.add_argument("--base-model", help="with add: the base model directory to check against")
-    ckpts.add_argument("--config", help="TOML settings file")
-    ckpts.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
+    settings_flags(ckpts)
     ckpts.set_defaults(func=cmd_checkpoints)
 
     cmp = sub.add_parser(
@@ -209,9 +208,7 @@ def add_commands(sub) -> None:
     cmp.add_argument("--file", help="JSONL of chat requests ({messages, tools, ...}) instead")
     cmp.add_argument("--samples", type=int, default=1, help="answers per checkpoint per prompt")
     cmp.add_argument("--json", action="store_true", help="print the result as JSON")
-    cmp.add_argument("--config", help="TOML settings file")
-    cmp.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
-    cmp.add_argument("--engine-url", help="the engine's OpenAI base URL")
+    settings_flags(cmp, engine=True)
     cmp.add_argument("--model", help="RULER judge (litellm model name)")
     cmp.add_argument("--api-base", help="the judge's OpenAI-compatible base URL")
     cmp.set_defaults(func=cmd_compare)
