@@ -131,3 +131,42 @@ def test_judge_flag_switches_the_demo_from_the_reward_function_to_ruler(tmp_path
     ruler = tomllib.loads(config(Options(dir=tmp_path, judge="openai/gpt-4.1-mini"), tmp_path))
     judge = JudgeSettings.model_validate(ruler["judge"])
     assert judge.model == "openai/gpt-4.1-mini" and not judge.rewards
+
+
+def test_the_audit_measures_each_promotion_against_the_checkpoint_it_replaced(
+    engine, tiny_adapter_dir
+):
+    """What `bench/learning.py` counts: per promotion, the promoted checkpoint and the one it
+    replaced, each measured once on the held-out questions through the real engine (the
+    adapter loaded for it); a rollback is not a promotion."""
+    import time
+    from datetime import UTC, datetime
+
+    from examples.arithmetic.demo import Options, Plan, _audit, _Clock
+
+    ts = datetime.now(UTC)
+    history = [
+        {"live": None, "canary": "ckpt-a", "ts": ts},
+        {"live": "ckpt-a", "canary": None, "ts": ts},  # promoted
+        {"live": "ckpt-a", "canary": "ckpt-b", "ts": ts},
+        {"live": "ckpt-a", "canary": None, "ts": ts},  # rolled back
+    ]
+    paths = {"ckpt-a": str(tiny_adapter_dir), "ckpt-b": str(tiny_adapter_dir)}
+    base = {"success": 0.5, "n": 4, "ci95": [0.15, 0.85], "exact": {"success": 0.5}}
+    measured = {None: base}
+    lines: list[str] = []
+    options, plan = Options(questions=2, samples=2), Plan(1.0, 2, 4, 0.0)
+    audit = _audit(
+        engine.url, history, paths, measured, options, plan, _Clock(time.monotonic(), lines.append)
+    )
+    [promotion] = audit
+    assert promotion["replaced"] is None and promotion["promoted"] == "ckpt-a"
+    assert set(measured) == {None, "ckpt-a"}  # ckpt-b was never promoted: not measured
+    new = measured["ckpt-a"]
+    assert new["n"] == 4 and 0 <= new["success"] <= 1  # 2 questions x 2 samples
+    assert promotion["change"] == new["success"] - 0.5
+    assert promotion["worse"] == (promotion["change"] < 0)
+    low, high = promotion["change_ci95"]
+    assert low < promotion["change"] < high
+    assert promotion["significantly_worse"] == (high < 0)
+    assert any("ckpt-a:" in line for line in lines)

@@ -133,3 +133,43 @@ def test_a_candidate_that_does_not_lose_on_the_held_out_slice_may_become_the_can
     )
     assert checked.passed, checked.reason
     assert checked.evidence["paired"]["wins"] == 8
+
+
+def test_the_judge_spends_nothing_on_held_out_scenarios(tmp_path, engine):
+    """`onjob judge` (like the loop's pass) re-samples no turn of a held-out scenario: no
+    run would train on the group."""
+    import os
+
+    db = tmp_path / "onjob.duckdb"
+    (tmp_path / "onjob.toml").write_text(CONFIG)
+    env = {"ONJOB_LOOP__INTERVAL_S": "0"}
+    with ServerProcess(["--engine-url", engine.url, "--db", str(db)], env=env) as server:
+        client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+        for topic in ("apples", "boats", "clouds", "dunes"):
+            client.chat.completions.create(
+                model="agent", messages=[{"role": "user", "content": f"Tell me about {topic}"}],
+                max_tokens=8,
+            )  # fmt: skip
+    store = Store(db)
+    try:
+        shares = sorted(
+            (holdout.share(r["id"]), r["id"]) for r in store.query("SELECT id FROM scenarios")
+        )
+    finally:
+        store.close()
+    assert len(shares) == 4
+    cut = (shares[1][0] + shares[2][0]) / 2  # two scenarios held out, two not
+    held = {i for s, i in shares if s < cut}
+    judged = subprocess.run(
+        [ONJOB, "judge", "--once", "--config", str(tmp_path / "onjob.toml"), "--db", str(db),
+         "--engine-url", engine.url],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600,
+        env={**os.environ, "ONJOB_LOOP__HOLDOUT_SHARE": str(cut)},
+    )  # fmt: skip
+    assert judged.returncode == 0, judged.stderr
+    store = Store(db)
+    try:
+        sampled = {r["scenario_id"] for r in store.query("SELECT scenario_id FROM groups")}
+    finally:
+        store.close()
+    assert sampled == {i for _, i in shares} - held

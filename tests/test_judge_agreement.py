@@ -215,3 +215,41 @@ def test_the_running_server_reports_agreement_in_status_and_on_the_dashboard(db,
     assert "worse than chance" in rows["fn:contrary"]
     assert "no better than chance" not in rows["fn:agrees"]
     assert html.count('data-judge="fn:agrees"') == 1 + len(SCENARIOS)
+
+
+def test_a_judge_that_disagrees_with_users_stops_what_it_trained_and_rolls_back_its_canary(db):
+    """The guard (`trust.agreement_guard`) on the same real data: the coach or referee that
+    orders answers against users stops a candidate before any canary and rolls a canary
+    back, with the reason recorded; one that agrees, or has too little evidence, does not."""
+    from datetime import UTC, datetime
+
+    from onjob.deploy import canary, holdout, trust
+    from onjob.deploy.settings import LoopSettings
+
+    s = LoopSettings()
+    store = Store(db)
+    try:
+        contrary = trust.agreement_guard(store, ["fn:agrees", "fn:contrary"], s)
+        assert "fn:contrary" in contrary["tripped"] and "agreement" in contrary["tripped"]
+        assert set(contrary["judges"]) == {"fn:agrees", "fn:contrary"}
+        assert trust.agreement_guard(store, ["fn:agrees"], s)["tripped"] is None
+        # No feedback pairs for this judge: no evidence against it.
+        assert trust.agreement_guard(store, ["ruler:some-model"], s)["tripped"] is None
+        # parity is at chance (24 of 42 pairs, 95% up to 0.71): past a 0.6 bound, not 0.8.
+        assert trust.agreement_guard(store, ["fn:parity"], s)["tripped"] is None
+        strict = LoopSettings(min_judge_agreement=0.8)
+        assert trust.agreement_guard(store, ["fn:parity"], strict)["tripped"]
+        off = LoopSettings(min_judge_agreement=None)
+        assert trust.agreement_guard(store, ["fn:contrary"], off)["tripped"] is None
+
+        stopped = holdout.check(store, "ckpt-x", s, ["fn:contrary"])
+        assert not stopped.passed and "fn:contrary" in stopped.reason
+        assert stopped.evidence["judges"]["tripped"]
+        assert holdout.check(store, "ckpt-x", s, ["fn:agrees"]).passed  # no pairs: unchecked
+
+        routing = {"live": None, "canary": "ckpt-x", "ts": datetime.now(UTC)}
+        verdict = canary.verdict(store, "agent", routing, s, ["fn:contrary"])
+        assert verdict.decision == "rollback" and "fn:contrary" in verdict.reason
+        assert canary.verdict(store, "agent", routing, s, ["fn:agrees"]).decision == "wait"
+    finally:
+        store.close()

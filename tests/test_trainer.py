@@ -4,6 +4,7 @@ snapshots, the `onjob train` command, and the local engine loading what it wrote
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -96,6 +97,15 @@ def test_a_few_steps_raise_the_best_members_logprob_and_lower_the_worsts(
     after = [sum(completion_logprobs(tuned, prompt, c)) for c in completions]
     assert after[0] > before[0] + 0.1  # the best answer became likelier
     assert after[1] < before[1] - 0.1  # the worst less likely
+    # The run measured how far it moved from the base model: k3 per sampled token,
+    # the same figure an unpacked forward through each model gives.
+    tuned_lp = [lp for c in completions for lp in completion_logprobs(tuned, prompt, c)]
+    base_lp = [lp for c in completions for lp in completion_logprobs(model, prompt, c)]
+    k3 = [math.exp(b - p) - (b - p) - 1 for p, b in zip(tuned_lp, base_lp, strict=True)]
+    metrics = manifest["metrics"]
+    assert metrics["kl_to_base_tokens"] == len(k3)
+    assert math.isclose(metrics["kl_to_base"], sum(k3) / len(k3), rel_tol=1e-3)
+    assert metrics["kl_to_base"] > 1e-3  # six steps at a high rate moved it
 
 
 def test_groups_with_equal_scores_are_skipped_and_said(tmp_path, tiny_model_dir, toy):

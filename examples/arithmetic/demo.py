@@ -20,6 +20,7 @@ A run that made no decision before the ceiling raises `NoDecision` (the CLI exit
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import threading
 import time
@@ -42,6 +43,7 @@ ADMIN_KEY = "demo"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 MARKER = ".onjob-demo"
 REWARD = "examples.arithmetic.task:reward"
+REFEREE = "examples.arithmetic.task:referee"
 
 
 @dataclass
@@ -51,11 +53,13 @@ class Options:
     ceiling_s: float = 3600.0  # the wall clock's limit, evaluations included
     judge: str | None = None  # a litellm model for RULER instead of the reward function
     reward: str = REWARD
+    gate: str | None = REFEREE  # the referee (`loop.gate`); None: the training reward
     model: Path | None = None  # default: the bundled SmolLM2-135M-Instruct
     port: int = 0
     questions: int = 25
     samples: int = 8
     agents: int = 1  # conversations in flight
+    audit: bool = False  # measure every checkpoint a promotion replaced, as well
 
 
 # The demo's loop. Looser than production's rule (LoopSettings' defaults) so that a CPU
@@ -120,6 +124,10 @@ def config(o: Options, model: Path, group_size: int = 8) -> str:
         f'model = "{o.judge}"' if o.judge else f'[judge.rewards]\ncorrect = {{ fn = "{o.reward}" }}'
     )
     loop = "\n".join(f"{k} = {v}" for k, v in DEMO_LOOP.items())
+    if o.gate:
+        # The referee is not the coach: the reward pays for the sum anywhere in the
+        # answer; a promotion needs answers that give it and nothing else.
+        loop += f'\n\n[loop.gate.rewards]\nexact = {{ fn = "{o.gate}" }}'
     return f"""\
 # Written by `onjob demo`; `onjob serve --config {o.dir}/onjob.toml --start-engine` serves
 # it again.
@@ -222,13 +230,20 @@ def run(o: Options, echo=say) -> dict:
             after = evaluate(engine.url, live or base, o.questions, p.samples)
             seconds["eval_after"] = clock.lap()
             echo(f"  {'live checkpoint' if live else 'base model'}: {_pct(after)} answers right")
-    store = Store(o.dir / "onjob.duckdb")
-    try:
-        groups = progress.group_rewards(store)
-        history = list(reversed(deployments.history(store, 1000)))
-        runs = store.query("SELECT count(*) AS n FROM train_runs")[0]["n"]
-    finally:
-        store.close()
+        store = Store(o.dir / "onjob.duckdb")  # the server is gone: the database is free
+        try:
+            groups = progress.group_rewards(store)
+            history = list(reversed(deployments.history(store, 1000)))
+            runs = store.query("SELECT count(*) AS n FROM train_runs")[0]["n"]
+            paths = {r["name"]: r["path"] for r in store.query("SELECT * FROM checkpoints")}
+        finally:
+            store.close()
+        audit = None
+        if o.audit:
+            clock.stage("measuring every checkpoint a promotion replaced")
+            measured = {None: before, live: after} if live else {None: before}
+            audit = _audit(engine.url, history, paths, measured, o, p, clock)
+            seconds["audit"] = clock.lap()
     result = {
         "task": "examples/arithmetic: one-digit sums, reward = the right sum in the answer",
         "model": str(model),
@@ -245,6 +260,8 @@ def run(o: Options, echo=say) -> dict:
         "plan": {"tokens_per_s": p.tokens_per_s, "samples": p.samples,
                  "group_size": p.group_size, "eta_s": p.eta_s},
         "rule": rule_summary(loop_settings(o)),
+        "gate": o.gate or "the training reward",
+        "audit": audit,
     }  # fmt: skip
     (o.dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
     plotted = _plot(o.dir / "learning.png", groups, history, result)
@@ -261,6 +278,41 @@ def run(o: Options, echo=say) -> dict:
             "on): run again with a higher --minutes; what ran is in " + str(o.dir)
         )
     return result
+
+
+def _audit(engine_url, history, paths, measured, o: Options, p: Plan, clock) -> list[dict]:
+    """Each promotion: the held-out success of the checkpoint it promoted against the one it
+    replaced (each measured once, loaded into the engine for it), and whether it is worse:
+    by the point estimates, and beyond the 95% interval of the difference."""
+    out, live, canary = [], None, None
+    for row in history:
+        if row["live"] != live and row["live"] == canary:
+            out.append({"replaced": live, "promoted": row["live"], "ts": str(row["ts"])})
+        live, canary = row["live"], row["canary"]
+    for promotion in out:
+        for name in (promotion["replaced"], promotion["promoted"]):
+            if name not in measured:
+                httpx.post(
+                    f"{engine_url}/load_lora_adapter",
+                    json={"lora_name": name, "lora_path": paths[name]},
+                    timeout=300,
+                )  # an adapter already loaded answers 400: as good
+                measured[name] = evaluate(engine_url, name, o.questions, p.samples)
+                clock.line(f"{name}: {_pct(measured[name])} answers right")
+        old, new = measured[promotion["replaced"]], measured[promotion["promoted"]]
+        change = new["success"] - old["success"]
+        spread = 1.96 * math.sqrt(
+            sum(r["success"] * (1 - r["success"]) / r["n"] for r in (old, new))
+        )
+        promotion.update(
+            replaced_success=old,
+            promoted_success=new,
+            change=change,
+            change_ci95=[change - spread, change + spread],
+            worse=change < 0,
+            significantly_worse=change + spread < 0,
+        )
+    return out
 
 
 class _Clock:
@@ -501,6 +553,9 @@ def _table(r: dict) -> str:
             f"  before  {b['model']:<{width}}  {_pct(b)}",
             f"  after   {a['model']:<{width}}  {_pct(a)}",
             f"  change  {(a['success'] - b['success']) * 100:+.1f} points",
+            f"exact (the sum and no other number): {b['exact']['success']:.1%} -> "
+            f"{a['exact']['success']:.1%}",
+            *_audit_lines(r.get("audit")),
             f"{r['train_runs']} training runs, {r['canaries']} canaries, "
             f"{r['promotions']} promoted, {r['rollbacks']} rolled back, {r['stopped']} stopped "
             "on the held-out slice; "
@@ -510,6 +565,21 @@ def _table(r: dict) -> str:
             f"loop {stages['loop']:.0f} s ({loop})",
         ]
     )
+
+
+def _audit_lines(audit: list[dict] | None) -> list[str]:
+    if audit is None:
+        return []
+    worse = sum(a["worse"] for a in audit)
+    lines = [f"{len(audit)} promotion(s), {worse} to a checkpoint worse on held-out questions:"]
+    for a in audit:
+        low, high = a["change_ci95"]
+        lines.append(
+            f"  {a['replaced'] or 'base'} -> {a['promoted']}: "
+            f"{a['replaced_success']['success']:.1%} -> {a['promoted_success']['success']:.1%} "
+            f"({a['change'] * 100:+.1f} points, 95% {low * 100:+.1f} to {high * 100:+.1f})"
+        )
+    return lines
 
 
 def _plot(path: Path, groups: list[dict], history: list[dict], result: dict) -> str:

@@ -1,5 +1,6 @@
 """Held-out success of a model on the arithmetic task: the fraction of sampled answers
-(temperature 1) that contain the right sum, with a 95% Wilson interval.
+(temperature 1) that contain the right sum, with a 95% Wilson interval, and under
+`exact` the fraction that give the sum and no other number.
 
     python examples/arithmetic/evaluate.py --base-url http://127.0.0.1:8001/v1 \\
         --model SmolLM2-135M-Instruct --questions 25 --samples 8
@@ -23,15 +24,17 @@ from examples.success import success
 def evaluate(base_url: str, model: str, questions: int = 25, samples: int = 8) -> dict:
     client = OpenAI(base_url=base_url, api_key="unused", max_retries=2, timeout=600)
 
-    def score(q: str) -> int:
+    def score(q: str) -> tuple[int, int]:
         reply = client.chat.completions.create(
             model=model, messages=task.messages(q), max_tokens=48, temperature=1.0, n=samples
         )
-        return sum(task.correct(q, c.message.content) for c in reply.choices)
+        answers = [c.message.content for c in reply.choices]
+        return sum(task.correct(q, a) for a in answers), sum(task.exact(q, a) for a in answers)
 
     with ThreadPoolExecutor(4) as pool:
-        right = sum(pool.map(score, task.heldout_questions(questions)))
-    return success(right, questions * samples)
+        scored = list(pool.map(score, task.heldout_questions(questions)))
+    n = questions * samples
+    return {**success(sum(r for r, _ in scored), n), "exact": success(sum(e for _, e in scored), n)}
 
 
 def main() -> None:

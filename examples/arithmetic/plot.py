@@ -1,6 +1,7 @@
 """The demo's learning curve as a PNG: each re-sampled group's mean reward over time,
 coloured by the checkpoint that sampled it, with the routing changes and the held-out
-success before and after. Needs matplotlib (`pip install 'onjob[demo]'`)."""
+success before and after; below it, every decision with its reason: what the gate and
+the guards said. Needs matplotlib (`pip install 'onjob[demo]'`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,14 @@ def learning_curve(path: Path, groups: list[dict], history: list[dict], result: 
     def minutes(ts) -> float:
         return (ts.timestamp() - start) / 60
 
-    fig, ax = plt.subplots(figsize=(10, 5), dpi=110)
+    events = _events(history, minutes)
+    fig, (ax, notes) = plt.subplots(
+        2,
+        1,
+        figsize=(10, 5 + 0.22 * len(events)),
+        dpi=110,
+        gridspec_kw={"height_ratios": [5, 0.4 + 0.22 * len(events)]},
+    )
     names = list(dict.fromkeys(g["checkpoint"] for g in groups))
     colours = plt.get_cmap("tab10")
     for i, name in enumerate(names):
@@ -58,9 +66,35 @@ def learning_curve(path: Path, groups: list[dict], history: list[dict], result: 
     ax.set_ylabel("mean reward of a re-sampled group")
     ax.set_title(f"onjob demo: {result['task']}", fontsize=10)
     ax.legend(loc="upper left", fontsize=7)
+    notes.axis("off")
+    referee = result.get("gate", "the reward")
+    notes.set_title(f"decisions (referee: {referee})", fontsize=9, loc="left")
+    for i, line in enumerate(events):
+        notes.text(0, 1 - (i + 1) / (len(events) + 1), line, fontsize=7, family="monospace",
+                   transform=notes.transAxes, va="center")  # fmt: skip
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def _events(history: list[dict], minutes) -> list[str]:
+    """A line per routing decision: when, what, and the reason the loop recorded (the
+    held-out check, the paired test, the guard that tripped or held)."""
+    lines, live, canary = [], None, None
+    for row in history:
+        if row["canary"] and row["canary"] != canary:
+            what = f"canary {_short(row['canary'])}"
+        elif canary and not row["canary"]:
+            what = f"{'promoted' if row['live'] == canary else 'rolled back'} {_short(canary)}"
+        elif row["live"] == live and row["canary"] == canary:
+            what = "stopped"
+        else:
+            what = f"live {_short(row['live'])}"
+        reason = " ".join(str(row.get("reason") or "").split())
+        reason = reason if len(reason) <= 118 else reason[:117] + "…"
+        lines.append(f"{minutes(row['ts']):5.1f} min  {what:<20} {reason}")
+        live, canary = row["live"], row["canary"]
+    return lines
 
 
 def _short(name: str | None) -> str:

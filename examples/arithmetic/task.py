@@ -1,4 +1,5 @@
-"""The arithmetic task: questions, the held-out set, the success check and the reward.
+"""The arithmetic task: questions, the held-out set, the success checks, the reward and
+the referee.
 
 SmolLM2-135M answers "What is A + B?" for one-digit A and B with the right sum in
 about a quarter of its samples (27% of 48 measured here; with two-digit numbers, 2%):
@@ -37,6 +38,20 @@ def correct(q: str, answer: str | None) -> bool:
     """The right sum appears in the answer as a number of its own."""
     a, b = map(int, _QUESTION.search(q).groups())
     return re.search(rf"(?<!\d){a + b}(?!\d)", answer or "") is not None
+
+
+def exact(q: str, answer: str | None) -> bool:
+    """Right and nothing else: the sum, and no number but the question's own. An answer
+    that lists candidates ("7, or maybe 8") contains the sum but is not a success."""
+    a, b = map(int, _QUESTION.search(q).groups())
+    numbers = [int(n) for n in re.findall(r"\d+", answer or "")]
+    return a + b in numbers and all(n in (a, b, a + b) for n in numbers)
+
+
+def referee(rollout) -> bool:
+    """The demo's gate (`loop.gate`): exact success, stricter than the reward it trains on."""
+    q = next(m["content"] for m in reversed(rollout.prompt) if m["role"] == "user")
+    return exact(q, rollout.text)
 
 
 def reward(rollout) -> bool:

@@ -39,6 +39,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         judge=args.judge,
         reward=args.reward,
+        gate=None if args.gate == "reward" else args.gate,
         model=args.model,
         port=args.port,
         questions=args.questions,
@@ -84,7 +85,8 @@ def add_commands(sub) -> None:
             "(and size the evaluation and groups to it, with an ETA), start `onjob serve` on "
             "it, print the decision rule with its error rates, measure the base model on the "
             "arithmetic example's held-out questions, run the example agent through the proxy "
-            "while the loop re-samples, judges, trains, canaries and decides until --rounds "
+            "while the loop re-samples, judges, trains, checks each candidate on a held-out "
+            "slice, canaries and decides (the referee: --gate) until --rounds "
             "canary decisions are made, then measure the live checkpoint on the same "
             "questions. Prints each stage, ends with a before/after table; leaves "
             "result.json, learning.png, the database and the checkpoints in --dir. Exit 3: "
@@ -121,6 +123,13 @@ def add_commands(sub) -> None:
         default="examples.arithmetic.task:reward",
         metavar="MODULE:FN",
         help="the reward function (default: the right sum in the answer)",
+    )
+    demo.add_argument(
+        "--gate",
+        default="examples.arithmetic.task:referee",
+        metavar="MODULE:FN",
+        help="the referee a canary must win on (loop.gate; default: exact success, the sum "
+        "and no other number); 'reward': the training reward",
     )
     demo.add_argument(
         "--model", type=Path, help="base model directory (default: the bundled SmolLM2-135M)"

@@ -177,7 +177,7 @@ def routes(
         def read(store):
             routing = deployments.current(store)
             running = {
-                alias: canary.verdict(store, alias, r, settings.loop)
+                alias: canary.verdict(store, alias, r, settings.loop, canary.judges(settings))
                 for alias, r in routing.items()
                 if r["canary"]
             }

@@ -31,8 +31,8 @@ import httpx
 from ..collector import Collector
 from ..judge import JudgeSettings, SamplingFailed, sampling, tables
 from ..judge.passes import PassReport, score_group
-from . import shape, stats
-from .settings import GateSettings, LoopSettings
+from . import shape, stats, trust
+from .settings import DeploySettings, GateSettings, LoopSettings
 
 
 async def paired_round(
@@ -190,10 +190,20 @@ def referee(judge: JudgeSettings, gate: GateSettings) -> JudgeSettings:
     )
 
 
-def verdict(store, alias: str, routing: dict, settings: LoopSettings) -> Verdict:
+def judges(settings: DeploySettings) -> list[str]:
+    """The score sources a checkpoint's promotion rests on: the coach's (what it trained
+    on) and the referee's (what the pairs are judged by)."""
+    referee_ = referee(settings.judge, settings.loop.gate)
+    return sorted(set(settings.judge.scorers) | set(referee_.scorers))
+
+
+def verdict(
+    store, alias: str, routing: dict, settings: LoopSettings, judges: list[str] = ()
+) -> Verdict:
     """What the evidence gathered so far says about `routing`'s canary (a `deployments`
     row: live, canary, since); the evidence names the routing it is about. Guards on
-    errors, latency and the answers' shape (`shape`) come before the paired test."""
+    errors, latency, the answers' shape (`shape`), the canary's drift from the base model
+    and the `judges`' agreement with users (`trust`) come before the paired test."""
     live, canary = routing["live"], routing["canary"]
     test = test_id(alias, routing)
     guards = _guards(store, alias, routing["ts"], settings)
@@ -202,6 +212,8 @@ def verdict(store, alias: str, routing: dict, settings: LoopSettings) -> Verdict
             shape.real_traffic(store, alias, routing["ts"]), settings, "real traffic"
         ),
         "pairs": shape.guards(shape.paired_samples(store, test), settings, "paired samples"),
+        "kl": trust.kl_guard(store, canary, settings),
+        "judges": trust.agreement_guard(store, list(judges), settings),
     }
     outcomes, unjudged = ab_outcomes(store, "g.test = ?", [test])
     tally = stats.tally([o for outs in outcomes.values() for o in outs])
@@ -222,13 +234,13 @@ def verdict(store, alias: str, routing: dict, settings: LoopSettings) -> Verdict
         "guards": guards,
         "shape": hacking,
     }
-    checks = (guards, hacking["traffic"], hacking["pairs"])
+    checks = (guards, *hacking.values())
     tripped = next((g["tripped"] for g in checks if g["tripped"]), None)
     if tripped:
         return Verdict("rollback", tripped, evidence)
     decision, why = rule.decide(tally, len(unjudged))
     reason = f"canary {canary} {why}" if decision != "wait" else why
-    holding = next((g["holding"] for g in checks if g["holding"]), None)
+    holding = next((g["holding"] for g in checks if g.get("holding")), None)
     if decision == "promote" and holding:
         return Verdict("wait", f"canary {canary} won the pairs, but {holding}", evidence)
     return Verdict(decision, reason, evidence)

@@ -7,9 +7,10 @@ a run, the candidate and live answer up to `loop.holdout_pairs` logged prompts o
 slice (one per conversation, the newest), judged together by the referee
 (`canary.referee`: `loop.gate`, else the training reward). The candidate is stopped
 before serving anyone when it loses more of those pairs than it wins (a pair it could
-not answer is its loss), or when a shape guard on its answers trips or holds
-(`shape.guards`: length, empty, cut, malformed). With no held-out traffic yet, the check
-is skipped and says so.
+not answer is its loss), when a shape guard on its answers trips or holds
+(`shape.guards`: length, empty, cut, malformed), or when it moved too far from the base
+model or its judges disagree with users (`trust`). With no held-out traffic yet, the
+comparison is skipped and says so; the `trust` guards still apply.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import httpx
 
 from ..collector import Collector
 from ..judge import rewards, sampling
-from . import canary, shape, stats
+from . import canary, shape, stats, trust
 from .operator import Operator
 from .settings import DeploySettings, LoopSettings
 
@@ -91,17 +92,25 @@ async def compare(
         await canary.paired_round(
             db, engine, s, fns, chosen, models, test=test_id(candidate), echo=lambda _: None
         )
-    return await db.query(lambda st: check(st, candidate, loop))
+    judges = canary.judges(settings)
+    return await db.query(lambda st: check(st, candidate, loop, judges))
 
 
-def check(store, candidate: str, settings: LoopSettings) -> Check:
-    """The held-out comparison's result, from the pairs of `test_id(candidate)`."""
+def check(store, candidate: str, settings: LoopSettings, judges: list[str] = ()) -> Check:
+    """The held-out comparison's result, from the pairs of `test_id(candidate)`, and the
+    guards on the candidate itself (`trust`: its KL to the base model, the `judges`'
+    agreement with users), which stop it even without held-out traffic."""
     test = test_id(candidate)
     outcomes, unjudged = canary.ab_outcomes(store, "g.test = ?", [test])
     tally = stats.tally([o for outs in outcomes.values() for o in outs])
     guards = shape.guards(shape.paired_samples(store, test), settings, "held-out pairs")
     evidence = {"test": test, "paired": tally.as_dict(), "unjudged_pairs": len(unjudged)}
     evidence["shape"] = guards
+    evidence["kl"] = trust.kl_guard(store, candidate, settings)
+    evidence["judges"] = trust.agreement_guard(store, list(judges), settings)
+    for guard in (evidence["kl"], evidence["judges"]):
+        if guard["tripped"]:
+            return Check(False, f"{candidate}: {guard['tripped']}", evidence)
     summary = f"{tally.wins} wins, {tally.ties} ties, {tally.losses} losses on the held-out slice"
     if tally.pairs == 0:
         return Check(True, "no held-out pairs yet: not checked", evidence)

@@ -9,6 +9,7 @@ import httpx
 
 from ..collector import Collector
 from ..judge import run_pass
+from . import holdout
 from .settings import DeploySettings
 
 
@@ -23,13 +24,19 @@ def engine_client(settings: DeploySettings) -> httpx.AsyncClient:
 
 
 async def judge(settings: DeploySettings, *, once: bool, echo: Callable[[str], None]) -> None:
-    """`onjob judge`: passes on a database no server holds, every `loop.interval_s` or once."""
+    """`onjob judge`: passes on a database no server holds, every `loop.interval_s` or once;
+    like the loop's, they leave the held-out slice alone."""
     collector = Collector(settings.collector)
     await collector.start()
     try:
         async with engine_client(settings) as engine:
             while True:
-                report = await run_pass(collector, engine, settings.judge, echo=echo)
+                held = await collector.query(
+                    lambda st: holdout.held_out(st, settings.loop.holdout_share)
+                )
+                report = await run_pass(
+                    collector, engine, settings.judge, echo=echo, skip_scenarios=held
+                )
                 echo(f"judge pass: {report.summary()}")
                 if once or settings.loop.interval_s <= 0:
                     return

@@ -6,7 +6,8 @@ One iteration (`run_once`):
                                   judged together), then the verdict: promote, roll
                                   back, or keep collecting
     judge pass                    turn and trajectory groups, scored (skipped during a
-                                  comparison once the next run has its groups)
+                                  comparison once the next run has its groups; none from
+                                  the held-out slice)
     no canary, enough new groups: train (child process, held-out scenarios excluded)
                                   -> candidate -> compared with live on the held-out
                                   slice (`holdout`) -> canary, or stopped there
@@ -105,7 +106,8 @@ async def run_once(
             echo(f"judge pass skipped while comparing: {ready} groups wait for the next run")
             return
     with state.doing("judge"):
-        report = await run_pass(db, engine, settings.judge, echo=echo)
+        # Held-out scenarios are never trained on: re-sampling them would spend for nothing.
+        report = await run_pass(db, engine, settings.judge, echo=echo, skip_scenarios=held)
     echo(f"judge pass: {report.summary()}")
     if report.budget is not None:
         state.budget["judge"] = report.budget.as_dict()
@@ -174,7 +176,8 @@ async def _canary_round(db, engine, operator, settings: DeploySettings, routing,
     fns = rewards.load(s.rewards)
     test = canary.test_id(alias, routing)
     await canary.paired_round(db, engine, s, fns, prompts, models, test=test, echo=lambda _: None)
-    verdict = await db.query(lambda st: canary.verdict(st, alias, routing, settings.loop))
+    judges = canary.judges(settings)
+    verdict = await db.query(lambda st: canary.verdict(st, alias, routing, settings.loop, judges))
     verdict.evidence["referee"] = s.scorers
     echo(f"canary {candidate} against {live or 'base'}: {verdict.decision}: {verdict.reason}")
     if verdict.decision == "wait":

@@ -99,6 +99,21 @@ class LoopSettings(BaseModel):
     max_truncated_increase: float = Field(
         0.05, ge=0, description="canary share of answers cut at max_tokens over live's"
     )
+    max_kl_to_base: float | None = Field(
+        0.5,
+        gt=0,
+        description="KL to the base model per token (k3, measured by the trainer on its "
+        "sampled tokens) past which a candidate is stopped and a canary rolled back "
+        "(none: unbounded)",
+    )
+    min_judge_agreement: float | None = Field(
+        0.6,
+        ge=0,
+        le=1,
+        description="where users' feedback exists: a coach or referee judge that orders "
+        "answers as users do less often than this (95% interval below it) blocks every "
+        "promotion (none: off)",
+    )
     max_malformed_increase: float = Field(
         0.05,
         ge=0,

@@ -105,9 +105,10 @@ class Agreement:
         )
 
 
-def judge_agreement(store: Store) -> list[Agreement]:
+def judge_agreement(store: Store, *, per_scenario: bool = True) -> list[Agreement]:
     """Every judge source that has pairs with feedback: its record over all scenarios first,
-    then one per scenario (most pairs first); judges in name order."""
+    then (unless `per_scenario` is false) one per scenario, most pairs first; judges in
+    name order."""
     by_judge: dict[str, dict[tuple[str, str | None], list[PairCounts]]] = defaultdict(
         lambda: defaultdict(list)
     )
@@ -116,10 +117,11 @@ def judge_agreement(store: Store) -> list[Agreement]:
         by_judge[row.pop("judge")][key].append(PairCounts(**row))
     out: list[Agreement] = []
     for judge in sorted(by_judge):
-        scenarios = [_record(judge, sid, key, g) for (sid, key), g in by_judge[judge].items()]
         every = [c for groups in by_judge[judge].values() for c in groups]
         out.append(_record(judge, None, None, every))
-        out += sorted(scenarios, key=lambda a: (-a.pairs, a.scenario_id or ""))
+        if per_scenario:
+            scenarios = [_record(judge, sid, k, g) for (sid, k), g in by_judge[judge].items()]
+            out += sorted(scenarios, key=lambda a: (-a.pairs, a.scenario_id or ""))
     return out
 
 

@@ -83,7 +83,10 @@ async def run_pass(
     *,
     echo: Callable[[str], None] = log.info,
     rng: random.Random | None = None,
+    skip_scenarios: list[str] = (),
 ) -> PassReport:
+    """Sample new groups (none from `skip_scenarios`: the loop's held-out slice, which no
+    training run uses) and score every group still unscored."""
     started = time.perf_counter()
     fns = rewards.load(settings.rewards)  # a reward function that does not import stops here
     report = PassReport()
@@ -92,9 +95,10 @@ async def run_pass(
     if report.budget is not None and report.budget.spent_out:
         echo(f"{report.budget.status()}: no new groups, and those that need RULER wait")
     else:
-        await _sample_turn_groups(db, engine, settings, report, echo)
+        skip = list(skip_scenarios)
+        await _sample_turn_groups(db, engine, settings, report, echo, skip)
         if settings.scenario_groups:
-            await _gather_trajectory_groups(db, settings, report, echo)
+            await _gather_trajectory_groups(db, settings, report, echo, skip)
     await _score_groups(db, settings, fns, report, echo, rng or random.Random())
     report.budget = await judge_budget(db, settings)
     report.seconds = time.perf_counter() - started
@@ -108,8 +112,10 @@ async def judge_budget(db: Collector, s: JudgeSettings) -> budgets.Budget | None
     return await db.query(lambda store: budgets.judge(store, s.max_usd_per_day))
 
 
-async def _sample_turn_groups(db, engine, s: JudgeSettings, report: PassReport, echo) -> None:
-    candidates = await db.query(lambda store: tables.turn_candidates(store, s))
+async def _sample_turn_groups(
+    db, engine, s: JudgeSettings, report: PassReport, echo, skip: list[str]
+) -> None:
+    candidates = await db.query(lambda store: tables.turn_candidates(store, s, skip))
     if not candidates:
         return
     try:
@@ -156,8 +162,10 @@ async def _sample_turn_groups(db, engine, s: JudgeSettings, report: PassReport, 
     await asyncio.gather(*(one(row, body) for row, body in planned))
 
 
-async def _gather_trajectory_groups(db, s: JudgeSettings, report: PassReport, echo) -> None:
-    ready = await db.query(lambda store: tables.scenario_candidates(store, s))
+async def _gather_trajectory_groups(
+    db, s: JudgeSettings, report: PassReport, echo, skip: list[str]
+) -> None:
+    ready = await db.query(lambda store: tables.scenario_candidates(store, s, skip))
     for scenario_id, trajectories in ready.items():
         group_id = await db.query(
             lambda st, sc=scenario_id, ts=trajectories: tables.add_trajectory_group(st, sc, ts)

@@ -27,10 +27,10 @@ MEMBER_FEEDBACK = """(SELECT avg(f.value) FROM feedback f
                    OR (g.kind = 'trajectory' AND f.trajectory_id = m.trajectory_id))"""
 
 
-def turn_candidates(store: Store, s: JudgeSettings) -> list[dict]:
+def turn_candidates(store: Store, s: JudgeSettings, skip: list[str] = ()) -> list[dict]:
     """Logged turns to re-sample: answered production exchanges no group has used, recent
     first, round-robin over scenarios (at most `per_scenario` each), scenarios with fewer
-    groups so far first."""
+    groups so far first; none of the scenarios in `skip`."""
     return store.query(
         f"""
         WITH c AS (
@@ -38,6 +38,7 @@ def turn_candidates(store: Store, s: JudgeSettings) -> list[dict]:
                    row_number() OVER (PARTITION BY e.scenario_id ORDER BY e.ts DESC) AS nth
             FROM exchanges e
             WHERE e.status < 400 AND e.source = 'production' AND {_FRESH}
+              AND NOT coalesce(list_contains(?::VARCHAR[], e.scenario_id), false)
               AND NOT EXISTS (
                   SELECT 1 FROM groups g WHERE g.prefix_exchange = e.id AND g.kind = 'turn')
         ), judged AS (SELECT scenario_id, count(*) AS n FROM groups GROUP BY scenario_id)
@@ -48,7 +49,7 @@ def turn_candidates(store: Store, s: JudgeSettings) -> list[dict]:
         ORDER BY c.nth, coalesce(j.n, 0), c.ts DESC
         LIMIT ?
         """,
-        [s.max_age_s, s.per_scenario, s.max_groups],
+        [s.max_age_s, list(skip), s.per_scenario, s.max_groups],
     )
 
 
@@ -122,19 +123,23 @@ def add_failed_ab_group(
     return group_id
 
 
-def scenario_candidates(store: Store, s: JudgeSettings) -> dict[str, list[dict]]:
+def scenario_candidates(
+    store: Store, s: JudgeSettings, skip: list[str] = ()
+) -> dict[str, list[dict]]:
     """Finished production conversations in no trajectory group yet, by scenario, with at
-    least `min_trajectories` in the scenario (the most recent `max_trajectories`)."""
+    least `min_trajectories` in the scenario (the most recent `max_trajectories`); none of
+    the scenarios in `skip`."""
     rows = store.query(
         """
         SELECT t.id, t.scenario_id, t.last_exchange FROM trajectories t
         WHERE t.source = 'production' AND t.last_ts < now() - to_seconds(CAST(? AS DOUBLE))
+          AND NOT coalesce(list_contains(?::VARCHAR[], t.scenario_id), false)
           AND NOT EXISTS (
               SELECT 1 FROM members m JOIN groups g ON g.id = m.group_id
               WHERE g.kind = 'trajectory' AND m.trajectory_id = t.id)
         ORDER BY t.last_ts DESC
         """,
-        [s.settle_s],
+        [s.settle_s, list(skip)],
     )
     by_scenario: dict[str, list[dict]] = defaultdict(list)
     for row in rows:

@@ -10,6 +10,9 @@
             logprobs of the sampled tokens (fp32 head, no full-vocabulary log-softmax kept)
             loss = clipped ratio x advantage, summed / the step's tokens; backward
         clip, step (a step whose gradient is not finite is dropped, its groups recorded)
+    kl_to_base = k3(policy ‖ base) per token on a sample of the groups' tokens: how far
+              the checkpoint (its whole lineage) moved from the base model, for the guard
+              `loop.max_kl_to_base`
     save adapter (PEFT format) + onjob-manifest.json + metrics.json
 
 Runs as `onjob train --snapshot S --out DIR` in a child process of the server.
@@ -32,7 +35,7 @@ from . import adapter
 from .data import Group, Sequence, load
 from .errors import Diverged, NothingToTrain
 from .forward import Head, chunks, pack_limit, sampled_logprobs
-from .maths import policy_loss
+from .maths import k3, policy_loss
 from .settings import TrainSettings
 
 MANIFEST = "onjob-manifest.json"
@@ -176,10 +179,12 @@ def train(
         )
 
     # --- checkpoint
+    kl = _kl_to_base(model, head, groups, limit, device)
     duration = time.perf_counter() - started
     metrics = {
         **_summary(history, groups, notes, duration, tokens_seen),
         **step0,
+        **kl,
         "skipped_groups": len(skipped),
         "dropped_steps": dropped,
     }
@@ -225,6 +230,25 @@ def _step0_gaps(model, head: Head, groups: list[Group], limit: int, device) -> d
                 tokens += gap.numel()
             gaps[group.id] = {"sum": total, "max": most, "tokens": tokens, "mean": total / tokens}
     return gaps
+
+
+KL_GROUPS = 8  # groups the KL-to-base estimate reads: enough for a guard, a bounded cost
+
+
+def _kl_to_base(model, head: Head, groups: list[Group], limit: int, device) -> dict:
+    """The trained policy against the base model (the adapter off) on the sampled tokens of
+    up to `KL_GROUPS` groups: k3 per token, its mean and the tokens read. A continued
+    checkpoint measures its whole lineage's drift, which is what a guard must bound."""
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for group in groups[:KL_GROUPS]:
+            for chunk in chunks(group, limit):
+                logp = sampled_logprobs(model, head, chunk, device)
+                with model.disable_adapter():
+                    ref = sampled_logprobs(model, head, chunk, device)
+                total += k3(logp, ref).sum().item()
+                tokens += logp.numel()
+    return {"kl_to_base": total / max(tokens, 1), "kl_to_base_tokens": tokens}
 
 
 def _warm_start(model, head: Head, groups: list[Group], s: TrainSettings, device) -> dict:

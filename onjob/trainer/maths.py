@@ -90,6 +90,14 @@ class LossParts:
 MAX_LOG_RATIO = 20.0
 
 
+def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per token, Schulman's k3 estimate of KL(policy ‖ reference) at sampled tokens:
+    exp(ref - logp) - (ref - logp) - 1, never negative, unbiased when the tokens were
+    sampled from the policy (from a nearby sampler, close enough for a guard)."""
+    diff = (ref_logp - logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    return torch.exp(diff) - diff - 1
+
+
 def policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -126,8 +134,7 @@ def policy_loss(
         raise ValueError(f"unknown loss {kind!r} (ppo or cispo)")
     kl = torch.zeros_like(logp)
     if ref_logp is not None and beta > 0:
-        diff = (ref_logp - logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-        kl = torch.exp(diff) - diff - 1
+        kl = k3(logp, ref_logp)
         per_token = per_token + beta * kl
     with torch.no_grad():
         clipped = ((ratio < 1 - eps_low) | (ratio > 1 + eps_high)).sum().item()

@@ -1,0 +1,67 @@
+"""Guards on what no reward sees: how far a checkpoint moved from the base model, and
+whether the judges that trained and referee it agree with users.
+
+- **KL to the base model** (`loop.max_kl_to_base`): the trainer measures k3(policy ‖ base)
+  per token on its run's sampled tokens (`kl_to_base` in its `train_runs` metrics; a
+  continued checkpoint carries its lineage's whole drift). A policy that moved far to
+  please a reward has usually found a blind spot in it; past the bound the candidate is
+  stopped before any canary, and a canary is rolled back.
+- **The judges against users** (`loop.min_judge_agreement`): where feedback exists,
+  `judge.agreement` says how often each judge orders a group's members as users do. When
+  the coach (`judge.model`, `judge.rewards`) or the referee (`loop.gate`) is, with 95%
+  confidence, below the bound over `agreement.MIN_PAIRS` pairs or more, its rewards do
+  not follow users: nothing it trained or refereed is promoted (candidate stopped,
+  canary rolled back). Judges without enough feedback are not held against anyone.
+
+Each returns `{"tripped": reason or None, ...the figures}`, like `shape.guards`.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..judge import agreement
+from .settings import LoopSettings
+
+
+def kl_guard(store, checkpoint: str | None, settings: LoopSettings) -> dict:
+    """The checkpoint's recorded KL to the base model against `loop.max_kl_to_base`."""
+    out: dict = {"kl_to_base": None, "bound": settings.max_kl_to_base, "tripped": None}
+    if checkpoint is None:
+        return out
+    rows = store.query(
+        "SELECT t.metrics FROM checkpoints c JOIN train_runs t ON t.id = c.train_run "
+        "WHERE c.name = ?",
+        [checkpoint],
+    )
+    metrics = rows[0]["metrics"] if rows else None
+    metrics = json.loads(metrics) if isinstance(metrics, str) else (metrics or {})
+    kl = metrics.get("kl_to_base")
+    out["kl_to_base"] = kl
+    if kl is not None and settings.max_kl_to_base is not None and kl > settings.max_kl_to_base:
+        out["tripped"] = (
+            f"KL guard: {checkpoint} is {kl:.3g} nats per token from the base model "
+            f"(more than {settings.max_kl_to_base:g})"
+        )
+    return out
+
+
+def agreement_guard(store, judges: list[str], settings: LoopSettings) -> dict:
+    """Each of `judges` (score sources: `ruler:<model>`, `fn:<name>`) with enough pairs
+    with feedback, against `loop.min_judge_agreement`."""
+    bound = settings.min_judge_agreement
+    out: dict = {"bound": bound, "judges": {}, "tripped": None}
+    if bound is None or not judges:
+        return out
+    for record in agreement.judge_agreement(store, per_scenario=False):
+        if record.judge not in judges:
+            continue
+        out["judges"][record.judge] = record.as_dict()
+        if record.verdict == "too few pairs" or record.accuracy_ci is None:
+            continue
+        if record.accuracy_ci[1] < bound and out["tripped"] is None:
+            out["tripped"] = (
+                f"judge agreement guard: {record.summary()}; below {bound:.0%} agreement "
+                "with users, its rewards are not evidence"
+            )
+    return out
