@@ -2,27 +2,163 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
 
 import pytest
+from pydantic import ValidationError
 
 from onjob.engine import EngineSettings, vllm
 
+QWEN25 = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "torch_dtype": "bfloat16"}
+LLAMA31 = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0},
+}
+# SmolLM2, Llama 2, Llama 3.0: llama-type models with no tool-call format vLLM names.
+PLAIN_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
 
-def test_command_enables_runtime_lora_and_logprobs():
+
+def model_dir(tmp_path, name: str, config: dict):
+    path = tmp_path / name
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_command_enables_runtime_lora_and_logprobs(tmp_path):
     settings = EngineSettings(backend="vllm", port=9000, max_lora_rank=16, max_loras=3)
-    argv, env = vllm.command(settings, "/models/base")
-    assert argv[:3] == ["vllm", "serve", "/models/base"]
-    flags = dict(zip(argv[3::2], argv[4::2], strict=False))
+    model = str(model_dir(tmp_path, "Qwen2.5-7B-Instruct", QWEN25))
+    argv, env = vllm.command(settings, model)
+    assert argv[:3] == ["vllm", "serve", model]
     assert "--enable-lora" in argv
-    assert argv[argv.index("--port") + 1] == "9000"
-    assert argv[argv.index("--max-lora-rank") + 1] == "16"
-    assert argv[argv.index("--max-loras") + 1] == "3"
-    assert argv[argv.index("--max-logprobs") + 1] == "20"
-    assert flags["--host"] == "127.0.0.1"
+    assert flag(argv, "--port") == "9000"
+    assert flag(argv, "--max-lora-rank") == "16"
+    assert flag(argv, "--max-loras") == "3"
+    assert flag(argv, "--max-logprobs") == "20"
+    assert flag(argv, "--host") == "127.0.0.1"
     assert env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+
+def test_logprobs_are_the_raw_distribution_and_sampling_defaults_are_not_the_models(tmp_path):
+    model = str(model_dir(tmp_path, "m", QWEN25))
+    argv, _ = vllm.command(EngineSettings(backend="vllm"), model)
+    # log-softmax of the logits before temperature / top-p, as the local engine reports.
+    assert flag(argv, "--logprobs-mode") == "raw_logprobs"
+    # No temperature / top_p from generation_config.json for requests that omit them.
+    assert flag(argv, "--generation-config") == "vllm"
+
+
+@pytest.mark.parametrize(
+    ("name", "config", "parser"),
+    [
+        ("Qwen2.5-7B-Instruct", QWEN25, "hermes"),
+        ("Qwen3-8B", {"model_type": "qwen3"}, "hermes"),
+        ("Qwen3-30B-A3B", {"model_type": "qwen3_moe"}, "hermes"),
+        ("Qwen3-Coder-30B-A3B-Instruct", {"model_type": "qwen3_moe"}, "qwen3_coder"),
+        ("Llama-3.1-8B-Instruct", LLAMA31, "llama3_json"),
+        ("Llama-3.2-3B-Instruct", LLAMA31, "llama3_json"),
+        ("Llama-4-Scout-17B-16E-Instruct", {"model_type": "llama4"}, "llama4_pythonic"),
+        ("Mistral-7B-Instruct-v0.3", {"model_type": "mistral"}, "mistral"),
+        ("Mixtral-8x7B-Instruct-v0.1", {"model_type": "mixtral"}, "mistral"),
+        # The family comes from config.json, whatever the directory is called.
+        ("base", QWEN25, "hermes"),
+        (
+            "base",
+            {"model_type": "qwen3_moe", "_name_or_path": "Qwen/Qwen3-Coder-480B"},
+            "qwen3_coder",
+        ),
+    ],
+)
+def test_tool_call_parser_is_chosen_from_the_models_family(tmp_path, name, config, parser):
+    argv, _ = vllm.command(EngineSettings(backend="vllm"), str(model_dir(tmp_path, name, config)))
+    assert "--enable-auto-tool-choice" in argv
+    assert flag(argv, "--tool-call-parser") == parser
+
+
+@pytest.mark.parametrize(
+    ("hub_id", "parser"),
+    [
+        ("Qwen/Qwen2.5-7B-Instruct", "hermes"),
+        ("Qwen/Qwen3-Coder-30B-A3B-Instruct", "qwen3_coder"),
+        ("meta-llama/Llama-3.1-8B-Instruct", "llama3_json"),
+        ("meta-llama/Meta-Llama-3.1-70B-Instruct", "llama3_json"),
+        ("meta-llama/Llama-4-Scout-17B-16E-Instruct", "llama4_pythonic"),
+        ("mistralai/Mistral-7B-Instruct-v0.3", "mistral"),
+    ],
+)
+def test_a_hub_id_without_a_local_config_is_placed_by_its_name(hub_id, parser):
+    argv, _ = vllm.command(EngineSettings(backend="vllm"), hub_id)
+    assert flag(argv, "--tool-call-parser") == parser
+
+
+@pytest.mark.parametrize("config", [PLAIN_LLAMA, {"model_type": "gemma2"}, {"model_type": "phi3"}])
+def test_a_model_of_no_known_family_is_refused_at_start_naming_the_setting(tmp_path, config):
+    model = str(model_dir(tmp_path, "SmolLM2-135M-Instruct", config))
+    with pytest.raises(vllm.LaunchError, match="tool_call_parser") as refused:
+        vllm.command(EngineSettings(backend="vllm"), model)
+    assert "--tool-call-parser" in str(refused.value) and '"none"' in str(refused.value)
+
+
+def test_a_configured_parser_wins_and_none_turns_tool_calling_off(tmp_path):
+    llama = str(model_dir(tmp_path, "smol", PLAIN_LLAMA))
+    argv, _ = vllm.command(EngineSettings(backend="vllm", tool_call_parser="pythonic"), llama)
+    assert flag(argv, "--tool-call-parser") == "pythonic" and "--enable-auto-tool-choice" in argv
+    qwen = str(model_dir(tmp_path, "qwen", QWEN25))
+    argv, _ = vllm.command(EngineSettings(backend="vllm", tool_call_parser="none"), qwen)
+    assert "--tool-call-parser" not in argv and "--enable-auto-tool-choice" not in argv
+
+
+def test_a_reasoning_parser_is_passed_only_when_set(tmp_path):
+    model = str(model_dir(tmp_path, "Qwen3-8B", {"model_type": "qwen3"}))
+    argv, _ = vllm.command(EngineSettings(backend="vllm"), model)
+    assert "--reasoning-parser" not in argv
+    argv, _ = vllm.command(EngineSettings(backend="vllm", reasoning_parser="qwen3"), model)
+    assert flag(argv, "--reasoning-parser") == "qwen3"
+
+
+def test_vllm_takes_half_the_gpu_by_default_leaving_the_rest_to_the_trainer(tmp_path):
+    model = str(model_dir(tmp_path, "m", QWEN25))
+    argv, _ = vllm.command(EngineSettings(backend="vllm"), model)
+    assert flag(argv, "--gpu-memory-utilization") == "0.5"
+    argv, _ = vllm.command(EngineSettings(backend="vllm", gpu_memory_utilization=0.9), model)
+    assert flag(argv, "--gpu-memory-utilization") == "0.9"
+    for impossible in (0, 1.2):
+        with pytest.raises(ValidationError, match="gpu_memory_utilization"):
+            EngineSettings(backend="vllm", gpu_memory_utilization=impossible)
+
+
+def _weights(path, gib: float, dtype: str = "bfloat16"):
+    """A model directory whose (sparse) safetensors files hold `gib` GiB."""
+    (path / "config.json").write_text(json.dumps({**QWEN25, "torch_dtype": dtype}))
+    with open(path / "model-00001-of-00001.safetensors", "wb") as f:
+        f.truncate(int(gib * 2**30))
+    return str(path)
+
+
+def test_a_gpu_share_too_small_for_the_weights_is_refused_before_vllm_starts(tmp_path):
+    model = _weights(tmp_path, 15.2)  # a 7B model in bfloat16
+    card = 24 * 2**30
+    with pytest.raises(vllm.LaunchError, match=r"gpu_memory_utilization 0\.5") as refused:
+        vllm.check_memory(EngineSettings(backend="vllm"), model, card)
+    assert "15.2 GiB" in str(refused.value) and "24.0 GiB" in str(refused.value)
+    vllm.check_memory(EngineSettings(backend="vllm", gpu_memory_utilization=0.9), model, card)
+    vllm.check_memory(EngineSettings(backend="vllm"), model, 80 * 2**30)  # an H100 shares
+    # Split across cards by tensor parallelism: not one card's business.
+    tp = EngineSettings(backend="vllm", vllm_args=["--tensor-parallel-size", "2"])
+    vllm.check_memory(tp, model, card)
+
+
+def test_float32_weights_count_at_the_16_bits_vllm_serves_them_in(tmp_path):
+    model = _weights(tmp_path, 20, dtype="float32")  # 10 GiB on the GPU
+    vllm.check_memory(EngineSettings(backend="vllm"), model, 24 * 2**30)
 
 
 @pytest.mark.parametrize(("rank", "allowed"), [(1, 1), (4, 8), (8, 8), (20, 32), (300, 320)])
@@ -35,49 +171,51 @@ def test_lora_rank_above_vllms_maximum_is_refused():
         vllm.lora_rank(1024)
 
 
-def test_preloaded_adapters_and_context_length_are_passed_on():
+def test_preloaded_adapters_and_context_length_are_passed_on(tmp_path):
     settings = EngineSettings(
         backend="vllm", lora_modules=["a=/ckpt/a", "b=/ckpt/b"], max_model_len=4096
     )
-    argv, _ = vllm.command(settings, "m")
+    argv, _ = vllm.command(settings, str(model_dir(tmp_path, "m", QWEN25)))
     i = argv.index("--lora-modules")
     assert argv[i + 1 : i + 3] == ["a=/ckpt/a", "b=/ckpt/b"]
-    assert argv[argv.index("--max-model-len") + 1] == "4096"
+    assert flag(argv, "--max-model-len") == "4096"
 
 
-def test_cli_dry_run_prints_the_command_and_env():
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "onjob.cli",
-            "engine",
-            "--backend",
-            "vllm",
-            "--dry-run",
-            "--model",
-            "/m",
-            "--port",
-            "8123",
-            "--max-lora-rank",
-            "10",
-        ],
+def onjob_engine(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "onjob.cli", "engine", "--backend", "vllm", *args],
         capture_output=True,
         text=True,
-        check=True,
     )
+
+
+def test_cli_dry_run_prints_the_command_and_env(tmp_path):
+    model = str(model_dir(tmp_path, "Qwen2.5-7B-Instruct", QWEN25))
+    out = onjob_engine(
+        "--dry-run", "--model", model, "--port", "8123", "--max-lora-rank", "10",
+        "--gpu-memory-utilization", "0.6", "--reasoning-parser", "qwen3",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
     words = shlex.split(out.stdout)
     assert words[0] == "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
-    assert words[1:4] == ["vllm", "serve", "/m"]
-    assert words[words.index("--max-lora-rank") + 1] == "16"
-    assert words[words.index("--port") + 1] == "8123"
+    assert words[1:4] == ["vllm", "serve", model]
+    assert flag(words, "--max-lora-rank") == "16"
+    assert flag(words, "--port") == "8123"
+    assert flag(words, "--gpu-memory-utilization") == "0.6"
+    assert flag(words, "--tool-call-parser") == "hermes"
+    assert flag(words, "--reasoning-parser") == "qwen3"
+
+
+def test_cli_refuses_a_model_of_no_known_family_once_at_start(tmp_path):
+    model = str(model_dir(tmp_path, "smol", PLAIN_LLAMA))
+    out = onjob_engine("--dry-run", "--model", model)
+    assert out.returncode == 1 and out.stdout == ""
+    assert "--tool-call-parser" in out.stderr and "Traceback" not in out.stderr
+    out = onjob_engine("--dry-run", "--model", model, "--tool-call-parser", "none")
+    assert out.returncode == 0 and "--enable-auto-tool-choice" not in out.stdout
 
 
 def test_cli_without_vllm_installed_says_how_to_get_it():
-    out = subprocess.run(
-        [sys.executable, "-m", "onjob.cli", "engine", "--backend", "vllm", "--model", "/m"],
-        capture_output=True,
-        text=True,
-    )
+    out = onjob_engine("--model", "/m")
     assert out.returncode == 1
     assert "onjob[vllm]" in out.stderr

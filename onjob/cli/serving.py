@@ -22,24 +22,27 @@ def _engine_settings(args: argparse.Namespace) -> EngineSettings:
 
 def cmd_engine(args: argparse.Namespace) -> int:
     from ..engine import serve
+    from ..engine.vllm import LaunchError
 
     settings = _engine_settings(args)
-    if args.dry_run:
-        if settings.backend != "vllm":
-            print("--dry-run applies to --backend vllm", file=sys.stderr)
-            return 2
-        from ..engine import vllm
-
-        argv, env = vllm.command(settings, settings.model or "<bundled model dir>")
-        print(" ".join(f"{k}={v}" for k, v in env.items()), shlex.join(argv))
-        return 0
-    from ..engine.vllm import VLLMUnavailable
-
     try:
+        if args.dry_run:
+            return _dry_run(settings)
         serve(settings)
-    except VLLMUnavailable as exc:
-        print(f"onjob: {exc}", file=sys.stderr)
+    except LaunchError as exc:
+        print(f"onjob engine: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _dry_run(settings: EngineSettings) -> int:
+    from ..engine import vllm
+
+    if settings.backend != "vllm":
+        print("--dry-run applies to --backend vllm", file=sys.stderr)
+        return 2
+    argv, env = vllm.command(settings, settings.model or "<bundled model dir>")
+    print(" ".join(f"{k}={v}" for k, v in env.items()), shlex.join(argv))
     return 0
 
 
@@ -97,6 +100,16 @@ def add_commands(sub) -> None:
     )
     engine.add_argument("--max-lora-rank", type=int, help="vllm: largest adapter rank (64)")
     engine.add_argument("--max-loras", type=int, help="vllm: adapters resident at once (4)")
+    engine.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        help="vllm: share of the GPU vLLM takes (0.5: the rest is the trainer's)",
+    )
+    engine.add_argument(
+        "--tool-call-parser",
+        help='vllm: tool-call parser (default: from the model\'s family; "none": no tools)',
+    )
+    engine.add_argument("--reasoning-parser", help="vllm: reasoning parser (e.g. qwen3)")
     engine.add_argument(
         "--dry-run", action="store_true", help="vllm: print the command, run nothing"
     )

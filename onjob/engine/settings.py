@@ -26,5 +26,22 @@ class EngineSettings(BaseSettings):
     # vLLM only.
     max_lora_rank: int = 64
     max_loras: int = 4
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="vllm: the share of the GPU vLLM takes (weights, activations, KV cache). "
+        "0.5 leaves the other half to a trainer on the same card; with the trainer on "
+        "another card or host, 0.9 (vLLM's own default)",
+    )
+    tool_call_parser: str | None = Field(
+        None,
+        description="vllm: --tool-call-parser (with --enable-auto-tool-choice); unset: "
+        "chosen from the model's family (Qwen2.5/Qwen3 hermes, Qwen3-Coder qwen3_coder, "
+        "Llama 3.1-3.3 llama3_json, Llama 4 llama4_pythonic, Mistral mistral), and any "
+        'other model is refused at start; "none": no tool calling',
+    )
+    reasoning_parser: str | None = Field(
+        None, description="vllm: --reasoning-parser (e.g. qwen3, deepseek_r1); unset: none"
+    )
     vllm_args: list[str] = Field(default_factory=list)
