@@ -277,6 +277,31 @@ def test_logprobs_token_ids_and_usage_reach_the_client_only_when_asked(tmp_path)
     assert json.loads(logged[2]["usage"])["total_tokens"] == 7
 
 
+def test_stream_options_never_reach_the_engine_on_a_request_that_is_not_streamed(tmp_path):
+    """vLLM refuses `stream_options` without `stream: true` (its request validator's
+    message below), and some clients send them on every request."""
+    seen: list[dict] = []
+
+    def vllm_chat(request):
+        body = json.loads(request.content)
+        seen.append(body)
+        if body.get("stream_options") and not body.get("stream"):
+            message = "Stream options can only be defined when `stream=True`."
+            error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+            return httpx.Response(400, json={"error": error})
+        return httpx.Response(200, json=completion())
+
+    usage = {"stream_options": {"include_usage": True}}
+    with TestClient(app_for(tmp_path, scripted(vllm_chat))) as client:
+        for body in ({**CHAT, **usage}, {**CHAT, **usage, "stream": False}):
+            resp = client.post("/v1/chat/completions", json=body)
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["usage"]["total_tokens"] == 8
+    assert len(seen) == 2 and not any("stream_options" in b for b in seen)
+    statuses = rows(tmp_path, "SELECT status FROM exchanges")
+    assert [r["status"] for r in statuses] == [200, 200]
+
+
 def test_api_keys_are_required_and_recorded(tmp_path):
     keys = {"billing-bot": "sk-billing", "support-bot": "sk-support"}
     with TestClient(app_for(tmp_path, ok_engine(), api_keys=keys)) as client:

@@ -253,8 +253,11 @@ class Exchange:
 
     def upstream_body(self) -> bytes:
         """The engine's request: the client's, for the route's model, with logprobs and
-        token ids always on (the trainer needs them)."""
-        upstream = {k: v for k, v in self.request.items() if k != "metadata"}
+        token ids always on (the trainer needs them). `stream_options` go only with
+        `stream: true`: vLLM answers them on a request that is not streamed with 400."""
+        upstream = {
+            k: v for k, v in self.request.items() if k not in ("metadata", "stream_options")
+        }
         upstream["model"] = self.route.model
         upstream["logprobs"] = True
         upstream["return_token_ids"] = True
