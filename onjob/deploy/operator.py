@@ -29,6 +29,9 @@ class Operator:
         self.default_live = default_live
         # alias -> the live adapter a promotion replaced, kept loaded until the next one
         self._previous: dict[str, str] = {}
+        # retired adapters the engine refused to unload: still loaded, tried again at
+        # every later unload
+        self.stranded: set[str] = set()
 
     async def restore(self) -> None:
         """Route as the latest `deployments` rows say, with their adapters loaded."""
@@ -126,17 +129,31 @@ class Operator:
         return await self._unload(name)
 
     async def _unload(self, name: str) -> list[str]:
-        """A retired adapter leaves the engine (it still exists on disk and in the registry);
-        what went wrong, if anything, as warnings the caller returns."""
+        """A retired adapter leaves the engine (it still exists on disk and in the registry).
+        One the engine did not unload is not taken as gone: it stays in `stranded` and is
+        tried again with the next one. What went wrong, as warnings the caller returns."""
+        warnings = []
+        for retired in [*sorted(self.stranded - {name}), name]:
+            if self._kept(retired):
+                self.stranded.discard(retired)
+                continue
+            try:
+                await adapters.unload(self.engine, retired)
+            except adapters.EngineControlError as exc:
+                self.stranded.add(retired)
+                log.error("%s is retired, but is still loaded in the engine: %s", retired, exc)
+                warnings.append(
+                    f"{retired} is retired, but is still loaded in the engine (the next "
+                    f"unload tries again): {exc}"
+                )
+            else:
+                self.stranded.discard(retired)
+        return warnings
+
+    def _kept(self, name: str) -> bool:
+        """Another alias still routes to `name`, or keeps it loaded for a revert."""
         routed = [(a.live, a.canary) for a in self.router.arms.values()]
-        if any(name in pair for pair in routed) or name in self._previous.values():
-            return []  # another alias still routes to it, or keeps it for a revert
-        try:
-            await adapters.unload(self.engine, name)
-        except adapters.EngineControlError as exc:
-            log.error("%s is retired, but unloading it from the engine failed: %s", name, exc)
-            return [f"{name} is retired, but unloading it from the engine failed: {exc}"]
-        return []
+        return any(name in pair for pair in routed) or name in self._previous.values()
 
     async def load(self, name: str) -> None:
         """Load a registered checkpoint's adapter into the engine (a no-op when there)."""
