@@ -7,6 +7,7 @@ import sys
 from urllib.parse import urlsplit
 
 import httpx
+import uvicorn
 
 from .. import dashboard
 from ..collector import Collector, Store
@@ -17,6 +18,7 @@ from ..deploy.operator import Operator
 from ..proxy import AiohttpUpstream, HttpxUpstream, ProxySettings, Router, Upstream, create_app
 from .process import EngineProcess
 from .settings import ServeSettings
+from .stopping import Interrupted, Server, Signals
 from .telemetry import tracer
 
 log = logging.getLogger("onjob.serve")
@@ -78,33 +80,44 @@ def log_to_stderr() -> None:
 
 
 def serve(settings: ServeSettings) -> None:
-    import uvicorn
-
+    """Serve until SIGTERM or SIGINT (`stopping.py` says how it stops)."""
     # Open (and migrate) the database once up front: a locked or unreadable file is a
     # clear error here rather than a failed start-up hook inside uvicorn.
     Store(settings.collector.db).close()
     log_to_stderr()
     app = build_app(settings)
     p = settings.proxy
-    engine = None
-    if settings.engine.start:
-        port = urlsplit(p.engine_url).port or 8001
-        print(f"onjob serve: starting `onjob engine` on port {port}...", file=sys.stderr)
-        engine = EngineProcess(settings.engine.args, port=port, timeout=900).start()
-    print(
-        f"onjob serve: http://{p.host}:{p.port}/v1 -> engine {p.engine_url}; "
-        f"logging to {settings.collector.db}; models: {', '.join(p.aliases)}"
-        + ("" if p.api_keys else " (no API keys: loopback only)")
-        + (
-            f"; loop every {settings.loop.interval_s:g} s"
-            if settings.loop.interval_s > 0
-            else "; loop off"
-        ),
-        file=sys.stderr,
-        flush=True,
-    )
-    try:
-        uvicorn.run(app, host=p.host, port=p.port, log_level="warning", access_log=False)
-    finally:
-        if engine is not None:
-            engine.stop()
+    with Signals().installed() as signals:
+        try:
+            if settings.engine.start:
+                port = urlsplit(p.engine_url).port or 8001
+                print(f"onjob serve: starting `onjob engine` on port {port}...", file=sys.stderr)
+                signals.engine = EngineProcess(settings.engine.args, port=port, timeout=900)
+                signals.engine.start()
+            print(
+                f"onjob serve: http://{p.host}:{p.port}/v1 -> engine {p.engine_url}; "
+                f"logging to {settings.collector.db}; models: {', '.join(p.aliases)}"
+                + ("" if p.api_keys else " (no API keys: loopback only)")
+                + (
+                    f"; loop every {settings.loop.interval_s:g} s"
+                    if settings.loop.interval_s > 0
+                    else "; loop off"
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
+            config = uvicorn.Config(
+                app,
+                host=p.host,
+                port=p.port,
+                log_level="warning",
+                access_log=False,
+                timeout_graceful_shutdown=p.shutdown_grace_s,
+            )
+            signals.server = Server(config)
+            signals.server.run()
+        except Interrupted:
+            pass  # before serving: nothing in flight
+        finally:
+            if signals.engine is not None:
+                signals.engine.stop()

@@ -46,6 +46,13 @@ class ProxySettings(BaseModel):
     upstream_client: Literal["aiohttp", "httpx"] = Field(
         "aiohttp", description="HTTP client to the engine (aiohttp: ~3x less CPU per request)"
     )
+    shutdown_grace_s: float = Field(
+        30.0,
+        ge=0,
+        description="on SIGTERM or SIGINT: how long requests in flight may take to finish "
+        "before they are cut (new connections are refused at once; a second signal exits "
+        "at once)",
+    )
 
     @field_validator("aliases")
     @classmethod
