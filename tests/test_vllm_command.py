@@ -6,6 +6,7 @@ import json
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -219,3 +220,44 @@ def test_cli_without_vllm_installed_says_how_to_get_it():
     out = onjob_engine("--model", "/m")
     assert out.returncode == 1
     assert "onjob[vllm]" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--api-server-count", "4"],
+        ["--api-server-count=2"],
+        ["-asc", "2"],
+        # Recent vLLM starts one API server per data-parallel replica by default.
+        ["--data-parallel-size", "2"],
+        ["-dp=8"],
+        ["-dp", "2", "--api-server-count", "2"],
+    ],
+)
+def test_several_api_servers_behind_one_port_are_refused(tmp_path, args):
+    """A runtime LoRA load reaches one API server process; the others would 404 on it."""
+    model = str(model_dir(tmp_path, "m", QWEN25))
+    with pytest.raises(vllm.LaunchError, match="one API server per engine"):
+        vllm.command(EngineSettings(backend="vllm", vllm_args=args), model)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--api-server-count", "1", "--enable-prefix-caching", "--tensor-parallel-size", "2"],
+        ["--data-parallel-size", "2", "--api-server-count", "1"],
+    ],
+)
+def test_one_api_server_and_other_vllm_args_pass_through(tmp_path, args):
+    model = str(model_dir(tmp_path, "m", QWEN25))
+    argv, _ = vllm.command(EngineSettings(backend="vllm", vllm_args=args), model)
+    assert argv[-len(args) :] == args
+
+
+def test_the_production_command_in_the_docs_is_what_dry_run_prints():
+    out = onjob_engine(
+        "--dry-run", "--model", "/models/Qwen2.5-7B-Instruct", "--dtype", "bfloat16"
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "engines.md").read_text()
+    assert out.stdout.strip() in docs, "docs/engines.md shows an old `vllm serve` command"

@@ -82,9 +82,41 @@ def command(settings: EngineSettings, model: str) -> tuple[list[str], dict[str, 
         argv += ["--max-model-len", str(settings.max_model_len)]
     if settings.lora_modules:
         argv += ["--lora-modules", *settings.lora_modules]
+    _one_api_server(settings.vllm_args)
     argv += settings.vllm_args
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     return argv, env
+
+
+# vllm serve's flags for API server processes and data-parallel replicas, with aliases.
+_FLAGS = {
+    "--api-server-count": "--api-server-count",
+    "-asc": "--api-server-count",
+    "--data-parallel-size": "--data-parallel-size",
+    "-dp": "--data-parallel-size",
+}
+
+
+def _one_api_server(args: list[str]) -> None:
+    """Refuse vLLM arguments that put several API server processes behind one port: a
+    runtime LoRA load reaches only the process that answered it, so an adapter would be
+    served by one process and unknown (404) to the others. `--api-server-count` defaults
+    to `--data-parallel-size` in recent vLLM."""
+    given = {}
+    for i, arg in enumerate(args):
+        flag, _, value = arg.partition("=")
+        if flag in _FLAGS:
+            value = value or (args[i + 1] if i + 1 < len(args) else "")
+            given[_FLAGS[flag]] = int(value) if value.isdigit() else 1
+    replicas = given.get("--data-parallel-size", 1)
+    servers = given.get("--api-server-count", replicas)
+    if servers > 1:
+        flags = " ".join(f"{flag} {n}" for flag, n in given.items())
+        raise LaunchError(
+            f"{flags}: vLLM would run {servers} API server processes behind one port, and "
+            "a LoRA adapter loaded at run time reaches only one of them. Run one API server "
+            "per engine (--api-server-count 1) and scale with more engines."
+        )
 
 
 def check_memory(settings: EngineSettings, model: str, card_bytes: int) -> None:
