@@ -186,7 +186,8 @@ def test_trained_on_engine_samples_and_served_back_by_the_engine(family, tmp_pat
 
     name, path = family
     loaded = LoadedModel.load(path, name=name)
-    prompt = [(13 * i + 3) % 4000 + 100 for i in range(16)]
+    # 36 prompt tokens and 10 sampled: past the sliding window (40) where a family has one.
+    prompt = [(13 * i + 3) % 4000 + 100 for i in range(36)]
     samples = engine_samples(loaded, prompt, 4)
     rows = [
         {

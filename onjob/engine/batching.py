@@ -5,6 +5,11 @@ repeated for its `n` choices (the prompt's forward is shared by the whole group)
 then left-padded into the running batch. Every step decodes one token for every
 row in the batch, whatever adapter each row uses. Finished rows leave at once.
 
+The cache keeps every layer's whole history, sliding-window layers included (a
+`DynamicCache` made without the model's config), so that padding, merging and
+compaction treat all layers alike; each step passes the 2-D padding mask and the
+model builds its own masks per layer type (full, sliding window) from it.
+
 The event loop never runs the model: handlers `submit()` and read events that the
 worker posts with `call_soon_threadsafe`. Adapter loads run in the worker between
 steps (`call()`), so no forward ever sees a half-loaded adapter.
@@ -23,6 +28,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
 
 from .errors import EngineError, GenerationFailed, NotFound
 from .model import LoadedModel
@@ -195,7 +201,7 @@ class Batcher:
     def _prefill(self, gen: Generation) -> None:
         device = self.loaded.device
         ids = torch.tensor([gen.prompt_ids], device=device)
-        out = self.loaded.forward(ids, None, None, None, [gen.adapter])
+        out = self.loaded.forward(ids, None, None, DynamicCache(), [gen.adapter])
         cache = out.past_key_values
         logits = out.logits[:, -1, :].float().expand(gen.n, -1)
         if gen.n > 1:
@@ -221,11 +227,8 @@ class Batcher:
         ids = torch.tensor([[r.token_ids[-1]] for r in rows], device=device)
         positions = torch.tensor([[r.position] for r in rows], device=device)
         mask = torch.cat([self._mask, torch.ones(len(rows), 1, dtype=torch.bool, device=device)], 1)
-        dtype = self.loaded.model.dtype
-        additive = torch.zeros(mask.shape, dtype=dtype, device=device)
-        additive.masked_fill_(~mask, torch.finfo(dtype).min)
         out = self.loaded.forward(
-            ids, additive[:, None, None, :], positions, self._cache, [r.gen.adapter for r in rows]
+            ids, mask.long(), positions, self._cache, [r.gen.adapter for r in rows]
         )
         self._mask = mask
         for r in rows:
