@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import threading
@@ -80,22 +81,37 @@ def exit_code(server: ServerProcess, within: float) -> int:
         pytest.fail(f"onjob serve still running {within} s after the signal:\n{server.output()}")
 
 
-def test_sigterm_stops_the_engine_child_and_exits_0(tmp_path, tiny_model_dir):
+def terminal_ctrl_c(server: ServerProcess) -> None:
+    """What a terminal does on Ctrl-C: SIGINT to the whole foreground process group."""
+    os.killpg(os.getpgid(server.proc.pid), signal.SIGINT)
+
+
+@pytest.mark.parametrize(
+    "stop",
+    [
+        lambda server: server.proc.send_signal(signal.SIGTERM),  # a process manager
+        terminal_ctrl_c,
+        lambda server: server.proc.send_signal(signal.SIGHUP),  # the terminal closed
+    ],
+    ids=["sigterm", "ctrl-c", "sighup"],
+)
+def test_a_signal_stops_the_engine_child_last_and_exits_0(tmp_path, tiny_model_dir, stop):
     engine_port = free_port()
     env = {
         "ONJOB_LOOP__INTERVAL_S": "0",
         "ONJOB_ENGINE__ARGS": json.dumps(["--model", str(tiny_model_dir), "--threads", "1"]),
     }
     url = f"http://127.0.0.1:{engine_port}/v1"
-    server = ServerProcess(
-        ["--start-engine", "--engine-url", url, "--db", str(tmp_path / "db")], env=env
-    )
-    with server:
+    args = ["--start-engine", "--engine-url", url, "--db", str(tmp_path / "db")]
+    # In a session of its own, as in a terminal: a Ctrl-C does not reach pytest.
+    with ServerProcess(args, env=env, new_session=True) as server:
         assert (
             httpx.post(f"{server.url}/chat/completions", json=CHAT, timeout=60).status_code == 200
         )
         [engine_pid] = children(server.proc.pid)
-        server.proc.send_signal(signal.SIGTERM)
+        # The terminal's signals reach the server alone; it stops the engine when done.
+        assert os.getpgid(engine_pid) != os.getpgid(server.proc.pid)
+        stop(server)
         assert exit_code(server, within=30) == 0, server.output()
     deadline = time.monotonic() + 5
     while alive(engine_pid) and time.monotonic() < deadline:

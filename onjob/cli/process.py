@@ -35,11 +35,15 @@ class OnjobProcess:
         env: dict | None = None,
         timeout: float = 300,
         log: Path | None = None,
+        new_session: bool = False,
     ) -> None:
         self.port = port or free_port()
         self.args = list(args)
         self.env = env
         self.timeout = timeout
+        # In a session of its own the child gets none of the signals a terminal sends its
+        # foreground group (Ctrl-C, hang-up): the parent decides when it stops.
+        self.new_session = new_session
         self.proc: subprocess.Popen | None = None
         if log is None:  # a temporary log, removed with this object
             fd, log = tempfile.mkstemp(prefix=f"onjob-{self.command}-", suffix=".log")
@@ -66,6 +70,7 @@ class OnjobProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(self.env or {})},
+            start_new_session=self.new_session,
         )
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:

@@ -92,7 +92,9 @@ def serve(settings: ServeSettings) -> None:
             if settings.engine.start:
                 port = urlsplit(p.engine_url).port or 8001
                 print(f"onjob serve: starting `onjob engine` on port {port}...", file=sys.stderr)
-                signals.engine = EngineProcess(settings.engine.args, port=port, timeout=900)
+                signals.engine = EngineProcess(
+                    settings.engine.args, port=port, timeout=900, new_session=True
+                )
                 signals.engine.start()
             print(
                 f"onjob serve: http://{p.host}:{p.port}/v1 -> engine {p.engine_url}; "

@@ -1,4 +1,4 @@
-"""How `onjob serve` stops on SIGTERM or SIGINT.
+"""How `onjob serve` stops on SIGTERM, SIGINT or SIGHUP.
 
 The first signal stops accepting connections, lets the requests in flight finish for
 up to `proxy.shutdown_grace_s`, runs the shutdown hooks (the loop stops, the collector
@@ -7,10 +7,12 @@ signal exits at once: the engine child is sent SIGTERM and nothing is waited for
 Either way no answered exchange is lost: each was spooled before its answer left, and
 the next start loads what DuckDB does not have.
 
-uvicorn catches these signals itself and, after its graceful shutdown, raises the
+uvicorn catches SIGINT and SIGTERM itself and, after its graceful shutdown, raises the
 signal again with the default action restored: on SIGTERM the process died right
 there, before the code that stops the engine child could run, and left it running. So
-onjob owns the signals, and uvicorn's capture is switched off.
+onjob owns the signals, and uvicorn's capture is switched off. The engine child runs in
+a session of its own (`cli/process.py`), so a Ctrl-C in the terminal reaches `onjob
+serve` alone, and the engine serves the requests in flight until it is stopped last.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import uvicorn
 
 from .process import OnjobProcess
 
-HANDLED = (signal.SIGTERM, signal.SIGINT)
+HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class Interrupted(Exception):
@@ -50,7 +52,10 @@ class Signals:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[Signals]:
-        previous = {sig: signal.signal(sig, self._handle) for sig in HANDLED}
+        # A signal ignored at start stays ignored (`nohup onjob serve` keeps running when
+        # its terminal closes).
+        handled = [sig for sig in HANDLED if signal.getsignal(sig) is not signal.SIG_IGN]
+        previous = {sig: signal.signal(sig, self._handle) for sig in handled}
         try:
             yield self
         finally:

@@ -49,7 +49,7 @@ class ProxySettings(BaseModel):
     shutdown_grace_s: float = Field(
         30.0,
         ge=0,
-        description="on SIGTERM or SIGINT: how long requests in flight may take to finish "
+        description="on SIGTERM, SIGINT or SIGHUP: how long requests in flight may take to finish "
         "before they are cut (new connections are refused at once; a second signal exits "
         "at once)",
     )
