@@ -6,6 +6,7 @@ resumes cleanly."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -222,6 +223,11 @@ def test_a_fresh_database_runs_every_stage_and_a_run_killed_mid_train_resumes_cl
     assert checkpoint["status"] == "canary"
     assert rows(db, "SELECT count(*) AS n FROM train_runs")[0]["n"] == 1
     assert not list((tmp_path / "checkpoints").glob("*.partial"))
+    # Both sides of the importance ratio on file: the trainer's dtypes and the engine's.
+    manifest = json.loads(Path(checkpoint["path"], "onjob-manifest.json").read_text())
+    assert manifest["precision"]["head_dtype"] == "torch.float32"
+    sampler = manifest["precision"]["sampler"]
+    assert sampler == {"model": "toolbot", "dtype": "float32", "logprobs": "raw_logprobs"}
     [deployment] = rows(db, "SELECT * FROM deployments")
     assert deployment["canary"] == checkpoint["name"] and deployment["fraction"] == 0.1
     assert deployment["reason"].startswith("trained on")

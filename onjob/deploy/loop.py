@@ -124,7 +124,14 @@ async def run_once(
         echo(f"train: {ready} new trainable groups, waiting for {loop.min_new_groups}")
         return
     with state.doing("train"):
-        manifest = await training.train(db, settings, parent=live, held_out=held, echo=echo)
+        manifest = await training.train(
+            db,
+            settings,
+            parent=live,
+            held_out=held,
+            engine_sampler=await training.sampler(engine),
+            echo=echo,
+        )
     if manifest is None:
         return
     candidate = manifest["name"]

@@ -13,6 +13,8 @@ import shutil
 import sys
 import time
 
+import httpx
+
 from ..collector import Collector, budgets
 from ..collector.ids import new_id
 from ..trainer import snapshot
@@ -40,17 +42,36 @@ async def budget(db: Collector, settings: DeploySettings) -> budgets.Budget | No
     return await db.query(lambda store: budgets.train(store, limit))
 
 
+async def sampler(engine: httpx.AsyncClient) -> dict:
+    """How the engine samples, as its model list says: the dtype and the logprob definition
+    (the local engine reports both; vLLM neither: `unknown`). A training run records it
+    beside its own precision, so both sides of the importance ratio are on file."""
+    try:
+        resp = await engine.get("/models")
+        resp.raise_for_status()
+        card = next(m for m in resp.json()["data"] if not m.get("parent"))
+    except (httpx.HTTPError, ValueError, KeyError, StopIteration) as exc:
+        return {"dtype": "unknown", "logprobs": "unknown", "error": str(exc)}
+    return {
+        "model": card.get("id"),
+        "dtype": card.get("dtype", "unknown"),
+        "logprobs": card.get("logprobs", "unknown"),
+    }
+
+
 async def train(
     db: Collector,
     settings: DeploySettings,
     *,
     parent: str | None,
     held_out: list[str] = (),
+    engine_sampler: dict | None = None,
     echo=print,
 ):
     """One run on the groups not trained on yet; the manifest, or None when there was
     nothing to train on. The child writes into `<name>.partial`, renamed when it is done:
-    a run killed half way leaves no directory anyone mistakes for a checkpoint, and no row."""
+    a run killed half way leaves no directory anyone mistakes for a checkpoint, and no row.
+    `engine_sampler` (`sampler()`) goes into the manifest's precision."""
     t, started = settings.trainer, time.monotonic()
     name = f"ckpt-{time.strftime('%Y%m%d-%H%M%S')}-{new_id('')[:6]}"
     out, partial = t.checkpoints_dir / name, t.checkpoints_dir / f"{name}.partial"
@@ -98,6 +119,8 @@ async def train(
     partial.rename(out)
     manifest_file = out / "onjob-manifest.json"
     manifest = {**json.loads(manifest_file.read_text()), "name": name}
+    if engine_sampler is not None:
+        manifest["precision"] = {**manifest.get("precision", {}), "sampler": engine_sampler}
     manifest_file.write_text(json.dumps(manifest, indent=2))
     await db.query(lambda st: record_run(st, new_id("run-"), manifest, out, parent))
     echo(f"checkpoint {name} recorded as a candidate: {out}")

@@ -207,6 +207,10 @@ def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
             "root": loaded.path,
             "parent": None,
             "max_model_len": loaded.max_model_len,
+            # What the trainer's importance ratio divides by: the raw distribution's logprobs
+            # (log-softmax of the logits, before temperature and top-p), in this dtype.
+            "dtype": str(loaded.model.dtype).removeprefix("torch."),
+            "logprobs": "raw_logprobs",
         }
         adapters = [
             {**base, "id": a.name, "root": a.path, "parent": loaded.name}
