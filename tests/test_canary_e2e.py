@@ -77,5 +77,5 @@ def test_a_canary_whose_adapter_is_missing_is_answered_by_live(tmp_path, engine)
             assert raw.headers["x-onjob-arm"] == "live" and raw.parse().choices[0].message
     logged = rows(tmp_path / "db", "SELECT arm, status, error FROM exchanges")
     failed = [r for r in logged if r["arm"] == "canary"]
-    assert len(failed) == 5 and all(r["status"] == 404 for r in failed)
+    assert len(failed) == 5 and all(r["status"] == 503 for r in failed)
     assert sum(r["arm"] == "live" and r["status"] == 200 for r in logged) == 5

@@ -98,7 +98,9 @@ def test_a_failing_canary_is_answered_by_live_and_counted_against_the_canary(tmp
         "SELECT id, arm, status, error, trajectory_id, turn FROM exchanges ORDER BY ts",
     )
     failed = [r for r in logged if r["arm"] == "canary"]
-    assert failed and all(r["status"] == 404 and "does not exist" in r["error"] for r in failed)
+    # The engine's 404 for an adapter the router sends to: the adapter is missing (503),
+    # not a model the client named wrongly.
+    assert failed and all(r["status"] == 503 and "does not exist" in r["error"] for r in failed)
     # Each failed canary attempt has its live answer, in the same conversation and turn.
     answered = {(r["trajectory_id"], r["turn"]) for r in logged if r["arm"] == "live"}
     assert all((r["trajectory_id"], r["turn"]) in answered for r in failed)
@@ -118,5 +120,8 @@ def test_an_answer_from_another_model_than_asked_is_refused_not_logged_as_that_c
         )
     assert resp.status_code == 502
     assert "answered as `stale-adapter`, not `ckpt-a`" in resp.json()["error"]["message"]
-    [logged] = rows(tmp_path / "onjob.duckdb", "SELECT checkpoint, status, error FROM exchanges")
+    [logged] = rows(
+        tmp_path / "onjob.duckdb", "SELECT checkpoint, served_model, status, error FROM exchanges"
+    )
     assert logged["status"] == 502 and "stale-adapter" in logged["error"]
+    assert (logged["checkpoint"], logged["served_model"]) == ("ckpt-a", "stale-adapter")

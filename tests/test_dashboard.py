@@ -204,6 +204,11 @@ def test_the_dashboard_shows_what_the_database_holds(site, browser):
         assert "What is the weather in Paris?" in dialogue.inner_text()
         assert "get_weather" in dialogue.locator(".tool-call").first.inner_text()
         assert dialogue.locator(".message.tool").count() == 1  # the tool's result
+        # Who really answered each turn, as the engine said: the checkpoint routed to.
+        turn = page.locator("#turns tr").nth(1)
+        checkpoint = turn.locator("td").nth(2).inner_text()
+        served = turn.locator(".served").inner_text()
+        assert served == ("toolbot" if checkpoint == "base" else checkpoint)
         shot(page, "trajectory")
 
         page.click("text=Learning")

@@ -16,6 +16,7 @@ from ..deploy.judging import engine_client
 from ..deploy.loop import PeriodicLoop
 from ..deploy.operator import Operator
 from ..proxy import AiohttpUpstream, HttpxUpstream, ProxySettings, Router, Upstream, create_app
+from ..proxy.pool import Pool, Replica
 from .process import EngineProcess
 from .settings import ServeSettings
 from .stopping import Interrupted, Server, Signals
@@ -24,28 +25,41 @@ from .telemetry import tracer
 log = logging.getLogger("onjob.serve")
 
 
-def build_upstream(p: ProxySettings) -> Upstream:
+def build_upstream(p: ProxySettings, url: str | None = None) -> Upstream:
+    url = url or p.engine_url
     if p.upstream_client == "httpx":
         client = httpx.AsyncClient(
-            base_url=p.engine_url,
+            base_url=url,
             timeout=httpx.Timeout(p.read_timeout_s, connect=p.connect_timeout_s),
             limits=httpx.Limits(max_connections=p.max_connections),
         )
         return HttpxUpstream(client)
     return AiohttpUpstream(
-        p.engine_url,
+        url,
         connect_timeout=p.connect_timeout_s,
         read_timeout=p.read_timeout_s,
         max_connections=p.max_connections,
     )
 
 
+def build_pool(settings: ServeSettings, judge_engine: httpx.AsyncClient) -> Pool:
+    """One replica per engine URL, each with its own control client (the judge's engine
+    shares the judge's)."""
+    p = settings.proxy
+    replicas = []
+    for url in p.replica_urls:
+        control = judge_engine if url == p.engine_url else engine_client(settings, url)
+        replicas.append(Replica(url, build_upstream(p, url), control))
+    return Pool(replicas, interval_s=p.health_interval_s)
+
+
 def build_app(settings: ServeSettings):
-    upstream = build_upstream(settings.proxy)
     collector = Collector(settings.collector)
-    router = Router.from_settings(settings.proxy, upstream)
     engine = engine_client(settings)
-    operator = Operator(collector, router, engine, settings.proxy.aliases)
+    pool = build_pool(settings, engine)
+    router = Router.from_settings(settings.proxy, pool)
+    pool.wanted = router.adapters
+    operator = Operator(collector, router, engine, settings.proxy.aliases, pool=pool)
     loop = PeriodicLoop(collector, operator, settings)
 
     async def restore_routing() -> None:
@@ -56,7 +70,7 @@ def build_app(settings: ServeSettings):
 
     return create_app(
         settings.proxy,
-        upstream=upstream,
+        upstream=pool,
         collector=collector,
         tracer=tracer(settings.telemetry),
         router=router,
@@ -65,7 +79,7 @@ def build_app(settings: ServeSettings):
             *dashboard.routes(settings, collector, router, loop.state),
         ],
         on_startup=[restore_routing, loop.start],
-        on_shutdown=[loop.stop, engine.aclose],
+        on_shutdown=[loop.stop],  # the pool closes every engine client, the judge's too
     )
 
 
@@ -97,7 +111,7 @@ def serve(settings: ServeSettings) -> None:
                 )
                 signals.engine.start()
             print(
-                f"onjob serve: http://{p.host}:{p.port}/v1 -> engine {p.engine_url}; "
+                f"onjob serve: http://{p.host}:{p.port}/v1 -> engine {', '.join(p.replica_urls)}; "
                 f"logging to {settings.collector.db}; models: {', '.join(p.aliases)}"
                 + ("" if p.api_keys else " (no API keys: loopback only)")
                 + (

@@ -45,6 +45,7 @@ class ExchangeRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="exchan
     metadata: msgspec.Raw = NULL
     source: str = "production"
     continuation_hashes: list[str] | None = None
+    served_model: str | None = None  # the engine's `model` in its answer
 
 
 class FeedbackRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="feedback"):

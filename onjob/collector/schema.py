@@ -168,7 +168,14 @@ ALTER TABLE groups ADD COLUMN test VARCHAR;
 ALTER TABLE groups ADD COLUMN failed_arm VARCHAR;
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5]
+# What the engine said answered each exchange (its response's `model`): with several
+# engines, or one restarted without its adapters, the checkpoint routed to and the model
+# that answered can differ, and a stale adapter must show in the data.
+V6 = """
+ALTER TABLE exchanges ADD COLUMN served_model VARCHAR;
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6]
 
 
 def version(con: duckdb.DuckDBPyConnection) -> int:

@@ -133,8 +133,9 @@ def trajectory(store: Store, trajectory_id: str) -> dict | None:
     if not found:
         return None
     turns = store.query(
-        "SELECT id, turn, ts, checkpoint, arm, status, latency_ms, error, request, response "
-        "FROM exchanges WHERE trajectory_id = ? AND source = 'production' ORDER BY turn, ts",
+        "SELECT id, turn, ts, checkpoint, served_model, arm, status, latency_ms, error, request, "
+        "response FROM exchanges WHERE trajectory_id = ? AND source = 'production' "
+        "ORDER BY turn, ts",
         [trajectory_id],
     )
     messages: list[dict] = []

@@ -35,12 +35,18 @@ class AdapterPathUnreadable(EngineControlError):
     """The engine has no adapter at the checkpoint's path (another host's disk)."""
 
 
+class EngineUnreachable(EngineControlError):
+    """No connection to the engine (down, or restarting): it can be loaded when it is back."""
+
+
 async def loaded(engine: httpx.AsyncClient) -> set[str]:
     """The adapters the engine says it serves (models with a parent)."""
     try:
         resp = await engine.get("/models")
         resp.raise_for_status()
         return {m["id"] for m in resp.json()["data"] if m.get("parent")}
+    except httpx.TransportError as exc:
+        raise EngineUnreachable(f"cannot reach the engine {engine.base_url}: {exc!r}") from exc
     except (httpx.HTTPError, ValueError, KeyError) as exc:
         raise EngineControlError(f"cannot list the engine's models: {exc!r}") from exc
 
@@ -52,7 +58,7 @@ async def ensure_loaded(engine: httpx.AsyncClient, name: str, path: str) -> bool
     try:
         resp = await engine.post("/load_lora_adapter", json={"lora_name": name, "lora_path": path})
     except httpx.HTTPError as exc:
-        raise EngineControlError(f"cannot reach the engine to load {name}: {exc!r}") from exc
+        raise EngineUnreachable(f"cannot reach the engine to load {name}: {exc!r}") from exc
     if resp.status_code == 200:
         return True
     message = _message(resp)
@@ -72,7 +78,7 @@ async def unload(engine: httpx.AsyncClient, name: str) -> None:
     try:
         resp = await engine.post("/unload_lora_adapter", json={"lora_name": name})
     except httpx.HTTPError as exc:
-        raise EngineControlError(f"cannot reach the engine to unload {name}: {exc!r}") from exc
+        raise EngineUnreachable(f"cannot reach the engine to unload {name}: {exc!r}") from exc
     if resp.status_code == 200:
         return
     message = _message(resp)

@@ -96,6 +96,7 @@ def routes(
                 for alias, a in router.arms.items()
             },
             "base_model": router.base_model,
+            "engines": operator.pool.status() if operator.pool else [],
             "collector": collector.stats(),
             "deployments": history,
             "loop": (loop.state if loop else LoopState()).as_dict(),

@@ -13,10 +13,11 @@ from . import holdout
 from .settings import DeploySettings
 
 
-def engine_client(settings: DeploySettings) -> httpx.AsyncClient:
-    """The judge's own client to the engine (off the hot path: httpx is fine here)."""
+def engine_client(settings: DeploySettings, url: str | None = None) -> httpx.AsyncClient:
+    """The judge's own client to the engine (off the hot path: httpx is fine here); with
+    `url`, the same for another engine (the operator's loads and the health checks)."""
     return httpx.AsyncClient(
-        base_url=settings.proxy.engine_url,
+        base_url=url or settings.proxy.engine_url,
         timeout=httpx.Timeout(
             settings.judge.request_timeout_s, connect=settings.proxy.connect_timeout_s
         ),

@@ -1,5 +1,6 @@
-"""The operator inside `onjob serve`: applies routing changes to the database, the engine
-and the proxy's router together, and restores them after a restart."""
+"""The operator inside `onjob serve`: applies routing changes to the database, the engines
+and the proxy's router together, restores them after a restart, and loads an engine's
+adapters again when it comes back from one (the pool's `reload` hook)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import httpx
 
 from ..collector import Collector
 from ..proxy import Router
+from ..proxy.pool import Pool, Replica
 from . import adapters, deployments, registry
 
 log = logging.getLogger("onjob.deploy")
@@ -22,11 +24,17 @@ class Operator:
         router: Router,
         engine: httpx.AsyncClient,
         default_live: dict[str, str | None],
+        *,
+        pool: Pool | None = None,
     ) -> None:
         self.collector = collector
         self.router = router
-        self.engine = engine
+        self.engine = engine  # the judge's and the trainer's engine (the pool's first)
         self.default_live = default_live
+        # Every engine adapters go to: the pool's replicas, or `engine` alone.
+        self.pool = pool
+        if pool is not None:
+            pool.reload = self.reload
         # alias -> the live adapter a promotion replaced, kept loaded until the next one
         self._previous: dict[str, str] = {}
         # retired adapters the engine refused to unload: still loaded, tried again at
@@ -138,7 +146,8 @@ class Operator:
                 self.stranded.discard(retired)
                 continue
             try:
-                await adapters.unload(self.engine, retired)
+                for engine in self._engines():
+                    await adapters.unload(engine, retired)
             except adapters.EngineControlError as exc:
                 self.stranded.add(retired)
                 log.error("%s is retired, but is still loaded in the engine: %s", retired, exc)
@@ -155,9 +164,38 @@ class Operator:
         routed = [(a.live, a.canary) for a in self.router.arms.values()]
         return any(name in pair for pair in routed) or name in self._previous.values()
 
-    async def load(self, name: str) -> None:
-        """Load a registered checkpoint's adapter into the engine (a no-op when there)."""
+    def _engines(self) -> list[httpx.AsyncClient]:
+        if self.pool is None:
+            return [self.engine]
+        return [r.control for r in self.pool.replicas if r.control is not None]
+
+    async def _path(self, name: str) -> str:
         row = await self.collector.query(lambda st: registry.get(st, name))
         if row is None:
             raise deployments.DeployError(f"{name!r} is not in the checkpoints table")
-        await adapters.ensure_loaded(self.engine, name, row["path"])
+        return row["path"]
+
+    async def load(self, name: str) -> None:
+        """Load a registered checkpoint's adapter into every engine (a no-op where it is).
+        An engine that cannot be reached is skipped while another has it: the pool keeps
+        that one out until it is back and `reload` has loaded it."""
+        path = await self._path(name)
+        engines = self._engines()
+        unreachable = []
+        for engine in engines:
+            try:
+                await adapters.ensure_loaded(engine, name, path)
+            except adapters.EngineUnreachable as exc:
+                log.warning("%s not loaded into %s (down): %s", name, engine.base_url, exc)
+                unreachable.append(exc)
+        if len(unreachable) == len(engines):
+            raise unreachable[0]
+
+    async def reload(self, replica: Replica, names: set[str]) -> None:
+        """A replica is back (or answered 404 for an adapter it should serve): load `names`,
+        the adapters routed to that it lacks. One that fails is logged; the others load."""
+        for name in sorted(names):
+            try:
+                await adapters.ensure_loaded(replica.control, name, await self._path(name))
+            except (adapters.EngineControlError, deployments.DeployError) as exc:
+                log.error("could not reload %s into %s: %s", name, replica.url, exc)

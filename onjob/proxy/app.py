@@ -23,6 +23,7 @@ from ..collector.ids import new_id
 from ..openai_errors import HANDLERS, error_body
 from . import openapi, sse, telemetry
 from .errors import (
+    AdapterUnavailable,
     BadRequest,
     NotFound,
     ProxyError,
@@ -32,6 +33,7 @@ from .errors import (
     UpstreamStatus,
 )
 from .exchange import Exchange, parse_request
+from .pool import Pool, Replica
 from .routing import CANARY, Router
 from .settings import ProxySettings
 from .upstream import Upstream, UpstreamResponse
@@ -56,12 +58,17 @@ def create_app(
     on_startup: Sequence[Callable[[], Awaitable[None]]] = (),
     on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
 ) -> Litestar:
-    """The proxy's app. `router` (default: from `settings`) is the handle that changes an
+    """The proxy's app. `upstream` is one engine, or a `Pool` of several (its `wanted` set
+    by the caller); `router` (default: from `settings`) is the handle that changes an
     alias's arms while serving; `routes` are more handlers (the admin API). `on_startup`
     hooks run after the collector has started, and `on_shutdown` hooks before it closes
     (the server's background work)."""
     if router is None:
         router = Router.from_settings(settings, upstream)
+    if isinstance(upstream, Pool):
+        pool = upstream
+    else:  # one engine, unchecked: a lost adapter is answered 503 but not reloaded here
+        pool = Pool([Replica(upstream.base_url, upstream)], wanted=router.adapters)
     key_ids = {secret: key_id for key_id, secret in settings.api_keys.items()}
 
     def authenticate(request: Request) -> str | None:
@@ -133,6 +140,8 @@ def create_app(
             headers = {EXCHANGE_HEADER: exchange.id, ARM_HEADER: exchange.route.arm}
             if isinstance(exc, UpstreamStatus):
                 return _passthrough(exc, headers)
+            if isinstance(exc, AdapterUnavailable):
+                headers["Retry-After"] = "1"  # the openai client waits this long and retries
             # Logged like any exchange, so the client gets its id to post feedback or look
             # it up, as with an error the engine itself sent.
             return Response(exc.body(), status_code=exc.status, headers=headers)
@@ -141,21 +150,19 @@ def create_app(
         return Response(answer, media_type="application/json", headers=headers)
 
     async def attempt(exchange: Exchange) -> tuple[UpstreamResponse, bytes | None]:
-        """Send the request; a whole answer is also read and shaped here, so that a canary
-        whose answer is cut short or malformed is still retried on live (the client has
-        heard nothing yet). A stream is relayed as it comes, so it is only sent."""
-        resp = await send(exchange)
+        """Send the request; a whole answer is also read (by the pool, which replaces an
+        engine that dies before it is complete) and shaped here, so that a canary whose
+        answer is cut short or malformed is still retried on live (the client has heard
+        nothing yet). A stream is relayed as it comes, so it is only sent."""
+        resp, raw = await pool.send(
+            "/chat/completions",
+            exchange.upstream_body(),
+            exchange.route.model,
+            whole=not exchange.stream,
+        )
         if exchange.stream:
             return resp, None
-        return resp, exchange.answer(await resp.read())
-
-    async def send(exchange: Exchange) -> UpstreamResponse:
-        resp = await upstream.request("POST", "/chat/completions", exchange.upstream_body())
-        if resp.status != 200:
-            body = await resp.read()
-            await resp.aclose()
-            raise UpstreamStatus(resp.status, body, resp.content_type)
-        return resp
+        return resp, exchange.answer(raw)
 
     def log_attempt(exchange: Exchange) -> None:
         """A failed attempt whose turn is retried elsewhere: logged, its place kept."""
@@ -258,12 +265,12 @@ def create_app(
     async def shutdown() -> None:
         for hook in on_shutdown:
             await hook()
-        await upstream.aclose()
+        await pool.aclose()
         await collector.close()
 
     return Litestar(
         route_handlers=[chat_completions, models, feedback, openapi_document, health, *routes],
-        on_startup=[collector.start, *on_startup],
+        on_startup=[collector.start, *on_startup, pool.start],
         on_shutdown=[shutdown],
         exception_handlers=HANDLERS,
         request_max_body_size=settings.max_body_bytes,

@@ -74,3 +74,12 @@ class UpstreamStatus(UpstreamError):
         self.status = status
         self.raw = body
         self.content_type = content_type
+
+
+class AdapterUnavailable(UpstreamError):
+    """No engine serves the checkpoint's adapter right now (a restarted engine forgot its
+    runtime-loaded adapters; it is being loaded again). Answered rather than sent to the
+    base model under the checkpoint's name."""
+
+    status = 503
+    type = "service_unavailable"

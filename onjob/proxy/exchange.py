@@ -212,6 +212,7 @@ class Exchange:
     error: str | None = None
     error_body: dict | None = None
     answered: bytes | None = None  # the whole answer as the client got it (not streamed)
+    served_model: str | None = None  # the engine's `model`: who really answered
 
     @classmethod
     async def open(
@@ -303,6 +304,7 @@ class Exchange:
 
     def _head(self, data: dict) -> None:
         served = data.get("model")
+        self.served_model = served or self.served_model
         if served is not None and served != self.route.model:
             # A stale or missing adapter must not pass for the checkpoint the exchange records.
             raise MalformedAnswer(
@@ -417,6 +419,7 @@ class Exchange:
             error=self.error,
             metadata=to_json(self.request.get("metadata")),
             continuation_hashes=continuation_hashes,
+            served_model=self.served_model,
         )
 
 

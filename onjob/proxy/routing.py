@@ -110,6 +110,10 @@ class Router:
             return Route(name, arms.canary, arms.canary, CANARY)
         return Route(name, arms.live or base, arms.live, LIVE)
 
+    def adapters(self) -> set[str]:
+        """Every adapter some alias routes to (live or canary): what each engine must serve."""
+        return {name for a in self.arms.values() for name in (a.live, a.canary) if name}
+
     def live(self, route: Route) -> Route:
         """The live arm of `route`'s alias: what answers when a canary fails."""
         arms = self.arms.get(route.alias, Arms())

@@ -17,7 +17,21 @@ class ProxySettings(BaseModel):
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535)
     engine_url: str = Field(
-        "http://127.0.0.1:8001/v1", description="the engine's OpenAI base URL (vLLM or local)"
+        "http://127.0.0.1:8001/v1",
+        description="the engine's OpenAI base URL (vLLM or local); with engine_urls, the one "
+        "the judge and the trainer use (default: the first of them)",
+    )
+    engine_urls: list[str] = Field(
+        default_factory=list,
+        description="several engines serving the same base model: requests go to the healthy "
+        "one with the fewest outstanding, and every live and canary adapter is loaded into "
+        "each (empty: engine_url alone)",
+    )
+    health_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="how often each engine's /health and /v1/models are read (a restarted "
+        "engine gets its adapters back before it gets traffic again)",
     )
     aliases: dict[str, str | None] = Field(
         default_factory=lambda: {"agent": None},
@@ -53,6 +67,24 @@ class ProxySettings(BaseModel):
         "before they are cut (new connections are refused at once; a second signal exits "
         "at once)",
     )
+
+    @model_validator(mode="after")
+    def _judge_on_a_replica(self) -> ProxySettings:
+        # The judge re-samples the checkpoints, so its engine must be one the operator loads
+        # them into.
+        if self.engine_urls:
+            if "engine_url" not in self.model_fields_set:
+                self.engine_url = self.engine_urls[0]
+            elif self.engine_url not in self.engine_urls:
+                raise ValueError(
+                    f"engine_url {self.engine_url} is not one of engine_urls: the judge would "
+                    "sample from an engine no adapter is loaded into"
+                )
+        return self
+
+    @property
+    def replica_urls(self) -> list[str]:
+        return self.engine_urls or [self.engine_url]
 
     @field_validator("aliases")
     @classmethod
