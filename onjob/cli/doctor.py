@@ -1,0 +1,221 @@
+"""`onjob doctor`: asks a running engine for what onjob needs of it and says what is missing.
+
+Each check is a real request, the one onjob itself will send, so the answer holds for the
+engine as it runs (its flags, its version, its environment), not for how it was meant to
+be started:
+
+- runtime LoRA loading: an unload of a name no engine has must be answered "cannot be
+  found", which only the route that exists gives (`deploy/adapters.py` reads the answer);
+  with `--adapter DIR`, a real adapter is also loaded, asked and unloaded;
+- the sampler's logprobs and token ids on a chat completion (the trainer needs both);
+- a request with `tools` answered, not refused with 400 (agents send tools; vLLM needs a
+  tool-call parser for them).
+
+Exit status 0 when everything is there, 1 when anything is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from ..deploy import adapters
+
+_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "The current time in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+_ASK = [{"role": "user", "content": "Say hello."}]
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+async def diagnose(engine: httpx.AsyncClient, adapter: Path | None = None) -> list[Check]:
+    """Every check against `engine` (its base_url ends in /v1), in order."""
+    try:
+        resp = await engine.get("/models")
+        resp.raise_for_status()
+        models = resp.json()["data"]
+        base = next((m["id"] for m in models if not m.get("parent")), models[0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        return [Check("reachable", False, f"GET {engine.base_url}/models failed: {exc!r}")]
+    checks = [
+        Check("reachable", True, f"serves {base}"),
+        await _runtime_lora(engine),
+        await _token_data(engine, base),
+        await _tools(engine, base),
+    ]
+    if adapter is not None:
+        checks.append(await _adapter(engine, adapter))
+    return checks
+
+
+async def _runtime_lora(engine: httpx.AsyncClient) -> Check:
+    name = "runtime LoRA loading"
+    try:
+        await adapters.unload(engine, f"onjob-doctor-{uuid.uuid4().hex[:8]}")
+    except adapters.EngineControlError as exc:
+        return Check(name, False, str(exc))
+    return Check(name, True, "/v1/load_lora_adapter and /v1/unload_lora_adapter answer")
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int  # 0: no answer (refused, timed out)
+    data: dict | None
+    text: str
+
+    def refusal(self) -> str:
+        error = (self.data or {}).get("error")
+        message = error.get("message") if isinstance(error, dict) else None
+        return f"{self.status or 'no answer'}: {(message or self.text)[:300]}"
+
+
+async def _chat(engine: httpx.AsyncClient, body: dict) -> _Answer:
+    try:
+        resp = await engine.post("/chat/completions", json={"max_tokens": 2, **body})
+    except httpx.HTTPError as exc:
+        return _Answer(0, None, repr(exc))
+    try:
+        data = resp.json()
+    except ValueError:
+        data = None
+    return _Answer(resp.status_code, data if isinstance(data, dict) else None, resp.text)
+
+
+async def _token_data(engine: httpx.AsyncClient, base: str) -> Check:
+    name = "logprobs and token ids"
+    body = {"model": base, "messages": _ASK, "logprobs": True, "return_token_ids": True}
+    answer = await _chat(engine, body)
+    data = answer.data or {}
+    if answer.status != 200 or not data.get("choices"):
+        return Check(name, False, f"a chat completion asking for them failed: {answer.refusal()}")
+    choice = data["choices"][0]
+    missing = []
+    content = (choice.get("logprobs") or {}).get("content")
+    if not (isinstance(content, list) and content and "logprob" in content[0]):
+        missing.append("no sampled logprobs (`choices[].logprobs.content`) for `logprobs: true`")
+    if not (isinstance(choice.get("token_ids"), list) and choice["token_ids"]):
+        missing.append("no completion token ids (`choices[].token_ids`)")
+    if not (isinstance(data.get("prompt_token_ids"), list) and data["prompt_token_ids"]):
+        missing.append("no prompt token ids (`prompt_token_ids`)")
+    if missing:
+        return Check(
+            name,
+            False,
+            "; ".join(missing) + ": the trainer needs the sampler's own tokens and logprobs "
+            "(vLLM returns token ids for `return_token_ids: true` since it added that field; "
+            "upgrade an older one)",
+        )
+    return Check(name, True, f"{len(content)} sampled tokens with logprobs and ids")
+
+
+async def _tools(engine: httpx.AsyncClient, base: str) -> Check:
+    name = "tool calls"
+    answer = await _chat(engine, {"model": base, "messages": _ASK, "tools": _TOOLS})
+    if answer.status == 200:
+        return Check(name, True, "a request with `tools` is answered")
+    return Check(
+        name,
+        False,
+        f"a request with `tools` was refused ({answer.refusal()}): start vLLM with "
+        "--enable-auto-tool-choice --tool-call-parser NAME (`onjob engine --backend vllm` "
+        "chooses NAME from the model's family, or takes --tool-call-parser)",
+    )
+
+
+async def _adapter(engine: httpx.AsyncClient, path: Path) -> Check:
+    name = "an adapter loaded, asked and unloaded"
+    lora = f"onjob-doctor-{uuid.uuid4().hex[:8]}"
+    try:
+        await adapters.ensure_loaded(engine, lora, str(path.resolve()))
+    except adapters.EngineControlError as exc:
+        return Check(name, False, str(exc))
+    try:
+        answer = await _chat(engine, {"model": lora, "messages": _ASK})
+    finally:
+        try:
+            await adapters.unload(engine, lora)
+            left = None
+        except adapters.EngineControlError as exc:
+            left = str(exc)
+    if answer.status != 200 or (answer.data or {}).get("model") != lora:
+        return Check(name, False, f"asking the adapter failed: {answer.refusal()}")
+    if left is not None:
+        return Check(name, False, f"loaded and answered, but not unloaded: {left}")
+    return Check(name, True, f"{path} loaded as {lora}, answered, unloaded")
+
+
+async def _run(urls: list[str], adapter: Path | None, timeout: float) -> list[list[Check]]:
+    reports = []
+    for url in urls:
+        async with httpx.AsyncClient(base_url=url, timeout=timeout) as engine:
+            reports.append(await diagnose(engine, adapter))
+    return reports
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    if args.engine_url:
+        urls = [args.engine_url]
+    else:
+        from .common import load_settings
+
+        settings = load_settings("doctor", args)
+        if settings is None:
+            return 2
+        urls = settings.proxy.replica_urls
+    adapter = Path(args.adapter) if args.adapter else None
+    reports = asyncio.run(_run(urls, adapter, args.timeout))
+    for url, checks in zip(urls, reports, strict=True):
+        print(f"engine {url}")
+        for c in checks:
+            print(f"  {'ok' if c.ok else 'MISSING':<8} {c.name}: {c.detail}")
+    missing = [c for checks in reports for c in checks if not c.ok]
+    if missing:
+        print(f"onjob doctor: {len(missing)} missing", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_commands(sub) -> None:
+    doctor = sub.add_parser(
+        "doctor",
+        help="check that a running engine does what onjob needs",
+        description=(
+            "Ask a running engine (vLLM or `onjob engine`) for what onjob needs: runtime LoRA "
+            "loading, the sampler's logprobs and token ids, and requests with tools answered. "
+            "Says what is missing and how to turn it on; exit status 1 if anything is. "
+            "Without --engine-url: every engine of the settings (proxy.engine_urls, or "
+            "proxy.engine_url)."
+        ),
+    )
+    doctor.add_argument("--engine-url", help="the engine's OpenAI base URL (…/v1)")
+    doctor.add_argument("--config", help="TOML settings file")
+    doctor.add_argument(
+        "--adapter", metavar="DIR", help="also load this LoRA directory, ask it and unload it"
+    )
+    doctor.add_argument(
+        "--timeout", type=float, default=120, help="seconds per request (default 120)"
+    )
+    doctor.set_defaults(func=cmd_doctor)

@@ -1,0 +1,105 @@
+"""`onjob doctor` against a real local engine (which does everything onjob needs), and
+against engines scripted at the HTTP boundary as vLLM answers when one thing is off."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from onjob.cli.doctor import diagnose
+from onjob.cli.process import free_port
+
+from .fake_engine import MODELS, completion
+
+ONJOB = str(Path(sys.executable).with_name("onjob"))
+
+
+def doctor(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([ONJOB, "doctor", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_the_local_engine_has_everything_onjob_needs(engine, tiny_adapter_dir):
+    done = doctor("--engine-url", engine.url, "--adapter", str(tiny_adapter_dir))
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"engine {engine.url}"
+    assert [line.split()[0] for line in lines[1:]] == ["ok"] * 5, done.stdout
+    # The probe adapter is gone again.
+    models = httpx.get(f"{engine.url}/models").json()["data"]
+    assert not [m for m in models if m["id"].startswith("onjob-doctor-")]
+
+
+def test_an_engine_that_does_not_answer_is_reported_with_exit_1():
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    done = doctor("--engine-url", url)
+    assert done.returncode == 1
+    assert "MISSING  reachable" in done.stdout and "1 missing" in done.stderr
+
+
+class VLLM:
+    """vLLM's answers with one thing off: `off` is "runtime_lora" (started without
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING: the routes do not exist), "token_ids" (a version
+    that ignores `return_token_ids`), "logprobs", or "tools" (no tool-call parser)."""
+
+    def __init__(self, off: str | None) -> None:
+        self.off = off
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path.endswith("/models"):
+            return httpx.Response(200, json=MODELS)
+        if path.endswith("_lora_adapter"):
+            if self.off == "runtime_lora":
+                return httpx.Response(404, json={"detail": "Not Found"})
+            name = json.loads(request.content)["lora_name"]
+            error = {"message": f"The lora adapter '{name}' cannot be found.", "code": 404}
+            return httpx.Response(404, json={"error": {**error, "type": "NotFoundError"}})
+        body = json.loads(request.content)
+        if body.get("tools") and self.off == "tools":
+            message = (
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                "to be set"
+            )
+            error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+            return httpx.Response(400, json={"error": error})
+        answer = completion()
+        if self.off == "token_ids":
+            del answer["prompt_token_ids"]
+            del answer["choices"][0]["token_ids"]
+        if self.off == "logprobs":
+            answer["choices"][0]["logprobs"] = None
+        return httpx.Response(200, json=answer)
+
+
+def checks_of(off: str | None) -> dict:
+    async def run():
+        transport = httpx.MockTransport(VLLM(off))
+        async with httpx.AsyncClient(transport=transport, base_url="http://vllm/v1") as client:
+            return await diagnose(client)
+
+    return {c.name: c for c in asyncio.run(run())}
+
+
+@pytest.mark.parametrize(
+    ("off", "failing", "says"),
+    [
+        ("runtime_lora", "runtime LoRA loading", "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"),
+        ("token_ids", "logprobs and token ids", "no completion token ids"),
+        ("logprobs", "logprobs and token ids", "no sampled logprobs"),
+        ("tools", "tool calls", "--enable-auto-tool-choice --tool-call-parser"),
+    ],
+)
+def test_each_thing_an_engine_lacks_is_named_with_how_to_turn_it_on(off, failing, says):
+    checks = checks_of(off)
+    assert [name for name, c in checks.items() if not c.ok] == [failing]
+    assert says in checks[failing].detail
+
+
+def test_a_scripted_vllm_with_everything_on_passes():
+    assert all(c.ok for c in checks_of(None).values())
