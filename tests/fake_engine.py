@@ -1,7 +1,7 @@
 """Scripted engines for fault tests, at the HTTP boundary only.
 
 `scripted(handler)` is an `HttpxUpstream` over an httpx `MockTransport`; `RawEngine`
-is a real socket server that answers `/models` and then misbehaves on purpose
+is a real socket server that answers `/health` and `/models` and then misbehaves on purpose
 (goes silent, cuts a stream), for the aiohttp client's own error paths.
 """
 
@@ -115,7 +115,11 @@ class RawEngine:
                 while len(buffer) < length:
                     buffer += conn.recv(65536)
                 body, buffer = buffer[:length], buffer[length:]
-                if head.startswith(b"GET") and b"/models" in head.split(b"\r\n")[0]:
+                first_line = head.split(b"\r\n")[0]
+                if head.startswith(b"GET") and b"/health" in first_line:  # the server's checks
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                    continue
+                if head.startswith(b"GET") and b"/models" in first_line:
                     payload = json.dumps(MODELS).encode()
                     conn.sendall(
                         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
