@@ -17,6 +17,7 @@ from onjob.cli.process import EngineProcess, ServerProcess
 from onjob.collector import Store
 from onjob.deploy import registry
 from onjob.proxy import HttpxUpstream
+from onjob.proxy.errors import AdapterUnavailable
 from onjob.proxy.pool import Pool, Replica
 
 from .conftest import rows
@@ -60,6 +61,38 @@ def test_a_request_goes_to_the_engine_with_the_fewest_outstanding():
     outstanding = asyncio.run(run())
     assert answered == {"stuck": 1, "free": 19}
     assert outstanding == [1, 0]
+
+
+def test_with_one_engine_down_and_the_other_reloading_the_adapter_the_answer_is_503():
+    """Not the dead engine's 502: the adapter is on its way back."""
+
+    def lost(request: httpx.Request) -> httpx.Response:
+        error = {"message": "The model `ckpt` does not exist.", "type": "NotFoundError"}
+        return httpx.Response(404, json={"error": {**error, "param": None, "code": 404}})
+
+    def dead(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    def replica(name: str, handler) -> Replica:
+        client = httpx.AsyncClient(
+            transport=httpx.MockTransport(handler), base_url=f"http://{name}/v1"
+        )
+        return Replica(f"http://{name}/v1", HttpxUpstream(client), control=client)
+
+    async def run():
+        pool = Pool([replica("lost", lost), replica("dead", dead)], wanted=lambda: {"ckpt"})
+        try:
+            await pool.send("/chat/completions", b"{}", "ckpt", whole=True)
+        except AdapterUnavailable as exc:
+            states = [(str(r.state), r.missing) for r in pool.replicas]
+            return exc, states
+        finally:
+            await pool.aclose()
+        raise AssertionError("answered")
+
+    exc, states = asyncio.run(run())
+    assert exc.status == 503 and "`ckpt` is not loaded" in exc.message
+    assert states == [("up", {"ckpt"}), ("down", set())]
 
 
 def status(server: ServerProcess) -> dict:

@@ -149,8 +149,13 @@ class Pool:
             finally:
                 if done:
                     replica.outstanding -= 1
-        if last is None:  # every replica was known to lack the adapter
-            last = AdapterUnavailable(self._unavailable(model, "no engine serves it now"))
+        if last is None or (
+            # Those that have it are down, the others are loading it: that is the answer.
+            wanted
+            and not isinstance(last, AdapterUnavailable)
+            and any(model in r.missing for r in self.replicas)
+        ):
+            last = AdapterUnavailable(self._unavailable(model, "no engine that has it answers"))
         raise last
 
     def _lost(self, replica: Replica, model: str, body: bytes) -> AdapterUnavailable:
