@@ -14,7 +14,8 @@ with 95% intervals, wall time per stage, training runs, canaries, promotions, ro
 candidates stopped on the held-out slice, the audit) and the summary: the held-out gain's
 mean and spread over runs, and the promotions to a checkpoint that measured worse than
 the one it replaced (target 0). It is rewritten after each repeat, so a run cut short
-keeps what it finished. The first run's learning.png is copied beside it.
+keeps what it finished. Each run's learning.png is copied beside it (the first as
+learning-<timestamp>.png, the others with -run<N>).
 """
 
 from __future__ import annotations
@@ -93,8 +94,11 @@ def main() -> None:
         except NoDecision:
             result = {**json.loads((options.dir / "result.json").read_text()), "no_decision": True}
         runs.append(result)
-        if i == 0 and (options.dir / "learning.png").exists():
-            shutil.copy(options.dir / "learning.png", out.with_suffix(".png"))
+        if (options.dir / "learning.png").exists():
+            picture = (
+                out.with_suffix(".png") if i == 0 else out.with_name(f"{out.stem}-run{i + 1}.png")
+            )
+            shutil.copy(options.dir / "learning.png", picture)
         record = {
             "bench": "learning",
             "summary": summary(runs),

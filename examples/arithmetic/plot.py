@@ -5,6 +5,7 @@ the guards said. Needs matplotlib (`pip install 'onjob[demo]'`)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import matplotlib
@@ -36,9 +37,7 @@ def learning_curve(path: Path, groups: list[dict], history: list[dict], result: 
         label = f"{_short(name)}: mean {mean:.2f} over {len(ys)} groups"
         ax.scatter(xs, ys, s=14, alpha=0.5, color=colours(i % 10), label=label)
         ax.hlines(mean, min(xs), max(xs), colors=colours(i % 10), linewidth=2.5)
-    for row in history:
-        x = minutes(row["ts"])
-        what = f"canary {_short(row['canary'])}" if row["canary"] else f"live {_short(row['live'])}"
+    for x, what, _ in events:
         ax.axvline(x, color="grey", linestyle="--", linewidth=0.8)
         ax.text(x, 1.13, what, rotation=90, fontsize=7, va="top", ha="right", color="grey")
     before, after = result["before"], result["after"]
@@ -69,7 +68,8 @@ def learning_curve(path: Path, groups: list[dict], history: list[dict], result: 
     notes.axis("off")
     referee = result.get("gate", "the reward")
     notes.set_title(f"decisions (referee: {referee})", fontsize=9, loc="left")
-    for i, line in enumerate(events):
+    for i, (x, what, reason) in enumerate(events):
+        line = f"{x:5.1f} min  {what:<20} {reason}"
         notes.text(0, 1 - (i + 1) / (len(events) + 1), line, fontsize=7, family="monospace",
                    transform=notes.transAxes, va="center")  # fmt: skip
     fig.tight_layout()
@@ -77,8 +77,8 @@ def learning_curve(path: Path, groups: list[dict], history: list[dict], result: 
     plt.close(fig)
 
 
-def _events(history: list[dict], minutes) -> list[str]:
-    """A line per routing decision: when, what, and the reason the loop recorded (the
+def _events(history: list[dict], minutes) -> list[tuple[float, str, str]]:
+    """Per routing decision: when (minutes), what, and the reason the loop recorded (the
     held-out check, the paired test, the guard that tripped or held)."""
     lines, live, canary = [], None, None
     for row in history:
@@ -87,12 +87,14 @@ def _events(history: list[dict], minutes) -> list[str]:
         elif canary and not row["canary"]:
             what = f"{'promoted' if row['live'] == canary else 'rolled back'} {_short(canary)}"
         elif row["live"] == live and row["canary"] == canary:
-            what = "stopped"
+            stopped = re.search(r"ckpt-\S+?(?=:)", str(row.get("reason")))
+            what = f"stopped {_short(stopped.group(0)) if stopped else ''}"
         else:
             what = f"live {_short(row['live'])}"
         reason = " ".join(str(row.get("reason") or "").split())
-        reason = reason if len(reason) <= 118 else reason[:117] + "…"
-        lines.append(f"{minutes(row['ts']):5.1f} min  {what:<20} {reason}")
+        reason = reason.removeprefix("stopped before canary: ")
+        reason = reason if len(reason) <= 100 else reason[:99] + "…"
+        lines.append((minutes(row["ts"]), what, reason))
         live, canary = row["live"], row["canary"]
     return lines
 
