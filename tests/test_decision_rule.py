@@ -77,3 +77,10 @@ def test_a_guard_holds_on_a_point_estimate_and_trips_only_on_evidence():
     assert stats.majority(12, 20, alpha=0.05) == "hold"
     assert stats.majority(950, 1000, alpha=0.05) == "trip"
     assert stats.majority(5, 20, alpha=0.05) is None
+
+
+def test_a_round_with_no_pairs_yet_says_so_without_a_rate():
+    s = LoopSettings()
+    rule = stats.Rule(stats.Sprt(s.sprt_delta, s.alpha, s.beta), s.min_pairs, s.max_pairs)
+    decision, why = rule.decide(stats.WinRate(0, 0, 0, 0))
+    assert decision == "wait" and "0 pairs: fewer than" in why and "nan" not in why

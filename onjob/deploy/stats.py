@@ -113,10 +113,9 @@ class Rule:
 
     def decide(self, t: WinRate, unjudged: int = 0) -> tuple[Decision, str]:
         low, high = t.interval()
-        summary = (
-            f"{t.wins} wins, {t.ties} ties, {t.losses} losses in {t.pairs} pairs "
-            f"(win rate {t.rate:.2f} [{low:.2f}, {high:.2f}])"
-        )
+        summary = f"{t.wins} wins, {t.ties} ties, {t.losses} losses in {t.pairs} pairs"
+        if t.pairs:  # no pairs yet: no rate to print (it is nan)
+            summary += f" (win rate {t.rate:.2f} [{low:.2f}, {high:.2f}])"
         if t.pairs < self.min_pairs:
             return "wait", f"{summary}: fewer than {self.min_pairs} pairs"
         decision = self.sprt.decide(t.wins, t.losses)
