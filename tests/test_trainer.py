@@ -156,13 +156,15 @@ def calls_weather(rollout):
 
 
 def judged(tmp_path, tool_engine, tool_model_dir) -> Path:
-    """A work directory with two logged tool questions judged into scored groups."""
+    """A work directory with four logged tool questions judged into scored groups (four
+    scenarios: the held-out slice, which the judge leaves alone, may take one of them)."""
     db = tmp_path / "onjob.duckdb"
     with ServerProcess(
         ["--engine-url", tool_engine.url, "--db", str(db)], env={"ONJOB_LOOP__INTERVAL_S": "0"}
     ) as server:
         client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
-        for question in ("What is the weather in Paris?", "What is the weather in Rome?"):
+        for city in ("Paris", "Rome", "Berlin", "Madrid"):
+            question = f"What is the weather in {city}?"
             client.chat.completions.create(
                 model="agent",
                 messages=[{"role": "user", "content": question}],
