@@ -46,6 +46,7 @@ class ExchangeRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="exchan
     source: str = "production"
     continuation_hashes: list[str] | None = None
     served_model: str | None = None  # the engine's `model` in its answer
+    logprobs_mode: str | None = None  # the sampler's logprob definition (`onjob.logprobs`)
 
 
 class FeedbackRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="feedback"):

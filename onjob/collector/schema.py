@@ -175,7 +175,14 @@ V6 = """
 ALTER TABLE exchanges ADD COLUMN served_model VARCHAR;
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6]
+# Which logprob definition the sampler used for each exchange (`onjob.logprobs`): the
+# trainer's importance ratio divides its own raw logprobs by these, so a group recorded
+# under another definition is refused (NULL: logged before this column, taken as raw).
+V7 = """
+ALTER TABLE exchanges ADD COLUMN logprobs_mode VARCHAR;
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7]
 
 
 def version(con: duckdb.DuckDBPyConnection) -> int:

@@ -25,7 +25,8 @@ from .schema import migrate
 _COLUMNS = (
     "id, ts, trajectory_id, turn, scenario_id, api_key_id, model_alias, checkpoint, arm, stream, "
     "request, response, prompt_token_ids, completion_token_ids, completion_logprobs, usage, "
-    "latency_ms, status, error, metadata, source, continuation_hashes, served_model"
+    "latency_ms, status, error, metadata, source, continuation_hashes, served_model, "
+    "logprobs_mode"
 )
 
 # The spool line's fields (records.py) as DuckDB reads them.
@@ -56,6 +57,7 @@ _LINE = {
     "source": "VARCHAR",
     "continuation_hashes": "VARCHAR[]",
     "served_model": "VARCHAR",
+    "logprobs_mode": "VARCHAR",
     "exchange_id": "VARCHAR",
     "value": "DOUBLE",
     "comment": "VARCHAR",
