@@ -29,7 +29,8 @@ def test_the_local_engine_has_everything_onjob_needs(engine, tiny_adapter_dir):
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == f"engine {engine.url}"
-    assert [line.split()[0] for line in lines[1:]] == ["ok"] * 5, done.stdout
+    assert [line.split()[0] for line in lines[1:]] == ["ok"] * 6, done.stdout
+    assert "ok       logprob definition: raw_logprobs" in done.stdout
     # The probe adapter is gone again.
     models = httpx.get(f"{engine.url}/models").json()["data"]
     assert not [m for m in models if m["id"].startswith("onjob-doctor-")]
@@ -45,7 +46,8 @@ def test_an_engine_that_does_not_answer_is_reported_with_exit_1():
 class VLLM:
     """vLLM's answers with one thing off: `off` is "runtime_lora" (started without
     VLLM_ALLOW_RUNTIME_LORA_UPDATING: the routes do not exist), "token_ids" (a version
-    that ignores `return_token_ids`), "logprobs", or "tools" (no tool-call parser)."""
+    that ignores `return_token_ids`), "logprobs", "tools" (no tool-call parser), or
+    "definition" (its model list states logprobs that are not raw_logprobs)."""
 
     def __init__(self, off: str | None) -> None:
         self.off = off
@@ -53,6 +55,9 @@ class VLLM:
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         if path.endswith("/models"):
+            if self.off == "definition":  # an engine that states another definition
+                card = {**MODELS["data"][0], "logprobs": "processed_logprobs"}
+                return httpx.Response(200, json={**MODELS, "data": [card]})
             return httpx.Response(200, json=MODELS)
         if path.endswith("_lora_adapter"):
             if self.off == "runtime_lora":
@@ -93,6 +98,7 @@ def checks_of(off: str | None) -> dict:
         ("token_ids", "logprobs and token ids", "no completion token ids"),
         ("logprobs", "logprobs and token ids", "no sampled logprobs"),
         ("tools", "tool calls", "--enable-auto-tool-choice --tool-call-parser"),
+        ("definition", "logprob definition", "needs raw_logprobs"),
     ],
 )
 def test_each_thing_an_engine_lacks_is_named_with_how_to_turn_it_on(off, failing, says):
@@ -102,4 +108,7 @@ def test_each_thing_an_engine_lacks_is_named_with_how_to_turn_it_on(off, failing
 
 
 def test_a_scripted_vllm_with_everything_on_passes():
-    assert all(c.ok for c in checks_of(None).values())
+    checks = checks_of(None)
+    assert all(c.ok for c in checks.values())
+    # vLLM's model list does not state its definition: the check says what it must run with.
+    assert "--logprobs-mode raw_logprobs" in checks["logprob definition"].detail

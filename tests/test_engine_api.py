@@ -151,6 +151,27 @@ def test_logprobs_match_a_separate_forward_pass(client, reference):
     assert abs(got.sum().item() - expected.sum().item()) < 1e-3
 
 
+def test_logprobs_are_the_raw_distributions_whatever_the_temperature_and_top_p(client, reference):
+    """onjob's one definition (`onjob.logprobs`, vLLM's `raw_logprobs`): the model's own
+    log-softmax, before temperature and top-p, which is what the trainer computes."""
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=HELLO,
+        max_tokens=12,
+        logprobs=True,
+        temperature=0.4,
+        top_p=0.5,
+        seed=5,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
+    token_ids = r.choices[0].model_extra["token_ids"]
+    got = torch.tensor([e.logprob for e in r.choices[0].logprobs.content])
+    expected = forward_logprobs(reference, r.model_extra["prompt_token_ids"], token_ids)
+    assert torch.allclose(got, expected, atol=1e-4)
+    card = client.models.list().data[0]
+    assert card.model_extra["logprobs"] == "raw_logprobs"
+
+
 def test_logprobs_stay_exact_when_requests_of_different_lengths_share_a_batch(engine, reference):
     prompts = [
         [{"role": "user", "content": "Hi."}],

@@ -115,10 +115,12 @@ def test_serve_can_start_the_local_engine_as_its_child(tmp_path, tiny_model_dir)
     engine_port = free_port()
     env = {
         "ONJOB_LOOP__INTERVAL_S": "0",
-        "ONJOB_ENGINE__ARGS": json.dumps(["--model", str(tiny_model_dir), "--threads", "1"]),
+        # The TOML's / variable's engine flags, then the command line's (which win).
+        "ONJOB_ENGINE__ARGS": json.dumps(["--threads", "1", "--model", "/no/such/model"]),
     }
     url = f"http://127.0.0.1:{engine_port}/v1"
     args = ["--start-engine", "--engine-url", url, "--db", str(tmp_path / "db")]
+    args += ["--backend", "local", "--model", str(tiny_model_dir)]
     with ServerProcess(args, env=env) as server:
         client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
         reply = client.chat.completions.create(
@@ -128,3 +130,14 @@ def test_serve_can_start_the_local_engine_as_its_child(tmp_path, tiny_model_dir)
         assert httpx.get(f"{url}/models").status_code == 200
     with pytest.raises(httpx.TransportError):  # stopped with the server
         httpx.get(f"{url}/models", timeout=2)
+
+
+def test_serve_with_the_vllm_backend_where_vllm_is_missing_says_so_and_exits(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    args = ["--start-engine", "--backend", "vllm", "--model", str(tmp_path), "--engine-url", url]
+    done = onjob("serve", *args, "--port", str(free_port()), "--db", str(tmp_path / "db"))
+    assert done.returncode != 0
+    assert "the vllm command is not installed: `pip install 'onjob[vllm]'`" in done.stderr
+    # Engine flags without an engine to start are a usage error, not ignored.
+    alone = onjob("serve", "--model", str(tmp_path))
+    assert alone.returncode == 2 and "apply with --start-engine" in alone.stderr

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
 import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -149,6 +150,36 @@ def test_groups_the_trainer_skips_every_member_of_are_not_exported_again(
     assert "training on" not in again.stdout + again.stderr
 
 
+def test_a_group_sampled_under_another_logprob_definition_is_refused_and_said(
+    tmp_path, tool_engine, tool_model_dir
+):
+    db = judged(tmp_path, tool_engine, tool_model_dir)
+    # One group's re-samples as a vLLM run with --logprobs-mode processed_logprobs (and
+    # proxy.engine_logprobs saying so) would have logged them.
+    with duckdb.connect(str(db)) as con:
+        (group,) = con.execute(
+            "SELECT g.id FROM groups g JOIN scores s ON s.group_id = g.id "
+            "WHERE g.status = 'scored' AND s.source = 'combined' "
+            "GROUP BY g.id HAVING max(s.score) > min(s.score) ORDER BY g.id LIMIT 1"
+        ).fetchone()
+        con.execute(
+            "UPDATE exchanges SET logprobs_mode = 'processed_logprobs' WHERE id IN "
+            "(SELECT exchange_id FROM members WHERE group_id = ? AND origin = 'sampled')",
+            [group],
+        )
+    trained = subprocess.run(
+        [ONJOB, "train"], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    said = trained.stdout + trained.stderr
+    assert trained.returncode in (0, 3), said
+    assert f"group {group}: logprobs recorded as processed_logprobs" in said
+    # Refused once and recorded as such: no later run is handed it again.
+    again = subprocess.run(
+        [ONJOB, "train"], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert group not in again.stdout + again.stderr
+
+
 REWARDS = """
 def calls_weather(rollout):
     return any(c["function"]["name"] == "get_weather" for c in rollout.tool_calls)
@@ -204,6 +235,10 @@ def test_traffic_to_judged_groups_to_a_checkpoint_the_engine_loads_and_serves(
     tmp_path, tool_engine, tool_model_dir
 ):
     db = judged(tmp_path, tool_engine, tool_model_dir)
+    # Every exchange, logged or re-sampled, says how its logprobs were defined.
+    logged = rows(db, "SELECT source, logprobs_mode FROM exchanges")
+    assert {r["source"] for r in logged} == {"production", "resample"}
+    assert {r["logprobs_mode"] for r in logged} == {"raw_logprobs"}
     trained = subprocess.run(
         [ONJOB, "train"], cwd=tmp_path, capture_output=True, text=True, timeout=600
     )

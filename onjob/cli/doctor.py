@@ -7,7 +7,9 @@ be started:
 - runtime LoRA loading: an unload of a name no engine has must be answered "cannot be
   found", which only the route that exists gives (`deploy/adapters.py` reads the answer);
   with `--adapter DIR`, a real adapter is also loaded, asked and unloaded;
-- the sampler's logprobs and token ids on a chat completion (the trainer needs both);
+- the sampler's logprobs and token ids on a chat completion (the trainer needs both), and
+  their definition where the engine states it (`onjob.logprobs`: vLLM's model list does
+  not, so for vLLM it is what `--logprobs-mode` was given);
 - a request with `tools` answered, not refused with 400 (agents send tools; vLLM needs a
   tool-call parser for them).
 
@@ -26,6 +28,7 @@ from pathlib import Path
 import httpx
 
 from ..deploy import adapters
+from ..logprobs import TRAINED
 
 _TOOLS = [
     {
@@ -57,13 +60,15 @@ async def diagnose(engine: httpx.AsyncClient, adapter: Path | None = None) -> li
         resp = await engine.get("/models")
         resp.raise_for_status()
         models = resp.json()["data"]
-        base = next((m["id"] for m in models if not m.get("parent")), models[0]["id"])
+        card = next((m for m in models if not m.get("parent")), models[0])
+        base = card["id"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
         return [Check("reachable", False, f"GET {engine.base_url}/models failed: {exc!r}")]
     checks = [
         Check("reachable", True, f"serves {base}"),
         await _runtime_lora(engine),
         await _token_data(engine, base),
+        _definition(card),
         await _tools(engine, base),
     ]
     if adapter is not None:
@@ -102,6 +107,26 @@ async def _chat(engine: httpx.AsyncClient, body: dict) -> _Answer:
     except ValueError:
         data = None
     return _Answer(resp.status_code, data if isinstance(data, dict) else None, resp.text)
+
+
+def _definition(card: dict) -> Check:
+    name = "logprob definition"
+    stated = card.get("logprobs")
+    if stated is None:
+        return Check(
+            name,
+            True,
+            f"not stated by the engine (vLLM's model list does not): it must run with "
+            f"--logprobs-mode {TRAINED}, as `onjob engine --backend vllm` starts it",
+        )
+    if stated != TRAINED:
+        return Check(
+            name,
+            False,
+            f"{stated}: the trainer's importance ratio needs {TRAINED} (it refuses groups "
+            "sampled otherwise)",
+        )
+    return Check(name, True, TRAINED)
 
 
 async def _token_data(engine: httpx.AsyncClient, base: str) -> Check:

@@ -49,7 +49,7 @@ def build_pool(settings: ServeSettings, judge_engine: httpx.AsyncClient) -> Pool
     replicas = []
     for url in p.replica_urls:
         control = judge_engine if url == p.engine_url else engine_client(settings, url)
-        replicas.append(Replica(url, build_upstream(p, url), control))
+        replicas.append(Replica(url, build_upstream(p, url), control, logprobs=p.engine_logprobs))
     return Pool(replicas, interval_s=p.health_interval_s)
 
 

@@ -50,6 +50,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..collector import StorageError
     from .server import serve
 
+    engine_flags = [
+        *(["--backend", args.backend] if args.backend else []),
+        *(["--model", args.model] if args.model else []),
+    ]
+    if engine_flags and not args.start_engine:
+        print("onjob serve: --backend and --model apply with --start-engine", file=sys.stderr)
+        return 2
     settings = load_settings(
         "serve",
         args,
@@ -59,6 +66,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     if settings is None:
         return 2
+    # After the TOML's `[engine] args`: the command line's flags win (argparse keeps the last).
+    settings.engine.args = [*settings.engine.args, *engine_flags]
     try:
         serve(settings)
     except (StorageError, RuntimeError, TimeoutError) as exc:
@@ -136,6 +145,16 @@ def add_commands(sub) -> None:
     serve.add_argument(
         "--start-engine",
         action="store_true",
-        help="start `onjob engine` as a child on --engine-url's port ([engine] args = [...])",
+        help="start `onjob engine` as a child on --engine-url's port ([engine] args = [...]); "
+        "stopped with the server",
+    )
+    serve.add_argument(
+        "--backend",
+        choices=["local", "vllm"],
+        help="with --start-engine: the child engine's backend (vllm: `vllm serve` with "
+        "everything onjob needs; `onjob engine --backend vllm --dry-run` prints it)",
+    )
+    serve.add_argument(
+        "--model", help="with --start-engine: the child engine's base model (a local directory)"
     )
     serve.set_defaults(func=cmd_serve)

@@ -36,7 +36,12 @@ async def judge(settings: DeploySettings, *, once: bool, echo: Callable[[str], N
                     lambda st: holdout.held_out(st, settings.loop.holdout_share)
                 )
                 report = await run_pass(
-                    collector, engine, settings.judge, echo=echo, skip_scenarios=held
+                    collector,
+                    engine,
+                    settings.judge,
+                    echo=echo,
+                    skip_scenarios=held,
+                    engine_logprobs=settings.proxy.engine_logprobs,
                 )
                 echo(f"judge pass: {report.summary()}")
                 if once or settings.loop.interval_s <= 0:

@@ -107,7 +107,14 @@ async def run_once(
             return
     with state.doing("judge"):
         # Held-out scenarios are never trained on: re-sampling them would spend for nothing.
-        report = await run_pass(db, engine, settings.judge, echo=echo, skip_scenarios=held)
+        report = await run_pass(
+            db,
+            engine,
+            settings.judge,
+            echo=echo,
+            skip_scenarios=held,
+            engine_logprobs=settings.proxy.engine_logprobs,
+        )
     echo(f"judge pass: {report.summary()}")
     if report.budget is not None:
         state.budget["judge"] = report.budget.as_dict()

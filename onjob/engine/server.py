@@ -18,6 +18,7 @@ import msgspec
 from litestar import Litestar, Request, Response, get, post
 from litestar.response import Stream
 
+from ..logprobs import TRAINED
 from ..openai_errors import HANDLERS
 from . import chat
 from .batching import Batcher, TokenEvent
@@ -210,7 +211,7 @@ def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
             # What the trainer's importance ratio divides by: the raw distribution's logprobs
             # (log-softmax of the logits, before temperature and top-p), in this dtype.
             "dtype": str(loaded.model.dtype).removeprefix("torch."),
-            "logprobs": "raw_logprobs",
+            "logprobs": TRAINED,
         }
         adapters = [
             {**base, "id": a.name, "root": a.path, "parent": loaded.name}

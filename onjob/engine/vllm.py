@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..logprobs import TRAINED
 from . import tool_parsers
 from .settings import EngineSettings
 
@@ -58,9 +59,10 @@ def command(settings: EngineSettings, model: str) -> tuple[list[str], dict[str, 
         "20",
         # onjob's logprobs are the model's own distribution: log-softmax of the logits
         # before temperature, top-p or penalties (the trainer's importance ratios compare
-        # them with its forward pass). vLLM's default today, pinned against a change.
+        # them with its forward pass; `onjob.logprobs`). vLLM's default today, pinned
+        # against a change.
         "--logprobs-mode",
-        "raw_logprobs",
+        TRAINED,
         # A request without temperature / top_p samples at 1.0 / 1.0, as on the local
         # engine: with "auto" vLLM would take them from the model's generation_config.json.
         "--generation-config",

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from ..collector import Collector, budgets
+from ..logprobs import TRAINED
 from . import rewards, ruler, sampling, tables
 from .errors import RewardFnFailed, SamplingFailed
 from .rollouts import from_row
@@ -84,9 +85,11 @@ async def run_pass(
     echo: Callable[[str], None] = log.info,
     rng: random.Random | None = None,
     skip_scenarios: list[str] = (),
+    engine_logprobs: str = TRAINED,
 ) -> PassReport:
     """Sample new groups (none from `skip_scenarios`: the loop's held-out slice, which no
-    training run uses) and score every group still unscored."""
+    training run uses) and score every group still unscored. `engine_logprobs`: the
+    engine's logprob definition when its model list does not state one (vLLM's)."""
     started = time.perf_counter()
     fns = rewards.load(settings.rewards)  # a reward function that does not import stops here
     report = PassReport()
@@ -96,7 +99,7 @@ async def run_pass(
         echo(f"{report.budget.status()}: no new groups, and those that need RULER wait")
     else:
         skip = list(skip_scenarios)
-        await _sample_turn_groups(db, engine, settings, report, echo, skip)
+        await _sample_turn_groups(db, engine, settings, report, echo, skip, engine_logprobs)
         if settings.scenario_groups:
             await _gather_trajectory_groups(db, settings, report, echo, skip)
     await _score_groups(db, settings, fns, report, echo, rng or random.Random())
@@ -113,16 +116,18 @@ async def judge_budget(db: Collector, s: JudgeSettings) -> budgets.Budget | None
 
 
 async def _sample_turn_groups(
-    db, engine, s: JudgeSettings, report: PassReport, echo, skip: list[str]
+    db, engine, s: JudgeSettings, report: PassReport, echo, skip: list[str], declared: str
 ) -> None:
     candidates = await db.query(lambda store: tables.turn_candidates(store, s, skip))
     if not candidates:
         return
     try:
-        base = await sampling.base_model(engine)
+        card = await sampling.base_card(engine)
     except SamplingFailed as exc:
         echo(f"cannot re-sample: {exc}; the turns wait for the next pass")
         return
+    base, stated = card["id"], card.get("logprobs")
+    definition = stated if isinstance(stated, str) else declared
     budget, planned = s.max_sample_tokens, []
     for row in candidates:
         body = sampling.request_for(row, row["checkpoint"] or base, s)
@@ -141,7 +146,7 @@ async def _sample_turn_groups(
     async def one(row: dict, body: dict) -> None:
         async with gate:
             try:
-                sample = await sampling.sample(engine, body)
+                sample = await sampling.sample(engine, body, definition=definition)
             except SamplingFailed as exc:
                 report.sampling_failed += 1
                 if not exc.permanent:

@@ -34,6 +34,7 @@ class Sample:
     completion_logprobs: list[list[float]]
     usage: dict | None
     latency_ms: float
+    logprobs_mode: str | None = None  # the engine's logprob definition (`onjob.logprobs`)
 
     @property
     def n(self) -> int:
@@ -70,6 +71,12 @@ def token_estimate(body: dict, logged: dict) -> int:
 
 async def base_model(engine: httpx.AsyncClient) -> str:
     """The engine's base model id (the model with no parent)."""
+    return (await base_card(engine))["id"]
+
+
+async def base_card(engine: httpx.AsyncClient) -> dict:
+    """The engine's base model's card in its model list (the model with no parent): its
+    `id`, and the local engine's `dtype` and `logprobs` definition."""
     try:
         resp = await engine.get("/models")
         resp.raise_for_status()
@@ -80,11 +87,15 @@ async def base_model(engine: httpx.AsyncClient) -> str:
         raise from_httpx(exc) from exc
     except (ValueError, KeyError, TypeError) as exc:
         raise SamplingFailed(f"GET /models did not list models: {exc}") from exc
-    base = [m["id"] for m in models if not m.get("parent")] or [models[0]["id"]]
+    base = [m for m in models if not m.get("parent")] or models[:1]
+    if not base or not isinstance(base[0].get("id"), str):
+        raise SamplingFailed("GET /models listed no model")
     return base[0]
 
 
-async def sample(engine: httpx.AsyncClient, body: dict) -> Sample:
+async def sample(engine: httpx.AsyncClient, body: dict, *, definition: str | None = None) -> Sample:
+    """`body`'s choices, with their token ids and logprobs (recorded as sampled under the
+    engine's logprob `definition`, `onjob.logprobs`)."""
     started = time.perf_counter()
     try:
         resp = await engine.post("/chat/completions", json=body)
@@ -116,4 +127,5 @@ async def sample(engine: httpx.AsyncClient, body: dict) -> Sample:
         completion_logprobs=logprobs,
         usage=data.get("usage"),
         latency_ms=(time.perf_counter() - started) * 1000,
+        logprobs_mode=definition,
     )

@@ -264,9 +264,9 @@ def _insert_sample(con, prefix: dict, sample: Sample, group_id: str, checkpoint)
         INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, model_alias,
             checkpoint, arm, stream, request, response, prompt_token_ids,
             completion_token_ids, completion_logprobs, usage, latency_ms, status,
-            metadata, source)
+            metadata, source, logprobs_mode)
         VALUES (?, to_timestamp(?), ?, ?, ?, ?, ?, ?, false, ?, ?, ?, ?, ?, ?, ?, 200,
-            ?, 'resample')
+            ?, 'resample', ?)
         """,
         [
             sample.id,
@@ -285,6 +285,7 @@ def _insert_sample(con, prefix: dict, sample: Sample, group_id: str, checkpoint)
             json.dumps(sample.usage),
             sample.latency_ms,
             json.dumps({"group_id": group_id, "resample_of": prefix["id"]}),
+            sample.logprobs_mode,
         ],
     )
 

@@ -68,7 +68,8 @@ def create_app(
     if isinstance(upstream, Pool):
         pool = upstream
     else:  # one engine, unchecked: a lost adapter is answered 503 but not reloaded here
-        pool = Pool([Replica(upstream.base_url, upstream)], wanted=router.adapters)
+        replica = Replica(upstream.base_url, upstream, logprobs=settings.engine_logprobs)
+        pool = Pool([replica], wanted=router.adapters)
     key_ids = {secret: key_id for key_id, secret in settings.api_keys.items()}
 
     def authenticate(request: Request) -> str | None:
@@ -154,7 +155,7 @@ def create_app(
         engine that dies before it is complete) and shaped here, so that a canary whose
         answer is cut short or malformed is still retried on live (the client has heard
         nothing yet). A stream is relayed as it comes, so it is only sent."""
-        resp, raw = await pool.send(
+        resp, raw, exchange.logprobs_mode = await pool.send(
             "/chat/completions",
             exchange.upstream_body(),
             exchange.route.model,

@@ -213,6 +213,7 @@ class Exchange:
     error_body: dict | None = None
     answered: bytes | None = None  # the whole answer as the client got it (not streamed)
     served_model: str | None = None  # the engine's `model`: who really answered
+    logprobs_mode: str | None = None  # the answering engine's logprob definition
 
     @classmethod
     async def open(
@@ -420,6 +421,7 @@ class Exchange:
             metadata=to_json(self.request.get("metadata")),
             continuation_hashes=continuation_hashes,
             served_model=self.served_model,
+            logprobs_mode=self.logprobs_mode,
         )
 
 

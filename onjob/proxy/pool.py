@@ -28,9 +28,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 import httpx
 
+from ..logprobs import TRAINED
 from .errors import AdapterUnavailable, StreamCut, UpstreamStatus, UpstreamUnreachable
 from .upstream import Upstream, UpstreamResponse
 
@@ -57,6 +59,9 @@ class Replica:
     outstanding: int = 0
     missing: set[str] = field(default_factory=set)  # wanted adapters it does not serve
     changed: float = field(default_factory=time.monotonic)  # when `state` last changed
+    # Its logprob definition (`onjob.logprobs`): as declared (`proxy.engine_logprobs`),
+    # until its model list states one.
+    logprobs: str = TRAINED
 
     def set(self, state: ReplicaState, why: str) -> None:
         if state is not self.state:
@@ -67,6 +72,12 @@ class Replica:
     def root(self) -> str:
         """The server's root (`/health` is not under `/v1`)."""
         return self.url.rstrip("/").removesuffix("/v1")
+
+
+class Sent(NamedTuple):
+    response: UpstreamResponse
+    body: bytes | None  # the whole answer, when read here
+    logprobs: str  # the logprob definition of the replica that answered
 
 
 class Pool:
@@ -117,9 +128,7 @@ class Pool:
         ordered = candidates[start:] + candidates[:start]
         return min(ordered, key=lambda r: r.outstanding)
 
-    async def send(
-        self, path: str, body: bytes, model: str, *, whole: bool
-    ) -> tuple[UpstreamResponse, bytes | None]:
+    async def send(self, path: str, body: bytes, model: str, *, whole: bool) -> Sent:
         """POST `body` for `model`. `whole`: read the answer here (so that a replica that
         dies before it is complete is replaced by the next); otherwise the response is
         handed back as it starts, for relaying. A non-200 answer raises `UpstreamStatus`,
@@ -141,8 +150,8 @@ class Pool:
                     raise UpstreamStatus(resp.status, await _read_closed(resp), resp.content_type)
                 if not whole:
                     done = False
-                    return _Counted(resp, replica), None
-                return resp, await resp.read()
+                    return Sent(_Counted(resp, replica), None, replica.logprobs)
+                return Sent(resp, await resp.read(), replica.logprobs)
             except (UpstreamUnreachable, StreamCut) as exc:
                 self._down(replica, str(exc))
                 last = exc
@@ -260,6 +269,7 @@ class Pool:
                 "state": str(r.state),
                 "outstanding": r.outstanding,
                 "missing": sorted(r.missing),
+                "logprobs": r.logprobs,
             }
             for r in self.replicas
         ]
@@ -272,7 +282,12 @@ async def _adapters(replica: Replica) -> set[str]:
     health.raise_for_status()
     models = await control.get(f"{replica.url}/models", timeout=_PROBE_TIMEOUT_S)
     models.raise_for_status()
-    return {m["id"] for m in models.json()["data"] if m.get("parent")}
+    cards = models.json()["data"]
+    stated = next((m.get("logprobs") for m in cards if not m.get("parent")), None)
+    if isinstance(stated, str) and stated != replica.logprobs:
+        log.warning("engine %s: its logprobs are %s", replica.url, stated)
+        replica.logprobs = stated
+    return {m["id"] for m in cards if m.get("parent")}
 
 
 async def _read_closed(resp: UpstreamResponse) -> bytes:

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from ..logprobs import TRAINED, LogprobsMode
+
 
 class Canary(BaseModel):
     checkpoint: str = Field(min_length=1)
@@ -26,6 +28,13 @@ class ProxySettings(BaseModel):
         description="several engines serving the same base model: requests go to the healthy "
         "one with the fewest outstanding, and every live and canary adapter is loaded into "
         "each (empty: engine_url alone)",
+    )
+    engine_logprobs: LogprobsMode = Field(
+        TRAINED,
+        description="the logprob definition the engines were started with (vLLM's "
+        "--logprobs-mode; `onjob engine --backend vllm` passes raw_logprobs); recorded with "
+        "each exchange, and the trainer refuses groups logged under any but raw_logprobs. "
+        "An engine whose model list states its own (the local engine) is taken at its word",
     )
     health_interval_s: float = Field(
         1.0,

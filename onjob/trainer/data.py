@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from ..logprobs import TRAINED
 from .maths import advantages
 from .settings import TrainSettings
 
@@ -66,6 +67,7 @@ class Notes:
     unaligned_turns: int = 0
     trained_elsewhere: int = 0  # conversation turns masked: their own turn group trains them
     outside_baseline: int = 0  # members scored against their group's baseline, not in it
+    other_logprobs: int = 0  # groups logged under another logprob definition than TRAINED
 
 
 def sequence(
@@ -106,6 +108,16 @@ def load(path: Path, s: TrainSettings) -> tuple[list[Group], Notes]:
     }
     groups, notes = [], Notes()
     for group_id, members in by_group.items():
+        if other := _other_definitions(members):
+            notes.other_logprobs += 1
+            _skip(
+                notes,
+                group_id,
+                f"logprobs recorded as {', '.join(other)}; the importance ratio needs "
+                f"{TRAINED} (start vLLM with --logprobs-mode {TRAINED} and set "
+                f"proxy.engine_logprobs to match)",
+            )
+            continue
         rewards = [m["reward"] for m in members]
         if max(rewards) - min(rewards) <= s.min_spread:
             notes.equal_groups += 1
@@ -187,6 +199,14 @@ def _baseline(members: list[dict]) -> list[bool]:
         return [True] * len(members)
     (rivals,) = sampled
     return [st == rivals for st in settings]
+
+
+def _other_definitions(members: list[dict]) -> list[str]:
+    """The logprob definitions other than TRAINED that the group's turns were sampled
+    under (`onjob.logprobs`). Turns logged before the definition was recorded (None)
+    count as TRAINED: onjob's vLLM launcher has always passed it."""
+    modes = {mode for m in members for mode in m.get("logprobs_modes") or ()}
+    return sorted(mode for mode in modes if mode is not None and mode != TRAINED)
 
 
 def _usable(m: dict) -> bool:

@@ -5,8 +5,8 @@ holds it); needs no torch. A row per member: its group, reward (the `combined`
 score), the checkpoint that sampled it, its origin (logged or re-sampled) and the
 temperature and top-p it was sampled at, and its turns as the engine saw them
 (exchange ids, prompt token ids, sampled completion token ids, the sampler's
-logprobs). A turn group's member has one turn; a conversation has its turns up to
-the judged one.
+logprobs and their definition). A turn group's member has one turn; a conversation has
+its turns up to the judged one.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ WITH spread AS (
            list(e.prompt_token_ids ORDER BY t.turn, e.ts) AS prompt_ids,
            list(e.completion_token_ids[t.choice + 1] ORDER BY t.turn, e.ts) AS completion_ids,
            list(e.completion_logprobs[t.choice + 1] ORDER BY t.turn, e.ts) AS logprobs,
-           list(e.id ORDER BY t.turn, e.ts) AS exchange_ids
+           list(e.id ORDER BY t.turn, e.ts) AS exchange_ids,
+           list(e.logprobs_mode ORDER BY t.turn, e.ts) AS logprobs_modes
     FROM turn_of t JOIN eligible g ON g.id = t.group_id JOIN exchanges e ON e.id = t.exchange_id
     GROUP BY t.member_id
 )
@@ -63,7 +64,7 @@ SELECT m.group_id, g.kind, m.id AS member_id, m.position, m.origin, m.choice,
        coalesce(TRY_CAST(json_extract_string(e.request, '$.temperature') AS DOUBLE), 1.0)
            AS temperature,
        coalesce(TRY_CAST(json_extract_string(e.request, '$.top_p') AS DOUBLE), 1.0) AS top_p,
-       t.prompt_ids, t.completion_ids, t.logprobs, t.exchange_ids
+       t.prompt_ids, t.completion_ids, t.logprobs, t.exchange_ids, t.logprobs_modes
 FROM members m
 JOIN eligible g ON g.id = m.group_id
 JOIN exchanges e ON e.id = m.exchange_id

@@ -1,0 +1,71 @@
+"""One logprob definition (`onjob.logprobs`): every exchange records the one its engine
+used, what the engine states or else what `proxy.engine_logprobs` declares, so that the
+trainer can refuse groups sampled under another (tests/test_trainer.py)."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from litestar.testing import TestClient
+from openai import OpenAI
+
+from onjob.cli.process import ServerProcess
+from onjob.collector import Collector, CollectorSettings
+from onjob.proxy import ProxySettings, create_app
+
+from .conftest import rows
+from .fake_engine import chunk, completion, scripted
+
+ASK = {"model": "agent", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def vllm_like():
+    """An engine whose model list states no definition, as vLLM's does not."""
+
+    def chat(request: httpx.Request) -> httpx.Response:
+        if b'"stream":true' in request.content.replace(b" ", b""):
+
+            async def events():  # streamed as an engine streams, not one buffered body
+                for event in (chunk("hi"), chunk(finish="stop"), b"data: [DONE]\n\n"):
+                    yield event
+
+            return httpx.Response(
+                200, content=events(), headers={"content-type": "text/event-stream"}
+            )
+        return httpx.Response(200, json=completion())
+
+    return scripted(chat)
+
+
+def test_an_engine_that_states_no_definition_is_logged_under_the_declared_one(tmp_path):
+    db = tmp_path / "onjob.duckdb"
+    collector = Collector(CollectorSettings(db=db))
+    settings = ProxySettings(aliases={"agent": None}, engine_logprobs="processed_logprobs")
+    with TestClient(create_app(settings, upstream=vllm_like(), collector=collector)) as client:
+        assert client.post("/v1/chat/completions", json=ASK).status_code == 200
+        streamed = client.post("/v1/chat/completions", json={**ASK, "stream": True})
+        assert streamed.status_code == 200 and "[DONE]" in streamed.text
+    logged = rows(db, "SELECT stream, logprobs_mode FROM exchanges ORDER BY ts")
+    assert [(r["stream"], r["logprobs_mode"]) for r in logged] == [
+        (False, "processed_logprobs"),
+        (True, "processed_logprobs"),
+    ]
+
+
+def test_an_engine_that_states_its_definition_is_taken_at_its_word(tmp_path, engine):
+    """The local engine's model list says raw_logprobs: a wrong declaration does not win."""
+    db = tmp_path / "onjob.duckdb"
+    declared = {"ONJOB_PROXY__ENGINE_LOGPROBS": "processed_logprobs"}
+    with ServerProcess(["--engine-url", engine.url, "--db", str(db)], env=declared) as server:
+        deadline = time.monotonic() + 30
+        while True:  # the pool's first health check reads the model list
+            [state] = httpx.get(f"{server.base}/admin/status", timeout=10).json()["engines"]
+            if state["logprobs"] == "raw_logprobs" or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert state["logprobs"] == "raw_logprobs"
+        client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+        client.chat.completions.create(**ASK, max_tokens=4)
+    [logged] = rows(db, "SELECT logprobs_mode FROM exchanges")
+    assert logged["logprobs_mode"] == "raw_logprobs"
