@@ -13,6 +13,11 @@ class CollectorSettings(BaseModel):
     flush_interval_s: float = Field(0.25, gt=0, description="how often the spool is loaded")
     warm_exchanges: int = Field(100_000, ge=0, description="exchanges reloaded into the stitcher")
     stitch_capacity: int = Field(200_000, ge=1)
+    scenarios_per_key: bool = Field(
+        False,
+        description="a scenario is one per API key (two keys' identical system prompt and "
+        "first message are two scenarios); trajectories are always one key's",
+    )
     loader_nice: int = Field(
         10,
         ge=0,

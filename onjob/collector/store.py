@@ -157,7 +157,8 @@ class Store:
         """The stitcher's state for the most recent `limit` exchanges, oldest first."""
         return self.con.execute(
             """
-            SELECT e.trajectory_id, e.turn, e.scenario_id, s.key, s.keyed, e.continuation_hashes
+            SELECT e.trajectory_id, e.turn, e.scenario_id, s.key, s.keyed, e.continuation_hashes,
+                   e.api_key_id
             FROM (SELECT * FROM exchanges WHERE source <> 'resample' ORDER BY ts DESC LIMIT ?) e
             JOIN scenarios s ON s.id = e.scenario_id
             ORDER BY e.ts

@@ -32,7 +32,9 @@ def _lower_priority(nice: int) -> None:
 class Collector:
     def __init__(self, settings: CollectorSettings) -> None:
         self.settings = settings
-        self.stitcher = Stitcher(settings.stitch_capacity)
+        self.stitcher = Stitcher(
+            settings.stitch_capacity, scenarios_per_key=settings.scenarios_per_key
+        )
         self._db = concurrent.futures.ThreadPoolExecutor(
             1,
             thread_name_prefix="onjob-duckdb",
@@ -64,9 +66,18 @@ class Collector:
         self._task = asyncio.create_task(self._loop(), name="onjob-collector")
 
     def place(
-        self, messages: list[dict], *, trajectory_id: str | None = None, scenario: str | None = None
+        self,
+        messages: list[dict],
+        *,
+        trajectory_id: str | None = None,
+        scenario: str | None = None,
+        api_key_id: str | None = None,
     ) -> Placement:
-        return self.stitcher.place(messages, trajectory_id=trajectory_id, scenario=scenario)
+        """Which trajectory, turn and scenario a request of `api_key_id` belongs to (never
+        another key's)."""
+        return self.stitcher.place(
+            messages, trajectory_id=trajectory_id, scenario=scenario, api_key_id=api_key_id
+        )
 
     def log(self, record: Record) -> None:
         """Durably hand over one exchange or feedback (one append to the spool); never waits
