@@ -39,6 +39,20 @@ class CollectorSettings(BaseModel):
         "into DuckDB when loading falls behind",
     )
 
+    retention_days: float | None = Field(
+        None,
+        gt=0,
+        description="delete conversations whose last turn is older than this, with all "
+        "derived from them (groups, scores, feedback...; default: keep everything)",
+    )
+    retention_check_s: float = Field(
+        3600, gt=0, description="how often the running server applies retention_days"
+    )
+
+    query_timeout_s: float = Field(
+        60, gt=0, description="`onjob sql` / `onjob export` through the server: interrupted after"
+    )
+
     @property
     def spool(self) -> Path:
         return self.spool_dir or self.db.with_name(self.db.name + ".spool")

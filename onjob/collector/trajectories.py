@@ -227,6 +227,16 @@ class Stitcher:
         while len(self._continuations) > self.capacity:
             self._continuations.popitem(last=False)
 
+    def forget(self, trajectory_ids: list[str]) -> None:
+        """Deleted conversations: a request continuing one starts a new trajectory."""
+        gone = set(trajectory_ids)
+        if not gone:
+            return
+        for traj in gone:
+            self._trajectories.pop(traj, None)
+        for slot in [s for s, (traj, _) in self._continuations.items() if traj in gone]:
+            del self._continuations[slot]
+
     def _remember_trajectory(self, traj: str, state: _Trajectory) -> None:
         self._trajectories[traj] = state
         self._trajectories.move_to_end(traj)
