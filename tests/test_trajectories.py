@@ -172,3 +172,15 @@ def test_warm_keeps_each_keys_continuations_its_own():
     more = [ASK, reply("Which date?"), {"role": "user", "content": "May 3"}]
     assert fresh.place(more, api_key_id="alice").trajectory_id == a.trajectory_id
     assert fresh.place(more, api_key_id="bob").trajectory_id != a.trajectory_id
+
+
+def test_a_forgotten_conversation_is_never_continued():
+    s = Stitcher()
+    a = s.place([ASK], trajectory_id="conv-9")
+    first = s.place([ASK])
+    s.record_replies(first, [reply("Which date?")])
+    s.forget([first.trajectory_id, "conv-9"])
+    more = [ASK, reply("Which date?"), {"role": "user", "content": "May 3"}]
+    again = s.place(more)
+    assert again.trajectory_id != first.trajectory_id and again.turn == 0
+    assert s.place([ASK], trajectory_id="conv-9").turn == 0 == a.turn

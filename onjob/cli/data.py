@@ -101,6 +101,9 @@ def _forget(args: argparse.Namespace) -> int:
     if resp is not None:
         out = resp.json()
     else:
+        if not Path(settings.collector.db).exists():
+            print(f"onjob forget: no database at {settings.collector.db}", file=sys.stderr)
+            return 2
         try:
             store = Store(settings.collector.db)
         except StorageError as exc:

@@ -135,6 +135,9 @@ class Collector:
         self.stitcher.forget(out.trajectory_ids)
         if out.exchanges:
             log.warning("forgot %s: %d exchanges", out.what, out.exchanges)
+        if out.trained_on:
+            names = ", ".join(c["name"] for c in out.trained_on)
+            log.warning("checkpoints already trained on what was forgotten: %s", names)
         return out
 
     async def apply_retention(self) -> Forgotten | None:
