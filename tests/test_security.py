@@ -160,7 +160,7 @@ def test_one_key_cannot_post_feedback_on_another_keys_exchange_or_conversation(s
     bobs = chat("bob", "conv-bob")
     # bob names alice's conversation: his own conversation of that name, hers stays hers.
     bobs_own = chat("bob", "conv-alice")
-    hers = "alice/conv-alice"  # its id in the database: no name of bob's reaches it
+    hers = "alice:conv-alice"  # its id in the database: no name of bob's reaches it
     for foreign, absent, ids in (
         (alices, "chatcmpl-none", {"exchange_id": alices}),
         (hers, "conv-none", {"trajectory_id": hers}),
@@ -176,7 +176,7 @@ def test_one_key_cannot_post_feedback_on_another_keys_exchange_or_conversation(s
     mine = feedback("bob", exchange_id=bobs, trajectory_id="conv-bob")
     assert mine.status_code == 200 and mine.json()["api_key_id"] == "bob"
     his = feedback("bob", exchange_id=bobs_own, trajectory_id="conv-alice")
-    assert his.status_code == 200 and his.json()["trajectory_id"] == "bob/conv-alice"
+    assert his.status_code == 200 and his.json()["trajectory_id"] == "bob:conv-alice"
 
 
 def test_body_size_and_n_are_bounded_through_the_real_server(server):

@@ -5,11 +5,16 @@ scenario. (Feedback only on a key's own exchanges: `test_security.py`.)"""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
+import httpx
+import pytest
 from openai import OpenAI
+from pydantic import ValidationError
 
 from onjob.cli.process import ServerProcess
+from onjob.proxy import ProxySettings
 
 from .conftest import rows
 
@@ -18,8 +23,16 @@ SYSTEM = {"role": "system", "content": "You are a support agent."}
 ASK = {"role": "user", "content": "My order has not arrived."}
 
 
+ADMIN = "adm-70e3c95b1d"
+
+
 def serve(tmp_path: Path, engine_url: str, **env: str) -> ServerProcess:
-    env = {"ONJOB_LOOP__INTERVAL_S": "0", "ONJOB_PROXY__API_KEYS": json.dumps(KEYS), **env}
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "0",
+        "ONJOB_PROXY__API_KEYS": json.dumps(KEYS),
+        "ONJOB_PROXY__ADMIN_KEY": ADMIN,
+        **env,
+    }
     args = ["--engine-url", engine_url, "--db", str(tmp_path / "onjob.duckdb")]
     return ServerProcess(args, env=env, log=tmp_path / "server.log")
 
@@ -51,6 +64,24 @@ def test_two_keys_sending_the_same_conversation_make_two_trajectories(tmp_path, 
             converse(server, secret)
         converse(server, KEYS["alice"], extra_headers={"X-Onjob-Trajectory": "ticket-1"})
         converse(server, KEYS["bob"], extra_headers={"X-Onjob-Trajectory": "ticket-1"})
+        # A key's named conversation has a page of its own on the dashboard (once loaded).
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        count = {"query": "SELECT count(*) FROM exchanges WHERE trajectory_id = 'alice:ticket-1'"}
+
+        def loaded() -> int:
+            answer = httpx.post(f"{server.base}/admin/sql", json=count, headers=admin).json()
+            return answer["rows"][0][0]
+
+        deadline = time.monotonic() + 30
+        while loaded() < 2:
+            assert time.monotonic() < deadline, "never loaded"
+            time.sleep(0.05)
+        page = httpx.get(
+            f"{server.base}/dashboard/trajectories/alice:ticket-1",
+            headers=admin,
+            timeout=30,
+        )
+        assert page.status_code == 200 and "It was due on Monday." in page.text
     db = tmp_path / "onjob.duckdb"
     logged = by_key(db)
     for key, mine in logged.items():
@@ -61,8 +92,8 @@ def test_two_keys_sending_the_same_conversation_make_two_trajectories(tmp_path, 
         assert len({r["trajectory_id"] for r in derived}) == 1
         # The name both sent is each key's own conversation.
         assert [(r["trajectory_id"], r["turn"]) for r in named] == [
-            (f"{key}/ticket-1", 0),
-            (f"{key}/ticket-1", 1),
+            (f"{key}:ticket-1", 0),
+            (f"{key}:ticket-1", 1),
         ]
     alice_ids = {r["trajectory_id"] for r in logged["alice"]}
     assert not alice_ids & {r["trajectory_id"] for r in logged["bob"]}
@@ -94,3 +125,9 @@ def test_with_scenarios_per_key_each_key_has_its_own_scenario(tmp_path, fake_eng
     assert sorted(r["id"] for r in counted) == sorted(scenario["alice"] | scenario["bob"])
     assert [r["count"] for r in counted] == [1, 1]  # one conversation each
     assert len(rows(db, "SELECT id FROM trajectories")) == 2
+
+
+def test_api_key_ids_cannot_hold_the_separator_of_named_conversations():
+    # "a" naming "b:c" and "a:b" naming "c" would both be "a:b:c".
+    with pytest.raises(ValidationError, match="holds ':'"):
+        ProxySettings(api_keys={"a": "sk-1", "a:b": "sk-2"})

@@ -148,8 +148,8 @@ def test_a_named_conversation_is_the_keys_own_name():
     s = Stitcher()
     a = s.place([ASK], trajectory_id="conv-1", api_key_id="alice")
     b = s.place([ASK], trajectory_id="conv-1", api_key_id="bob")
-    assert (a.trajectory_id, a.turn) == ("alice/conv-1", 0)
-    assert (b.trajectory_id, b.turn) == ("bob/conv-1", 0)
+    assert (a.trajectory_id, a.turn) == ("alice:conv-1", 0)
+    assert (b.trajectory_id, b.turn) == ("bob:conv-1", 0)
     # No API keys (a server for one developer): the name is the id.
     assert Stitcher().place([ASK], trajectory_id="conv-1").trajectory_id == "conv-1"
 

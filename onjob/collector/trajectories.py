@@ -97,10 +97,10 @@ def extend(prefix_hash: str, message: dict) -> str:
 
 def scoped(trajectory_id: str, api_key_id: str | None) -> str:
     """The stored id of the conversation a client names: the name itself on a server with
-    no API keys, else `<key id>/<name>`, so no key can write into (or point feedback at)
+    no API keys, else `<key id>:<name>`, so no key can write into (or point feedback at)
     another key's conversation by naming it, and nothing in the answer tells that the
     other exists. Deterministic: every replica and restart maps a name the same way."""
-    return trajectory_id if api_key_id is None else f"{api_key_id}/{trajectory_id}"
+    return trajectory_id if api_key_id is None else f"{api_key_id}:{trajectory_id}"
 
 
 def scenario_of(
