@@ -28,16 +28,21 @@ def _settings(command: str, args: argparse.Namespace):
     return settings
 
 
-def _ask(command: str, args: argparse.Namespace, settings, path: str, body: dict, **kw):
-    """The server's answer (an httpx response), or None when the caller should open the
-    database itself: `--db` given, or no server answered and none was named."""
+def _ask(command: str, args: argparse.Namespace, settings, path: str, body: dict | None, **kw):
+    """The server's answer (an httpx response; GET when there is no body), or None when the
+    caller should open the database itself: `--db` given, or no server answered and none
+    was named."""
     import httpx
 
     if args.db and not args.server:
         return None
     server, headers = admin_endpoint(settings, args)
+    url = f"{server}/admin/{path}"
     try:
-        resp = httpx.post(f"{server}/admin/{path}", json=body, headers=headers, **kw)
+        if body is None:
+            resp = httpx.get(url, headers=headers, **kw)
+        else:
+            resp = httpx.post(url, json=body, headers=headers, **kw)
     except httpx.TransportError as exc:
         if args.server:
             print(f"onjob {command}: {server} did not answer ({exc})", file=sys.stderr)
@@ -204,9 +209,9 @@ def _export(args: argparse.Namespace) -> int:
     settings = _settings("export", args)
     out = Path(args.parquet)
     out.mkdir(parents=True, exist_ok=True)
-    listed = _ask("export", args, settings, "sql", {"query": _TABLES, "limit": 1000}, timeout=60)
+    listed = _ask("export", args, settings, "tables", None, timeout=60)
     if listed is not None:
-        names = args.table or [r[0] for r in listed.json()["rows"]]
+        names = args.table or listed.json()["tables"]
         server, headers = admin_endpoint(settings, args)
         for name in names:
             path = out / f"{name}.parquet"
@@ -235,12 +240,6 @@ def _export(args: argparse.Namespace) -> int:
     finally:
         con.close()
     return 0
-
-
-_TABLES = (
-    "SELECT table_name FROM duckdb_tables() WHERE NOT temporary "
-    "AND database_name = current_database() ORDER BY table_name"
-)
 
 
 def _message(resp) -> str:
