@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 import httpx
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from openai import OpenAI
 
@@ -40,8 +42,9 @@ def serve(tmp_path: Path, engine_url: str, **env: str) -> ServerProcess:
     return ServerProcess(args, env=env, log=tmp_path / "server.log")
 
 
-def onjob(*args: str, admin: str | None = ADMIN) -> subprocess.CompletedProcess:
+def onjob(*args: str, admin: str | None = ADMIN, **more: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "ONJOB_PROXY__ADMIN_KEY": admin} if admin else dict(os.environ)
+    env.update(more)
     return subprocess.run(
         [sys.executable, "-m", "onjob.cli", *args], capture_output=True, text=True, env=env
     )
@@ -167,9 +170,23 @@ def test_forget_a_conversation_in_a_database_no_server_holds(tmp_path, fake_engi
         held = onjob("forget", "--db", str(db), "--trajectory", "x")
         assert held.returncode == 2 and "onjob serve" in held.stderr
     judged_and_trained(db, gone[1])
+    # The runs' snapshots, kept beside the checkpoints: one holds the doomed group.
+    snapshots = tmp_path / "ckpts" / ".snapshots"
+    snapshots.mkdir(parents=True)
+    for name, group in (("ckpt-a", "grp-1"), ("ckpt-other", "grp-other")):
+        pq.write_table(pa.table({"group_id": [group, group]}), snapshots / f"{name}.parquet")
     trajectory = rows(db, "SELECT trajectory_id FROM exchanges WHERE id = ?", [gone[0]])[0]
-    done = onjob("forget", "--db", str(db), "--trajectory", trajectory["trajectory_id"])
+    done = onjob(
+        "forget",
+        "--db",
+        str(db),
+        "--trajectory",
+        trajectory["trajectory_id"],
+        ONJOB_TRAINER__CHECKPOINTS_DIR=str(tmp_path / "ckpts"),
+    )
     assert done.returncode == 0, done.stderr
+    assert [p.name for p in snapshots.iterdir()] == ["ckpt-other.parquet"]
+    assert "removed the training snapshot" in done.stdout
     assert "forgot trajectory" in done.stdout and "3 exchanges" in done.stdout
     # The run that used its group, and the checkpoint trained on top of that one.
     listed = done.stdout.split("checkpoints already trained on the deleted data")[1]

@@ -93,6 +93,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
 def _forget(args: argparse.Namespace) -> int:
     from ..collector import Forget, ForgetError, StorageError, Store
     from ..collector.forget import forget, parse_date
+    from ..deploy.training import drop_snapshots
 
     settings = _settings("forget", args)
     try:
@@ -115,9 +116,11 @@ def _forget(args: argparse.Namespace) -> int:
             print(f"onjob forget: {exc}", file=sys.stderr)
             return 2
         try:
-            out = forget(store, what, actor="cli").as_dict()
+            forgotten = forget(store, what, actor="cli")
         finally:
             store.close()
+        snapshots = drop_snapshots(settings.trainer.checkpoints_dir, forgotten.group_ids)
+        out = {**forgotten.as_dict(), "snapshots_removed": snapshots}
     if args.json:
         print(json.dumps(out, indent=2, default=str))
         return 0
@@ -139,6 +142,8 @@ def _forget(args: argparse.Namespace) -> int:
             )
     else:
         print("no checkpoint was trained on it")
+    for path in out.get("snapshots_removed", []):
+        print(f"removed the training snapshot {path}")
     return 0
 
 
@@ -277,8 +282,9 @@ def add_commands(sub) -> None:
         description=_wrap(
             "Delete whole conversations and everything derived from them: their exchanges "
             "(re-sampled ones included), trajectory rows, the judge's groups, members, "
-            "judgements and scores that saw them, and the feedback on them; a scenario "
-            "left with no conversation goes too. No later judge pass or training run can "
+            "judgements and scores that saw them, the feedback on them, and the training "
+            "snapshots on disk that hold those groups; a scenario left with no "
+            "conversation goes too. No later judge pass or training run can "
             "use them, and a spool segment loaded later cannot bring them back. Checkpoints "
             "already trained on the deleted data are listed (they cannot unlearn it). " + _WHERE
         ),

@@ -18,6 +18,8 @@ later judge pass or snapshot for training can read any of it.
 
 Checkpoints already trained on one of those groups cannot be untrained: they (and the
 checkpoints trained on top of them) are listed in the answer, from `train_runs.groups_used`.
+(The training snapshots on disk that hold those groups are the deploy side's to remove:
+`deploy.training.drop_snapshots`.)
 
 A rule is kept in `forgotten` (migration V8) and the loader applies it to every spool
 line it loads (`store.load_segment`): a line written before the deletion but loaded after
@@ -76,11 +78,13 @@ class Forgotten:
     scores: int = 0
     feedback: int = 0
     trained_on: list[dict] = field(default_factory=list)  # name, status, train_run, path
+    # May be long: the stitcher and the snapshot files need them, not users.
     trajectory_ids: list[str] = field(default_factory=list)
+    group_ids: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         out = asdict(self)
-        del out["trajectory_ids"]  # may be long; the caller's stitcher needs them, not users
+        del out["trajectory_ids"], out["group_ids"]
         return out
 
 
@@ -130,6 +134,7 @@ def forget(store: Store, what: Forget, *, actor: str = "cli") -> Forgotten:
         )
         out.trained_on = _trained_on(con)
         out.trajectory_ids = [r[0] for r in con.execute("SELECT id FROM doomed_t").fetchall()]
+        out.group_ids = [r[0] for r in con.execute("SELECT id FROM doomed_g").fetchall()]
         scenarios = [
             r[0] for r in con.execute("SELECT DISTINCT scenario_id FROM doomed_e").fetchall()
         ]

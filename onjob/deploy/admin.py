@@ -27,7 +27,7 @@ from ..collector.forget import parse_date
 from ..judge import judge_agreement
 from ..proxy import Router
 from ..proxy.errors import BadRequest, Conflict, Forbidden, Unauthorized
-from . import adapters, deployments, progress, registry
+from . import adapters, deployments, progress, registry, training
 from .loop import LoopState, PeriodicLoop
 from .operator import Operator
 from .settings import DeploySettings
@@ -179,7 +179,9 @@ def routes(
             what = Forget(trajectory=b.trajectory, api_key=b.api_key, before=before)
         except ForgetError as exc:
             raise BadRequest(str(exc)) from exc
-        return (await collector.forget(what, actor="admin-api")).as_dict()
+        out = await collector.forget(what, actor="admin-api")
+        snapshots = training.drop_snapshots(settings.trainer.checkpoints_dir, out.group_ids)
+        return {**out.as_dict(), "snapshots_removed": snapshots}
 
     async def read(fn):
         try:
