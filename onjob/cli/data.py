@@ -298,7 +298,12 @@ def add_commands(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     which = forget.add_mutually_exclusive_group(required=True)
-    which.add_argument("--trajectory", metavar="ID", help="a trajectory id (trajectories.id)")
+    which.add_argument(
+        "--trajectory",
+        metavar="ID",
+        help="a trajectory id as stored (trajectories.id; one the client named is "
+        "<key id>:<name> on a server with API keys)",
+    )
     which.add_argument("--api-key", metavar="ID", help="an API key's id (as in proxy.api_keys)")
     which.add_argument(
         "--before",

@@ -11,6 +11,7 @@ server for one developer); otherwise the admin API is closed.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hmac
 import os
@@ -180,7 +181,9 @@ def routes(
         except ForgetError as exc:
             raise BadRequest(str(exc)) from exc
         out = await collector.forget(what, actor="admin-api")
-        snapshots = training.drop_snapshots(settings.trainer.checkpoints_dir, out.group_ids)
+        snapshots = await asyncio.to_thread(
+            training.drop_snapshots, settings.trainer.checkpoints_dir, out.group_ids
+        )
         return {**out.as_dict(), "snapshots_removed": snapshots}
 
     async def read(fn):
