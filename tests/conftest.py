@@ -174,3 +174,32 @@ def client(engine):
     from openai import OpenAI
 
     return OpenAI(base_url=engine.url, api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def fake_engine_url():
+    """bench/fake_upstream.py as a real process (canned answers, no model): the engine
+    behind servers whose tests are about the proxy and the database, not the model."""
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from onjob.cli.process import free_port
+
+    port = free_port()
+    script = Path(__file__).resolve().parents[1] / "bench" / "fake_upstream.py"
+    proc = subprocess.Popen([sys.executable, str(script), "--port", str(port)])
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + 30
+    while True:  # ready when it answers
+        try:
+            httpx.get(f"{url}/models", timeout=1)
+            break
+        except httpx.TransportError:
+            assert proc.poll() is None and time.monotonic() < deadline, "fake engine did not start"
+            time.sleep(0.05)
+    yield url
+    proc.terminate()
+    proc.wait()

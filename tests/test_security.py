@@ -158,11 +158,13 @@ def test_one_key_cannot_post_feedback_on_another_keys_exchange_or_conversation(s
 
     alices = chat("alice", "conv-alice")
     bobs = chat("bob", "conv-bob")
-    chat("bob", "conv-alice")  # bob names alice's conversation: it stays hers
+    # bob names alice's conversation: his own conversation of that name, hers stays hers.
+    bobs_own = chat("bob", "conv-alice")
+    hers = "alice:conv-alice"  # its id in the database: no name of bob's reaches it
     for foreign, absent, ids in (
         (alices, "chatcmpl-none", {"exchange_id": alices}),
-        ("conv-alice", "conv-none", {"trajectory_id": "conv-alice"}),
-        ("conv-alice", "conv-none", {"exchange_id": bobs, "trajectory_id": "conv-alice"}),
+        (hers, "conv-none", {"trajectory_id": hers}),
+        (hers, "conv-none", {"exchange_id": bobs, "trajectory_id": hers}),
     ):
         reply = feedback("bob", **ids)
         twin = feedback("bob", **{k: absent if v == foreign else v for k, v in ids.items()})
@@ -173,6 +175,8 @@ def test_one_key_cannot_post_feedback_on_another_keys_exchange_or_conversation(s
     assert feedback("alice", trajectory_id="conv-alice").status_code == 200
     mine = feedback("bob", exchange_id=bobs, trajectory_id="conv-bob")
     assert mine.status_code == 200 and mine.json()["api_key_id"] == "bob"
+    his = feedback("bob", exchange_id=bobs_own, trajectory_id="conv-alice")
+    assert his.status_code == 200 and his.json()["trajectory_id"] == "bob:conv-alice"
 
 
 def test_body_size_and_n_are_bounded_through_the_real_server(server):

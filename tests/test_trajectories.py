@@ -127,3 +127,60 @@ def test_the_index_is_bounded():
         p = s.place([{"role": "user", "content": f"q{i}"}])
         s.record_replies(p, [reply("a")])
     assert len(s._continuations) <= 10 and len(s._trajectories) <= 10
+
+
+def test_two_keys_sending_the_same_conversation_get_two_trajectories():
+    s = Stitcher()
+    alice = s.place([SYSTEM, ASK], api_key_id="alice")
+    bob = s.place([SYSTEM, ASK], api_key_id="bob")
+    s.record_replies(alice, [reply("Which date?")])
+    s.record_replies(bob, [reply("Which date?")])
+    more = [SYSTEM, ASK, reply("Which date?"), {"role": "user", "content": "May 3"}]
+    alice2, bob2 = s.place(more, api_key_id="alice"), s.place(more, api_key_id="bob")
+    assert (alice2.trajectory_id, alice2.turn) == (alice.trajectory_id, 1)
+    assert (bob2.trajectory_id, bob2.turn) == (bob.trajectory_id, 1)
+    assert alice.trajectory_id != bob.trajectory_id
+    # Without scenarios_per_key, the same situation is one scenario across keys.
+    assert alice.scenario_id == bob.scenario_id
+
+
+def test_a_named_conversation_is_the_keys_own_name():
+    s = Stitcher()
+    a = s.place([ASK], trajectory_id="conv-1", api_key_id="alice")
+    b = s.place([ASK], trajectory_id="conv-1", api_key_id="bob")
+    assert (a.trajectory_id, a.turn) == ("alice:conv-1", 0)
+    assert (b.trajectory_id, b.turn) == ("bob:conv-1", 0)
+    # No API keys (a server for one developer): the name is the id.
+    assert Stitcher().place([ASK], trajectory_id="conv-1").trajectory_id == "conv-1"
+
+
+def test_scenarios_per_key_gives_each_key_its_own_scenario():
+    s = Stitcher(scenarios_per_key=True)
+    alice, bob = (s.place([SYSTEM, ASK], api_key_id=k) for k in ("alice", "bob"))
+    assert alice.scenario_id != bob.scenario_id and alice.scenario_key == bob.scenario_key
+    named = [s.place([ASK], scenario="booking", api_key_id=k) for k in ("alice", "bob")]
+    assert named[0].scenario_id != named[1].scenario_id
+
+
+def test_warm_keeps_each_keys_continuations_its_own():
+    s = Stitcher()
+    a = s.place([ASK], api_key_id="alice")
+    hashes = s.record_replies(a, [reply("Which date?")])
+    fresh = Stitcher()
+    row = (a.trajectory_id, 0, a.scenario_id, a.scenario_key, a.scenario_keyed, hashes, "alice")
+    fresh.warm([row])
+    more = [ASK, reply("Which date?"), {"role": "user", "content": "May 3"}]
+    assert fresh.place(more, api_key_id="alice").trajectory_id == a.trajectory_id
+    assert fresh.place(more, api_key_id="bob").trajectory_id != a.trajectory_id
+
+
+def test_a_forgotten_conversation_is_never_continued():
+    s = Stitcher()
+    a = s.place([ASK], trajectory_id="conv-9")
+    first = s.place([ASK])
+    s.record_replies(first, [reply("Which date?")])
+    s.forget([first.trajectory_id, "conv-9"])
+    more = [ASK, reply("Which date?"), {"role": "user", "content": "May 3"}]
+    again = s.place(more)
+    assert again.trajectory_id != first.trajectory_id and again.turn == 0
+    assert s.place([ASK], trajectory_id="conv-9").turn == 0 == a.turn

@@ -36,11 +36,7 @@ def ask_server(args: argparse.Namespace, command: str, path: str, body: dict | N
     settings = load_settings(command, args, collector=given(db=args.db))
     if settings is None:
         raise SystemExit(2)
-    host = settings.proxy.host if settings.proxy.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    server = args.server or f"http://{host}:{settings.proxy.port}"
-    headers = {}
-    if settings.proxy.admin_key:
-        headers["Authorization"] = f"Bearer {settings.proxy.admin_key}"
+    server, headers = admin_endpoint(settings, args)
     try:
         if body is None:
             resp = httpx.get(f"{server}/admin/{path}", headers=headers, timeout=30)
@@ -56,6 +52,17 @@ def ask_server(args: argparse.Namespace, command: str, path: str, body: dict | N
         print(f"onjob {command}: {server}: {message}", file=sys.stderr)
         raise SystemExit(2)
     return settings, resp.json()
+
+
+def admin_endpoint(settings, args: argparse.Namespace) -> tuple[str, dict]:
+    """The running server's base URL (`--server`, else [proxy] host and port) and the
+    admin key's header."""
+    host = settings.proxy.host if settings.proxy.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    server = (getattr(args, "server", None) or f"http://{host}:{settings.proxy.port}").rstrip("/")
+    headers = {}
+    if settings.proxy.admin_key:
+        headers["Authorization"] = f"Bearer {settings.proxy.admin_key}"
+    return server, headers
 
 
 def offline(settings, fn):

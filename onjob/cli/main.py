@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import doctor, learning, model, release, serving
+from . import data, doctor, learning, model, release, serving
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,7 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="An OpenAI-compatible proxy that learns from its own traffic.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (serving, learning, release, model, doctor):
+    for group in (serving, learning, release, data, model, doctor):
         group.add_commands(sub)
     return parser
 

@@ -7,8 +7,9 @@ task loads the spool into DuckDB in batches. `queries` holds the questions other
 parts ask (`await collector.query(lambda store: queries.trajectory(store, trajectory_id))`).
 """
 
-from . import budgets, queries
+from . import budgets, queries, readonly
 from .errors import CollectorError, StorageError
+from .forget import Forget, ForgetError, Forgotten
 from .records import ExchangeRecord, FeedbackRecord
 from .settings import CollectorSettings
 from .store import Store
@@ -21,10 +22,14 @@ __all__ = [
     "CollectorSettings",
     "ExchangeRecord",
     "FeedbackRecord",
+    "Forget",
+    "ForgetError",
+    "Forgotten",
     "Placement",
     "Stitcher",
     "StorageError",
     "Store",
     "budgets",
     "queries",
+    "readonly",
 ]

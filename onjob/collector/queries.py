@@ -15,8 +15,8 @@ def exchange(store: Store, exchange_id: str) -> dict | None:
 
 
 def trajectory_owner(store: Store, trajectory_id: str) -> list[dict]:
-    """The API key id that started a conversation ([] when there is none): later turns may
-    come from anyone who names it."""
+    """The API key id of a conversation ([] when there is none): every turn's, since a
+    trajectory never spans two keys (`trajectories.scoped`)."""
     return store.query(
         "SELECT api_key_id FROM exchanges WHERE trajectory_id = ? ORDER BY turn, ts LIMIT 1",
         [trajectory_id],

@@ -182,7 +182,23 @@ V7 = """
 ALTER TABLE exchanges ADD COLUMN logprobs_mode VARCHAR;
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7]
+# What `onjob forget` and retention deleted, kept as a rule (`collector/forget.py`): the
+# loader drops every spool line it matches (a trajectory's or an API key's lines up to
+# `until`, or with both NULL every line before `until`), so a segment loaded after the
+# deletion (traffic in flight, a replay after a crash) cannot bring the rows back.
+V8_FORGOTTEN = """
+CREATE TABLE forgotten (
+    id VARCHAR PRIMARY KEY,
+    ts TIMESTAMPTZ NOT NULL,
+    trajectory_id VARCHAR,
+    api_key_id VARCHAR,
+    until TIMESTAMPTZ NOT NULL,
+    exchanges BIGINT,
+    actor VARCHAR
+);
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8_FORGOTTEN]
 
 
 def version(con: duckdb.DuckDBPyConnection) -> int:

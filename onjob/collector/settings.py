@@ -13,6 +13,11 @@ class CollectorSettings(BaseModel):
     flush_interval_s: float = Field(0.25, gt=0, description="how often the spool is loaded")
     warm_exchanges: int = Field(100_000, ge=0, description="exchanges reloaded into the stitcher")
     stitch_capacity: int = Field(200_000, ge=1)
+    scenarios_per_key: bool = Field(
+        False,
+        description="a scenario is one per API key (two keys' identical system prompt and "
+        "first message are two scenarios); trajectories are always one key's",
+    )
     loader_nice: int = Field(
         10,
         ge=0,
@@ -32,6 +37,20 @@ class CollectorSettings(BaseModel):
         ge=1 << 16,
         description="a spool segment is closed at this size: bounds the memory of one load "
         "into DuckDB when loading falls behind",
+    )
+
+    retention_days: float | None = Field(
+        None,
+        gt=0,
+        description="delete conversations whose last turn is older than this, with all "
+        "derived from them (groups, scores, feedback...; default: keep everything)",
+    )
+    retention_check_s: float = Field(
+        3600, gt=0, description="how often the running server applies retention_days"
+    )
+
+    query_timeout_s: float = Field(
+        60, gt=0, description="`onjob sql` / `onjob export` through the server: interrupted after"
     )
 
     @property

@@ -6,6 +6,8 @@ with its name in `loaded_segments`: replaying a segment after a crash between th
 commit and the file's deletion changes nothing, and no insert scans the growing
 tables. Trajectory and scenario aggregates are upserts through their primary keys.
 A line torn by a crash mid-write reads as an empty row and is counted, not loaded.
+A line `onjob forget` or retention deleted (table `forgotten`) is dropped, so loading
+a segment late never brings deleted rows back.
 
 DuckDB connections are not safe across threads: `Store` is used from one thread
 at a time (the collector runs it on a single-thread executor).
@@ -68,6 +70,22 @@ _READ = (
     f"ignore_errors = true, columns = {_LINE!r})"
 )
 
+# Lines `onjob forget` or retention deleted (`forgotten`, `forget.py`) are dropped before
+# anything is inserted: equality joins for the few named trajectories and keys, one
+# maximum for the dates.
+_FORGOTTEN = """
+DELETE FROM segment WHERE id IN (
+    SELECT s.id FROM segment s JOIN forgotten f
+        ON f.trajectory_id = s.trajectory_id AND s.ts <= f.until
+    UNION ALL
+    SELECT s.id FROM segment s JOIN forgotten f
+        ON f.api_key_id = s.api_key_id AND s.ts <= f.until
+    UNION ALL
+    SELECT id FROM segment WHERE ts < (
+        SELECT max(until) FROM forgotten WHERE trajectory_id IS NULL AND api_key_id IS NULL)
+)
+"""
+
 
 class Store:
     def __init__(
@@ -100,6 +118,7 @@ class Store:
                 con.execute("ROLLBACK")
                 return 0, 0
             con.execute(_READ, [str(path)])
+            con.execute(_FORGOTTEN)
             inserted, torn = con.execute(
                 "SELECT count(*) FILTER (WHERE kind = 'exchange'), count(*) FILTER (WHERE "
                 "kind IS NULL) FROM segment"
@@ -157,7 +176,8 @@ class Store:
         """The stitcher's state for the most recent `limit` exchanges, oldest first."""
         return self.con.execute(
             """
-            SELECT e.trajectory_id, e.turn, e.scenario_id, s.key, s.keyed, e.continuation_hashes
+            SELECT e.trajectory_id, e.turn, e.scenario_id, s.key, s.keyed, e.continuation_hashes,
+                   e.api_key_id
             FROM (SELECT * FROM exchanges WHERE source <> 'resample' ORDER BY ts DESC LIMIT ?) e
             JOIN scenarios s ON s.id = e.scenario_id
             ORDER BY e.ts

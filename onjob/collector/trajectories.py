@@ -10,6 +10,12 @@ forwarded (the canary arm depends on the trajectory).
 A client that edits history produces a chain that matches nothing and starts a
 new trajectory; one that continues an older turn of a trajectory (a retry or a
 fork) also starts a new one, so a trajectory is always one linear conversation.
+
+Tenants are kept apart: a trajectory never spans two API keys. The index is keyed
+by (API key id, hash), so two keys sending the same conversation get two
+trajectories, and a conversation the client names is the key's own name
+(`scoped()`): two keys naming `conv-1` hold two trajectories. With
+`scenarios_per_key` the scenario's id covers the key too.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ class Placement:
     scenario_key: str
     scenario_keyed: str
     prefix_hash: str  # chain hash of the request's messages
+    api_key_id: str | None = None  # whose conversation: its continuations are that key's
 
 
 def text_of(content: Any) -> str:
@@ -88,8 +95,20 @@ def extend(prefix_hash: str, message: dict) -> str:
     ).hexdigest()
 
 
-def scenario_of(messages: list[dict], explicit: str | None) -> tuple[str, str, str]:
-    """(scenario id, key, how keyed). Derived keys hash the system prompt and first user message."""
+def scoped(trajectory_id: str, api_key_id: str | None) -> str:
+    """The stored id of the conversation a client names: the name itself on a server with
+    no API keys, else `<key id>:<name>`, so no key can write into (or point feedback at)
+    another key's conversation by naming it, and nothing in the answer tells that the
+    other exists. Deterministic: every replica and restart maps a name the same way."""
+    return trajectory_id if api_key_id is None else f"{api_key_id}:{trajectory_id}"
+
+
+def scenario_of(
+    messages: list[dict], explicit: str | None, tenant: str | None = None
+) -> tuple[str, str, str]:
+    """(scenario id, key, how keyed). Derived keys hash the system prompt and first user
+    message. A `tenant` (the API key id, with `collector.scenarios_per_key`) is part of the
+    id, not of the key: two keys' scenarios of the same key are two rows."""
     if explicit:
         key, keyed = explicit, EXPLICIT
     else:
@@ -104,7 +123,8 @@ def scenario_of(messages: list[dict], explicit: str | None) -> tuple[str, str, s
         user = next((text_of(m.get("content")) for m in messages if m.get("role") == "user"), "")
         key = hashlib.blake2b(json.dumps([system, user]).encode(), digest_size=8).hexdigest()
         keyed = DERIVED
-    digest = hashlib.blake2b(f"{keyed}\0{key}".encode(), digest_size=8).hexdigest()
+    scope = f"{keyed}\0{key}" if tenant is None else f"{keyed}\0{key}\0{tenant}"
+    digest = hashlib.blake2b(scope.encode(), digest_size=8).hexdigest()
     return f"scn_{digest}", key, keyed
 
 
@@ -114,11 +134,19 @@ class _Trajectory:
     scenario: tuple[str, str, str]
 
 
-class Stitcher:
-    """The in-memory index: continuation hash -> (trajectory, turn). Bounded (LRU)."""
+def _slot(api_key_id: str | None, h: str) -> str:
+    """The index's key for a continuation: the hash within its API key's own space."""
+    return h if api_key_id is None else f"{api_key_id}\0{h}"
 
-    def __init__(self, capacity: int = 200_000) -> None:
+
+class Stitcher:
+    """The in-memory index: (API key, continuation hash) -> (trajectory, turn). Bounded (LRU).
+
+    `scenarios_per_key`: a derived or named scenario is one per API key."""
+
+    def __init__(self, capacity: int = 200_000, *, scenarios_per_key: bool = False) -> None:
         self.capacity = capacity
+        self.scenarios_per_key = scenarios_per_key
         self._continuations: OrderedDict[str, tuple[str, int]] = OrderedDict()
         self._trajectories: OrderedDict[str, _Trajectory] = OrderedDict()
 
@@ -128,39 +156,50 @@ class Stitcher:
         *,
         trajectory_id: str | None = None,
         scenario: str | None = None,
+        api_key_id: str | None = None,
     ) -> Placement:
         hashes = chain(messages)
+        tenant = api_key_id if self.scenarios_per_key else None
         if trajectory_id:
+            trajectory_id = scoped(trajectory_id, api_key_id)
             known = self._trajectories.get(trajectory_id)
             turn = known.latest_turn + 1 if known else 0
-            scen = known.scenario if known else scenario_of(messages, scenario)
-            return self._placed(trajectory_id, turn, scen, hashes)
+            scen = known.scenario if known else scenario_of(messages, scenario, tenant)
+            return self._placed(trajectory_id, turn, scen, hashes, api_key_id)
         for k in range(len(messages) - 1, 0, -1):
             if messages[k - 1].get("role") != "assistant":
                 continue
-            hit = self._continuations.get(hashes[k - 1])
+            hit = self._continuations.get(_slot(api_key_id, hashes[k - 1]))
             if hit is None:
                 continue
             traj, turn = hit
             known = self._trajectories.get(traj)
             if known is not None and known.latest_turn == turn:
-                return self._placed(traj, turn + 1, known.scenario, hashes)
+                return self._placed(traj, turn + 1, known.scenario, hashes, api_key_id)
             break  # continues an older turn: a fork, so a new trajectory
-        return self._placed(new_id("traj_"), 0, scenario_of(messages, scenario), hashes)
+        scen = scenario_of(messages, scenario, tenant)
+        return self._placed(new_id("traj_"), 0, scen, hashes, api_key_id)
 
     def _placed(
-        self, traj: str, turn: int, scen: tuple[str, str, str], hashes: list[str]
+        self,
+        traj: str,
+        turn: int,
+        scen: tuple[str, str, str],
+        hashes: list[str],
+        api_key_id: str | None,
     ) -> Placement:
         self._remember_trajectory(traj, _Trajectory(turn, scen))
-        return Placement(traj, turn, *scen, prefix_hash=hashes[-1] if hashes else "")
+        prefix = hashes[-1] if hashes else ""
+        return Placement(traj, turn, *scen, prefix_hash=prefix, api_key_id=api_key_id)
 
     def record_replies(self, placement: Placement, replies: list[dict]) -> list[str]:
         """Register each reply the client received as a possible continuation; return the hashes."""
         out = []
         for reply in replies:
             h = extend(placement.prefix_hash, reply)
-            self._continuations[h] = (placement.trajectory_id, placement.turn)
-            self._continuations.move_to_end(h)
+            slot = _slot(placement.api_key_id, h)
+            self._continuations[slot] = (placement.trajectory_id, placement.turn)
+            self._continuations.move_to_end(slot)
             out.append(h)
         while len(self._continuations) > self.capacity:
             self._continuations.popitem(last=False)
@@ -175,16 +214,28 @@ class Stitcher:
             else:
                 known.latest_turn -= 1
 
-    def warm(self, rows: list[tuple[str, int, str, str, str, list[str]]]) -> None:
-        """Reload after a restart from (trajectory, turn, scenario id, key, keyed, hashes) rows."""
-        for traj, turn, scen_id, key, keyed, hashes in rows:
+    def warm(self, rows: list[tuple]) -> None:
+        """Reload after a restart from (trajectory, turn, scenario id, key, keyed, hashes[,
+        API key id]) rows."""
+        for traj, turn, scen_id, key, keyed, hashes, *tenant in rows:
+            api_key_id = tenant[0] if tenant else None
             known = self._trajectories.get(traj)
             if known is None or known.latest_turn <= turn:
                 self._remember_trajectory(traj, _Trajectory(turn, (scen_id, key, keyed)))
             for h in hashes or []:
-                self._continuations[h] = (traj, turn)
+                self._continuations[_slot(api_key_id, h)] = (traj, turn)
         while len(self._continuations) > self.capacity:
             self._continuations.popitem(last=False)
+
+    def forget(self, trajectory_ids: list[str]) -> None:
+        """Deleted conversations: a request continuing one starts a new trajectory."""
+        gone = set(trajectory_ids)
+        if not gone:
+            return
+        for traj in gone:
+            self._trajectories.pop(traj, None)
+        for slot in [s for s, (traj, _) in self._continuations.items() if traj in gone]:
+            del self._continuations[slot]
 
     def _remember_trajectory(self, traj: str, state: _Trajectory) -> None:
         self._trajectories[traj] = state

@@ -5,12 +5,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import datetime as dt
 import logging
+import math
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import duckdb
+
+from .forget import Forget, Forgotten, forget
 from .records import ExchangeRecord, Record, encode
 from .settings import CollectorSettings
 from .spool import Spool
@@ -32,13 +38,24 @@ def _lower_priority(nice: int) -> None:
 class Collector:
     def __init__(self, settings: CollectorSettings) -> None:
         self.settings = settings
-        self.stitcher = Stitcher(settings.stitch_capacity)
+        self.stitcher = Stitcher(
+            settings.stitch_capacity, scenarios_per_key=settings.scenarios_per_key
+        )
         self._db = concurrent.futures.ThreadPoolExecutor(
             1,
             thread_name_prefix="onjob-duckdb",
             initializer=_lower_priority,
             initargs=(settings.loader_nice,),
         )
+        # Users' queries (`onjob sql`, `onjob export`) run on a cursor of their own in a
+        # thread of their own: a slow one never holds up loading the spool.
+        self._reader = concurrent.futures.ThreadPoolExecutor(
+            1,
+            thread_name_prefix="onjob-duckdb-read",
+            initializer=_lower_priority,
+            initargs=(settings.loader_nice,),
+        )
+        self._cursor: duckdb.DuckDBPyConnection | None = None
         self._store: Store | None = None
         self._spool: Spool | None = None
         self._task: asyncio.Task | None = None
@@ -64,9 +81,18 @@ class Collector:
         self._task = asyncio.create_task(self._loop(), name="onjob-collector")
 
     def place(
-        self, messages: list[dict], *, trajectory_id: str | None = None, scenario: str | None = None
+        self,
+        messages: list[dict],
+        *,
+        trajectory_id: str | None = None,
+        scenario: str | None = None,
+        api_key_id: str | None = None,
     ) -> Placement:
-        return self.stitcher.place(messages, trajectory_id=trajectory_id, scenario=scenario)
+        """Which trajectory, turn and scenario a request of `api_key_id` belongs to (never
+        another key's)."""
+        return self.stitcher.place(
+            messages, trajectory_id=trajectory_id, scenario=scenario, api_key_id=api_key_id
+        )
 
     def log(self, record: Record) -> None:
         """Durably hand over one exchange or feedback (one append to the spool); never waits
@@ -96,6 +122,32 @@ class Collector:
         self._store.forget_segment(segment.name)
         return inserted
 
+    async def forget(self, what: Forget, *, actor: str = "admin-api") -> Forgotten:
+        """Delete `what` while serving: the spool is loaded first (so what is in it goes
+        too), then the rows in one transaction on the database thread, then the
+        stitcher's memory of those conversations. Lines spooled meanwhile are loaded
+        later, through the rule `forget` records: none of the deleted comes back, nothing
+        else is lost."""
+        async with self._flushing:
+            for segment in self._spool.rotate():
+                self.loaded += await self._run(self._load_segment, segment)
+            out = await self._run(lambda: forget(self._store, what, actor=actor))
+        self.stitcher.forget(out.trajectory_ids)
+        if out.exchanges:
+            log.warning("forgot %s: %d exchanges", out.what, out.exchanges)
+        if out.trained_on:
+            names = ", ".join(c["name"] for c in out.trained_on)
+            log.warning("checkpoints already trained on what was forgotten: %s", names)
+        return out
+
+    async def apply_retention(self) -> Forgotten | None:
+        """Delete conversations older than `retention_days` (None when it is not set)."""
+        days = self.settings.retention_days
+        if days is None:
+            return None
+        cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(days=days)
+        return await self.forget(Forget(before=cutoff), actor="retention")
+
     def stats(self) -> dict:
         """Counters for `/health`: `backlog` is what the spool holds that DuckDB does not yet."""
         return {
@@ -108,10 +160,26 @@ class Collector:
         """Run `fn(store)` on the database thread."""
         return await self._run(fn, self._store)
 
+    async def read(self, fn: Callable[[duckdb.DuckDBPyConnection], T], timeout_s: float) -> T:
+        """Run `fn(cursor)` on the readers' thread; interrupted (DuckDB's own interrupt)
+        past `timeout_s`, raising TimeoutError."""
+        if self._cursor is None:
+            self._cursor = await self._run(self._store.con.cursor)
+        cursor = self._cursor
+        job = asyncio.get_running_loop().run_in_executor(self._reader, fn, cursor)
+        try:
+            return await asyncio.wait_for(asyncio.shield(job), timeout_s)
+        except TimeoutError:
+            cursor.interrupt()
+            with contextlib.suppress(Exception):
+                await job
+            raise
+
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
 
     async def _loop(self) -> None:
+        retained = -math.inf  # retention runs at start, then every retention_check_s
         while True:
             await asyncio.sleep(self.settings.flush_interval_s)
             try:
@@ -119,6 +187,12 @@ class Collector:
             except Exception:
                 # The segments stay on disk and are retried next round: nothing is dropped.
                 log.exception("loading the spool into DuckDB failed; will retry")
+            if time.monotonic() - retained >= self.settings.retention_check_s:
+                retained = time.monotonic()
+                try:
+                    await self.apply_retention()
+                except Exception:
+                    log.exception("applying collector.retention_days failed; will retry")
 
     async def close(self) -> None:
         if self._task:
@@ -128,6 +202,9 @@ class Collector:
         if self._spool:
             await self.flush()
             self._spool.close()
+        self._reader.shutdown(wait=True)
+        if self._cursor is not None:
+            await self._run(self._cursor.close)
         if self._store:
             await self._run(self._store.close)
         self._db.shutdown(wait=True)

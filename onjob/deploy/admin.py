@@ -1,6 +1,8 @@
 """The admin API of `onjob serve`: status (routing, deployments, the loop's stage, the
 reward per checkpoint, each judge's agreement with users' feedback), checkpoints, canary,
-promote, roll back.
+promote, roll back; and the data: forget a conversation or a key's traffic, answer a
+read-only SQL query, export a table as Parquet (DuckDB allows one process to hold the file:
+this one).
 
 Behind `proxy.admin_key` (`Authorization: Bearer <admin key>`). A server with no
 admin key answers admin calls only when it has no API keys either (a loopback
@@ -9,17 +11,24 @@ server for one developer); otherwise the admin API is closed.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hmac
+import os
+import tempfile
+from pathlib import Path
 
 import msgspec
 from litestar import Request, get, post
+from litestar.background_tasks import BackgroundTask
+from litestar.response import File
 
-from ..collector import Collector
+from ..collector import Collector, Forget, ForgetError, readonly
+from ..collector.forget import parse_date
 from ..judge import judge_agreement
 from ..proxy import Router
 from ..proxy.errors import BadRequest, Conflict, Forbidden, Unauthorized
-from . import adapters, deployments, progress, registry
+from . import adapters, deployments, progress, registry, training
 from .loop import LoopState, PeriodicLoop
 from .operator import Operator
 from .settings import DeploySettings
@@ -30,6 +39,24 @@ class CanaryBody(msgspec.Struct, forbid_unknown_fields=True):
     checkpoint: str
     fraction: float = 0.1
     reason: str = "set by hand"
+
+
+class ForgetBody(msgspec.Struct, forbid_unknown_fields=True):
+    """Exactly one: a trajectory id, an API key id, or a date (ISO) before which every
+    conversation ended."""
+
+    trajectory: str | None = None
+    api_key: str | None = None
+    before: str | None = None
+
+
+class SqlBody(msgspec.Struct, forbid_unknown_fields=True):
+    query: str
+    limit: int = 1000
+
+
+class ExportBody(msgspec.Struct, forbid_unknown_fields=True):
+    table: str
 
 
 class LoopBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -142,4 +169,73 @@ def routes(
         await (loop.resume() if b.running else loop.pause())
         return loop.state.as_dict()
 
-    return [status, checkpoints, canary, promote, rollback, loop_switch]
+    @post("/admin/forget", status_code=200)
+    async def forget(request: Request) -> dict:
+        """Delete a conversation, a key's traffic, or conversations ended before a date,
+        with all derived from them; the answer lists checkpoints already trained on it."""
+        require_admin(request)
+        b = await body(request, ForgetBody)
+        try:
+            before = parse_date(b.before) if b.before is not None else None
+            what = Forget(trajectory=b.trajectory, api_key=b.api_key, before=before)
+        except ForgetError as exc:
+            raise BadRequest(str(exc)) from exc
+        out = await collector.forget(what, actor="admin-api")
+        snapshots = await asyncio.to_thread(
+            training.drop_snapshots, settings.trainer.checkpoints_dir, out.group_ids
+        )
+        return {**out.as_dict(), "snapshots_removed": snapshots}
+
+    async def read(fn):
+        try:
+            return await collector.read(fn, settings.collector.query_timeout_s)
+        except readonly.QueryRefused as exc:
+            raise BadRequest(str(exc)) from exc
+        except TimeoutError as exc:
+            limit = settings.collector.query_timeout_s
+            raise BadRequest(f"The query ran past {limit:g} s and was interrupted.") from exc
+
+    @post("/admin/sql", status_code=200)
+    async def sql(request: Request) -> dict:
+        """One read-only SELECT, answered from a cursor of its own (`collector.readonly`)."""
+        require_admin(request)
+        b = await body(request, SqlBody)
+        return (await read(lambda con: readonly.query(con, b.query, b.limit))).as_dict()
+
+    @get("/admin/tables")
+    async def tables(request: Request) -> dict:
+        require_admin(request)
+        return {"tables": await read(readonly.tables)}
+
+    @post("/admin/export", status_code=200)
+    async def export(request: Request) -> File:
+        """One table as a Parquet file (written to a temporary file, removed once sent)."""
+        require_admin(request)
+        b = await body(request, ExportBody)
+        fd, name = tempfile.mkstemp(prefix="onjob-export-", suffix=".parquet")
+        os.close(fd)
+        path = Path(name)
+        try:
+            await read(lambda con: readonly.export(con, b.table, path))
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return File(
+            path=path,
+            filename=f"{b.table}.parquet",
+            media_type="application/vnd.apache.parquet",
+            background=BackgroundTask(path.unlink, missing_ok=True),
+        )
+
+    return [
+        status,
+        checkpoints,
+        canary,
+        promote,
+        rollback,
+        loop_switch,
+        forget,
+        sql,
+        tables,
+        export,
+    ]

@@ -12,8 +12,11 @@ import json
 import shutil
 import sys
 import time
+from pathlib import Path
 
 import httpx
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ..collector import Collector, budgets
 from ..collector.ids import new_id
@@ -125,3 +128,24 @@ async def train(
     await db.query(lambda st: record_run(st, new_id("run-"), manifest, out, parent))
     echo(f"checkpoint {name} recorded as a candidate: {out}")
     return manifest
+
+
+def drop_snapshots(checkpoints_dir: Path, group_ids: list[str]) -> list[str]:
+    """Remove the training snapshots (`<checkpoints_dir>/.snapshots/*.parquet`, kept beside
+    the runs they fed) that hold one of `group_ids`, with their settings file: after
+    `onjob forget` no copy of the deleted groups is left for a run to read. Returns the
+    paths removed."""
+    gone = set(group_ids)
+    removed: list[str] = []
+    if not gone:
+        return removed
+    for path in sorted((Path(checkpoints_dir) / ".snapshots").glob("*.parquet")):
+        try:
+            held = set(pq.read_table(path, columns=["group_id"]).column("group_id").to_pylist())
+        except (OSError, KeyError, pa.ArrowException):
+            continue  # not a snapshot this version wrote: left as it is
+        if held & gone:
+            path.unlink(missing_ok=True)
+            path.with_suffix(".json").unlink(missing_ok=True)
+            removed.append(str(path))
+    return removed

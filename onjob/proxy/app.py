@@ -20,6 +20,7 @@ from opentelemetry.trace import Tracer
 
 from ..collector import Collector, FeedbackRecord, queries
 from ..collector.ids import new_id
+from ..collector.trajectories import scoped
 from ..openai_errors import HANDLERS, error_body
 from . import openapi, sse, telemetry
 from .errors import (
@@ -230,14 +231,15 @@ def create_app(
         if not (fb.exchange_id or fb.trajectory_id):
             raise BadRequest("Feedback needs an `exchange_id` or a `trajectory_id`.")
         # Another key's exchange or conversation is answered as missing: its id stays secret.
-        trajectory_id = fb.trajectory_id
+        # A named conversation is the key's own name for it (as when chatting).
+        trajectory_id = scoped(fb.trajectory_id, api_key_id) if fb.trajectory_id else None
         if fb.exchange_id:
             row = await _lookup(collector, queries.exchange, fb.exchange_id)
             if row is None or row["api_key_id"] != api_key_id:
                 raise NotFound(f"No exchange `{fb.exchange_id}`.", param="exchange_id")
             trajectory_id = trajectory_id or row["trajectory_id"]
         if fb.trajectory_id:
-            owner = await _lookup(collector, queries.trajectory_owner, fb.trajectory_id)
+            owner = await _lookup(collector, queries.trajectory_owner, trajectory_id)
             if not owner or owner[0]["api_key_id"] != api_key_id:
                 raise NotFound(f"No trajectory `{fb.trajectory_id}`.", param="trajectory_id")
         record = FeedbackRecord(

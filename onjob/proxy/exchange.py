@@ -234,6 +234,7 @@ class Exchange:
             body["messages"],
             trajectory_id=trajectory_id or _str(metadata.get("trajectory_id")),
             scenario=scenario or _str(metadata.get("scenario")),
+            api_key_id=api_key_id,
         )
         try:
             route = await router.resolve(body["model"], placement.trajectory_id, pin)

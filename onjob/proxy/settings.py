@@ -108,6 +108,10 @@ class ProxySettings(BaseModel):
             raise ValueError("two API key ids share one secret")
         if any(not secret for secret in keys.values()):
             raise ValueError("an API key secret is empty")
+        if any(not key_id or ":" in key_id for key_id in keys):
+            # A conversation a client names is stored as `<key id>:<name>`
+            # (`collector.trajectories.scoped`): one key's names never reach another's.
+            raise ValueError("an API key id is empty or holds ':'")
         return keys
 
     @model_validator(mode="after")

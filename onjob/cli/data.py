@@ -1,0 +1,364 @@
+"""`onjob forget`, `onjob sql` and `onjob export`: the logged data, while the server runs or
+not.
+
+DuckDB lets one process open the file read-write, and `onjob serve` is it. So each verb
+asks the running server's admin API (`--server`, else [proxy] host/port; the admin key
+from the settings); with `--db`, or when no server answers, it opens the file itself
+(`sql` and `export` read-only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .common import admin_endpoint, given, load_settings
+
+
+class _Failed(Exception):
+    """Said on stderr already: exit 2."""
+
+
+def _settings(command: str, args: argparse.Namespace):
+    settings = load_settings(command, args, collector=given(db=args.db))
+    if settings is None:
+        raise _Failed
+    return settings
+
+
+def _ask(command: str, args: argparse.Namespace, settings, path: str, body: dict | None, **kw):
+    """The server's answer (an httpx response; GET when there is no body), or None when the
+    caller should open the database itself: `--db` given, or no server answered and none
+    was named."""
+    import httpx
+
+    if args.db and not args.server:
+        return None
+    server, headers = admin_endpoint(settings, args)
+    url = f"{server}/admin/{path}"
+    try:
+        if body is None:
+            resp = httpx.get(url, headers=headers, **kw)
+        else:
+            resp = httpx.post(url, json=body, headers=headers, **kw)
+    except httpx.TransportError as exc:
+        if args.server:
+            print(f"onjob {command}: {server} did not answer ({exc})", file=sys.stderr)
+            raise _Failed from exc
+        return None
+    if resp.status_code >= 400:
+        try:
+            message = resp.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = resp.text[:300]
+        print(f"onjob {command}: {server}: {message}", file=sys.stderr)
+        raise _Failed
+    return resp
+
+
+def _open_read_only(command: str, settings):
+    import duckdb
+
+    db = settings.collector.db
+    if not Path(db).exists():
+        print(f"onjob {command}: no database at {db}", file=sys.stderr)
+        raise _Failed
+    try:
+        return duckdb.connect(str(db), read_only=True)
+    except duckdb.Error as exc:
+        print(
+            f"onjob {command}: cannot open {db}: {str(exc).splitlines()[0]}. A running "
+            "`onjob serve` holds it: leave out --db (or give --server URL) to ask it.",
+            file=sys.stderr,
+        )
+        raise _Failed from exc
+
+
+def _run(command: str, fn, args: argparse.Namespace) -> int:
+    try:
+        return fn(args)
+    except _Failed:
+        return 2
+
+
+# -- forget ----------------------------------------------------------------------------
+
+
+def cmd_forget(args: argparse.Namespace) -> int:
+    return _run("forget", _forget, args)
+
+
+def _forget(args: argparse.Namespace) -> int:
+    from ..collector import Forget, ForgetError, StorageError, Store
+    from ..collector.forget import forget, parse_date
+    from ..deploy.training import drop_snapshots
+
+    settings = _settings("forget", args)
+    try:
+        before = parse_date(args.before) if args.before else None
+        what = Forget(trajectory=args.trajectory, api_key=args.api_key, before=before)
+    except ForgetError as exc:
+        print(f"onjob forget: {exc}", file=sys.stderr)
+        return 2
+    body = {"trajectory": args.trajectory, "api_key": args.api_key, "before": args.before}
+    resp = _ask("forget", args, settings, "forget", body, timeout=600)
+    if resp is not None:
+        out = resp.json()
+    else:
+        if not Path(settings.collector.db).exists():
+            print(f"onjob forget: no database at {settings.collector.db}", file=sys.stderr)
+            return 2
+        try:
+            store = Store(settings.collector.db)
+        except StorageError as exc:
+            print(f"onjob forget: {exc}", file=sys.stderr)
+            return 2
+        try:
+            forgotten = forget(store, what, actor="cli")
+        finally:
+            store.close()
+        snapshots = drop_snapshots(settings.trainer.checkpoints_dir, forgotten.group_ids)
+        out = {**forgotten.as_dict(), "snapshots_removed": snapshots}
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    print(
+        f"forgot {out['what']}: {out['exchanges']} exchanges, {out['trajectories']} "
+        f"trajectories, {out['groups']} groups ({out['members']} members, "
+        f"{out['judgements']} judgements, {out['scores']} scores), {out['feedback']} feedback, "
+        f"{out['scenarios']} scenarios left empty"
+    )
+    if out["trained_on"]:
+        print(
+            "checkpoints already trained on the deleted data (a checkpoint cannot unlearn it: "
+            "retire or roll back those you must):"
+        )
+        for c in out["trained_on"]:
+            print(
+                f"  {c['name']:<40} {c['status']:<10} run={c['train_run'] or '-'} "
+                f"parent={c['parent'] or '-'} {c['path'] or ''}"
+            )
+    else:
+        print("no checkpoint was trained on it")
+    for path in out.get("snapshots_removed", []):
+        print(f"removed the training snapshot {path}")
+    return 0
+
+
+# -- sql -------------------------------------------------------------------------------
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    return _run("sql", _sql, args)
+
+
+def _sql(args: argparse.Namespace) -> int:
+    from ..collector import readonly
+
+    settings = _settings("sql", args)
+    body = {"query": args.query, "limit": args.limit}
+    timeout = settings.collector.query_timeout_s + 30
+    resp = _ask("sql", args, settings, "sql", body, timeout=timeout)
+    if resp is not None:
+        answer = resp.json()
+    else:
+        con = _open_read_only("sql", settings)
+        try:
+            answer = readonly.query(con, args.query, args.limit).as_dict()
+        except readonly.QueryRefused as exc:
+            print(f"onjob sql: {exc}", file=sys.stderr)
+            return 2
+        finally:
+            con.close()
+        answer = json.loads(json.dumps(answer, default=str))
+    if args.json:
+        print(json.dumps(answer, indent=2))
+    else:
+        _table(answer["columns"], answer["rows"])
+    if answer["truncated"]:
+        print(f"(only the first {args.limit} rows: --limit N for more)", file=sys.stderr)
+    return 0
+
+
+def _table(columns: list[str], rows: list[list]) -> None:
+    """Columns aligned, each cell cut at 60 characters."""
+
+    def cell(v) -> str:
+        text = "NULL" if v is None else v if isinstance(v, str) else json.dumps(v, default=str)
+        text = text.replace("\n", " ")
+        return text if len(text) <= 60 else text[:59] + "…"
+
+    cells = [[cell(v) for v in row] for row in rows]
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    print("  ".join("-" * w for w in widths))
+    for r in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+
+
+# -- export ----------------------------------------------------------------------------
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    return _run("export", _export, args)
+
+
+def _export(args: argparse.Namespace) -> int:
+    import httpx
+
+    from ..collector import readonly
+
+    settings = _settings("export", args)
+    out = Path(args.parquet)
+    out.mkdir(parents=True, exist_ok=True)
+    listed = _ask("export", args, settings, "tables", None, timeout=60)
+    if listed is not None:
+        names = args.table or listed.json()["tables"]
+        server, headers = admin_endpoint(settings, args)
+        for name in names:
+            path = out / f"{name}.parquet"
+            partial = path.with_suffix(".parquet.partial")
+            url = f"{server}/admin/export"
+            with httpx.stream("POST", url, json={"table": name}, headers=headers, timeout=600) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    print(f"onjob export: {server}: {_message(r)}", file=sys.stderr)
+                    return 2
+                with partial.open("wb") as f:
+                    for chunk in r.iter_bytes():
+                        f.write(chunk)
+            partial.rename(path)
+            print(f"{path}")
+        return 0
+    con = _open_read_only("export", settings)
+    try:
+        for name in args.table or readonly.tables(con):
+            path = out / f"{name}.parquet"
+            rows = readonly.export(con, name, path)
+            print(f"{path} ({rows} rows)")
+    except readonly.QueryRefused as exc:
+        print(f"onjob export: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        con.close()
+    return 0
+
+
+def _message(resp) -> str:
+    try:
+        return resp.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return resp.text[:300]
+
+
+# -- the parser ------------------------------------------------------------------------
+
+_WHERE = (
+    "Asks the running `onjob serve` through its admin API (--server URL, else [proxy] "
+    "host and port; the admin key from proxy.admin_key / ONJOB_PROXY__ADMIN_KEY). With "
+    "--db, or when no server answers, it opens the database file itself."
+)
+
+
+def _wrap(text: str) -> str:
+    import textwrap
+
+    return textwrap.fill(text, 80)
+
+
+def _where(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server", help="the running server's URL (default: from [proxy] host/port)")
+    p.add_argument("--db", help="open this DuckDB file directly (no server may hold it)")
+    p.add_argument("--config", help="TOML settings file")
+
+
+def add_commands(sub) -> None:
+    forget = sub.add_parser(
+        "forget",
+        help="delete a conversation, an API key's traffic, or everything before a date",
+        description=_wrap(
+            "Delete whole conversations and everything derived from them: their exchanges "
+            "(re-sampled ones included), trajectory rows, the judge's groups, members, "
+            "judgements and scores that saw them, the feedback on them, and the training "
+            "snapshots on disk that hold those groups; a scenario left with no "
+            "conversation goes too. No later judge pass or training run can "
+            "use them, and a spool segment loaded later cannot bring them back. Checkpoints "
+            "already trained on the deleted data are listed (they cannot unlearn it). " + _WHERE
+        ),
+        epilog=(
+            "examples:\n"
+            "  onjob forget --trajectory traj_3f9c...   one conversation\n"
+            "  onjob forget --api-key support-bot       a tenant's conversations and feedback\n"
+            "  onjob forget --before 2026-01-01         conversations that ended before then\n"
+            "  onjob forget --db onjob.duckdb --api-key billing   with no server running"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    which = forget.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--trajectory",
+        metavar="ID",
+        help="a trajectory id as stored (trajectories.id; one the client named is "
+        "<key id>:<name> on a server with API keys)",
+    )
+    which.add_argument("--api-key", metavar="ID", help="an API key's id (as in proxy.api_keys)")
+    which.add_argument(
+        "--before",
+        metavar="DATE",
+        help="conversations whose last turn is older (2026-05-01 or an ISO time; UTC)",
+    )
+    forget.add_argument("--json", action="store_true", help="print the counts as JSON")
+    _where(forget)
+    forget.set_defaults(func=cmd_forget)
+
+    sql = sub.add_parser(
+        "sql",
+        help="run a read-only SELECT on the database, while the server runs",
+        description=_wrap(
+            "Run one SELECT on onjob's DuckDB database and print the rows. Only a single "
+            "read-only query of the database's own tables is answered: DuckDB's parser "
+            "must call it a SELECT, it runs in a read-only transaction, and table "
+            "functions that read files are refused. " + _WHERE
+        ),
+        epilog=(
+            "examples:\n"
+            '  onjob sql "SELECT model_alias, count(*) FROM exchanges GROUP BY ALL"\n'
+            '  onjob sql "SELECT id, n_turns FROM trajectories ORDER BY last_ts DESC" '
+            "--limit 20\n"
+            '  onjob sql "SELECT table_name FROM duckdb_tables()" --json\n'
+            "tables: exchanges, trajectories, scenarios, groups, members, judgements, scores,\n"
+            "feedback, checkpoints, train_runs, deployments, forgotten (docs/ARCHITECTURE.md)"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sql.add_argument("query", help="one SELECT statement (quote it)")
+    sql.add_argument("--limit", type=int, default=1000, help="at most this many rows (1000)")
+    sql.add_argument("--json", action="store_true", help="print columns, types and rows as JSON")
+    _where(sql)
+    sql.set_defaults(func=cmd_sql)
+
+    export = sub.add_parser(
+        "export",
+        help="write tables to Parquet files, while the server runs",
+        description=_wrap(
+            "Write each table (or those named with --table) to DIR/<table>.parquet, from "
+            "one consistent snapshot of each. Through a running server the files are "
+            "streamed back over HTTP, so DIR is on this machine. " + _WHERE
+        ),
+        epilog=(
+            "examples:\n"
+            "  onjob export --parquet dump/                       every table\n"
+            "  onjob export --parquet dump/ --table exchanges --table feedback\n"
+            "  duckdb -c \"SELECT count(*) FROM 'dump/exchanges.parquet'\""
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    export.add_argument("--parquet", metavar="DIR", required=True, help="where the files go")
+    export.add_argument(
+        "--table", action="append", metavar="NAME", help="only this table (repeatable)"
+    )
+    _where(export)
+    export.set_defaults(func=cmd_export)

@@ -1,0 +1,236 @@
+"""Deleting logged traffic and everything derived from it: `onjob forget`, the admin API's
+`POST /admin/forget`, and `collector.retention_days`.
+
+What is deleted is always whole conversations. Every later turn's request repeats the
+earlier messages, so deleting some turns of a conversation would keep its text; a
+trajectory never spans two API keys, so "a tenant's data" is a set of trajectories too:
+
+- `trajectory`: that conversation;
+- `api_key`: every conversation of that key, and every feedback it posted;
+- `before`: every conversation whose last logged turn is older (retention).
+
+With the conversations go their exchanges (the judge's `resample` exchanges share their
+trajectory id), their trajectory rows, every group one of their exchanges or
+trajectories is a member of or the prefix of (with all its members, judgements and
+scores: a ranking that saw the text is derived from it), and the feedback on them.
+Scenario counts are recomputed and a scenario left with no conversation goes. So no
+later judge pass or snapshot for training can read any of it.
+
+Checkpoints already trained on one of those groups cannot be untrained: they (and the
+checkpoints trained on top of them) are listed in the answer, from `train_runs.groups_used`.
+(The training snapshots on disk that hold those groups are the deploy side's to remove:
+`deploy.training.drop_snapshots`.)
+
+A rule is kept in `forgotten` (migration V8) and the loader applies it to every spool
+line it loads (`store.load_segment`): a line written before the deletion but loaded after
+it (traffic in flight, a segment replayed after a crash) never brings the rows back.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass, field
+
+from .errors import CollectorError
+from .ids import new_id
+from .store import Store
+
+
+class ForgetError(CollectorError):
+    """A request to forget that names nothing, or more than one thing."""
+
+
+@dataclass(frozen=True)
+class Forget:
+    """What to delete: exactly one of a trajectory id, an API key id, or a moment before
+    which every conversation ended."""
+
+    trajectory: str | None = None
+    api_key: str | None = None
+    before: dt.datetime | None = None
+
+    def __post_init__(self) -> None:
+        given = [x for x in (self.trajectory, self.api_key, self.before) if x is not None]
+        if len(given) != 1:
+            raise ForgetError("name exactly one of: a trajectory, an API key, a date (before)")
+        if self.before is not None and self.before.tzinfo is None:
+            object.__setattr__(self, "before", self.before.replace(tzinfo=dt.UTC))
+
+    def describe(self) -> str:
+        if self.trajectory is not None:
+            return f"trajectory {self.trajectory}"
+        if self.api_key is not None:
+            return f"API key {self.api_key}"
+        return f"conversations ended before {self.before.isoformat()}"
+
+
+@dataclass
+class Forgotten:
+    """How many rows each table lost, and the checkpoints trained on deleted data."""
+
+    what: str
+    exchanges: int = 0
+    trajectories: int = 0
+    scenarios: int = 0
+    groups: int = 0
+    members: int = 0
+    judgements: int = 0
+    scores: int = 0
+    feedback: int = 0
+    trained_on: list[dict] = field(default_factory=list)  # name, status, train_run, path
+    # May be long: the stitcher and the snapshot files need them, not users.
+    trajectory_ids: list[str] = field(default_factory=list)
+    group_ids: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        del out["trajectory_ids"], out["group_ids"]
+        return out
+
+
+def parse_date(text: str) -> dt.datetime:
+    """`2026-05-01` or an ISO date-time; a moment without a zone is UTC."""
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise ForgetError(f"not a date: {text!r} (e.g. 2026-05-01 or 2026-05-01T12:00)") from exc
+    return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
+
+
+# The conversations to delete, per criterion. Resampled exchanges carry no API key, and a
+# conversation's last activity is its own turns', not when the judge re-sampled it.
+_DOOMED = {
+    "trajectory": "SELECT DISTINCT trajectory_id AS id FROM exchanges WHERE trajectory_id = ?",
+    "api_key": "SELECT DISTINCT trajectory_id AS id FROM exchanges WHERE api_key_id = ?",
+    "before": "SELECT trajectory_id AS id FROM exchanges WHERE source <> 'resample' "
+    "GROUP BY trajectory_id HAVING max(ts) < ?",
+}
+
+
+def forget(store: Store, what: Forget, *, actor: str = "cli") -> Forgotten:
+    """Delete `what` and all derived from it, in one transaction; record the rule."""
+    kind, value = (
+        ("trajectory", what.trajectory)
+        if what.trajectory is not None
+        else ("api_key", what.api_key)
+        if what.api_key is not None
+        else ("before", what.before)
+    )
+    out = Forgotten(what.describe())
+    with store.transaction() as con:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE doomed_t AS {_DOOMED[kind]}", [value])
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE doomed_e AS SELECT id, scenario_id FROM exchanges "
+            "WHERE trajectory_id IN (SELECT id FROM doomed_t)"
+        )
+        con.execute(
+            """
+            CREATE OR REPLACE TEMP TABLE doomed_g AS
+            SELECT id FROM groups WHERE prefix_exchange IN (SELECT id FROM doomed_e)
+            UNION
+            SELECT group_id FROM members WHERE exchange_id IN (SELECT id FROM doomed_e)
+                OR trajectory_id IN (SELECT id FROM doomed_t)
+            """
+        )
+        out.trained_on = _trained_on(con)
+        out.trajectory_ids = [r[0] for r in con.execute("SELECT id FROM doomed_t").fetchall()]
+        out.group_ids = [r[0] for r in con.execute("SELECT id FROM doomed_g").fetchall()]
+        scenarios = [
+            r[0] for r in con.execute("SELECT DISTINCT scenario_id FROM doomed_e").fetchall()
+        ]
+        out.scores = _delete(
+            con,
+            "scores WHERE group_id IN (SELECT id FROM doomed_g) OR member_id IN "
+            "(SELECT id FROM members WHERE group_id IN (SELECT id FROM doomed_g))",
+        )
+        out.judgements = _delete(con, "judgements WHERE group_id IN (SELECT id FROM doomed_g)")
+        out.members = _delete(con, "members WHERE group_id IN (SELECT id FROM doomed_g)")
+        out.groups = _delete(con, "groups WHERE id IN (SELECT id FROM doomed_g)")
+        feedback = (
+            "feedback WHERE trajectory_id IN (SELECT id FROM doomed_t) "
+            "OR exchange_id IN (SELECT id FROM doomed_e)"
+        )
+        if kind == "api_key":
+            out.feedback = _delete(con, feedback + " OR api_key_id = ?", [value])
+        else:
+            out.feedback = _delete(con, feedback)
+        out.exchanges = _delete(con, "exchanges WHERE id IN (SELECT id FROM doomed_e)")
+        out.trajectories = _delete(con, "trajectories WHERE id IN (SELECT id FROM doomed_t)")
+        out.scenarios = _recount_scenarios(con, scenarios)
+        _remember(con, kind, value, out.exchanges, actor)
+        for temp in ("doomed_t", "doomed_e", "doomed_g"):
+            con.execute(f"DROP TABLE {temp}")
+    return out
+
+
+def _delete(con, what: str, params: list | None = None) -> int:
+    return con.execute(f"DELETE FROM {what}", params or []).fetchone()[0]
+
+
+def _trained_on(con) -> list[dict]:
+    """Checkpoints whose run used a doomed group, and every checkpoint trained on top of
+    one of them (it inherits its weights)."""
+    cur = con.execute(
+        """
+        WITH RECURSIVE tainted(name) AS (
+            SELECT c.name FROM checkpoints c JOIN train_runs t ON t.id = c.train_run
+            WHERE list_has_any(t.groups_used, (SELECT coalesce(list(id), []) FROM doomed_g))
+            UNION
+            SELECT c.name FROM checkpoints c JOIN tainted ON c.parent = tainted.name
+        )
+        SELECT c.name, c.status, c.train_run, c.path, c.parent FROM checkpoints c
+        WHERE c.name IN (SELECT name FROM tainted) ORDER BY c.created, c.name
+        """
+    )
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def _recount_scenarios(con, scenario_ids: list[str]) -> int:
+    """A scenario counts its conversations (turns 0 that were answered): recount those that
+    lost some; delete those left with none. Returns how many were deleted."""
+    if not scenario_ids:
+        return 0
+    con.execute(
+        """
+        UPDATE scenarios SET count = (
+            SELECT count(*) FROM exchanges e WHERE e.scenario_id = scenarios.id
+              AND e.turn = 0 AND e.status < 400 AND e.source <> 'resample')
+        WHERE list_contains(?, id)
+        """,
+        [scenario_ids],
+    )
+    return _delete(
+        con,
+        "scenarios WHERE list_contains(?, id) AND count = 0 "
+        "AND NOT EXISTS (SELECT 1 FROM exchanges e WHERE e.scenario_id = scenarios.id)",
+        [scenario_ids],
+    )
+
+
+def _remember(con, kind: str, value, exchanges: int, actor: str) -> None:
+    """The rule the loader applies to every later spool line: a trajectory's or a key's
+    lines up to now, or every line before a date. Retention keeps one row, moved forward."""
+    now = dt.datetime.now(dt.UTC)
+    if kind == "before" and actor == "retention":
+        con.execute(
+            "INSERT INTO forgotten (id, ts, until, exchanges, actor) VALUES "
+            "('retention', ?, ?, ?, 'retention') ON CONFLICT (id) DO UPDATE SET "
+            "ts = excluded.ts, until = greatest(forgotten.until, excluded.until), "
+            "exchanges = forgotten.exchanges + excluded.exchanges",
+            [now, value, exchanges],
+        )
+        return
+    con.execute(
+        "INSERT INTO forgotten (id, ts, trajectory_id, api_key_id, until, exchanges, actor) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [
+            new_id("forget_"),
+            now,
+            value if kind == "trajectory" else None,
+            value if kind == "api_key" else None,
+            value if kind == "before" else now,
+            exchanges,
+            actor,
+        ],
+    )
