@@ -128,8 +128,18 @@ class Stitcher:
         *,
         trajectory_id: str | None = None,
         scenario: str | None = None,
+        after_turn: int | None = None,
     ) -> Placement:
+        """`trajectory_id` names the conversation; with `after_turn` (a chain of Responses
+        API calls) the request continues that turn of it, or, when the conversation has
+        gone on since (a second answer to the same turn), forks a new one."""
         hashes = chain(messages)
+        if trajectory_id and after_turn is not None:
+            known = self._trajectories.get(trajectory_id)
+            if known is not None and known.latest_turn != after_turn:
+                return self._placed(new_id("traj_"), 0, known.scenario, hashes)
+            scen = known.scenario if known else scenario_of(messages, scenario)
+            return self._placed(trajectory_id, after_turn + 1, scen, hashes)
         if trajectory_id:
             known = self._trajectories.get(trajectory_id)
             turn = known.latest_turn + 1 if known else 0

@@ -64,9 +64,16 @@ class Collector:
         self._task = asyncio.create_task(self._loop(), name="onjob-collector")
 
     def place(
-        self, messages: list[dict], *, trajectory_id: str | None = None, scenario: str | None = None
+        self,
+        messages: list[dict],
+        *,
+        trajectory_id: str | None = None,
+        scenario: str | None = None,
+        after_turn: int | None = None,
     ) -> Placement:
-        return self.stitcher.place(messages, trajectory_id=trajectory_id, scenario=scenario)
+        return self.stitcher.place(
+            messages, trajectory_id=trajectory_id, scenario=scenario, after_turn=after_turn
+        )
 
     def log(self, record: Record) -> None:
         """Durably hand over one exchange or feedback (one append to the spool); never waits
