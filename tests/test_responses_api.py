@@ -293,17 +293,21 @@ def test_agents_sdk_runs_a_function_tool_through_responses_and_chat_completions(
     )
     db = tmp_path / "onjob.duckdb"
     with ServerProcess(["--engine-url", tool_engine.url, "--db", str(db)]) as server:
-        aclient = AsyncOpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
-        settings = ModelSettings(temperature=0, max_tokens=40)
-        for model in (
-            OpenAIResponsesModel(model="toolbot", openai_client=aclient),
-            OpenAIChatCompletionsModel(model="toolbot", openai_client=aclient),
-        ):
-            agent = Agent(name="weather", model=model, tools=[tool], model_settings=settings)
-            # The tiny model may call the tool again whatever the result: two turns show the
-            # protocol (a call, its result sent back), not the model's wisdom.
-            with contextlib.suppress(MaxTurnsExceeded):
-                asyncio.run(Runner.run(agent, TOOL_QUESTION[0]["content"], max_turns=2))
+
+        async def run_both() -> None:
+            aclient = AsyncOpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+            settings = ModelSettings(temperature=0, max_tokens=40)
+            for model in (
+                OpenAIResponsesModel(model="toolbot", openai_client=aclient),
+                OpenAIChatCompletionsModel(model="toolbot", openai_client=aclient),
+            ):
+                agent = Agent(name="weather", model=model, tools=[tool], model_settings=settings)
+                # The tiny model may call the tool again whatever the result: two turns show
+                # the protocol (a call, its result sent back), not the model's wisdom.
+                with contextlib.suppress(MaxTurnsExceeded):
+                    await Runner.run(agent, TOOL_QUESTION[0]["content"], max_turns=2)
+
+        asyncio.run(run_both())
     assert len(asked) >= 2 and all(a == {"city": "Paris"} for a in asked)
 
     by_api = {

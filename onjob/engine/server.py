@@ -17,6 +17,7 @@ from functools import lru_cache
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post
+from litestar.params import FromPath
 from litestar.response import Stream
 
 from ..openai_errors import HANDLERS
@@ -203,7 +204,7 @@ def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
         return {"object": "list", "data": listing()}
 
     @get("/v1/models/{model:path}")
-    async def model(model: str) -> dict:
+    async def model(model: FromPath[str]) -> dict:
         name = model.lstrip("/")
         for entry in listing():
             if entry["id"] == name:

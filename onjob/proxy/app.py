@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import msgspec
 from litestar import Litestar, Request, Response, delete, get, post
+from litestar.params import FromPath, FromQuery
 from litestar.response import Stream
 from opentelemetry.trace import Tracer
 
@@ -360,16 +361,16 @@ def create_app(
             telemetry.end(span, exchange)
 
     @get("/v1/responses/{response_id:str}")
-    async def retrieve_response(request: Request, response_id: str) -> dict:
+    async def retrieve_response(request: Request, response_id: FromPath[str]) -> dict:
         return (await stored_response(request, response_id))["response"]
 
     @get("/v1/responses/{response_id:str}/input_items")
     async def response_input_items(
         request: Request,
-        response_id: str,
-        limit: int = 20,
-        order: Literal["asc", "desc"] = "desc",
-        after: str | None = None,
+        response_id: FromPath[str],
+        limit: FromQuery[int] = 20,
+        order: FromQuery[Literal["asc", "desc"]] = "desc",
+        after: FromQuery[str | None] = None,
     ) -> dict:
         if not 1 <= limit <= 100:
             raise BadRequest("`limit` must be between 1 and 100.", param="limit")
@@ -377,7 +378,7 @@ def create_app(
         return responses.input_items_page(items, order=order, limit=limit, after=after)
 
     @delete("/v1/responses/{response_id:str}", status_code=200)
-    async def delete_response(request: Request, response_id: str) -> dict:
+    async def delete_response(request: Request, response_id: FromPath[str]) -> dict:
         """The stored Response goes; the exchange stays in the log, to learn from."""
         await stored_response(request, response_id)
         if not await collector.query(lambda store: store.forget_response(response_id)):
@@ -405,7 +406,7 @@ def create_app(
         return {"object": "list", "data": data}
 
     @get("/v1/models/{model:path}")
-    async def model(request: Request, model: str) -> dict:
+    async def model(request: Request, model: FromPath[str]) -> dict:
         authenticate(request)
         name = model.lstrip("/")
         with contextlib.suppress(UpstreamError):
