@@ -246,3 +246,63 @@ def test_legacy_completions_and_models_retrieve_against_the_local_engine(tmp_pat
     assert [len(r["completion_token_ids"][0]) for r in logged] == [5, 3, 4]
     assert [len(r["completion_logprobs"][0]) for r in logged] == [5, 3, 4]
     assert json.loads(logged[0]["request"])["prompt"] == "Once upon"
+
+
+def test_responses_stream_tool_calls_as_vllm_streams_them(tmp_path):
+    """vLLM sends a call's id and name first, then its arguments in fragments: each becomes
+    a `function_call` item and `function_call_arguments.delta` events, in order."""
+
+    def delta(**fields) -> bytes:
+        body = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "fake"}
+        body["choices"] = [{"index": 0, "delta": fields, "finish_reason": None}]
+        return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+    head = {"index": 0, "id": "call_9", "type": "function"}
+    stream = (
+        delta(role="assistant", content="Let me check.")
+        + delta(tool_calls=[{**head, "function": {"name": "w", "arguments": ""}}])
+        + delta(tool_calls=[{"index": 0, "function": {"arguments": '{"city": '}}])
+        + delta(tool_calls=[{"index": 0, "function": {"arguments": '"Paris"}'}}])
+        + chunk(finish="tool_calls")
+        + b"data: [DONE]\n\n"
+    )
+    app, _ = recording_app(tmp_path, answer=lambda body: streamed(stream))
+    body = {
+        "model": "agent",
+        "input": "w?",
+        "stream": True,
+        "tools": [{"type": "function", "name": "w"}],
+    }
+    with TestClient(app) as client:
+        resp = client.post("/v1/responses", json=body)
+        events = [
+            json.loads(line[5:]) for line in resp.text.splitlines() if line.startswith("data:")
+        ]
+        stored = client.get(f"/v1/responses/{events[0]['response']['id']}").json()
+    kinds = [e["type"] for e in events]
+    assert kinds[2:] == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    done = events[-3]
+    assert (done["name"], done["arguments"], done["output_index"]) == ("w", '{"city": "Paris"}', 1)
+    final = events[-1]["response"]
+    assert final["output"][1] == {
+        "id": done["item_id"],
+        "type": "function_call",
+        "status": "completed",
+        "call_id": "call_9",
+        "name": "w",
+        "arguments": '{"city": "Paris"}',
+    }
+    assert stored == final
