@@ -306,23 +306,26 @@ def test_agents_sdk_runs_a_function_tool_through_responses_and_chat_completions(
                 # the protocol (a call, its result sent back), not the model's wisdom.
                 with contextlib.suppress(MaxTurnsExceeded):
                     await Runner.run(agent, TOOL_QUESTION[0]["content"], max_turns=2)
+                with contextlib.suppress(MaxTurnsExceeded):  # and streamed, as UIs run it
+                    run = Runner.run_streamed(agent, TOOL_QUESTION[0]["content"], max_turns=2)
+                    async for _ in run.stream_events():
+                        pass
 
         asyncio.run(run_both())
-    assert len(asked) >= 2 and all(a == {"city": "Paris"} for a in asked)
+    assert len(asked) >= 4 and all(a == {"city": "Paris"} for a in asked)
 
-    by_api = {
-        api: rows(
+    for api in ("responses", None):
+        logged = rows(
             db,
             "SELECT * FROM exchanges WHERE api IS NOT DISTINCT FROM ? ORDER BY ts",
             [api],
         )
-        for api in ("responses", None)
-    }
-    for api, logged in by_api.items():
-        assert len(logged) == 2, api  # a model call per turn
-        # The SDK sends the whole history back: stitched by prefix into one conversation.
-        assert len({r["trajectory_id"] for r in logged}) == 1, api
-        assert [r["turn"] for r in logged] == [0, 1]
-        last = json.loads(logged[1]["request"])["messages"]
-        assert last[-2]["tool_calls"][0]["function"]["name"] == "get_weather"
-        assert last[-1]["role"] == "tool" and last[-1]["content"] == '{"celsius": 21}'
+        assert [r["stream"] for r in logged] == [False, False, True, True], api
+        # The SDK sends the whole history back: each run stitched by prefix into one
+        # conversation of two turns (a model call per turn).
+        for run in (logged[:2], logged[2:]):
+            assert len({r["trajectory_id"] for r in run}) == 1, api
+            assert [r["turn"] for r in run] == [0, 1]
+            last = json.loads(run[1]["request"])["messages"]
+            assert last[-2]["tool_calls"][0]["function"]["name"] == "get_weather"
+            assert last[-1]["role"] == "tool" and last[-1]["content"] == '{"celsius": 21}'
