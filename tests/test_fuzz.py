@@ -71,6 +71,16 @@ class VllmLike(BaseHTTPRequestHandler):
             message = f"The model `{body['model']}` does not exist."
             error = {"message": message, "type": "NotFoundError", "param": "model", "code": 404}
             self.answer(404, "application/json", json.dumps({"error": error}).encode())
+        elif not self.path.endswith("/chat/completions"):  # a legacy text completion
+            text = {"index": 0, "text": "hi", "finish_reason": "stop", "token_ids": [7]}
+            text["logprobs"] = {"tokens": ["hi"], "token_logprobs": [-0.5]}
+            answer = {"id": "cmpl-1", "object": "text_completion", "created": 1}
+            answer.update(model="fake", choices=[text], prompt_token_ids=[1])
+            if body.get("stream"):
+                payload = f"data: {json.dumps(answer)}\n\ndata: [DONE]\n\n".encode()
+                self.answer(200, "text/event-stream", payload)
+            else:
+                self.answer(200, "application/json", json.dumps(answer).encode())
         elif body.get("stream"):
             self.answer(200, "text/event-stream", stream_body())
         else:
@@ -109,7 +119,13 @@ def server(server_dir):
 
 OPERATIONS = [
     ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/responses"),
+    ("GET", "/v1/responses/{response_id}"),
+    ("DELETE", "/v1/responses/{response_id}"),
+    ("GET", "/v1/responses/{response_id}/input_items"),
     ("GET", "/v1/models"),
+    ("GET", "/v1/models/{model}"),
     ("POST", "/v1/feedback"),
     ("GET", "/health"),
 ]

@@ -142,7 +142,45 @@ def test_the_openapi_document_needs_an_api_key_as_the_model_list_does(server):
     assert httpx.get(f"{server.base}/openapi.json").status_code == 401
     doc = httpx.get(f"{server.base}/openapi.json", headers=bearer(KEYS["bob"])).json()
     assert doc["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
-    assert set(doc["paths"]) == {"/v1/chat/completions", "/v1/models", "/v1/feedback", "/health"}
+    assert set(doc["paths"]) == {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/responses/{response_id}",
+        "/v1/responses/{response_id}/input_items",
+        "/v1/models",
+        "/v1/models/{model}",
+        "/v1/feedback",
+        "/health",
+    }
+
+
+def test_one_key_cannot_see_delete_or_continue_another_keys_stored_response(server):
+    made = httpx.post(
+        f"{server.url}/responses",
+        json={"model": "agent", "input": "hello", "max_output_tokens": 2},
+        headers=bearer(KEYS["alice"]),
+    )
+    assert made.status_code == 200, made.text
+    hers, absent = made.json()["id"], "resp_00000000000000000000000000000000"
+    calls = [
+        lambda rid: httpx.get(f"{server.url}/responses/{rid}", headers=bearer(KEYS["bob"])),
+        lambda rid: httpx.get(
+            f"{server.url}/responses/{rid}/input_items", headers=bearer(KEYS["bob"])
+        ),
+        lambda rid: httpx.delete(f"{server.url}/responses/{rid}", headers=bearer(KEYS["bob"])),
+        lambda rid: httpx.post(
+            f"{server.url}/responses",
+            json={"model": "agent", "input": "go on", "previous_response_id": rid},
+            headers=bearer(KEYS["bob"]),
+        ),
+    ]
+    for call in calls:
+        reply, twin = call(hers), call(absent)
+        # Answered exactly as an id that does not exist: nothing tells that it does.
+        assert reply.status_code == twin.status_code == 404, reply.text
+        assert reply.text.replace(hers, absent) == twin.text
+    assert httpx.get(f"{server.url}/responses/{hers}", headers=bearer(KEYS["alice"])).is_success
 
 
 def test_one_key_cannot_post_feedback_on_another_keys_exchange_or_conversation(server):

@@ -47,6 +47,8 @@ class ExchangeRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="exchan
     continuation_hashes: list[str] | None = None
     served_model: str | None = None  # the engine's `model` in its answer
     logprobs_mode: str | None = None  # the sampler's logprob definition (`onjob.logprobs`)
+    api: str | None = None  # the API the client called: None (chat), responses, completions
+    api_object: msgspec.Raw = NULL  # a stored Response and its input items (`responses`)
 
 
 class FeedbackRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="feedback"):

@@ -198,7 +198,19 @@ CREATE TABLE forgotten (
 );
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8_FORGOTTEN]
+# Which OpenAI API the client called (NULL: chat completions, as before this column;
+# 'responses'; 'completions'): the row's `request` and `response` are always chat-shaped
+# for the Responses API (translated at the proxy's edge, so the judge and trainer read
+# one format), and the Response object a client may GET back lives in `api_object` with
+# its input items, on the exchange row itself: as durable as the exchange (spooled before
+# the answer leaves), with no second store to keep in step. NULL `api_object`: never
+# stored (`store: false`) or deleted.
+V9_RESPONSES_API = """
+ALTER TABLE exchanges ADD COLUMN api VARCHAR;
+ALTER TABLE exchanges ADD COLUMN api_object JSON;
+"""
+
+MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8_FORGOTTEN, V9_RESPONSES_API]
 
 
 def version(con: duckdb.DuckDBPyConnection) -> int:

@@ -28,7 +28,7 @@ _COLUMNS = (
     "id, ts, trajectory_id, turn, scenario_id, api_key_id, model_alias, checkpoint, arm, stream, "
     "request, response, prompt_token_ids, completion_token_ids, completion_logprobs, usage, "
     "latency_ms, status, error, metadata, source, continuation_hashes, served_model, "
-    "logprobs_mode"
+    "logprobs_mode, api, api_object"
 )
 
 # The spool line's fields (records.py) as DuckDB reads them.
@@ -60,6 +60,8 @@ _LINE = {
     "continuation_hashes": "VARCHAR[]",
     "served_model": "VARCHAR",
     "logprobs_mode": "VARCHAR",
+    "api": "VARCHAR",
+    "api_object": "JSON",
     "exchange_id": "VARCHAR",
     "value": "DOUBLE",
     "comment": "VARCHAR",
@@ -171,6 +173,17 @@ class Store:
     def forget_segment(self, segment: str) -> None:
         """The segment file is deleted: its ledger row is no longer needed."""
         self.con.execute("DELETE FROM loaded_segments WHERE name = ?", [segment])
+
+    def forget_response(self, exchange_id: str) -> bool:
+        """`DELETE /v1/responses/{id}`: the stored Response goes (the exchange stays, to
+        learn from); committed before the client hears it is gone. False if none was."""
+        return bool(
+            self.con.execute(
+                "UPDATE exchanges SET api_object = NULL WHERE id = ? AND api_object IS NOT NULL "
+                "RETURNING id",
+                [exchange_id],
+            ).fetchall()
+        )
 
     def warm_rows(self, limit: int) -> list[tuple]:
         """The stitcher's state for the most recent `limit` exchanges, oldest first."""

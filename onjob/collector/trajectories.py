@@ -157,9 +157,20 @@ class Stitcher:
         trajectory_id: str | None = None,
         scenario: str | None = None,
         api_key_id: str | None = None,
+        after_turn: int | None = None,
     ) -> Placement:
+        """`trajectory_id` names the conversation (of `api_key_id`: never another key's);
+        with `after_turn` (a chain of Responses API calls, whose stored trajectory id is
+        already the key's own) the request continues that turn of it, or, when the
+        conversation has gone on since (a second answer to the same turn), forks a new one."""
         hashes = chain(messages)
         tenant = api_key_id if self.scenarios_per_key else None
+        if trajectory_id and after_turn is not None:
+            known = self._trajectories.get(trajectory_id)
+            if known is not None and known.latest_turn != after_turn:
+                return self._placed(new_id("traj_"), 0, known.scenario, hashes, api_key_id)
+            scen = known.scenario if known else scenario_of(messages, scenario, tenant)
+            return self._placed(trajectory_id, after_turn + 1, scen, hashes, api_key_id)
         if trajectory_id:
             trajectory_id = scoped(trajectory_id, api_key_id)
             known = self._trajectories.get(trajectory_id)

@@ -87,11 +87,16 @@ class Collector:
         trajectory_id: str | None = None,
         scenario: str | None = None,
         api_key_id: str | None = None,
+        after_turn: int | None = None,
     ) -> Placement:
         """Which trajectory, turn and scenario a request of `api_key_id` belongs to (never
-        another key's)."""
+        another key's); `after_turn`: a Responses API chain's (`Stitcher.place`)."""
         return self.stitcher.place(
-            messages, trajectory_id=trajectory_id, scenario=scenario, api_key_id=api_key_id
+            messages,
+            trajectory_id=trajectory_id,
+            scenario=scenario,
+            api_key_id=api_key_id,
+            after_turn=after_turn,
         )
 
     def log(self, record: Record) -> None:

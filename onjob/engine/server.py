@@ -1,6 +1,7 @@
 """The local engine's HTTP server: vLLM's OpenAI-compatible contract on top of `Batcher`.
 
-Routes: `POST /v1/chat/completions`, `GET /v1/models`, `POST /v1/load_lora_adapter`,
+Routes: `POST /v1/chat/completions`, `POST /v1/completions` (`completions.py`),
+`GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/load_lora_adapter`,
 `POST /v1/unload_lora_adapter`, `GET /health`. Responses carry the same fields as
 vLLM's (`logprobs`, `prompt_token_ids` and per-choice `token_ids` with
 `return_token_ids`), and errors use OpenAI's shape.
@@ -16,13 +17,14 @@ from functools import lru_cache
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post
+from litestar.params import FromPath
 from litestar.response import Stream
 
 from ..logprobs import TRAINED
 from ..openai_errors import HANDLERS
-from . import chat
+from . import chat, completions
 from .batching import Batcher, TokenEvent
-from .errors import BadRequest, EngineError
+from .errors import BadRequest, EngineError, NotFound
 from .protocol import ChatRequest, LoadAdapter, UnloadAdapter
 from .sampling import Sampling
 
@@ -200,6 +202,17 @@ def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
 
     @get("/v1/models")
     async def models() -> dict:
+        return {"object": "list", "data": listing()}
+
+    @get("/v1/models/{model:path}")
+    async def model(model: FromPath[str]) -> dict:
+        name = model.lstrip("/")
+        for entry in listing():
+            if entry["id"] == name:
+                return entry
+        raise NotFound(f"The model `{name}` does not exist.", param="model")
+
+    def listing() -> list[dict]:
         base = {
             "id": loaded.name,
             "object": "model",
@@ -217,7 +230,7 @@ def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
             {**base, "id": a.name, "root": a.path, "parent": loaded.name}
             for a in list(loaded.adapters.values())
         ]
-        return {"object": "list", "data": [base, *adapters]}
+        return [base, *adapters]
 
     @post("/v1/load_lora_adapter", status_code=200)
     async def load_lora_adapter(request: Request) -> Response:
@@ -249,7 +262,9 @@ def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
     return Litestar(
         route_handlers=[
             chat_completions,
+            completions.handler(batcher, default_max_tokens=default_max_tokens),
             models,
+            model,
             load_lora_adapter,
             unload_lora_adapter,
             health,

@@ -28,7 +28,8 @@ MEMBER_FEEDBACK = """(SELECT avg(f.value) FROM feedback f
 
 
 def turn_candidates(store: Store, s: JudgeSettings, skip: list[str] = ()) -> list[dict]:
-    """Logged turns to re-sample: answered production exchanges no group has used, recent
+    """Logged turns to re-sample: answered production chat exchanges (Responses API calls
+    included: they are logged as the chat they became) no group has used, recent
     first, round-robin over scenarios (at most `per_scenario` each), scenarios with fewer
     groups so far first; none of the scenarios in `skip`."""
     return store.query(
@@ -38,6 +39,8 @@ def turn_candidates(store: Store, s: JudgeSettings, skip: list[str] = ()) -> lis
                    row_number() OVER (PARTITION BY e.scenario_id ORDER BY e.ts DESC) AS nth
             FROM exchanges e
             WHERE e.status < 400 AND e.source = 'production' AND {_FRESH}
+              -- re-sampled through chat: a legacy completion's prompt has no messages
+              AND e.api IS DISTINCT FROM 'completions'
               AND NOT coalesce(list_contains(?::VARCHAR[], e.scenario_id), false)
               AND NOT EXISTS (
                   SELECT 1 FROM groups g WHERE g.prefix_exchange = e.id AND g.kind = 'turn')

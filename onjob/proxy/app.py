@@ -1,5 +1,6 @@
-"""The proxy's Litestar app: `/v1/chat/completions`, `/v1/models`, `/v1/feedback`, `/health`,
-`/openapi.json`.
+"""The proxy's Litestar app: `/v1/chat/completions`, `/v1/completions`, the Responses API
+(`/v1/responses`, translated into chat at this edge), `/v1/models`, `/v1/feedback`,
+`/health`, `/openapi.json`.
 
 The upstream client and the collector are handed in (so tests can give an
 `HttpxUpstream` over a `MockTransport`); the app starts the collector and closes
@@ -12,9 +13,11 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Literal
 
 import msgspec
-from litestar import Litestar, Request, Response, get, post
+from litestar import Litestar, Request, Response, delete, get, post
+from litestar.params import FromPath, FromQuery
 from litestar.response import Stream
 from opentelemetry.trace import Tracer
 
@@ -22,7 +25,7 @@ from ..collector import Collector, FeedbackRecord, queries
 from ..collector.ids import new_id
 from ..collector.trajectories import scoped
 from ..openai_errors import HANDLERS, error_body
-from . import openapi, sse, telemetry
+from . import openapi, responses, sse, telemetry
 from .errors import (
     AdapterUnavailable,
     BadRequest,
@@ -33,7 +36,7 @@ from .errors import (
     UpstreamError,
     UpstreamStatus,
 )
-from .exchange import Exchange, parse_request
+from .exchange import COMPLETIONS, Exchange, parse_completion_request, parse_request
 from .pool import Pool, Replica
 from .routing import CANARY, Router
 from .settings import ProxySettings
@@ -103,16 +106,97 @@ def create_app(
         api_key_id = authenticate(request)
         raw = await request.body()
         body = parse_request(raw, settings)
+        exchange = await Exchange.open(body, raw, **placing(request, api_key_id))
+        return await proxied(exchange, relay, lambda exchange, answer: answer)
+
+    @post("/v1/completions", status_code=200)
+    async def completions(request: Request) -> Response | Stream:
+        """Legacy text completions: forwarded as they are, logged like chat, each its own
+        single-turn conversation (a prompt has no turns to continue)."""
+        api_key_id = authenticate(request)
+        raw = await request.body()
+        body, prompt = parse_completion_request(raw, settings)
+        where = placing(request, api_key_id)
+        where["trajectory_id"] = new_id("traj_")
         exchange = await Exchange.open(
             body,
             raw,
-            router=router,
-            collector=collector,
-            api_key_id=api_key_id,
-            trajectory_id=request.headers.get(TRAJECTORY_HEADER),
-            scenario=request.headers.get(SCENARIO_HEADER),
-            pin=request.headers.get(ARM_HEADER),
+            **where,
+            api=COMPLETIONS,
+            id_prefix="cmpl-",
+            messages=[{"role": "user", "content": prompt}],
         )
+        return await proxied(exchange, relay, lambda exchange, answer: answer)
+
+    @post("/v1/responses", status_code=200)
+    async def create_response(request: Request) -> Response | Stream:
+        """The Responses API, translated into a chat completion at this edge
+        (`proxy/responses.py`)."""
+        api_key_id = authenticate(request)
+        body = responses.parse(await request.body(), settings)
+        where = placing(request, api_key_id)
+        previous = None
+        if "previous_response_id" in body:
+            previous_id = body["previous_response_id"]
+            row = await _lookup(collector, queries.exchange, previous_id)
+            if responses.stored_response(row, api_key_id) is not None:
+                previous = responses.previous_of(row)
+            if previous is None:
+                raise NotFound(
+                    f"Previous response with id '{previous_id}' not found.",
+                    param="previous_response_id",
+                )
+            where["trajectory_id"] = previous.trajectory_id
+        chat, call = responses.translate(body, previous)
+        raw = msgspec.json.encode(chat)
+        exchange = await Exchange.open(
+            parse_request(raw, settings),
+            raw,
+            **where,
+            api=responses.RESPONSES,
+            id_prefix="resp_",
+            after_turn=previous.turn if previous else None,
+        )
+
+        def whole(exchange: Exchange, answer: bytes) -> bytes:
+            reply = exchange.replies()[0] if exchange.choices else {}
+            choice = exchange.choices.get(0)
+            response = responses.response_object(
+                call,
+                exchange.id,
+                exchange.route.alias,
+                status="completed",
+                output=responses.output_items(reply, exchange.id.removeprefix("resp_")),
+                usage=exchange.usage,
+                finish_reason=choice.finish_reason if choice else None,
+            )
+            exchange.api_object = responses.stored(response, call)
+            return msgspec.json.encode(response)
+
+        return await proxied(
+            exchange,
+            lambda exchange, resp, span: relay_events(exchange, resp, span, call),
+            whole,
+        )
+
+    def placing(request: Request, api_key_id: str | None) -> dict:
+        return {
+            "router": router,
+            "collector": collector,
+            "api_key_id": api_key_id,
+            "trajectory_id": request.headers.get(TRAJECTORY_HEADER),
+            "scenario": request.headers.get(SCENARIO_HEADER),
+            "pin": request.headers.get(ARM_HEADER),
+        }
+
+    async def proxied(
+        exchange: Exchange,
+        relay_with: Callable[[Exchange, UpstreamResponse, Any], AsyncIterator[bytes]],
+        shape: Callable[[Exchange, bytes], bytes],
+    ) -> Response | Stream:
+        """Forward an opened exchange (a canary that fails is answered by live), and answer:
+        a stream relayed by `relay_with`, or a whole answer shaped by `shape` (both log the
+        exchange before the answer's end leaves)."""
         span = telemetry.start(tracer, exchange)
         try:
             try:
@@ -131,7 +215,7 @@ def create_app(
             headers = {EXCHANGE_HEADER: exchange.id, ARM_HEADER: exchange.route.arm}
             if exchange.stream:
                 return Stream(
-                    relay(exchange, resp, span),
+                    relay_with(exchange, resp, span),
                     media_type="text/event-stream",
                     headers={**headers, "Cache-Control": "no-cache"},
                 )
@@ -147,9 +231,10 @@ def create_app(
             # Logged like any exchange, so the client gets its id to post feedback or look
             # it up, as with an error the engine itself sent.
             return Response(exc.body(), status_code=exc.status, headers=headers)
+        body = shape(exchange, answer)
         finish(exchange)
         telemetry.end(span, exchange)
-        return Response(answer, media_type="application/json", headers=headers)
+        return Response(body, media_type="application/json", headers=headers)
 
     async def attempt(exchange: Exchange) -> tuple[UpstreamResponse, bytes | None]:
         """Send the request; a whole answer is also read (by the pool, which replaces an
@@ -157,7 +242,7 @@ def create_app(
         answer is cut short or malformed is still retried on live (the client has heard
         nothing yet). A stream is relayed as it comes, so it is only sent."""
         resp, raw, exchange.logprobs_mode = await pool.send(
-            "/chat/completions",
+            "/completions" if exchange.api == COMPLETIONS else "/chat/completions",
             exchange.upstream_body(),
             exchange.route.model,
             whole=not exchange.stream,
@@ -207,6 +292,109 @@ def create_app(
                 finish(exchange)
             telemetry.end(span, exchange)
 
+    async def relay_events(
+        exchange: Exchange, resp: UpstreamResponse, span, call: responses.Call
+    ) -> AsyncIterator[bytes]:
+        """The engine's chat stream as the Responses API's events. The exchange, with the
+        Response to store, is logged before `response.completed` leaves."""
+        events = responses.Events(exchange.id)
+
+        def response(status: str, **fields) -> dict:
+            return responses.response_object(
+                call, exchange.id, exchange.route.alias, status=status, **fields
+            )
+
+        def failed(message: str) -> list[bytes]:
+            error = {"code": "server_error", "message": message}
+            return [
+                events.event("error", code="server_error", message=message, param=None),
+                events.event(
+                    "response.failed",
+                    response=response("failed", output=events.output, error=error),
+                ),
+            ]
+
+        finished = False
+        try:
+            start = response("in_progress", output=[])
+            yield events.event("response.created", response=start) + events.event(
+                "response.in_progress", response=start
+            )
+            async for payloads in sse.data_events(resp.chunks()):
+                out: list[bytes] = []
+                for payload in payloads:
+                    if payload == sse.DONE:
+                        finished = True
+                        if exchange.status >= 400:  # the engine's error event came before
+                            finish(exchange)
+                            break
+                        out += events.close()
+                        final = response(
+                            "completed",
+                            output=events.output,
+                            usage=exchange.usage,
+                            finish_reason=events.finish_reason,
+                        )
+                        exchange.api_object = responses.stored(final, call)
+                        finish(exchange)  # durable before the client hears it is complete
+                        out.append(events.event(f"response.{final['status']}", response=final))
+                        break
+                    data = exchange.absorb(payload)
+                    if "error" in data:
+                        out += failed(exchange.error or "the engine failed")
+                    else:
+                        out += events.chunk(data)
+                if out:
+                    yield b"".join(out)
+                if finished:
+                    break
+            else:
+                raise StreamCut("the engine's stream ended without [DONE]")
+        except ProxyError as exc:
+            exchange.fail(exc.status, exc.message)
+            finish(exchange)
+            finished = True
+            yield b"".join(failed(exc.message))
+        finally:
+            await resp.aclose()
+            if not finished:
+                exchange.fail(_CLIENT_CLOSED, "the client closed the stream before the end")
+                finish(exchange)
+            telemetry.end(span, exchange)
+
+    @get("/v1/responses/{response_id:str}")
+    async def retrieve_response(request: Request, response_id: FromPath[str]) -> dict:
+        return (await stored_response(request, response_id))["response"]
+
+    @get("/v1/responses/{response_id:str}/input_items")
+    async def response_input_items(
+        request: Request,
+        response_id: FromPath[str],
+        limit: FromQuery[int] = 20,
+        order: FromQuery[Literal["asc", "desc"]] = "desc",
+        after: FromQuery[str | None] = None,
+    ) -> dict:
+        if not 1 <= limit <= 100:
+            raise BadRequest("`limit` must be between 1 and 100.", param="limit")
+        items = (await stored_response(request, response_id))["input_items"]
+        return responses.input_items_page(items, order=order, limit=limit, after=after)
+
+    @delete("/v1/responses/{response_id:str}", status_code=200)
+    async def delete_response(request: Request, response_id: FromPath[str]) -> dict:
+        """The stored Response goes; the exchange stays in the log, to learn from."""
+        await stored_response(request, response_id)
+        if not await collector.query(lambda store: store.forget_response(response_id)):
+            raise NotFound(f"No response with id '{response_id}'.", param="response_id")
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    async def stored_response(request: Request, response_id: str) -> dict:
+        api_key_id = authenticate(request)
+        row = await _lookup(collector, queries.exchange, response_id)
+        found = responses.stored_response(row, api_key_id)
+        if found is None:
+            raise NotFound(f"No response with id '{response_id}'.", param="response_id")
+        return found
+
     @get("/v1/models")
     async def models(request: Request) -> dict:
         authenticate(request)
@@ -218,6 +406,16 @@ def create_app(
             for name in router.names()
         ]
         return {"object": "list", "data": data}
+
+    @get("/v1/models/{model:path}")
+    async def model(request: Request, model: FromPath[str]) -> dict:
+        authenticate(request)
+        name = model.lstrip("/")
+        with contextlib.suppress(UpstreamError):
+            await router.discover()
+        if name not in router.names():
+            raise NotFound(f"The model `{name}` does not exist.", param="model")
+        return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "onjob"}
 
     @post("/v1/feedback", status_code=200)
     async def feedback(request: Request) -> dict:
@@ -272,7 +470,20 @@ def create_app(
         await collector.close()
 
     return Litestar(
-        route_handlers=[chat_completions, models, feedback, openapi_document, health, *routes],
+        route_handlers=[
+            chat_completions,
+            completions,
+            create_response,
+            retrieve_response,
+            response_input_items,
+            delete_response,
+            models,
+            model,
+            feedback,
+            openapi_document,
+            health,
+            *routes,
+        ],
         on_startup=[collector.start, *on_startup, pool.start],
         on_shutdown=[shutdown],
         exception_handlers=HANDLERS,

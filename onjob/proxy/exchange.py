@@ -26,6 +26,8 @@ _decode = msgspec.json.decode
 _encode = msgspec.json.encode
 
 
+COMPLETIONS = "completions"  # `exchanges.api` of a legacy text completion
+
 # Nesting deeper than this is refused: every later reader of the body (the re-encoding for
 # the engine, the stitcher, the judge) recurses, and must never hit Python's limit.
 MAX_DEPTH = 64
@@ -62,6 +64,34 @@ _TYPES = {
 }
 
 
+# The rest of OpenAI's chat request (openai-python's `CompletionCreateParams`), field by
+# field. Fields in `_TYPES` go to the engine (vLLM honours each; `metadata` stays here).
+# Hints that cannot change the answer are accepted and not forwarded (vLLM does not know
+# them). Fields that would change the answer in a way no engine behind onjob gives are
+# refused with a 400 naming them, never silently ignored; `null` is absent everywhere.
+HINTS = frozenset(
+    {
+        "store",  # every exchange is logged anyway
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "prompt_cache_options",
+        "safety_identifier",
+        "service_tier",
+    }
+)
+REFUSED = {
+    "audio": "audio output is not served",
+    "modalities": 'only `["text"]` is served',
+    "prediction": "predicted outputs are not served",
+    "web_search_options": "web search is not served",
+    "verbosity": "the engine has no verbosity control",
+    "reasoning_effort": "the engine has no reasoning-effort control",
+    "moderation": "moderation is not served",
+    "functions": "deprecated: send `tools`",
+    "function_call": "deprecated: send `tool_choice`",
+}
+
+
 def parse_request(raw: bytes, settings: ProxySettings) -> dict:
     """The client's body, decoded and checked just enough that nothing downstream trips on
     it: the common fields' types, the bounds on `n` and `max_tokens`, and the message
@@ -94,11 +124,77 @@ def parse_request(raw: bytes, settings: ProxySettings) -> dict:
         raise BadRequest("`stop` must be a string or an array of strings.", param="stop")
     if body.get("tools") and not all(type(t) is dict for t in body["tools"]):
         raise BadRequest("Each of `tools` must be an object.", param="tools")
+    for key, why in REFUSED.items():
+        value = body.get(key)
+        if value is not None and not (key == "modalities" and value == ["text"]):
+            raise BadRequest(f"`{key}` is not supported: {why}.", param=key)
     # The number of opening brackets bounds the depth (counted at C speed, ~0.6 µs per KB);
     # only a body with more containers than MAX_DEPTH is walked.
     if raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and not _within_depth(body, MAX_DEPTH):
         raise BadRequest(f"The body is nested deeper than {MAX_DEPTH} levels.")
-    return body
+    # null is absent (OpenAI's rule): dropped here, so no engine ever sees a null field.
+    return {k: v for k, v in body.items() if v is not None and k not in HINTS and k != "modalities"}
+
+
+# A legacy completion's fields (openai-python's `completions.CompletionCreateParams`) that
+# differ from chat's: refused where the answer would not be what the client asked.
+_LEGACY_TYPES = {
+    **{k: v for k, v in _TYPES.items() if k not in ("logprobs", "top_logprobs", "tools")},
+    "logprobs": _INT,
+    "echo": _BOOL,
+    "best_of": _INT,
+    "suffix": ((str,), "a string"),
+}
+
+
+def parse_completion_request(raw: bytes, settings: ProxySettings) -> tuple[dict, str]:
+    """A legacy text completion's body, checked like chat's, and its prompt as text (how
+    the exchange is placed: one user message, a conversation of its own). One prompt per
+    request: a batch of prompts would be several conversations in one exchange."""
+    try:
+        body = _decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"Malformed JSON body: {exc}") from exc
+    except RecursionError as exc:
+        raise BadRequest(f"The body is nested deeper than {MAX_DEPTH} levels.") from exc
+    if type(body) is not dict:
+        raise BadRequest("The request body must be a JSON object.")
+    body = {k: v for k, v in body.items() if v is not None and k not in HINTS}
+    if type(body.get("model")) is not str or not body["model"]:
+        raise BadRequest("`model` is required and must be a string.", param="model")
+    prompt = body.get("prompt")
+    if type(prompt) is list and len(prompt) == 1 and type(prompt[0]) in (str, list):
+        prompt = body["prompt"] = prompt[0]
+    if type(prompt) is str and prompt:
+        text = prompt
+    elif type(prompt) is list and prompt and all(type(t) is int for t in prompt):
+        text = _encode(prompt).decode()
+    else:
+        raise BadRequest(
+            "`prompt` must be one non-empty string or one array of token ids.", param="prompt"
+        )
+    for key, (types, what) in _LEGACY_TYPES.items():
+        value = body.get(key)
+        if value is not None and type(value) not in types:
+            raise BadRequest(f"`{key}` must be {what}.", param=key)
+    _check_bound(body, "n", settings.max_n)
+    _check_bound(body, "max_tokens", settings.max_tokens_limit)
+    if body.get("echo"):
+        raise BadRequest(
+            "`echo` is not supported: the answer is the completion alone.", param="echo"
+        )
+    if body.get("best_of", 1) != 1:
+        raise BadRequest("`best_of` other than 1 is not supported.", param="best_of")
+    if "suffix" in body:
+        raise BadRequest("`suffix` (insertion) is not supported.", param="suffix")
+    if not 0 <= body.get("logprobs", 0) <= 20:
+        raise BadRequest("`logprobs` must be between 0 and 20.", param="logprobs")
+    for key in ("messages", "tools", "tool_choice", "response_format", "parallel_tool_calls"):
+        if key in body:
+            raise BadRequest(f"`{key}` is a chat field: use /v1/chat/completions.", param=key)
+    body.pop("echo", None)
+    body.pop("best_of", None)
+    return body, text
 
 
 def _check_message(i: int, message: Any) -> None:
@@ -214,6 +310,9 @@ class Exchange:
     answered: bytes | None = None  # the whole answer as the client got it (not streamed)
     served_model: str | None = None  # the engine's `model`: who really answered
     logprobs_mode: str | None = None  # the answering engine's logprob definition
+    api: str | None = None  # the API the client called, when not chat completions
+    api_object: dict | None = None  # what that API keeps of the exchange (a stored Response)
+    id_prefix: str = "chatcmpl-"
 
     @classmethod
     async def open(
@@ -227,31 +326,45 @@ class Exchange:
         trajectory_id: str | None = None,
         scenario: str | None = None,
         pin: str | None = None,
+        api: str | None = None,
+        id_prefix: str = "chatcmpl-",
+        after_turn: int | None = None,
+        messages: list[dict] | None = None,
     ) -> Exchange:
-        """Place the request in its trajectory, then pick its arm (a hash of the trajectory)."""
+        """Place the request in its trajectory, then pick its arm (a hash of the trajectory).
+        `api` and `id_prefix` name another API's exchanges (`resp_...` for the Responses
+        API, whose response id is the exchange id); `after_turn` places a chained Responses
+        call after the turn it continues; `messages` place a request that has none (a legacy
+        completion's prompt as one user message)."""
         metadata = body.get("metadata") or {}
         placement = collector.place(
-            body["messages"],
+            messages if messages is not None else body["messages"],
             trajectory_id=trajectory_id or _str(metadata.get("trajectory_id")),
             scenario=scenario or _str(metadata.get("scenario")),
             api_key_id=api_key_id,
+            after_turn=after_turn,
         )
         try:
             route = await router.resolve(body["model"], placement.trajectory_id, pin)
         except Exception:
             collector.stitcher.release(placement)
             raise
-        return cls(new_id("chatcmpl-"), body, raw, route, placement, api_key_id)
+        return cls(
+            new_id(id_prefix), body, raw, route, placement, api_key_id, api=api, id_prefix=id_prefix
+        )
 
     def rerouted(self, route: Route) -> Exchange:
-        """The same request in the same place, sent to another arm (a new exchange)."""
+        """The same request in the same place, sent to another arm (a new exchange, whose id
+        keeps this one's prefix)."""
         return Exchange(
-            new_id("chatcmpl-"),
+            new_id(self.id_prefix),
             self.request,
             self.raw_request,
             route,
             self.placement,
             self.api_key_id,
+            api=self.api,
+            id_prefix=self.id_prefix,
         )
 
     def upstream_body(self) -> bytes:
@@ -262,7 +375,9 @@ class Exchange:
             k: v for k, v in self.request.items() if k not in ("metadata", "stream_options")
         }
         upstream["model"] = self.route.model
-        upstream["logprobs"] = True
+        # A legacy completion's `logprobs` counts the alternatives to list (0: the sampled
+        # token's alone).
+        upstream["logprobs"] = self.request.get("logprobs", 0) if self._legacy else True
         upstream["return_token_ids"] = True
         if self.stream:
             upstream["stream_options"] = {
@@ -277,7 +392,13 @@ class Exchange:
 
     @property
     def _wants_logprobs(self) -> bool:
+        if self._legacy:
+            return self.request.get("logprobs") is not None
         return bool(self.request.get("logprobs"))
+
+    @property
+    def _legacy(self) -> bool:
+        return self.api == COMPLETIONS
 
     @property
     def _wants_token_ids(self) -> bool:
@@ -295,8 +416,19 @@ class Exchange:
         ids = choice.get("token_ids") if self._wants_token_ids else choice.pop("token_ids", None)
         if ids:
             acc.token_ids.extend(ids)
+        if "prompt_token_ids" in choice:  # a legacy completion's, per choice
+            prompt = (
+                choice["prompt_token_ids"]
+                if self._wants_token_ids
+                else choice.pop("prompt_token_ids")
+            )
+            self.prompt_token_ids = prompt or self.prompt_token_ids
         logprobs = choice.get("logprobs")
-        if logprobs:
+        if logprobs and self._legacy:
+            acc.logprobs.extend(logprobs.get("token_logprobs") or ())
+            if not self._wants_logprobs:
+                choice["logprobs"] = None
+        elif logprobs:
             acc.logprobs.extend(t["logprob"] for t in logprobs.get("content") or ())
             if not self._wants_logprobs:
                 choice["logprobs"] = None
@@ -330,7 +462,9 @@ class Exchange:
             data = _decode(raw)
             for choice in data["choices"]:
                 acc = self._take(choice)
-                message = choice.get("message") or {}
+                message = (
+                    {"content": choice["text"]} if self._legacy else choice.get("message") or {}
+                )
                 acc.role = message.get("role") or acc.role
                 acc.content = [message["content"]] if message.get("content") else []
                 acc.tool_calls = dict(enumerate(message.get("tool_calls") or ()))
@@ -344,6 +478,19 @@ class Exchange:
     def chunk(self, payload: bytes) -> bytes | None:
         """One streamed event shaped for the client; None when the client did not ask for it
         (the usage chunk the proxy requested for itself)."""
+        data = self.absorb(payload)
+        if "error" in data:
+            return payload
+        if not (self.request.get("stream_options") or {}).get("include_usage"):
+            data.pop("usage", None)
+            if not data["choices"]:
+                return None
+        return _encode(data)
+
+    def absorb(self, payload: bytes) -> dict:
+        """One streamed event taken in (what it adds to each choice, its usage) and returned
+        decoded, the sampler's fields taken out unless asked for; an error event is the
+        exchange's error."""
         try:
             data = _decode(payload)
             if "error" in data:
@@ -351,11 +498,13 @@ class Exchange:
                 code = error.get("code")
                 self.fail(code if isinstance(code, int) and code >= 400 else 500, str(error))
                 self.error_body = data
-                return payload
+                return data
             self._head(data)
             for choice in data["choices"]:
                 acc = self._take(choice)
-                delta = choice.get("delta") or {}
+                delta = (
+                    {"content": choice.get("text")} if self._legacy else choice.get("delta") or {}
+                )
                 if delta.get("role"):
                     acc.role = delta["role"]
                 if delta.get("content"):
@@ -366,11 +515,7 @@ class Exchange:
             raise MalformedAnswer(f"the engine sent a malformed stream event: {exc}") from exc
         if data.get("usage"):
             self.usage = data["usage"]
-        if not (self.request.get("stream_options") or {}).get("include_usage"):
-            data.pop("usage", None)
-            if not data["choices"]:
-                return None
-        return _encode(data)
+        return data
 
     def fail(self, status: int, error: str) -> None:
         self.status, self.error = status, error
@@ -423,6 +568,8 @@ class Exchange:
             continuation_hashes=continuation_hashes,
             served_model=self.served_model,
             logprobs_mode=self.logprobs_mode,
+            api=self.api,
+            api_object=to_json(self.api_object),
         )
 
 

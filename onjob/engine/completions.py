@@ -1,0 +1,223 @@
+"""`POST /v1/completions`: legacy text completions, as vLLM answers them.
+
+The prompt is tokenized as it is (no chat template), and the answer has vLLM's shape:
+`choices[].text`, logprobs as `tokens` / `token_logprobs` / `top_logprobs` /
+`text_offset` (with `logprobs: 0`, the sampled token's alone), and with
+`return_token_ids` the choice's `token_ids` and `prompt_token_ids`, which the proxy
+keeps for the trainer as it does for chat. `null` is absent; what this engine cannot
+honour (several prompts, `echo`, `suffix`, penalties, `logit_bias`) is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from functools import lru_cache
+from typing import Annotated, Any
+
+import msgspec
+from litestar import Request, Response, post
+from litestar.response import Stream
+from msgspec import Meta
+
+from .batching import Batcher, TokenEvent
+from .errors import BadRequest, EngineError
+from .sampling import Sampling
+
+
+class _StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool | None = None
+
+
+class CompletionRequest(msgspec.Struct, kw_only=True):
+    model: str
+    prompt: str | list[Any]  # checked in `prompt_ids`: one string or one list of token ids
+    n: Annotated[int, Meta(ge=1, le=64)] | None = None
+    max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    stream: bool | None = None
+    stream_options: _StreamOptions | None = None
+    # Refused when set: this engine cannot honour them.
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    # vLLM extensions.
+    return_token_ids: bool | None = None
+    ignore_eos: bool | None = None
+    min_tokens: Annotated[int, Meta(ge=0)] | None = None
+
+
+def _refuse(req: CompletionRequest) -> None:
+    if req.echo:
+        raise BadRequest("`echo` is not supported by this engine.", param="echo")
+    if req.suffix is not None:
+        raise BadRequest("`suffix` is not supported by this engine.", param="suffix")
+    if req.best_of not in (None, 1):
+        raise BadRequest("`best_of` other than 1 is not supported.", param="best_of")
+    for key in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, key) not in (None, 0, 0.0):
+            raise BadRequest(f"`{key}` is not supported by this engine.", param=key)
+    if req.logit_bias:
+        raise BadRequest("`logit_bias` is not supported by this engine.", param="logit_bias")
+
+
+def handler(batcher: Batcher, *, default_max_tokens: int):
+    """The route, over the same batcher as chat."""
+    loaded = batcher.loaded
+
+    @lru_cache(maxsize=65536)
+    def token_text(token_id: int) -> str:
+        return loaded.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+
+    def prompt_ids(prompt: Any) -> list[int]:
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]
+        if isinstance(prompt, str) and prompt:
+            return loaded.tokenizer(prompt)["input_ids"]
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            return prompt
+        raise BadRequest(
+            "`prompt` must be one non-empty string or one array of token ids.", param="prompt"
+        )
+
+    def logprobs_of(events: list[TokenEvent], offset: int) -> dict:
+        tokens, top, offsets = [], [], []
+        for e in events:
+            text = token_text(e.token_id)
+            tokens.append(text)
+            offsets.append(offset)
+            offset += len(e.text)
+            top.append({token_text(t): lp for t, lp in e.top} or None)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [e.logprob for e in events],
+            "top_logprobs": top,
+            "text_offset": offsets,
+        }
+
+    @post("/v1/completions", status_code=200)
+    async def completions(request: Request) -> Response | Stream:
+        try:
+            req = msgspec.json.decode(await request.body(), type=CompletionRequest)
+        except msgspec.ValidationError as exc:
+            raise BadRequest(f"Invalid request: {exc}") from exc
+        except msgspec.DecodeError as exc:
+            raise BadRequest(f"Malformed JSON body: {exc}") from exc
+        _refuse(req)
+        adapter = loaded.resolve(req.model)
+        ids = prompt_ids(req.prompt)
+        room = loaded.max_model_len - len(ids)
+        if room <= 0 or (req.max_tokens is not None and req.max_tokens > room):
+            raise BadRequest(
+                f"This model's maximum context length is {loaded.max_model_len} tokens; the "
+                f"prompt has {len(ids)} and {req.max_tokens or 0} more were asked for.",
+                param="prompt",
+            )
+        stop = (req.stop,) if isinstance(req.stop, str) else tuple(s for s in req.stop or () if s)
+        sampling = Sampling(
+            max_tokens=req.max_tokens or min(default_max_tokens, room),
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            seed=req.seed,
+            stop=stop,
+            top_logprobs=req.logprobs or 0,
+            min_tokens=req.min_tokens or 0,
+            ignore_eos=bool(req.ignore_eos),
+        )
+        n = req.n or 1
+        gen = batcher.submit(ids, adapter, n, sampling)
+        head = {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": req.model,
+        }
+        if req.stream:
+            return Stream(
+                _sse(streamed(req, head, ids, gen, n)),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        try:
+            return Response(await whole(req, head, ids, gen, n), media_type="application/json")
+        finally:
+            gen.cancel()
+
+    async def whole(req: CompletionRequest, head: dict, ids: list[int], gen, n: int) -> bytes:
+        events: list[list[TokenEvent]] = [[] for _ in range(n)]
+        finish: list[str | None] = [None] * n
+        async for ev in gen.events():
+            events[ev.index].append(ev)
+            finish[ev.index] = ev.finish_reason or finish[ev.index]
+        choices = []
+        for i in range(n):
+            choice: dict = {
+                "index": i,
+                "text": "".join(e.text for e in events[i]),
+                "logprobs": None if req.logprobs is None else logprobs_of(events[i], 0),
+                "finish_reason": finish[i],
+                "stop_reason": None,
+            }
+            if req.return_token_ids:
+                choice["token_ids"] = [e.token_id for e in events[i]]
+                choice["prompt_token_ids"] = ids
+            choices.append(choice)
+        completion = sum(len(e) for e in events)
+        return msgspec.json.encode(
+            {**head, "choices": choices, "usage": _usage(len(ids), completion)}
+        )
+
+    async def streamed(
+        req: CompletionRequest, head: dict, ids: list[int], gen, n: int
+    ) -> AsyncIterator[dict]:
+        offsets = [0] * n
+        first = [True] * n
+        completion = 0
+        try:
+            async for ev in gen.events():
+                completion += 1
+                i = ev.index
+                choice: dict = {
+                    "index": i,
+                    "text": ev.text,
+                    "logprobs": None if req.logprobs is None else logprobs_of([ev], offsets[i]),
+                    "finish_reason": ev.finish_reason,
+                    "stop_reason": None,
+                }
+                offsets[i] += len(ev.text)
+                if req.return_token_ids:
+                    choice["token_ids"] = [ev.token_id]
+                    if first[i]:
+                        choice["prompt_token_ids"] = ids
+                first[i] = False
+                yield {**head, "choices": [choice]}
+            if req.stream_options and req.stream_options.include_usage:
+                yield {**head, "choices": [], "usage": _usage(len(ids), completion)}
+        except EngineError as exc:
+            yield exc.body()
+        finally:
+            gen.cancel()
+
+    return completions
+
+
+def _usage(prompt: int, completion: int) -> dict:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+async def _sse(chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    async for c in chunks:
+        yield b"data: " + msgspec.json.encode(c) + b"\n\n"
+    yield b"data: [DONE]\n\n"

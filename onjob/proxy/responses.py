@@ -1,0 +1,674 @@
+"""The Responses API at the proxy's edge: translated into the chat completion the engine
+serves, and the chat answer translated back.
+
+The engine, the stitcher, the judge and the trainer see one format: a Responses call is
+logged as the chat exchange it became (`request`, `response`, token ids, logprobs), with
+`api = 'responses'`, and the Response object and its input items ride on the same row
+(`api_object`), so a stored response is exactly as durable as the exchange: spooled
+before the answer (or the stream's `response.completed`) leaves, replayed after a crash,
+in DuckDB after a restart. `store: false` logs the exchange with no `api_object`: nothing
+to retrieve, still there to learn from.
+
+`previous_response_id` continues the previous response's conversation: its chat messages
+(without its `instructions`, which OpenAI does not carry over) and its reply come first,
+and its trajectory is this one's, named by the chain rather than found by matching text.
+
+What onjob cannot honour (built-in tools, `background`, `conversation`, reasoning
+controls, images from file ids, ...) is a 400 that names the `param`: an agent learns at
+once, instead of getting an answer that quietly ignored what it asked.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from ..collector.ids import new_id
+from .errors import BadRequest
+from .settings import ProxySettings
+
+RESPONSES = "responses"  # `exchanges.api` of a Responses call
+
+_decode = msgspec.json.decode
+_encode = msgspec.json.encode
+
+# Fields accepted and not forwarded: they cannot change the answer.
+_HINTS = frozenset(
+    {
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "prompt_cache_options",
+        "safety_identifier",
+        "service_tier",
+        "stream_options",  # `include_obfuscation`: no obfuscation padding is sent
+    }
+)
+# Fields refused unless null or their no-op value, with why.
+_REFUSED = {
+    "background": (False, "background responses are not served"),
+    "conversation": (None, "conversations are not stored: use `previous_response_id`"),
+    "prompt": (None, "stored prompts are not served: send `input` and `instructions`"),
+    "context_management": (None, "context management is not served"),
+    "moderation": (None, "moderation is not served"),
+    "max_tool_calls": (None, "the engine cannot cap built-in tool calls"),
+    "top_logprobs": (0, "logprobs are not returned by the Responses API here"),
+    "truncation": ("disabled", "the engine does not truncate: `truncation` must be 'disabled'"),
+}
+_KNOWN = frozenset(
+    {
+        "model",
+        "input",
+        "instructions",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "text",
+        "max_output_tokens",
+        "temperature",
+        "top_p",
+        "metadata",
+        "store",
+        "previous_response_id",
+        "stream",
+        "user",
+        "include",
+        "reasoning",
+        *_HINTS,
+        *_REFUSED,
+    }
+)
+# `include` values honoured: no reasoning items are produced, so there is none to include.
+_INCLUDABLE = frozenset({"reasoning.encrypted_content"})
+
+
+@dataclass
+class Call:
+    """One Responses request: the client's body, its input items (with ids, as
+    `input_items` lists them) and what the Response object echoes."""
+
+    body: dict
+    items: list[dict]
+    instructions: str | None
+    store: bool
+    previous_response_id: str | None = None
+    created_at: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body.get("stream"))
+
+
+@dataclass(frozen=True)
+class Previous:
+    """What a chained request takes from the response it continues (its exchange row)."""
+
+    id: str
+    trajectory_id: str
+    turn: int
+    messages: list[dict]  # its conversation, reply included, without its instructions
+
+
+def parse(raw: bytes, settings: ProxySettings) -> dict:
+    """The client's body, checked: every field is honoured or refused with its `param`."""
+    try:
+        body = _decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"Malformed JSON body: {exc}") from exc
+    except RecursionError as exc:
+        raise BadRequest("The body is nested too deeply.") from exc
+    if type(body) is not dict:
+        raise BadRequest("The request body must be a JSON object.")
+    body = {k: v for k, v in body.items() if v is not None}  # null is absent
+    for key in body:
+        if key not in _KNOWN:
+            raise BadRequest(f"Unknown parameter: `{key}`.", param=key)
+    if type(body.get("model")) is not str or not body["model"]:
+        raise BadRequest("`model` is required and must be a string.", param="model")
+    for key, (noop, why) in _REFUSED.items():
+        if key in body and body[key] != noop:
+            raise BadRequest(f"`{key}` is not supported: {why}.", param=key)
+    _expect(body, "instructions", (str,), "a string")
+    _expect(body, "stream", (bool,), "a boolean")
+    _expect(body, "store", (bool,), "a boolean")
+    _expect(body, "parallel_tool_calls", (bool,), "a boolean")
+    _expect(body, "temperature", (int, float), "a number")
+    _expect(body, "top_p", (int, float), "a number")
+    _expect(body, "max_output_tokens", (int,), "an integer")
+    _expect(body, "previous_response_id", (str,), "a string")
+    _expect(body, "user", (str,), "a string")
+    _expect(body, "metadata", (dict,), "an object")
+    _expect(body, "text", (dict,), "an object")
+    _expect(body, "include", (list,), "an array")
+    _expect(body, "reasoning", (dict,), "an object")
+    most = settings.max_tokens_limit
+    if "max_output_tokens" in body and not 1 <= body["max_output_tokens"] <= most:
+        raise BadRequest(
+            f"`max_output_tokens` must be between 1 and {most}.", param="max_output_tokens"
+        )
+    for value in body.get("include", ()):
+        if value not in _INCLUDABLE:
+            raise BadRequest(f"`include` value {value!r} is not supported.", param="include")
+    for key, value in body.get("reasoning", {}).items():
+        if value is not None:
+            raise BadRequest("The engine has no reasoning controls.", param=f"reasoning.{key}")
+    if "input" not in body:
+        raise BadRequest("`input` is required.", param="input")
+    return body
+
+
+def _expect(body: dict, key: str, types: tuple, what: str) -> None:
+    if key in body and (type(body[key]) not in types):
+        raise BadRequest(f"`{key}` must be {what}.", param=key)
+
+
+def translate(body: dict, previous: Previous | None) -> tuple[dict, Call]:
+    """The chat request the engine answers, and the call as the Response will echo it."""
+    items = _items(body["input"])
+    instructions = body.get("instructions")
+    messages: list[dict] = []
+    if instructions:
+        messages.append({"role": "system", "content": instructions})
+    if previous is not None:
+        messages.extend(previous.messages)
+    messages.extend(_messages(items))
+    if not messages:
+        raise BadRequest("`input` must not be empty.", param="input")
+    chat: dict[str, Any] = {"model": body["model"], "messages": messages}
+    if "tools" in body:
+        chat["tools"] = _tools(body["tools"])
+    if "tool_choice" in body:
+        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    for key in ("parallel_tool_calls", "temperature", "top_p", "user", "metadata"):
+        if key in body:
+            chat[key] = body[key]
+    if "max_output_tokens" in body:
+        chat["max_tokens"] = body["max_output_tokens"]
+    fmt = _response_format(body.get("text") or {})
+    if fmt is not None:
+        chat["response_format"] = fmt
+    if body.get("stream"):
+        chat["stream"] = True
+    call = Call(
+        body=body,
+        items=items,
+        instructions=instructions,
+        store=body.get("store", True),
+        previous_response_id=previous.id if previous else None,
+    )
+    return chat, call
+
+
+def _items(value: Any) -> list[dict]:
+    """The input as items, each with an id (a string is one user message)."""
+    if type(value) is str:
+        value = [{"type": "message", "role": "user", "content": value}]
+    if type(value) is not list:
+        raise BadRequest("`input` must be a string or an array of items.", param="input")
+    out = []
+    for i, item in enumerate(value):
+        param = f"input[{i}]"
+        if type(item) is not dict:
+            raise BadRequest(f"`{param}` must be an object.", param=param)
+        kind = item.get("type", "message")
+        if kind == "message":
+            out.append(_message_item(item, param))
+        elif kind == "function_call":
+            for key in ("call_id", "name", "arguments"):
+                if type(item.get(key)) is not str:
+                    raise BadRequest(f"`{param}.{key}` must be a string.", param=f"{param}.{key}")
+            out.append(
+                {
+                    "id": item.get("id") or new_id("fc_"),
+                    "type": "function_call",
+                    "call_id": item["call_id"],
+                    "name": item["name"],
+                    "arguments": item["arguments"],
+                    "status": "completed",
+                }
+            )
+        elif kind == "function_call_output":
+            output = item.get("output")
+            if type(output) is list:
+                output = _text(output, f"{param}.output")
+            if type(item.get("call_id")) is not str or type(output) is not str:
+                raise BadRequest(f"`{param}` needs a string `call_id` and `output`.", param=param)
+            out.append(
+                {
+                    "id": item.get("id") or new_id("fco_"),
+                    "type": "function_call_output",
+                    "call_id": item["call_id"],
+                    "output": output,
+                    "status": "completed",
+                }
+            )
+        else:
+            raise BadRequest(
+                f"Input items of type {kind!r} are not supported (messages, `function_call` "
+                "and `function_call_output` are).",
+                param=f"{param}.type",
+            )
+    return out
+
+
+def _message_item(item: dict, param: str) -> dict:
+    role = item.get("role")
+    if role not in ("user", "system", "developer", "assistant"):
+        raise BadRequest(
+            f"`{param}.role` must be user, system, developer or assistant.", param=f"{param}.role"
+        )
+    content = item.get("content")
+    text = content if type(content) is str else _text(content, f"{param}.content")
+    part = "output_text" if role == "assistant" else "input_text"
+    shaped: dict[str, Any] = {"type": part, "text": text}
+    if role == "assistant":
+        shaped["annotations"] = []
+    return {
+        "id": item.get("id") or new_id("msg_"),
+        "type": "message",
+        "role": role,
+        "status": "completed",
+        "content": [shaped],
+    }
+
+
+def _text(parts: Any, param: str) -> str:
+    """Text parts joined; any other part (an image, a file, audio) is refused."""
+    if type(parts) is not list:
+        raise BadRequest(f"`{param}` must be a string or an array of parts.", param=param)
+    texts = []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if type(part) is dict else None
+        if kind not in ("input_text", "output_text", "text") or type(part.get("text")) is not str:
+            raise BadRequest(
+                f"`{param}[{j}]`: only text parts are supported (got {kind!r}).",
+                param=f"{param}[{j}]",
+            )
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _messages(items: list[dict]) -> list[dict]:
+    """Items as chat messages: an assistant message and the function calls after it are
+    one assistant message (as the chat API answered them), so a client sending the whole
+    history back continues its trajectory."""
+    out: list[dict] = []
+    for item in items:
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            out.append({"role": item["role"], "content": text})
+        elif item["type"] == "function_call":
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            }
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        else:
+            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+    return out
+
+
+def _tools(tools: Any) -> list[dict]:
+    """Responses' flat function tools as chat's nested ones; built-in tools are refused."""
+    if type(tools) is not list:
+        raise BadRequest("`tools` must be an array.", param="tools")
+    out = []
+    for i, tool in enumerate(tools):
+        kind = tool.get("type") if type(tool) is dict else None
+        if kind != "function":
+            raise BadRequest(
+                f"Tools of type {kind!r} are not supported: only `function` tools are served.",
+                param=f"tools[{i}].type",
+            )
+        if type(tool.get("name")) is not str:
+            raise BadRequest(f"`tools[{i}].name` must be a string.", param=f"tools[{i}].name")
+        fn = {"name": tool["name"]}
+        for key in ("description", "parameters", "strict"):
+            if tool.get(key) is not None:
+                fn[key] = tool[key]
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice: Any) -> Any:
+    if choice in ("auto", "none", "required"):
+        return choice
+    if type(choice) is dict and choice.get("type") == "function":
+        if type(choice.get("name")) is not str:
+            raise BadRequest("`tool_choice.name` must be a string.", param="tool_choice.name")
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise BadRequest(
+        "`tool_choice` must be 'auto', 'none', 'required' or a function.", param="tool_choice"
+    )
+
+
+def _response_format(text: dict) -> dict | None:
+    for key, value in text.items():
+        if key != "format" and value is not None:
+            raise BadRequest(f"`text.{key}` is not supported.", param=f"text.{key}")
+    fmt = text.get("format")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if type(fmt) is dict else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        if type(fmt.get("name")) is not str or type(fmt.get("schema")) is not dict:
+            raise BadRequest(
+                "`text.format` json_schema needs a string `name` and an object `schema`.",
+                param="text.format",
+            )
+        schema = {k: fmt[k] for k in ("name", "schema", "description", "strict") if k in fmt}
+        return {"type": "json_schema", "json_schema": schema}
+    raise BadRequest(
+        "`text.format.type` must be text, json_object or json_schema.", param="text.format.type"
+    )
+
+
+def previous_of(row: dict) -> Previous | None:
+    """The conversation a stored response continues; None when the row holds no stored,
+    answered Responses call (never stored, deleted, failed)."""
+    if row.get("api") != RESPONSES or row.get("api_object") is None or row["status"] >= 400:
+        return None
+    stored = _json(row["api_object"])
+    request = _json(row["request"])
+    answer = _json(row["response"])
+    skip = 1 if stored["response"].get("instructions") else 0
+    reply = answer["choices"][0]["message"]
+    shaped = {"role": "assistant", "content": reply.get("content")}
+    if reply.get("tool_calls"):
+        shaped["tool_calls"] = reply["tool_calls"]
+    return Previous(
+        id=row["id"],
+        trajectory_id=row["trajectory_id"],
+        turn=row["turn"],
+        messages=[*request["messages"][skip:], shaped],
+    )
+
+
+def stored_response(row: dict | None, api_key_id: str | None) -> dict | None:
+    """A row's stored Response and input items, if this key may see them."""
+    if row is None or row.get("api") != RESPONSES or row.get("api_object") is None:
+        return None
+    if row["api_key_id"] != api_key_id:
+        return None  # another key's response is answered as missing: its id stays secret
+    return _json(row["api_object"])
+
+
+def _json(value: Any) -> Any:
+    return _decode(value) if isinstance(value, str | bytes) else value
+
+
+# -- The answer back ------------------------------------------------------------------
+
+
+def output_items(message: dict, id_suffix: str) -> list[dict]:
+    """A chat reply as Responses output items: its text as one message, then each call."""
+    items: list[dict] = []
+    if message.get("content"):
+        items.append(_message_out(f"msg_{id_suffix}", message["content"], "completed"))
+    for k, call in enumerate(message.get("tool_calls") or ()):
+        fn = call.get("function") or {}
+        items.append(
+            {
+                "id": f"fc_{id_suffix}_{k}",
+                "type": "function_call",
+                "status": "completed",
+                "call_id": call.get("id") or f"call_{id_suffix}_{k}",
+                "name": fn.get("name", ""),
+                "arguments": fn.get("arguments", ""),
+            }
+        )
+    return items
+
+
+def _message_out(item_id: str, text: str, status: str) -> dict:
+    return {
+        "id": item_id,
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+    }
+
+
+def usage_of(usage: dict | None) -> dict | None:
+    if not usage:
+        return None
+    prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage.get("total_tokens", prompt + completion),
+    }
+
+
+def response_object(
+    call: Call,
+    response_id: str,
+    model: str,
+    *,
+    status: str,
+    output: list[dict],
+    usage: dict | None = None,
+    finish_reason: str | None = None,
+    error: dict | None = None,
+) -> dict:
+    """The Response object, as openai-python's `Response` reads it."""
+    body = call.body
+    incomplete = None
+    if status == "completed" and finish_reason == "length":
+        status, incomplete = "incomplete", {"reason": "max_output_tokens"}
+    fmt = (body.get("text") or {}).get("format") or {"type": "text"}
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": call.created_at,
+        "status": status,
+        "background": False,
+        "error": error,
+        "incomplete_details": incomplete,
+        "instructions": call.instructions,
+        "max_output_tokens": body.get("max_output_tokens"),
+        "metadata": body.get("metadata") or {},
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "previous_response_id": call.previous_response_id,
+        "reasoning": None,
+        "store": call.store,
+        "temperature": body.get("temperature", 1.0),
+        "text": {"format": fmt},
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools", []),
+        "top_p": body.get("top_p", 1.0),
+        "truncation": "disabled",
+        "usage": usage_of(usage),
+        "user": body.get("user"),
+    }
+
+
+def stored(response: dict, call: Call) -> dict | None:
+    """What the exchange row keeps for `GET` (None when the client said `store: false`)."""
+    return {"response": response, "input_items": call.items} if call.store else None
+
+
+class Events:
+    """Chat stream chunks as the Responses API's typed events, numbered in order.
+
+    Text opens a message item (`output_item.added`, `content_part.added`) and streams as
+    `output_text.delta`; each tool call opens a `function_call` item and streams its
+    arguments; the end closes what is open (`*.done`, `output_item.done`) and the caller
+    sends `response.completed` with the whole Response.
+    """
+
+    def __init__(self, response_id: str) -> None:
+        self.suffix = response_id.removeprefix("resp_")
+        self.seq = 0
+        self.output: list[dict] = []
+        self._text: dict | None = None  # the open message item
+        self._calls: dict[int, dict] = {}  # chat tool-call index -> open function_call item
+        self.finish_reason: str | None = None
+
+    def event(self, kind: str, **fields: Any) -> bytes:
+        payload = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return b"event: " + kind.encode() + b"\ndata: " + _encode(payload) + b"\n\n"
+
+    def chunk(self, data: dict) -> list[bytes]:
+        out: list[bytes] = []
+        for choice in data.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                out += self._text_delta(delta["content"])
+            for call in delta.get("tool_calls") or ():
+                out += self._call_delta(call)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+        return out
+
+    def _text_delta(self, text: str) -> list[bytes]:
+        out = []
+        if self._text is None:
+            item = _message_out(f"msg_{self.suffix}", "", "in_progress")
+            item["content"] = []
+            self._text = item
+            self.output.append(item)
+            index = len(self.output) - 1
+            out.append(self.event("response.output_item.added", output_index=index, item=item))
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            out.append(
+                self.event(
+                    "response.content_part.added",
+                    item_id=item["id"],
+                    output_index=index,
+                    content_index=0,
+                    part=part,
+                )
+            )
+            item["content"].append(part)
+        item = self._text
+        item["content"][0]["text"] += text
+        out.append(
+            self.event(
+                "response.output_text.delta",
+                item_id=item["id"],
+                output_index=self.output.index(item),
+                content_index=0,
+                delta=text,
+                logprobs=[],
+            )
+        )
+        return out
+
+    def _call_delta(self, delta: dict) -> list[bytes]:
+        out = []
+        index = delta.get("index", 0)
+        fn = delta.get("function") or {}
+        item = self._calls.get(index)
+        if item is None:
+            out += self._close_text()
+            item = {
+                "id": f"fc_{self.suffix}_{index}",
+                "type": "function_call",
+                "status": "in_progress",
+                "call_id": delta.get("id") or f"call_{self.suffix}_{index}",
+                "name": fn.get("name") or "",
+                "arguments": "",
+            }
+            self._calls[index] = item
+            self.output.append(item)
+            out.append(
+                self.event(
+                    "response.output_item.added", output_index=len(self.output) - 1, item=item
+                )
+            )
+        elif fn.get("name"):
+            item["name"] += fn["name"]
+        if fn.get("arguments"):
+            item["arguments"] += fn["arguments"]
+            out.append(
+                self.event(
+                    "response.function_call_arguments.delta",
+                    item_id=item["id"],
+                    output_index=self.output.index(item),
+                    delta=fn["arguments"],
+                )
+            )
+        return out
+
+    def _close_text(self) -> list[bytes]:
+        item, self._text = self._text, None
+        if item is None:
+            return []
+        index = self.output.index(item)
+        part = item["content"][0]
+        item["status"] = "completed"
+        return [
+            self.event(
+                "response.output_text.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                text=part["text"],
+                logprobs=[],
+            ),
+            self.event(
+                "response.content_part.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                part=part,
+            ),
+            self.event("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def close(self) -> list[bytes]:
+        """The events that close every open item."""
+        out = self._close_text()
+        for item in self._calls.values():
+            index = self.output.index(item)
+            item["status"] = "completed"
+            out.append(
+                self.event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=index,
+                    name=item["name"],
+                    arguments=item["arguments"],
+                )
+            )
+            out.append(self.event("response.output_item.done", output_index=index, item=item))
+        self._calls = {}
+        return out
+
+
+def input_items_page(items: list[dict], *, order: str, limit: int, after: str | None) -> dict:
+    """One page of `GET /v1/responses/{id}/input_items` (newest first unless `asc`)."""
+    ordered = list(reversed(items)) if order == "desc" else list(items)
+    if after is not None:
+        ids = [item["id"] for item in ordered]
+        if after not in ids:
+            raise BadRequest(f"No input item `{after}` in this response.", param="after")
+        ordered = ordered[ids.index(after) + 1 :]
+    page = ordered[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(ordered) > limit,
+    }

@@ -1,0 +1,308 @@
+"""Every field clients send: OpenAI's chat request field by field (null is absent, hints
+accepted and kept from the engine, the unservable refused by name), the Responses API's
+translation as the engine receives it and its stream when the engine fails, and legacy
+completions and `models.retrieve` against a real local engine."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+from litestar.testing import TestClient
+from openai import OpenAI
+
+from onjob.cli.process import ServerProcess
+from onjob.collector import Collector, CollectorSettings
+from onjob.proxy import ProxySettings, create_app
+from onjob.proxy.exchange import REFUSED
+
+from .conftest import rows
+from .fake_engine import chunk, completion, scripted
+
+CHAT = {"model": "agent", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def streamed(payload: bytes) -> httpx.Response:
+    """A stream the proxy reads as it arrives, as an engine's is."""
+
+    async def body():
+        yield payload
+
+    return httpx.Response(200, content=body())
+
+
+def recording_app(tmp_path, answer=None):
+    """The proxy in process over a scripted engine that keeps every request it gets."""
+    seen: list[tuple[str, dict]] = []
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append((request.url.path, body))
+        if answer is not None:
+            return answer(body)
+        if body.get("stream"):
+            usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+            stream = chunk("hi") + chunk("!", finish="stop") + chunk(usage=usage)
+            return streamed(stream + b"data: [DONE]\n\n")
+        return httpx.Response(200, json=completion())
+
+    collector = Collector(CollectorSettings(db=tmp_path / "onjob.duckdb"))
+    app = create_app(ProxySettings(), upstream=scripted(engine), collector=collector)
+    return app, seen
+
+
+NULLABLE = [
+    "stream",
+    "n",
+    "stop",
+    "temperature",
+    "top_p",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "seed",
+    "max_tokens",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "stream_options",
+    "parallel_tool_calls",
+    "metadata",
+    "user",
+    *REFUSED,
+]
+
+
+def test_null_fields_are_absent_and_never_reach_the_engine(tmp_path):
+    app, seen = recording_app(tmp_path)
+    with TestClient(app) as client:
+        resp = client.post("/v1/chat/completions", json={**CHAT, **dict.fromkeys(NULLABLE)})
+        assert resp.status_code == 200, resp.text
+    ((_, sent),) = seen
+    assert not [k for k, v in sent.items() if v is None]
+    assert not set(NULLABLE) & set(sent) - {"logprobs"}  # logprobs: the proxy's own, on
+
+
+def test_hints_are_accepted_and_answer_shaping_fields_reach_the_engine(tmp_path):
+    app, seen = recording_app(tmp_path)
+    hints = {
+        "store": True,
+        "service_tier": "auto",
+        "prompt_cache_key": "k",
+        "safety_identifier": "u1",
+        "modalities": ["text"],
+    }
+    shaping = {
+        "logit_bias": {"42": -100},
+        "stop": ["\n", "END"],
+        "max_completion_tokens": 7,
+        "seed": 3,
+        "presence_penalty": 0.5,
+        "response_format": {"type": "json_object"},
+    }
+    with TestClient(app) as client:
+        resp = client.post("/v1/chat/completions", json={**CHAT, **hints, **shaping})
+        assert resp.status_code == 200, resp.text
+    ((_, sent),) = seen
+    assert not set(hints) & set(sent)
+    assert {k: sent[k] for k in shaping} == shaping
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("reasoning_effort", "high"),
+        ("verbosity", "low"),
+        ("audio", {"voice": "alloy", "format": "wav"}),
+        ("modalities", ["text", "audio"]),
+        ("prediction", {"type": "content", "content": "x"}),
+        ("web_search_options", {}),
+        ("functions", [{"name": "f"}]),
+        ("function_call", "auto"),
+        ("moderation", {"model": "m"}),
+    ],
+)
+def test_fields_no_engine_behind_onjob_honours_are_400s_naming_them(tmp_path, field, value):
+    app, seen = recording_app(tmp_path)
+    with TestClient(app) as client:
+        resp = client.post("/v1/chat/completions", json={**CHAT, field: value})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == field
+    assert not seen
+
+
+def test_responses_request_reaches_the_engine_as_the_chat_request_it_means(tmp_path):
+    app, seen = recording_app(tmp_path)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    body = {
+        "model": "agent",
+        "instructions": "Be exact.",
+        "input": [
+            {"type": "message", "role": "developer", "content": "Use tools."},
+            {"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+            {"type": "function_call", "call_id": "call_1", "name": "w", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        ],
+        "tools": [{"type": "function", "name": "w", "parameters": {}, "strict": True}],
+        "tool_choice": {"type": "function", "name": "w"},
+        "parallel_tool_calls": False,
+        "text": {"format": {"type": "json_schema", "name": "A", "schema": schema, "strict": True}},
+        "max_output_tokens": 9,
+        "top_p": 0.5,
+        "store": False,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "k",
+        "stream_options": {"include_obfuscation": False},
+    }
+    with TestClient(app) as client:
+        resp = client.post("/v1/responses", json=body)
+        assert resp.status_code == 200, resp.text
+        assert client.get(f"/v1/responses/{resp.json()['id']}").status_code == 404  # store: false
+    ((path, sent),) = seen
+    assert path.endswith("/chat/completions")
+    assert sent["messages"] == [
+        {"role": "system", "content": "Be exact."},
+        {"role": "developer", "content": "Use tools."},
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "w", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    assert sent["tools"] == [
+        {"type": "function", "function": {"name": "w", "parameters": {}, "strict": True}}
+    ]
+    assert sent["tool_choice"] == {"type": "function", "function": {"name": "w"}}
+    assert sent["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "A", "schema": schema, "strict": True},
+    }
+    assert (sent["max_tokens"], sent["top_p"], sent["parallel_tool_calls"]) == (9, 0.5, False)
+    assert sent["logprobs"] is True and sent["return_token_ids"] is True
+    answer = resp.json()
+    assert answer["output"][0]["content"][0]["text"] == "hello there"
+    assert answer["text"]["format"]["type"] == "json_schema" and answer["store"] is False
+
+
+def test_responses_stream_the_engine_cuts_ends_in_response_failed_and_is_logged(tmp_path):
+    cut = chunk("par") + chunk("tial")  # no [DONE]: the engine went away
+    app, _ = recording_app(tmp_path, answer=lambda body: streamed(cut))
+    with TestClient(app) as client:
+        resp = client.post("/v1/responses", json={"model": "agent", "input": "x", "stream": True})
+        events = [
+            json.loads(line[5:]) for line in resp.text.splitlines() if line.startswith("data:")
+        ]
+        response_id = events[0]["response"]["id"]
+        assert client.get(f"/v1/responses/{response_id}").status_code == 404
+    kinds = [e["type"] for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-2:] == ["error", "response.failed"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["output"][0]["content"][0]["text"] == "partial"
+    (row,) = rows(tmp_path / "onjob.duckdb", "SELECT * FROM exchanges")
+    assert (row["id"], row["status"], row["api"]) == (response_id, 502, "responses")
+    assert row["api_object"] is None
+
+
+def test_legacy_completions_and_models_retrieve_against_the_local_engine(tmp_path, engine):
+    db = tmp_path / "onjob.duckdb"
+    with ServerProcess(["--engine-url", engine.url, "--db", str(db)]) as server:
+        client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+        whole = client.completions.create(model="agent", prompt="Once upon", max_tokens=5)
+        assert whole.object == "text_completion" and whole.choices[0].text
+        assert whole.choices[0].logprobs is None  # not asked: stripped
+        asked = client.completions.create(
+            model="agent", prompt="Once upon", max_tokens=3, logprobs=2, seed=1
+        )
+        assert len(asked.choices[0].logprobs.token_logprobs) == 3
+        pieces = list(
+            client.completions.create(model="agent", prompt="Once", max_tokens=4, stream=True)
+        )
+        assert {p.id for p in pieces} == {pieces[0].id}
+        assert client.models.retrieve("agent").id == "agent"
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve("no-such-model")
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model="agent", prompt="x", echo=True, max_tokens=2)
+        assert refused.value.body["param"] == "echo"
+        # The local engine serves the same routes, as vLLM does.
+        direct = OpenAI(base_url=engine.url, api_key="unused", max_retries=0, timeout=120)
+        assert direct.models.retrieve("tiny").id == "tiny"
+        assert direct.completions.create(model="tiny", prompt="Hi", max_tokens=2).choices[0].text
+
+    logged = rows(db, "SELECT * FROM exchanges WHERE api = 'completions' ORDER BY ts")
+    assert [r["id"] for r in logged] == [whole.id, asked.id, pieces[0].id]
+    assert len({r["trajectory_id"] for r in logged}) == 3  # each a conversation of its own
+    assert all(r["turn"] == 0 and r["prompt_token_ids"] for r in logged)
+    assert [len(r["completion_token_ids"][0]) for r in logged] == [5, 3, 4]
+    assert [len(r["completion_logprobs"][0]) for r in logged] == [5, 3, 4]
+    assert json.loads(logged[0]["request"])["prompt"] == "Once upon"
+
+
+def test_responses_stream_tool_calls_as_vllm_streams_them(tmp_path):
+    """vLLM sends a call's id and name first, then its arguments in fragments: each becomes
+    a `function_call` item and `function_call_arguments.delta` events, in order."""
+
+    def delta(**fields) -> bytes:
+        body = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "fake"}
+        body["choices"] = [{"index": 0, "delta": fields, "finish_reason": None}]
+        return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+    head = {"index": 0, "id": "call_9", "type": "function"}
+    stream = (
+        delta(role="assistant", content="Let me check.")
+        + delta(tool_calls=[{**head, "function": {"name": "w", "arguments": ""}}])
+        + delta(tool_calls=[{"index": 0, "function": {"arguments": '{"city": '}}])
+        + delta(tool_calls=[{"index": 0, "function": {"arguments": '"Paris"}'}}])
+        + chunk(finish="tool_calls")
+        + b"data: [DONE]\n\n"
+    )
+    app, _ = recording_app(tmp_path, answer=lambda body: streamed(stream))
+    body = {
+        "model": "agent",
+        "input": "w?",
+        "stream": True,
+        "tools": [{"type": "function", "name": "w"}],
+    }
+    with TestClient(app) as client:
+        resp = client.post("/v1/responses", json=body)
+        events = [
+            json.loads(line[5:]) for line in resp.text.splitlines() if line.startswith("data:")
+        ]
+        stored = client.get(f"/v1/responses/{events[0]['response']['id']}").json()
+    kinds = [e["type"] for e in events]
+    assert kinds[2:] == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    done = events[-3]
+    assert (done["name"], done["arguments"], done["output_index"]) == ("w", '{"city": "Paris"}', 1)
+    final = events[-1]["response"]
+    assert final["output"][1] == {
+        "id": done["item_id"],
+        "type": "function_call",
+        "status": "completed",
+        "call_id": "call_9",
+        "name": "w",
+        "arguments": '{"city": "Paris"}',
+    }
+    assert stored == final
