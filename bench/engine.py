@@ -1,8 +1,12 @@
-"""Local engine throughput with the real SmolLM2-135M: tokens/s at concurrency 1, 4 and 8.
+"""Local engine throughput with the real SmolLM2-135M: tokens/s at concurrency 1, 4 and 8,
+free and under a JSON schema, side by side.
 
-Every request decodes exactly `--tokens` tokens (`ignore_eos`), sampled at
-temperature 1, so levels differ only in how many streams share the batch. The
-engine runs as its own process, exactly as `onjob engine` starts it.
+Every request decodes exactly `--tokens` tokens, sampled at temperature 1, so levels
+differ only in how many streams share the batch. Free requests use `ignore_eos`;
+schema requests use `response_format` with `SCHEMA`, whose answer cannot be complete
+in fewer than 64 lines, so the grammar never ends one early either. Each level runs
+free, then under the schema, on one engine process, exactly as `onjob engine`
+starts it.
 
     .venv/bin/python bench/engine.py [--tokens 64] [--levels 1 4 8] [--threads N]
 
@@ -36,8 +40,30 @@ PROMPTS = [
 ]
 
 
-async def level(client: AsyncOpenAI, concurrency: int, requests_each: int, tokens: int) -> dict:
+# A list of 64 strings at least: more tokens than any `--tokens` this bench uses.
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "lines": {"type": "array", "items": {"type": "string"}, "minItems": 64},
+    },
+    "required": ["lines"],
+    "additionalProperties": False,
+}
+
+
+async def level(
+    client: AsyncOpenAI, concurrency: int, requests_each: int, tokens: int, schema: bool = False
+) -> dict:
     latencies: list[float] = []
+    if schema:
+        shape: dict = {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "lines", "schema": SCHEMA},
+            }
+        }
+    else:
+        shape = {"extra_body": {"ignore_eos": True}}
 
     async def worker(w: int) -> int:
         done = 0
@@ -49,9 +75,10 @@ async def level(client: AsyncOpenAI, concurrency: int, requests_each: int, token
                 max_tokens=tokens,
                 temperature=1.0,
                 seed=w * 100 + i,
-                extra_body={"ignore_eos": True},
+                **shape,
             )
             latencies.append(time.perf_counter() - started)
+            assert r.usage.completion_tokens == tokens, r.usage
             done += r.usage.completion_tokens
         return done
 
@@ -59,6 +86,7 @@ async def level(client: AsyncOpenAI, concurrency: int, requests_each: int, token
     counts = await asyncio.gather(*(worker(w) for w in range(concurrency)))
     wall = time.perf_counter() - started
     return {
+        "schema": schema,
         "concurrency": concurrency,
         "requests": concurrency * requests_each,
         "tokens": sum(counts),
@@ -82,23 +110,28 @@ async def main() -> None:
     with EngineProcess(engine_args) as engine:
         client = AsyncOpenAI(base_url=engine.url, api_key="x", max_retries=0, timeout=600)
         await level(client, 1, 1, 8)  # warm-up
+        await level(client, 1, 1, 8, schema=True)  # warm-up: xgrammar's import, the compile
         for c in args.levels:
-            row = await level(client, c, args.requests_each, args.tokens)
-            results.append(row)
+            free = await level(client, c, args.requests_each, args.tokens)
+            constrained = await level(client, c, args.requests_each, args.tokens, schema=True)
+            constrained["vs_free"] = round(constrained["tokens_per_s"] / free["tokens_per_s"], 2)
+            results += [free, constrained]
             print(
-                f"concurrency {c:>2}: {row['tokens_per_s']:>6.1f} tokens/s "
-                f"({row['tokens']} tokens in {row['wall_s']} s, "
-                f"{row['mean_request_s']} s per request)",
+                f"concurrency {c:>2}: free {free['tokens_per_s']:>6.1f} tokens/s, "
+                f"schema {constrained['tokens_per_s']:>6.1f} tokens/s "
+                f"({constrained['vs_free']:.0%} of free; "
+                f"{free['mean_request_s']} / {constrained['mean_request_s']} s per request)",
                 flush=True,
             )
-    base = results[0]["tokens_per_s"]
+    free_rows = [r for r in results if not r["schema"]]
+    base = free_rows[0]["tokens_per_s"]
     for row in results:
         row["speedup_vs_first"] = round(row["tokens_per_s"] / base, 2)
     print(
-        "speedup over concurrency",
-        results[0]["concurrency"],
+        "speedup over free concurrency",
+        free_rows[0]["concurrency"],
         ":",
-        ", ".join(f"c={r['concurrency']}: {r['speedup_vs_first']}x" for r in results),
+        ", ".join(f"c={r['concurrency']}: {r['speedup_vs_first']}x" for r in free_rows),
     )
     out = Path(__file__).parent / "results" / f"engine-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(exist_ok=True)
@@ -108,6 +141,8 @@ async def main() -> None:
                 "bench": "engine",
                 "model": bundled.MODEL_NAME,
                 "tokens_per_completion": args.tokens,
+                "schema": SCHEMA,
+                "load": os.getloadavg(),
                 "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
                 "levels": results,
             },

@@ -110,8 +110,9 @@ def _arguments(function: dict) -> Any:
     return args
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
-    """Split model output into (content, tool_calls). Unparseable calls stay as text."""
+def parse_tool_calls(text: str, limit: int | None = None) -> tuple[str | None, list[dict]]:
+    """Split model output into (content, tool_calls). Unparseable calls stay as text.
+    With `limit` (1 under `parallel_tool_calls: false`), calls past it are dropped."""
     calls = []
     for match in _TOOL_CALL.finditer(text):
         try:
@@ -134,4 +135,130 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
     if not calls:
         return text, []
     content = text[: text.index("<tool_call>")].strip()
-    return content or None, calls
+    return content or None, calls[:limit]
+
+
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
+
+
+class ToolCallStream:
+    """Streamed model output as OpenAI streams it: content deltas, then per call a first
+    delta with its `id`, `type` and `function.name` (arguments ""), then argument fragments.
+
+    It reads the same `<tool_call>` format as `parse_tool_calls`, tag by tag; the JSON
+    inside is passed through, not parsed. A call whose head is `{"name": ..., "arguments":`
+    (how the engine's grammar and the Hermes format write it) streams its arguments as
+    they come, holding back only from the last `}` (the call's own closing brace may be
+    it); any other shape is sent whole when its `</tool_call>` arrives. Text after the
+    first call is dropped, as `parse_tool_calls` drops it; so are calls past `limit`.
+    Under `tool_choice` "auto" nothing checks the arguments, so a call the model leaves
+    malformed is streamed as far as it got (the non-streamed answer returns such text as
+    content); under a grammar every call is well formed.
+    """
+
+    def __init__(self, limit: int | None = None) -> None:
+        self._limit = limit
+        self._text = ""
+        self._pos = 0  # how much of the text has been turned into deltas
+        self._state = "content"  # content | head | arguments | between | done
+        self._sent = 0  # argument characters of the current call already sent
+        self.calls = 0
+
+    def feed(self, text: str, final: bool) -> tuple[str, list[dict]]:
+        """(content delta, tool-call deltas) for `text`, the output's next piece."""
+        self._text += text
+        content, deltas = "", []
+        while True:
+            before = (self._state, self._pos)
+            if self._state == "content":
+                content += self._content(final)
+            elif self._state == "head":
+                deltas += self._head(final)
+            elif self._state == "arguments":
+                deltas += self._arguments(final)
+            elif self._state == "between":
+                self._between()
+            if (self._state, self._pos) == before:
+                return content, deltas
+
+    def _content(self, final: bool) -> str:
+        rest = self._text[self._pos :]
+        at = rest.find(_OPEN)
+        if at >= 0:
+            self._pos += at + len(_OPEN)
+            self._state = "head"
+            return rest[:at]
+        keep = 0 if final else _partial(rest, _OPEN)
+        self._pos += len(rest) - keep
+        return rest[: len(rest) - keep]
+
+    def _head(self, final: bool) -> list[dict]:
+        rest = self._text[self._pos :]
+        match = _HEAD.match(rest)
+        if match:
+            self._pos += match.end()
+            self._state, self._sent = "arguments", 0
+            return [self._first(json.loads(match.group(1)))]
+        close = rest.find(_CLOSE)
+        if close < 0 and not final:
+            return []
+        body = rest if close < 0 else rest[:close]
+        self._pos += len(rest) if close < 0 else close + len(_CLOSE)
+        self._state = "between"
+        _, calls = parse_tool_calls(_OPEN + body + _CLOSE)
+        if not calls:
+            return []
+        call = calls[0]["function"]
+        index = self.calls
+        return [
+            self._first(call["name"]),
+            {"index": index, "function": {"arguments": call["arguments"]}},
+        ]
+
+    def _arguments(self, final: bool) -> list[dict]:
+        rest = self._text[self._pos :]
+        close = rest.find(_CLOSE)
+        if close >= 0 or final:
+            body = rest if close < 0 else rest[:close]
+            stripped = body.rstrip()
+            arguments = stripped[:-1] if stripped.endswith("}") else stripped
+            self._pos += len(rest) if close < 0 else close + len(_CLOSE)
+            self._state = "between"
+        else:
+            brace = rest.rfind("}")
+            arguments = rest if brace < 0 else rest[:brace]
+        fragment = arguments[self._sent :]
+        self._sent = max(self._sent, len(arguments))
+        if not fragment:
+            return []
+        return [{"index": self.calls - 1, "function": {"arguments": fragment}}]
+
+    def _between(self) -> None:
+        if self._limit is not None and self.calls >= self._limit:
+            self._state, self._pos = "done", len(self._text)
+            return
+        rest = self._text[self._pos :]
+        at = rest.find(_OPEN)
+        if at >= 0:
+            self._pos += at + len(_OPEN)
+            self._state = "head"
+        else:
+            self._pos += len(rest) - _partial(rest, _OPEN)
+
+    def _first(self, name: str) -> dict:
+        self.calls += 1
+        return {
+            "index": self.calls - 1,
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": name, "arguments": ""},
+        }
+
+
+def _partial(text: str, tag: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
+            return k
+    return 0
