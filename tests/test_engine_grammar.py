@@ -300,3 +300,21 @@ def test_a_constrained_request_leaves_its_batch_neighbours_unconstrained(engine)
     assert free_again.choices[0].model_extra["token_ids"] == ids
     for r in constrained:
         assert r.choices[0].message.content.startswith('{"city": "')
+
+
+def test_an_argument_string_holding_the_closing_tag_stays_inside_its_call():
+    """Under a grammar a free string may hold anything, `</tool_call>` included: the call
+    ends where its JSON does, streamed or not."""
+    from onjob.engine import chat
+
+    text = (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "a</tool_call>b}"}}\n'
+        "</tool_call>"
+    )
+    _, (call,) = chat.parse_tool_calls(text)
+    assert json.loads(call["function"]["arguments"]) == {"city": "a</tool_call>b}"}
+    reader = chat.ToolCallStream()
+    deltas = [d for i in range(len(text)) for d in reader.feed(text[i], i == len(text) - 1)[1]]
+    assert deltas[0]["function"] == {"name": "get_weather", "arguments": ""}
+    streamed = "".join(d["function"]["arguments"] for d in deltas)
+    assert json.loads(streamed) == {"city": "a</tool_call>b}"}

@@ -15,8 +15,6 @@ from typing import Any
 
 from .protocol import Message, Tool
 
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
-
 TOOL_PROMPT = """# Tools
 
 You may call one or more functions to assist with the user query.
@@ -112,13 +110,23 @@ def _arguments(function: dict) -> Any:
 
 def parse_tool_calls(text: str, limit: int | None = None) -> tuple[str | None, list[dict]]:
     """Split model output into (content, tool_calls). Unparseable calls stay as text.
-    With `limit` (1 under `parallel_tool_calls: false`), calls past it are dropped."""
+    With `limit` (1 under `parallel_tool_calls: false`), calls past it are dropped.
+
+    Each call's JSON is read with a JSON decoder from its `<tool_call>` on, so an
+    argument string that contains `</tool_call>` does not end the call."""
     calls = []
-    for match in _TOOL_CALL.finditer(text):
+    pos = 0
+    while (at := text.find(_OPEN, pos)) >= 0:
+        start = at + len(_OPEN)
+        start += len(text[start:]) - len(text[start:].lstrip())
         try:
-            data = json.loads(match.group(1))
+            data, end = _DECODER.raw_decode(text, start)
         except json.JSONDecodeError:
             return text, []
+        rest = text[end:].lstrip()
+        if rest and not rest.startswith(_CLOSE):
+            return text, []
+        pos = len(text) - len(rest) + (len(_CLOSE) if rest else 0)
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             return text, []
         args = data.get("arguments", data.get("parameters", {}))
@@ -134,10 +142,11 @@ def parse_tool_calls(text: str, limit: int | None = None) -> tuple[str | None, l
         )
     if not calls:
         return text, []
-    content = text[: text.index("<tool_call>")].strip()
+    content = text[: text.index(_OPEN)].strip()
     return content or None, calls[:limit]
 
 
+_DECODER = json.JSONDecoder()
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
 
@@ -200,13 +209,17 @@ class ToolCallStream:
             self._pos += match.end()
             self._state, self._sent = "arguments", 0
             return [self._first(json.loads(match.group(1)))]
-        close = rest.find(_CLOSE)
-        if close < 0 and not final:
-            return []
-        body = rest if close < 0 else rest[:close]
-        self._pos += len(rest) if close < 0 else close + len(_CLOSE)
+        for close in _closes(rest):
+            _, calls = parse_tool_calls(_OPEN + rest[:close] + _CLOSE)
+            if calls:
+                self._pos += close + len(_CLOSE)
+                break
+        else:
+            if not final:
+                return []
+            self._pos += len(rest)
+            _, calls = parse_tool_calls(_OPEN + rest)
         self._state = "between"
-        _, calls = parse_tool_calls(_OPEN + body + _CLOSE)
         if not calls:
             return []
         call = calls[0]["function"]
@@ -218,12 +231,12 @@ class ToolCallStream:
 
     def _arguments(self, final: bool) -> list[dict]:
         rest = self._text[self._pos :]
-        close = rest.find(_CLOSE)
-        if close >= 0 or final:
-            body = rest if close < 0 else rest[:close]
+        close = _closing(rest)
+        if close is not None or final:
+            body = rest if close is None else rest[:close]
             stripped = body.rstrip()
             arguments = stripped[:-1] if stripped.endswith("}") else stripped
-            self._pos += len(rest) if close < 0 else close + len(_CLOSE)
+            self._pos += len(rest) if close is None else close + len(_CLOSE)
             self._state = "between"
         else:
             brace = rest.rfind("}")
@@ -254,6 +267,28 @@ class ToolCallStream:
             "type": "function",
             "function": {"name": name, "arguments": ""},
         }
+
+
+def _closes(text: str):
+    """Where each `</tool_call>` in `text` starts."""
+    at = text.find(_CLOSE)
+    while at >= 0:
+        yield at
+        at = text.find(_CLOSE, at + 1)
+
+
+def _closing(arguments: str) -> int | None:
+    """Where the `</tool_call>` that ends a call's arguments starts: the first one after
+    valid JSON and the call's closing brace (one inside an argument string is not it)."""
+    for close in _closes(arguments):
+        stripped = arguments[:close].rstrip()
+        if stripped.endswith("}"):
+            try:
+                json.loads(stripped[:-1])
+            except json.JSONDecodeError:
+                continue
+            return close
+    return None
 
 
 def _partial(text: str, tag: str) -> int:

@@ -61,8 +61,10 @@ class Tools:
         tools = list(req.tools or [])
         choice = req.tool_choice if req.tool_choice is not None else "auto"
         parallel = req.parallel_tool_calls is not False
-        if not tools or choice == "none":
+        if choice == "none" or (not tools and choice == "auto"):
             return cls([], "none", parallel)
+        if not tools:
+            raise BadRequest("tool_choice requires `tools`.", param="tool_choice")
         if isinstance(choice, str):
             return cls(tools, choice, parallel)
         if isinstance(choice, NamedToolChoice):
