@@ -175,7 +175,12 @@ class ToolCallStream:
         self.calls = 0
 
     def feed(self, text: str, final: bool) -> tuple[str, list[dict]]:
-        """(content delta, tool-call deltas) for `text`, the output's next piece."""
+        """(content delta, tool-call deltas) for `text`, the output's next piece.
+
+        A call's first delta goes out alone (its arguments follow with the next piece),
+        and the deltas of one piece carry each call's index once, as OpenAI's chunks do
+        (the openai client's stream helper counts on both); only the last piece, with
+        nothing after it, may carry a call's head and its arguments together."""
         self._text += text
         content, deltas = "", []
         while True:
@@ -184,12 +189,14 @@ class ToolCallStream:
                 content += self._content(final)
             elif self._state == "head":
                 deltas += self._head(final)
+                if deltas and not final:
+                    return content, deltas
             elif self._state == "arguments":
                 deltas += self._arguments(final)
             elif self._state == "between":
                 self._between()
             if (self._state, self._pos) == before:
-                return content, deltas
+                return content, _merged(deltas)
 
     def _content(self, final: bool) -> str:
         rest = self._text[self._pos :]
@@ -267,6 +274,18 @@ class ToolCallStream:
             "type": "function",
             "function": {"name": name, "arguments": ""},
         }
+
+
+def _merged(deltas: list[dict]) -> list[dict]:
+    """One delta per call index: later argument fragments appended to the first."""
+    out: dict[int, dict] = {}
+    for d in deltas:
+        if d["index"] in out:
+            function = out[d["index"]]["function"]
+            function["arguments"] += d["function"]["arguments"]
+        else:
+            out[d["index"]] = {**d, "function": dict(d["function"])}
+    return list(out.values())
 
 
 def _closes(text: str):
