@@ -52,7 +52,7 @@ class Constraint:
 class Tools:
     """The tools a request offers the model and how it must use them."""
 
-    offered: list[Tool]
+    offered: list[Tool]  # those the answer may call
     mode: str  # "none" | "auto" | "required" | "named"
     parallel: bool
 

@@ -74,7 +74,10 @@ def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
             raise BadRequest(refused[1], param=refused[0])
         adapter = loaded.resolve(req.model)
         tools = grammar.Tools.of(req)
-        prompt = chat.render(loaded.tokenizer, req.messages, tools.offered or None)
+        # Every tool is in the prompt whatever the choice (but "none"), as vLLM does; a
+        # named or allowed choice narrows the grammar, not what the model is shown.
+        shown = req.tools if tools.mode != "none" else None
+        prompt = chat.render(loaded.tokenizer, req.messages, shown)
         prompt_ids = loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         room = loaded.max_model_len - len(prompt_ids)
         asked = req.max_completion_tokens or req.max_tokens
