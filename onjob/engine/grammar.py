@@ -28,7 +28,7 @@ import json
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -45,7 +45,9 @@ class Constraint:
     param: str  # the request field a compile error is blamed on
     schema: str | None = None
     structural_tag: str | None = None
-    tool_calls: bool = False  # the answer is tool calls (finish_reason "tool_calls")
+
+
+ToolMode = Literal["none", "auto", "required", "named"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class Tools:
     """The tools a request offers the model and how it must use them."""
 
     offered: list[Tool]  # those the answer may call
-    mode: str  # "none" | "auto" | "required" | "named"
+    mode: ToolMode
     parallel: bool
 
     @classmethod
@@ -92,7 +94,7 @@ def constraint(req: ChatRequest, tools: Tools) -> Constraint | None:
     schema = _response_schema(req)
     if tools.mode in ("required", "named"):
         calls = _calls(tools)
-        return Constraint(param="tools", structural_tag=_tag(calls), tool_calls=True)
+        return Constraint(param="tools", structural_tag=_tag(calls))
     if schema is None:
         return None
     if tools.mode == "auto":
