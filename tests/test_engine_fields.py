@@ -52,6 +52,21 @@ def test_refused_fields_are_a_400_naming_them(client):
         assert caught.value.param == name
 
 
+def test_an_image_part_is_a_400_not_dropped_unseen(client):
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is in this picture?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            ],
+        }
+    ]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
+    assert caught.value.param == "messages[0].content[1]"
+
+
 def test_ill_typed_fields_are_a_400_naming_their_path(client):
     for extra, param in (
         ({"n": "two"}, "n"),

@@ -13,6 +13,7 @@ import re
 import uuid
 from typing import Any
 
+from .errors import BadRequest
 from .protocol import Message, Tool
 
 TOOL_PROMPT = """# Tools
@@ -32,7 +33,8 @@ For each function call, return a json object with function name and arguments wi
 
 
 def text_of(content: str | list[dict[str, Any]] | None) -> str:
-    """OpenAI content (a string or a list of parts) as plain text; non-text parts are dropped."""
+    """OpenAI content (a string or a list of parts) as plain text. `render` has refused
+    images, audio and files already; other non-text parts (a refusal) are dropped."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -41,7 +43,11 @@ def text_of(content: str | list[dict[str, Any]] | None) -> str:
 
 
 def render(tokenizer, messages: list[Message], tools: list[Tool] | None) -> str:
-    """The prompt text for `messages`, ending with the assistant's generation prompt."""
+    """The prompt text for `messages`, ending with the assistant's generation prompt.
+
+    The model reads text only: an image, audio or file part is refused (400), as OpenAI
+    and vLLM refuse them for a text-only model, rather than dropped unseen."""
+    _refuse_unseen(messages)
     template = tokenizer.chat_template or ""
     if tools and "tools" in template:
         return tokenizer.apply_chat_template(
@@ -58,6 +64,16 @@ def render(tokenizer, messages: list[Message], tools: list[Tool] | None) -> str:
         else:
             plain.insert(0, {"role": "system", "content": block})
     return tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+
+
+def _refuse_unseen(messages: list[Message]) -> None:
+    for i, m in enumerate(messages):
+        for j, part in enumerate(m.content if isinstance(m.content, list) else []):
+            if part.get("type") in ("image_url", "input_audio", "file"):
+                raise BadRequest(
+                    f"This model reads text only: a `{part['type']}` part cannot be shown to it.",
+                    param=f"messages[{i}].content[{j}]",
+                )
 
 
 def _schema(tool: Tool) -> dict:
