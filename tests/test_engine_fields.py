@@ -110,3 +110,26 @@ def test_logit_bias_steers_sampling_and_leaves_logprobs_raw(client):
     # The logprob is the raw model's: the bias changed the draw, not the distribution reported.
     assert biased.choices[0].logprobs.content[0].logprob < -1
     assert plain.choices[0].model_extra["token_ids"] != ids
+
+
+def test_frequency_and_presence_penalties_push_a_repeated_token_down(client):
+    """A bias of 5 makes one token the greedy choice every time; a frequency penalty of 2
+    per occurrence (or a presence penalty past the bias) lets others through."""
+    token = 1000
+
+    def ids(**penalties):
+        r = client.chat.completions.create(
+            model="tiny",
+            messages=HELLO,
+            max_tokens=8,
+            temperature=0,
+            logit_bias={str(token): 5},
+            extra_body={"return_token_ids": True, "ignore_eos": True},
+            **penalties,
+        )
+        return r.choices[0].model_extra["token_ids"]
+
+    assert ids() == [token] * 8
+    assert 1 <= ids(frequency_penalty=2).count(token) <= 3
+    assert ids(presence_penalty=2).count(token) == 8  # 5 - 2 still leads
+    assert ids(presence_penalty=2, frequency_penalty=2).count(token) <= 2
