@@ -3,7 +3,10 @@
 Routes: `POST /v1/chat/completions`, `GET /v1/models`, `POST /v1/load_lora_adapter`,
 `POST /v1/unload_lora_adapter`, `GET /health`. Responses carry the same fields as
 vLLM's (`logprobs`, `prompt_token_ids` and per-choice `token_ids` with
-`return_token_ids`), and errors use OpenAI's shape.
+`return_token_ids`), and errors use OpenAI's shape. A request's grammar
+(`response_format`, a forced `tool_choice`: `grammar.py`) is compiled before it is
+queued, off the event loop, so a schema that cannot be compiled is a 400 and never
+reaches the batch.
 """
 
 from __future__ import annotations
@@ -309,10 +312,6 @@ def _usage(prompt: int, completion: int) -> dict:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
-
-
-def _indexed(calls: list[dict]) -> list[dict]:
-    return [{"index": i, **c} for i, c in enumerate(calls)]
 
 
 async def _sse(chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
