@@ -10,6 +10,11 @@ The cache keeps every layer's whole history, sliding-window layers included (a
 compaction treat all layers alike; each step passes the 2-D padding mask and the
 model builds its own masks per layer type (full, sliding window) from it.
 
+A request with a grammar (`grammar.py`) gets one matcher per choice: each step, the
+constrained rows' logits are copied and masked to what their matcher allows before
+sampling; unconstrained rows of the same batch are sampled from their logits as they
+are, and every row's reported logprob is taken from the unmasked logits.
+
 The event loop never runs the model: handlers `submit()` and read events that the
 worker posts with `call_soon_threadsafe`. Adapter loads run in the worker between
 steps (`call()`), so no forward ever sees a half-loaded adapter.
@@ -30,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from . import grammar
 from .errors import EngineError, GenerationFailed, NotFound
 from .model import LoadedModel
 from .sampling import Sampling, TextStream, generator_for, sample
@@ -55,11 +61,13 @@ class Generation:
         n: int,
         sampling: Sampling,
         loop: asyncio.AbstractEventLoop,
+        compiled_grammar=None,
     ) -> None:
         self.prompt_ids = prompt_ids
         self.adapter = adapter
         self.n = n
         self.sampling = sampling
+        self.grammar = compiled_grammar  # xgrammar's CompiledGrammar, or None
         self.cancelled = False
         self._loop = loop
         self._queue: asyncio.Queue[list[TokenEvent] | EngineError] = asyncio.Queue()
@@ -92,6 +100,7 @@ class _Row:
     position: int
     text: TextStream
     generator: torch.Generator | None
+    matcher: Any = None  # xgrammar's GrammarMatcher for a constrained row
     token_ids: list[int] = field(default_factory=list)
     done: bool = False
 
@@ -120,8 +129,17 @@ class Batcher:
         self._inbox.put(None)
         self._thread.join(timeout=30)
 
-    def submit(self, prompt_ids: list[int], adapter: str | None, n: int, sampling: Sampling):
-        gen = Generation(prompt_ids, adapter, n, sampling, asyncio.get_running_loop())
+    def submit(
+        self,
+        prompt_ids: list[int],
+        adapter: str | None,
+        n: int,
+        sampling: Sampling,
+        compiled_grammar=None,
+    ):
+        gen = Generation(
+            prompt_ids, adapter, n, sampling, asyncio.get_running_loop(), compiled_grammar
+        )
         self._inbox.put(gen)
         return gen
 
@@ -213,6 +231,7 @@ class Batcher:
                 position=len(gen.prompt_ids),
                 text=TextStream(self.loaded.tokenizer, gen.sampling.stop),
                 generator=generator_for(gen.sampling, i),
+                matcher=grammar.matcher(gen.grammar) if gen.grammar is not None else None,
             )
             for i in range(gen.n)
         ]
@@ -238,17 +257,32 @@ class Batcher:
 
     def _emit(self, rows: list[_Row], logits: torch.Tensor) -> None:
         """Sample one token per row, post the events, mark finished rows."""
-        logprobs = torch.log_softmax(logits, dim=-1)
+        logprobs = torch.log_softmax(logits, dim=-1)  # raw: before any mask, bias or penalty
         eos = sorted(self.loaded.eos_ids)
         limit = self.loaded.max_model_len
         events: dict[Generation, list[TokenEvent]] = {}
+        constrained = [
+            i for i, r in enumerate(rows) if r.matcher is not None and not r.gen.cancelled
+        ]
+        masked: dict[int, torch.Tensor] = {}
+        if constrained:
+            rows_logits = logits[constrained]  # a copy: the raw logits stay as they are
+            grammar.mask_logits(rows_logits, [rows[i].matcher for i in constrained])
+            masked = dict(zip(constrained, rows_logits, strict=True))
         for i, row in enumerate(rows):
             s = row.gen.sampling
             if row.gen.cancelled:
                 row.done = True
                 continue
-            block = eos if s.ignore_eos or len(row.token_ids) < s.min_tokens else []
-            token = sample(logits[i], s, row.generator, block)
+            # Under a grammar, the grammar alone says when the answer may end.
+            early = s.ignore_eos or len(row.token_ids) < s.min_tokens
+            block = eos if early and row.matcher is None else []
+            token = sample(masked.get(i, logits[i]), s, row.generator, block, row.token_ids)
+            if row.matcher is not None and not row.matcher.accept_token(token):
+                row.gen._post(GenerationFailed(f"The grammar refused token {token} it allowed."))
+                row.gen.cancel()
+                row.done = True
+                continue
             row.token_ids.append(token)
             top: list[tuple[int, float]] = []
             if s.top_logprobs:

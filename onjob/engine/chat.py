@@ -13,9 +13,8 @@ import re
 import uuid
 from typing import Any
 
+from .errors import BadRequest
 from .protocol import Message, Tool
-
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
 TOOL_PROMPT = """# Tools
 
@@ -34,7 +33,8 @@ For each function call, return a json object with function name and arguments wi
 
 
 def text_of(content: str | list[dict[str, Any]] | None) -> str:
-    """OpenAI content (a string or a list of parts) as plain text; non-text parts are dropped."""
+    """OpenAI content (a string or a list of parts) as plain text. `render` has refused
+    images, audio and files already; other non-text parts (a refusal) are dropped."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -43,7 +43,11 @@ def text_of(content: str | list[dict[str, Any]] | None) -> str:
 
 
 def render(tokenizer, messages: list[Message], tools: list[Tool] | None) -> str:
-    """The prompt text for `messages`, ending with the assistant's generation prompt."""
+    """The prompt text for `messages`, ending with the assistant's generation prompt.
+
+    The model reads text only: an image, audio or file part is refused (400), as OpenAI
+    and vLLM refuse them for a text-only model, rather than dropped unseen."""
+    _refuse_unseen(messages)
     template = tokenizer.chat_template or ""
     if tools and "tools" in template:
         return tokenizer.apply_chat_template(
@@ -60,6 +64,16 @@ def render(tokenizer, messages: list[Message], tools: list[Tool] | None) -> str:
         else:
             plain.insert(0, {"role": "system", "content": block})
     return tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+
+
+def _refuse_unseen(messages: list[Message]) -> None:
+    for i, m in enumerate(messages):
+        for j, part in enumerate(m.content if isinstance(m.content, list) else []):
+            if part.get("type") in ("image_url", "input_audio", "file"):
+                raise BadRequest(
+                    f"This model reads text only: a `{part['type']}` part cannot be shown to it.",
+                    param=f"messages[{i}].content[{j}]",
+                )
 
 
 def _schema(tool: Tool) -> dict:
@@ -110,14 +124,25 @@ def _arguments(function: dict) -> Any:
     return args
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
-    """Split model output into (content, tool_calls). Unparseable calls stay as text."""
+def parse_tool_calls(text: str, limit: int | None = None) -> tuple[str | None, list[dict]]:
+    """Split model output into (content, tool_calls). Unparseable calls stay as text.
+    With `limit` (1 under `parallel_tool_calls: false`), calls past it are dropped.
+
+    Each call's JSON is read with a JSON decoder from its `<tool_call>` on, so an
+    argument string that contains `</tool_call>` does not end the call."""
     calls = []
-    for match in _TOOL_CALL.finditer(text):
+    pos = 0
+    while (at := text.find(_OPEN, pos)) >= 0:
+        start = at + len(_OPEN)
+        start += len(text[start:]) - len(text[start:].lstrip())
         try:
-            data = json.loads(match.group(1))
+            data, end = _DECODER.raw_decode(text, start)
         except json.JSONDecodeError:
             return text, []
+        rest = text[end:].lstrip()
+        if rest and not rest.startswith(_CLOSE):
+            return text, []
+        pos = len(text) - len(rest) + (len(_CLOSE) if rest else 0)
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             return text, []
         args = data.get("arguments", data.get("parameters", {}))
@@ -133,5 +158,177 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
         )
     if not calls:
         return text, []
-    content = text[: text.index("<tool_call>")].strip()
-    return content or None, calls
+    content = text[: text.index(_OPEN)].strip()
+    return content or None, calls[:limit]
+
+
+_DECODER = json.JSONDecoder()
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
+
+
+class ToolCallStream:
+    """Streamed model output as OpenAI streams it: content deltas, then per call a first
+    delta with its `id`, `type` and `function.name` (arguments ""), then argument fragments.
+
+    It reads the same `<tool_call>` format as `parse_tool_calls`, tag by tag; the JSON
+    inside is passed through, not parsed. A call whose head is `{"name": ..., "arguments":`
+    (how the engine's grammar and the Hermes format write it) streams its arguments as
+    they come, holding back only from the last `}` (the call's own closing brace may be
+    it); any other shape is sent whole when its `</tool_call>` arrives. Text after the
+    first call is dropped, as `parse_tool_calls` drops it; so are calls past `limit`.
+    Under `tool_choice` "auto" nothing checks the arguments, so a call the model leaves
+    malformed is streamed as far as it got (the non-streamed answer returns such text as
+    content); under a grammar every call is well formed.
+    """
+
+    def __init__(self, limit: int | None = None) -> None:
+        self._limit = limit
+        self._text = ""
+        self._pos = 0  # how much of the text has been turned into deltas
+        self._state = "content"  # content | head | arguments | between | done
+        self._sent = 0  # argument characters of the current call already sent
+        self.calls = 0
+
+    def feed(self, text: str, final: bool) -> tuple[str, list[dict]]:
+        """(content delta, tool-call deltas) for `text`, the output's next piece.
+
+        A call's first delta goes out alone (its arguments follow with the next piece),
+        and the deltas of one piece carry each call's index once, as OpenAI's chunks do
+        (the openai client's stream helper counts on both); only the last piece, with
+        nothing after it, may carry a call's head and its arguments together."""
+        self._text += text
+        content, deltas = "", []
+        while True:
+            before = (self._state, self._pos)
+            if self._state == "content":
+                content += self._content(final)
+            elif self._state == "head":
+                deltas += self._head(final)
+                if deltas and not final:
+                    return content, deltas
+            elif self._state == "arguments":
+                deltas += self._arguments(final)
+            elif self._state == "between":
+                self._between()
+            if (self._state, self._pos) == before:
+                return content, _merged(deltas)
+
+    def _content(self, final: bool) -> str:
+        rest = self._text[self._pos :]
+        at = rest.find(_OPEN)
+        if at >= 0:
+            self._pos += at + len(_OPEN)
+            self._state = "head"
+            return rest[:at]
+        keep = 0 if final else _partial(rest, _OPEN)
+        self._pos += len(rest) - keep
+        return rest[: len(rest) - keep]
+
+    def _head(self, final: bool) -> list[dict]:
+        rest = self._text[self._pos :]
+        match = _HEAD.match(rest)
+        if match:
+            self._pos += match.end()
+            self._state, self._sent = "arguments", 0
+            return [self._first(json.loads(match.group(1)))]
+        for close in _closes(rest):
+            _, calls = parse_tool_calls(_OPEN + rest[:close] + _CLOSE)
+            if calls:
+                self._pos += close + len(_CLOSE)
+                break
+        else:
+            if not final:
+                return []
+            self._pos += len(rest)
+            _, calls = parse_tool_calls(_OPEN + rest)
+        self._state = "between"
+        if not calls:
+            return []
+        call = calls[0]["function"]
+        index = self.calls
+        return [
+            self._first(call["name"]),
+            {"index": index, "function": {"arguments": call["arguments"]}},
+        ]
+
+    def _arguments(self, final: bool) -> list[dict]:
+        rest = self._text[self._pos :]
+        close = _closing(rest)
+        if close is not None or final:
+            body = rest if close is None else rest[:close]
+            stripped = body.rstrip()
+            arguments = stripped[:-1] if stripped.endswith("}") else stripped
+            self._pos += len(rest) if close is None else close + len(_CLOSE)
+            self._state = "between"
+        else:
+            brace = rest.rfind("}")
+            arguments = rest if brace < 0 else rest[:brace]
+        fragment = arguments[self._sent :]
+        self._sent = max(self._sent, len(arguments))
+        if not fragment:
+            return []
+        return [{"index": self.calls - 1, "function": {"arguments": fragment}}]
+
+    def _between(self) -> None:
+        if self._limit is not None and self.calls >= self._limit:
+            self._state, self._pos = "done", len(self._text)
+            return
+        rest = self._text[self._pos :]
+        at = rest.find(_OPEN)
+        if at >= 0:
+            self._pos += at + len(_OPEN)
+            self._state = "head"
+        else:
+            self._pos += len(rest) - _partial(rest, _OPEN)
+
+    def _first(self, name: str) -> dict:
+        self.calls += 1
+        return {
+            "index": self.calls - 1,
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": name, "arguments": ""},
+        }
+
+
+def _merged(deltas: list[dict]) -> list[dict]:
+    """One delta per call index: later argument fragments appended to the first."""
+    out: dict[int, dict] = {}
+    for d in deltas:
+        if d["index"] in out:
+            function = out[d["index"]]["function"]
+            function["arguments"] += d["function"]["arguments"]
+        else:
+            out[d["index"]] = {**d, "function": dict(d["function"])}
+    return list(out.values())
+
+
+def _closes(text: str):
+    """Where each `</tool_call>` in `text` starts."""
+    at = text.find(_CLOSE)
+    while at >= 0:
+        yield at
+        at = text.find(_CLOSE, at + 1)
+
+
+def _closing(arguments: str) -> int | None:
+    """Where the `</tool_call>` that ends a call's arguments starts: the first one after
+    valid JSON and the call's closing brace (one inside an argument string is not it)."""
+    for close in _closes(arguments):
+        stripped = arguments[:close].rstrip()
+        if stripped.endswith("}"):
+            try:
+                json.loads(stripped[:-1])
+            except json.JSONDecodeError:
+                continue
+            return close
+    return None
+
+
+def _partial(text: str, tag: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
+            return k
+    return 0

@@ -33,6 +33,7 @@ class LoadedModel:
     path: str
     max_model_len: int
     eos_ids: frozenset[int]
+    vocab_size: int  # the logits' width (may exceed the tokenizer's vocabulary)
     adapters: dict[str, Adapter] = field(default_factory=dict)
 
     @classmethod
@@ -63,6 +64,7 @@ class LoadedModel:
             path=str(path),
             max_model_len=min(max_model_len or limit, limit),
             eos_ids=frozenset(eos),
+            vocab_size=model.get_output_embeddings().weight.shape[0],
         )
 
     @property

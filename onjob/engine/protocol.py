@@ -1,7 +1,12 @@
 """Request bodies of the engine's OpenAI/vLLM contract, validated with msgspec.
 
-Unknown fields are accepted and ignored, as vLLM and OpenAI do; wrong types and
-out-of-range values are a 400 with the offending path.
+`ChatRequest` declares every field of openai-python's chat `CompletionCreateParams`
+(`tests/test_engine_fields.py` checks the list against the installed client), each in
+one of three groups: honoured, ignored because the answer does not depend on it, or
+refused with a 400 naming it (`ChatRequest.refused`). Every field may be `null`,
+meaning absent, as OpenAI allows. Fields outside OpenAI's schema (vLLM's extensions
+and anything newer) are accepted and ignored, as vLLM and OpenAI do; wrong types and
+out-of-range values are a 400 whose `param` is the offending path.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ class Function(msgspec.Struct, kw_only=True):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # calls forced by tool_choice are always decoded under the schema
 
 
 class Tool(msgspec.Struct, kw_only=True):
@@ -32,29 +38,113 @@ class Tool(msgspec.Struct, kw_only=True):
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
-    include_usage: bool = False
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None  # padding against side channels: none to pad
+
+
+class JsonSchema(msgspec.Struct, kw_only=True):
+    name: str | None = None
+    description: str | None = None
+    schema: dict[str, Any] | bool | None = None
+    strict: bool | None = None  # strict or not, the answer is decoded under the schema
+
+
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+
+class NamedFunction(msgspec.Struct, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, kw_only=True, tag_field="type", tag="function"):
+    function: NamedFunction
+
+
+class AllowedTools(msgspec.Struct, kw_only=True):
+    mode: Literal["auto", "required"]
+    tools: list[dict[str, Any]]
+
+
+class AllowedToolChoice(msgspec.Struct, kw_only=True, tag_field="type", tag="allowed_tools"):
+    allowed_tools: AllowedTools
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolChoice
 
 
 class ChatRequest(msgspec.Struct, kw_only=True):
     model: str
     messages: Annotated[list[Message], Meta(min_length=1)]
-    n: Annotated[int, Meta(ge=1, le=64)] = 1
+
+    # Honoured.
+    n: Annotated[int, Meta(ge=1, le=64)] | None = None
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
     max_tokens: Annotated[int, Meta(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
-    logprobs: bool = False
+    logprobs: bool | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
-    stream: bool = False
+    logit_bias: dict[str, Annotated[float, Meta(ge=-100, le=100)]] | None = None
+    frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+    presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
     tools: list[Tool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    modalities: list[Literal["text", "audio"]] | None = None  # ["text"] only; audio refused
+
+    # Ignored: bookkeeping and hints to OpenAI's servers that do not change the answer.
+    user: str | None = None
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    service_tier: str | None = None
+    prediction: dict[str, Any] | None = None  # a latency hint: the answer is the same without it
+
+    # Refused when set: honouring them needs what the engine has not (audio output, the
+    # legacy `function_call` answer shape, a moderation model, web search, a reasoning
+    # model's effort and verbosity controls), and ignoring them would change the answer.
+    audio: Any = None
+    functions: Any = None
+    function_call: Any = None
+    moderation: Any = None
+    web_search_options: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+
     # vLLM extensions.
-    return_token_ids: bool = False
-    ignore_eos: bool = False
-    min_tokens: Annotated[int, Meta(ge=0)] = 0
+    return_token_ids: bool | None = None
+    ignore_eos: bool | None = None
+    min_tokens: Annotated[int, Meta(ge=0)] | None = None
+
+    def refused(self) -> tuple[str, str] | None:
+        """(param, message) for the first field the engine refuses, or None."""
+        for name in REFUSED:
+            if getattr(self, name) is not None:
+                return name, f"`{name}` is not supported by this engine."
+        if self.modalities and "audio" in self.modalities:
+            return "modalities", "This engine generates text only: `modalities` must be ['text']."
+        return None
+
+
+REFUSED = (
+    "audio",
+    "functions",
+    "function_call",
+    "moderation",
+    "web_search_options",
+    "reasoning_effort",
+    "verbosity",
+)
 
 
 class LoadAdapter(msgspec.Struct, kw_only=True):

@@ -1,8 +1,9 @@
 """Per-choice sampling and the text it releases.
 
 Reported logprobs are the model's raw log-softmax at temperature 1 (vLLM's
-default `raw_logprobs`), whatever temperature or top-p the sampler used: the
-trainer computes its policy logprobs the same way, so importance ratios are exact.
+default `raw_logprobs`), whatever temperature, top-p, logit bias, penalties or
+grammar mask the sampler used: the trainer computes its policy logprobs the same
+way, so importance ratios are exact.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ class Sampling:
     top_logprobs: int = 0
     min_tokens: int = 0
     ignore_eos: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
 
 def generator_for(sampling: Sampling, index: int) -> torch.Generator | None:
@@ -38,10 +42,22 @@ def sample(
     sampling: Sampling,
     generator: torch.Generator | None,
     block: list[int],
+    output_ids: list[int],
 ) -> int:
-    """Draw a token id from one row of logits; ids in `block` are never drawn."""
-    if block:
+    """Draw a token id from one row of logits; ids in `block` are never drawn.
+
+    Logit bias and OpenAI's presence and frequency penalties (over the tokens this
+    choice has sampled so far) change what is drawn, never the logprobs reported."""
+    penalised = output_ids and (sampling.presence_penalty or sampling.frequency_penalty)
+    if block or sampling.logit_bias or penalised:
         logits = logits.clone()
+    for token, bias in sampling.logit_bias:
+        logits[token] += bias
+    if penalised:
+        counts = torch.bincount(torch.tensor(output_ids), minlength=logits.shape[-1])
+        counts = counts[: logits.shape[-1]].to(logits.dtype)
+        logits -= sampling.frequency_penalty * counts + sampling.presence_penalty * (counts > 0)
+    if block:
         logits[block] = float("-inf")
     if sampling.temperature == 0:
         return int(torch.argmax(logits))

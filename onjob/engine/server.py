@@ -4,11 +4,16 @@ Routes: `POST /v1/chat/completions`, `POST /v1/completions` (`completions.py`),
 `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/load_lora_adapter`,
 `POST /v1/unload_lora_adapter`, `GET /health`. Responses carry the same fields as
 vLLM's (`logprobs`, `prompt_token_ids` and per-choice `token_ids` with
-`return_token_ids`), and errors use OpenAI's shape.
+`return_token_ids`), and errors use OpenAI's shape. A request's grammar
+(`response_format`, a forced `tool_choice`: `grammar.py`) is compiled before it is
+queued, off the event loop, so a schema that cannot be compiled is a 400 and never
+reaches the batch.
 """
 
 from __future__ import annotations
 
+import asyncio
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -22,7 +27,7 @@ from litestar.response import Stream
 
 from ..logprobs import TRAINED
 from ..openai_errors import HANDLERS
-from . import chat, completions
+from . import chat, completions, grammar
 from .batching import Batcher, TokenEvent
 from .errors import BadRequest, EngineError, NotFound
 from .protocol import ChatRequest, LoadAdapter, UnloadAdapter
@@ -35,12 +40,23 @@ class _Prepared:
     adapter: str | None
     prompt_ids: list[int]
     sampling: Sampling
-    parse_tools: bool
+    n: int
+    tools: grammar.Tools
+    constraint: grammar.Constraint | None
+
+    @property
+    def parse_tools(self) -> bool:
+        return self.tools.mode != "none"
+
+    @property
+    def call_limit(self) -> int | None:
+        return None if self.tools.parallel else 1
 
 
 def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
     loaded = batcher.loaded
     created = int(time.time())
+    grammars = grammar.Grammars(loaded.tokenizer, loaded.vocab_size, loaded.eos_ids)
 
     @lru_cache(maxsize=65536)
     def token_text(token_id: int) -> str:
@@ -59,14 +75,15 @@ def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
         }
 
     def prepare(body: bytes) -> _Prepared:
-        try:
-            req = msgspec.json.decode(body, type=ChatRequest)
-        except msgspec.ValidationError as exc:
-            raise BadRequest(f"Invalid request: {exc}") from exc
-        except msgspec.DecodeError as exc:
-            raise BadRequest(f"Malformed JSON body: {exc}") from exc
+        req = _decode(body, ChatRequest)
+        if refused := req.refused():
+            raise BadRequest(refused[1], param=refused[0])
         adapter = loaded.resolve(req.model)
-        prompt = chat.render(loaded.tokenizer, req.messages, req.tools)
+        tools = grammar.Tools.of(req)
+        # Every tool is in the prompt whatever the choice (but "none"), as vLLM does; a
+        # named or allowed choice narrows the grammar, not what the model is shown.
+        shown = req.tools if tools.mode != "none" else None
+        prompt = chat.render(loaded.tokenizer, req.messages, shown)
         prompt_ids = loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         room = loaded.max_model_len - len(prompt_ids)
         asked = req.max_completion_tokens or req.max_tokens
@@ -88,16 +105,22 @@ def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
             seed=req.seed,
             stop=stop,
             top_logprobs=req.top_logprobs or 0,
-            min_tokens=req.min_tokens,
-            ignore_eos=req.ignore_eos,
+            min_tokens=req.min_tokens or 0,
+            ignore_eos=bool(req.ignore_eos),
+            logit_bias=_logit_bias(req.logit_bias, loaded.vocab_size),
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
         )
-        parse_tools = bool(req.tools) and req.tool_choice != "none"
-        return _Prepared(req, adapter, prompt_ids, sampling, parse_tools)
+        constraint = grammar.constraint(req, tools)
+        return _Prepared(req, adapter, prompt_ids, sampling, req.n or 1, tools, constraint)
 
     @post("/v1/chat/completions", status_code=200)
     async def chat_completions(request: Request) -> Response | Stream:
         p = prepare(await request.body())
-        gen = batcher.submit(p.prompt_ids, p.adapter, p.request.n, p.sampling)
+        compiled = None
+        if p.constraint is not None:
+            compiled = await asyncio.to_thread(grammars.compile, p.constraint)
+        gen = batcher.submit(p.prompt_ids, p.adapter, p.n, p.sampling, compiled)
         if p.request.stream:
             return Stream(
                 _sse(stream_chunks(p, gen)),
@@ -110,7 +133,7 @@ def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
             gen.cancel()
 
     async def complete(p: _Prepared, gen) -> bytes:
-        n = p.request.n
+        n = p.n
         tokens: list[list[TokenEvent]] = [[] for _ in range(n)]
         texts = [""] * n
         finish = [None] * n
@@ -123,7 +146,7 @@ def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
             message: dict = {"role": "assistant", "content": texts[i]}
             reason = finish[i]
             if p.parse_tools:
-                content, calls = chat.parse_tool_calls(texts[i])
+                content, calls = chat.parse_tool_calls(texts[i], p.call_limit)
                 if calls:
                     message = {"role": "assistant", "content": content, "tool_calls": calls}
                     reason = "tool_calls"
@@ -161,11 +184,12 @@ def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
             choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
             return {**head, "choices": [{**choice, **extra}]}
 
-        # With tools, the whole text is held back: it may turn out to be a tool call.
-        held = [""] * req.n
+        # With tools, the text goes through a tool-call reader: content as it comes, each
+        # call as a first delta with its name, then its arguments' fragments.
+        readers = [chat.ToolCallStream(p.call_limit) for _ in range(p.n)]
         completion_tokens = 0
         try:
-            for i in range(req.n):
+            for i in range(p.n):
                 first = chunk(i, {"role": "assistant", "content": ""})
                 if i == 0 and req.return_token_ids:
                     first["prompt_token_ids"] = p.prompt_ids
@@ -180,18 +204,16 @@ def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
                 if req.return_token_ids:
                     extra["token_ids"] = [ev.token_id]
                 delta: dict = {"content": ev.text}
-                if p.parse_tools:
-                    held[ev.index] += ev.text
-                    delta = {}
                 reason = ev.finish_reason
-                if reason and p.parse_tools:
-                    content, calls = chat.parse_tool_calls(held[ev.index])
+                if p.parse_tools:
+                    reader = readers[ev.index]
+                    content, calls = reader.feed(ev.text, final=reason is not None)
+                    delta = {"content": content} if content else {}
                     if calls:
-                        delta = {"content": content, "tool_calls": _indexed(calls)}
+                        delta["tool_calls"] = calls
+                    if reason and reader.calls:
                         reason = "tool_calls"
-                    else:
-                        delta = {"content": held[ev.index]}
-                if ev.text or extra or reason:
+                if delta.get("content") or delta.get("tool_calls") or extra or reason:
                     yield chunk(ev.index, delta, **extra, finish_reason=reason)
             if req.stream_options and req.stream_options.include_usage:
                 yield {**head, "choices": [], "usage": _usage(len(p.prompt_ids), completion_tokens)}
@@ -279,9 +301,25 @@ def _decode(body: bytes, type_):
     try:
         return msgspec.json.decode(body, type=type_)
     except msgspec.ValidationError as exc:
-        raise BadRequest(f"Invalid request: {exc}") from exc
+        where = _AT.search(str(exc))
+        raise BadRequest(f"Invalid request: {exc}", param=where and where.group(1)) from exc
     except msgspec.DecodeError as exc:
         raise BadRequest(f"Malformed JSON body: {exc}") from exc
+
+
+_AT = re.compile(r" - at `\$\.?(.+)`$")  # msgspec's path to the offending value
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    out = []
+    for key, value in (bias or {}).items():
+        if not key.isdigit() or int(key) >= vocab_size:
+            raise BadRequest(
+                f"logit_bias keys are token ids below {vocab_size}; got {key!r}.",
+                param="logit_bias",
+            )
+        out.append((int(key), value))
+    return tuple(out)
 
 
 def _usage(prompt: int, completion: int) -> dict:
@@ -290,10 +328,6 @@ def _usage(prompt: int, completion: int) -> dict:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
-
-
-def _indexed(calls: list[dict]) -> list[dict]:
-    return [{"index": i, **c} for i, c in enumerate(calls)]
 
 
 async def _sse(chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
