@@ -53,6 +53,40 @@ def test_an_engine_that_states_no_definition_is_logged_under_the_declared_one(tm
     ]
 
 
+def test_constrained_requests_to_an_engine_that_does_not_say_are_marked_as_grammar_masked(
+    tmp_path,
+):
+    """vLLM takes its "raw" logprobs after a grammar's mask: a JSON response_format or a
+    forced tool call from an engine that does not state its definition is not raw."""
+    db = tmp_path / "onjob.duckdb"
+    collector = Collector(CollectorSettings(db=db))
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    asks = {
+        "free": {},
+        "json": {"response_format": {"type": "json_object"}},
+        "required": {"tools": tools, "tool_choice": "required"},
+        "named": {"tools": tools, "tool_choice": {"type": "function", "function": {"name": "f"}}},
+        "auto": {"tools": tools, "tool_choice": "auto"},
+    }
+    settings = ProxySettings(aliases={"agent": None})
+    with TestClient(create_app(settings, upstream=vllm_like(), collector=collector)) as client:
+        for name, more in asks.items():
+            body = {**ASK, "metadata": {"scenario": name}, **more}
+            assert client.post("/v1/chat/completions", json=body).status_code == 200
+    logged = rows(
+        db,
+        "SELECT json_extract_string(request, '$.metadata.scenario') AS ask, logprobs_mode "
+        "FROM exchanges",
+    )
+    assert {r["ask"]: r["logprobs_mode"] for r in logged} == {
+        "free": "raw_logprobs",
+        "json": "raw_logprobs+grammar",
+        "required": "raw_logprobs+grammar",
+        "named": "raw_logprobs+grammar",
+        "auto": "raw_logprobs",
+    }
+
+
 def test_an_engine_that_states_its_definition_is_taken_at_its_word(tmp_path, engine):
     """The local engine's model list says raw_logprobs: a wrong declaration does not win."""
     db = tmp_path / "onjob.duckdb"
@@ -67,5 +101,7 @@ def test_an_engine_that_states_its_definition_is_taken_at_its_word(tmp_path, eng
         assert state["logprobs"] == "raw_logprobs"
         client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
         client.chat.completions.create(**ASK, max_tokens=4)
-    [logged] = rows(db, "SELECT logprobs_mode FROM exchanges")
-    assert logged["logprobs_mode"] == "raw_logprobs"
+        # Under a grammar too: the local engine records the unmasked logprobs, and says so.
+        client.chat.completions.create(**ASK, max_tokens=4, response_format={"type": "json_object"})
+    logged = rows(db, "SELECT logprobs_mode FROM exchanges")
+    assert [r["logprobs_mode"] for r in logged] == ["raw_logprobs"] * 2

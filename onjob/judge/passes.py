@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from .. import logprobs
 from ..collector import Collector, budgets
 from ..logprobs import TRAINED
 from . import rewards, ruler, sampling, tables
@@ -126,8 +127,9 @@ async def _sample_turn_groups(
     except SamplingFailed as exc:
         echo(f"cannot re-sample: {exc}; the turns wait for the next pass")
         return
-    base, stated = card["id"], card.get("logprobs")
-    definition = stated if isinstance(stated, str) else declared
+    base, said = card["id"], card.get("logprobs")
+    stated = isinstance(said, str)  # the engine's word, else as declared for it
+    definition = said if stated else declared
     budget, planned = s.max_sample_tokens, []
     for row in candidates:
         body = sampling.request_for(row, row["checkpoint"] or base, s)
@@ -146,7 +148,11 @@ async def _sample_turn_groups(
     async def one(row: dict, body: dict) -> None:
         async with gate:
             try:
-                sample = await sampling.sample(engine, body, definition=definition)
+                sample = await sampling.sample(
+                    engine,
+                    body,
+                    definition=logprobs.recorded(definition, stated=stated, request=body),
+                )
             except SamplingFailed as exc:
                 report.sampling_failed += 1
                 if not exc.permanent:

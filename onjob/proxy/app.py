@@ -21,6 +21,7 @@ from litestar.params import FromPath, FromQuery
 from litestar.response import Stream
 from opentelemetry.trace import Tracer
 
+from .. import logprobs
 from ..collector import Collector, FeedbackRecord, queries
 from ..collector.ids import new_id
 from ..collector.trajectories import scoped
@@ -241,11 +242,14 @@ def create_app(
         engine that dies before it is complete) and shaped here, so that a canary whose
         answer is cut short or malformed is still retried on live (the client has heard
         nothing yet). A stream is relayed as it comes, so it is only sent."""
-        resp, raw, exchange.logprobs_mode = await pool.send(
+        resp, raw, definition, stated = await pool.send(
             "/completions" if exchange.api == COMPLETIONS else "/chat/completions",
             exchange.upstream_body(),
             exchange.route.model,
             whole=not exchange.stream,
+        )
+        exchange.logprobs_mode = logprobs.recorded(
+            definition, stated=stated, request=exchange.request
         )
         if exchange.stream:
             return resp, None

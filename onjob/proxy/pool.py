@@ -62,6 +62,7 @@ class Replica:
     # Its logprob definition (`onjob.logprobs`): as declared (`proxy.engine_logprobs`),
     # until its model list states one.
     logprobs: str = TRAINED
+    stated: bool = False  # its model list stated `logprobs` (else: as declared)
 
     def set(self, state: ReplicaState, why: str) -> None:
         if state is not self.state:
@@ -78,6 +79,7 @@ class Sent(NamedTuple):
     response: UpstreamResponse
     body: bytes | None  # the whole answer, when read here
     logprobs: str  # the logprob definition of the replica that answered
+    stated: bool  # ...as that engine stated it (else: as declared for it)
 
 
 class Pool:
@@ -150,8 +152,8 @@ class Pool:
                     raise UpstreamStatus(resp.status, await _read_closed(resp), resp.content_type)
                 if not whole:
                     done = False
-                    return Sent(_Counted(resp, replica), None, replica.logprobs)
-                return Sent(resp, await resp.read(), replica.logprobs)
+                    return Sent(_Counted(resp, replica), None, replica.logprobs, replica.stated)
+                return Sent(resp, await resp.read(), replica.logprobs, replica.stated)
             except (UpstreamUnreachable, StreamCut) as exc:
                 self._down(replica, str(exc))
                 last = exc
@@ -284,9 +286,9 @@ async def _adapters(replica: Replica) -> set[str]:
     models.raise_for_status()
     cards = models.json()["data"]
     stated = next((m.get("logprobs") for m in cards if not m.get("parent")), None)
-    if isinstance(stated, str) and stated != replica.logprobs:
-        log.warning("engine %s: its logprobs are %s", replica.url, stated)
-        replica.logprobs = stated
+    if isinstance(stated, str) and (stated, True) != (replica.logprobs, replica.stated):
+        log.info("engine %s: its logprobs are %s", replica.url, stated)
+        replica.logprobs, replica.stated = stated, True
     return {m["id"] for m in cards if m.get("parent")}
 
 
