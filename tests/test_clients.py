@@ -16,6 +16,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
+from openai import OpenAI
 from pydantic import BaseModel
 from pydantic_ai import Agent
 from pydantic_ai.models.openai import OpenAIChatModel
@@ -23,7 +24,7 @@ from pydantic_ai.providers.openai import OpenAIProvider
 
 from onjob.cli.process import ServerProcess
 
-from .conftest import TOOL_QUESTION
+from .conftest import TOOL_QUESTION, TOOLS
 
 
 class Weather(BaseModel):
@@ -142,3 +143,33 @@ def test_pydantic_ai_agent_gets_a_validated_output(server):
     # pydantic-ai asks for its output as a forced call of its output tool.
     call = json.loads(row["response"])["choices"][0]["message"]["tool_calls"][0]
     assert Weather.model_validate_json(call["function"]["arguments"]) == result.output
+
+
+def test_openai_parse_and_a_forced_tool_call_through_the_proxy(server):
+    client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+    parsed = client.chat.completions.parse(
+        model="agent",
+        messages=[{"role": "user", "content": "The weather in Paris, as JSON."}],
+        response_format=Weather,
+        max_tokens=64,
+    )
+    assert isinstance(parsed.choices[0].message.parsed, Weather)
+    forced = client.chat.completions.create(
+        model="agent",
+        messages=[{"role": "user", "content": "Hello."}],  # not a question it was taught
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=48,
+    )
+    [call] = forced.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
+    rows = sql(
+        server,
+        f"SELECT id, response FROM exchanges WHERE id IN ('{parsed.id}', '{forced.id}')",
+    )
+    answers = {r["id"]: json.loads(r["response"])["choices"][0]["message"] for r in rows}
+    assert (
+        Weather.model_validate_json(answers[parsed.id]["content"])
+        == parsed.choices[0].message.parsed
+    )
+    assert answers[forced.id]["tool_calls"][0]["function"]["name"] == "get_weather"
