@@ -1,6 +1,6 @@
 """The agent frameworks people use, unchanged, against a real `onjob serve` in front of
-the local engine: LangChain's `ChatOpenAI` and pydantic-ai here; the openai client's
-Responses API and the Agents SDK in tests/test_responses_api.py.
+the local engine: the openai client's `.parse`, LangChain's `ChatOpenAI`, pydantic-ai and
+instructor here; the Responses API and the Agents SDK in tests/test_responses_api.py.
 
 The tiny models are not capable, so these assert on the protocol and on what landed in
 DuckDB (read through `/admin/sql` while the server runs); where an answer's content must
@@ -12,6 +12,7 @@ import asyncio
 import json
 
 import httpx
+import instructor
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
@@ -173,3 +174,21 @@ def test_openai_parse_and_a_forced_tool_call_through_the_proxy(server):
         == parsed.choices[0].message.parsed
     )
     assert answers[forced.id]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+@pytest.mark.parametrize("mode", ["TOOLS", "JSON_SCHEMA"])
+def test_instructor_gets_a_validated_model(server, mode):
+    client = instructor.from_openai(
+        OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120),
+        mode=getattr(instructor.Mode, mode),
+    )
+    weather, completion = client.chat.completions.create_with_completion(
+        model="agent",
+        response_model=Weather,
+        messages=[{"role": "user", "content": "The weather in Paris?"}],
+        max_tokens=64,
+        max_retries=0,  # one try: the grammar, not a retry, makes it valid
+    )
+    assert isinstance(weather, Weather)
+    [row] = sql(server, f"SELECT status FROM exchanges WHERE id = '{completion.id}'")
+    assert row["status"] == 200
