@@ -21,6 +21,7 @@ from litestar import Request, Response, post
 from litestar.response import Stream
 from msgspec import Meta
 
+from .answers import sse, usage
 from .batching import Batcher, TokenEvent
 from .errors import BadRequest, EngineError
 from .sampling import Sampling
@@ -142,7 +143,7 @@ def handler(batcher: Batcher, *, default_max_tokens: int):
         }
         if req.stream:
             return Stream(
-                _sse(streamed(req, head, ids, gen, n)),
+                sse(streamed(req, head, ids, gen, n)),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
@@ -172,7 +173,7 @@ def handler(batcher: Batcher, *, default_max_tokens: int):
             choices.append(choice)
         completion = sum(len(e) for e in events)
         return msgspec.json.encode(
-            {**head, "choices": choices, "usage": _usage(len(ids), completion)}
+            {**head, "choices": choices, "usage": usage(len(ids), completion)}
         )
 
     async def streamed(
@@ -200,24 +201,10 @@ def handler(batcher: Batcher, *, default_max_tokens: int):
                 first[i] = False
                 yield {**head, "choices": [choice]}
             if req.stream_options and req.stream_options.include_usage:
-                yield {**head, "choices": [], "usage": _usage(len(ids), completion)}
+                yield {**head, "choices": [], "usage": usage(len(ids), completion)}
         except EngineError as exc:
             yield exc.body()
         finally:
             gen.cancel()
 
     return completions
-
-
-def _usage(prompt: int, completion: int) -> dict:
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
-
-
-async def _sse(chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
-    async for c in chunks:
-        yield b"data: " + msgspec.json.encode(c) + b"\n\n"
-    yield b"data: [DONE]\n\n"

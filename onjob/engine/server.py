@@ -28,6 +28,7 @@ from litestar.response import Stream
 from ..logprobs import TRAINED
 from ..openai_errors import HANDLERS
 from . import chat, completions, grammar
+from .answers import sse, usage
 from .batching import Batcher, TokenEvent
 from .errors import BadRequest, EngineError, NotFound
 from .protocol import ChatRequest, LoadAdapter, UnloadAdapter
@@ -123,7 +124,7 @@ def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
         gen = batcher.submit(p.prompt_ids, p.adapter, p.n, p.sampling, compiled)
         if p.request.stream:
             return Stream(
-                _sse(stream_chunks(p, gen)),
+                sse(stream_chunks(p, gen)),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
@@ -165,7 +166,7 @@ def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
             "created": int(time.time()),
             "model": p.request.model,
             "choices": choices,
-            "usage": _usage(len(p.prompt_ids), completion_tokens),
+            "usage": usage(len(p.prompt_ids), completion_tokens),
         }
         if p.request.return_token_ids:
             body["prompt_token_ids"] = p.prompt_ids
@@ -216,7 +217,7 @@ def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
                 if delta.get("content") or delta.get("tool_calls") or extra or reason:
                     yield chunk(ev.index, delta, **extra, finish_reason=reason)
             if req.stream_options and req.stream_options.include_usage:
-                yield {**head, "choices": [], "usage": _usage(len(p.prompt_ids), completion_tokens)}
+                yield {**head, "choices": [], "usage": usage(len(p.prompt_ids), completion_tokens)}
         except EngineError as exc:
             yield exc.body()
         finally:
@@ -320,17 +321,3 @@ def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[i
             )
         out.append((int(key), value))
     return tuple(out)
-
-
-def _usage(prompt: int, completion: int) -> dict:
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
-
-
-async def _sse(chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
-    async for c in chunks:
-        yield b"data: " + msgspec.json.encode(c) + b"\n\n"
-    yield b"data: [DONE]\n\n"
