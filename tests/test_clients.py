@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Literal
 
 import httpx
 import instructor
@@ -25,12 +26,31 @@ from pydantic_ai.providers.openai import OpenAIProvider
 
 from onjob.cli.process import ServerProcess
 
-from .conftest import TOOL_QUESTION, TOOLS
+from .conftest import TOOL_QUESTION
 
 
 class Weather(BaseModel):
-    city: str
-    celsius: int
+    # Bounded fields: a random tiny model under a grammar can run on inside a free string
+    # or number until max_tokens cuts its JSON; an enum cannot.
+    city: Literal["Paris", "Rome", "Berlin"]
+    celsius: Literal[10, 15, 20, 25]
+
+
+SEED = 7  # the engine samples a seeded request the same way every run
+# get_weather with its city bounded, for a forced call on a prompt the model was not taught.
+CITIES = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 
 
 @tool
@@ -66,7 +86,13 @@ def logged(server: ServerProcess, *answers: AIMessage) -> list[dict]:
 
 def chat_model(server: ServerProcess, **kw) -> ChatOpenAI:
     return ChatOpenAI(
-        base_url=server.url, api_key="unused", model="agent", max_retries=0, timeout=120, **kw
+        base_url=server.url,
+        api_key="unused",
+        model="agent",
+        max_retries=0,
+        timeout=120,
+        seed=SEED,
+        **kw,
     )
 
 
@@ -131,7 +157,9 @@ def test_pydantic_ai_agent_gets_a_validated_output(server):
     agent = Agent(model, output_type=Weather, retries=0)
 
     async def run():
-        return await agent.run("The weather in Paris?", model_settings={"max_tokens": 64})
+        return await agent.run(
+            "The weather in Paris?", model_settings={"max_tokens": 64, "seed": SEED}
+        )
 
     result = asyncio.run(run())
     assert isinstance(result.output, Weather)
@@ -153,14 +181,16 @@ def test_openai_parse_and_a_forced_tool_call_through_the_proxy(server):
         messages=[{"role": "user", "content": "The weather in Paris, as JSON."}],
         response_format=Weather,
         max_tokens=64,
+        seed=SEED,
     )
     assert isinstance(parsed.choices[0].message.parsed, Weather)
     forced = client.chat.completions.create(
         model="agent",
         messages=[{"role": "user", "content": "Hello."}],  # not a question it was taught
-        tools=TOOLS,
+        tools=CITIES,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
         max_tokens=48,
+        seed=SEED,
     )
     [call] = forced.choices[0].message.tool_calls
     assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
@@ -187,6 +217,7 @@ def test_instructor_gets_a_validated_model(server, mode):
         response_model=Weather,
         messages=[{"role": "user", "content": "The weather in Paris?"}],
         max_tokens=64,
+        seed=SEED,
         max_retries=0,  # one try: the grammar, not a retry, makes it valid
     )
     assert isinstance(weather, Weather)
