@@ -65,11 +65,17 @@ def test_tool_using_agent_conversations_land_stitched_with_tokens_and_feedback(
                 for d in c.choices:
                     content += d.delta.content or ""
                     for tc in d.delta.tool_calls or []:
-                        call = calls.setdefault(tc.index, {"id": tc.id, "type": "function"})
-                        call["function"] = {
-                            "name": tc.function.name,
-                            "arguments": tc.function.arguments,
-                        }
+                        # As OpenAI streams a call: id and name first, then argument pieces.
+                        call = calls.setdefault(
+                            tc.index,
+                            {
+                                "id": tc.id,
+                                "type": "function",
+                                "function": {"name": "", "arguments": ""},
+                            },
+                        )
+                        call["function"]["name"] += tc.function.name or ""
+                        call["function"]["arguments"] += tc.function.arguments or ""
             (exchange_id,) = ids
             reply = {"role": "assistant", "content": content}
             if calls:
