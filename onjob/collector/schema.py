@@ -210,7 +210,68 @@ ALTER TABLE exchanges ADD COLUMN api VARCHAR;
 ALTER TABLE exchanges ADD COLUMN api_object JSON;
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8_FORGOTTEN, V9_RESPONSES_API]
+# Linear storage (`linear.py`): a turn that continues its conversation's previous answered
+# exchange (`parent_id`) stores only what is new: in `request.messages` the messages past
+# the first `messages_kept` of the parent's request, in `prompt_token_ids` the ids past the
+# first `prompt_kept` of the parent's prompt + first completion. `parent_id` NULL: the row
+# is stored whole, as every row before this step is (they stay as they are).
+# `exchanges_full` rebuilds each row's full `request` and `prompt_token_ids` exactly: it
+# walks each delta row up to its whole ancestor (`path`, the cap being the fewest messages /
+# tokens any row below an ancestor keeps of it), then concatenates each ancestor's kept
+# slice, oldest first. Everything that reads requests or prompt ids reads this view.
+V10_LINEAR = """
+ALTER TABLE exchanges ADD COLUMN parent_id VARCHAR;
+ALTER TABLE exchanges ADD COLUMN messages_kept INTEGER;
+ALTER TABLE exchanges ADD COLUMN prompt_kept INTEGER;
+CREATE VIEW exchanges_full AS
+WITH RECURSIVE path(id, anc, depth, cap_m, cap_t) AS (
+    SELECT id, id, 0, 2147483647, 2147483647 FROM exchanges WHERE parent_id IS NOT NULL
+    UNION ALL
+    SELECT p.id, x.parent_id, p.depth + 1, least(p.cap_m, x.messages_kept),
+           least(p.cap_t, x.prompt_kept)
+    FROM path p JOIN exchanges x ON x.id = p.anc
+    WHERE x.parent_id IS NOT NULL
+),
+rebuilt AS (
+    SELECT p.id,
+        flatten(list(
+            list_slice(CAST(a.request -> '$.messages' AS JSON[]), 1,
+                       greatest(p.cap_m - coalesce(a.messages_kept, 0), 0))
+            ORDER BY p.depth DESC)) AS messages,
+        flatten(list(list_concat(
+            list_slice(coalesce(a.prompt_token_ids, []), 1,
+                       greatest(p.cap_t - coalesce(a.prompt_kept, 0), 0)),
+            CASE WHEN p.depth > 0 THEN list_slice(
+                coalesce(a.completion_token_ids[1], []), 1,
+                greatest(p.cap_t - coalesce(a.prompt_kept, 0)
+                         - len(coalesce(a.prompt_token_ids, [])), 0))
+            ELSE [] END)
+            ORDER BY p.depth DESC)) AS prompt_token_ids
+    FROM path p JOIN exchanges a ON a.id = p.anc
+    GROUP BY p.id
+)
+SELECT e.* REPLACE (
+    CASE WHEN e.parent_id IS NULL THEN e.request
+         ELSE json_merge_patch(e.request, json_object('messages', to_json(r.messages)))
+    END AS request,
+    CASE WHEN e.parent_id IS NULL OR e.prompt_token_ids IS NULL THEN e.prompt_token_ids
+         ELSE r.prompt_token_ids
+    END AS prompt_token_ids)
+FROM exchanges e LEFT JOIN rebuilt r ON r.id = e.id;
+"""
+
+MIGRATIONS: list[str] = [
+    V1,
+    V2,
+    V3,
+    V4,
+    V5,
+    V6,
+    V7,
+    V8_FORGOTTEN,
+    V9_RESPONSES_API,
+    V10_LINEAR,
+]
 
 
 def version(con: duckdb.DuckDBPyConnection) -> int:

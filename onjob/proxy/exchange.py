@@ -17,6 +17,7 @@ import msgspec
 
 from ..collector import Collector, ExchangeRecord, Placement
 from ..collector.ids import new_id
+from ..collector.linear import WHOLE, Lineage, digest
 from ..collector.records import to_json
 from .errors import BadRequest, MalformedAnswer
 from .routing import Route, Router
@@ -539,9 +540,30 @@ class Exchange:
             "usage": self.usage,
         }
 
-    def record(self, continuation_hashes: list[str] | None) -> ExchangeRecord:
+    def record(
+        self, continuation_hashes: list[str] | None, lineage: Lineage | None = None
+    ) -> ExchangeRecord:
+        """The spool line. With `lineage` (linear storage, `collector/linear.py`) a turn that
+        continues the conversation's previous answered exchange stores only its new messages
+        and prompt token ids; an answered one becomes what the next turn stores against."""
         p = self.placement
         ordered = [self.choices[i] for i in sorted(self.choices)]
+        request = msgspec.Raw(self.raw_request)
+        prompt_ids = self.prompt_token_ids
+        delta = WHOLE
+        messages = self.request.get("messages")
+        if lineage is not None and isinstance(messages, list):
+            digests = [digest(m) for m in messages]
+            delta, prompt = lineage.delta(p.trajectory_id, p.turn, digests, prompt_ids)
+            if delta.parent_id is not None:
+                request = msgspec.Raw(
+                    _encode({**self.request, "messages": messages[delta.messages_kept :]})
+                )
+                if prompt_ids is not None:
+                    prompt_ids = prompt_ids[delta.prompt_kept :]
+            if self.status < 400:
+                first = ordered[0].token_ids if ordered else None
+                lineage.remember(p.trajectory_id, p.turn, self.id, digests, prompt, first)
         return ExchangeRecord(
             id=self.id,
             ts=self.ts,
@@ -555,9 +577,12 @@ class Exchange:
             checkpoint=self.route.checkpoint,
             arm=self.route.arm,
             stream=self.stream,
-            request=msgspec.Raw(self.raw_request),
+            request=request,
             response=msgspec.Raw(self.answered) if self.answered else to_json(self.response()),
-            prompt_token_ids=self.prompt_token_ids,
+            prompt_token_ids=prompt_ids,
+            parent_id=delta.parent_id,
+            messages_kept=delta.messages_kept,
+            prompt_kept=delta.prompt_kept,
             completion_token_ids=[c.token_ids for c in ordered] or None,
             completion_logprobs=[c.logprobs for c in ordered] or None,
             usage=to_json(self.usage),

@@ -1,0 +1,152 @@
+"""Linear storage: a later turn stores only what is new, and the full request is rebuilt
+on read.
+
+Each turn of a conversation re-sends every earlier message, and its prompt's token ids
+repeat the previous turn's prompt and completion. Stored whole, a conversation of n
+turns costs O(n²). So an exchange that continues an earlier one (`parent_id`, the last
+answered exchange of its trajectory) stores:
+
+- `messages_kept`: how many leading messages equal the parent's (full) request's, compared
+  by their exact JSON encoding (never by what the stitcher normalises), and in `request`
+  the request with `messages` holding only the messages past those;
+- `prompt_kept`: how many leading prompt token ids equal the parent's prompt + its first
+  choice's completion token ids, compared id by id (a chat template need not re-render a
+  turn as it was sampled: the prompt keeps only the common prefix, and the rest is stored),
+  and in `prompt_token_ids` only the ids past those.
+
+A row with `parent_id` NULL is stored whole (the first turn, a resample, a conversation
+the proxy no longer held in memory, every row written before this scheme). The view
+`exchanges_full` (`schema.py`) rebuilds every row's full `request` and `prompt_token_ids`
+exactly; everything that reads them reads that view.
+
+The decision is made where the record is made (the proxy, `Lineage.delta`), so the spool
+is linear too. `Lineage` holds, per live conversation, its last answered exchange: the
+digests of its messages and its prompt + completion token ids, bounded in conversations
+and in tokens (LRU). A conversation it no longer holds is stored whole at its next turn:
+nothing is lost, only space.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import msgspec
+
+_encode = msgspec.json.Encoder().encode
+
+
+def digest(message: object) -> bytes:
+    """A message's identity for exact equality: its JSON encoding as parsed (key order kept),
+    hashed (16 bytes: no collision in practice, and far smaller than the message)."""
+    return hashlib.blake2b(_encode(message), digest_size=16).digest()
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What a row stores relative to its parent (`parent_id` None: stored whole)."""
+
+    parent_id: str | None = None
+    messages_kept: int | None = None
+    prompt_kept: int | None = None
+
+
+WHOLE = Delta()
+
+
+@dataclass
+class _Last:
+    exchange_id: str
+    turn: int
+    digests: list[bytes]
+    tokens: array | None  # prompt + first completion; None: the engine gave no token ids
+
+
+def common_prefix(a: array, b: array) -> int:
+    """The length of the common prefix of two int arrays (C comparisons, log n of them)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class Lineage:
+    """Per live conversation (trajectory id): its last answered exchange. Bounded LRU: at most
+    `capacity` conversations and `max_tokens` token ids held (4 bytes each)."""
+
+    def __init__(self, capacity: int = 200_000, max_tokens: int = 8_000_000) -> None:
+        self.capacity = capacity
+        self.max_tokens = max_tokens
+        self._last: OrderedDict[str, _Last] = OrderedDict()
+        self._tokens = 0
+
+    def delta(
+        self,
+        trajectory_id: str,
+        turn: int,
+        digests: list[bytes],
+        prompt_token_ids: list[int] | None,
+    ) -> tuple[Delta, array | None]:
+        """How a request at `turn` of `trajectory_id` is stored: against the conversation's
+        previous turn when it is held, else whole. Also returns the prompt ids as an array
+        (for `remember`)."""
+        prompt = array("i", prompt_token_ids) if prompt_token_ids is not None else None
+        last = self._last.get(trajectory_id)
+        if last is None or last.turn != turn - 1:
+            return WHOLE, prompt
+        kept = 0
+        for mine, theirs in zip(digests, last.digests, strict=False):
+            if mine != theirs:
+                break
+            kept += 1
+        tokens = 0
+        if prompt is not None and last.tokens is not None:
+            tokens = common_prefix(prompt, last.tokens)
+        return Delta(last.exchange_id, kept, tokens), prompt
+
+    def remember(
+        self,
+        trajectory_id: str,
+        turn: int,
+        exchange_id: str,
+        digests: list[bytes],
+        prompt: array | None,
+        completion_token_ids: list[int] | None,
+    ) -> None:
+        """An answered exchange is its conversation's last (what its next turn stores against)."""
+        tokens = None
+        if prompt is not None:
+            tokens = array("i", prompt)
+            tokens.extend(completion_token_ids or ())
+        self._drop(trajectory_id)
+        self._last[trajectory_id] = _Last(exchange_id, turn, digests, tokens)
+        self._tokens += len(tokens) if tokens is not None else 0
+        while self._last and (
+            len(self._last) > self.capacity or self._tokens > self.max_tokens
+        ):
+            self._drop(next(iter(self._last)))
+
+    def forget(self, trajectory_ids: list[str]) -> None:
+        for traj in trajectory_ids:
+            self._drop(traj)
+
+    def _drop(self, trajectory_id: str) -> None:
+        last = self._last.pop(trajectory_id, None)
+        if last is not None and last.tokens is not None:
+            self._tokens -= len(last.tokens)
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    @property
+    def tokens(self) -> int:
+        return self._tokens
