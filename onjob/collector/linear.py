@@ -130,9 +130,7 @@ class Lineage:
         self._drop(trajectory_id)
         self._last[trajectory_id] = _Last(exchange_id, turn, digests, tokens)
         self._tokens += len(tokens) if tokens is not None else 0
-        while self._last and (
-            len(self._last) > self.capacity or self._tokens > self.max_tokens
-        ):
+        while self._last and (len(self._last) > self.capacity or self._tokens > self.max_tokens):
             self._drop(next(iter(self._last)))
 
     def forget(self, trajectory_ids: list[str]) -> None:
@@ -150,3 +148,40 @@ class Lineage:
     @property
     def tokens(self) -> int:
         return self._tokens
+
+
+def stored(
+    lineage: Lineage,
+    *,
+    trajectory_id: str,
+    turn: int,
+    exchange_id: str,
+    request: dict,
+    prompt_token_ids: list[int] | None,
+    completion_token_ids: list[int] | None,
+    answered: bool,
+) -> tuple[bytes | None, list[int] | None, Delta]:
+    """What an exchange's row stores of its request and prompt: (the request's JSON with only
+    the new messages, or None to store the client's bytes whole; the prompt token ids to
+    store; the delta). An `answered` exchange becomes what its conversation's next turn is
+    stored against (`completion_token_ids`: its first choice's)."""
+    messages = request.get("messages")
+    if not isinstance(messages, list):  # a legacy completion: no turns to continue
+        return None, prompt_token_ids, WHOLE
+    digests = [digest(m) for m in messages]
+    delta, prompt = lineage.delta(trajectory_id, turn, digests, prompt_token_ids)
+    if answered:
+        lineage.remember(trajectory_id, turn, exchange_id, digests, prompt, completion_token_ids)
+    if delta.parent_id is None:
+        return None, prompt_token_ids, delta
+    body = _encode({**request, "messages": messages[delta.messages_kept :]})
+    if prompt_token_ids is not None:
+        prompt_token_ids = prompt_token_ids[delta.prompt_kept :]
+    return body, prompt_token_ids, delta
+
+
+def rebuilt(ids_sql: str) -> str:
+    """A FROM item: the exchanges whose ids `ids_sql` selects (one column), each with its
+    full `request` and `prompt_token_ids` (`exchanges_rebuilt`, `schema.py`). Only those
+    rows and their ancestors are walked; `exchanges_full` is every row."""
+    return f"exchanges_rebuilt((SELECT list(id) FROM ({ids_sql})), false)"

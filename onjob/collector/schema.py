@@ -215,17 +215,21 @@ ALTER TABLE exchanges ADD COLUMN api_object JSON;
 # the first `messages_kept` of the parent's request, in `prompt_token_ids` the ids past the
 # first `prompt_kept` of the parent's prompt + first completion. `parent_id` NULL: the row
 # is stored whole, as every row before this step is (they stay as they are).
-# `exchanges_full` rebuilds each row's full `request` and `prompt_token_ids` exactly: it
-# walks each delta row up to its whole ancestor (`path`, the cap being the fewest messages /
-# tokens any row below an ancestor keeps of it), then concatenates each ancestor's kept
-# slice, oldest first. Everything that reads requests or prompt ids reads this view.
+# `exchanges_rebuilt(ids, every)` gives the rows `ids` (or every row) with their full
+# `request` and `prompt_token_ids`, exactly: it walks each delta row up to its whole
+# ancestor (`path`; the cap is the fewest messages / tokens any row below an ancestor keeps
+# of it), then concatenates each ancestor's kept slice, oldest first. The view
+# `exchanges_full` is every row (for `onjob sql`, exports, scans); a reader of a few rows
+# names them, so the walk starts from those alone (DuckDB pushes no filter into a
+# recursive CTE). Everything that reads requests or prompt ids reads one of the two.
 V10_LINEAR = """
 ALTER TABLE exchanges ADD COLUMN parent_id VARCHAR;
 ALTER TABLE exchanges ADD COLUMN messages_kept INTEGER;
 ALTER TABLE exchanges ADD COLUMN prompt_kept INTEGER;
-CREATE VIEW exchanges_full AS
+CREATE MACRO exchanges_rebuilt(ids, every) AS TABLE
 WITH RECURSIVE path(id, anc, depth, cap_m, cap_t) AS (
-    SELECT id, id, 0, 2147483647, 2147483647 FROM exchanges WHERE parent_id IS NOT NULL
+    SELECT id, id, 0, 2147483647, 2147483647 FROM exchanges
+    WHERE parent_id IS NOT NULL AND (every OR list_contains(ids, id))
     UNION ALL
     SELECT p.id, x.parent_id, p.depth + 1, least(p.cap_m, x.messages_kept),
            least(p.cap_t, x.prompt_kept)
@@ -257,7 +261,9 @@ SELECT e.* REPLACE (
     CASE WHEN e.parent_id IS NULL OR e.prompt_token_ids IS NULL THEN e.prompt_token_ids
          ELSE r.prompt_token_ids
     END AS prompt_token_ids)
-FROM exchanges e LEFT JOIN rebuilt r ON r.id = e.id;
+FROM exchanges e LEFT JOIN rebuilt r ON r.id = e.id
+WHERE every OR list_contains(ids, e.id);
+CREATE VIEW exchanges_full AS SELECT * FROM exchanges_rebuilt([]::VARCHAR[], true);
 """
 
 MIGRATIONS: list[str] = [

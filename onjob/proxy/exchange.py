@@ -17,7 +17,7 @@ import msgspec
 
 from ..collector import Collector, ExchangeRecord, Placement
 from ..collector.ids import new_id
-from ..collector.linear import WHOLE, Lineage, digest
+from ..collector.linear import WHOLE, Lineage, stored
 from ..collector.records import to_json
 from .errors import BadRequest, MalformedAnswer
 from .routing import Route, Router
@@ -548,22 +548,18 @@ class Exchange:
         and prompt token ids; an answered one becomes what the next turn stores against."""
         p = self.placement
         ordered = [self.choices[i] for i in sorted(self.choices)]
-        request = msgspec.Raw(self.raw_request)
-        prompt_ids = self.prompt_token_ids
-        delta = WHOLE
-        messages = self.request.get("messages")
-        if lineage is not None and isinstance(messages, list):
-            digests = [digest(m) for m in messages]
-            delta, prompt = lineage.delta(p.trajectory_id, p.turn, digests, prompt_ids)
-            if delta.parent_id is not None:
-                request = msgspec.Raw(
-                    _encode({**self.request, "messages": messages[delta.messages_kept :]})
-                )
-                if prompt_ids is not None:
-                    prompt_ids = prompt_ids[delta.prompt_kept :]
-            if self.status < 400:
-                first = ordered[0].token_ids if ordered else None
-                lineage.remember(p.trajectory_id, p.turn, self.id, digests, prompt, first)
+        request, prompt_ids, delta = None, self.prompt_token_ids, WHOLE
+        if lineage is not None:
+            request, prompt_ids, delta = stored(
+                lineage,
+                trajectory_id=p.trajectory_id,
+                turn=p.turn,
+                exchange_id=self.id,
+                request=self.request,
+                prompt_token_ids=prompt_ids,
+                completion_token_ids=ordered[0].token_ids if ordered else None,
+                answered=self.status < 400,
+            )
         return ExchangeRecord(
             id=self.id,
             ts=self.ts,
@@ -577,7 +573,7 @@ class Exchange:
             checkpoint=self.route.checkpoint,
             arm=self.route.arm,
             stream=self.stream,
-            request=request,
+            request=msgspec.Raw(request or self.raw_request),
             response=msgspec.Raw(self.answered) if self.answered else to_json(self.response()),
             prompt_token_ids=prompt_ids,
             parent_id=delta.parent_id,
