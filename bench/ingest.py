@@ -304,6 +304,7 @@ class Traffic:
             "parent_id": delta.parent_id,
             "messages_kept": delta.messages_kept,
             "prompt_kept": delta.prompt_kept,
+            "request_kept": delta.request_kept,
         }
 
     def _advance(self, slot: int, reply: dict, completion: list[int]) -> None:

@@ -6,18 +6,22 @@ real openai client, real DuckDB files; the judge's and the trainer's own queries
 from __future__ import annotations
 
 import json
+import random
 from array import array
 from pathlib import Path
 
 import duckdb
+import msgspec
 import pyarrow.parquet as pq
 import pytest
 from openai import OpenAI
 
 from onjob.cli.process import ServerProcess
-from onjob.collector import Lineage, Store, queries
+from onjob.collector import ExchangeRecord, Lineage, Store, queries
 from onjob.collector.linear import common_prefix, digest, stored
+from onjob.collector.records import encode
 from onjob.collector.schema import MIGRATIONS, migrate
+from onjob.collector.spool import Spool
 from onjob.judge import JudgeSettings, tables
 from onjob.trainer import snapshot
 from onjob.trainer.settings import TrainSettings
@@ -216,9 +220,9 @@ def test_lineage_memory_is_bounded_and_a_forgotten_conversation_is_stored_whole(
     messages = [SYSTEM, {"role": "user", "content": "hi"}]
     digests = [digest(m) for m in messages]
     for i in range(3):
-        lineage.remember(f"t{i}", 0, f"e{i}", digests, array("i", [1, 2, 3]), [4])
+        lineage.remember(f"t{i}", 0, f"e{i}", digests, {}, array("i", [1, 2, 3]), [4])
     assert len(lineage) == 2 and lineage.tokens == 8  # the oldest conversation went
-    lineage.remember("big", 0, "eb", digests, array("i", range(9)), [1, 2])
+    lineage.remember("big", 0, "eb", digests, {}, array("i", range(9)), [1, 2])
     assert lineage.tokens <= 10
     body, ids, delta = stored(
         lineage,
@@ -233,3 +237,91 @@ def test_lineage_memory_is_bounded_and_a_forgotten_conversation_is_stored_whole(
     assert body is None and ids == [1, 2, 3, 4, 9] and delta.parent_id is None
     assert common_prefix(array("i", [1, 2, 3]), array("i", [1, 2, 4, 5])) == 2
     assert common_prefix(array("i", []), array("i", [1])) == 0
+
+
+def test_spooled_deltas_load_and_rebuild_exactly_whatever_the_client_changes(tmp_path):
+    """Seeded conversations through the real spool and loader: tools sent each turn (left out
+    as the parent's), then changed; history re-rendered or edited; prompts that re-tokenise
+    the last answer differently (unaligned); failed turns retried; engines that return no
+    token ids. Every row reads back exactly as sent."""
+    rng = random.Random(7)
+    spool = Spool(tmp_path / "spool")
+    store = Store(tmp_path / "db.duckdb")
+    lineage = Lineage()
+    tools = [{"type": "function", "function": {"name": "f", "description": "x" * 300}}]
+    truth = {}
+    for conversation in range(6):
+        tid = f"traj-{conversation}"
+        messages = [SYSTEM]
+        stream: list[int] = []
+        turn = 0
+        while turn < 30:
+            messages.append({"role": "user", "content": f"q{turn} " + "w" * rng.randint(0, 50)})
+            if rng.random() < 0.1 and len(messages) > 2:  # re-rendered or edited history
+                i = rng.randrange(1, len(messages) - 1)
+                messages[i] = {**messages[i], "content": [{"type": "text", "text": "edited"}]}
+            if rng.random() < 0.1:
+                tools = [*tools, {"type": "function", "function": {"name": f"g{turn}"}}]
+            if rng.random() < 0.2 and stream:  # the template re-renders the last answer
+                cut = rng.randrange(len(stream))
+                prompt = stream[:cut] + [rng.randrange(9) for _ in range(rng.randint(0, 5))]
+            else:
+                prompt = stream + [rng.randrange(9) for _ in range(rng.randint(1, 9))]
+            if rng.random() < 0.1:
+                prompt = None
+            request = {"model": "m", "messages": [dict(m) for m in messages], "tools": tools}
+            completion = [rng.randrange(9) for _ in range(rng.randint(1, 4))]
+            failed = rng.random() < 0.1
+            eid = f"e-{len(truth)}"
+            body, ids, delta = stored(
+                lineage,
+                trajectory_id=tid,
+                turn=turn,
+                exchange_id=eid,
+                request=request,
+                prompt_token_ids=prompt,
+                completion_token_ids=None if failed else completion,
+                answered=not failed,
+            )
+            record = ExchangeRecord(
+                id=eid,
+                ts=float(turn),
+                trajectory_id=tid,
+                turn=turn,
+                scenario_id="s",
+                scenario_key="k",
+                scenario_keyed="derived",
+                status=502 if failed else 200,
+                request=msgspec.Raw(body or msgspec.json.encode(request)),
+                prompt_token_ids=ids,
+                completion_token_ids=None if failed else [completion],
+                parent_id=delta.parent_id,
+                messages_kept=delta.messages_kept,
+                prompt_kept=delta.prompt_kept,
+                request_kept=delta.request_kept,
+            )
+            spool.append(encode(record))
+            truth[eid] = (request, prompt)
+            if failed:
+                messages.pop()
+                continue
+            stream = (prompt or []) + completion
+            messages.append({"role": "assistant", "content": f"a{turn}"})
+            turn += 1
+    for segment in spool.rotate():
+        store.load_segment(segment)
+    try:
+        stored_bytes = store.query(
+            "SELECT count(*) FILTER (WHERE request_kept IS NOT NULL) AS left_out, "
+            "count(*) FILTER (WHERE parent_id IS NOT NULL) AS deltas FROM exchanges"
+        )[0]
+        assert stored_bytes["left_out"] > 100 and stored_bytes["deltas"] > 150
+        full = store.query("SELECT id, request, prompt_token_ids FROM exchanges_full")
+        assert len(full) == len(truth)
+        for row in full:
+            request, prompt = truth[row["id"]]
+            assert json.loads(row["request"]) == request, row["id"]
+            assert row["prompt_token_ids"] == prompt, row["id"]
+    finally:
+        spool.close()
+        store.close()

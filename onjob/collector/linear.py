@@ -9,6 +9,8 @@ answered exchange of its trajectory) stores:
 - `messages_kept`: how many leading messages equal the parent's (full) request's, compared
   by their exact JSON encoding (never by what the stitcher normalises), and in `request`
   the request with `messages` holding only the messages past those;
+- `request_kept`: the large top-level fields (`tools`, a JSON schema) equal to the parent's,
+  left out of `request`;
 - `prompt_kept`: how many leading prompt token ids equal the parent's prompt + its first
   choice's completion token ids, compared id by id (a chat template need not re-render a
   turn as it was sampled: the prompt keeps only the common prefix, and the rest is stored),
@@ -44,6 +46,21 @@ def digest(message: object) -> bytes:
     return hashlib.blake2b(_encode(message), digest_size=16).digest()
 
 
+LARGE_FIELD = 256  # bytes of JSON: a top-level field this large is stored once per conversation
+
+
+def fields(request: dict) -> dict[str, bytes]:
+    """Digests of a request's large top-level fields other than `messages` (`tools`, a JSON
+    schema): a turn that sends the same leaves them out. Small ones are not worth a name."""
+    out = {}
+    for key, value in request.items():
+        if key != "messages" and isinstance(value, dict | list):
+            encoded = _encode(value)
+            if len(encoded) >= LARGE_FIELD:
+                out[key] = hashlib.blake2b(encoded, digest_size=16).digest()
+    return out
+
+
 @dataclass(frozen=True)
 class Delta:
     """What a row stores relative to its parent (`parent_id` None: stored whole)."""
@@ -51,6 +68,7 @@ class Delta:
     parent_id: str | None = None
     messages_kept: int | None = None
     prompt_kept: int | None = None
+    request_kept: list[str] | None = None  # large top-level fields equal to the parent's
 
 
 WHOLE = Delta()
@@ -61,6 +79,7 @@ class _Last:
     exchange_id: str
     turn: int
     digests: list[bytes]
+    fields: dict[str, bytes]  # digests of the large top-level fields (`fields()`)
     tokens: array | None  # prompt + first completion; None: the engine gave no token ids
 
 
@@ -94,6 +113,7 @@ class Lineage:
         trajectory_id: str,
         turn: int,
         digests: list[bytes],
+        large: dict[str, bytes],
         prompt_token_ids: list[int] | None,
     ) -> tuple[Delta, array | None]:
         """How a request at `turn` of `trajectory_id` is stored: against the conversation's
@@ -111,7 +131,8 @@ class Lineage:
         tokens = 0
         if prompt is not None and last.tokens is not None:
             tokens = common_prefix(prompt, last.tokens)
-        return Delta(last.exchange_id, kept, tokens), prompt
+        same = [k for k, d in large.items() if last.fields.get(k) == d]
+        return Delta(last.exchange_id, kept, tokens, same or None), prompt
 
     def remember(
         self,
@@ -119,6 +140,7 @@ class Lineage:
         turn: int,
         exchange_id: str,
         digests: list[bytes],
+        large: dict[str, bytes],
         prompt: array | None,
         completion_token_ids: list[int] | None,
     ) -> None:
@@ -128,7 +150,7 @@ class Lineage:
             tokens = array("i", prompt)
             tokens.extend(completion_token_ids or ())
         self._drop(trajectory_id)
-        self._last[trajectory_id] = _Last(exchange_id, turn, digests, tokens)
+        self._last[trajectory_id] = _Last(exchange_id, turn, digests, large, tokens)
         self._tokens += len(tokens) if tokens is not None else 0
         while self._last and (len(self._last) > self.capacity or self._tokens > self.max_tokens):
             self._drop(next(iter(self._last)))
@@ -169,12 +191,22 @@ def stored(
     if not isinstance(messages, list):  # a legacy completion: no turns to continue
         return None, prompt_token_ids, WHOLE
     digests = [digest(m) for m in messages]
-    delta, prompt = lineage.delta(trajectory_id, turn, digests, prompt_token_ids)
+    large = fields(request)
+    delta, prompt = lineage.delta(trajectory_id, turn, digests, large, prompt_token_ids)
     if answered:
-        lineage.remember(trajectory_id, turn, exchange_id, digests, prompt, completion_token_ids)
+        lineage.remember(
+            trajectory_id, turn, exchange_id, digests, large, prompt, completion_token_ids
+        )
     if delta.parent_id is None:
         return None, prompt_token_ids, delta
-    body = _encode({**request, "messages": messages[delta.messages_kept :]})
+    left_out = delta.request_kept or ()
+    body = _encode(
+        {
+            k: messages[delta.messages_kept :] if k == "messages" else v
+            for k, v in request.items()
+            if k not in left_out
+        }
+    )
     if prompt_token_ids is not None:
         prompt_token_ids = prompt_token_ids[delta.prompt_kept :]
     return body, prompt_token_ids, delta

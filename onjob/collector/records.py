@@ -55,6 +55,7 @@ class ExchangeRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="exchan
     parent_id: str | None = None
     messages_kept: int | None = None
     prompt_kept: int | None = None
+    request_kept: list[str] | None = None  # top-level fields left out: the parent's
 
 
 class FeedbackRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="feedback"):

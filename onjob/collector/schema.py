@@ -213,12 +213,15 @@ ALTER TABLE exchanges ADD COLUMN api_object JSON;
 # Linear storage (`linear.py`): a turn that continues its conversation's previous answered
 # exchange (`parent_id`) stores only what is new: in `request.messages` the messages past
 # the first `messages_kept` of the parent's request, in `prompt_token_ids` the ids past the
-# first `prompt_kept` of the parent's prompt + first completion. `parent_id` NULL: the row
+# first `prompt_kept` of the parent's prompt + first completion; a large top-level field
+# equal to the parent's (`tools`, a `response_format` schema) is left out and named in
+# `request_kept`. `parent_id` NULL: the row
 # is stored whole, as every row before this step is (they stay as they are).
 # `exchanges_rebuilt(ids, every)` gives the rows `ids` (or every row) with their full
 # `request` and `prompt_token_ids`, exactly: it walks each delta row up to its whole
 # ancestor (`path`; the cap is the fewest messages / tokens any row below an ancestor keeps
-# of it), then concatenates each ancestor's kept slice, oldest first. The view
+# of it), then concatenates each ancestor's kept slice, oldest first (a field named in
+# `request_kept` is the nearest ancestor's that stores it). The view
 # `exchanges_full` is every row (for `onjob sql`, exports, scans); a reader of a few rows
 # names them, so the walk starts from those alone (DuckDB pushes no filter into a
 # recursive CTE). Everything that reads requests or prompt ids reads one of the two.
@@ -226,6 +229,7 @@ V10_LINEAR = """
 ALTER TABLE exchanges ADD COLUMN parent_id VARCHAR;
 ALTER TABLE exchanges ADD COLUMN messages_kept INTEGER;
 ALTER TABLE exchanges ADD COLUMN prompt_kept INTEGER;
+ALTER TABLE exchanges ADD COLUMN request_kept VARCHAR[];
 CREATE MACRO exchanges_rebuilt(ids, every) AS TABLE
 WITH RECURSIVE path(id, anc, depth, cap_m, cap_t) AS (
     SELECT id, id, 0, 2147483647, 2147483647 FROM exchanges
@@ -253,15 +257,30 @@ rebuilt AS (
             ORDER BY p.depth DESC)) AS prompt_token_ids
     FROM path p JOIN exchanges a ON a.id = p.anc
     GROUP BY p.id
+),
+kept AS (
+    SELECT id, unnest(request_kept) AS key FROM exchanges
+    WHERE request_kept IS NOT NULL AND id IN (SELECT id FROM path WHERE depth = 0)
+),
+fields AS (
+    SELECT id, json_group_object(key, value) AS fields FROM (
+        SELECT k.id, k.key, arg_min(a.request -> k.key, p.depth) AS value
+        FROM kept k JOIN path p ON p.id = k.id AND p.depth > 0
+        JOIN exchanges a ON a.id = p.anc
+        WHERE (a.request -> k.key) IS NOT NULL
+        GROUP BY k.id, k.key)
+    GROUP BY id
 )
 SELECT e.* REPLACE (
     CASE WHEN e.parent_id IS NULL THEN e.request
-         ELSE json_merge_patch(e.request, json_object('messages', to_json(r.messages)))
+         ELSE json_merge_patch(
+             json_merge_patch(e.request, coalesce(f.fields, '{}')),
+             json_object('messages', to_json(r.messages)))
     END AS request,
     CASE WHEN e.parent_id IS NULL OR e.prompt_token_ids IS NULL THEN e.prompt_token_ids
          ELSE r.prompt_token_ids
     END AS prompt_token_ids)
-FROM exchanges e LEFT JOIN rebuilt r ON r.id = e.id
+FROM exchanges e LEFT JOIN rebuilt r ON r.id = e.id LEFT JOIN fields f ON f.id = e.id
 WHERE every OR list_contains(ids, e.id);
 CREATE VIEW exchanges_full AS SELECT * FROM exchanges_rebuilt([]::VARCHAR[], true);
 """

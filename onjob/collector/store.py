@@ -28,7 +28,8 @@ _COLUMNS = (
     "id, ts, trajectory_id, turn, scenario_id, api_key_id, model_alias, checkpoint, arm, stream, "
     "request, response, prompt_token_ids, completion_token_ids, completion_logprobs, usage, "
     "latency_ms, status, error, metadata, source, continuation_hashes, served_model, "
-    "logprobs_mode, api, api_object, parent_id, messages_kept, prompt_kept"
+    "logprobs_mode, api, api_object, parent_id, messages_kept, prompt_kept, "
+    "request_kept"
 )
 
 # The spool line's fields (records.py) as DuckDB reads them.
@@ -65,6 +66,7 @@ _LINE = {
     "parent_id": "VARCHAR",
     "messages_kept": "INTEGER",
     "prompt_kept": "INTEGER",
+    "request_kept": "VARCHAR[]",
     "exchange_id": "VARCHAR",
     "value": "DOUBLE",
     "comment": "VARCHAR",

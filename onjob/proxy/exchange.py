@@ -579,6 +579,7 @@ class Exchange:
             parent_id=delta.parent_id,
             messages_kept=delta.messages_kept,
             prompt_kept=delta.prompt_kept,
+            request_kept=delta.request_kept,
             completion_token_ids=[c.token_ids for c in ordered] or None,
             completion_logprobs=[c.logprobs for c in ordered] or None,
             usage=to_json(self.usage),
