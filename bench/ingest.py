@@ -482,6 +482,11 @@ def main() -> int:
         "as `onjob serve`; 0 loads at the same priority)",
     )
     parser.add_argument(
+        "--duckdb-memory-limit",
+        default=CollectorSettings.model_fields["duckdb_memory_limit"].default,
+        help="collector.duckdb_memory_limit (default as `onjob serve`)",
+    )
+    parser.add_argument(
         "--turns",
         type=int,
         default=0,
@@ -506,7 +511,9 @@ def main() -> int:
     db = directory / "ingest.duckdb"
     if db.exists():
         parser.error(f"{db} exists: give --dir a fresh folder")
-    settings = CollectorSettings(db=db, loader_nice=args.loader_nice)
+    settings = CollectorSettings(
+        db=db, loader_nice=args.loader_nice, duckdb_memory_limit=args.duckdb_memory_limit
+    )
     load_before = os.getloadavg()
     print(f"logging {args.exchanges:,} exchanges into {db} (load average {load_before[0]:.2f})")
     try:

@@ -220,7 +220,8 @@ ALTER TABLE exchanges ADD COLUMN api_object JSON;
 # `exchanges_rebuilt(ids, every)` gives the rows `ids` (or every row) with their full
 # `request` and `prompt_token_ids`, exactly: it walks each delta row up to its whole
 # ancestor (`path`; the cap is the fewest messages / tokens any row below an ancestor keeps
-# of it), then concatenates each ancestor's kept slice, oldest first (a field named in
+# of it; a parent is always of the same trajectory, so the walk follows only the links of
+# the rows' trajectories), then concatenates each ancestor's kept slice, oldest first (a field named in
 # `request_kept` is the nearest ancestor's that stores it). The view
 # `exchanges_full` is every row (for `onjob sql`, exports, scans); a reader of a few rows
 # names them, so the walk starts from those alone (DuckDB pushes no filter into a
@@ -231,14 +232,18 @@ ALTER TABLE exchanges ADD COLUMN messages_kept INTEGER;
 ALTER TABLE exchanges ADD COLUMN prompt_kept INTEGER;
 ALTER TABLE exchanges ADD COLUMN request_kept VARCHAR[];
 CREATE MACRO exchanges_rebuilt(ids, every) AS TABLE
-WITH RECURSIVE path(id, anc, depth, cap_m, cap_t) AS (
-    SELECT id, id, 0, 2147483647, 2147483647 FROM exchanges
-    WHERE parent_id IS NOT NULL AND (every OR list_contains(ids, id))
+WITH RECURSIVE links AS MATERIALIZED (
+    SELECT id, parent_id, messages_kept, prompt_kept FROM exchanges
+    WHERE parent_id IS NOT NULL AND (every OR trajectory_id IN (
+        SELECT trajectory_id FROM exchanges WHERE list_contains(ids, id)))
+),
+path(id, anc, depth, cap_m, cap_t) AS (
+    SELECT id, id, 0, 2147483647, 2147483647 FROM links
+    WHERE every OR list_contains(ids, id)
     UNION ALL
     SELECT p.id, x.parent_id, p.depth + 1, least(p.cap_m, x.messages_kept),
            least(p.cap_t, x.prompt_kept)
-    FROM path p JOIN exchanges x ON x.id = p.anc
-    WHERE x.parent_id IS NOT NULL
+    FROM path p JOIN links x ON x.id = p.anc
 ),
 rebuilt AS (
     SELECT p.id,
