@@ -190,6 +190,10 @@ def stored(
     messages = request.get("messages")
     if not isinstance(messages, list):  # a legacy completion: no turns to continue
         return None, prompt_token_ids, WHOLE
+    # On the proxy's path, per request: ~0.9 us a message (encode + hash, 300-600 characters
+    # each), and the prompt ids copied once into an array; measured ~26 us for 8 messages and
+    # 480 token ids, ~190 us for 101 messages and 6,450 token ids (2 busy cores). The
+    # stitcher's chain hashes cost about as much.
     digests = [digest(m) for m in messages]
     large = fields(request)
     delta, prompt = lineage.delta(trajectory_id, turn, digests, large, prompt_token_ids)
