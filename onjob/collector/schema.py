@@ -221,8 +221,8 @@ ALTER TABLE exchanges ADD COLUMN api_object JSON;
 # `request` and `prompt_token_ids`, exactly: it walks each delta row up to its whole
 # ancestor (`path`; the cap is the fewest messages / tokens any row below an ancestor keeps
 # of it; a parent is always of the same trajectory, so the walk follows only the links of
-# the rows' trajectories), then concatenates each ancestor's kept slice, oldest first (a field named in
-# `request_kept` is the nearest ancestor's that stores it). The view
+# the rows' trajectories), then concatenates each ancestor's kept slice, oldest first (a
+# field named in `request_kept` is the nearest ancestor's that stores it). The view
 # `exchanges_full` is every row (for `onjob sql`, exports, scans); a reader of a few rows
 # names them, so the walk starts from those alone (DuckDB pushes no filter into a
 # recursive CTE). Everything that reads requests or prompt ids reads one of the two.
