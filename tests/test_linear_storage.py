@@ -325,3 +325,47 @@ def test_spooled_deltas_load_and_rebuild_exactly_whatever_the_client_changes(tmp
     finally:
         spool.close()
         store.close()
+
+
+def test_a_turn_whose_parent_was_deleted_is_dropped_not_read_back_wrong(tmp_path):
+    """A parent deleted while its next turns waited in the spool: those turns cannot be
+    rebuilt, so the loader drops them (and only them)."""
+    store = Store(tmp_path / "db.duckdb")
+    spool = Spool(tmp_path / "spool")
+
+    def line(eid: str, parent: str | None, turn: int) -> bytes:
+        request = {"model": "m", "messages": [{"role": "user", "content": eid}]}
+        return encode(
+            ExchangeRecord(
+                id=eid,
+                ts=float(turn),
+                trajectory_id="t" if parent or eid == "gone" else eid,
+                turn=turn,
+                scenario_id="s",
+                scenario_key="k",
+                scenario_keyed="derived",
+                request=msgspec.Raw(msgspec.json.encode(request)),
+                prompt_token_ids=[turn],
+                parent_id=parent,
+                messages_kept=0 if parent else None,
+                prompt_kept=0 if parent else None,
+            )
+        )
+
+    try:
+        spool.append(line("gone", None, 0))
+        (first,) = spool.rotate()
+        store.load_segment(first)
+        first.unlink()
+        store.con.execute("DELETE FROM exchanges WHERE id = 'gone'")  # as forget would
+        for text in (line("child", "gone", 1), line("grandchild", "child", 2)):
+            spool.append(text)
+        spool.append(line("other", None, 0))
+        spool.append(line("other-next", "other", 1))
+        (second,) = spool.rotate()
+        assert store.load_segment(second) == (2, 0) and store.orphaned == 2
+        ids = {r["id"] for r in store.query("SELECT id FROM exchanges_full")}
+        assert ids == {"other", "other-next"}
+    finally:
+        spool.close()
+        store.close()

@@ -125,6 +125,12 @@ class Collector:
         inserted, torn = self._store.load_segment(segment)
         if torn:
             log.warning("%s: skipped %d torn lines (a crash mid-write)", segment.name, torn)
+        if self._store.orphaned:
+            log.warning(
+                "%s: dropped %d turns stored against deleted exchanges (cannot be rebuilt)",
+                segment.name,
+                self._store.orphaned,
+            )
         segment.unlink()
         self._store.forget_segment(segment.name)
         return inserted
