@@ -57,6 +57,7 @@ import results_file  # noqa: E402
 
 from onjob.collector import Collector, CollectorSettings, ExchangeRecord, Store  # noqa: E402
 from onjob.collector.ids import new_id  # noqa: E402
+from onjob.collector.linear import stored  # noqa: E402
 from onjob.collector.records import encode, to_json  # noqa: E402
 from onjob.proxy.routing import canary_share  # noqa: E402
 
@@ -65,6 +66,8 @@ AGENTS = 256  # conversations in flight at once: a segment holds turns of many
 FAILURE_RATE = 0.01
 CANARY = "ckpt-20261121-152144-116410"
 CANARY_FRACTION = 0.1
+EQUAL_QUESTION = 300  # characters of each turn's question in --turns mode
+EQUAL_ANSWER = 600  # and of each answer
 TOOLS = ["search_orders", "get_customer", "issue_refund", "lookup_docs", "run_sql", "read_file"]
 
 
@@ -77,8 +80,12 @@ class Traffic:
     logging it (the proxy's own shaping is measured by bench/proxy_overhead.py).
     """
 
-    def __init__(self, collector: Collector, seed: int) -> None:
+    def __init__(
+        self, collector: Collector, seed: int, *, turns: int = 0, linear: bool = True
+    ) -> None:
         self.collector = collector
+        self.turns = turns  # 0: the agent mix; N: conversations of N equal turns
+        self.linear = linear
         self.rng = random.Random(seed)
         syllables = ["ka", "to", "ri", "men", "sol", "da", "vi", "ne", "lo", "par", "us", "ing"]
         words = [
@@ -140,7 +147,7 @@ class Traffic:
 
     def _conversation(self) -> dict:
         scenario = self.rng.choice(self.scenarios)
-        question = self.text(self.rng.randint(80, 600))
+        question = self.text(EQUAL_QUESTION if self.turns else self.rng.randint(80, 600))
         return {
             "scenario": scenario,
             "messages": [
@@ -150,11 +157,14 @@ class Traffic:
             # the chat template renders the tool schemas into the prompt too
             "prompt": self.tokens(len(scenario["system"]) + scenario["schema_chars"])
             + self.tokens(len(question)),
-            "left": self.rng.choice([1, 2, 2, 3, 3, 4, 4, 5, 6, 8]),  # turns until the answer
+            # turns until the answer (equal turns: N answers, no tools called)
+            "left": self.turns or self.rng.choice([1, 2, 2, 3, 3, 4, 4, 5, 6, 8]),
         }
 
     def _reply(self, conversation: dict) -> dict:
         """The assistant's next message: tool calls while turns are left, then a text answer."""
+        if self.turns:
+            return {"role": "assistant", "content": self.text(EQUAL_ANSWER)}
         if conversation["left"] > 1:
             names = [t["function"]["name"] for t in conversation["scenario"]["tools"]]
             calls = [
@@ -177,15 +187,14 @@ class Traffic:
         slot = self.rng.randrange(AGENTS)
         conversation = self.agents[slot]
         messages = list(conversation["messages"])
-        raw = msgspec.json.encode(
-            {
-                "model": "agent",
-                "messages": messages,
-                "tools": conversation["scenario"]["tools"],
-                "temperature": 0.7,
-                "max_tokens": 1024,
-            }
-        )
+        body = {
+            "model": "agent",
+            "messages": messages,
+            "tools": conversation["scenario"]["tools"],
+            "temperature": 0.7,
+            "max_tokens": 1024,
+        }
+        raw = msgspec.json.encode(body)
         placement = self.collector.place(messages)
         canary = canary_share(placement.trajectory_id, CANARY) < CANARY_FRACTION
         exchange_id = new_id("chatcmpl-")
@@ -201,7 +210,6 @@ class Traffic:
             "api_key_id": "agents",
             "checkpoint": CANARY if canary else None,
             "arm": "canary" if canary else "live",
-            "request": msgspec.Raw(raw),
             "latency_ms": self.rng.uniform(300, 20_000),  # agents wait seconds for a model
         }
         self.payload["request_bytes"] += len(raw)
@@ -218,6 +226,7 @@ class Traffic:
             }
             record = ExchangeRecord(
                 **shared,
+                **self._stored(shared, body, raw, None, None),
                 response=to_json(answer),
                 status=502,
                 error="the engine is unreachable: connection refused",
@@ -254,8 +263,8 @@ class Traffic:
             hashes = self.collector.stitcher.record_replies(placement, [reply])
             record = ExchangeRecord(
                 **shared,
+                **self._stored(shared, body, raw, prompt, completion),
                 response=msgspec.Raw(answer),
-                prompt_token_ids=prompt,
                 completion_token_ids=[completion],
                 completion_logprobs=[self.logprobs(len(completion))],
                 usage=to_json(usage),
@@ -265,8 +274,38 @@ class Traffic:
             self.payload["prompt_tokens"] += len(prompt)
             self.payload["completion_tokens"] += len(completion)
         self.payload["response_bytes"] += len(record.response)
-        self.payload["spool_bytes"] += len(encode(record)) + 1
+        line = len(encode(record)) + 1
+        self.payload["spool_bytes"] += line
+        if self.turns:
+            by_turn = self.payload.setdefault("spool_bytes_by_turn", {})
+            by_turn.setdefault(record.turn, []).append(line)
         return record
+
+    def _stored(
+        self, shared: dict, body: dict, raw: bytes, prompt: list[int] | None, completion
+    ) -> dict:
+        """The record's request and prompt fields as `Exchange.record()` stores them: whole,
+        or (linear storage) only what this turn adds to its conversation's last one."""
+        if not self.linear:
+            return {"request": msgspec.Raw(raw), "prompt_token_ids": prompt}
+        request, prompt_ids, delta = stored(
+            self.collector.lineage,
+            trajectory_id=shared["trajectory_id"],
+            turn=shared["turn"],
+            exchange_id=shared["id"],
+            request=body,
+            prompt_token_ids=prompt,
+            completion_token_ids=completion,
+            answered=prompt is not None,
+        )
+        return {
+            "request": msgspec.Raw(request or raw),
+            "prompt_token_ids": prompt_ids,
+            "parent_id": delta.parent_id,
+            "messages_kept": delta.messages_kept,
+            "prompt_kept": delta.prompt_kept,
+            "request_kept": delta.request_kept,
+        }
 
     def _advance(self, slot: int, reply: dict, completion: list[int]) -> None:
         conversation = self.agents[slot]
@@ -274,6 +313,14 @@ class Traffic:
         messages.append(reply)
         conversation["prompt"] = conversation["prompt"] + completion
         conversation["left"] -= 1
+        if self.turns:  # equal turns: the same size of question and answer each time
+            if conversation["left"] == 0:
+                self.agents[slot] = self._conversation()
+                return
+            question = self.text(EQUAL_QUESTION)
+            messages.append({"role": "user", "content": question})
+            conversation["prompt"] = conversation["prompt"] + self.tokens(len(question))
+            return
         for call in reply.get("tool_calls") or ():
             result = self.text(self.rng.randint(150, 1500))
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
@@ -313,11 +360,19 @@ def spool_bytes(settings: CollectorSettings) -> int:
     return total
 
 
-async def ingest(settings: CollectorSettings, exchanges: int, seed: int, progress_s: float) -> dict:
+async def ingest(
+    settings: CollectorSettings,
+    exchanges: int,
+    seed: int,
+    progress_s: float,
+    *,
+    turns: int = 0,
+    linear: bool = True,
+) -> dict:
     collector = Collector(settings)
     await collector.start()
     loader_tid = await collector.query(lambda _store: threading.get_native_id())
-    traffic = Traffic(collector, seed)
+    traffic = Traffic(collector, seed, turns=turns, linear=linear)
     setup_rss = rss_mb()  # the traffic's random pools and the empty collector
     loader_cpu0 = thread_cpu_s(loader_tid)
     build_s = append_s = append_cpu_s = 0.0
@@ -427,6 +482,23 @@ def main() -> int:
         "as `onjob serve`; 0 loads at the same priority)",
     )
     parser.add_argument(
+        "--duckdb-memory-limit",
+        default=CollectorSettings.model_fields["duckdb_memory_limit"].default,
+        help="collector.duckdb_memory_limit (default as `onjob serve`)",
+    )
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=0,
+        help="conversations of this many equal turns (a question and an answer of fixed "
+        "size, no tools called) instead of the agent mix",
+    )
+    parser.add_argument(
+        "--whole",
+        action="store_true",
+        help="store every request and prompt whole, as before linear storage (to compare)",
+    )
+    parser.add_argument(
         "--progress", type=float, default=5.0, help="seconds between progress lines"
     )
     parser.add_argument(
@@ -439,11 +511,22 @@ def main() -> int:
     db = directory / "ingest.duckdb"
     if db.exists():
         parser.error(f"{db} exists: give --dir a fresh folder")
-    settings = CollectorSettings(db=db, loader_nice=args.loader_nice)
+    settings = CollectorSettings(
+        db=db, loader_nice=args.loader_nice, duckdb_memory_limit=args.duckdb_memory_limit
+    )
     load_before = os.getloadavg()
     print(f"logging {args.exchanges:,} exchanges into {db} (load average {load_before[0]:.2f})")
     try:
-        run = asyncio.run(ingest(settings, args.exchanges, args.seed, args.progress))
+        run = asyncio.run(
+            ingest(
+                settings,
+                args.exchanges,
+                args.seed,
+                args.progress,
+                turns=args.turns,
+                linear=not args.whole,
+            )
+        )
         size, used = size_on_disk(db)
         empty, empty_used = empty_size(directory)
     finally:
@@ -478,6 +561,8 @@ def main() -> int:
         "db_gb_per_million_exchanges": per_exchange * 1e6 / 1e9,
         "db_used_gb_per_million_exchanges": (used - empty_used) / n * 1e6 / 1e9,
         "spool_to_db_used_ratio": payload["spool_bytes"] / (used - empty_used),
+        "turns": args.turns or None,
+        "linear": not args.whole,
         "peak_rss_mb": peak_rss_mb(),
         "peak_rss_while_logging_mb": run["peak_rss_while_logging_mb"],
         "rss_after_setup_mb": run["rss_after_setup_mb"],
@@ -514,6 +599,17 @@ def main() -> int:
         f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after, "
         f"{os.cpu_count()} CPUs" + (": shared machine, noisy rates" if noisy else ""),
     ]
+    by_turn = payload.pop("spool_bytes_by_turn", None)
+    if by_turn:
+        last = max(by_turn)
+        f["spool_bytes_first_turn"] = sum(by_turn[0]) / len(by_turn[0])
+        f["spool_bytes_last_turn"] = sum(by_turn[last]) / len(by_turn[last])
+        lines.insert(
+            1,
+            f"{args.turns} equal turns per conversation: spool line of turn 1 "
+            f"{f['spool_bytes_first_turn'] / 1e3:.1f} KB, of turn {last + 1} "
+            f"{f['spool_bytes_last_turn'] / 1e3:.1f} KB",
+        )
     print("\n" + "\n".join(lines))
     machine = {
         "duckdb": duckdb.__version__,

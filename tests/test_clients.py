@@ -79,7 +79,7 @@ def logged(server: ServerProcess, *answers: AIMessage) -> list[dict]:
     quoted = ", ".join(f"'{a.response_metadata['id']}'" for a in answers)
     return sql(
         server,
-        "SELECT id, trajectory_id, turn, status, request, response FROM exchanges "
+        "SELECT id, trajectory_id, turn, status, request, response FROM exchanges_full "
         f"WHERE id IN ({quoted}) ORDER BY turn",
     )
 

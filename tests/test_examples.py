@@ -49,7 +49,7 @@ def test_the_arithmetic_agent_runs_unchanged_through_onjob(tmp_path, engine):
         )
     assert done.returncode == 0, done.stderr
     assert "10 questions" in done.stdout
-    logged = rows(db, "SELECT request FROM exchanges WHERE status = 200")
+    logged = rows(db, "SELECT request FROM exchanges_full WHERE status = 200")
     assert len(logged) == 10 and all("What is" in r["request"] for r in logged)
 
 
@@ -111,7 +111,9 @@ def test_the_calculator_agent_runs_its_tool_and_onjob_stitches_the_turns(
         answer, turns, calls = solve(client, "agent", q, temperature=0)
     assert (turns, calls) == (2, 1)
     assert task_calc.correct(q, answer), answer
-    logged = rows(db, "SELECT trajectory_id, turn, request, response FROM exchanges ORDER BY turn")
+    logged = rows(
+        db, "SELECT trajectory_id, turn, request, response FROM exchanges_full ORDER BY turn"
+    )
     assert [r["turn"] for r in logged] == [0, 1]
     assert logged[0]["trajectory_id"] == logged[1]["trajectory_id"]  # one conversation
     assert '"role":"tool"' in logged[1]["request"].replace(" ", "")

@@ -116,7 +116,8 @@ def test_judge_pass_makes_turn_groups_that_share_the_prefix_and_carry_tokens(tmp
         SELECT g.id AS group_id, g.status, m.origin, m.choice, e.source, e.prompt_token_ids,
                e.completion_token_ids[m.choice + 1] AS ids,
                e.completion_logprobs[m.choice + 1] AS logprobs, e.request
-        FROM groups g JOIN members m ON m.group_id = g.id JOIN exchanges e ON e.id = m.exchange_id
+        FROM groups g JOIN members m ON m.group_id = g.id
+        JOIN exchanges_full e ON e.id = m.exchange_id  -- requests and prompts rebuilt whole
         WHERE g.kind = 'turn' ORDER BY g.id, m.position
         """,
     )

@@ -124,7 +124,7 @@ def test_tool_using_agent_conversations_land_stitched_with_tokens_and_feedback(
         )
         assert by_trajectory.status_code == 200, by_trajectory.text
 
-    logged = {r["id"]: r for r in rows(db, "SELECT * FROM exchanges")}
+    logged = {r["id"]: r for r in rows(db, "SELECT * FROM exchanges_full")}
     assert set(logged) == {i for ids in conversations.values() for i in ids}
     trajectories = set()
     for name, ids in conversations.items():

@@ -330,7 +330,10 @@ def add_commands(sub) -> None:
             "--limit 20\n"
             '  onjob sql "SELECT table_name FROM duckdb_tables()" --json\n'
             "tables: exchanges, trajectories, scenarios, groups, members, judgements, scores,\n"
-            "feedback, checkpoints, train_runs, deployments, forgotten (docs/ARCHITECTURE.md)"
+            "feedback, checkpoints, train_runs, deployments, forgotten (docs/ARCHITECTURE.md)\n"
+            "a later turn's row stores only what it adds: read whole requests and prompt\n"
+            "token ids from the view exchanges_full, e.g.\n"
+            "  onjob sql \"SELECT request FROM exchanges_full WHERE trajectory_id = 't'\""
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

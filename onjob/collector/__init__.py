@@ -10,6 +10,7 @@ parts ask (`await collector.query(lambda store: queries.trajectory(store, trajec
 from . import budgets, queries, readonly
 from .errors import CollectorError, StorageError
 from .forget import Forget, ForgetError, Forgotten
+from .linear import Lineage, rebuilt
 from .records import ExchangeRecord, FeedbackRecord
 from .settings import CollectorSettings
 from .store import Store
@@ -25,6 +26,7 @@ __all__ = [
     "Forget",
     "ForgetError",
     "Forgotten",
+    "Lineage",
     "Placement",
     "Stitcher",
     "StorageError",
@@ -32,4 +34,5 @@ __all__ = [
     "budgets",
     "queries",
     "readonly",
+    "rebuilt",
 ]

@@ -6,11 +6,12 @@ Run them on the collector's database thread (`await collector.query(fn)`) inside
 
 from __future__ import annotations
 
+from .linear import rebuilt
 from .store import Store
 
 
 def exchange(store: Store, exchange_id: str) -> dict | None:
-    rows = store.query("SELECT * FROM exchanges WHERE id = ?", [exchange_id])
+    rows = store.query("SELECT * FROM exchanges_rebuilt(?, false)", [[exchange_id]])
     return rows[0] if rows else None
 
 
@@ -24,16 +25,19 @@ def trajectory_owner(store: Store, trajectory_id: str) -> list[dict]:
 
 
 def recent_exchanges(store: Store, limit: int = 50) -> list[dict]:
-    return store.query("SELECT * FROM exchanges ORDER BY ts DESC LIMIT ?", [limit])
+    return store.query(
+        f"SELECT * FROM {rebuilt('SELECT id FROM exchanges ORDER BY ts DESC LIMIT ?')} "
+        "ORDER BY ts DESC",
+        [limit],
+    )
 
 
 def trajectory(store: Store, trajectory_id: str) -> list[dict]:
     """The successful turns of one conversation, in order."""
-    return store.query(
-        "SELECT * FROM exchanges WHERE trajectory_id = ? AND status < 400 "
-        "AND source <> 'resample' ORDER BY turn, ts",
-        [trajectory_id],
+    ids = (
+        "SELECT id FROM exchanges WHERE trajectory_id = ? AND status < 400 AND source <> 'resample'"
     )
+    return store.query(f"SELECT * FROM {rebuilt(ids)} ORDER BY turn, ts", [trajectory_id])
 
 
 def trajectories_of(store: Store, scenario_id: str, limit: int = 1000) -> list[dict]:

@@ -26,7 +26,15 @@ from .errors import CollectorError
 
 MAX_ROWS = 100_000
 # Table functions that read the catalogue or make values, never a file or the network.
-_SAFE_FUNCTIONS = {"range", "generate_series", "unnest", "json_each", "json_tree"}
+# `exchanges_rebuilt` is the database's own macro (`schema.py`): some exchanges, rebuilt whole.
+_SAFE_FUNCTIONS = {
+    "range",
+    "generate_series",
+    "unnest",
+    "json_each",
+    "json_tree",
+    "exchanges_rebuilt",
+}
 _SAFE_SCHEMAS = {"information_schema", "pg_catalog"}
 
 
@@ -80,11 +88,12 @@ def tables(con: duckdb.DuckDBPyConnection) -> list[str]:
 
 def export(con: duckdb.DuckDBPyConnection, table: str, path: Path) -> int:
     """Write one table to a Parquet file (DuckDB's COPY, from a consistent snapshot);
-    return its rows."""
+    return its rows. `exchanges` is written as `exchanges_full`: every request and prompt
+    whole (linear storage keeps only what each turn adds), as users expect."""
     if table not in tables(con):
         raise QueryRefused(f"no table {table!r}; tables: {', '.join(tables(con))}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    quoted = '"' + table.replace('"', '""') + '"'
+    quoted = "exchanges_full" if table == "exchanges" else '"' + table.replace('"', '""') + '"'
     con.execute("BEGIN TRANSACTION")
     try:
         rows = con.execute(f"SELECT count(*) FROM {quoted}").fetchone()[0]

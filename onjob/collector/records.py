@@ -49,6 +49,13 @@ class ExchangeRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="exchan
     logprobs_mode: str | None = None  # the sampler's logprob definition (`onjob.logprobs`)
     api: str | None = None  # the API the client called: None (chat), responses, completions
     api_object: msgspec.Raw = NULL  # a stored Response and its input items (`responses`)
+    # Linear storage (`linear.py`): the exchange this one continues, and how many of its
+    # messages and prompt + completion token ids this one's begin with (not repeated in
+    # `request.messages` and `prompt_token_ids`). None: stored whole.
+    parent_id: str | None = None
+    messages_kept: int | None = None
+    prompt_kept: int | None = None
+    request_kept: list[str] | None = None  # top-level fields left out: the parent's
 
 
 class FeedbackRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="feedback"):

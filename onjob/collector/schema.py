@@ -210,7 +210,98 @@ ALTER TABLE exchanges ADD COLUMN api VARCHAR;
 ALTER TABLE exchanges ADD COLUMN api_object JSON;
 """
 
-MIGRATIONS: list[str] = [V1, V2, V3, V4, V5, V6, V7, V8_FORGOTTEN, V9_RESPONSES_API]
+# Linear storage (`linear.py`): a turn that continues its conversation's previous answered
+# exchange (`parent_id`) stores only what is new: in `request.messages` the messages past
+# the first `messages_kept` of the parent's request, in `prompt_token_ids` the ids past the
+# first `prompt_kept` of the parent's prompt + first completion; a large top-level field
+# equal to the parent's (`tools`, a `response_format` schema) is left out and named in
+# `request_kept`. `parent_id` NULL: the row
+# is stored whole, as every row before this step is (they stay as they are).
+# `exchanges_rebuilt(ids, every)` gives the rows `ids` (or every row) with their full
+# `request` and `prompt_token_ids`, exactly: it walks each delta row up to its whole
+# ancestor (`path`; the cap is the fewest messages / tokens any row below an ancestor keeps
+# of it; a parent is always of the same trajectory, so the walk follows only the links of
+# the rows' trajectories), then concatenates each ancestor's kept slice, oldest first (a
+# field named in `request_kept` is the nearest ancestor's that stores it). The view
+# `exchanges_full` is every row (for `onjob sql`, exports, scans); a reader of a few rows
+# names them, so the walk starts from those alone (DuckDB pushes no filter into a
+# recursive CTE). Everything that reads requests or prompt ids reads one of the two.
+V10_LINEAR = """
+ALTER TABLE exchanges ADD COLUMN parent_id VARCHAR;
+ALTER TABLE exchanges ADD COLUMN messages_kept INTEGER;
+ALTER TABLE exchanges ADD COLUMN prompt_kept INTEGER;
+ALTER TABLE exchanges ADD COLUMN request_kept VARCHAR[];
+CREATE MACRO exchanges_rebuilt(ids, every) AS TABLE
+WITH RECURSIVE links AS MATERIALIZED (
+    SELECT id, parent_id, messages_kept, prompt_kept FROM exchanges
+    WHERE parent_id IS NOT NULL AND (every OR trajectory_id IN (
+        SELECT trajectory_id FROM exchanges WHERE list_contains(ids, id)))
+),
+path(id, anc, depth, cap_m, cap_t) AS (
+    SELECT id, id, 0, 2147483647, 2147483647 FROM links
+    WHERE every OR list_contains(ids, id)
+    UNION ALL
+    SELECT p.id, x.parent_id, p.depth + 1, least(p.cap_m, x.messages_kept),
+           least(p.cap_t, x.prompt_kept)
+    FROM path p JOIN links x ON x.id = p.anc
+),
+rebuilt AS (
+    SELECT p.id,
+        flatten(list(
+            list_slice(CAST(a.request -> '$.messages' AS JSON[]), 1,
+                       greatest(p.cap_m - coalesce(a.messages_kept, 0), 0))
+            ORDER BY p.depth DESC)) AS messages,
+        flatten(list(list_concat(
+            list_slice(coalesce(a.prompt_token_ids, []), 1,
+                       greatest(p.cap_t - coalesce(a.prompt_kept, 0), 0)),
+            CASE WHEN p.depth > 0 THEN list_slice(
+                coalesce(a.completion_token_ids[1], []), 1,
+                greatest(p.cap_t - coalesce(a.prompt_kept, 0)
+                         - len(coalesce(a.prompt_token_ids, [])), 0))
+            ELSE [] END)
+            ORDER BY p.depth DESC)) AS prompt_token_ids
+    FROM path p JOIN exchanges a ON a.id = p.anc
+    GROUP BY p.id
+),
+kept AS (
+    SELECT id, unnest(request_kept) AS key FROM exchanges
+    WHERE request_kept IS NOT NULL AND id IN (SELECT id FROM path WHERE depth = 0)
+),
+fields AS (
+    SELECT id, json_group_object(key, value) AS fields FROM (
+        SELECT k.id, k.key, arg_min(a.request -> k.key, p.depth) AS value
+        FROM kept k JOIN path p ON p.id = k.id AND p.depth > 0
+        JOIN exchanges a ON a.id = p.anc
+        WHERE (a.request -> k.key) IS NOT NULL
+        GROUP BY k.id, k.key)
+    GROUP BY id
+)
+SELECT e.* REPLACE (
+    CASE WHEN e.parent_id IS NULL THEN e.request
+         ELSE json_merge_patch(
+             json_merge_patch(e.request, coalesce(f.fields, '{}')),
+             json_object('messages', to_json(r.messages)))
+    END AS request,
+    CASE WHEN e.parent_id IS NULL OR e.prompt_token_ids IS NULL THEN e.prompt_token_ids
+         ELSE r.prompt_token_ids
+    END AS prompt_token_ids)
+FROM exchanges e LEFT JOIN rebuilt r ON r.id = e.id LEFT JOIN fields f ON f.id = e.id
+WHERE every OR list_contains(ids, e.id);
+CREATE VIEW exchanges_full AS SELECT * FROM exchanges_rebuilt([]::VARCHAR[], true);
+"""
+
+MIGRATIONS: list[str] = [
+    V1,
+    V2,
+    V3,
+    V4,
+    V5,
+    V6,
+    V7,
+    V8_FORGOTTEN,
+    V9_RESPONSES_API,
+    V10_LINEAR,
+]
 
 
 def version(con: duckdb.DuckDBPyConnection) -> int:

@@ -13,6 +13,13 @@ class CollectorSettings(BaseModel):
     flush_interval_s: float = Field(0.25, gt=0, description="how often the spool is loaded")
     warm_exchanges: int = Field(100_000, ge=0, description="exchanges reloaded into the stitcher")
     stitch_capacity: int = Field(200_000, ge=1)
+    lineage_tokens: int = Field(
+        8_000_000,
+        ge=0,
+        description="token ids held in memory (4 bytes each) so a conversation's next turn "
+        "stores only its new tokens and messages (linear storage); a conversation pushed out "
+        "stores its next turn whole",
+    )
     scenarios_per_key: bool = Field(
         False,
         description="a scenario is one per API key (two keys' identical system prompt and "

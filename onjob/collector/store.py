@@ -7,7 +7,8 @@ commit and the file's deletion changes nothing, and no insert scans the growing
 tables. Trajectory and scenario aggregates are upserts through their primary keys.
 A line torn by a crash mid-write reads as an empty row and is counted, not loaded.
 A line `onjob forget` or retention deleted (table `forgotten`) is dropped, so loading
-a segment late never brings deleted rows back.
+a segment late never brings deleted rows back, and so is a later turn stored against an
+exchange so deleted (`_ORPHANS`).
 
 DuckDB connections are not safe across threads: `Store` is used from one thread
 at a time (the collector runs it on a single-thread executor).
@@ -28,7 +29,8 @@ _COLUMNS = (
     "id, ts, trajectory_id, turn, scenario_id, api_key_id, model_alias, checkpoint, arm, stream, "
     "request, response, prompt_token_ids, completion_token_ids, completion_logprobs, usage, "
     "latency_ms, status, error, metadata, source, continuation_hashes, served_model, "
-    "logprobs_mode, api, api_object"
+    "logprobs_mode, api, api_object, parent_id, messages_kept, prompt_kept, "
+    "request_kept"
 )
 
 # The spool line's fields (records.py) as DuckDB reads them.
@@ -62,6 +64,10 @@ _LINE = {
     "logprobs_mode": "VARCHAR",
     "api": "VARCHAR",
     "api_object": "JSON",
+    "parent_id": "VARCHAR",
+    "messages_kept": "INTEGER",
+    "prompt_kept": "INTEGER",
+    "request_kept": "VARCHAR[]",
     "exchange_id": "VARCHAR",
     "value": "DOUBLE",
     "comment": "VARCHAR",
@@ -88,6 +94,20 @@ DELETE FROM segment WHERE id IN (
 )
 """
 
+# Linear storage (`linear.py`): a turn stored against a parent that is nowhere (neither in
+# the segment nor in the table) could not be rebuilt, so it is dropped, with the turns
+# stored against it, rather than read back wrong. It happens only when the parent was
+# deleted while the turn waited in the spool (`forget`, retention at its boundary). The
+# join runs from the segment's few missing parents, never over the whole table.
+_ORPHANS = """
+DELETE FROM segment WHERE parent_id IN (
+    SELECT parent_id FROM segment WHERE parent_id IS NOT NULL
+    EXCEPT SELECT id FROM segment WHERE id IS NOT NULL
+    EXCEPT SELECT e.id FROM exchanges e
+           JOIN (SELECT DISTINCT parent_id FROM segment) p ON p.parent_id = e.id
+)
+"""
+
 
 class Store:
     def __init__(
@@ -97,6 +117,7 @@ class Store:
             config = {"threads": threads} if threads else {}
             if memory_limit:
                 config["memory_limit"] = memory_limit
+            self.orphaned = 0  # turns the last load dropped: their parent was deleted
             self.con = duckdb.connect(str(path), config=config)
             self.schema_before = migrate(self.con)
         except duckdb.IOException as exc:
@@ -121,6 +142,9 @@ class Store:
                 return 0, 0
             con.execute(_READ, [str(path)])
             con.execute(_FORGOTTEN)
+            self.orphaned = 0
+            while dropped := con.execute(_ORPHANS).fetchone()[0]:  # a level of turns a pass
+                self.orphaned += dropped
             inserted, torn = con.execute(
                 "SELECT count(*) FILTER (WHERE kind = 'exchange'), count(*) FILTER (WHERE "
                 "kind IS NULL) FROM segment"

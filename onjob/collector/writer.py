@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import duckdb
 
 from .forget import Forget, Forgotten, forget
+from .linear import Lineage
 from .records import ExchangeRecord, Record, encode
 from .settings import CollectorSettings
 from .spool import Spool
@@ -41,6 +42,7 @@ class Collector:
         self.stitcher = Stitcher(
             settings.stitch_capacity, scenarios_per_key=settings.scenarios_per_key
         )
+        self.lineage = Lineage(settings.stitch_capacity, settings.lineage_tokens)
         self._db = concurrent.futures.ThreadPoolExecutor(
             1,
             thread_name_prefix="onjob-duckdb",
@@ -123,6 +125,12 @@ class Collector:
         inserted, torn = self._store.load_segment(segment)
         if torn:
             log.warning("%s: skipped %d torn lines (a crash mid-write)", segment.name, torn)
+        if self._store.orphaned:
+            log.warning(
+                "%s: dropped %d turns stored against deleted exchanges (cannot be rebuilt)",
+                segment.name,
+                self._store.orphaned,
+            )
         segment.unlink()
         self._store.forget_segment(segment.name)
         return inserted
@@ -138,6 +146,7 @@ class Collector:
                 self.loaded += await self._run(self._load_segment, segment)
             out = await self._run(lambda: forget(self._store, what, actor=actor))
         self.stitcher.forget(out.trajectory_ids)
+        self.lineage.forget(out.trajectory_ids)
         if out.exchanges:
             log.warning("forgot %s: %d exchanges", out.what, out.exchanges)
         if out.trained_on:

@@ -134,8 +134,8 @@ def trajectory(store: Store, trajectory_id: str) -> dict | None:
         return None
     turns = store.query(
         "SELECT id, turn, ts, checkpoint, served_model, arm, status, latency_ms, error, request, "
-        "response FROM exchanges WHERE trajectory_id = ? AND source = 'production' "
-        "ORDER BY turn, ts",
+        "response FROM exchanges_rebuilt((SELECT list(id) FROM exchanges WHERE trajectory_id = ? "
+        "AND source = 'production'), false) ORDER BY turn, ts",
         [trajectory_id],
     )
     messages: list[dict] = []

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from ..collector import Collector
+from ..collector import Collector, rebuilt
 from ..judge import JudgeSettings, SamplingFailed, sampling, tables
 from ..judge.passes import PassReport, score_group
 from . import shape, stats, trust
@@ -143,9 +143,8 @@ def canary_prompts(store, alias: str, routing: dict, n: int) -> list[dict]:
     snapshots, from conversations this test has not drawn from yet, the latest turn of
     each (the newest conversations first)."""
     checkpoints = [c for c in (routing["live"], routing["canary"]) if c]
-    return store.query(
-        f"""
-        SELECT e.* FROM exchanges e
+    ids = f"""
+        SELECT e.id, e.ts FROM exchanges e
         WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ?
           AND e.arm = 'live' AND e.ts >= ?
           AND e.trajectory_id NOT IN ({TRAINED_CONVERSATIONS})
@@ -154,7 +153,9 @@ def canary_prompts(store, alias: str, routing: dict, n: int) -> list[dict]:
               WHERE g.kind = 'ab' AND g.test = ?)
         QUALIFY row_number() OVER (PARTITION BY e.trajectory_id ORDER BY e.ts DESC) = 1
         ORDER BY e.ts DESC LIMIT ?
-        """,
+    """
+    return store.query(
+        f"SELECT * FROM {rebuilt(ids)} ORDER BY ts DESC",
         [alias, routing["ts"], checkpoints, test_id(alias, routing), n],
     )
 

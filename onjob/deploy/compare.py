@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from ..collector import Collector
+from ..collector import Collector, rebuilt
 from ..collector.ids import new_id
 from ..judge import rewards, sampling
 from . import adapters, registry, stats
@@ -106,14 +106,15 @@ async def _prompts(
                     }
                 )
         return out[:n] if n else out
-    sql = (
-        "SELECT e.* FROM exchanges e JOIN scenarios s ON s.id = e.scenario_id "
+    ids = (
+        "SELECT e.id, e.ts FROM exchanges e JOIN scenarios s ON s.id = e.scenario_id "
         "WHERE e.status < 400 AND e.source = 'production' "
         f"AND e.trajectory_id NOT IN ({TRAINED_CONVERSATIONS}) "
         + ("AND (s.key = ? OR s.id = ?) " if scenario else "")
         + "QUALIFY row_number() OVER (PARTITION BY e.trajectory_id ORDER BY e.ts DESC) = 1 "
         + "ORDER BY e.ts DESC LIMIT ?"
     )
+    sql = f"SELECT * FROM {rebuilt(ids)} ORDER BY ts DESC"
     params = [trained, scenario, scenario, n] if scenario else [trained, n]
     return await db.query(lambda st: st.query(sql, params))
 

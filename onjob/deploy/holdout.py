@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from ..collector import Collector
+from ..collector import Collector, rebuilt
 from ..judge import rewards, sampling
 from . import canary, shape, stats, trust
 from .operator import Operator
@@ -46,16 +46,14 @@ def prompts(store, alias: str, scenarios: list[str], n: int) -> list[dict]:
     each of the newest conversations."""
     if not scenarios:
         return []
-    return store.query(
-        """
-        SELECT e.* FROM exchanges e
+    ids = """
+        SELECT e.id, e.ts FROM exchanges e
         WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ?
           AND list_contains(?::VARCHAR[], e.scenario_id)
         QUALIFY row_number() OVER (PARTITION BY e.trajectory_id ORDER BY e.ts DESC) = 1
         ORDER BY e.ts DESC LIMIT ?
-        """,
-        [alias, scenarios, n],
-    )
+    """
+    return store.query(f"SELECT * FROM {rebuilt(ids)} ORDER BY ts DESC", [alias, scenarios, n])
 
 
 @dataclass(frozen=True)

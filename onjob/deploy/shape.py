@@ -170,5 +170,7 @@ def _json_text(text: str) -> bool:
 
 
 def _asks_json(request: dict) -> bool:
+    """Reads a top-level field alone: every row stores those whole (linear storage leaves
+    out only earlier messages), so `exchanges` is read as it is, not rebuilt."""
     kind = (request.get("response_format") or {}).get("type")
     return kind in ("json_object", "json_schema")

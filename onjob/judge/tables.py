@@ -46,9 +46,8 @@ def turn_candidates(store: Store, s: JudgeSettings, skip: list[str] = ()) -> lis
                   SELECT 1 FROM groups g WHERE g.prefix_exchange = e.id AND g.kind = 'turn')
         ), judged AS (SELECT scenario_id, count(*) AS n FROM groups GROUP BY scenario_id)
         SELECT e.* FROM c
-        JOIN exchanges e ON e.id = c.id
+        JOIN exchanges_rebuilt((SELECT list(id) FROM c WHERE nth <= ?), false) e ON e.id = c.id
         LEFT JOIN judged j ON j.scenario_id = c.scenario_id
-        WHERE c.nth <= ?
         ORDER BY c.nth, coalesce(j.n, 0), c.ts DESC
         LIMIT ?
         """,
@@ -186,12 +185,14 @@ def members_of(store: Store, group_id: str) -> list[dict]:
                {MEMBER_FEEDBACK} AS feedback
         FROM members m
         JOIN groups g ON g.id = m.group_id
-        JOIN exchanges e ON e.id = m.exchange_id
+        JOIN exchanges_rebuilt(
+            (SELECT list(exchange_id) FROM members WHERE group_id = ?), false
+        ) e ON e.id = m.exchange_id
         LEFT JOIN scenarios s ON s.id = e.scenario_id
         WHERE m.group_id = ?
         ORDER BY m.position
         """,
-        [group_id],
+        [group_id, group_id],
     )
 
 

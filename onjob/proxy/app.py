@@ -98,7 +98,7 @@ def create_app(
         else:
             collector.stitcher.release(exchange.placement)
         try:
-            collector.log(exchange.record(hashes))
+            collector.log(exchange.record(hashes, collector.lineage))
         except OSError:
             log.exception("could not spool exchange %s", exchange.id)
 
@@ -258,7 +258,7 @@ def create_app(
     def log_attempt(exchange: Exchange) -> None:
         """A failed attempt whose turn is retried elsewhere: logged, its place kept."""
         try:
-            collector.log(exchange.record(None))
+            collector.log(exchange.record(None, collector.lineage))
         except OSError:
             log.exception("could not spool exchange %s", exchange.id)
 

@@ -17,6 +17,7 @@ import msgspec
 
 from ..collector import Collector, ExchangeRecord, Placement
 from ..collector.ids import new_id
+from ..collector.linear import WHOLE, Lineage, stored
 from ..collector.records import to_json
 from .errors import BadRequest, MalformedAnswer
 from .routing import Route, Router
@@ -539,9 +540,26 @@ class Exchange:
             "usage": self.usage,
         }
 
-    def record(self, continuation_hashes: list[str] | None) -> ExchangeRecord:
+    def record(
+        self, continuation_hashes: list[str] | None, lineage: Lineage | None = None
+    ) -> ExchangeRecord:
+        """The spool line. With `lineage` (linear storage, `collector/linear.py`) a turn that
+        continues the conversation's previous answered exchange stores only its new messages
+        and prompt token ids; an answered one becomes what the next turn stores against."""
         p = self.placement
         ordered = [self.choices[i] for i in sorted(self.choices)]
+        request, prompt_ids, delta = None, self.prompt_token_ids, WHOLE
+        if lineage is not None:
+            request, prompt_ids, delta = stored(
+                lineage,
+                trajectory_id=p.trajectory_id,
+                turn=p.turn,
+                exchange_id=self.id,
+                request=self.request,
+                prompt_token_ids=prompt_ids,
+                completion_token_ids=ordered[0].token_ids if ordered else None,
+                answered=self.status < 400,
+            )
         return ExchangeRecord(
             id=self.id,
             ts=self.ts,
@@ -555,9 +573,13 @@ class Exchange:
             checkpoint=self.route.checkpoint,
             arm=self.route.arm,
             stream=self.stream,
-            request=msgspec.Raw(self.raw_request),
+            request=msgspec.Raw(request or self.raw_request),
             response=msgspec.Raw(self.answered) if self.answered else to_json(self.response()),
-            prompt_token_ids=self.prompt_token_ids,
+            prompt_token_ids=prompt_ids,
+            parent_id=delta.parent_id,
+            messages_kept=delta.messages_kept,
+            prompt_kept=delta.prompt_kept,
+            request_kept=delta.request_kept,
             completion_token_ids=[c.token_ids for c in ordered] or None,
             completion_logprobs=[c.logprobs for c in ordered] or None,
             usage=to_json(self.usage),

@@ -23,7 +23,9 @@ from .settings import TrainSettings
 # exchange (and choice); a conversation's member, its production turns up to the judged
 # one (the trajectory's last exchange when the group was formed). Turns logged after the
 # judgement were not judged: they would inherit an advantage they did not earn. Every one
-# of these exchanges must be sampled by an allowed checkpoint, not only the last.
+# of these exchanges must be sampled by an allowed checkpoint, not only the last. Their
+# prompt token ids are rebuilt whole (`exchanges_rebuilt`: linear storage keeps only what a
+# turn adds); `request`'s top-level fields (temperature, top_p) are stored on every row.
 _MEMBERS = """
 WITH spread AS (
     SELECT group_id, max(score) - min(score) AS spread FROM scores
@@ -56,7 +58,9 @@ WITH spread AS (
            list(e.completion_logprobs[t.choice + 1] ORDER BY t.turn, e.ts) AS logprobs,
            list(e.id ORDER BY t.turn, e.ts) AS exchange_ids,
            list(e.logprobs_mode ORDER BY t.turn, e.ts) AS logprobs_modes
-    FROM turn_of t JOIN eligible g ON g.id = t.group_id JOIN exchanges e ON e.id = t.exchange_id
+    FROM turn_of t JOIN eligible g ON g.id = t.group_id
+    JOIN exchanges_rebuilt((SELECT list(t.exchange_id) FROM turn_of t JOIN eligible g
+                            ON g.id = t.group_id), false) e ON e.id = t.exchange_id
     GROUP BY t.member_id
 )
 SELECT m.group_id, g.kind, m.id AS member_id, m.position, m.origin, m.choice,

@@ -1,0 +1,371 @@
+"""Linear storage (`collector/linear.py`): a later turn stores only what it adds, and every
+reader gets the full request and prompt token ids back exactly as the client sent them and
+the engine saw them. Real parts: a real `onjob serve` in front of the real local engine, the
+real openai client, real DuckDB files; the judge's and the trainer's own queries read them."""
+
+from __future__ import annotations
+
+import json
+import random
+from array import array
+from pathlib import Path
+
+import duckdb
+import msgspec
+import pyarrow.parquet as pq
+import pytest
+from openai import OpenAI
+
+from onjob.cli.process import ServerProcess
+from onjob.collector import ExchangeRecord, Lineage, Store, queries
+from onjob.collector.linear import common_prefix, digest, stored
+from onjob.collector.records import encode
+from onjob.collector.schema import MIGRATIONS, migrate
+from onjob.collector.spool import Spool
+from onjob.judge import JudgeSettings, tables
+from onjob.trainer import snapshot
+from onjob.trainer.settings import TrainSettings
+
+SYSTEM = {"role": "system", "content": "You answer in a few words."}
+
+
+def converse(
+    client: OpenAI, turns: int, *, system: dict = SYSTEM, rerender_at: int | None = None
+) -> list[dict]:
+    """A conversation of `turns` turns; returns per turn what the client sent and what the
+    engine returned (prompt and completion token ids, asked for with return_token_ids).
+    At `rerender_at` the client sends its first question again as content parts, as some
+    clients re-render history (the stitcher still sees the same conversation)."""
+    messages = [system]
+    sent = []
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"Question {turn}: say a number."})
+        if turn == rerender_at:
+            first = messages[1]
+            messages[1] = {"content": [{"type": "text", "text": first["content"]}], "role": "user"}
+        body = {"model": "agent", "messages": [dict(m) for m in messages], "max_tokens": 3}
+        answer = client.chat.completions.create(
+            **body, temperature=0, extra_body={"return_token_ids": True}
+        ).to_dict()
+        body["temperature"] = 0
+        body["return_token_ids"] = True
+        sent.append(
+            {
+                "request": body,
+                "prompt": answer["prompt_token_ids"],
+                "completion": answer["choices"][0]["token_ids"],
+            }
+        )
+        messages.append(
+            {"role": "assistant", "content": answer["choices"][0]["message"]["content"]}
+        )
+    return sent
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory, engine) -> dict:
+    """Two conversations through a real server: 20 turns, and 8 turns whose client re-renders
+    its first question at turn 4."""
+    db = tmp_path_factory.mktemp("linear") / "onjob.duckdb"
+    env = {"ONJOB_LOOP__INTERVAL_S": "0"}
+    with ServerProcess(["--engine-url", engine.url, "--db", str(db)], env=env) as server:
+        client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+        long = converse(client, 20)
+        other = {"role": "system", "content": "You answer at once."}
+        rerendered = converse(client, 8, system=other, rerender_at=4)
+    return {"db": db, "long": long, "rerendered": rerendered}
+
+
+def _trajectory_of(store: Store, first_request: dict) -> str:
+    for row in store.query("SELECT id, trajectory_id, request FROM exchanges_full"):
+        if json.loads(row["request"]) == first_request:
+            return row["trajectory_id"]
+    raise AssertionError("the first turn is not in the database")
+
+
+def _check(rows: list[dict], sent: list[dict]) -> None:
+    assert len(rows) == len(sent)
+    for row, mine in zip(rows, sent, strict=True):
+        assert json.loads(row["request"]) == mine["request"]
+        assert row["prompt_token_ids"] == mine["prompt"]
+        assert row["completion_token_ids"][0] == mine["completion"]
+
+
+def test_twenty_turns_are_stored_linearly_and_read_back_exactly(logged):
+    store = Store(logged["db"])
+    try:
+        long = logged["long"]
+        tid = _trajectory_of(store, long[0]["request"])
+        stored_rows = store.query(
+            "SELECT turn, parent_id, messages_kept, prompt_kept, len(prompt_token_ids) AS tail, "
+            "json_array_length(request -> '$.messages') AS sent FROM exchanges "
+            "WHERE trajectory_id = ? ORDER BY turn",
+            [tid],
+        )
+        assert [r["turn"] for r in stored_rows] == list(range(20))
+        assert stored_rows[0]["parent_id"] is None  # the first turn is stored whole
+        for r in stored_rows[1:]:
+            # Each later turn stores its new messages: the answer it re-sends, its question.
+            assert r["parent_id"] is not None and r["sent"] == 2
+            assert r["tail"] < len(long[r["turn"]]["prompt"]) / 2
+        # What every reader gets: the collector's queries (the Responses API, the dashboard's
+        # trajectory page), the view users query and export, the judge, the trainer.
+        _check(queries.trajectory(store, tid), long)
+        full = store.query(
+            "SELECT * FROM exchanges_full WHERE trajectory_id = ? ORDER BY turn", [tid]
+        )
+        _check(full, long)
+        for turn in (0, 7, 19):
+            row = queries.exchange(store, full[turn]["id"])
+            _check([row], [long[turn]])
+        candidates = tables.turn_candidates(store, JudgeSettings(per_scenario=100, max_groups=100))
+        by_id = {c["id"]: c for c in candidates}
+        _check([by_id[r["id"]] for r in full], long)
+    finally:
+        store.close()
+
+
+def test_a_client_that_re_renders_history_still_reads_back_exactly(logged):
+    store = Store(logged["db"])
+    try:
+        sent = logged["rerendered"]
+        tid = _trajectory_of(store, sent[0]["request"])
+        _check(queries.trajectory(store, tid), sent)
+        kept = store.query(
+            "SELECT turn, messages_kept FROM exchanges WHERE trajectory_id = ? ORDER BY turn",
+            [tid],
+        )
+        # The re-rendered first question differs from what the parent holds: that turn keeps
+        # only the system prompt of it and stores the rest.
+        assert kept[4]["messages_kept"] == 1
+        assert kept[5]["messages_kept"] == 2 * 5
+    finally:
+        store.close()
+
+
+def test_the_judge_and_the_trainer_snapshot_see_full_requests_and_token_ids(logged, tmp_path):
+    db = tmp_path / "copy.duckdb"
+    db.write_bytes(Path(logged["db"]).read_bytes())
+    store = Store(db)
+    try:
+        long, rerendered = logged["long"], logged["rerendered"]
+        trajectories = [
+            store.query("SELECT * FROM trajectories WHERE id = ?", [t])[0]
+            for t in (
+                _trajectory_of(store, long[0]["request"]),
+                _trajectory_of(store, rerendered[0]["request"]),
+            )
+        ]
+        scenario = trajectories[0]["scenario_id"]
+        group = tables.add_trajectory_group(store, scenario, trajectories)
+        members = tables.members_of(store, group)
+        assert json.loads(members[0]["request"]) == long[-1]["request"]
+        assert json.loads(members[1]["request"]) == rerendered[-1]["request"]
+        tables.save_scores(
+            store,
+            group,
+            status="scored",
+            reason=None,
+            judgements=[],
+            scores=[
+                (members[0]["member_id"], "combined", 1.0, None),
+                (members[1]["member_id"], "combined", 0.0, None),
+            ],
+        )
+        out = snapshot.export(store, tmp_path / "snap.parquet", TrainSettings())
+        assert out["members"] == 2
+        table = pq.read_table(tmp_path / "snap.parquet").to_pylist()
+        for member, sent in zip(table, (long, rerendered), strict=True):
+            assert member["prompt_ids"] == [t["prompt"] for t in sent]
+            assert member["completion_ids"] == [t["completion"] for t in sent]
+    finally:
+        store.close()
+
+
+def test_a_database_from_before_linear_storage_migrates_and_reads(tmp_path):
+    db = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(db))
+    migrate(con, MIGRATIONS[:9])  # as onjob left it before V10
+    request = {"model": "m", "messages": [SYSTEM, {"role": "user", "content": "hi"}]}
+    con.execute(
+        "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, request, "
+        "prompt_token_ids, completion_token_ids) VALUES ('old', now(), 't', 0, 's', ?, "
+        "[1, 2, 3], [[4, 5]])",
+        [json.dumps(request)],
+    )
+    con.close()
+    store = Store(db)
+    try:
+        assert store.schema_before == 9
+        row = queries.exchange(store, "old")
+        assert json.loads(row["request"]) == request and row["prompt_token_ids"] == [1, 2, 3]
+        assert row["parent_id"] is None  # kept whole, marked as such
+        # A later turn stored against the old whole row rebuilds from it.
+        later = {**request, "messages": [*request["messages"], {"role": "assistant"}]}
+        store.con.execute(
+            "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, request, "
+            "prompt_token_ids, completion_token_ids, parent_id, messages_kept, prompt_kept) "
+            "VALUES ('new', now(), 't', 1, 's', ?, [6], [[7]], 'old', 2, 5)",
+            [json.dumps({**later, "messages": later["messages"][2:]})],
+        )
+        row = queries.exchange(store, "new")
+        assert json.loads(row["request"]) == later
+        assert row["prompt_token_ids"] == [1, 2, 3, 4, 5, 6]
+    finally:
+        store.close()
+
+
+def test_lineage_memory_is_bounded_and_a_forgotten_conversation_is_stored_whole():
+    lineage = Lineage(capacity=2, max_tokens=10)
+    messages = [SYSTEM, {"role": "user", "content": "hi"}]
+    digests = [digest(m) for m in messages]
+    for i in range(3):
+        lineage.remember(f"t{i}", 0, f"e{i}", digests, {}, array("i", [1, 2, 3]), [4])
+    assert len(lineage) == 2 and lineage.tokens == 8  # the oldest conversation went
+    lineage.remember("big", 0, "eb", digests, {}, array("i", range(9)), [1, 2])
+    assert lineage.tokens <= 10
+    body, ids, delta = stored(
+        lineage,
+        trajectory_id="t0",
+        turn=1,
+        exchange_id="x",
+        request={"messages": messages},
+        prompt_token_ids=[1, 2, 3, 4, 9],
+        completion_token_ids=[1],
+        answered=True,
+    )
+    assert body is None and ids == [1, 2, 3, 4, 9] and delta.parent_id is None
+    assert common_prefix(array("i", [1, 2, 3]), array("i", [1, 2, 4, 5])) == 2
+    assert common_prefix(array("i", []), array("i", [1])) == 0
+
+
+def test_spooled_deltas_load_and_rebuild_exactly_whatever_the_client_changes(tmp_path):
+    """Seeded conversations through the real spool and loader: tools sent each turn (left out
+    as the parent's), then changed; history re-rendered or edited; prompts that re-tokenise
+    the last answer differently (unaligned); failed turns retried; engines that return no
+    token ids. Every row reads back exactly as sent."""
+    rng = random.Random(7)
+    spool = Spool(tmp_path / "spool")
+    store = Store(tmp_path / "db.duckdb")
+    lineage = Lineage()
+    tools = [{"type": "function", "function": {"name": "f", "description": "x" * 300}}]
+    truth = {}
+    for conversation in range(6):
+        tid = f"traj-{conversation}"
+        messages = [SYSTEM]
+        stream: list[int] = []
+        turn = 0
+        while turn < 30:
+            messages.append({"role": "user", "content": f"q{turn} " + "w" * rng.randint(0, 50)})
+            if rng.random() < 0.1 and len(messages) > 2:  # re-rendered or edited history
+                i = rng.randrange(1, len(messages) - 1)
+                messages[i] = {**messages[i], "content": [{"type": "text", "text": "edited"}]}
+            if rng.random() < 0.1:
+                tools = [*tools, {"type": "function", "function": {"name": f"g{turn}"}}]
+            if rng.random() < 0.2 and stream:  # the template re-renders the last answer
+                cut = rng.randrange(len(stream))
+                prompt = stream[:cut] + [rng.randrange(9) for _ in range(rng.randint(0, 5))]
+            else:
+                prompt = stream + [rng.randrange(9) for _ in range(rng.randint(1, 9))]
+            if rng.random() < 0.1:
+                prompt = None
+            request = {"model": "m", "messages": [dict(m) for m in messages], "tools": tools}
+            completion = [rng.randrange(9) for _ in range(rng.randint(1, 4))]
+            failed = rng.random() < 0.1
+            eid = f"e-{len(truth)}"
+            body, ids, delta = stored(
+                lineage,
+                trajectory_id=tid,
+                turn=turn,
+                exchange_id=eid,
+                request=request,
+                prompt_token_ids=prompt,
+                completion_token_ids=None if failed else completion,
+                answered=not failed,
+            )
+            record = ExchangeRecord(
+                id=eid,
+                ts=float(turn),
+                trajectory_id=tid,
+                turn=turn,
+                scenario_id="s",
+                scenario_key="k",
+                scenario_keyed="derived",
+                status=502 if failed else 200,
+                request=msgspec.Raw(body or msgspec.json.encode(request)),
+                prompt_token_ids=ids,
+                completion_token_ids=None if failed else [completion],
+                parent_id=delta.parent_id,
+                messages_kept=delta.messages_kept,
+                prompt_kept=delta.prompt_kept,
+                request_kept=delta.request_kept,
+            )
+            spool.append(encode(record))
+            truth[eid] = (request, prompt)
+            if failed:
+                messages.pop()
+                continue
+            stream = (prompt or []) + completion
+            messages.append({"role": "assistant", "content": f"a{turn}"})
+            turn += 1
+    for segment in spool.rotate():
+        store.load_segment(segment)
+    try:
+        stored_bytes = store.query(
+            "SELECT count(*) FILTER (WHERE request_kept IS NOT NULL) AS left_out, "
+            "count(*) FILTER (WHERE parent_id IS NOT NULL) AS deltas FROM exchanges"
+        )[0]
+        assert stored_bytes["left_out"] > 100 and stored_bytes["deltas"] > 150
+        full = store.query("SELECT id, request, prompt_token_ids FROM exchanges_full")
+        assert len(full) == len(truth)
+        for row in full:
+            request, prompt = truth[row["id"]]
+            assert json.loads(row["request"]) == request, row["id"]
+            assert row["prompt_token_ids"] == prompt, row["id"]
+    finally:
+        spool.close()
+        store.close()
+
+
+def test_a_turn_whose_parent_was_deleted_is_dropped_not_read_back_wrong(tmp_path):
+    """A parent deleted while its next turns waited in the spool: those turns cannot be
+    rebuilt, so the loader drops them (and only them)."""
+    store = Store(tmp_path / "db.duckdb")
+    spool = Spool(tmp_path / "spool")
+
+    def line(eid: str, parent: str | None, turn: int) -> bytes:
+        request = {"model": "m", "messages": [{"role": "user", "content": eid}]}
+        return encode(
+            ExchangeRecord(
+                id=eid,
+                ts=float(turn),
+                trajectory_id="t" if parent or eid == "gone" else eid,
+                turn=turn,
+                scenario_id="s",
+                scenario_key="k",
+                scenario_keyed="derived",
+                request=msgspec.Raw(msgspec.json.encode(request)),
+                prompt_token_ids=[turn],
+                parent_id=parent,
+                messages_kept=0 if parent else None,
+                prompt_kept=0 if parent else None,
+            )
+        )
+
+    try:
+        spool.append(line("gone", None, 0))
+        (first,) = spool.rotate()
+        store.load_segment(first)
+        first.unlink()
+        store.con.execute("DELETE FROM exchanges WHERE id = 'gone'")  # as forget would
+        for text in (line("child", "gone", 1), line("grandchild", "child", 2)):
+            spool.append(text)
+        spool.append(line("other", None, 0))
+        spool.append(line("other-next", "other", 1))
+        (second,) = spool.rotate()
+        assert store.load_segment(second) == (2, 0) and store.orphaned == 2
+        ids = {r["id"] for r in store.query("SELECT id FROM exchanges_full")}
+        assert ids == {"other", "other-next"}
+    finally:
+        spool.close()
+        store.close()
