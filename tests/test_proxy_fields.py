@@ -306,3 +306,46 @@ def test_responses_stream_tool_calls_as_vllm_streams_them(tmp_path):
         "arguments": '{"city": "Paris"}',
     }
     assert stored == final
+
+
+def test_a_keys_store_false_responses_are_logged_but_never_judged_when_its_settings_say_so(
+    tmp_path,
+):
+    from onjob.collector import Store
+    from onjob.judge import JudgeSettings
+    from onjob.judge.tables import turn_candidates
+
+    keys = {"private": "sk-private", "open": "sk-open"}
+    settings = ProxySettings(api_keys=keys, untrained_unstored_keys=["private"])
+    collector = Collector(CollectorSettings(db=tmp_path / "onjob.duckdb"))
+    app = create_app(
+        settings,
+        upstream=scripted(lambda r: httpx.Response(200, json=completion())),
+        collector=collector,
+    )
+    sent = {}
+    with TestClient(app) as client:
+        for key, secret in keys.items():
+            for store in (False, True):
+                body = {"model": "agent", "input": f"{key} {store}", "store": store}
+                resp = client.post(
+                    "/v1/responses", json=body, headers={"Authorization": f"Bearer {secret}"}
+                )
+                assert resp.status_code == 200, resp.text
+                sent[resp.json()["id"]] = (key, store)
+    logged = {
+        r["id"]: r["source"]
+        for r in rows(tmp_path / "onjob.duckdb", "SELECT id, source FROM exchanges")
+    }
+    assert {sent[i]: source for i, source in logged.items()} == {
+        ("private", False): "unstored",  # logged, kept out of learning
+        ("private", True): "production",
+        ("open", False): "production",  # store: false alone still teaches
+        ("open", True): "production",
+    }
+    store = Store(tmp_path / "onjob.duckdb")
+    try:
+        judged = {c["id"] for c in turn_candidates(store, JudgeSettings())}
+    finally:
+        store.close()
+    assert judged and all(sent[i] != ("private", False) for i in judged)

@@ -158,6 +158,8 @@ def create_app(
             id_prefix="resp_",
             after_turn=previous.turn if previous else None,
         )
+        if not call.store and api_key_id in settings.untrained_unstored_keys:
+            exchange.source = "unstored"  # every reader of traffic takes 'production' only
 
         def whole(exchange: Exchange, answer: bytes) -> bytes:
             reply = exchange.replies()[0] if exchange.choices else {}

@@ -311,6 +311,7 @@ class Exchange:
     answered: bytes | None = None  # the whole answer as the client got it (not streamed)
     served_model: str | None = None  # the engine's `model`: who really answered
     logprobs_mode: str | None = None  # the answering engine's logprob definition
+    source: str = "production"  # "unstored": logged, but never judged or trained on
     api: str | None = None  # the API the client called, when not chat completions
     api_object: dict | None = None  # what that API keeps of the exchange (a stored Response)
     id_prefix: str = "chatcmpl-"
@@ -590,6 +591,7 @@ class Exchange:
             continuation_hashes=continuation_hashes,
             served_model=self.served_model,
             logprobs_mode=self.logprobs_mode,
+            source=self.source,
             api=self.api,
             api_object=to_json(self.api_object),
         )

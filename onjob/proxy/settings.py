@@ -50,6 +50,13 @@ class ProxySettings(BaseModel):
         default_factory=dict,
         description="alias -> canary checkpoint and the fraction of conversations it serves",
     )
+    untrained_unstored_keys: list[str] = Field(
+        default_factory=list,
+        description="API key ids whose Responses API calls with `store: false` are logged "
+        "(source 'unstored': kept in the log, and deleted by `onjob forget` like the rest) "
+        "but never judged, compared or trained on; other keys' `store: false` calls are "
+        "learnt from like any traffic",
+    )
     api_keys: dict[str, str] = Field(
         default_factory=dict, description="key id -> secret; when set, every request needs one"
     )
