@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import duckdb
@@ -18,7 +15,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from onjob.cli.process import ServerProcess, free_port
+from onjob.cli.process import ServerProcess
 from onjob.cli.settings import ServeSettings
 from onjob.dashboard import pages
 from onjob.deploy import admin
@@ -57,23 +54,8 @@ DASHBOARD_PAGES = handlers(pages.routes(ServeSettings(), None, None))
 
 
 @pytest.fixture(scope="module")
-def engine_url():
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "fake_upstream.py"), "--port", str(port)]
-    )
-    url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + 30
-    while True:  # ready when it answers
-        try:
-            httpx.get(f"{url}/models", timeout=1)
-            break
-        except httpx.TransportError:
-            assert proc.poll() is None and time.monotonic() < deadline, "fake engine did not start"
-            time.sleep(0.05)
-    yield url
-    proc.terminate()
-    proc.wait()
+def engine_url(fake_engine_url):
+    return fake_engine_url  # the shared canned engine (conftest.py)
 
 
 def serve(tmp_path: Path, engine_url: str, *, admin: bool = True, **env: str) -> ServerProcess:
