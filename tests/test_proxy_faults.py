@@ -378,3 +378,40 @@ def test_one_span_per_request_with_genai_attributes(tmp_path):
     assert spans[0].end_time > spans[0].start_time
     assert spans[1].attributes["error.type"] == "500"
     assert not spans[1].status.is_ok
+
+
+def test_hot_routes_answer_as_litestar_routes_do(tmp_path):
+    """`POST /v1/chat/completions` is answered in front of Litestar (`proxy/front.py`); the
+    same path with a trailing slash goes through Litestar's router to the same handler.
+    Both answer alike: status, headers, body, for answers, streams and each kind of error."""
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content).get("stream"):
+
+            async def events():
+                yield chunk("hi", finish="stop") + b"data: [DONE]\n\n"
+
+            return httpx.Response(200, content=events())
+        return httpx.Response(200, json=completion())
+
+    app = app_for(tmp_path, scripted(engine), api_keys={"k1": "secret"}, max_body_bytes=4096)
+    key = {"Authorization": "Bearer secret"}
+    cases = [
+        (json.dumps(CHAT), key),
+        (json.dumps({**CHAT, "stream": True}), key),
+        (json.dumps(CHAT), {}),  # 401
+        ("{not json", key),  # 400
+        (json.dumps({**CHAT, "n": 99}), key),  # 400 naming the field
+        (json.dumps({**CHAT, "pad": "x" * 5000}), key),  # 413: past max_body_bytes
+    ]
+    varying = {"x-onjob-exchange-id", "date"}
+    with TestClient(app) as client:
+        for body, headers in cases:
+            answers = []
+            for path in ("/v1/chat/completions", "/v1/chat/completions/"):
+                r = client.post(path, content=body, headers={**headers, "Content-Type": "x"})
+                shown = {k: v for k, v in r.headers.items() if k not in varying}
+                text = r.text.replace(r.headers.get("x-onjob-exchange-id", "-"), "ID")
+                answers.append((r.status_code, shown, text))
+            assert answers[0] == answers[1], body[:40]
+            assert answers[0][0] in (200, 400, 401, 413)

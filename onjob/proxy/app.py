@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 import msgspec
-from litestar import Litestar, Request, Response, delete, get, post
+from litestar import Request, Response, delete, get, post
 from litestar.params import FromPath, FromQuery
 from litestar.response import Stream
 from opentelemetry.trace import Tracer
@@ -38,6 +38,7 @@ from .errors import (
     UpstreamStatus,
 )
 from .exchange import COMPLETIONS, Exchange, parse_completion_request, parse_request
+from .front import ProxyApp
 from .pool import Pool, Replica
 from .routing import CANARY, Router
 from .settings import ProxySettings
@@ -62,7 +63,7 @@ def create_app(
     routes: Sequence = (),
     on_startup: Sequence[Callable[[], Awaitable[None]]] = (),
     on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
-) -> Litestar:
+) -> ProxyApp:
     """The proxy's app. `upstream` is one engine, or a `Pool` of several (its `wanted` set
     by the caller); `router` (default: from `settings`) is the handle that changes an
     alias's arms while serving; `routes` are more handlers (the admin API). `on_startup`
@@ -475,7 +476,14 @@ def create_app(
         await pool.aclose()
         await collector.close()
 
-    return Litestar(
+    return ProxyApp(
+        # The routes that carry the traffic, answered without Litestar's machinery per
+        # request (`front.py`); the same functions stay Litestar's routes for the rest.
+        hot={
+            "/v1/chat/completions": chat_completions.fn,
+            "/v1/completions": completions.fn,
+            "/v1/responses": create_response.fn,
+        },
         route_handlers=[
             chat_completions,
             completions,

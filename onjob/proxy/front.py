@@ -1,0 +1,209 @@
+"""The hot routes served as bare ASGI, in front of Litestar.
+
+Litestar's machinery per request (its exception middleware, router, signature model,
+response objects, an anyio task group per stream) costs as much CPU as uvicorn and the
+aiohttp client together: a bare relay on Litestar spends ~237 µs per request on these
+machines, the same relay as a bare ASGI app on uvicorn ~118 (`bench/proxy_overhead.py`
+and its `litestar` peer). So `ProxyApp` takes `POST` to the few paths that carry the
+traffic (chat, legacy completions, the Responses API) as uvicorn hands them over, calls
+the same handler functions Litestar routes to, and sends what they return. Everything
+else (other methods, other paths, a path with a trailing slash) goes through Litestar as
+before, and what these routes answer does not change: the body limit (413), errors in
+OpenAI's shape through the app's own exception handlers, a stream stopped (and its
+exchange logged as 499) when the client hangs up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from inspect import getmro
+from typing import Any
+
+import msgspec
+from litestar import Litestar, Response
+from litestar.exceptions import ClientException, InternalServerException
+from litestar.exceptions.http_exceptions import RequestEntityTooLarge
+from litestar.response import Stream
+from litestar.types import Receive, Scope, Send
+
+Handler = Callable[[Any], Awaitable[Response | Stream]]
+
+
+class Headers:
+    """The request's headers as the handlers read them: `get` by any case of the name (the
+    first of repeated ones, as Litestar's), decoded only when asked."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        self._raw = raw  # names lower-case, as ASGI servers hand them over
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        key = name.lower().encode("latin-1")
+        for k, v in self._raw:
+            if k == key:
+                return v.decode("latin-1")
+        return default
+
+
+class BareRequest:
+    """What the hot handlers use of a request: `headers.get` and `await body()`, with
+    Litestar's limits and errors."""
+
+    __slots__ = ("_body", "_limit", "_receive", "headers")
+
+    def __init__(self, scope: Scope, receive: Receive, limit: int) -> None:
+        self.headers = Headers(scope["headers"])
+        self._receive = receive
+        self._limit = limit
+        self._body: bytes | None = None
+
+    async def body(self) -> bytes:
+        if self._body is None:
+            self._body = await self._read()
+        return self._body
+
+    async def _read(self) -> bytes:
+        announced = self.headers.get("content-length")
+        if announced is not None:
+            try:
+                length = int(announced)
+            except ValueError:
+                raise ClientException(f"Invalid content-length: {announced!r}") from None
+            if length > self._limit:
+                raise RequestEntityTooLarge
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            event = await self._receive()
+            if event["type"] == "http.request":
+                body = event.get("body", b"")
+                if body:
+                    total += len(body)
+                    if total > self._limit:
+                        raise RequestEntityTooLarge
+                    chunks.append(body)
+                if not event.get("more_body", False):
+                    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            elif event["type"] == "http.disconnect":
+                raise InternalServerException("client disconnected prematurely")
+
+
+class ProxyApp(Litestar):
+    """Litestar, with `hot` (path -> handler function) answered before its router for
+    `POST`. `handlers` are the app's exception handlers (by class, most specific first
+    along the exception's MRO, as Litestar picks them)."""
+
+    __slots__ = ("_handlers", "_hot", "_limit")
+
+    def __init__(
+        self,
+        *,
+        hot: Mapping[str, Handler],
+        request_max_body_size: int,
+        exception_handlers: Mapping[type[Exception], Callable],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            request_max_body_size=request_max_body_size,
+            exception_handlers=dict(exception_handlers),
+            **kwargs,
+        )
+        self._hot = dict(hot)
+        self._limit = request_max_body_size
+        self._handlers = dict(exception_handlers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # type: ignore[override]
+        if scope["type"] == "http" and scope["method"] == "POST":
+            handler = self._hot.get(scope["path"])
+            if handler is not None:
+                await self._serve(handler, scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+    async def _serve(self, handler: Handler, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            response = await handler(BareRequest(scope, receive, self._limit))
+        except Exception as exc:
+            response = self._error(exc)
+        if isinstance(response, Stream):
+            await _stream(response, receive, send)
+        else:
+            await _whole(response, send)
+
+    def _error(self, exc: Exception) -> Response:
+        for cls in getmro(type(exc)):
+            answer = self._handlers.get(cls)
+            if answer is not None:
+                return answer(None, exc)
+        raise exc
+
+
+def _head(response: Response, media_type: Any, charset: str | None = None) -> list:
+    """The response's headers as Litestar encodes them: its own, then the content type
+    (with a charset for text) unless given."""
+    headers = [
+        (k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in response.headers.items()
+    ]
+    if not any(k == b"content-type" for k, _ in headers):
+        media_type = getattr(media_type, "value", media_type) or "application/json"
+        if charset and media_type.startswith("text/"):
+            media_type += f"; charset={charset}"
+        headers.append((b"content-type", media_type.encode("latin-1")))
+    return headers
+
+
+async def _whole(response: Response, send: Send) -> None:
+    content = response.content
+    body = content if type(content) is bytes else msgspec.json.encode(content)
+    headers = _head(response, response.media_type, response.encoding)
+    headers.append((b"content-length", str(len(body)).encode()))
+    status = response.status_code or 200
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _stream(response: Stream, receive: Receive, send: Send) -> None:
+    """Relay the stream; a client that hangs up cancels it where it waits (the upstream
+    read or a send), as Litestar's stream does, and the iterator is closed here."""
+    headers = _head(response, response.media_type, response.encoding)
+    status = response.status_code or 200
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    task = asyncio.current_task()
+    state = {"done": False, "hung_up": False}
+
+    def listen() -> asyncio.Future:
+        waiting = asyncio.ensure_future(receive())
+        waiting.add_done_callback(heard)
+        return waiting
+
+    def heard(waiting: asyncio.Future) -> None:
+        nonlocal listening
+        if waiting.cancelled() or waiting.exception() is not None or state["done"]:
+            return
+        if waiting.result()["type"] == "http.disconnect":
+            state["hung_up"] = True
+            task.cancel()
+        else:
+            listening = listen()
+
+    listening = listen()
+    iterator = response.iterator
+    try:
+        async for chunk in iterator:
+            if type(chunk) is not bytes:
+                chunk = chunk.encode(response.encoding)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        state["done"] = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except asyncio.CancelledError:
+        if not state["hung_up"]:
+            raise
+        task.uncancel()
+    finally:
+        state["done"] = True
+        listening.cancel()
+        aclose = getattr(iterator, "aclose", None)
+        if aclose is not None:
+            await aclose()
