@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 from urllib.parse import urlsplit
@@ -78,9 +79,27 @@ def build_app(settings: ServeSettings):
             *admin.routes(settings, collector, router, operator, loop),
             *dashboard.routes(settings, collector, router, loop.state),
         ],
-        on_startup=[restore_routing, loop.start],
+        on_startup=[restore_routing, loop.start, settle_gc],
         on_shutdown=[loop.stop],  # the pool closes every engine client, the judge's too
     )
+
+
+# Python's cyclic GC, tuned for a server that allocates a few hundred short-lived containers
+# per request and keeps a large, slowly changing heap (modules, the stitcher's memory). With
+# the defaults (700, 10, 10) a full collection ran every ~0.6 s under load at c64, each
+# 70-230 ms (it walks every tracked object): that was the proxy's p99. Objects alive at
+# start-up are frozen out of collections; young collections run every 20,000 allocations
+# instead of 700 (fewer passes over the requests in flight, ~15% of the CPU per request);
+# full collections are rare but still happen (cyclic garbage is still freed).
+GC_THRESHOLDS = (20_000, 50, 100)
+
+
+async def settle_gc() -> None:
+    """Once started (the stitcher warmed from the database): freeze what is alive, so no
+    collection walks it again, and set `GC_THRESHOLDS`."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def log_to_stderr() -> None:
