@@ -315,6 +315,20 @@ class Exchange:
     api: str | None = None  # the API the client called, when not chat completions
     api_object: dict | None = None  # what that API keeps of the exchange (a stored Response)
     id_prefix: str = "chatcmpl-"
+    # What the client asked for, read once (every streamed event consults them).
+    _legacy: bool = field(init=False, repr=False)
+    _wants_token_ids: bool = field(init=False, repr=False)
+    _wants_logprobs: bool = field(init=False, repr=False)
+    _wants_usage: bool = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        request = self.request
+        self._legacy = legacy = self.api == COMPLETIONS
+        self._wants_token_ids = bool(request.get("return_token_ids"))
+        # A legacy completion's `logprobs` counts alternatives: 0 asks for the sampled one.
+        logprobs = request.get("logprobs")
+        self._wants_logprobs = logprobs is not None if legacy else bool(logprobs)
+        self._wants_usage = bool((request.get("stream_options") or {}).get("include_usage"))
 
     @classmethod
     async def open(
@@ -392,32 +406,15 @@ class Exchange:
     def stream(self) -> bool:
         return bool(self.request.get("stream"))
 
-    @property
-    def _wants_logprobs(self) -> bool:
-        if self._legacy:
-            return self.request.get("logprobs") is not None
-        return bool(self.request.get("logprobs"))
-
-    @property
-    def _legacy(self) -> bool:
-        return self.api == COMPLETIONS
-
-    @property
-    def _wants_token_ids(self) -> bool:
-        return bool(self.request.get("return_token_ids"))
-
-    def _choice(self, index: int) -> _Choice:
-        choice = self.choices.get(index)
-        if choice is None:
-            choice = self.choices[index] = _Choice()
-        return choice
-
     def _take(self, choice: dict) -> _Choice:
         """Keep the sampler's token ids and logprobs; leave them only if the client asked."""
-        acc = self._choice(choice.get("index", 0))
+        index = choice.get("index", 0)
+        acc = self.choices.get(index)
+        if acc is None:
+            acc = self.choices[index] = _Choice()
         ids = choice.get("token_ids") if self._wants_token_ids else choice.pop("token_ids", None)
         if ids:
-            acc.token_ids.extend(ids)
+            acc.token_ids += ids
         if "prompt_token_ids" in choice:  # a legacy completion's, per choice
             prompt = (
                 choice["prompt_token_ids"]
@@ -426,37 +423,41 @@ class Exchange:
             )
             self.prompt_token_ids = prompt or self.prompt_token_ids
         logprobs = choice.get("logprobs")
-        if logprobs and self._legacy:
-            acc.logprobs.extend(logprobs.get("token_logprobs") or ())
+        if logprobs:
+            if self._legacy:
+                acc.logprobs += logprobs.get("token_logprobs") or ()
+            else:
+                acc.logprobs += [t["logprob"] for t in logprobs.get("content") or ()]
             if not self._wants_logprobs:
                 choice["logprobs"] = None
-        elif logprobs:
-            acc.logprobs.extend(t["logprob"] for t in logprobs.get("content") or ())
-            if not self._wants_logprobs:
-                choice["logprobs"] = None
-        if choice.get("finish_reason"):
-            acc.finish_reason = choice["finish_reason"]
+        reason = choice.get("finish_reason")
+        if reason:
+            acc.finish_reason = reason
         return acc
 
     def _head(self, data: dict) -> None:
         served = data.get("model")
-        self.served_model = served or self.served_model
-        if served is not None and served != self.route.model:
-            # A stale or missing adapter must not pass for the checkpoint the exchange records.
+        route = self.route
+        if served:
+            self.served_model = served
+        if served is not None and served != route.model:
+            # A stale or missing adapter must not pass for the checkpoint the exchange
+            # records.
             raise MalformedAnswer(
-                f"the engine answered as `{served}`, not `{self.route.model}`: refusing to "
+                f"the engine answered as `{served}`, not `{route.model}`: refusing to "
                 "pass it off as that checkpoint"
             )
-        ids = (
-            data.get("prompt_token_ids")
-            if self._wants_token_ids
-            else data.pop("prompt_token_ids", None)
-        )
-        if ids is not None:
-            self.prompt_token_ids = ids
-        self.created = data.get("created") or self.created
+        if "prompt_token_ids" in data:
+            ids = (
+                data["prompt_token_ids"] if self._wants_token_ids else data.pop("prompt_token_ids")
+            )
+            if ids is not None:
+                self.prompt_token_ids = ids
+        created = data.get("created")
+        if created:
+            self.created = created
         data["id"] = self.id
-        data["model"] = self.route.alias
+        data["model"] = route.alias
 
     def answer(self, raw: bytes) -> bytes:
         """A whole (non-streamed) answer, shaped for the client."""
@@ -483,7 +484,7 @@ class Exchange:
         data = self.absorb(payload)
         if "error" in data:
             return payload
-        if not (self.request.get("stream_options") or {}).get("include_usage"):
+        if not self._wants_usage:
             data.pop("usage", None)
             if not data["choices"]:
                 return None
@@ -504,19 +505,27 @@ class Exchange:
             self._head(data)
             for choice in data["choices"]:
                 acc = self._take(choice)
-                delta = (
-                    {"content": choice.get("text")} if self._legacy else choice.get("delta") or {}
-                )
-                if delta.get("role"):
-                    acc.role = delta["role"]
-                if delta.get("content"):
-                    acc.content.append(delta["content"])
+                if self._legacy:
+                    text = choice.get("text")
+                    if text:
+                        acc.content.append(text)
+                    continue
+                delta = choice.get("delta")
+                if not delta:
+                    continue
+                role = delta.get("role")
+                if role:
+                    acc.role = role
+                content = delta.get("content")
+                if content:
+                    acc.content.append(content)
                 for call in delta.get("tool_calls") or ():
                     acc.add_tool_call_delta(call)
         except (msgspec.DecodeError, KeyError, TypeError, AttributeError) as exc:
             raise MalformedAnswer(f"the engine sent a malformed stream event: {exc}") from exc
-        if data.get("usage"):
-            self.usage = data["usage"]
+        usage = data.get("usage")
+        if usage:
+            self.usage = usage
         return data
 
     def fail(self, status: int, error: str) -> None:

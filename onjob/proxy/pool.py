@@ -136,7 +136,6 @@ class Pool:
         handed back as it starts, for relaying. A non-200 answer raises `UpstreamStatus`,
         except a 404 for an adapter the router sends to (the replica lost it), which is
         tried elsewhere and, with no replica left, raised as `AdapterUnavailable`."""
-        wanted = model in self.wanted()
         tried: list[Replica] = []
         last: Exception | None = None
         while (replica := self._pick(model, tried)) is not None:
@@ -145,7 +144,8 @@ class Pool:
             done = True
             try:
                 resp = await replica.upstream.request("POST", path, body)
-                if resp.status == 404 and wanted:
+                # (`wanted` is asked only here and on failure: the router builds the set.)
+                if resp.status == 404 and model in self.wanted():
                     last = self._lost(replica, model, await _read_closed(resp))
                     continue
                 if resp.status != 200:
@@ -162,7 +162,7 @@ class Pool:
                     replica.outstanding -= 1
         if last is None or (
             # Those that have it are down, the others are loading it: that is the answer.
-            wanted
+            model in self.wanted()
             and not isinstance(last, AdapterUnavailable)
             and any(model in r.missing for r in self.replicas)
         ):

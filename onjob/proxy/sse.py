@@ -26,6 +26,9 @@ async def data_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]
         buffer = events.pop()
         payloads = []
         for event in events:
+            if event[:5] == b"data:" and b"\n" not in event:  # the usual: one data line
+                payloads.append(event[5:].lstrip(b" "))
+                continue
             data = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line[:5] == b"data:"]
             if data:
                 payloads.append(b"\n".join(data))
