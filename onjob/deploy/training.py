@@ -15,8 +15,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..collector import Collector, budgets
 from ..collector.ids import new_id
@@ -139,6 +137,9 @@ def drop_snapshots(checkpoints_dir: Path, group_ids: list[str]) -> list[str]:
     removed: list[str] = []
     if not gone:
         return removed
+    import pyarrow as pa  # here: the server pays its ~40 MiB only when it needs it
+    import pyarrow.parquet as pq
+
     for path in sorted((Path(checkpoints_dir) / ".snapshots").glob("*.parquet")):
         try:
             held = set(pq.read_table(path, columns=["group_id"]).column("group_id").to_pylist())

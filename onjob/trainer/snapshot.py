@@ -14,8 +14,6 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from ..collector import Store
 from .settings import TrainSettings
 
@@ -113,6 +111,8 @@ def export(
 ) -> dict:
     """Write the snapshot, no group of a `held_out` scenario in it; return what it holds
     (`groups`, `members`, `sha256`)."""
+    import pyarrow.parquet as pq  # here: the server pays its ~40 MiB only when it trains
+
     allowed = [name or "" for name in lineage(store, live, s.max_staleness)]
     params = [s.min_spread, list(held_out), allowed, s.max_groups]
     table = store.con.cursor().sql(_MEMBERS, params=params).to_arrow_table()
