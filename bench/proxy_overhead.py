@@ -13,6 +13,12 @@ comparison, and whether loading into DuckDB kept up (the proxy's `/health`
 counters), at the default loader priority (nice 10) and at the proxy's own (0).
 Peers are installed on first use under build/peers/ (bench/peers.py).
 
+For every run it also reads each server process's CPU time (`/proc/<pid>/stat`, all its
+threads: the DuckDB loader's included, and apart as `loader_cpu_us_per_request`) and
+samples its RSS every 50 ms, so each row has CPU µs per request and peak RSS under load;
+the closing table puts onjob beside the aiohttp passthrough on req/s, p99 and both.
+`--no-alone` skips the onjob-alone cases (a quicker side by side).
+
     python bench/proxy_overhead.py                         # ~5 minutes
     python bench/proxy_overhead.py --peers aiohttp litellm portkey
     python bench/proxy_overhead.py --seconds 2 --concurrency 1 16 --peers
@@ -29,6 +35,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -73,6 +80,7 @@ def start(
             raise RuntimeError(f"{cmd} exited: {proc.stderr.read().decode()}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}{ready}", timeout=1).status_code == 200:
+                PIDS[port] = proc.pid
                 return proc
         except httpx.TransportError:
             pass
@@ -93,8 +101,77 @@ def proxy(engine_port: int, db: Path, core: int, **env: str):
     return start(cmd, port, core, env), port
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _cpu_s(pid: int, loader_only: bool = False) -> float:
+    """CPU seconds (user + system) of a process, or of its threads at a lower priority
+    alone (onjob's DuckDB threads, `collector.loader_nice`)."""
+    if not loader_only:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[16]) > 0:  # niced: the collector's DuckDB threads (loader_nice)
+            total += int(fields[11]) + int(fields[12])
+    return total / _TICK
+
+
+def _rss_mib(pid: int) -> float:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE / 2**20
+
+
+class Usage:
+    """CPU time used and peak RSS of a server process over one run (RSS sampled every
+    50 ms on a thread of this process, which costs it nothing)."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> Usage:
+        if self.pid is not None:
+            self.cpu0 = _cpu_s(self.pid)
+            self.loader0 = _cpu_s(self.pid, loader_only=True)
+            self.peak = _rss_mib(self.pid)
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, _rss_mib(self.pid))
+
+    def __exit__(self, *exc) -> None:
+        if self.pid is not None:
+            self._stop.set()
+            self._thread.join()
+            self.cpu = _cpu_s(self.pid) - self.cpu0
+            self.loader = _cpu_s(self.pid, loader_only=True) - self.loader0
+
+    def add_to(self, m: dict, measured_share: float) -> None:
+        """CPU per request: the run's CPU (warm-up included) over its requests (warm-up
+        included, estimated from the measured rate)."""
+        if self.pid is None:
+            return
+        requests = m["requests"] / measured_share
+        m["cpu_us_per_request"] = round(self.cpu / requests * 1e6, 1) if requests else None
+        if self.loader:
+            m["loader_cpu_us_per_request"] = round(self.loader / requests * 1e6, 1)
+        m["rss_peak_mib"] = round(self.peak, 1)
+
+
 def health(port: int) -> dict:
     return httpx.get(f"http://127.0.0.1:{port}/health").json()["collector"]
+
+
+PIDS: dict[int, int] = {}  # port -> the pid of the server listening on it
 
 
 def load(
@@ -102,18 +179,21 @@ def load(
 ) -> dict:
     path = "/v1/chat/completions"
     raw = loadgen.request_bytes("127.0.0.1", port, path, body(model, stream), headers=headers)
-    result = asyncio.run(
-        loadgen.run(
-            "127.0.0.1",
-            port,
-            raw,
-            concurrency=c,
-            seconds=args.seconds,
-            warmup=args.warmup,
-            stagger=stagger,
+    with Usage(PIDS.get(port)) as usage:
+        result = asyncio.run(
+            loadgen.run(
+                "127.0.0.1",
+                port,
+                raw,
+                concurrency=c,
+                seconds=args.seconds,
+                warmup=args.warmup,
+                stagger=stagger,
+            )
         )
-    )
-    return result.summary()
+    m = result.summary()
+    usage.add_to(m, args.seconds / (args.seconds + args.warmup))
+    return m
 
 
 def line(name: str, m: dict, direct: dict | None = None) -> str:
@@ -123,6 +203,11 @@ def line(name: str, m: dict, direct: dict | None = None) -> str:
             f"  added p50 {m['p50_ms'] - direct['p50_ms']:+8.3f}"
             f" p99 {m['p99_ms'] - direct['p99_ms']:+8.3f} ms"
         )
+    if m.get("cpu_us_per_request") is not None:
+        text += f"  cpu {m['cpu_us_per_request']:6.1f} µs/req"
+        if m.get("loader_cpu_us_per_request"):
+            text += f" (loader {m['loader_cpu_us_per_request']:.1f})"
+        text += f"  rss {m['rss_peak_mib']:6.1f} MiB"
     return text + (f"  ERRORS {m['errors']}" if m["errors"] else "")
 
 
@@ -176,6 +261,53 @@ def compare(
     return row
 
 
+def hot_path(rows: list[dict]) -> list[dict]:
+    """Issue 19's item 8 in one table: onjob against the aiohttp passthrough at each
+    concurrency, streamed and not (req/s ratio, p99 ratio, CPU µs per request, peak RSS
+    under load)."""
+    out = []
+    for r in rows:
+        if "aiohttp" not in r:
+            continue
+        o, a = r["onjob"], r["aiohttp"]
+        out.append(
+            {
+                "stream": r["stream"],
+                "concurrency": r["concurrency"],
+                "onjob_rps": o["rps"],
+                "aiohttp_rps": a["rps"],
+                "rps_share": round(o["rps"] / a["rps"], 3) if a["rps"] else None,
+                "onjob_p99_ms": o["p99_ms"],
+                "aiohttp_p99_ms": a["p99_ms"],
+                "p99_ratio": round(o["p99_ms"] / a["p99_ms"], 2) if a["p99_ms"] else None,
+                "onjob_cpu_us_per_request": o.get("cpu_us_per_request"),
+                "onjob_loader_cpu_us_per_request": o.get("loader_cpu_us_per_request"),
+                "aiohttp_cpu_us_per_request": a.get("cpu_us_per_request"),
+                "onjob_rss_peak_mib": o.get("rss_peak_mib"),
+                "aiohttp_rss_peak_mib": a.get("rss_peak_mib"),
+            }
+        )
+    if out:
+        print(
+            "\nonjob against the aiohttp passthrough (issue 19 item 8: rps share >= 0.6, "
+            "p99 ratio <= 2 at c64, onjob peak RSS <= 200 MiB)"
+        )
+        print(
+            f"{'stream':<7}{'c':>4}{'onjob/s':>10}{'aiohttp/s':>11}{'share':>7}"
+            f"{'p99 onjob':>11}{'aiohttp':>9}{'ratio':>7}{'cpu µs onjob':>14}{'aiohttp':>9}"
+            f"{'rss MiB onjob':>15}{'aiohttp':>9}"
+        )
+        for h in out:
+            print(
+                f"{h['stream']!s:<7}{h['concurrency']:>4}{h['onjob_rps']:>10.0f}"
+                f"{h['aiohttp_rps']:>11.0f}{h['rps_share']!s:>7}{h['onjob_p99_ms']:>11.2f}"
+                f"{h['aiohttp_p99_ms']:>9.2f}{h['p99_ratio']!s:>7}"
+                f"{h['onjob_cpu_us_per_request']!s:>14}{h['aiohttp_cpu_us_per_request']!s:>9}"
+                f"{h['onjob_rss_peak_mib']!s:>15}{h['aiohttp_rss_peak_mib']!s:>9}"
+            )
+    return out
+
+
 def summary(rows: list[dict]) -> None:
     names = [k for k in rows[0]["onjob_vs"]] if rows else []
     if not names:
@@ -203,6 +335,9 @@ def main() -> int:
         help="proxies to measure beside onjob (default: aiohttp litestar litellm; portkey "
         "needs npm)",
     )
+    parser.add_argument(
+        "--no-alone", action="store_true", help="skip the onjob-alone cases after the side by side"
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
     cores = sorted(os.sched_getaffinity(0))
@@ -212,23 +347,17 @@ def main() -> int:
     rows, cases, logging_rows = [], [], []
     try:
         engine, engine_port = fake_engine(server_core)
-        slow, slow_port = fake_engine(server_core, delay_ms=50)
-        procs += [engine, slow]
+        procs.append(engine)
         fast_proxy, fast_port = proxy(engine_port, tmp / "fast.duckdb", server_core)
-        slow_proxy, slow_proxy_port = proxy(slow_port, tmp / "slow.duckdb", server_core)
-        httpx_proxy, httpx_port = proxy(
-            engine_port, tmp / "httpx.duckdb", server_core, ONJOB_PROXY__UPSTREAM_CLIENT="httpx"
-        )
-        eager_proxy, eager_port = proxy(
-            engine_port, tmp / "eager.duckdb", server_core, ONJOB_COLLECTOR__LOADER_NICE="0"
-        )
-        procs += [fast_proxy, slow_proxy, httpx_proxy, eager_proxy]
+        procs.append(fast_proxy)
         targets = {"direct": (engine_port, "fake", {}), "onjob": (fast_port, "agent", {})}
         for name in args.peers:
             port = free_port()
             p = peers.peer(name, port, engine_port, tmp)
             procs.append(start(p.cmd, port, server_core, p.env, ready=p.health))
             targets[name] = (port, p.model, p.headers)
+        if not args.no_alone:
+            alone_ports = others(engine_port, tmp, server_core, procs)
         os.sched_setaffinity(0, {load_core})
         print(f"load generator on core {load_core}; engines and proxies on core {server_core}")
 
@@ -241,23 +370,8 @@ def main() -> int:
                     logging_rows.append(
                         {"loader_nice": 10, **drain(fast_port, before, after, stream)}
                     )
-        print("\nonjob alone:")
-        # Connections spread over one 50 ms period, as independent agents would be; then
-        # all 16 in lockstep (every request arrives in a burst of 16), the worst case.
-        for stream in (False, True):
-            cases.append(compare("50ms", slow_port, slow_proxy_port, stream, 16, args, 0.05))
-        cases.append(compare("50ms-burst", slow_port, slow_proxy_port, False, 16, args))
-        c = max(args.concurrency)
-        before = health(eager_port)
-        row = compare("nice0", engine_port, eager_port, False, c, args)
-        row["note"] = "collector.loader_nice = 0: loading at the proxy's own priority"
-        cases.append(row)
-        logging_rows.append(
-            {"loader_nice": 0, **drain(eager_port, before, health(eager_port), False)}
-        )
-        httpx_row = compare("httpx", engine_port, httpx_port, False, c, args)
-        httpx_row["note"] = "same proxy with proxy.upstream_client = httpx"
-        cases.append(httpx_row)
+        if not args.no_alone:
+            alone(engine_port, *alone_ports, args, cases, logging_rows)
     finally:
         for p in procs:
             p.terminate()
@@ -265,6 +379,7 @@ def main() -> int:
             p.wait(timeout=30)
 
     summary(rows)
+    item8 = hot_path(rows)
     result = {
         "layout": {"load_core": load_core, "server_core": server_core},
         "seconds": args.seconds,
@@ -275,11 +390,57 @@ def main() -> int:
             "aiohttp": "bench/passthrough.py",
         },
         "side_by_side": rows,
+        "onjob_vs_aiohttp": item8,
         "onjob_cases": cases,
         "logging": logging_rows,
     }
     results_file.save("proxy_overhead", result, args.out)
     return 0
+
+
+def others(engine_port: int, tmp: Path, core: int, procs: list) -> tuple[int, ...]:
+    """The proxies for the onjob-alone cases: a 50 ms engine and its proxy, the httpx
+    client, the loader at nice 0."""
+    slow, slow_port = fake_engine(core, delay_ms=50)
+    procs.append(slow)
+    slow_proxy, slow_proxy_port = proxy(slow_port, tmp / "slow.duckdb", core)
+    procs.append(slow_proxy)
+    httpx_proxy, httpx_port = proxy(
+        engine_port, tmp / "httpx.duckdb", core, ONJOB_PROXY__UPSTREAM_CLIENT="httpx"
+    )
+    procs.append(httpx_proxy)
+    eager_proxy, eager_port = proxy(
+        engine_port, tmp / "eager.duckdb", core, ONJOB_COLLECTOR__LOADER_NICE="0"
+    )
+    procs.append(eager_proxy)
+    return slow_port, slow_proxy_port, httpx_port, eager_port
+
+
+def alone(
+    engine_port: int,
+    slow_port: int,
+    slow_proxy_port: int,
+    httpx_port: int,
+    eager_port: int,
+    args,
+    cases: list,
+    logging_rows: list,
+) -> None:
+    print("\nonjob alone:")
+    # Connections spread over one 50 ms period, as independent agents would be; then
+    # all 16 in lockstep (every request arrives in a burst of 16), the worst case.
+    for stream in (False, True):
+        cases.append(compare("50ms", slow_port, slow_proxy_port, stream, 16, args, 0.05))
+    cases.append(compare("50ms-burst", slow_port, slow_proxy_port, False, 16, args))
+    c = max(args.concurrency)
+    before = health(eager_port)
+    row = compare("nice0", engine_port, eager_port, False, c, args)
+    row["note"] = "collector.loader_nice = 0: loading at the proxy's own priority"
+    cases.append(row)
+    logging_rows.append({"loader_nice": 0, **drain(eager_port, before, health(eager_port), False)})
+    httpx_row = compare("httpx", engine_port, httpx_port, False, c, args)
+    httpx_row["note"] = "same proxy with proxy.upstream_client = httpx"
+    cases.append(httpx_row)
 
 
 def drain(port: int, before: dict, after: dict, stream: bool) -> dict:
