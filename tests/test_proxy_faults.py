@@ -14,6 +14,7 @@ from litestar.testing import TestClient
 from onjob.cli.process import free_port
 from onjob.collector import Collector, CollectorSettings, Store
 from onjob.proxy import AiohttpUpstream, ProxySettings, create_app
+from onjob.proxy.lean import LeanUpstream
 from onjob.proxy.upstream import Upstream
 
 from .fake_engine import (
@@ -26,6 +27,8 @@ from .fake_engine import (
 )
 
 CHAT = {"model": "agent", "messages": [{"role": "user", "content": "hi"}]}
+# The clients that speak to a real socket: faults read the same through either.
+SOCKET_CLIENTS = pytest.mark.parametrize("client_kind", [LeanUpstream, AiohttpUpstream])
 
 
 def app_for(tmp_path, upstream: Upstream, tracer=None, **proxy):
@@ -77,8 +80,9 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(tmp_path):
     assert [r["status"] for r in rows(tmp_path, "SELECT status FROM exchanges")] == [200]
 
 
-def test_engine_unreachable_is_502_and_the_failed_exchange_is_logged(tmp_path):
-    upstream = AiohttpUpstream(f"http://127.0.0.1:{free_port()}/v1", connect_timeout=2)
+@SOCKET_CLIENTS
+def test_engine_unreachable_is_502_and_the_failed_exchange_is_logged(tmp_path, client_kind):
+    upstream = client_kind(f"http://127.0.0.1:{free_port()}/v1", connect_timeout=2)
     with TestClient(app_for(tmp_path, upstream)) as client:
         error = assert_openai_error(client.post("/v1/chat/completions", json=CHAT), 502)
         assert "cannot reach the engine" in error["message"]
@@ -112,11 +116,12 @@ def silent(conn, body):
     time.sleep(5)
 
 
+@SOCKET_CLIENTS
 @pytest.mark.parametrize("stream", [False, True])
-def test_engine_that_goes_silent_is_504(tmp_path, stream):
+def test_engine_that_goes_silent_is_504(tmp_path, stream, client_kind):
     engine = RawEngine(silent)
     try:
-        upstream = AiohttpUpstream(engine.url, read_timeout=0.5)
+        upstream = client_kind(engine.url, read_timeout=0.5)
         with TestClient(app_for(tmp_path, upstream)) as client:
             resp = client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
             error = assert_openai_error(resp, 504)
@@ -182,18 +187,26 @@ def cut_by_httpx():
     ), None
 
 
-def cut_by_socket():
-    def behaviour(conn, body):
-        send_chunked_head(conn)
-        send_chunk(conn, chunk("Hello"))
-        send_chunk(conn, chunk(" wor"))
-        conn.close()  # no terminating chunk: the body is incomplete
+def _cut(conn, body):
+    send_chunked_head(conn)
+    send_chunk(conn, chunk("Hello"))
+    send_chunk(conn, chunk(" wor"))
+    conn.close()  # no terminating chunk: the body is incomplete
 
-    engine = RawEngine(behaviour)
+
+def cut_by_socket():
+    engine = RawEngine(_cut)
     return AiohttpUpstream(engine.url), engine
 
 
-@pytest.mark.parametrize("make", [cut_by_httpx, cut_by_socket], ids=["httpx", "aiohttp"])
+def cut_by_socket_lean():
+    engine = RawEngine(_cut)
+    return LeanUpstream(engine.url), engine
+
+
+@pytest.mark.parametrize(
+    "make", [cut_by_httpx, cut_by_socket, cut_by_socket_lean], ids=["httpx", "aiohttp", "lean"]
+)
 def test_stream_cut_by_engine_returns_error_event_and_logs_partial(tmp_path, make):
     upstream, engine = make()
     try:

@@ -17,6 +17,7 @@ from ..deploy.judging import engine_client
 from ..deploy.loop import PeriodicLoop
 from ..deploy.operator import Operator
 from ..proxy import AiohttpUpstream, HttpxUpstream, ProxySettings, Router, Upstream, create_app
+from ..proxy.lean import LeanUpstream
 from ..proxy.pool import Pool, Replica
 from .process import EngineProcess
 from .settings import ServeSettings
@@ -35,7 +36,8 @@ def build_upstream(p: ProxySettings, url: str | None = None) -> Upstream:
             limits=httpx.Limits(max_connections=p.max_connections),
         )
         return HttpxUpstream(client)
-    return AiohttpUpstream(
+    kind = LeanUpstream if p.upstream_client == "lean" else AiohttpUpstream
+    return kind(
         url,
         connect_timeout=p.connect_timeout_s,
         read_timeout=p.read_timeout_s,

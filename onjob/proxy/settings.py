@@ -73,8 +73,10 @@ class ProxySettings(BaseModel):
     connect_timeout_s: float = Field(5.0, gt=0)
     read_timeout_s: float = Field(300.0, gt=0, description="longest silence from the engine")
     max_connections: int = Field(1024, ge=1, description="connections to the engine")
-    upstream_client: Literal["aiohttp", "httpx"] = Field(
-        "aiohttp", description="HTTP client to the engine (aiohttp: ~3x less CPU per request)"
+    upstream_client: Literal["lean", "aiohttp", "httpx"] = Field(
+        "lean",
+        description="HTTP client to the engine (lean: keep-alive HTTP/1.1 over httptools, "
+        "~60 µs less CPU per request than aiohttp's, itself ~3x less than httpx's)",
     )
     shutdown_grace_s: float = Field(
         30.0,

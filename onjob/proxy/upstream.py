@@ -1,12 +1,14 @@
 """The client that forwards requests to the engine, behind one small interface.
 
-`AiohttpUpstream` is the hot-path client: on these machines aiohttp's client costs
-about a third of the CPU per request of httpx's transport under concurrency
-(DESIGN.md, facts; `bench/proxy_overhead.py` measures both). `HttpxUpstream`
+The hot-path client is `lean.LeanUpstream` (its own module: keep-alive HTTP/1.1 over
+httptools, a tenth of aiohttp's client CPU per request). `AiohttpUpstream` was before it:
+on these machines aiohttp's client costs about a third of the CPU per request of httpx's
+transport under concurrency (DESIGN.md, facts; `bench/proxy_overhead.py` measures both),
+and it stays a setting away (`proxy.upstream_client`). `HttpxUpstream`
 wraps any `httpx.AsyncClient`, so tests (and users) can hand in a
 `MockTransport` to script the engine's faults at the HTTP boundary.
 
-Both translate their library's errors into the proxy's: `UpstreamUnreachable`
+Each translates its library's errors into the proxy's: `UpstreamUnreachable`
 (no connection or it dropped before an answer), `UpstreamTimeout`, and
 `StreamCut` (the connection dropped in the middle of a body).
 """

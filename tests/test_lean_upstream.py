@@ -1,0 +1,182 @@
+"""The lean HTTP/1.1 client to the engine (`proxy/lean.py`) against raw sockets: it keeps
+connections alive, replaces one the engine closed while idle, reads every way a body can
+end, and turns each fault into the proxy's error (the proxy's own fault tests run it too)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+
+import pytest
+
+from onjob.proxy.errors import StreamCut, UpstreamTimeout, UpstreamUnreachable
+from onjob.proxy.lean import LeanUpstream
+
+ANSWER = b'{"ok":true}'
+
+
+class Server:
+    """Accepts connections; `answer(conn, n)` answers the n-th request (0-based) of the
+    server's life, and returns False to close the connection after it."""
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+        self.accepted = 0
+        self.requests = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+
+    def _connection(self, conn: socket.socket) -> None:
+        with conn:
+            buffer = b""
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buffer += data
+                head, _, buffer = buffer.partition(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                while len(buffer) < length:
+                    buffer += conn.recv(65536)
+                buffer = buffer[length:]
+                n, self.requests = self.requests, self.requests + 1
+                if self.answer(conn, n) is False:
+                    return
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def whole(conn, n):
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
+    conn.sendall(b"Content-Length: %d\r\n\r\n" % len(ANSWER) + ANSWER)
+
+
+def run(server: Server, *steps, **kwargs):
+    async def go():
+        upstream = LeanUpstream(server.url, **kwargs)
+        try:
+            return [await step(upstream) for step in steps]
+        finally:
+            await upstream.aclose()
+
+    try:
+        return asyncio.run(go())
+    finally:
+        server.close()
+
+
+async def post(upstream: LeanUpstream) -> tuple[int, str, bytes]:
+    resp = await upstream.request("POST", "/chat/completions", b"{}")
+    return resp.status, resp.content_type, await resp.read()
+
+
+def test_connections_are_kept_alive():
+    server = Server(whole)
+    answers = run(server, *[post] * 20)
+    assert answers == [(200, "application/json", ANSWER)] * 20
+    assert server.accepted == 1
+
+
+def test_a_connection_the_engine_closed_while_idle_is_replaced():
+    # The engine answers as if it kept the connection, then closes it (its keep-alive
+    # timeout): the next request is sent again on a new connection.
+    server = Server(lambda conn, n: whole(conn, n) or False)
+
+    async def later(upstream):
+        await asyncio.sleep(0.1)  # the close has arrived
+        return await post(upstream)
+
+    async def at_once(upstream):  # before the close is seen: written into a dying socket
+        return await post(upstream)
+
+    answers = run(server, post, later, at_once)
+    assert [a[2] for a in answers] == [ANSWER] * 3
+    assert server.requests == 3
+
+
+def test_bodies_that_end_with_the_connection_or_in_chunks():
+    def answer(conn, n):
+        if n == 0:  # no length: the body ends with the connection
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil ")
+            conn.sendall(b"the end")
+            return False
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for part in (b"data: a\n\n", b"data: b\n\n"):
+            conn.sendall(b"%x\r\n%s\r\n" % (len(part), part))
+        conn.sendall(b"0\r\n\r\n")
+
+    async def streamed(upstream):
+        resp = await upstream.request("POST", "/chat/completions", b"{}")
+        parts = [part async for part in resp.chunks()]
+        await resp.aclose()
+        return b"".join(parts)
+
+    server = Server(answer)
+    assert run(server, post, streamed) == [
+        (200, "text/plain", b"until the end"),
+        b"data: a\n\ndata: b\n\n",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("answer", "error", "words"),
+    [
+        (lambda conn, n: False, UpstreamUnreachable, "before answering"),
+        (lambda conn, n: conn.sendall(b"garbage\r\n\r\n") or False, StreamCut, "not HTTP"),
+        (
+            lambda conn, n: (
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf") or False
+            ),
+            StreamCut,
+            "cut",
+        ),
+        (lambda conn, n: threading.Event().wait(2), UpstreamTimeout, "in time"),
+    ],
+    ids=["closed", "garbage", "cut", "silent"],
+)
+def test_faults_are_the_proxys_errors(answer, error, words):
+    with pytest.raises(error, match=words):
+        run(Server(answer), post, read_timeout=0.3)
+
+
+def test_no_engine_is_unreachable():
+    sock = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    sock.close()
+
+    async def go():
+        upstream = LeanUpstream(url)
+        try:
+            await post(upstream)
+        finally:
+            await upstream.aclose()
+
+    with pytest.raises(UpstreamUnreachable, match="cannot reach"):
+        asyncio.run(go())
+
+
+def test_requests_past_max_connections_wait_for_one():
+    server = Server(whole)
+
+    async def many(upstream):
+        return await asyncio.gather(*(post(upstream) for _ in range(10)))
+
+    (answers,) = run(server, many, max_connections=2)
+    assert [a[2] for a in answers] == [ANSWER] * 10
+    assert server.accepted <= 2
