@@ -122,6 +122,9 @@ class Pool:
         return sorted(left, key=lambda r: r.state is ReplicaState.DOWN)[:1]
 
     def _pick(self, model: str | None, tried: list[Replica]) -> Replica | None:
+        if len(self.replicas) == 1:  # the usual case, what `_candidates` would give
+            replica = self.replicas[0]
+            return None if tried or model in replica.missing else replica
         candidates = self._candidates(model, tried)
         if not candidates:
             return None
