@@ -5,8 +5,9 @@
 - `portkey`: the Portkey gateway (Node, from npm; `@hono/node-server` pinned to 1.13.5,
   as the gateway's start script needs);
 - `aiohttp`: bench/passthrough.py, a bare aiohttp relay: Python's floor;
-- `litestar`: bench/passthrough_litestar.py, a bare relay on onjob's own stack (Litestar,
-  uvicorn, the aiohttp client): what the stack costs before onjob does any work.
+- `litestar`: bench/passthrough_litestar.py, a bare relay on Litestar, uvicorn and the
+  aiohttp client (onjob's stack until its hot routes bypassed Litestar's router and
+  aiohttp's client): what that stack costs before any work.
 
 Each `Peer` knows its command, the model name clients send, the path that says it
 is up, and any headers its requests need.

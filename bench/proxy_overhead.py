@@ -1,7 +1,8 @@
 """What the proxy adds, against its peers: latency and throughput direct to a fake
 engine, through `onjob serve` with logging on, through the LiteLLM proxy, a bare
-aiohttp passthrough (Python's floor) and a bare passthrough on onjob's own stack
-(Litestar + uvicorn + the aiohttp client), and optionally the Portkey gateway, side by
+aiohttp passthrough (Python's floor) and a bare passthrough on Litestar + uvicorn + the
+aiohttp client (onjob's stack until its hot routes left Litestar's router and aiohttp's
+client: `proxy/front.py`, `proxy/lean.py`), and optionally the Portkey gateway, side by
 side in one run.
 
 Layout on a 2-core machine: the load generator (this process) on core 0; the fake
