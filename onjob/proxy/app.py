@@ -92,13 +92,8 @@ def create_app(
     def finish(exchange: Exchange) -> None:
         """Hand the exchange to the collector: its spool line is written before the answer
         (or the stream's last event) leaves, so a crash after that loses nothing."""
-        hashes = None
-        if exchange.status < 400:
-            hashes = collector.stitcher.record_replies(exchange.placement, exchange.replies())
-        else:
-            collector.stitcher.release(exchange.placement)
         try:
-            collector.log(exchange.record(hashes, collector.lineage))
+            collector.log(exchange.record(collector.lineage))
         except OSError:
             log.exception("could not spool exchange %s", exchange.id)
 
@@ -148,6 +143,9 @@ def create_app(
                     param="previous_response_id",
                 )
             where["trajectory_id"] = previous.trajectory_id
+            # A chain keeps the arm its previous turn had, while that checkpoint still is one.
+            if where["pin"] is None:
+                where["pin"] = router.sticky(body["model"], row["checkpoint"])
         chat, call = responses.translate(body, previous)
         raw = msgspec.json.encode(chat)
         exchange = await Exchange.open(
@@ -185,7 +183,6 @@ def create_app(
     def placing(request: Request, api_key_id: str | None) -> dict:
         return {
             "router": router,
-            "collector": collector,
             "api_key_id": api_key_id,
             "trajectory_id": request.headers.get(TRAJECTORY_HEADER),
             "scenario": request.headers.get(SCENARIO_HEADER),
@@ -258,11 +255,9 @@ def create_app(
         return resp, exchange.answer(raw)
 
     def log_attempt(exchange: Exchange) -> None:
-        """A failed attempt whose turn is retried elsewhere: logged, its place kept."""
-        try:
-            collector.log(exchange.record(None, collector.lineage))
-        except OSError:
-            log.exception("could not spool exchange %s", exchange.id)
+        """A failed attempt whose turn is retried elsewhere: logged (the loader gives the
+        retry its place)."""
+        finish(exchange)
 
     async def relay(exchange: Exchange, resp: UpstreamResponse, span) -> AsyncIterator[bytes]:
         finished = False
@@ -500,10 +495,11 @@ def create_app(
 
 
 async def _lookup(collector: Collector, query, key: str):
-    """Ask the database; if it does not know `key` yet, load the spool and ask again."""
+    """Ask the database; if it does not know `key` yet, load the spool (what other proxy
+    processes hold too) and ask again."""
     found = await collector.query(lambda store: query(store, key))
     if not found:
-        await collector.flush()
+        await collector.caught_up()
         found = await collector.query(lambda store: query(store, key))
     return found
 
