@@ -32,6 +32,7 @@ class ExchangeRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="exchan
     scenario_key: str
     scenario_keyed: str
     after_turn: int | None = None  # a Responses API chain: the turn this one continues
+    retry_of: str | None = None  # a failed canary attempt this answers in place of: its place
     stitch: list[str] | None = None  # `Keys.candidates`: the continuations this may be
     prefix_hash: str | None = None  # `Keys.prefix_hash`
     model_alias: str | None = None

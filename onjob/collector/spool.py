@@ -22,8 +22,9 @@ NFSv4, CephFS, EFS do).
 Which closed segments may be loaded (`loadable()`): stitching happens at load time, and
 a turn must be loaded with or after the turn it continues. The earlier turn was written
 before the later one's request arrived, so only a segment still open can hold the
-earlier turn of a loadable line. So a closed segment is held back while another
-writer's open segment was opened before it closed; it waits at most `rotate_s`. Loading
+earlier turn of a loadable line, or a closed segment held back itself. So a closed
+segment is held back while another writer's open segment, or a held segment, was opened
+before it closed; it waits about `rotate_s`. Loading
 goes in batches (`batches()`): in order of opening, each closed under overlap (a segment
 open while another of the batch was), so a turn and the turn it continues always land in
 one batch or in batches loaded in order. The writers' clocks must agree (NTP) to well
@@ -156,9 +157,18 @@ class Spool:
         closed = sorted(
             (_closed(p) for p in self.directory.glob(f"*{CLOSED}")), key=lambda s: s.opened
         )
-        if held_from is not None:
-            closed = [s for s in closed if s.closed <= held_from]
-        return closed
+        if held_from is None:
+            return closed
+        # A segment that closed after a held one opened may hold a turn continuing one of
+        # the held segment's: it is held too, which may hold more.
+        while True:
+            earliest = min(
+                (s.opened for s in closed if s.closed > held_from and s.opened < held_from),
+                default=None,
+            )
+            if earliest is None:
+                return [s for s in closed if s.closed <= held_from]
+            held_from = earliest
 
     def others_writing(self) -> bool:
         """Whether another live writer holds an open segment (its lines are not loadable yet)."""

@@ -70,6 +70,7 @@ _LINE = {
     "prompt_kept": "INTEGER",
     "request_kept": "VARCHAR[]",
     "after_turn": "INTEGER",
+    "retry_of": "VARCHAR",
     "stitch": "VARCHAR[]",
     "prefix_hash": "VARCHAR",
     "exchange_id": "VARCHAR",
@@ -86,7 +87,7 @@ _READ = (
 # placed after the turn it continues, whichever process or segment each came from.
 _UNPLACED = """
 SELECT id, api_key_id, trajectory_id, after_turn, stitch, prefix_hash, continuation_hashes,
-       scenario_key, scenario_keyed, status
+       scenario_key, scenario_keyed, status, retry_of
 FROM segment WHERE kind = 'exchange' AND turn IS NULL ORDER BY ts, id
 """
 _PLACE = """

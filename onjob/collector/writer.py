@@ -32,6 +32,16 @@ from .trajectories import Keys, Stitcher
 log = logging.getLogger("onjob.collector")
 T = TypeVar("T")
 
+FAILED_HELD = 10_000  # failed exchanges whose place a retry on the live arm may take
+FORGOTTEN_MARK = "forgotten.mark"  # in the spool directory: touched by each `forget`
+
+
+def _stamp(path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return None
+
 
 def _lower_priority(nice: int) -> None:
     """Loading into DuckDB yields the CPU to the proxy: the database thread (and the worker
@@ -49,6 +59,7 @@ class Collector:
             settings.stitch_capacity, scenarios_per_key=settings.scenarios_per_key
         )
         self.lineage = Lineage(settings.stitch_capacity, settings.lineage_tokens)
+        self._failed: dict[str, tuple[str, int]] = {}  # recent failed exchanges' places
         self._db = concurrent.futures.ThreadPoolExecutor(
             1,
             thread_name_prefix="onjob-duckdb",
@@ -159,8 +170,12 @@ class Collector:
             scenario_key,
             scenario_keyed,
             status,
+            retry_of,
         ) in rows:
             keys = Keys(stitch or [], prefix_hash or "", "", scenario_key, scenario_keyed)
+            if retry_of in self._failed:  # live answering for a failed canary: its place
+                trajectory_id, turn = self._failed.pop(retry_of)
+                after_turn = turn - 1
             p = self.stitcher.place_keys(
                 keys, trajectory_id=trajectory_id, api_key_id=api_key_id, after_turn=after_turn
             )
@@ -168,6 +183,9 @@ class Collector:
                 self.stitcher.register(p, continuations or [])
             else:  # a failed exchange is no turn: a retry takes its place
                 self.stitcher.release(p)
+                self._failed[id_] = (p.trajectory_id, p.turn)
+                while len(self._failed) > FAILED_HELD:
+                    self._failed.pop(next(iter(self._failed)))
             out.append((id_, p.trajectory_id, p.turn, p.scenario_id))
         return out
 
@@ -185,8 +203,9 @@ class Collector:
             out = await self._run(lambda: forget(self._store, what, actor=actor))
         self.stitcher.forget(out.trajectory_ids)
         # A later turn must not be stored against a deleted exchange: this process's memory
-        # of conversations goes (a proxy-only process's goes when it sees the new rule).
+        # of conversations goes, and proxy-only processes' when they see the mark change.
         self.lineage.clear()
+        (self.settings.spool / FORGOTTEN_MARK).write_text(out.what)
         if out.exchanges:
             log.warning("forgot %s: %d exchanges", out.what, out.exchanges)
         if out.trained_on:
@@ -233,13 +252,19 @@ class Collector:
         return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
 
     async def _rotating(self) -> None:
-        """A proxy-only process closes its segment every `rotate_s`: the loader may load it."""
+        """A proxy-only process closes its segment every `rotate_s`: the loader may load it.
+        When the primary has deleted conversations, the memory of them goes too."""
+        mark = self.settings.spool / FORGOTTEN_MARK
+        seen = _stamp(mark)
         while True:
             await asyncio.sleep(self.settings.rotate_s)
             try:
                 self._spool.rotate()
             except OSError:
                 log.exception("closing a spool segment failed; will retry")
+            if (stamp := _stamp(mark)) != seen:
+                seen = stamp
+                self.lineage.clear()
 
     async def _loop(self) -> None:
         retained = -math.inf  # retention runs at start, then every retention_check_s

@@ -328,6 +328,7 @@ class Exchange:
     api: str | None = None  # the API the client called, when not chat completions
     api_object: dict | None = None  # what that API keeps of the exchange (a stored Response)
     id_prefix: str = "chatcmpl-"
+    retry_of: str | None = None  # the failed canary attempt this answers in place of
 
     @classmethod
     async def open(
@@ -380,6 +381,7 @@ class Exchange:
             self.api_key_id,
             api=self.api,
             id_prefix=self.id_prefix,
+            retry_of=self.id,
         )
 
     def upstream_body(self) -> bytes:
@@ -580,6 +582,7 @@ class Exchange:
             ts=self.ts,
             trajectory_id=w.trajectory_id,
             after_turn=w.after_turn,
+            retry_of=self.retry_of,
             scenario_key=w.keys.scenario_key,
             scenario_keyed=w.keys.scenario_keyed,
             stitch=w.keys.candidates or None,

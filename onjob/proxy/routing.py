@@ -14,6 +14,7 @@ an agent that already names it changes nothing but its `base_url`.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -55,6 +56,7 @@ class Router:
         self.arms = {alias: Arms(live) for alias, live in aliases.items()}
         self.upstream = upstream
         self.base_model: str | None = None
+        self.listeners: list[Callable[[], None]] = []  # called after each change
 
     @classmethod
     def from_settings(cls, settings, upstream: Upstream) -> Router:
@@ -70,7 +72,12 @@ class Router:
         """Change an alias's routing (the deploy side calls this; the next request sees it)."""
         if not 0 <= fraction <= 1:
             raise ValueError(f"canary fraction {fraction} is not in [0, 1]")
-        self.arms[alias] = Arms(live, canary, fraction if canary else 0.0)
+        arms = Arms(live, canary, fraction if canary else 0.0)
+        if self.arms.get(alias) == arms:
+            return
+        self.arms[alias] = arms
+        for listener in self.listeners:
+            listener()
 
     async def discover(self) -> str:
         """The engine's base model id (the model without a parent), asked once."""
