@@ -1,12 +1,12 @@
 """The collector's ingest rate: exchanges/s from `collector.log()` to rows in DuckDB, the
 size on disk per million exchanges, and the process's peak memory.
 
-Synthetic agent traffic takes the proxy's path into the collector: each request is
-placed by the collector's stitcher (as `Exchange.open()` places it), its record filled
+Synthetic agent traffic takes the proxy's path into the collector: each request's
+stitching keys are computed (as `Exchange.open()` computes them), its record filled
 as `Exchange.record()` fills it (the request bytes the client sent, the answer it got,
 the engine's prompt and completion token ids and float32 logprobs), its reply
-registered as a continuation, and the record handed to `collector.log()`, one append
-to the spool. The collector's own loop loads the spool into DuckDB at its default
+hashed as a continuation, and the record handed to `collector.log()`, one append
+to the spool; the loader places each line in its trajectory as it loads it. The collector's own loop loads the spool into DuckDB at its default
 settings (`--loader-nice` changes the loader's priority). Traffic: 200 scenarios (a
 system prompt and 3-6 tool schemas each), 256 conversations in flight, 1-8 turns of
 tool calls and tool results before an answer, sometimes a follow-up question; 1% of
@@ -59,6 +59,7 @@ from onjob.collector import Collector, CollectorSettings, ExchangeRecord, Store 
 from onjob.collector.ids import new_id  # noqa: E402
 from onjob.collector.linear import stored  # noqa: E402
 from onjob.collector.records import encode, to_json  # noqa: E402
+from onjob.collector.trajectories import Keys, continuations, keys  # noqa: E402
 from onjob.proxy.routing import canary_share  # noqa: E402
 
 SCENARIOS = 200
@@ -72,8 +73,8 @@ TOOLS = ["search_orders", "get_customer", "issue_refund", "lookup_docs", "run_sq
 
 
 class Traffic:
-    """Multi-turn tool-using conversations, placed by the collector's stitcher and recorded
-    as the proxy records them.
+    """Multi-turn tool-using conversations, recorded as the proxy records them (the loader
+    places them).
 
     Text, token ids and logprobs are slices at random offsets of large random pools, so
     no two exchanges carry the same payload while building one costs little next to
@@ -195,17 +196,19 @@ class Traffic:
             "max_tokens": 1024,
         }
         raw = msgspec.json.encode(body)
-        placement = self.collector.place(messages)
-        canary = canary_share(placement.trajectory_id, CANARY) < CANARY_FRACTION
+        # As `Exchange.open` does: the stitching keys (the loader places the line) and the
+        # arm from the conversation's opening.
+        k = keys(messages)
+        canary = canary_share(f"agents\0{k.opening}", CANARY) < CANARY_FRACTION
+        turn = sum(m.get("role") == "assistant" for m in messages)
         exchange_id = new_id("chatcmpl-")
         shared = {
             "id": exchange_id,
             "ts": time.time(),
-            "trajectory_id": placement.trajectory_id,
-            "turn": placement.turn,
-            "scenario_id": placement.scenario_id,
-            "scenario_key": placement.scenario_key,
-            "scenario_keyed": placement.scenario_keyed,
+            "stitch": k.candidates or None,
+            "prefix_hash": k.prefix_hash,
+            "scenario_key": k.scenario_key,
+            "scenario_keyed": k.scenario_keyed,
             "model_alias": "agent",
             "api_key_id": "agents",
             "checkpoint": CANARY if canary else None,
@@ -215,7 +218,6 @@ class Traffic:
         self.payload["request_bytes"] += len(raw)
         if self.rng.random() < FAILURE_RATE:
             # Logged with its status and no answer; the agent retries the same turn.
-            self.collector.stitcher.release(placement)
             answer = {
                 "id": exchange_id,
                 "object": "chat.completion",
@@ -226,7 +228,7 @@ class Traffic:
             }
             record = ExchangeRecord(
                 **shared,
-                **self._stored(shared, body, raw, None, None),
+                **self._stored(shared, k, body, raw, None, None, []),
                 response=to_json(answer),
                 status=502,
                 error="the engine is unreachable: connection refused",
@@ -260,10 +262,10 @@ class Traffic:
                     "usage": usage,
                 }
             )
-            hashes = self.collector.stitcher.record_replies(placement, [reply])
+            hashes = continuations(k.prefix_hash, [reply])
             record = ExchangeRecord(
                 **shared,
-                **self._stored(shared, body, raw, prompt, completion),
+                **self._stored(shared, k, body, raw, prompt, completion, hashes),
                 response=msgspec.Raw(answer),
                 completion_token_ids=[completion],
                 completion_logprobs=[self.logprobs(len(completion))],
@@ -278,11 +280,18 @@ class Traffic:
         self.payload["spool_bytes"] += line
         if self.turns:
             by_turn = self.payload.setdefault("spool_bytes_by_turn", {})
-            by_turn.setdefault(record.turn, []).append(line)
+            by_turn.setdefault(turn, []).append(line)
         return record
 
     def _stored(
-        self, shared: dict, body: dict, raw: bytes, prompt: list[int] | None, completion
+        self,
+        shared: dict,
+        k: Keys,
+        body: dict,
+        raw: bytes,
+        prompt: list[int] | None,
+        completion,
+        hashes: list[str],
     ) -> dict:
         """The record's request and prompt fields as `Exchange.record()` stores them: whole,
         or (linear storage) only what this turn adds to its conversation's last one."""
@@ -290,8 +299,9 @@ class Traffic:
             return {"request": msgspec.Raw(raw), "prompt_token_ids": prompt}
         request, prompt_ids, delta = stored(
             self.collector.lineage,
-            trajectory_id=shared["trajectory_id"],
-            turn=shared["turn"],
+            keys=k,
+            api_key_id="agents",
+            continuations=hashes,
             exchange_id=shared["id"],
             request=body,
             prompt_token_ids=prompt,
