@@ -6,8 +6,9 @@ stitching keys are computed (as `Exchange.open()` computes them), its record fil
 as `Exchange.record()` fills it (the request bytes the client sent, the answer it got,
 the engine's prompt and completion token ids and float32 logprobs), its reply
 hashed as a continuation, and the record handed to `collector.log()`, one append
-to the spool; the loader places each line in its trajectory as it loads it. The collector's own loop loads the spool into DuckDB at its default
-settings (`--loader-nice` changes the loader's priority). Traffic: 200 scenarios (a
+to the spool. The collector's own loop loads the spool into DuckDB at its default
+settings (`--loader-nice` changes the loader's priority), placing each line in its
+trajectory as it goes. Traffic: 200 scenarios (a
 system prompt and 3-6 tool schemas each), 256 conversations in flight, 1-8 turns of
 tool calls and tool results before an answer, sometimes a follow-up question; 1% of
 exchanges fail (502) and are retried.
@@ -16,7 +17,9 @@ Building records runs in this process and is timed apart. Reported: the append r
 (time inside `log()`), the load rate (the loader thread's CPU time; its waits on the
 disk are not in it), and the sustained rate: the wall time from the first `log()`
 until the loader has caught up (a last `flush()`), which is bounded by building
-records when the loader is the faster side.
+records when the loader is the faster side. `--proxy-seconds S` first measures, in the
+same run, what one `onjob serve` process answers (bench/proxy_overhead.py's layout), and
+compares the loader's rate per CPU-second with it: both are what one core does.
 
     .venv/bin/python bench/ingest.py                       # 100,000 exchanges, ~1-3 minutes
     .venv/bin/python bench/ingest.py --exchanges 1000000 --loader-nice 0
@@ -469,6 +472,33 @@ def empty_size(directory: Path) -> tuple[int, int]:
     return size_on_disk(db)
 
 
+def proxy_rate(seconds: float, directory: Path) -> dict:
+    """Requests/s one `onjob serve` process answers, logging on (bench/proxy_overhead.py's
+    layout: the proxy and a fake engine on one core, the load generator on the other)."""
+    import proxy_overhead
+
+    cores = sorted(os.sched_getaffinity(0))
+    load_core, server_core = cores[0], cores[-1]
+    engine, engine_port = proxy_overhead.fake_engine(server_core)
+    server, port = proxy_overhead.proxy(engine_port, directory / "proxy.duckdb", server_core)
+    mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {load_core})
+    args = argparse.Namespace(seconds=seconds, warmup=1.0)
+    try:
+        out = {
+            ("stream" if stream else "whole"): proxy_overhead.load(port, "agent", stream, 64, args)
+            for stream in (False, True)
+        }
+    finally:
+        os.sched_setaffinity(0, mask)
+        for proc in (server, engine):
+            proc.terminate()
+            proc.wait(timeout=60)
+    for mode, point in out.items():
+        print(f"one onjob serve process, c64 {mode}: {point['rps']:,.0f} req/s", flush=True)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -512,6 +542,14 @@ def main() -> int:
         "--progress", type=float, default=5.0, help="seconds between progress lines"
     )
     parser.add_argument(
+        "--proxy-seconds",
+        type=float,
+        default=0,
+        help="first, in this same run: what one `onjob serve` process answers (fake engine, "
+        "c64, this many seconds not streamed and as many streamed; bench/proxy_overhead.py's "
+        "layout), to compare with the loader's rate per CPU-second (0: skip)",
+    )
+    parser.add_argument(
         "--out", type=Path, default=ROOT / "bench" / "results", help="where the JSON result goes"
     )
     args = parser.parse_args()
@@ -524,6 +562,7 @@ def main() -> int:
     settings = CollectorSettings(
         db=db, loader_nice=args.loader_nice, duckdb_memory_limit=args.duckdb_memory_limit
     )
+    proxied = proxy_rate(args.proxy_seconds, directory) if args.proxy_seconds else None
     load_before = os.getloadavg()
     print(f"logging {args.exchanges:,} exchanges into {db} (load average {load_before[0]:.2f})")
     try:
@@ -609,6 +648,17 @@ def main() -> int:
         f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after, "
         f"{os.cpu_count()} CPUs" + (": shared machine, noisy rates" if noisy else ""),
     ]
+    if proxied:
+        f["proxy"] = proxied
+        faster = max(p["rps"] for p in proxied.values())
+        f["load_to_proxy_ratio"] = f["load_exchanges_per_cpu_s"] / faster
+        lines.insert(
+            4,
+            "  one proxy process answered "
+            + ", ".join(f"{p['rps']:,.0f} req/s {mode}" for mode, p in proxied.items())
+            + f": the loader loads {f['load_to_proxy_ratio']:.1f}x the faster of its rates "
+            "per CPU-second (each on one core)",
+        )
     by_turn = payload.pop("spool_bytes_by_turn", None)
     if by_turn:
         last = max(by_turn)
