@@ -3,11 +3,11 @@
 One fake engine (bench/fake_upstream.py, canned answers at once), then `onjob serve`
 with one process, then with two answering on the same port (the primary, which also
 loads the spool into DuckDB, and one proxy-only worker). For each, the same closed-loop
-load (bench/loadgen.py, in this process) at each concurrency, not streamed then
-streamed. Nothing is pinned: on a 2-core machine the load generator and the fake engine
-share the cores with the proxies, so the gain a second worker can show is bounded by
-what they leave free. After each server stops, every exchange it answered must be in
-its DuckDB file (the workers' included).
+load (bench/loadgen.py in this process, bench/proxy_overhead.py's request) at each
+concurrency, not streamed then streamed. Nothing is pinned: on a 2-core machine the
+load generator and the fake engine share the cores with the proxies, so the gain a
+second worker can show is bounded by what they leave free. After each server stops,
+every exchange it answered must be in its DuckDB file (the workers' included).
 
     .venv/bin/python bench/workers.py                      # ~1 minute
     .venv/bin/python bench/workers.py --seconds 10 --concurrency 64
@@ -18,8 +18,6 @@ Writes bench/results/workers-<timestamp>.json.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -32,25 +30,12 @@ import duckdb
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-import loadgen
+import proxy_overhead
 import results_file
 
 from onjob.cli.process import free_port
 
 HERE = Path(__file__).parent
-
-
-def body(stream: bool) -> bytes:
-    chat = {
-        "model": "agent",
-        "messages": [
-            {"role": "system", "content": "You are a support agent. Be brief. " * 8},
-            {"role": "user", "content": "My order 12345 has not arrived yet. What now? " * 2},
-        ],
-        "max_tokens": 64,
-        "stream": stream,
-    }
-    return json.dumps(chat, separators=(",", ":")).encode()
 
 
 def wait_ready(url: str, proc: subprocess.Popen) -> None:
@@ -80,19 +65,8 @@ def measure(workers: int, engine: str, args, tmp: Path) -> dict:
         time.sleep(1.0 if workers > 1 else 0.0)  # the workers start after the primary
         for stream in (False, True):
             for c in args.concurrency:
-                raw = loadgen.request_bytes("127.0.0.1", port, "/v1/chat/completions", body(stream))
-                result = asyncio.run(
-                    loadgen.run(
-                        "127.0.0.1",
-                        port,
-                        raw,
-                        concurrency=c,
-                        seconds=args.seconds,
-                        warmup=args.warmup,
-                        stagger=0.2,
-                    )
-                )
-                point = {"stream": stream, "concurrency": c, **result.summary()}
+                summary = proxy_overhead.load(port, "agent", stream, c, args, stagger=0.2)
+                point = {"stream": stream, "concurrency": c, **summary}
                 out["points"].append(point)
                 print(
                     f"workers {workers} {'stream' if stream else 'whole '} c{c:<3} "

@@ -18,14 +18,6 @@ from .conftest import rows
 ADMIN = "admin-secret"
 
 
-@pytest.fixture
-def canary_adapter(engine, tiny_adapter_dir):
-    body = {"lora_name": "canary-r", "lora_path": str(tiny_adapter_dir)}
-    assert httpx.post(f"{engine.url}/load_lora_adapter", json=body, timeout=60).status_code == 200
-    yield "canary-r"
-    httpx.post(f"{engine.url}/unload_lora_adapter", json={"lora_name": "canary-r"}, timeout=60)
-
-
 def servers(tmp_path, engine_url: str, canary: str | None = None, **env: str):
     """The primary (owns the database) and a proxy-only server sharing its spool."""
     env = {"ONJOB_LOOP__INTERVAL_S": "0", "ONJOB_PROXY__ADMIN_KEY": ADMIN, **env}
@@ -51,9 +43,9 @@ def servers(tmp_path, engine_url: str, canary: str | None = None, **env: str):
 
 
 def test_a_conversation_whose_turns_alternate_between_two_servers_is_one_trajectory_on_one_arm(
-    tmp_path, engine, canary_adapter
+    tmp_path, engine, adapter_loaded
 ):
-    primary, proxy = servers(tmp_path, engine.url, canary_adapter)
+    primary, proxy = servers(tmp_path, engine.url, adapter_loaded)
     try:
         clients = [
             OpenAI(base_url=s.url, api_key="unused", max_retries=0, timeout=60)
@@ -78,7 +70,7 @@ def test_a_conversation_whose_turns_alternate_between_two_servers_is_one_traject
             f"{proxy.base}/admin/status", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30
         )
         assert status.status_code == 200
-        assert status.json()["aliases"]["agent"]["canary"] == canary_adapter
+        assert status.json()["aliases"]["agent"]["canary"] == adapter_loaded
     finally:
         proxy.stop()
         primary.stop()
