@@ -21,7 +21,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
-import pyarrow as pa
 
 from .errors import StorageError
 from .schema import migrate
@@ -92,7 +91,9 @@ FROM segment WHERE kind = 'exchange' AND turn IS NULL ORDER BY ts, id
 """
 _PLACE = """
 UPDATE segment SET trajectory_id = p.trajectory_id, turn = p.turn, scenario_id = p.scenario_id
-FROM placed p WHERE segment.id = p.id
+FROM (SELECT unnest(?::VARCHAR[]) AS id, unnest(?::VARCHAR[]) AS trajectory_id,
+             unnest(?::INTEGER[]) AS turn, unnest(?::VARCHAR[]) AS scenario_id) p
+WHERE segment.id = p.id
 """
 
 Placer = Callable[[list[tuple]], list[tuple[str, str, int, str]]]
@@ -127,16 +128,6 @@ DELETE FROM segment WHERE parent_id IN (
            JOIN (SELECT DISTINCT parent_id FROM segment) p ON p.parent_id = e.id
 )
 """
-
-
-_PLACED = pa.schema(
-    [
-        ("id", pa.string()),
-        ("trajectory_id", pa.string()),
-        ("turn", pa.int32()),
-        ("scenario_id", pa.string()),
-    ]
-)
 
 
 class Store:
@@ -188,22 +179,8 @@ class Store:
             if unplaced:
                 if place is None:
                     raise StorageError("spool lines with no trajectory and nothing to place them")
-                placed = place(unplaced)
-                table = pa.table(
-                    dict(
-                        zip(
-                            ("id", "trajectory_id", "turn", "scenario_id"),
-                            zip(*placed, strict=True),
-                            strict=True,
-                        )
-                    ),
-                    schema=_PLACED,
-                )
-                con.register("placed", table)
-                try:
-                    con.execute(_PLACE)
-                finally:
-                    con.unregister("placed")
+                columns = [list(c) for c in zip(*place(unplaced), strict=True)]
+                con.execute(_PLACE, columns)
             con.execute(_FORGOTTEN)
             self.orphaned = 0
             while dropped := con.execute(_ORPHANS).fetchone()[0]:  # a level of turns a pass
