@@ -100,7 +100,7 @@ class Collector:
         self.stitcher.warm(rows)
         replayed = await self.flush()
         if replayed:
-            log.warning("loaded %d exchanges the spool held at start", replayed)
+            log.warning("replayed %d exchanges from the spool at start", replayed)
         self._task = asyncio.create_task(self._loop(), name="onjob-collector")
 
     def log(self, record: Record) -> None:
