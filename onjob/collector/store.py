@@ -52,7 +52,7 @@ _LINE = {
     "response": "JSON",
     "prompt_token_ids": "INTEGER[]",
     "completion_token_ids": "INTEGER[][]",
-    "completion_logprobs": "DOUBLE[][]",
+    "completion_logprobs": "FLOAT[][]",
     "usage": "JSON",
     "latency_ms": "DOUBLE",
     "status": "INTEGER",
