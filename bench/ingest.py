@@ -1,13 +1,14 @@
 """The collector's ingest rate: exchanges/s from `collector.log()` to rows in DuckDB, the
 size on disk per million exchanges, and the process's peak memory.
 
-Synthetic agent traffic takes the proxy's path into the collector: each request is
-placed by the collector's stitcher (as `Exchange.open()` places it), its record filled
+Synthetic agent traffic takes the proxy's path into the collector: each request's
+stitching keys are computed (as `Exchange.open()` computes them), its record filled
 as `Exchange.record()` fills it (the request bytes the client sent, the answer it got,
 the engine's prompt and completion token ids and float32 logprobs), its reply
-registered as a continuation, and the record handed to `collector.log()`, one append
+hashed as a continuation, and the record handed to `collector.log()`, one append
 to the spool. The collector's own loop loads the spool into DuckDB at its default
-settings (`--loader-nice` changes the loader's priority). Traffic: 200 scenarios (a
+settings (`--loader-nice` changes the loader's priority), placing each line in its
+trajectory as it goes. Traffic: 200 scenarios (a
 system prompt and 3-6 tool schemas each), 256 conversations in flight, 1-8 turns of
 tool calls and tool results before an answer, sometimes a follow-up question; 1% of
 exchanges fail (502) and are retried.
@@ -16,7 +17,9 @@ Building records runs in this process and is timed apart. Reported: the append r
 (time inside `log()`), the load rate (the loader thread's CPU time; its waits on the
 disk are not in it), and the sustained rate: the wall time from the first `log()`
 until the loader has caught up (a last `flush()`), which is bounded by building
-records when the loader is the faster side.
+records when the loader is the faster side. `--proxy-seconds S` first measures, in the
+same run, what one `onjob serve` process answers (bench/proxy_overhead.py's layout), and
+compares the loader's rate per CPU-second with it: both are what one core does.
 
     .venv/bin/python bench/ingest.py                       # 100,000 exchanges, ~1-3 minutes
     .venv/bin/python bench/ingest.py --exchanges 1000000 --loader-nice 0
@@ -59,6 +62,7 @@ from onjob.collector import Collector, CollectorSettings, ExchangeRecord, Store 
 from onjob.collector.ids import new_id  # noqa: E402
 from onjob.collector.linear import stored  # noqa: E402
 from onjob.collector.records import encode, to_json  # noqa: E402
+from onjob.collector.trajectories import Keys, continuations, keys  # noqa: E402
 from onjob.proxy.routing import canary_share  # noqa: E402
 
 SCENARIOS = 200
@@ -72,8 +76,8 @@ TOOLS = ["search_orders", "get_customer", "issue_refund", "lookup_docs", "run_sq
 
 
 class Traffic:
-    """Multi-turn tool-using conversations, placed by the collector's stitcher and recorded
-    as the proxy records them.
+    """Multi-turn tool-using conversations, recorded as the proxy records them (the loader
+    places them).
 
     Text, token ids and logprobs are slices at random offsets of large random pools, so
     no two exchanges carry the same payload while building one costs little next to
@@ -195,17 +199,19 @@ class Traffic:
             "max_tokens": 1024,
         }
         raw = msgspec.json.encode(body)
-        placement = self.collector.place(messages)
-        canary = canary_share(placement.trajectory_id, CANARY) < CANARY_FRACTION
+        # As `Exchange.open` does: the stitching keys (the loader places the line) and the
+        # arm from the conversation's opening.
+        k = keys(messages)
+        canary = canary_share(f"agents\0{k.opening}", CANARY) < CANARY_FRACTION
+        turn = sum(m.get("role") == "assistant" for m in messages)
         exchange_id = new_id("chatcmpl-")
         shared = {
             "id": exchange_id,
             "ts": time.time(),
-            "trajectory_id": placement.trajectory_id,
-            "turn": placement.turn,
-            "scenario_id": placement.scenario_id,
-            "scenario_key": placement.scenario_key,
-            "scenario_keyed": placement.scenario_keyed,
+            "stitch": k.candidates or None,
+            "prefix_hash": k.prefix_hash,
+            "scenario_key": k.scenario_key,
+            "scenario_keyed": k.scenario_keyed,
             "model_alias": "agent",
             "api_key_id": "agents",
             "checkpoint": CANARY if canary else None,
@@ -215,7 +221,6 @@ class Traffic:
         self.payload["request_bytes"] += len(raw)
         if self.rng.random() < FAILURE_RATE:
             # Logged with its status and no answer; the agent retries the same turn.
-            self.collector.stitcher.release(placement)
             answer = {
                 "id": exchange_id,
                 "object": "chat.completion",
@@ -226,7 +231,7 @@ class Traffic:
             }
             record = ExchangeRecord(
                 **shared,
-                **self._stored(shared, body, raw, None, None),
+                **self._stored(shared, k, body, raw, None, None, []),
                 response=to_json(answer),
                 status=502,
                 error="the engine is unreachable: connection refused",
@@ -260,10 +265,10 @@ class Traffic:
                     "usage": usage,
                 }
             )
-            hashes = self.collector.stitcher.record_replies(placement, [reply])
+            hashes = continuations(k.prefix_hash, [reply])
             record = ExchangeRecord(
                 **shared,
-                **self._stored(shared, body, raw, prompt, completion),
+                **self._stored(shared, k, body, raw, prompt, completion, hashes),
                 response=msgspec.Raw(answer),
                 completion_token_ids=[completion],
                 completion_logprobs=[self.logprobs(len(completion))],
@@ -278,11 +283,18 @@ class Traffic:
         self.payload["spool_bytes"] += line
         if self.turns:
             by_turn = self.payload.setdefault("spool_bytes_by_turn", {})
-            by_turn.setdefault(record.turn, []).append(line)
+            by_turn.setdefault(turn, []).append(line)
         return record
 
     def _stored(
-        self, shared: dict, body: dict, raw: bytes, prompt: list[int] | None, completion
+        self,
+        shared: dict,
+        k: Keys,
+        body: dict,
+        raw: bytes,
+        prompt: list[int] | None,
+        completion,
+        hashes: list[str],
     ) -> dict:
         """The record's request and prompt fields as `Exchange.record()` stores them: whole,
         or (linear storage) only what this turn adds to its conversation's last one."""
@@ -290,8 +302,9 @@ class Traffic:
             return {"request": msgspec.Raw(raw), "prompt_token_ids": prompt}
         request, prompt_ids, delta = stored(
             self.collector.lineage,
-            trajectory_id=shared["trajectory_id"],
-            turn=shared["turn"],
+            keys=k,
+            api_key_id="agents",
+            continuations=hashes,
             exchange_id=shared["id"],
             request=body,
             prompt_token_ids=prompt,
@@ -459,6 +472,33 @@ def empty_size(directory: Path) -> tuple[int, int]:
     return size_on_disk(db)
 
 
+def proxy_rate(seconds: float, directory: Path) -> dict:
+    """Requests/s one `onjob serve` process answers, logging on (bench/proxy_overhead.py's
+    layout: the proxy and a fake engine on one core, the load generator on the other)."""
+    import proxy_overhead
+
+    cores = sorted(os.sched_getaffinity(0))
+    load_core, server_core = cores[0], cores[-1]
+    engine, engine_port = proxy_overhead.fake_engine(server_core)
+    server, port = proxy_overhead.proxy(engine_port, directory / "proxy.duckdb", server_core)
+    mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {load_core})
+    args = argparse.Namespace(seconds=seconds, warmup=1.0)
+    try:
+        out = {
+            ("stream" if stream else "whole"): proxy_overhead.load(port, "agent", stream, 64, args)
+            for stream in (False, True)
+        }
+    finally:
+        os.sched_setaffinity(0, mask)
+        for proc in (server, engine):
+            proc.terminate()
+            proc.wait(timeout=60)
+    for mode, point in out.items():
+        print(f"one onjob serve process, c64 {mode}: {point['rps']:,.0f} req/s", flush=True)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -502,6 +542,14 @@ def main() -> int:
         "--progress", type=float, default=5.0, help="seconds between progress lines"
     )
     parser.add_argument(
+        "--proxy-seconds",
+        type=float,
+        default=0,
+        help="first, in this same run: what one `onjob serve` process answers (fake engine, "
+        "c64, this many seconds not streamed and as many streamed; bench/proxy_overhead.py's "
+        "layout), to compare with the loader's rate per CPU-second (0: skip)",
+    )
+    parser.add_argument(
         "--out", type=Path, default=ROOT / "bench" / "results", help="where the JSON result goes"
     )
     args = parser.parse_args()
@@ -514,6 +562,7 @@ def main() -> int:
     settings = CollectorSettings(
         db=db, loader_nice=args.loader_nice, duckdb_memory_limit=args.duckdb_memory_limit
     )
+    proxied = proxy_rate(args.proxy_seconds, directory) if args.proxy_seconds else None
     load_before = os.getloadavg()
     print(f"logging {args.exchanges:,} exchanges into {db} (load average {load_before[0]:.2f})")
     try:
@@ -599,6 +648,17 @@ def main() -> int:
         f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after, "
         f"{os.cpu_count()} CPUs" + (": shared machine, noisy rates" if noisy else ""),
     ]
+    if proxied:
+        f["proxy"] = proxied
+        faster = max(p["rps"] for p in proxied.values())
+        f["load_to_proxy_ratio"] = f["load_exchanges_per_cpu_s"] / faster
+        lines.insert(
+            4,
+            "  one proxy process answered "
+            + ", ".join(f"{p['rps']:,.0f} req/s {mode}" for mode, p in proxied.items())
+            + f": the loader loads {f['load_to_proxy_ratio']:.1f}x the faster of its rates "
+            "per CPU-second (each on one core)",
+        )
     by_turn = payload.pop("spool_bytes_by_turn", None)
     if by_turn:
         last = max(by_turn)

@@ -152,6 +152,18 @@ def tool_model_dir(tmp_path_factory, tokenizer) -> Path:
     return teach(tokenizer, [(TOOL_QUESTION, TOOLS, TOOL_ANSWER)], out)
 
 
+@pytest.fixture
+def adapter_loaded(engine, tiny_adapter_dir):
+    """The tiny adapter loaded into the session's engine as `canary-a` (a canary's
+    checkpoint), unloaded after the test."""
+    import httpx
+
+    body = {"lora_name": "canary-a", "lora_path": str(tiny_adapter_dir)}
+    assert httpx.post(f"{engine.url}/load_lora_adapter", json=body, timeout=60).status_code == 200
+    yield "canary-a"
+    httpx.post(f"{engine.url}/unload_lora_adapter", json={"lora_name": "canary-a"}, timeout=60)
+
+
 @pytest.fixture(scope="session")
 def engine(tiny_model_dir):
     """A real local engine process serving the tiny model, as `tiny`."""

@@ -62,7 +62,7 @@ def log_conversations(db: Path) -> None:
         for s in range(SCENARIOS):
             for c in range(2):
                 messages = [{"role": "user", "content": f"question {s}"}]
-                placement = collector.place(messages, trajectory_id=f"conv-{s}-{c}")
+                placement = collector.stitcher.place(messages, trajectory_id=f"conv-{s}-{c}")
                 answer = {"role": "assistant", "content": f"answer {s}" + " more" * c}
                 collector.log(
                     ExchangeRecord(

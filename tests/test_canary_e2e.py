@@ -5,21 +5,11 @@ from __future__ import annotations
 
 import json
 
-import httpx
-import pytest
 from openai import OpenAI
 
 from onjob.cli.process import ServerProcess
 
 from .conftest import rows
-
-
-@pytest.fixture
-def adapter_loaded(engine, tiny_adapter_dir):
-    body = {"lora_name": "canary-a", "lora_path": str(tiny_adapter_dir)}
-    assert httpx.post(f"{engine.url}/load_lora_adapter", json=body, timeout=60).status_code == 200
-    yield "canary-a"
-    httpx.post(f"{engine.url}/unload_lora_adapter", json={"lora_name": "canary-a"}, timeout=60)
 
 
 def serve(tmp_path, engine, canary: str, fraction: float) -> ServerProcess:

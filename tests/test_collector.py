@@ -17,17 +17,39 @@ import pytest
 from onjob.collector import Collector, CollectorSettings, ExchangeRecord, StorageError, Store
 from onjob.collector.records import encode, to_json
 from onjob.collector.schema import MIGRATIONS, migrate, version
+from onjob.collector.trajectories import continuations, keys
 
 
 def record(placement, i: int, **extra) -> ExchangeRecord:
+    """A line placed already (as a spool of an older onjob holds)."""
     return ExchangeRecord(
         id=f"chatcmpl-{uuid.uuid4().hex}",
         ts=time.time(),
         trajectory_id=placement.trajectory_id,
         turn=placement.turn,
         scenario_id=placement.scenario_id,
-        scenario_key=placement.scenario_key,
-        scenario_keyed=placement.scenario_keyed,
+        **_common(i, placement.scenario_key, placement.scenario_keyed),
+        **extra,
+    )
+
+
+def unplaced(messages: list[dict], i: int, **extra) -> ExchangeRecord:
+    """A line as the proxy writes it: the loader places it from its keys."""
+    k = keys(messages)
+    return ExchangeRecord(
+        id=f"chatcmpl-{uuid.uuid4().hex}",
+        ts=time.time(),
+        stitch=k.candidates,
+        prefix_hash=k.prefix_hash,
+        **_common(i, k.scenario_key, k.scenario_keyed),
+        **extra,
+    )
+
+
+def _common(i: int, scenario_key: str, scenario_keyed: str) -> dict:
+    return dict(
+        scenario_key=scenario_key,
+        scenario_keyed=scenario_keyed,
         model_alias="agent",
         request=to_json({"messages": [{"role": "user", "content": f"q{i}"}]}),
         response=to_json({"choices": [{"message": {"role": "assistant", "content": "a"}}]}),
@@ -36,7 +58,6 @@ def record(placement, i: int, **extra) -> ExchangeRecord:
         completion_logprobs=[[-0.5, -0.25]],
         usage=to_json({"prompt_tokens": 3, "completion_tokens": 2}),
         latency_ms=12.5,
-        **extra,
     )
 
 
@@ -45,10 +66,9 @@ async def log_conversations(collector: Collector, conversations: int, turns: int
     for c in range(conversations):
         messages = [{"role": "user", "content": f"conversation {c}"}]
         for t in range(turns):
-            p = collector.place(messages)
             answer = {"role": "assistant", "content": f"answer {t}"}
-            hashes = collector.stitcher.record_replies(p, [answer])
-            r = record(p, t, continuation_hashes=hashes)
+            hashes = continuations(keys(messages).prefix_hash, [answer])
+            r = unplaced(messages, t, continuation_hashes=hashes)
             collector.log(r)
             ids.append(r.id)
             messages = [*messages, answer, {"role": "user", "content": f"more {t}"}]
@@ -178,7 +198,7 @@ def test_exchanges_survive_kill_9_and_are_replayed_at_start(tmp_path):
                 {"role": "assistant", "content": f"answer {t}"},
                 {"role": "user", "content": f"more {t}"},
             ]
-        placement = c.place(msgs)
+        placement = c.stitcher.place(msgs)
         rows = await c.query(lambda s: s.query("SELECT id FROM exchanges"))
         await c.close()
         return replayed, placement, rows

@@ -22,6 +22,7 @@ from onjob.collector.linear import common_prefix, digest, stored
 from onjob.collector.records import encode
 from onjob.collector.schema import MIGRATIONS, migrate
 from onjob.collector.spool import Spool
+from onjob.collector.trajectories import Keys, continuations, keys
 from onjob.judge import JudgeSettings, tables
 from onjob.trainer import snapshot
 from onjob.trainer.settings import TrainSettings
@@ -220,14 +221,15 @@ def test_lineage_memory_is_bounded_and_a_forgotten_conversation_is_stored_whole(
     messages = [SYSTEM, {"role": "user", "content": "hi"}]
     digests = [digest(m) for m in messages]
     for i in range(3):
-        lineage.remember(f"t{i}", 0, f"e{i}", digests, {}, array("i", [1, 2, 3]), [4])
+        lineage.remember(f"h{i}", None, f"e{i}", digests, {}, array("i", [1, 2, 3]), [4])
     assert len(lineage) == 2 and lineage.tokens == 8  # the oldest conversation went
-    lineage.remember("big", 0, "eb", digests, {}, array("i", range(9)), [1, 2])
+    lineage.remember("big", None, "eb", digests, {}, array("i", range(9)), [1, 2])
     assert lineage.tokens <= 10
     body, ids, delta = stored(
         lineage,
-        trajectory_id="t0",
-        turn=1,
+        keys=Keys(["h0"], "p", "o", "k", "derived"),
+        api_key_id=None,
+        continuations=["h-next"],
         exchange_id="x",
         request={"messages": messages},
         prompt_token_ids=[1, 2, 3, 4, 9],
@@ -273,10 +275,13 @@ def test_spooled_deltas_load_and_rebuild_exactly_whatever_the_client_changes(tmp
             completion = [rng.randrange(9) for _ in range(rng.randint(1, 4))]
             failed = rng.random() < 0.1
             eid = f"e-{len(truth)}"
+            k = keys(request["messages"])
+            reply = {"role": "assistant", "content": f"a{turn}"}
             body, ids, delta = stored(
                 lineage,
-                trajectory_id=tid,
-                turn=turn,
+                keys=k,
+                api_key_id=None,
+                continuations=continuations(k.prefix_hash, [reply]),
                 exchange_id=eid,
                 request=request,
                 prompt_token_ids=prompt,
@@ -306,10 +311,11 @@ def test_spooled_deltas_load_and_rebuild_exactly_whatever_the_client_changes(tmp
                 messages.pop()
                 continue
             stream = (prompt or []) + completion
-            messages.append({"role": "assistant", "content": f"a{turn}"})
+            messages.append(reply)
             turn += 1
-    for segment in spool.rotate():
-        store.load_segment(segment)
+    spool.rotate()
+    for segment in spool.loadable():
+        store.load_segment(segment.path)
     try:
         stored_bytes = store.query(
             "SELECT count(*) FILTER (WHERE request_kept IS NOT NULL) AS left_out, "
@@ -354,16 +360,18 @@ def test_a_turn_whose_parent_was_deleted_is_dropped_not_read_back_wrong(tmp_path
 
     try:
         spool.append(line("gone", None, 0))
-        (first,) = spool.rotate()
-        store.load_segment(first)
-        first.unlink()
+        spool.rotate()
+        (first,) = spool.loadable()
+        store.load_segment(first.path)
+        first.path.unlink()
         store.con.execute("DELETE FROM exchanges WHERE id = 'gone'")  # as forget would
         for text in (line("child", "gone", 1), line("grandchild", "child", 2)):
             spool.append(text)
         spool.append(line("other", None, 0))
         spool.append(line("other-next", "other", 1))
-        (second,) = spool.rotate()
-        assert store.load_segment(second) == (2, 0) and store.orphaned == 2
+        spool.rotate()
+        (second,) = spool.loadable()
+        assert store.load_segment(second.path) == (2, 0) and store.orphaned == 2
         ids = {r["id"] for r in store.query("SELECT id FROM exchanges_full")}
         assert ids == {"other", "other-next"}
     finally:

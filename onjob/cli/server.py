@@ -1,7 +1,10 @@
-"""`onjob serve`: the proxy and the collector's writer in one asyncio process."""
+"""`onjob serve`: the proxy and the collector's writer in one asyncio process; with
+`--workers N`, N - 1 proxy-only processes beside it (`workers.py`); with `--primary URL`,
+a proxy-only process itself."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import sys
@@ -16,13 +19,22 @@ from ..deploy import admin
 from ..deploy.judging import engine_client
 from ..deploy.loop import PeriodicLoop
 from ..deploy.operator import Operator
-from ..proxy import AiohttpUpstream, HttpxUpstream, ProxySettings, Router, Upstream, create_app
+from ..proxy import (
+    AiohttpUpstream,
+    HttpxUpstream,
+    ProxySettings,
+    Router,
+    Upstream,
+    create_app,
+    replicas,
+)
 from ..proxy.lean import LeanUpstream
 from ..proxy.pool import Pool, Replica
 from .process import EngineProcess
 from .settings import ServeSettings
 from .stopping import Interrupted, Server, Signals
 from .telemetry import tracer
+from .workers import Workers, listening_socket, worker_argv
 
 log = logging.getLogger("onjob.serve")
 
@@ -56,7 +68,11 @@ def build_pool(settings: ServeSettings, judge_engine: httpx.AsyncClient) -> Pool
     return Pool(replicas, interval_s=p.health_interval_s)
 
 
-def build_app(settings: ServeSettings):
+def build_app(settings: ServeSettings, workers: Workers | None = None):
+    """The server's app; `workers` (its proxy-only processes) stop before the collector's
+    last load, so what they spooled is in the database when it exits."""
+    if settings.proxy.primary_url:
+        return build_proxy_app(settings)
     collector = Collector(settings.collector)
     engine = engine_client(settings)
     pool = build_pool(settings, engine)
@@ -65,11 +81,19 @@ def build_app(settings: ServeSettings):
     operator = Operator(collector, router, engine, settings.proxy.aliases, pool=pool)
     loop = PeriodicLoop(collector, operator, settings)
 
+    spool = settings.collector.spool
+
+    async def stop_workers() -> None:
+        await asyncio.to_thread(workers.stop, settings.proxy.shutdown_grace_s + 10)
+
     async def restore_routing() -> None:
         try:
             await operator.restore()
         except Exception as exc:  # serve anyway: the proxy's errors will say what is missing
             log.error("could not restore routing from the deployments table: %s", exc)
+        # Proxy-only processes (`--workers`, `--primary`) route as this one does.
+        replicas.publish(router, spool)
+        router.listeners.append(lambda: replicas.publish(router, spool))
 
     return create_app(
         settings.proxy,
@@ -82,7 +106,40 @@ def build_app(settings: ServeSettings):
             *dashboard.routes(settings, collector, router, loop.state),
         ],
         on_startup=[restore_routing, loop.start, settle_gc],
-        on_shutdown=[loop.stop],  # the pool closes every engine client, the judge's too
+        # The pool closes every engine client, the judge's too.
+        on_shutdown=[*([stop_workers] if workers else []), loop.stop],
+    )
+
+
+def build_proxy_app(settings: ServeSettings):
+    """A proxy-only process: the OpenAI routes, the shared spool, the primary's routing; the
+    rest forwarded to the primary."""
+    collector = Collector(settings.collector, load=False)
+    pool = build_pool(settings, engine_client(settings))
+    router = Router.from_settings(settings.proxy, pool)
+    pool.wanted = router.adapters
+    spool = settings.collector.spool
+    following: list[asyncio.Task] = []
+
+    async def follow() -> None:
+        replicas.apply(router, spool)
+        following.append(asyncio.create_task(replicas.follow(router, spool)))
+
+    async def stop_following() -> None:
+        for task in following:
+            task.cancel()
+
+    return create_app(
+        settings.proxy,
+        upstream=pool,
+        collector=collector,
+        tracer=tracer(settings.telemetry),
+        router=router,
+        on_startup=[follow, settle_gc],
+        on_shutdown=[stop_following],
+        forward=replicas.Forwarder(
+            settings.proxy.primary_url, timeout_s=settings.proxy.read_timeout_s
+        ),
     )
 
 
@@ -114,14 +171,26 @@ def log_to_stderr() -> None:
     logger.propagate = False
 
 
-def serve(settings: ServeSettings) -> None:
-    """Serve until SIGTERM or SIGINT (`stopping.py` says how it stops)."""
-    # Open (and migrate) the database once up front: a locked or unreadable file is a
-    # clear error here rather than a failed start-up hook inside uvicorn.
-    Store(settings.collector.db).close()
-    log_to_stderr()
-    app = build_app(settings)
+def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
+    """Serve until SIGTERM or SIGINT (`stopping.py` says how it stops). `argv`: this
+    command's arguments, which `--workers` starts its workers with."""
     p = settings.proxy
+    if not p.primary_url:
+        # Open (and migrate) the database once up front: a locked or unreadable file is a
+        # clear error here rather than a failed start-up hook inside uvicorn.
+        Store(settings.collector.db).close()
+    log_to_stderr()
+    # Several processes on one port: each binds it with SO_REUSEPORT. The primary also
+    # listens on a loopback port of its own, where its workers forward what needs it.
+    sockets, workers = None, None
+    if p.primary_url or p.workers > 1:
+        sockets = [listening_socket(p.host, p.port, reuse_port=True)]
+    if p.workers > 1 and not p.primary_url:
+        internal = listening_socket("127.0.0.1", 0, reuse_port=False)
+        sockets.append(internal)
+        url = f"http://127.0.0.1:{internal.getsockname()[1]}"
+        workers = Workers(worker_argv(argv or ["serve"], url), p.workers - 1)
+    app = build_app(settings, workers)
     with Signals().installed() as signals:
         try:
             if settings.engine.start:
@@ -131,13 +200,19 @@ def serve(settings: ServeSettings) -> None:
                     settings.engine.args, port=port, timeout=900, new_session=True
                 )
                 signals.engine.start()
+            role = (
+                f"proxy only, for {p.primary_url}; spool {settings.collector.spool}"
+                if p.primary_url
+                else f"logging to {settings.collector.db}"
+                + (f"; {p.workers} workers" if p.workers > 1 else "")
+            )
             print(
                 f"onjob serve: http://{p.host}:{p.port}/v1 -> engine {', '.join(p.replica_urls)}; "
-                f"logging to {settings.collector.db}; models: {', '.join(p.aliases)}"
+                f"{role}; models: {', '.join(p.aliases)}"
                 + ("" if p.api_keys else " (no API keys: loopback only)")
                 + (
                     f"; loop every {settings.loop.interval_s:g} s"
-                    if settings.loop.interval_s > 0
+                    if settings.loop.interval_s > 0 and not p.primary_url
                     else "; loop off"
                 ),
                 file=sys.stderr,
@@ -152,9 +227,13 @@ def serve(settings: ServeSettings) -> None:
                 timeout_graceful_shutdown=p.shutdown_grace_s,
             )
             signals.server = Server(config)
-            signals.server.run()
+            if workers is not None:
+                workers.start()
+            signals.server.run(sockets=sockets)
         except Interrupted:
             pass  # before serving: nothing in flight
         finally:
+            if workers is not None:
+                workers.stop(timeout=p.shutdown_grace_s + 10)
             if signals.engine is not None:
                 signals.engine.stop()

@@ -57,10 +57,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if engine_flags and not args.start_engine:
         print("onjob serve: --backend and --model apply with --start-engine", file=sys.stderr)
         return 2
+    if args.primary and (args.start_engine or (args.workers or 1) > 1):
+        print(
+            "onjob serve: --primary (a proxy-only process) takes neither --start-engine nor "
+            "--workers: start those with the primary server",
+            file=sys.stderr,
+        )
+        return 2
     settings = load_settings(
         "serve",
         args,
-        proxy=given(host=args.host, port=args.port, engine_url=args.engine_url),
+        proxy=given(
+            host=args.host,
+            port=args.port,
+            engine_url=args.engine_url,
+            workers=args.workers,
+            primary_url=args.primary,
+        ),
         collector=given(db=args.db),
         engine={"start": True} if args.start_engine else {},
     )
@@ -69,8 +82,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # After the TOML's `[engine] args`: the command line's flags win (argparse keeps the last).
     settings.engine.args = [*settings.engine.args, *engine_flags]
     try:
-        serve(settings)
-    except (StorageError, RuntimeError, TimeoutError) as exc:
+        serve(settings, argv=sys.argv[1:])
+    except (StorageError, RuntimeError, TimeoutError, OSError) as exc:
         print(f"onjob serve: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -156,5 +169,17 @@ def add_commands(sub) -> None:
     )
     serve.add_argument(
         "--model", help="with --start-engine: the child engine's base model (a local directory)"
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        help="processes answering on the port (default 1): this one, which owns the database, "
+        "and N-1 proxy-only workers sharing its spool",
+    )
+    serve.add_argument(
+        "--primary",
+        metavar="URL",
+        help="run proxy-only for the onjob server at URL (another host, same spool directory "
+        "on a shared filesystem): answer the OpenAI routes, forward the rest there",
     )
     serve.set_defaults(func=cmd_serve)

@@ -1,9 +1,10 @@
 """Owns the DuckDB database: exchanges stitched into trajectories and scenarios, and the
 queries the other parts ask.
 
-The proxy calls `Collector.place()` (which trajectory, turn and scenario a request
-belongs to) and `Collector.log()` (a durable append to the spool); a background
-task loads the spool into DuckDB in batches. `queries` holds the questions other
+The proxy computes a request's stitching keys (`trajectories.keys`) and calls
+`Collector.log()` (a durable append to the spool); a background task in the one process
+that owns the database loads the spool into DuckDB in batches, placing each exchange in
+its trajectory and scenario as it goes. `queries` holds the questions other
 parts ask (`await collector.query(lambda store: queries.trajectory(store, trajectory_id))`).
 """
 

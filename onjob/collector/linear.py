@@ -3,8 +3,9 @@ on read.
 
 Each turn of a conversation re-sends every earlier message, and its prompt's token ids
 repeat the previous turn's prompt and completion. Stored whole, a conversation of n
-turns costs O(n²). So an exchange that continues an earlier one (`parent_id`, the last
-answered exchange of its trajectory) stores:
+turns costs O(n²). So an exchange that continues an earlier one (`parent_id`: the
+answered exchange whose messages and reply its messages begin with, found by the
+stitcher's continuation hashes) stores:
 
 - `messages_kept`: how many leading messages equal the parent's (full) request's, compared
   by their exact JSON encoding (never by what the stitcher normalises), and in `request`
@@ -17,14 +18,17 @@ answered exchange of its trajectory) stores:
   and in `prompt_token_ids` only the ids past those.
 
 A row with `parent_id` NULL is stored whole (the first turn, a resample, a conversation
-the proxy no longer held in memory, every row written before this scheme). The view
+this proxy process no longer held in memory or never served, every row written before
+this scheme). The view
 `exchanges_full` (`schema.py`) rebuilds every row's full `request` and `prompt_token_ids`
 exactly; everything that reads them reads that view.
 
 The decision is made where the record is made (the proxy, `Lineage.delta`), so the spool
-is linear too. `Lineage` holds, per live conversation, its last answered exchange: the
-digests of its messages and its prompt + completion token ids, bounded in conversations
-and in tokens (LRU). A conversation it no longer holds is stored whole at its next turn:
+is linear too. `Lineage` holds, per live conversation, its last answered exchange (under
+the continuation hash of its first reply, within its API key): the digests of its
+messages and its prompt + completion token ids, bounded in conversations and in tokens
+(LRU). A conversation it no longer holds (another proxy process served its last turn, or
+it was pushed out, or `onjob forget` ran: `clear()`) is stored whole at its next turn:
 nothing is lost, only space.
 """
 
@@ -36,6 +40,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import msgspec
+
+from .trajectories import Keys
 
 _encode = msgspec.json.Encoder().encode
 
@@ -77,7 +83,6 @@ WHOLE = Delta()
 @dataclass
 class _Last:
     exchange_id: str
-    turn: int
     digests: list[bytes]
     fields: dict[str, bytes]  # digests of the large top-level fields (`fields()`)
     tokens: array | None  # prompt + first completion; None: the engine gave no token ids
@@ -98,9 +103,14 @@ def common_prefix(a: array, b: array) -> int:
     return lo
 
 
+def _slot(api_key_id: str | None, h: str) -> str:
+    return h if api_key_id is None else f"{api_key_id}\0{h}"
+
+
 class Lineage:
-    """Per live conversation (trajectory id): its last answered exchange. Bounded LRU: at most
-    `capacity` conversations and `max_tokens` token ids held (4 bytes each)."""
+    """Per live conversation: its last answered exchange, under the continuation hash its next
+    turn will carry. Bounded LRU: at most `capacity` conversations and `max_tokens` token
+    ids held (4 bytes each)."""
 
     def __init__(self, capacity: int = 200_000, max_tokens: int = 8_000_000) -> None:
         self.capacity = capacity
@@ -110,19 +120,23 @@ class Lineage:
 
     def delta(
         self,
-        trajectory_id: str,
-        turn: int,
+        candidates: list[str],
+        api_key_id: str | None,
         digests: list[bytes],
         large: dict[str, bytes],
         prompt_token_ids: list[int] | None,
-    ) -> tuple[Delta, array | None]:
-        """How a request at `turn` of `trajectory_id` is stored: against the conversation's
-        previous turn when it is held, else whole. Also returns the prompt ids as an array
-        (for `remember`)."""
+    ) -> tuple[Delta, array | None, str | None]:
+        """How a request whose stitching `candidates` are these is stored: against the
+        answered exchange it continues when that is held, else whole. Also returns the
+        prompt ids as an array and the parent's slot (for `remember`)."""
         prompt = array("i", prompt_token_ids) if prompt_token_ids is not None else None
-        last = self._last.get(trajectory_id)
-        if last is None or last.turn != turn - 1:
-            return WHOLE, prompt
+        for h in candidates:
+            slot = _slot(api_key_id, h)
+            last = self._last.get(slot)
+            if last is not None:
+                break
+        else:
+            return WHOLE, prompt, None
         kept = 0
         for mine, theirs in zip(digests, last.digests, strict=False):
             if mine != theirs:
@@ -132,35 +146,41 @@ class Lineage:
         if prompt is not None and last.tokens is not None:
             tokens = common_prefix(prompt, last.tokens)
         same = [k for k, d in large.items() if last.fields.get(k) == d]
-        return Delta(last.exchange_id, kept, tokens, same or None), prompt
+        return Delta(last.exchange_id, kept, tokens, same or None), prompt, slot
 
     def remember(
         self,
-        trajectory_id: str,
-        turn: int,
+        continuation: str,
+        api_key_id: str | None,
         exchange_id: str,
         digests: list[bytes],
         large: dict[str, bytes],
         prompt: array | None,
         completion_token_ids: list[int] | None,
+        parent: str | None = None,
     ) -> None:
-        """An answered exchange is its conversation's last (what its next turn stores against)."""
+        """An answered exchange is its conversation's last (what its next turn, continuing
+        `continuation`, stores against); its `parent` slot is no longer."""
         tokens = None
         if prompt is not None:
             tokens = array("i", prompt)
             tokens.extend(completion_token_ids or ())
-        self._drop(trajectory_id)
-        self._last[trajectory_id] = _Last(exchange_id, turn, digests, large, tokens)
+        if parent is not None:
+            self._drop(parent)
+        slot = _slot(api_key_id, continuation)
+        self._drop(slot)
+        self._last[slot] = _Last(exchange_id, digests, large, tokens)
         self._tokens += len(tokens) if tokens is not None else 0
         while self._last and (len(self._last) > self.capacity or self._tokens > self.max_tokens):
             self._drop(next(iter(self._last)))
 
-    def forget(self, trajectory_ids: list[str]) -> None:
-        for traj in trajectory_ids:
-            self._drop(traj)
+    def clear(self) -> None:
+        """Forget every conversation (after `onjob forget`: a parent may be gone)."""
+        self._last.clear()
+        self._tokens = 0
 
-    def _drop(self, trajectory_id: str) -> None:
-        last = self._last.pop(trajectory_id, None)
+    def _drop(self, slot: str) -> None:
+        last = self._last.pop(slot, None)
         if last is not None and last.tokens is not None:
             self._tokens -= len(last.tokens)
 
@@ -175,8 +195,9 @@ class Lineage:
 def stored(
     lineage: Lineage,
     *,
-    trajectory_id: str,
-    turn: int,
+    keys: Keys,
+    api_key_id: str | None,
+    continuations: list[str],
     exchange_id: str,
     request: dict,
     prompt_token_ids: list[int] | None,
@@ -185,8 +206,8 @@ def stored(
 ) -> tuple[bytes | None, list[int] | None, Delta]:
     """What an exchange's row stores of its request and prompt: (the request's JSON with only
     the new messages, or None to store the client's bytes whole; the prompt token ids to
-    store; the delta). An `answered` exchange becomes what its conversation's next turn is
-    stored against (`completion_token_ids`: its first choice's)."""
+    store; the delta). An `answered` exchange becomes what the turn continuing its first
+    reply (`continuations[0]`) is stored against (`completion_token_ids`: that reply's)."""
     messages = request.get("messages")
     if not isinstance(messages, list):  # a legacy completion: no turns to continue
         return None, prompt_token_ids, WHOLE
@@ -196,10 +217,19 @@ def stored(
     # stitcher's chain hashes cost about as much.
     digests = [digest(m) for m in messages]
     large = fields(request)
-    delta, prompt = lineage.delta(trajectory_id, turn, digests, large, prompt_token_ids)
-    if answered:
+    delta, prompt, parent = lineage.delta(
+        keys.candidates, api_key_id, digests, large, prompt_token_ids
+    )
+    if answered and continuations:
         lineage.remember(
-            trajectory_id, turn, exchange_id, digests, large, prompt, completion_token_ids
+            continuations[0],
+            api_key_id,
+            exchange_id,
+            digests,
+            large,
+            prompt,
+            completion_token_ids,
+            parent,
         )
     if delta.parent_id is None:
         return None, prompt_token_ids, delta

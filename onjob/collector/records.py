@@ -22,12 +22,19 @@ def to_json(value: Any) -> msgspec.Raw:
 
 class ExchangeRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="exchange"):
     id: str
-    ts: float  # epoch seconds
-    trajectory_id: str
-    turn: int
-    scenario_id: str
+    ts: float  # epoch seconds: when the request arrived (the loader places lines in this order)
+    # Placed by the loader (`trajectories.Stitcher.place_keys`) from the stitching keys below;
+    # the proxy sets `trajectory_id` only for a conversation the client named (scoped) or a
+    # Responses API chain (with `after_turn`), and never `turn` or `scenario_id`.
+    trajectory_id: str | None = None
+    turn: int | None = None
+    scenario_id: str | None = None
     scenario_key: str
     scenario_keyed: str
+    after_turn: int | None = None  # a Responses API chain: the turn this one continues
+    retry_of: str | None = None  # a failed canary attempt this answers in place of: its place
+    stitch: list[str] | None = None  # `Keys.candidates`: the continuations this may be
+    prefix_hash: str | None = None  # `Keys.prefix_hash`
     model_alias: str | None = None
     api_key_id: str | None = None
     checkpoint: str | None = None
@@ -44,7 +51,7 @@ class ExchangeRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="exchan
     error: str | None = None
     metadata: msgspec.Raw = NULL
     source: str = "production"
-    continuation_hashes: list[str] | None = None
+    continuation_hashes: list[str] | None = None  # its replies': what a next turn continues
     served_model: str | None = None  # the engine's `model` in its answer
     logprobs_mode: str | None = None  # the sampler's logprob definition (`onjob.logprobs`)
     api: str | None = None  # the API the client called: None (chat), responses, completions

@@ -231,6 +231,9 @@ ALTER TABLE exchanges ADD COLUMN parent_id VARCHAR;
 ALTER TABLE exchanges ADD COLUMN messages_kept INTEGER;
 ALTER TABLE exchanges ADD COLUMN prompt_kept INTEGER;
 ALTER TABLE exchanges ADD COLUMN request_kept VARCHAR[];
+"""
+
+_REBUILT = """
 CREATE MACRO exchanges_rebuilt(ids, every) AS TABLE
 WITH RECURSIVE links AS MATERIALIZED (
     SELECT id, parent_id, messages_kept, prompt_kept FROM exchanges
@@ -290,6 +293,20 @@ WHERE every OR list_contains(ids, e.id);
 CREATE VIEW exchanges_full AS SELECT * FROM exchanges_rebuilt([]::VARCHAR[], true);
 """
 
+V10_LINEAR += _REBUILT
+
+# The sampler's logprobs are float32 on every engine (vLLM's and the local one's tensors):
+# stored as FLOAT they lose nothing and take half the space of DOUBLE. The rebuild macro
+# and view read `exchanges.*`, so they are made again around the change.
+V11_FLOAT_LOGPROBS = (
+    """
+DROP VIEW exchanges_full;
+DROP MACRO TABLE exchanges_rebuilt;
+ALTER TABLE exchanges ALTER completion_logprobs SET DATA TYPE FLOAT[][];
+"""
+    + _REBUILT
+)
+
 MIGRATIONS: list[str] = [
     V1,
     V2,
@@ -301,6 +318,7 @@ MIGRATIONS: list[str] = [
     V8_FORGOTTEN,
     V9_RESPONSES_API,
     V10_LINEAR,
+    V11_FLOAT_LOGPROBS,
 ]
 
 

@@ -11,6 +11,12 @@ class CollectorSettings(BaseModel):
     db: Path = Path("onjob.duckdb")
     spool_dir: Path | None = Field(None, description="default: <db>.spool beside the database")
     flush_interval_s: float = Field(0.25, gt=0, description="how often the spool is loaded")
+    rotate_s: float = Field(
+        1.0,
+        gt=0,
+        description="how often a proxy-only process closes its spool segment (the loader "
+        "loads a segment once closed; another writer's lines wait at most this long)",
+    )
     warm_exchanges: int = Field(100_000, ge=0, description="exchanges reloaded into the stitcher")
     stitch_capacity: int = Field(200_000, ge=1)
     lineage_tokens: int = Field(

@@ -1,52 +1,114 @@
-"""The spool: exchanges appended to local segment files before the answer leaves.
+"""The spool: exchanges appended to segment files before the answer leaves, by any number
+of proxy processes (on one host or several sharing the directory), loaded by one.
 
 An exchange is written with one `write()` to a file opened `O_APPEND` before the
-client gets its answer, so it survives a crash of the server process (kill -9):
-the kernel holds the data. (Surviving a power cut would need an fsync per
-exchange; `fsync=True` buys that at a large cost in throughput.)
+client gets its answer, so it survives a crash of the process that wrote it (kill -9):
+the kernel holds the data. (Surviving a power cut would need an fsync per exchange;
+`fsync=True` buys that at a large cost in throughput.)
 
-The writer never takes exchanges from memory: it rotates the current segment,
-loads every closed segment into DuckDB, then deletes it. Normal operation and
-replay after a crash are one code path, and when DuckDB falls behind the closed
-segments pile up on disk rather than in memory. A segment is closed at
-`max_segment_bytes` even between flushes, so one load (which DuckDB reads whole)
-stays bounded in memory however far loading falls behind.
+Each writer (a `Spool`) appends to a segment of its own, created when it first has a
+line to write, under an exclusive `flock` it holds while the file is open:
+
+    <opened ms>-<writer>-<seq>.part                 open: its writer is appending
+    <opened ms>-<closed ms>-<writer>-<seq>.jsonl    closed: ready to load
+
+A writer closes its segment (a rename) at `max_segment_bytes` and whenever it is asked
+to `rotate()`, which every process does every `rotate_s`: a line waits at most that long
+to become loadable. A `.part` whose lock can be taken belongs to a writer that died
+(crash, kill -9): the loader claims it (closes it itself), so nothing a client received
+is lost. The shared filesystem must support `flock` across its clients (local disks,
+NFSv4, CephFS, EFS do).
+
+Which closed segments may be loaded (`loadable()`): stitching happens at load time, and
+a turn must be loaded with or after the turn it continues. The earlier turn was written
+before the later one's request arrived, so only a segment still open can hold the
+earlier turn of a loadable line, or a closed segment held back itself. So a closed
+segment is held back while another writer's open segment, or a held segment, was opened
+before it closed; it waits about `rotate_s`. Loading
+goes in batches (`batches()`): in order of opening, each closed under overlap (a segment
+open while another of the batch was), so a turn and the turn it continues always land in
+one batch or in batches loaded in order. The writers' clocks must agree (NTP) to well
+within the time between a reply and the next turn.
+
+The loader never takes exchanges from memory: loading after a crash is the same path as
+normal operation, and when DuckDB falls behind the closed segments pile up on disk
+rather than in memory.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+
+OPEN = ".part"
+CLOSED = ".jsonl"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A closed segment: `opened` and `closed` in ms (epoch), from its name."""
+
+    path: Path
+    opened: int
+    closed: int
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def _ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _closed(path: Path) -> Segment:
+    parts = path.stem.split("-")
+    try:
+        opened, closed = int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        opened = closed = 0  # a name from before several writers: load it first
+    return Segment(path, opened, closed)
+
+
+def _opened(path: Path) -> int:
+    try:
+        return int(path.stem.split("-")[0])
+    except ValueError:
+        return 0
 
 
 class Spool:
     def __init__(
-        self, directory: Path, *, fsync: bool = False, max_segment_bytes: int = 64 << 20
+        self,
+        directory: Path,
+        *,
+        fsync: bool = False,
+        max_segment_bytes: int = 64 << 20,
+        writer: str | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
         self.max_segment_bytes = max_segment_bytes
-        existing = self.segments()
-        self._seq = _seq(existing[-1]) + 1 if existing else 1
-        # Names are unique across runs (the database remembers loaded names until the
-        # file is gone), even when the sequence starts again from an empty spool.
-        self._run = uuid.uuid4().hex[:8]
+        # Unique across processes, hosts and restarts: the database remembers loaded
+        # names until their file is gone.
+        self.writer = writer or uuid.uuid4().hex[:12]
+        self._seq = 0
         self._fd = -1
+        self._current: Path | None = None
+        self._opened = 0
         self._bytes = 0
-        self._open()
 
-    def segments(self) -> list[Path]:
-        return sorted(self.directory.glob("*.jsonl"), key=_seq)
-
-    def _open(self) -> None:
-        path = self.directory / f"{self._seq:012d}-{self._run}.jsonl"
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._current = path
-        self._bytes = 0
+    # -- writing -------------------------------------------------------------------------
 
     def append(self, line: bytes) -> None:
+        if self._fd < 0:
+            self._open()
         view = memoryview(line + b"\n")
         while view:
             view = view[os.write(self._fd, view) :]
@@ -54,26 +116,131 @@ class Spool:
             os.fsync(self._fd)
         self._bytes += len(line) + 1
         if self._bytes >= self.max_segment_bytes:
-            self._next()
+            self.rotate()
 
-    def rotate(self) -> list[Path]:
-        """Close the current segment if not empty; return all closed segments, oldest first."""
-        if self._bytes:
-            self._next()
-        return [p for p in self.segments() if p != self._current]
-
-    def _next(self) -> None:
-        os.close(self._fd)
+    def _open(self) -> None:
         self._seq += 1
-        self._open()
+        self._opened = _ms()
+        name = f"{self._opened:013d}-{self.writer}-{self._seq:06d}"
+        # Locked before it gets its `.part` name: a loader never sees it unlocked while
+        # this writer lives.
+        tmp = self.directory / f".{name}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        path = self.directory / f"{name}{OPEN}"
+        os.rename(tmp, path)
+        self._fd, self._current, self._bytes = fd, path, 0
+
+    def rotate(self) -> None:
+        """Close the current segment (if any line went into it): it becomes loadable."""
+        if self._fd < 0:
+            return
+        path, fd = self._current, self._fd
+        self._fd, self._current = -1, None
+        _close(path, self._opened)
+        os.close(fd)  # after the rename: the lock is held until the segment is closed
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-            if self._bytes == 0:
-                self._current.unlink(missing_ok=True)
+        self.rotate()
+
+    # -- loading -------------------------------------------------------------------------
+
+    def loadable(self) -> list[Segment]:
+        """Claim the open segments of writers that died, then return the closed segments
+        that may be loaded now, oldest opened first (see the module's docstring)."""
+        held_from = None  # the earliest opening of another live writer's open segment
+        for path in self.directory.glob(f"*{OPEN}"):
+            if _claim(path):  # this writer's own open segment counts as held too
+                continue
+            opened = _opened(path)
+            held_from = opened if held_from is None else min(held_from, opened)
+        closed = sorted(
+            (_closed(p) for p in self.directory.glob(f"*{CLOSED}")), key=lambda s: s.opened
+        )
+        if held_from is None:
+            return closed
+        # A segment that closed after a held one opened may hold a turn continuing one of
+        # the held segment's: it is held too, which may hold more.
+        while True:
+            earliest = min(
+                (s.opened for s in closed if s.closed > held_from and s.opened < held_from),
+                default=None,
+            )
+            if earliest is None:
+                return [s for s in closed if s.closed <= held_from]
+            held_from = earliest
+
+    def others_writing(self) -> bool:
+        """Whether another live writer holds an open segment (its lines are not loadable yet)."""
+        return any(p != self._current and _locked(p) for p in self.directory.glob(f"*{OPEN}"))
+
+    def segments(self) -> list[Path]:
+        """Every segment on disk, open and closed."""
+        return sorted(
+            [*self.directory.glob(f"*{OPEN}"), *self.directory.glob(f"*{CLOSED}")],
+            key=lambda p: p.name,
+        )
 
 
-def _seq(path: Path) -> int:
-    return int(path.stem.split("-")[0])
+def batches(segments: list[Segment], budget_bytes: int) -> list[list[Segment]]:
+    """`segments` (oldest opened first) in batches of about `budget_bytes`, each closed under
+    overlap: a segment opened before another in the batch closed joins it."""
+    out: list[list[Segment]] = []
+    i = 0
+    while i < len(segments):
+        batch, size, until = [], 0, 0
+        while i < len(segments) and (
+            not batch or size < budget_bytes or segments[i].opened < until
+        ):
+            seg = segments[i]
+            batch.append(seg)
+            with contextlib.suppress(OSError):
+                size += seg.path.stat().st_size
+            until = max(until, seg.closed)
+            i += 1
+        out.append(batch)
+    return out
+
+
+def _close(path: Path, opened: int) -> Path:
+    """An open segment's closed name (opened ms, closed ms, writer, seq)."""
+    _, writer, seq = path.stem.split("-", 2)
+    closed = path.with_name(f"{opened:013d}-{_ms():013d}-{writer}-{seq}{CLOSED}")
+    os.rename(path, closed)
+    return closed
+
+
+def _locked(path: Path) -> bool:
+    """Whether a live writer holds `path` (its lock cannot be taken)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _claim(path: Path) -> bool:
+    """Close the open segment of a writer that died; True if it was (or it is gone)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return True  # closed by its writer meanwhile
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        if os.fstat(fd).st_size == 0:
+            path.unlink(missing_ok=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                _close(path, _opened(path))
+        return True
+    finally:
+        os.close(fd)

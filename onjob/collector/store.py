@@ -16,7 +16,7 @@ at a time (the collector runs it on a single-thread executor).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -52,7 +52,7 @@ _LINE = {
     "response": "JSON",
     "prompt_token_ids": "INTEGER[]",
     "completion_token_ids": "INTEGER[][]",
-    "completion_logprobs": "DOUBLE[][]",
+    "completion_logprobs": "FLOAT[][]",
     "usage": "JSON",
     "latency_ms": "DOUBLE",
     "status": "INTEGER",
@@ -68,6 +68,10 @@ _LINE = {
     "messages_kept": "INTEGER",
     "prompt_kept": "INTEGER",
     "request_kept": "VARCHAR[]",
+    "after_turn": "INTEGER",
+    "retry_of": "VARCHAR",
+    "stitch": "VARCHAR[]",
+    "prefix_hash": "VARCHAR",
     "exchange_id": "VARCHAR",
     "value": "DOUBLE",
     "comment": "VARCHAR",
@@ -77,6 +81,23 @@ _READ = (
     "SELECT * REPLACE (to_timestamp(ts) AS ts) FROM read_json(?, format = 'newline_delimited', "
     f"ignore_errors = true, columns = {_LINE!r})"
 )
+
+# The lines the loader places (`Placer`), in the order their requests arrived: a turn is
+# placed after the turn it continues, whichever process or segment each came from.
+_UNPLACED = """
+SELECT id, api_key_id, trajectory_id, after_turn, stitch, prefix_hash, continuation_hashes,
+       scenario_key, scenario_keyed, status, retry_of
+FROM segment WHERE kind = 'exchange' AND turn IS NULL ORDER BY ts, id
+"""
+_PLACE = """
+UPDATE segment SET trajectory_id = p.trajectory_id, turn = p.turn, scenario_id = p.scenario_id
+FROM (SELECT unnest(?::VARCHAR[]) AS id, unnest(?::VARCHAR[]) AS trajectory_id,
+             unnest(?::INTEGER[]) AS turn, unnest(?::VARCHAR[]) AS scenario_id) p
+WHERE segment.id = p.id
+"""
+
+Placer = Callable[[list[tuple]], list[tuple[str, str, int, str]]]
+"""Rows of `_UNPLACED` -> (id, trajectory id, turn, scenario id) each (`Collector._place`)."""
 
 # Lines `onjob forget` or retention deleted (`forgotten`, `forget.py`) are dropped before
 # anything is inserted: equality joins for the few named trajectories and keys, one
@@ -131,16 +152,35 @@ class Store:
     def close(self) -> None:
         self.con.close()
 
-    def load_segment(self, path: Path) -> tuple[int, int]:
-        """Load one spool segment, exactly once per file name: (exchanges inserted, torn
-        lines skipped); (0, 0) if it was loaded before."""
+    def load_segment(self, path: Path, place: Placer | None = None) -> tuple[int, int]:
+        """`load([path], place)`."""
+        return self.load([path], place)
+
+    def load(self, paths: list[Path], place: Placer | None = None) -> tuple[int, int]:
+        """Load spool segments in one transaction, each exactly once per file name: (exchanges
+        inserted, torn lines skipped). Lines not yet placed in a trajectory are placed by
+        `place`, in the order their requests arrived (without it they must come placed)."""
         con = self.con
         con.execute("BEGIN TRANSACTION")
         try:
-            if con.execute("SELECT 1 FROM loaded_segments WHERE name = ?", [path.name]).fetchone():
+            loaded = {
+                name
+                for (name,) in con.execute(
+                    "SELECT name FROM loaded_segments WHERE list_contains(?, name)",
+                    [[p.name for p in paths]],
+                ).fetchall()
+            }
+            paths = [p for p in paths if p.name not in loaded]
+            if not paths:
                 con.execute("ROLLBACK")
                 return 0, 0
-            con.execute(_READ, [str(path)])
+            con.execute(_READ, [[str(p) for p in paths]])
+            unplaced = con.execute(_UNPLACED).fetchall()
+            if unplaced:
+                if place is None:
+                    raise StorageError("spool lines with no trajectory and nothing to place them")
+                columns = [list(c) for c in zip(*place(unplaced), strict=True)]
+                con.execute(_PLACE, columns)
             con.execute(_FORGOTTEN)
             self.orphaned = 0
             while dropped := con.execute(_ORPHANS).fetchone()[0]:  # a level of turns a pass
@@ -149,12 +189,19 @@ class Store:
                 "SELECT count(*) FILTER (WHERE kind = 'exchange'), count(*) FILTER (WHERE "
                 "kind IS NULL) FROM segment"
             ).fetchone()
-            con.execute("INSERT INTO loaded_segments VALUES (?, ?, now())", [path.name, inserted])
+            for p in paths:  # the batch's count on its first name
+                con.execute(
+                    "INSERT INTO loaded_segments VALUES (?, ?, now())",
+                    [p.name, inserted if p is paths[0] else 0],
+                )
             self._insert()
             con.execute("COMMIT")
-        except duckdb.Error as exc:
+        except BaseException as exc:
             con.execute("ROLLBACK")
-            raise StorageError(f"loading spool segment {path.name} failed: {exc}") from exc
+            if isinstance(exc, duckdb.Error):
+                names = ", ".join(p.name for p in paths)
+                raise StorageError(f"loading spool segments {names} failed: {exc}") from exc
+            raise
         return inserted, torn
 
     def _insert(self) -> None:

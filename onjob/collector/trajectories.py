@@ -2,10 +2,19 @@
 
 A request continues a trajectory when its messages start with an earlier
 request's messages plus the reply that request got (then new messages follow).
-Messages are hashed as a chain (the hash of message k covers messages 1..k), so
-a request of n messages is matched against every earlier (messages + reply)
-with n lookups in an in-memory index, on the hot path, before the request is
-forwarded (the canary arm depends on the trajectory).
+Messages are hashed as a chain (the hash of message k covers messages 1..k).
+
+The work is split between the two sides of the spool, so that any number of proxy
+processes can serve one conversation:
+
+- the proxy computes a request's `Keys` (`keys()`): the chain hashes that end at an
+  assistant message (the continuations it may be, latest first), the hash of all its
+  messages, the scenario's key, and the `opening` (the hash up to the first reply: the
+  same for every turn of a conversation, so the canary arm derived from it needs no
+  memory of the conversation); after the answer, the hashes of the replies the client
+  got (`continuations()`). They travel in the spool line.
+- the one loader places the lines (`Stitcher.place_keys`) in the order their requests
+  arrived, with an in-memory index of (API key, continuation hash) -> (trajectory, turn).
 
 A client that edits history produces a chain that matches nothing and starts a
 new trajectory; one that continues an older turn of a trajectory (a retry or a
@@ -103,29 +112,70 @@ def scoped(trajectory_id: str, api_key_id: str | None) -> str:
     return trajectory_id if api_key_id is None else f"{api_key_id}:{trajectory_id}"
 
 
+def scenario_key(messages: list[dict], explicit: str | None) -> tuple[str, str]:
+    """(key, how keyed): the name the client gave, or a hash of the system prompt and the
+    first user message."""
+    if explicit:
+        return explicit, EXPLICIT
+    system = next(
+        (text_of(m.get("content")) for m in messages if m.get("role") in ("system", "developer")),
+        "",
+    )
+    user = next((text_of(m.get("content")) for m in messages if m.get("role") == "user"), "")
+    return hashlib.blake2b(json.dumps([system, user]).encode(), digest_size=8).hexdigest(), DERIVED
+
+
+def scenario_id(key: str, keyed: str, tenant: str | None = None) -> str:
+    """A scenario's id. A `tenant` (the API key id, with `collector.scenarios_per_key`) is
+    part of the id, not of the key: two keys' scenarios of the same key are two rows."""
+    scope = f"{keyed}\0{key}" if tenant is None else f"{keyed}\0{key}\0{tenant}"
+    return "scn_" + hashlib.blake2b(scope.encode(), digest_size=8).hexdigest()
+
+
 def scenario_of(
     messages: list[dict], explicit: str | None, tenant: str | None = None
 ) -> tuple[str, str, str]:
-    """(scenario id, key, how keyed). Derived keys hash the system prompt and first user
-    message. A `tenant` (the API key id, with `collector.scenarios_per_key`) is part of the
-    id, not of the key: two keys' scenarios of the same key are two rows."""
-    if explicit:
-        key, keyed = explicit, EXPLICIT
+    """(scenario id, key, how keyed)."""
+    key, keyed = scenario_key(messages, explicit)
+    return scenario_id(key, keyed, tenant), key, keyed
+
+
+MAX_CANDIDATES = 8  # assistant messages, from the latest, a request may continue from
+
+
+@dataclass(frozen=True)
+class Keys:
+    """What the proxy computes of a request for stitching (in the spool line)."""
+
+    candidates: list[str]  # chain hashes ending at an assistant message, latest first
+    prefix_hash: str  # chain hash of all the messages ("" for none)
+    opening: str  # chain hash up to the first assistant message: the conversation's
+    scenario_key: str
+    scenario_keyed: str
+
+
+def keys(messages: list[dict], scenario: str | None = None) -> Keys:
+    hashes = chain(messages)
+    candidates = [
+        hashes[k - 1]
+        for k in range(len(messages) - 1, 0, -1)
+        if messages[k - 1].get("role") == "assistant"
+    ][:MAX_CANDIDATES]
+    first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
+    if not hashes:
+        opening = ""
+    elif first is None:
+        opening = hashes[-1]
     else:
-        system = next(
-            (
-                text_of(m.get("content"))
-                for m in messages
-                if m.get("role") in ("system", "developer")
-            ),
-            "",
-        )
-        user = next((text_of(m.get("content")) for m in messages if m.get("role") == "user"), "")
-        key = hashlib.blake2b(json.dumps([system, user]).encode(), digest_size=8).hexdigest()
-        keyed = DERIVED
-    scope = f"{keyed}\0{key}" if tenant is None else f"{keyed}\0{key}\0{tenant}"
-    digest = hashlib.blake2b(scope.encode(), digest_size=8).hexdigest()
-    return f"scn_{digest}", key, keyed
+        opening = hashes[max(first - 1, 0)]
+    return Keys(
+        candidates, hashes[-1] if hashes else "", opening, *scenario_key(messages, scenario)
+    )
+
+
+def continuations(prefix_hash: str, replies: list[dict]) -> list[str]:
+    """The hashes a next turn continuing each reply will carry among its candidates."""
+    return [extend(prefix_hash, reply) for reply in replies]
 
 
 @dataclass
@@ -159,62 +209,83 @@ class Stitcher:
         api_key_id: str | None = None,
         after_turn: int | None = None,
     ) -> Placement:
-        """`trajectory_id` names the conversation (of `api_key_id`: never another key's);
-        with `after_turn` (a chain of Responses API calls, whose stored trajectory id is
-        already the key's own) the request continues that turn of it, or, when the
+        """`place_keys` of the request's messages (the proxy's and the loader's halves in
+        one: tests, benches)."""
+        if trajectory_id and after_turn is None:
+            trajectory_id = scoped(trajectory_id, api_key_id)
+        return self.place_keys(
+            keys(messages, scenario),
+            trajectory_id=trajectory_id,
+            api_key_id=api_key_id,
+            after_turn=after_turn,
+        )
+
+    def place_keys(
+        self,
+        k: Keys,
+        *,
+        trajectory_id: str | None = None,
+        api_key_id: str | None = None,
+        after_turn: int | None = None,
+    ) -> Placement:
+        """Which trajectory and turn a request belongs to. `trajectory_id`: the stored id of
+        a conversation the client named (already `scoped()`); with `after_turn` (a chain of
+        Responses API calls) the request continues that turn of it, or, when the
         conversation has gone on since (a second answer to the same turn), forks a new one."""
-        hashes = chain(messages)
         tenant = api_key_id if self.scenarios_per_key else None
+        fresh = (
+            scenario_id(k.scenario_key, k.scenario_keyed, tenant),
+            k.scenario_key,
+            k.scenario_keyed,
+        )
         if trajectory_id and after_turn is not None:
             known = self._trajectories.get(trajectory_id)
             if known is not None and known.latest_turn != after_turn:
-                return self._placed(new_id("traj_"), 0, known.scenario, hashes, api_key_id)
-            scen = known.scenario if known else scenario_of(messages, scenario, tenant)
-            return self._placed(trajectory_id, after_turn + 1, scen, hashes, api_key_id)
+                return self._placed(new_id("traj_"), 0, known.scenario, k, api_key_id)
+            scen = known.scenario if known else fresh
+            return self._placed(trajectory_id, after_turn + 1, scen, k, api_key_id)
         if trajectory_id:
-            trajectory_id = scoped(trajectory_id, api_key_id)
             known = self._trajectories.get(trajectory_id)
             turn = known.latest_turn + 1 if known else 0
-            scen = known.scenario if known else scenario_of(messages, scenario, tenant)
-            return self._placed(trajectory_id, turn, scen, hashes, api_key_id)
-        for k in range(len(messages) - 1, 0, -1):
-            if messages[k - 1].get("role") != "assistant":
-                continue
-            hit = self._continuations.get(_slot(api_key_id, hashes[k - 1]))
+            return self._placed(
+                trajectory_id, turn, known.scenario if known else fresh, k, api_key_id
+            )
+        for h in k.candidates:
+            hit = self._continuations.get(_slot(api_key_id, h))
             if hit is None:
                 continue
             traj, turn = hit
             known = self._trajectories.get(traj)
             if known is not None and known.latest_turn == turn:
-                return self._placed(traj, turn + 1, known.scenario, hashes, api_key_id)
+                return self._placed(traj, turn + 1, known.scenario, k, api_key_id)
             break  # continues an older turn: a fork, so a new trajectory
-        scen = scenario_of(messages, scenario, tenant)
-        return self._placed(new_id("traj_"), 0, scen, hashes, api_key_id)
+        return self._placed(new_id("traj_"), 0, fresh, k, api_key_id)
 
     def _placed(
         self,
         traj: str,
         turn: int,
         scen: tuple[str, str, str],
-        hashes: list[str],
+        k: Keys,
         api_key_id: str | None,
     ) -> Placement:
         self._remember_trajectory(traj, _Trajectory(turn, scen))
-        prefix = hashes[-1] if hashes else ""
-        return Placement(traj, turn, *scen, prefix_hash=prefix, api_key_id=api_key_id)
+        return Placement(traj, turn, *scen, prefix_hash=k.prefix_hash, api_key_id=api_key_id)
 
-    def record_replies(self, placement: Placement, replies: list[dict]) -> list[str]:
-        """Register each reply the client received as a possible continuation; return the hashes."""
-        out = []
-        for reply in replies:
-            h = extend(placement.prefix_hash, reply)
+    def register(self, placement: Placement, hashes: list[str]) -> None:
+        """The answered exchange's replies (`continuations()`) are what its next turn continues."""
+        for h in hashes:
             slot = _slot(placement.api_key_id, h)
             self._continuations[slot] = (placement.trajectory_id, placement.turn)
             self._continuations.move_to_end(slot)
-            out.append(h)
         while len(self._continuations) > self.capacity:
             self._continuations.popitem(last=False)
-        return out
+
+    def record_replies(self, placement: Placement, replies: list[dict]) -> list[str]:
+        """`register` the replies the client received; return their hashes."""
+        hashes = continuations(placement.prefix_hash, replies)
+        self.register(placement, hashes)
+        return hashes
 
     def release(self, placement: Placement) -> None:
         """The exchange failed: its turn never happened, so a retry continues the trajectory."""

@@ -1,4 +1,9 @@
-"""`Collector`: the proxy's one handle on logging, and the loop that loads the spool into DuckDB."""
+"""`Collector`: the proxy's one handle on logging, and the loop that loads the spool into
+DuckDB, placing each line in its trajectory as it goes.
+
+In a proxy-only process (`onjob serve --role proxy`, and the extra workers of `onjob serve
+--workers N`) the collector only writes the spool (`load=False`): the one server that
+loads it owns the database and the stitcher."""
 
 from __future__ import annotations
 
@@ -20,12 +25,22 @@ from .forget import Forget, Forgotten, forget
 from .linear import Lineage
 from .records import ExchangeRecord, Record, encode
 from .settings import CollectorSettings
-from .spool import Spool
+from .spool import Spool, batches
 from .store import Store
-from .trajectories import Placement, Stitcher
+from .trajectories import Keys, Stitcher
 
 log = logging.getLogger("onjob.collector")
 T = TypeVar("T")
+
+FAILED_HELD = 10_000  # failed exchanges whose place a retry on the live arm may take
+FORGOTTEN_MARK = "forgotten.mark"  # in the spool directory: touched by each `forget`
+
+
+def _stamp(path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return None
 
 
 def _lower_priority(nice: int) -> None:
@@ -37,12 +52,14 @@ def _lower_priority(nice: int) -> None:
 
 
 class Collector:
-    def __init__(self, settings: CollectorSettings) -> None:
+    def __init__(self, settings: CollectorSettings, *, load: bool = True) -> None:
         self.settings = settings
+        self.loads = load  # False: this process only writes the spool
         self.stitcher = Stitcher(
             settings.stitch_capacity, scenarios_per_key=settings.scenarios_per_key
         )
         self.lineage = Lineage(settings.stitch_capacity, settings.lineage_tokens)
+        self._failed: dict[str, tuple[str, int]] = {}  # recent failed exchanges' places
         self._db = concurrent.futures.ThreadPoolExecutor(
             1,
             thread_name_prefix="onjob-duckdb",
@@ -66,40 +83,25 @@ class Collector:
         self.loaded = 0  # exchanges inserted since start
 
     async def start(self) -> None:
-        """Open (and migrate) the database, load what a previous run left in the spool, warm up."""
-        self._store = await self._run(
-            Store, self.settings.db, self.settings.duckdb_threads, self.settings.duckdb_memory_limit
-        )
+        """Open (and migrate) the database, load what the spool holds (a previous run's
+        included), warm the stitcher up. A proxy-only collector just opens its spool."""
         self._spool = Spool(
             self.settings.spool,
             fsync=self.settings.fsync,
             max_segment_bytes=self.settings.max_segment_bytes,
         )
-        replayed = await self.flush()
-        if replayed:
-            log.warning("replayed %d exchanges from the spool of a previous run", replayed)
+        if not self.loads:
+            self._task = asyncio.create_task(self._rotating(), name="onjob-spool")
+            return
+        self._store = await self._run(
+            Store, self.settings.db, self.settings.duckdb_threads, self.settings.duckdb_memory_limit
+        )
         rows = await self._run(lambda: self._store.warm_rows(self.settings.warm_exchanges))
         self.stitcher.warm(rows)
+        replayed = await self.flush()
+        if replayed:
+            log.warning("replayed %d exchanges from the spool at start", replayed)
         self._task = asyncio.create_task(self._loop(), name="onjob-collector")
-
-    def place(
-        self,
-        messages: list[dict],
-        *,
-        trajectory_id: str | None = None,
-        scenario: str | None = None,
-        api_key_id: str | None = None,
-        after_turn: int | None = None,
-    ) -> Placement:
-        """Which trajectory, turn and scenario a request of `api_key_id` belongs to (never
-        another key's); `after_turn`: a Responses API chain's (`Stitcher.place`)."""
-        return self.stitcher.place(
-            messages,
-            trajectory_id=trajectory_id,
-            scenario=scenario,
-            api_key_id=api_key_id,
-            after_turn=after_turn,
-        )
 
     def log(self, record: Record) -> None:
         """Durably hand over one exchange or feedback (one append to the spool); never waits
@@ -109,31 +111,83 @@ class Collector:
             self.spooled += 1
 
     async def flush(self) -> int:
-        """Load every closed spool segment into DuckDB; return how many exchanges were new."""
+        """Load every loadable spool segment into DuckDB; return how many exchanges were new.
+        This process's own lines all are; another writer's wait up to `rotate_s`
+        (`caught_up`)."""
+        if not self.loads:
+            return 0
         total = 0
         async with self._flushing:
-            for segment in self._spool.rotate():
-                total += await self._run(self._load_segment, segment)
+            self._spool.rotate()
+            ready = self._spool.loadable()
+            for batch in batches(ready, self.settings.max_segment_bytes):
+                total += await self._run(self._load, batch)
         self.loaded += total
         return total
 
-    def _load_segment(self, segment) -> int:
-        if not segment.exists():
+    async def caught_up(self) -> int:
+        """`flush`, and when other processes write the spool too, flush again once each has
+        closed what it holds now: everything answered before the call is then loaded."""
+        total = await self.flush()
+        if self.loads and self._spool.others_writing():
+            await asyncio.sleep(self.settings.rotate_s + self.settings.flush_interval_s)
+            total += await self.flush()
+        return total
+
+    def _load(self, batch) -> int:
+        paths = [s.path for s in batch if s.path.exists()]
+        if not paths:
             # Loaded by a flush whose task was cancelled while this thread finished it (a
-            # shutdown during a flush): the file is gone and its rows are in.
+            # shutdown during a flush): the files are gone and their rows are in.
             return 0
-        inserted, torn = self._store.load_segment(segment)
+        inserted, torn = self._store.load(paths, self._place)
+        names = ", ".join(p.name for p in paths)
         if torn:
-            log.warning("%s: skipped %d torn lines (a crash mid-write)", segment.name, torn)
+            log.warning("%s: skipped %d torn lines (a crash mid-write)", names, torn)
         if self._store.orphaned:
             log.warning(
                 "%s: dropped %d turns stored against deleted exchanges (cannot be rebuilt)",
-                segment.name,
+                names,
                 self._store.orphaned,
             )
-        segment.unlink()
-        self._store.forget_segment(segment.name)
+        for path in paths:
+            path.unlink()
+            self._store.forget_segment(path.name)
         return inserted
+
+    def _place(self, rows: list[tuple]) -> list[tuple[str, str, int, str]]:
+        """Place spool lines (in the order their requests arrived) in their trajectories: on
+        the database thread, the one user of the stitcher."""
+        out = []
+        for (
+            id_,
+            api_key_id,
+            trajectory_id,
+            after_turn,
+            stitch,
+            prefix_hash,
+            continuations,
+            scenario_key,
+            scenario_keyed,
+            status,
+            retry_of,
+        ) in rows:
+            keys = Keys(stitch or [], prefix_hash or "", "", scenario_key, scenario_keyed)
+            if retry_of in self._failed:  # live answering for a failed canary: its place
+                trajectory_id, turn = self._failed.pop(retry_of)
+                after_turn = turn - 1
+            p = self.stitcher.place_keys(
+                keys, trajectory_id=trajectory_id, api_key_id=api_key_id, after_turn=after_turn
+            )
+            if status is not None and status < 400:
+                self.stitcher.register(p, continuations or [])
+            else:  # a failed exchange is no turn: a retry takes its place
+                self.stitcher.release(p)
+                self._failed[id_] = (p.trajectory_id, p.turn)
+                while len(self._failed) > FAILED_HELD:
+                    self._failed.pop(next(iter(self._failed)))
+            out.append((id_, p.trajectory_id, p.turn, p.scenario_id))
+        return out
 
     async def forget(self, what: Forget, *, actor: str = "admin-api") -> Forgotten:
         """Delete `what` while serving: the spool is loaded first (so what is in it goes
@@ -141,12 +195,17 @@ class Collector:
         stitcher's memory of those conversations. Lines spooled meanwhile are loaded
         later, through the rule `forget` records: none of the deleted comes back, nothing
         else is lost."""
+        await self.caught_up()
         async with self._flushing:
-            for segment in self._spool.rotate():
-                self.loaded += await self._run(self._load_segment, segment)
+            self._spool.rotate()
+            for batch in batches(self._spool.loadable(), self.settings.max_segment_bytes):
+                self.loaded += await self._run(self._load, batch)
             out = await self._run(lambda: forget(self._store, what, actor=actor))
         self.stitcher.forget(out.trajectory_ids)
-        self.lineage.forget(out.trajectory_ids)
+        # A later turn must not be stored against a deleted exchange: this process's memory
+        # of conversations goes, and proxy-only processes' when they see the mark change.
+        self.lineage.clear()
+        (self.settings.spool / FORGOTTEN_MARK).write_text(out.what)
         if out.exchanges:
             log.warning("forgot %s: %d exchanges", out.what, out.exchanges)
         if out.trained_on:
@@ -167,7 +226,7 @@ class Collector:
         return {
             "spooled": self.spooled,
             "loaded": self.loaded,
-            "backlog_segments": len(self._spool.segments()) - 1 if self._spool else 0,
+            "backlog_segments": len(self._spool.segments()) if self._spool else 0,
         }
 
     async def query(self, fn: Callable[[Store], T]) -> T:
@@ -191,6 +250,21 @@ class Collector:
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
+
+    async def _rotating(self) -> None:
+        """A proxy-only process closes its segment every `rotate_s`: the loader may load it.
+        When the primary has deleted conversations, the memory of them goes too."""
+        mark = self.settings.spool / FORGOTTEN_MARK
+        seen = _stamp(mark)
+        while True:
+            await asyncio.sleep(self.settings.rotate_s)
+            try:
+                self._spool.rotate()
+            except OSError:
+                log.exception("closing a spool segment failed; will retry")
+            if (stamp := _stamp(mark)) != seen:
+                seen = stamp
+                self.lineage.clear()
 
     async def _loop(self) -> None:
         retained = -math.inf  # retention runs at start, then every retention_check_s

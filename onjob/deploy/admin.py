@@ -187,8 +187,8 @@ def routes(
         return {**out.as_dict(), "snapshots_removed": snapshots}
 
     async def read(fn):
-        # What the proxy has answered so far is in the answer: the spool is loaded first.
-        await collector.flush()
+        # What the proxies have answered so far is in the answer: the spool is loaded first.
+        await collector.caught_up()
         try:
             return await collector.read(fn, settings.collector.query_timeout_s)
         except readonly.QueryRefused as exc:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 import msgspec
-from litestar import Request, Response, delete, get, post
+from litestar import Request, Response, delete, get, post, route
 from litestar.params import FromPath, FromQuery
 from litestar.response import Stream
 from opentelemetry.trace import Tracer
@@ -40,6 +41,7 @@ from .errors import (
 from .exchange import COMPLETIONS, Exchange, parse_completion_request, parse_request
 from .front import ProxyApp
 from .pool import Pool, Replica
+from .replicas import Forwarder
 from .routing import CANARY, Router
 from .settings import ProxySettings
 from .upstream import Upstream, UpstreamResponse
@@ -63,12 +65,15 @@ def create_app(
     routes: Sequence = (),
     on_startup: Sequence[Callable[[], Awaitable[None]]] = (),
     on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
+    forward: Forwarder | None = None,
 ) -> ProxyApp:
     """The proxy's app. `upstream` is one engine, or a `Pool` of several (its `wanted` set
     by the caller); `router` (default: from `settings`) is the handle that changes an
     alias's arms while serving; `routes` are more handlers (the admin API). `on_startup`
     hooks run after the collector has started, and `on_shutdown` hooks before it closes
-    (the server's background work)."""
+    (the server's background work). `forward` makes a proxy-only process (its collector
+    only writes the spool): what needs the database goes to the primary server
+    (`replicas.py`)."""
     if router is None:
         router = Router.from_settings(settings, upstream)
     if isinstance(upstream, Pool):
@@ -93,13 +98,8 @@ def create_app(
     def finish(exchange: Exchange) -> None:
         """Hand the exchange to the collector: its spool line is written before the answer
         (or the stream's last event) leaves, so a crash after that loses nothing."""
-        hashes = None
-        if exchange.status < 400:
-            hashes = collector.stitcher.record_replies(exchange.placement, exchange.replies())
-        else:
-            collector.stitcher.release(exchange.placement)
         try:
-            collector.log(exchange.record(hashes, collector.lineage))
+            collector.log(exchange.record(collector.lineage))
         except OSError:
             log.exception("could not spool exchange %s", exchange.id)
 
@@ -136,6 +136,8 @@ def create_app(
         (`proxy/responses.py`)."""
         api_key_id = authenticate(request)
         body = responses.parse(await request.body(), settings)
+        if forward is not None and "previous_response_id" in body:
+            return await forward(request)  # the previous response is in the primary's database
         where = placing(request, api_key_id)
         previous = None
         if "previous_response_id" in body:
@@ -149,6 +151,9 @@ def create_app(
                     param="previous_response_id",
                 )
             where["trajectory_id"] = previous.trajectory_id
+            # A chain keeps the arm its previous turn had, while that checkpoint still is one.
+            if where["pin"] is None:
+                where["pin"] = router.sticky(body["model"], row["checkpoint"])
         chat, call = responses.translate(body, previous)
         raw = msgspec.json.encode(chat)
         exchange = await Exchange.open(
@@ -186,7 +191,6 @@ def create_app(
     def placing(request: Request, api_key_id: str | None) -> dict:
         return {
             "router": router,
-            "collector": collector,
             "api_key_id": api_key_id,
             "trajectory_id": request.headers.get(TRAJECTORY_HEADER),
             "scenario": request.headers.get(SCENARIO_HEADER),
@@ -259,11 +263,9 @@ def create_app(
         return resp, exchange.answer(raw)
 
     def log_attempt(exchange: Exchange) -> None:
-        """A failed attempt whose turn is retried elsewhere: logged, its place kept."""
-        try:
-            collector.log(exchange.record(None, collector.lineage))
-        except OSError:
-            log.exception("could not spool exchange %s", exchange.id)
+        """A failed attempt whose turn is retried elsewhere: logged (the loader gives the
+        retry its place)."""
+        finish(exchange)
 
     async def relay(exchange: Exchange, resp: UpstreamResponse, span) -> AsyncIterator[bytes]:
         finished = False
@@ -370,7 +372,9 @@ def create_app(
             telemetry.end(span, exchange)
 
     @get("/v1/responses/{response_id:str}")
-    async def retrieve_response(request: Request, response_id: FromPath[str]) -> dict:
+    async def retrieve_response(request: Request, response_id: FromPath[str]) -> Any:
+        if forward is not None:
+            return await forward(request)
         return (await stored_response(request, response_id))["response"]
 
     @get("/v1/responses/{response_id:str}/input_items")
@@ -380,15 +384,19 @@ def create_app(
         limit: FromQuery[int] = 20,
         order: FromQuery[Literal["asc", "desc"]] = "desc",
         after: FromQuery[str | None] = None,
-    ) -> dict:
+    ) -> Any:
+        if forward is not None:
+            return await forward(request)
         if not 1 <= limit <= 100:
             raise BadRequest("`limit` must be between 1 and 100.", param="limit")
         items = (await stored_response(request, response_id))["input_items"]
         return responses.input_items_page(items, order=order, limit=limit, after=after)
 
     @delete("/v1/responses/{response_id:str}", status_code=200)
-    async def delete_response(request: Request, response_id: FromPath[str]) -> dict:
+    async def delete_response(request: Request, response_id: FromPath[str]) -> Any:
         """The stored Response goes; the exchange stays in the log, to learn from."""
+        if forward is not None:
+            return await forward(request)
         await stored_response(request, response_id)
         if not await collector.query(lambda store: store.forget_response(response_id)):
             raise NotFound(f"No response with id '{response_id}'.", param="response_id")
@@ -425,7 +433,9 @@ def create_app(
         return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "onjob"}
 
     @post("/v1/feedback", status_code=200)
-    async def feedback(request: Request) -> dict:
+    async def feedback(request: Request) -> Any:
+        if forward is not None:
+            return await forward(request)  # checked against the primary's database
         api_key_id = authenticate(request)
         try:
             fb = msgspec.json.decode(await request.body(), type=openapi.Feedback)
@@ -468,11 +478,23 @@ def create_app(
 
     @get("/health")
     async def health() -> dict:
-        return {"status": "ok", "collector": collector.stats()}
+        # The pid tells apart the processes answering on one port (`--workers`).
+        return {"status": "ok", "pid": os.getpid(), "collector": collector.stats()}
+
+    @route(
+        ["/admin/{rest:path}", "/dashboard", "/dashboard/{rest:path}"],
+        http_method=["GET", "POST", "PUT", "PATCH", "DELETE"],
+        include_in_schema=False,
+    )
+    async def forwarded(request: Request) -> Any:
+        """A proxy-only process: the admin API and the dashboard are the primary's."""
+        return await forward(request)
 
     async def shutdown() -> None:
         for hook in on_shutdown:
             await hook()
+        if forward is not None:
+            await forward.aclose()
         await pool.aclose()
         await collector.close()
 
@@ -496,6 +518,7 @@ def create_app(
             feedback,
             openapi_document,
             health,
+            *([forwarded] if forward is not None else []),
             *routes,
         ],
         on_startup=[collector.start, *on_startup, pool.start],
@@ -508,10 +531,11 @@ def create_app(
 
 
 async def _lookup(collector: Collector, query, key: str):
-    """Ask the database; if it does not know `key` yet, load the spool and ask again."""
+    """Ask the database; if it does not know `key` yet, load the spool (what other proxy
+    processes hold too) and ask again."""
     found = await collector.query(lambda store: query(store, key))
     if not found:
-        await collector.flush()
+        await collector.caught_up()
         found = await collector.query(lambda store: query(store, key))
     return found
 

@@ -38,6 +38,13 @@ class NotFound(ProxyError):
     type = "not_found_error"
 
 
+class PrimaryUnreachable(ProxyError):
+    """A proxy-only process cannot reach the server it forwards database requests to."""
+
+    status = 503
+    type = "service_unavailable"
+
+
 class UpstreamError(ProxyError):
     """The engine could not give an answer."""
 

@@ -1,10 +1,12 @@
 """One chat exchange on its way through the proxy.
 
-`Exchange.open()` checks the client's request, places it in its trajectory and
-builds the engine's request (logprobs and token ids always on: the trainer needs
-them). `answer()` shapes a whole answer for the client, `chunk()` one streamed
-event; both take out what the client did not ask for, put the exchange id and the
-client's model name in, and keep what the collector stores. `record()` is the row.
+`Exchange.open()` checks the client's request, computes what the loader will place it
+in its trajectory by (`collector.trajectories.keys`) and picks its arm from the
+conversation's opening; `upstream_body()` is the engine's request (logprobs and token
+ids always on: the trainer needs them). `answer()` shapes a whole answer for the client,
+`chunk()` one streamed event; both take out what the client did not ask for, put the
+exchange id and the client's model name in, and keep what the collector stores.
+`record()` is the spool line.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from typing import Any
 
 import msgspec
 
-from ..collector import Collector, ExchangeRecord, Placement
+from ..collector import ExchangeRecord
 from ..collector.ids import new_id
 from ..collector.linear import WHOLE, Lineage, stored
 from ..collector.records import to_json
+from ..collector.trajectories import Keys, continuations, keys, scoped
 from .errors import BadRequest, MalformedAnswer
 from .routing import Route, Router
 from .settings import ProxySettings
@@ -291,13 +294,23 @@ class _Choice:
         call["function"]["arguments"] += fn.get("arguments") or ""
 
 
+@dataclass(frozen=True)
+class Where:
+    """What the proxy knows of a request's place in its conversation; the loader places it."""
+
+    keys: Keys
+    conversation: str  # what the arm is drawn from: the same for every turn, on every proxy
+    trajectory_id: str | None = None  # a named conversation (scoped) or a Responses chain's
+    after_turn: int | None = None  # a Responses chain: the turn it continues
+
+
 @dataclass
 class Exchange:
     id: str
     request: dict  # as the client sent it
     raw_request: bytes
     route: Route
-    placement: Placement
+    where: Where
     api_key_id: str | None
     ts: float = field(default_factory=time.time)
     started: float = field(default_factory=time.perf_counter)
@@ -315,6 +328,7 @@ class Exchange:
     api: str | None = None  # the API the client called, when not chat completions
     api_object: dict | None = None  # what that API keeps of the exchange (a stored Response)
     id_prefix: str = "chatcmpl-"
+    retry_of: str | None = None  # the failed canary attempt this answers in place of
     # What the client asked for, read once (every streamed event consults them).
     _legacy: bool = field(init=False, repr=False)
     _wants_token_ids: bool = field(init=False, repr=False)
@@ -337,7 +351,6 @@ class Exchange:
         raw: bytes,
         *,
         router: Router,
-        collector: Collector,
         api_key_id: str | None,
         trajectory_id: str | None = None,
         scenario: str | None = None,
@@ -347,26 +360,27 @@ class Exchange:
         after_turn: int | None = None,
         messages: list[dict] | None = None,
     ) -> Exchange:
-        """Place the request in its trajectory, then pick its arm (a hash of the trajectory).
-        `api` and `id_prefix` name another API's exchanges (`resp_...` for the Responses
-        API, whose response id is the exchange id); `after_turn` places a chained Responses
-        call after the turn it continues; `messages` place a request that has none (a legacy
-        completion's prompt as one user message)."""
+        """Compute the request's stitching keys, then pick its arm: a hash of the
+        conversation, which is the name the client gave it, else its opening (the messages
+        up to the first reply, with the API key), so every turn of it takes the same arm
+        on any proxy process without shared memory. `api` and `id_prefix` name another
+        API's exchanges (`resp_...` for the Responses API, whose response id is the
+        exchange id); `trajectory_id` with `after_turn` places a chained Responses call
+        after the turn it continues (already the stored id); `messages` stand for a request
+        that has none (a legacy completion's prompt as one user message)."""
         metadata = body.get("metadata") or {}
-        placement = collector.place(
+        k = keys(
             messages if messages is not None else body["messages"],
-            trajectory_id=trajectory_id or _str(metadata.get("trajectory_id")),
-            scenario=scenario or _str(metadata.get("scenario")),
-            api_key_id=api_key_id,
-            after_turn=after_turn,
+            scenario or _str(metadata.get("scenario")),
         )
-        try:
-            route = await router.resolve(body["model"], placement.trajectory_id, pin)
-        except Exception:
-            collector.stitcher.release(placement)
-            raise
+        named = trajectory_id or _str(metadata.get("trajectory_id"))
+        if named and after_turn is None:
+            named = scoped(named, api_key_id)
+        conversation = named or f"{api_key_id or ''}\0{k.opening}"
+        where = Where(k, conversation, named, after_turn)
+        route = await router.resolve(body["model"], conversation, pin)
         return cls(
-            new_id(id_prefix), body, raw, route, placement, api_key_id, api=api, id_prefix=id_prefix
+            new_id(id_prefix), body, raw, route, where, api_key_id, api=api, id_prefix=id_prefix
         )
 
     def rerouted(self, route: Route) -> Exchange:
@@ -377,10 +391,11 @@ class Exchange:
             self.request,
             self.raw_request,
             route,
-            self.placement,
+            self.where,
             self.api_key_id,
             api=self.api,
             id_prefix=self.id_prefix,
+            retry_of=self.id,
         )
 
     def upstream_body(self) -> bytes:
@@ -550,34 +565,37 @@ class Exchange:
             "usage": self.usage,
         }
 
-    def record(
-        self, continuation_hashes: list[str] | None, lineage: Lineage | None = None
-    ) -> ExchangeRecord:
+    def record(self, lineage: Lineage | None = None) -> ExchangeRecord:
         """The spool line. With `lineage` (linear storage, `collector/linear.py`) a turn that
-        continues the conversation's previous answered exchange stores only its new messages
-        and prompt token ids; an answered one becomes what the next turn stores against."""
-        p = self.placement
+        continues an answered exchange this process remembers stores only its new messages
+        and prompt token ids; an answered one becomes what its next turn stores against."""
+        w = self.where
+        answered = self.status < 400
         ordered = [self.choices[i] for i in sorted(self.choices)]
+        hashes = continuations(w.keys.prefix_hash, self.replies()) if answered else None
         request, prompt_ids, delta = None, self.prompt_token_ids, WHOLE
         if lineage is not None:
             request, prompt_ids, delta = stored(
                 lineage,
-                trajectory_id=p.trajectory_id,
-                turn=p.turn,
+                keys=w.keys,
+                api_key_id=self.api_key_id,
+                continuations=hashes or [],
                 exchange_id=self.id,
                 request=self.request,
                 prompt_token_ids=prompt_ids,
                 completion_token_ids=ordered[0].token_ids if ordered else None,
-                answered=self.status < 400,
+                answered=answered,
             )
         return ExchangeRecord(
             id=self.id,
             ts=self.ts,
-            trajectory_id=p.trajectory_id,
-            turn=p.turn,
-            scenario_id=p.scenario_id,
-            scenario_key=p.scenario_key,
-            scenario_keyed=p.scenario_keyed,
+            trajectory_id=w.trajectory_id,
+            after_turn=w.after_turn,
+            retry_of=self.retry_of,
+            scenario_key=w.keys.scenario_key,
+            scenario_keyed=w.keys.scenario_keyed,
+            stitch=w.keys.candidates or None,
+            prefix_hash=w.keys.prefix_hash or None,
             model_alias=self.route.alias,
             api_key_id=self.api_key_id,
             checkpoint=self.route.checkpoint,
@@ -597,7 +615,7 @@ class Exchange:
             status=self.status,
             error=self.error,
             metadata=to_json(self.request.get("metadata")),
-            continuation_hashes=continuation_hashes,
+            continuation_hashes=hashes,
             served_model=self.served_model,
             logprobs_mode=self.logprobs_mode,
             source=self.source,

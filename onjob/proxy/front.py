@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from inspect import getmro
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from litestar import Litestar, Response
@@ -46,18 +46,35 @@ class Headers:
                 return v.decode("latin-1")
         return default
 
+    def items(self) -> list[tuple[str, str]]:
+        return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self._raw]
+
+
+class URL(NamedTuple):
+    path: str
+    query: str
+
 
 class BareRequest:
-    """What the hot handlers use of a request: `headers.get` and `await body()`, with
-    Litestar's limits and errors."""
+    """What the hot handlers use of a request (its headers, `await body()` with Litestar's
+    limits and errors; and, to forward it to the primary, its method and URL)."""
 
-    __slots__ = ("_body", "_limit", "_receive", "headers")
+    __slots__ = ("_body", "_limit", "_receive", "_scope", "headers")
 
     def __init__(self, scope: Scope, receive: Receive, limit: int) -> None:
+        self._scope = scope
         self.headers = Headers(scope["headers"])
         self._receive = receive
         self._limit = limit
         self._body: bytes | None = None
+
+    @property
+    def method(self) -> str:
+        return self._scope["method"]
+
+    @property
+    def url(self) -> URL:
+        return URL(self._scope["path"], self._scope.get("query_string", b"").decode("latin-1"))
 
     async def body(self) -> bytes:
         if self._body is None:

@@ -163,6 +163,7 @@ class CollectorStats(msgspec.Struct, kw_only=True):
 
 class Health(msgspec.Struct, kw_only=True):
     status: Literal["ok"]
+    pid: int  # which process answered (several answer on one port with `--workers`)
     collector: CollectorStats
 
 

@@ -2,9 +2,11 @@
 
 An alias (say `agent`) has a live checkpoint (an adapter the engine has loaded, or
 `None` for the engine's base model) and optionally a canary that serves a
-`fraction` of its conversations. The arm is a hash of the trajectory id salted by the
-canary's name, so a conversation never switches arms during a canary, and each canary
-draws its own conversations. `X-Onjob-Arm` pins `live`, `canary` or a named
+`fraction` of its conversations. The arm is a hash of the conversation (the name the
+client gave it, else its opening: `Exchange.open`) salted by the canary's name, so a
+conversation never switches arms during a canary, whichever proxy process serves each
+turn, and each canary draws its own conversations. A Responses API chain keeps the
+arm of its previous turn (`sticky`). `X-Onjob-Arm` pins `live`, `canary` or a named
 checkpoint for one request. The base model's own name is an alias of itself, so
 an agent that already names it changes nothing but its `base_url`.
 """
@@ -12,6 +14,7 @@ an agent that already names it changes nothing but its `base_url`.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -39,11 +42,11 @@ class Arms:
     fraction: float = 0.0
 
 
-def canary_share(trajectory_id: str, canary: str) -> float:
+def canary_share(conversation: str, canary: str) -> float:
     """Where a conversation falls in [0, 1) for `canary`: below the canary's fraction, it
     is the canary's. Salted by the canary's name, so each canary gets its own draw of
     conversations, not the same bucket every time."""
-    key = f"{canary}\x00{trajectory_id}".encode()
+    key = f"{canary}\x00{conversation}".encode()
     digest = hashlib.blake2b(key, digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
 
@@ -53,6 +56,7 @@ class Router:
         self.arms = {alias: Arms(live) for alias, live in aliases.items()}
         self.upstream = upstream
         self.base_model: str | None = None
+        self.listeners: list[Callable[[], None]] = []  # called after each change
 
     @classmethod
     def from_settings(cls, settings, upstream: Upstream) -> Router:
@@ -68,7 +72,12 @@ class Router:
         """Change an alias's routing (the deploy side calls this; the next request sees it)."""
         if not 0 <= fraction <= 1:
             raise ValueError(f"canary fraction {fraction} is not in [0, 1]")
-        self.arms[alias] = Arms(live, canary, fraction if canary else 0.0)
+        arms = Arms(live, canary, fraction if canary else 0.0)
+        if self.arms.get(alias) == arms:
+            return
+        self.arms[alias] = arms
+        for listener in self.listeners:
+            listener()
 
     async def discover(self) -> str:
         """The engine's base model id (the model without a parent), asked once."""
@@ -88,7 +97,19 @@ class Router:
             names.append(self.base_model)
         return names
 
-    async def resolve(self, name: str, trajectory_id: str, pin: str | None = None) -> Route:
+    def sticky(self, name: str, checkpoint: str | None) -> str | None:
+        """The pin that keeps a conversation on `checkpoint`'s arm of `name`, if it still is
+        one (None: draw the arm as usual)."""
+        arms = self.arms.get(name)
+        if arms is None:
+            return None
+        if arms.canary and checkpoint == arms.canary:
+            return CANARY
+        if checkpoint == arms.live:
+            return LIVE
+        return None
+
+    async def resolve(self, name: str, conversation: str, pin: str | None = None) -> Route:
         base = await self.discover()
         arms = self.arms.get(name)
         if arms is None:
@@ -104,7 +125,7 @@ class Router:
         if pin == CANARY and not arms.canary:
             raise BadRequest(f"`{name}` has no canary to pin (X-Onjob-Arm: canary).")
         canary = pin == CANARY or (
-            pin is None and arms.canary and canary_share(trajectory_id, arms.canary) < arms.fraction
+            pin is None and arms.canary and canary_share(conversation, arms.canary) < arms.fraction
         )
         if canary:
             return Route(name, arms.canary, arms.canary, CANARY)

@@ -85,6 +85,18 @@ class ProxySettings(BaseModel):
         "before they are cut (new connections are refused at once; a second signal exits "
         "at once)",
     )
+    workers: int = Field(
+        1,
+        ge=1,
+        description="processes answering on the port: this one (which loads the spool, "
+        "stitches, judges and trains) and workers-1 proxy-only ones (SO_REUSEPORT)",
+    )
+    primary_url: str | None = Field(
+        None,
+        description="proxy only: the onjob server that owns the database (its base URL, "
+        "e.g. http://10.0.0.5:8000); this process answers the OpenAI routes, writes the "
+        "shared spool (collector.spool_dir) and forwards the rest there",
+    )
 
     @model_validator(mode="after")
     def _judge_on_a_replica(self) -> ProxySettings:

@@ -19,10 +19,11 @@ def start(tracer: Tracer | None, exchange: Exchange) -> Span | None:
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": "onjob",
         "gen_ai.request.model": exchange.route.alias,
-        "gen_ai.conversation.id": exchange.placement.trajectory_id,
+        # The conversation as the proxy knows it (its name, else a hash of its opening); the
+        # trajectory id and turn are given when the spool is loaded.
+        "gen_ai.conversation.id": exchange.where.conversation.replace("\0", ":"),
         "onjob.exchange.id": exchange.id,
-        "onjob.turn": exchange.placement.turn,
-        "onjob.scenario.id": exchange.placement.scenario_id,
+        "onjob.scenario.key": exchange.where.keys.scenario_key,
         "onjob.arm": exchange.route.arm,
         "onjob.stream": exchange.stream,
     }
