@@ -10,20 +10,35 @@ A line `onjob forget` or retention deleted (table `forgotten`) is dropped, so lo
 a segment late never brings deleted rows back, and so is a later turn stored against an
 exchange so deleted (`_ORPHANS`).
 
+After each load DuckDB gives back what it holds between loads (`release_memory`): without
+it a server that loads a small segment every `collector.flush_interval_s` grows for as long
+as it runs (+3.1 MB/min in a 30-minute `bench/soak.py`), in two ways `memory_limit` does
+not bound. DuckDB caches every buffer it unpins, the blocks of each checkpoint included,
+until the limit (1 GB by default) is reached, so its cache grows as fast as the file; and
+each unpin leaves an entry in an eviction queue, whose stale entries keep their block's
+record allocated (~200 bytes each, in malloc's heap, counted in neither `memory_limit` nor
+`duckdb_memory()`) until the queue passes 32,768 entries: eight queues, ~50 MB, filled
+over ~20 minutes at the soak's rate. Only eviction walks the queues, so it is asked for.
+
 DuckDB connections are not safe across threads: `Store` is used from one thread
-at a time (the collector runs it on a single-thread executor).
+at a time (the collector runs it on a single-thread executor). Users' queries on a cursor
+of their own in another thread go through `read`, and no eviction runs meanwhile.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 
 from .errors import StorageError
 from .schema import migrate
+
+T = TypeVar("T")
 
 _COLUMNS = (
     "id, ts, trajectory_id, turn, scenario_id, api_key_id, model_alias, checkpoint, arm, stream, "
@@ -141,6 +156,14 @@ class Store:
             self.orphaned = 0  # turns the last load dropped: their parent was deleted
             self.con = duckdb.connect(str(path), config=config)
             self.schema_before = migrate(self.con)
+            # The limit set again after each eviction (`release_memory`): as given, or DuckDB's
+            # default (RESET: its displayed value is rounded).
+            self._limit = (
+                "SET memory_limit = '{}'".format(memory_limit.replace("'", "''"))
+                if memory_limit
+                else "RESET memory_limit"
+            )
+            self._reading = threading.Lock()  # held while `read` runs a user's query
         except duckdb.IOException as exc:
             raise StorageError(
                 f"cannot open {path}: {exc}. DuckDB allows one read-write process per file; "
@@ -195,6 +218,7 @@ class Store:
                     [p.name, inserted if p is paths[0] else 0],
                 )
             self._insert()
+            con.execute("DROP TABLE segment")  # not kept (or spilled to disk) until the next load
             con.execute("COMMIT")
         except BaseException as exc:
             con.execute("ROLLBACK")
@@ -202,7 +226,37 @@ class Store:
                 names = ", ".join(p.name for p in paths)
                 raise StorageError(f"loading spool segments {names} failed: {exc}") from exc
             raise
+        self.release_memory()
         return inserted, torn
+
+    def release_memory(self) -> bool:
+        """Evict every buffer DuckDB can (the next load reads back the few index and table
+        blocks it needs, from the OS's page cache) and drop every stale eviction-queue
+        entry, then return the allocator's free pages to the OS. The module docstring says
+        why; bench/loader_memory.py measures it. False, and nothing done, while `read` runs.
+
+        DuckDB evicts only to reach a `memory_limit` being set: asked for one byte it walks
+        every queue, evicts all it can, and refuses the limit (what is pinned stays over it),
+        leaving the limit as it was; setting the real limit again flushes the allocator.
+        Where nothing is pinned the one byte is accepted, so the real limit follows in the
+        same call: between the two statements no other statement of this connection runs
+        (one at a time), nor a user's (`read` waits), and no memory is needed to set it."""
+        if not self._reading.acquire(blocking=False):
+            return False
+        try:
+            try:
+                self.con.execute(f"SET memory_limit = '1B'; {self._limit}")
+            except duckdb.OutOfMemoryException:  # refused: the usual case
+                self.con.execute(self._limit)
+        finally:
+            self._reading.release()
+        return True
+
+    def read(self, fn: Callable[[duckdb.DuckDBPyConnection], T], cursor) -> T:
+        """`fn(cursor)` for a user's query on a cursor of its own, from another thread:
+        `release_memory` does not run meanwhile."""
+        with self._reading:
+            return fn(cursor)
 
     def _insert(self) -> None:
         con = self.con

@@ -239,7 +239,7 @@ class Collector:
         if self._cursor is None:
             self._cursor = await self._run(self._store.con.cursor)
         cursor = self._cursor
-        job = asyncio.get_running_loop().run_in_executor(self._reader, fn, cursor)
+        job = asyncio.get_running_loop().run_in_executor(self._reader, self._store.read, fn, cursor)
         try:
             return await asyncio.wait_for(asyncio.shield(job), timeout_s)
         except TimeoutError:
