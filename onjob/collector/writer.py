@@ -116,12 +116,15 @@ class Collector:
         (`caught_up`)."""
         if not self.loads:
             return 0
-        total = 0
         async with self._flushing:
-            self._spool.rotate()
-            ready = self._spool.loadable()
-            for batch in batches(ready, self.settings.max_segment_bytes):
-                total += await self._run(self._load, batch)
+            return await self._load_ready()
+
+    async def _load_ready(self) -> int:
+        """Close this process's segment and load what may be loaded (`_flushing` held)."""
+        total = 0
+        self._spool.rotate()
+        for batch in batches(self._spool.loadable(), self.settings.max_segment_bytes):
+            total += await self._run(self._load, batch)
         self.loaded += total
         return total
 
@@ -197,9 +200,7 @@ class Collector:
         else is lost."""
         await self.caught_up()
         async with self._flushing:
-            self._spool.rotate()
-            for batch in batches(self._spool.loadable(), self.settings.max_segment_bytes):
-                self.loaded += await self._run(self._load, batch)
+            await self._load_ready()  # what came in meanwhile, in the same hold of the lock
             out = await self._run(lambda: forget(self._store, what, actor=actor))
         self.stitcher.forget(out.trajectory_ids)
         # A later turn must not be stored against a deleted exchange: this process's memory
