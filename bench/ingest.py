@@ -527,6 +527,12 @@ def main() -> int:
         help="collector.duckdb_memory_limit (default as `onjob serve`)",
     )
     parser.add_argument(
+        "--max-segment-bytes",
+        type=int,
+        default=CollectorSettings.model_fields["max_segment_bytes"].default,
+        help="collector.max_segment_bytes: the most one load reads (default as `onjob serve`)",
+    )
+    parser.add_argument(
         "--turns",
         type=int,
         default=0,
@@ -560,7 +566,10 @@ def main() -> int:
     if db.exists():
         parser.error(f"{db} exists: give --dir a fresh folder")
     settings = CollectorSettings(
-        db=db, loader_nice=args.loader_nice, duckdb_memory_limit=args.duckdb_memory_limit
+        db=db,
+        loader_nice=args.loader_nice,
+        duckdb_memory_limit=args.duckdb_memory_limit,
+        max_segment_bytes=args.max_segment_bytes,
     )
     proxied = proxy_rate(args.proxy_seconds, directory) if args.proxy_seconds else None
     load_before = os.getloadavg()

@@ -18,7 +18,10 @@ For every run it also reads each server process's CPU time (`/proc/<pid>/stat`, 
 threads: the DuckDB loader's included, and apart as `loader_cpu_us_per_request`) and
 samples its RSS every 50 ms, so each row has CPU µs per request and peak RSS under load;
 the closing table puts onjob beside the aiohttp passthrough on req/s, p99 and both.
-`--no-alone` skips the onjob-alone cases (a quicker side by side).
+`--no-alone` skips the onjob-alone cases (a quicker side by side). `--apart` adds
+`onjob serve --loader-apart` to the side by side: its one proxy-only worker answers, and
+the primary, which loads DuckDB, is measured apart (`loader_cpu_us_per_request`,
+`loader_rss_peak_mib`); both processes sit on the proxies' core.
 
     python bench/proxy_overhead.py                         # ~5 minutes
     python bench/proxy_overhead.py --peers aiohttp litellm portkey
@@ -68,20 +71,27 @@ def body(model: str, stream: bool) -> bytes:
 def start(
     cmd: list[str], port: int, core: int, env: dict | None = None, ready: str = "/health"
 ) -> subprocess.Popen:
+    # A file, not a pipe nobody reads: a server that logs a lot would block on a full pipe.
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (closed when this process exits)
     proc = subprocess.Popen(
         cmd,
         env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=log,
         preexec_fn=lambda: os.sched_setaffinity(0, {core}),
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{cmd} exited: {proc.stderr.read().decode()}")
+            log.seek(0)
+            raise RuntimeError(f"{cmd} exited: {log.read().decode(errors='replace')}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}{ready}", timeout=1).status_code == 200:
+            answer = httpx.get(f"http://127.0.0.1:{port}{ready}", timeout=1)
+            if answer.status_code == 200:
                 PIDS[port] = proc.pid
+                if "--loader-apart" in cmd:  # a worker answers; the primary loads
+                    PIDS[port] = answer.json()["pid"]
+                    LOADERS[port] = proc.pid
                 return proc
         except httpx.TransportError:
             pass
@@ -95,9 +105,9 @@ def fake_engine(core: int, delay_ms: float = 0) -> tuple[subprocess.Popen, int]:
     return start([*cmd, "--delay-ms", str(delay_ms)], port, core), port
 
 
-def proxy(engine_port: int, db: Path, core: int, **env: str):
+def proxy(engine_port: int, db: Path, core: int, *flags: str, **env: str):
     port = free_port()
-    cmd = [sys.executable, "-m", "onjob.cli", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-m", "onjob.cli", "serve", "--port", str(port), *flags]
     cmd += ["--engine-url", f"http://127.0.0.1:{engine_port}/v1", "--db", str(db)]
     return start(cmd, port, core, env), port
 
@@ -129,32 +139,41 @@ def _rss_mib(pid: int) -> float:
 
 class Usage:
     """CPU time used and peak RSS of a server process over one run (RSS sampled every
-    50 ms on a thread of this process, which costs it nothing)."""
+    50 ms on a thread of this process, which costs it nothing), and of the process that
+    loads its spool when that is another (`--loader-apart`)."""
 
-    def __init__(self, pid: int | None) -> None:
+    def __init__(self, pid: int | None, loader_pid: int | None = None) -> None:
         self.pid = pid
-        self.peak = 0.0
+        self.loader_pid = loader_pid
+        self.peak = self.loader_peak = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def __enter__(self) -> Usage:
         if self.pid is not None:
             self.cpu0 = _cpu_s(self.pid)
-            self.loader0 = _cpu_s(self.pid, loader_only=True)
+            self.loader0 = self._loader_cpu_s()
             self.peak = _rss_mib(self.pid)
             self._thread.start()
         return self
 
+    def _loader_cpu_s(self) -> float:
+        if self.loader_pid is not None:
+            return _cpu_s(self.loader_pid)
+        return _cpu_s(self.pid, loader_only=True)
+
     def _sample(self) -> None:
         while not self._stop.wait(0.05):
             self.peak = max(self.peak, _rss_mib(self.pid))
+            if self.loader_pid is not None:
+                self.loader_peak = max(self.loader_peak, _rss_mib(self.loader_pid))
 
     def __exit__(self, *exc) -> None:
         if self.pid is not None:
             self._stop.set()
             self._thread.join()
             self.cpu = _cpu_s(self.pid) - self.cpu0
-            self.loader = _cpu_s(self.pid, loader_only=True) - self.loader0
+            self.loader = self._loader_cpu_s() - self.loader0
 
     def add_to(self, m: dict, measured_share: float) -> None:
         """CPU per request: the run's CPU (warm-up included) over its requests (warm-up
@@ -166,6 +185,8 @@ class Usage:
         if self.loader:
             m["loader_cpu_us_per_request"] = round(self.loader / requests * 1e6, 1)
         m["rss_peak_mib"] = round(self.peak, 1)
+        if self.loader_pid is not None:
+            m["loader_rss_peak_mib"] = round(self.loader_peak, 1)
 
 
 def health(port: int) -> dict:
@@ -173,6 +194,7 @@ def health(port: int) -> dict:
 
 
 PIDS: dict[int, int] = {}  # port -> the pid of the server listening on it
+LOADERS: dict[int, int] = {}  # port -> the pid loading its spool, where that is another
 
 
 def load(
@@ -180,7 +202,7 @@ def load(
 ) -> dict:
     path = "/v1/chat/completions"
     raw = loadgen.request_bytes("127.0.0.1", port, path, body(model, stream), headers=headers)
-    with Usage(PIDS.get(port)) as usage:
+    with Usage(PIDS.get(port), LOADERS.get(port)) as usage:
         result = asyncio.run(
             loadgen.run(
                 "127.0.0.1",
@@ -209,6 +231,8 @@ def line(name: str, m: dict, direct: dict | None = None) -> str:
         if m.get("loader_cpu_us_per_request"):
             text += f" (loader {m['loader_cpu_us_per_request']:.1f})"
         text += f"  rss {m['rss_peak_mib']:6.1f} MiB"
+        if m.get("loader_rss_peak_mib") is not None:
+            text += f" (loader process: {m['loader_rss_peak_mib']:.1f} MiB, cpu not included)"
     return text + (f"  ERRORS {m['errors']}" if m["errors"] else "")
 
 
@@ -267,12 +291,13 @@ def hot_path(rows: list[dict]) -> list[dict]:
     concurrency, streamed and not (req/s ratio, p99 ratio, CPU µs per request, peak RSS
     under load)."""
     out = []
-    for r in rows:
-        if "aiohttp" not in r:
+    for r, name in ((r, n) for r in rows for n in ("onjob", "onjob-apart")):
+        if "aiohttp" not in r or name not in r:
             continue
-        o, a = r["onjob"], r["aiohttp"]
+        o, a = r[name], r["aiohttp"]
         out.append(
             {
+                "onjob": name,
                 "stream": r["stream"],
                 "concurrency": r["concurrency"],
                 "onjob_rps": o["rps"],
@@ -285,6 +310,7 @@ def hot_path(rows: list[dict]) -> list[dict]:
                 "onjob_loader_cpu_us_per_request": o.get("loader_cpu_us_per_request"),
                 "aiohttp_cpu_us_per_request": a.get("cpu_us_per_request"),
                 "onjob_rss_peak_mib": o.get("rss_peak_mib"),
+                "onjob_loader_rss_peak_mib": o.get("loader_rss_peak_mib"),
                 "aiohttp_rss_peak_mib": a.get("rss_peak_mib"),
             }
         )
@@ -294,13 +320,13 @@ def hot_path(rows: list[dict]) -> list[dict]:
             "p99 ratio <= 2 at c64, onjob peak RSS <= 200 MiB)"
         )
         print(
-            f"{'stream':<7}{'c':>4}{'onjob/s':>10}{'aiohttp/s':>11}{'share':>7}"
+            f"{'onjob':<12}{'stream':<7}{'c':>4}{'onjob/s':>10}{'aiohttp/s':>11}{'share':>7}"
             f"{'p99 onjob':>11}{'aiohttp':>9}{'ratio':>7}{'cpu µs onjob':>14}{'aiohttp':>9}"
             f"{'rss MiB onjob':>15}{'aiohttp':>9}"
         )
         for h in out:
             print(
-                f"{h['stream']!s:<7}{h['concurrency']:>4}{h['onjob_rps']:>10.0f}"
+                f"{h['onjob']:<12}{h['stream']!s:<7}{h['concurrency']:>4}{h['onjob_rps']:>10.0f}"
                 f"{h['aiohttp_rps']:>11.0f}{h['rps_share']!s:>7}{h['onjob_p99_ms']:>11.2f}"
                 f"{h['aiohttp_p99_ms']:>9.2f}{h['p99_ratio']!s:>7}"
                 f"{h['onjob_cpu_us_per_request']!s:>14}{h['aiohttp_cpu_us_per_request']!s:>9}"
@@ -339,6 +365,12 @@ def main() -> int:
     parser.add_argument(
         "--no-alone", action="store_true", help="skip the onjob-alone cases after the side by side"
     )
+    parser.add_argument(
+        "--apart",
+        action="store_true",
+        help="add `onjob serve --loader-apart` (a proxy-only worker answers, the primary "
+        "loads) to the side by side",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
     cores = sorted(os.sched_getaffinity(0))
@@ -352,6 +384,12 @@ def main() -> int:
         fast_proxy, fast_port = proxy(engine_port, tmp / "fast.duckdb", server_core)
         procs.append(fast_proxy)
         targets = {"direct": (engine_port, "fake", {}), "onjob": (fast_port, "agent", {})}
+        if args.apart:
+            apart, apart_port = proxy(
+                engine_port, tmp / "apart.duckdb", server_core, "--loader-apart"
+            )
+            procs.append(apart)
+            targets["onjob-apart"] = (apart_port, "agent", {})
         for name in args.peers:
             port = free_port()
             p = peers.peer(name, port, engine_port, tmp)

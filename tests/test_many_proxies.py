@@ -167,3 +167,51 @@ def test_workers_share_the_port_and_the_database(tmp_path, fake_engine_url):
         os.kill(worker, 0)
     logged = rows(db, "SELECT id FROM exchanges")
     assert {r["id"] for r in logged} == set(ids)
+
+
+def test_with_the_loader_apart_only_workers_answer_and_nothing_is_lost(tmp_path, fake_engine_url):
+    env = {"ONJOB_LOOP__INTERVAL_S": "0", "ONJOB_PROXY__ADMIN_KEY": ADMIN}
+    db = tmp_path / "onjob.duckdb"
+    args = ["--engine-url", fake_engine_url, "--db", str(db), "--workers", "2", "--loader-apart"]
+    with ServerProcess(args, env=env, log=tmp_path / "server.log") as server:
+        pids, ids = set(), []
+        for i in range(30):  # a new connection each time: the kernel picks a process
+            pids.add(httpx.get(f"{server.base}/health", timeout=10).json()["pid"])
+            answer = httpx.post(
+                f"{server.url}/chat/completions",
+                json={"model": "agent", "messages": [{"role": "user", "content": f"a{i}"}]},
+                timeout=30,
+            )
+            assert answer.status_code == 200
+            ids.append(answer.json()["id"])
+        assert server.proc.pid not in pids, "the process that owns the database answered"
+        assert len(pids) == 2
+        # What needs the database goes through a worker to the primary.
+        fb = httpx.post(f"{server.url}/feedback", json={"exchange_id": ids[0], "value": 1.0})
+        assert fb.status_code == 200, fb.text
+        answer = httpx.post(
+            f"{server.base}/admin/sql",
+            json={"query": "SELECT count(*) FROM exchanges"},
+            headers={"Authorization": f"Bearer {ADMIN}"},
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):  # stopped with the server
+            os.kill(pid, 0)
+    assert {r["id"] for r in rows(db, "SELECT id FROM exchanges")} == set(ids)
+    assert rows(db, "SELECT exchange_id FROM feedback") == [{"exchange_id": ids[0]}]
+
+
+def test_a_proxy_only_process_takes_no_loader_apart_flag(tmp_path):
+    from onjob.cli.main import main
+
+    args = ["serve", "--db", str(tmp_path / "x.duckdb"), "--primary", "http://127.0.0.1:9"]
+    assert main([*args, "--loader-apart"]) == 2
+
+
+def test_workers_are_started_without_the_primarys_own_flags():
+    from onjob.cli.workers import worker_argv
+
+    argv = worker_argv(["serve", "--workers", "3", "--loader-apart", "--port", "8000"], "http://x")
+    assert argv[-5:] == ["serve", "--port", "8000", "--primary", "http://x"]

@@ -1,6 +1,6 @@
 """`onjob serve`: the proxy and the collector's writer in one asyncio process; with
-`--workers N`, N - 1 proxy-only processes beside it (`workers.py`); with `--primary URL`,
-a proxy-only process itself."""
+`--workers N`, N - 1 proxy-only processes beside it (N with `--loader-apart`, and this one
+answers none: `workers.py`); with `--primary URL`, a proxy-only process itself."""
 
 from __future__ import annotations
 
@@ -181,15 +181,23 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
         Store(settings.collector.db).close()
     log_to_stderr()
     # Several processes on one port: each binds it with SO_REUSEPORT. The primary also
-    # listens on a loopback port of its own, where its workers forward what needs it.
+    # listens on a loopback port of its own, where its workers forward what needs it; with
+    # `loader_apart`, on that one alone.
+    apart = p.loader_apart and not p.primary_url
+    started = p.workers if apart else p.workers - 1  # proxy-only workers this one starts
     sockets, workers = None, None
-    if p.primary_url or p.workers > 1:
-        sockets = [listening_socket(p.host, p.port, reuse_port=True)]
-    if p.workers > 1 and not p.primary_url:
+    if p.primary_url or started:
+        public = listening_socket(p.host, p.port, reuse_port=True)
+        if apart:
+            # Bound only to fail here, clearly, when the port is taken: a socket kept in the
+            # port's group without being served would be handed connections no one accepts.
+            public.close()
+        sockets = [] if apart else [public]
+    if started and not p.primary_url:
         internal = listening_socket("127.0.0.1", 0, reuse_port=False)
         sockets.append(internal)
         url = f"http://127.0.0.1:{internal.getsockname()[1]}"
-        workers = Workers(worker_argv(argv or ["serve"], url), p.workers - 1)
+        workers = Workers(worker_argv(argv or ["serve"], url), started)
     app = build_app(settings, workers)
     with Signals().installed() as signals:
         try:
@@ -204,7 +212,8 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
                 f"proxy only, for {p.primary_url}; spool {settings.collector.spool}"
                 if p.primary_url
                 else f"logging to {settings.collector.db}"
-                + (f"; {p.workers} workers" if p.workers > 1 else "")
+                + (f"; {p.workers} workers" if p.workers > 1 or apart else "")
+                + ("; this process answers none (--loader-apart)" if apart else "")
             )
             print(
                 f"onjob serve: http://{p.host}:{p.port}/v1 -> engine {', '.join(p.replica_urls)}; "

@@ -57,10 +57,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if engine_flags and not args.start_engine:
         print("onjob serve: --backend and --model apply with --start-engine", file=sys.stderr)
         return 2
-    if args.primary and (args.start_engine or (args.workers or 1) > 1):
+    if args.primary and (args.start_engine or args.loader_apart or (args.workers or 1) > 1):
         print(
-            "onjob serve: --primary (a proxy-only process) takes neither --start-engine nor "
-            "--workers: start those with the primary server",
+            "onjob serve: --primary (a proxy-only process) takes neither --start-engine, "
+            "--loader-apart nor --workers: start those with the primary server",
             file=sys.stderr,
         )
         return 2
@@ -72,6 +72,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             port=args.port,
             engine_url=args.engine_url,
             workers=args.workers,
+            loader_apart=args.loader_apart or None,
             primary_url=args.primary,
         ),
         collector=given(db=args.db),
@@ -174,7 +175,15 @@ def add_commands(sub) -> None:
         "--workers",
         type=int,
         help="processes answering on the port (default 1): this one, which owns the database, "
-        "and N-1 proxy-only workers sharing its spool",
+        "and N-1 proxy-only workers sharing its spool (with --loader-apart: N proxy-only "
+        "workers)",
+    )
+    serve.add_argument(
+        "--loader-apart",
+        action="store_true",
+        help="keep the process that owns the database (loading the spool, judge, trainer, "
+        "admin API) off the OpenAI routes: --workers N proxy-only processes (default 1) answer "
+        "them, free of DuckDB's memory and CPU",
     )
     serve.add_argument(
         "--primary",

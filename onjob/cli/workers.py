@@ -5,8 +5,11 @@ The kernel spreads connections over N listening sockets bound to the same port
 and serves the admin API and the dashboard; the N - 1 others are proxy-only (`onjob
 serve --primary URL`): they answer the OpenAI routes, write the shared spool, and
 forward what needs the database to the primary over a loopback socket of its own
-(`proxy/replicas.py`). A worker that dies is started again; what it spooled before it
-died is loaded (its open segment is claimed, `collector/spool.py`).
+(`proxy/replicas.py`). With `--loader-apart` the primary listens on that socket alone and
+N workers answer on the port: DuckDB's loading (a batch of the spool read into memory,
+hundreds of MB at full load) then never shares a process, or a heap, with an answer.
+A worker that dies is started again; what it spooled before it died is loaded (its open
+segment is claimed, `collector/spool.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,13 @@ import time
 log = logging.getLogger("onjob.serve")
 
 # Flags of `onjob serve` that only the primary acts on (with the number of values each takes).
-_PRIMARY_ONLY = {"--workers": 1, "--start-engine": 0, "--backend": 1, "--model": 1}
+_PRIMARY_ONLY = {
+    "--workers": 1,
+    "--loader-apart": 0,
+    "--start-engine": 0,
+    "--backend": 1,
+    "--model": 1,
+}
 
 
 def listening_socket(host: str, port: int, *, reuse_port: bool) -> socket.socket:
@@ -63,12 +72,16 @@ class Workers:
         self._watch = threading.Thread(target=self._watching, name="onjob-workers", daemon=True)
 
     def start(self) -> None:
-        # Each in a session of its own: the primary decides when they stop (SIGTERM).
         self.procs = [self._spawn() for _ in range(self.count)]
         self._watch.start()
 
     def _spawn(self) -> subprocess.Popen:
-        return subprocess.Popen(self.argv, start_new_session=True)
+        # Each in a process group of its own, so a terminal's Ctrl-C reaches only the primary,
+        # which decides when they stop (SIGTERM). In the primary's session, not a new one:
+        # Linux shares the CPU between sessions (autogroups) before it weighs priorities, so
+        # a worker in a session of its own would get half a busy core against the loader's
+        # niced thread (`collector.loader_nice`) instead of nearly all of it.
+        return subprocess.Popen(self.argv, process_group=0)
 
     def _watching(self) -> None:
         while not self._stopping.wait(1.0):

@@ -89,7 +89,15 @@ class ProxySettings(BaseModel):
         1,
         ge=1,
         description="processes answering on the port: this one (which loads the spool, "
-        "stitches, judges and trains) and workers-1 proxy-only ones (SO_REUSEPORT)",
+        "stitches, judges and trains) and workers-1 proxy-only ones (SO_REUSEPORT); with "
+        "loader_apart, workers proxy-only ones",
+    )
+    loader_apart: bool = Field(
+        False,
+        description="the process that owns the database (loads the spool, judges, trains, "
+        "serves the admin API) answers no OpenAI request itself: `workers` proxy-only "
+        "processes do, so loading into DuckDB takes neither memory nor CPU in the process "
+        "answering (ignored by a proxy-only process)",
     )
     primary_url: str | None = Field(
         None,
