@@ -432,6 +432,8 @@ async def ingest(
     loader_cpu = thread_cpu_s(loader_tid) - loader_cpu0
     assert collector.loaded == exchanges, (collector.loaded, exchanges)
     await collector.close()
+    # Before `size_on_disk`, whose own connection's CHECKPOINT is no part of serving.
+    rss_peak = peak_rss_mb()
     print(
         f"[{caught_up - started:6.1f} s] caught up: {exchanges:,} exchanges in DuckDB", flush=True
     )
@@ -448,6 +450,7 @@ async def ingest(
         "loader_cpu_s": loader_cpu,
         "rss_after_setup_mb": setup_rss,
         "peak_rss_while_logging_mb": rss_logging,
+        "peak_rss_mb": rss_peak,
         "samples": samples,
     }
 
@@ -621,7 +624,7 @@ def main() -> int:
         "spool_to_db_used_ratio": payload["spool_bytes"] / (used - empty_used),
         "turns": args.turns or None,
         "linear": not args.whole,
-        "peak_rss_mb": peak_rss_mb(),
+        "peak_rss_mb": run["peak_rss_mb"],
         "peak_rss_while_logging_mb": run["peak_rss_while_logging_mb"],
         "rss_after_setup_mb": run["rss_after_setup_mb"],
     }

@@ -105,3 +105,15 @@ def test_batches_keep_overlapping_segments_together(tmp_path):
     later = seg("later", 60, 70)
     out = batches([long, *short, later], budget_bytes=100)
     assert [[s.name for s in b] for b in out] == [["long", "s1", "s2"], ["later"]]
+
+
+def test_a_batch_stays_within_its_budget_unless_one_segment_alone_is_larger(tmp_path):
+    # One load reads its whole batch into memory: a batch of at most `budget_bytes` bounds it.
+    def seg(name: str, size: int, opened: int) -> Segment:
+        path = tmp_path / name
+        path.write_bytes(b"x" * size)
+        return Segment(path, opened, opened + 5)
+
+    segments = [seg("a", 60, 0), seg("b", 60, 10), seg("c", 30, 20), seg("d", 250, 30)]
+    out = batches(segments, budget_bytes=100)
+    assert [[s.name for s in b] for b in out] == [["a"], ["b", "c"], ["d"]]

@@ -183,19 +183,22 @@ class Spool:
 
 
 def batches(segments: list[Segment], budget_bytes: int) -> list[list[Segment]]:
-    """`segments` (oldest opened first) in batches of about `budget_bytes`, each closed under
-    overlap: a segment opened before another in the batch closed joins it."""
+    """`segments` (oldest opened first) in batches of at most `budget_bytes` (a segment
+    larger than that alone), each closed under overlap: a segment opened before another in
+    the batch closed joins it, whatever the size."""
     out: list[list[Segment]] = []
     i = 0
     while i < len(segments):
         batch, size, until = [], 0, 0
-        while i < len(segments) and (
-            not batch or size < budget_bytes or segments[i].opened < until
-        ):
+        while i < len(segments):
             seg = segments[i]
+            n = 0
+            with contextlib.suppress(OSError):  # loaded and deleted meanwhile: 0
+                n = seg.path.stat().st_size
+            if batch and seg.opened >= until and size + n > budget_bytes:
+                break
             batch.append(seg)
-            with contextlib.suppress(OSError):
-                size += seg.path.stat().st_size
+            size += n
             until = max(until, seg.closed)
             i += 1
         out.append(batch)
