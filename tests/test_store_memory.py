@@ -58,7 +58,8 @@ def test_many_small_loads_leave_neither_the_file_cached_nor_stale_queue_entries(
     # whole file (11 blocks) in BASE_TABLE memory.
     assert queued(store) < 20
     used_blocks, block_size = store.con.execute(
-        "SELECT used_blocks, block_size FROM pragma_database_size()"
+        "SELECT used_blocks, block_size FROM pragma_database_size() "
+        "WHERE database_name = current_database()"
     ).fetchone()
     assert used_blocks >= 8
     assert cached(store, "BASE_TABLE") <= 4 * block_size
@@ -85,7 +86,7 @@ def test_the_default_limit_is_kept_too(tmp_path):
 def test_no_eviction_while_a_users_query_runs(tmp_path):
     store = Store(tmp_path / "db.duckdb")
     store.load_segment(segment(tmp_path, 0))
-    cursor = store.con.cursor()
+    cursor = store.cursor()
 
     def query(cur):
         # `Collector.read` runs this on its readers' thread; a load finishing meanwhile

@@ -238,7 +238,7 @@ class Collector:
         """Run `fn(cursor)` on the readers' thread; interrupted (DuckDB's own interrupt)
         past `timeout_s`, raising TimeoutError."""
         if self._cursor is None:
-            self._cursor = await self._run(self._store.con.cursor)
+            self._cursor = await self._run(self._store.cursor)
         cursor = self._cursor
         job = asyncio.get_running_loop().run_in_executor(self._reader, self._store.read, fn, cursor)
         try:

@@ -91,7 +91,7 @@ def trainable(
     """How many groups a snapshot would take now (none of the `held_out` scenarios)."""
     allowed = [name or "" for name in lineage(store, live, s.max_staleness)]
     row = (  # fetchall: a DuckDB relation has no fetchone
-        store.con.cursor()
+        store.cursor()
         .sql(
             f"SELECT count(DISTINCT group_id) AS n FROM ({_MEMBERS})",
             params=[s.min_spread, list(held_out), allowed, s.max_groups],
@@ -115,7 +115,7 @@ def export(
 
     allowed = [name or "" for name in lineage(store, live, s.max_staleness)]
     params = [s.min_spread, list(held_out), allowed, s.max_groups]
-    table = store.con.cursor().sql(_MEMBERS, params=params).to_arrow_table()
+    table = store.cursor().sql(_MEMBERS, params=params).to_arrow_table()
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
     groups = sorted(set(table.column("group_id").to_pylist()))
