@@ -28,6 +28,7 @@ TARGETS = ["q_proj", "v_proj", "o_proj"]
 REWARDS = (
     "def tool(r):\n    return any(c['function']['name'] == 'get_weather' for c in r.tool_calls)\n"
     "def varied(r):\n    return sum(map(ord, str(r.tool_calls))) % 3 / 2\n"  # a spread
+    "def length(r):\n    return len(str(r.completion.get('content'))) % 3 / 2\n"  # another
 )
 
 
@@ -186,6 +187,9 @@ temperature = 1.5
 scenario_groups = false
 [judge.rewards]
 tool = { fn = "my_rewards:tool" }
+# A spread whatever is sampled: the logged turns are one question, and 14 samples that all
+# skipped the tool (CI saw it once) would leave no group to train on.
+length = { fn = "my_rewards:length" }
 [trainer]
 base_model = "{model}"
 learning_rate = 0.005
