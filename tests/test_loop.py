@@ -28,7 +28,6 @@ TARGETS = ["q_proj", "v_proj", "o_proj"]
 REWARDS = (
     "def tool(r):\n    return any(c['function']['name'] == 'get_weather' for c in r.tool_calls)\n"
     "def varied(r):\n    return sum(map(ord, str(r.tool_calls))) % 3 / 2\n"  # a spread
-    "def length(r):\n    return len(str(r.completion.get('content'))) % 3 / 2\n"  # another
 )
 
 
@@ -47,7 +46,7 @@ def onjob(cwd: Path, *args: str, env: dict | None = None, timeout: float = 600):
     )
 
 
-def converse(db: Path, engine_url: str, n: int, name: str) -> None:
+def converse(db: Path, engine_url: str, n: int, name: str, **sampling) -> None:
     """`n` one-turn tool-question conversations through a real `onjob serve` on `db`
     (routing restored from its deployments, adapters loaded), named `name-<i>`."""
     env = {"ONJOB_LOOP__INTERVAL_S": "0"}
@@ -60,6 +59,7 @@ def converse(db: Path, engine_url: str, n: int, name: str) -> None:
                 tools=TOOLS,
                 max_tokens=24,
                 metadata={"trajectory_id": f"{name}-{i}"},
+                **sampling,
             )
 
 
@@ -67,7 +67,10 @@ def converse(db: Path, engine_url: str, n: int, name: str) -> None:
 def traffic(tmp_path_factory, tool_engine) -> Path:
     """A database with 12 logged tool-question conversations, served by the base model."""
     db = tmp_path_factory.mktemp("traffic") / "onjob.duckdb"
-    converse(db, tool_engine.url, 12, "conv")
+    # Greedy: the base model's logged answer calls the tool every time. Sampled, it
+    # sometimes did not, and then no re-sampled alternative did either (temperature 1.5),
+    # which left the training test nothing with a spread to train on.
+    converse(db, tool_engine.url, 12, "conv", temperature=0)
     return db
 
 
@@ -187,9 +190,6 @@ temperature = 1.5
 scenario_groups = false
 [judge.rewards]
 tool = { fn = "my_rewards:tool" }
-# A spread whatever is sampled: the logged turns are one question, and 14 samples that all
-# skipped the tool (CI saw it once) would leave no group to train on.
-length = { fn = "my_rewards:length" }
 [trainer]
 base_model = "{model}"
 learning_rate = 0.005
