@@ -86,12 +86,8 @@ def start(
             log.seek(0)
             raise RuntimeError(f"{cmd} exited: {log.read().decode(errors='replace')}")
         try:
-            answer = httpx.get(f"http://127.0.0.1:{port}{ready}", timeout=1)
-            if answer.status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}{ready}", timeout=1).status_code == 200:
                 PIDS[port] = proc.pid
-                if "--loader-apart" in cmd:  # a worker answers; the primary loads
-                    PIDS[port] = answer.json()["pid"]
-                    LOADERS[port] = proc.pid
                 return proc
         except httpx.TransportError:
             pass
@@ -109,7 +105,11 @@ def proxy(engine_port: int, db: Path, core: int, *flags: str, **env: str):
     port = free_port()
     cmd = [sys.executable, "-m", "onjob.cli", "serve", "--port", str(port), *flags]
     cmd += ["--engine-url", f"http://127.0.0.1:{engine_port}/v1", "--db", str(db)]
-    return start(cmd, port, core, env), port
+    proc = start(cmd, port, core, env)
+    if "--loader-apart" in flags:  # a worker answers (its pid in /health); the primary loads
+        LOADERS[port] = proc.pid
+        PIDS[port] = httpx.get(f"http://127.0.0.1:{port}/health").json()["pid"]
+    return proc, port
 
 
 _TICK = os.sysconf("SC_CLK_TCK")

@@ -18,6 +18,16 @@ from .conftest import rows
 ADMIN = "admin-secret"
 
 
+def admin_sql(base: str, query: str) -> httpx.Response:
+    """`onjob sql` through the admin API of the server at `base`."""
+    return httpx.post(
+        f"{base}/admin/sql",
+        json={"query": query},
+        headers={"Authorization": f"Bearer {ADMIN}"},
+        timeout=30,
+    )
+
+
 def servers(tmp_path, engine_url: str, canary: str | None = None, **env: str):
     """The primary (owns the database) and a proxy-only server sharing its spool."""
     env = {"ONJOB_LOOP__INTERVAL_S": "0", "ONJOB_PROXY__ADMIN_KEY": ADMIN, **env}
@@ -125,12 +135,7 @@ def test_a_proxy_killed_with_its_segment_open_loses_nothing_it_answered(tmp_path
         ]
         assert list((tmp_path / "onjob.duckdb.spool").glob("*.part"))
         proxy.kill()
-        answer = httpx.post(
-            f"{primary.base}/admin/sql",
-            json={"query": "SELECT id FROM exchanges"},
-            headers={"Authorization": f"Bearer {ADMIN}"},
-            timeout=30,
-        )
+        answer = admin_sql(primary.base, "SELECT id FROM exchanges")
         assert answer.status_code == 200, answer.text
         assert {r[0] for r in answer.json()["rows"]} == set(ids)
     finally:
@@ -189,12 +194,7 @@ def test_with_the_loader_apart_only_workers_answer_and_nothing_is_lost(tmp_path,
         # What needs the database goes through a worker to the primary.
         fb = httpx.post(f"{server.url}/feedback", json={"exchange_id": ids[0], "value": 1.0})
         assert fb.status_code == 200, fb.text
-        answer = httpx.post(
-            f"{server.base}/admin/sql",
-            json={"query": "SELECT count(*) FROM exchanges"},
-            headers={"Authorization": f"Bearer {ADMIN}"},
-            timeout=30,
-        )
+        answer = admin_sql(server.base, "SELECT count(*) FROM exchanges")
         assert answer.status_code == 200, answer.text
     for pid in pids:
         with pytest.raises(ProcessLookupError):  # stopped with the server

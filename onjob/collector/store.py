@@ -172,12 +172,10 @@ class Store:
             # name is one DuckDB keeps for itself.
             name = Path(path).stem
             name = "onjob" if name.lower() in _RESERVED else name
-            self._use = 'USE "{}"'.format(name.replace('"', '""'))
-            self.con.execute(
-                "ATTACH '{}' AS {} (ROW_GROUP_SIZE {})".format(
-                    str(path).replace("'", "''"), self._use[4:], ROW_GROUP_ROWS
-                )
-            )
+            catalog = '"{}"'.format(name.replace('"', '""'))
+            self._use = f"USE {catalog}"
+            file = "'{}'".format(str(path).replace("'", "''"))
+            self.con.execute(f"ATTACH {file} AS {catalog} (ROW_GROUP_SIZE {ROW_GROUP_ROWS})")
             self.con.execute(self._use)
             self.schema_before = migrate(self.con)
             # The limit set again after each eviction (`release_memory`): as given, or DuckDB's
