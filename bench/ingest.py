@@ -147,7 +147,10 @@ class Traffic:
             for name in self.rng.sample(TOOLS, self.rng.randint(3, 6))
         ]
         system = f"You are agent {i}. " + self.text(self.rng.randint(600, 1800))
-        return {"system": system, "tools": tools, "schema_chars": len(json.dumps(tools))}
+        # The chat template renders the system prompt and the tool schemas into the same
+        # prompt ids in every conversation of the scenario.
+        preamble = self.tokens(len(system) + len(json.dumps(tools)))
+        return {"system": system, "tools": tools, "preamble": preamble}
 
     def _conversation(self) -> dict:
         scenario = self.rng.choice(self.scenarios)
@@ -158,9 +161,7 @@ class Traffic:
                 {"role": "system", "content": scenario["system"]},
                 {"role": "user", "content": question},
             ],
-            # the chat template renders the tool schemas into the prompt too
-            "prompt": self.tokens(len(scenario["system"]) + scenario["schema_chars"])
-            + self.tokens(len(question)),
+            "prompt": scenario["preamble"] + self.tokens(len(question)),
             # turns until the answer (equal turns: N answers, no tools called)
             "left": self.turns or self.rng.choice([1, 2, 2, 3, 3, 4, 4, 5, 6, 8]),
         }

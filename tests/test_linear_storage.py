@@ -5,6 +5,7 @@ real openai client, real DuckDB files; the judge's and the trainer's own queries
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from array import array
@@ -17,7 +18,15 @@ import pytest
 from openai import OpenAI
 
 from onjob.cli.process import ServerProcess
-from onjob.collector import ExchangeRecord, Lineage, Store, queries
+from onjob.collector import (
+    Collector,
+    CollectorSettings,
+    ExchangeRecord,
+    Lineage,
+    Store,
+    queries,
+)
+from onjob.collector.forget import Forget, forget
 from onjob.collector.linear import common_prefix, digest, stored
 from onjob.collector.records import encode
 from onjob.collector.schema import MIGRATIONS, migrate
@@ -31,7 +40,12 @@ SYSTEM = {"role": "system", "content": "You answer in a few words."}
 
 
 def converse(
-    client: OpenAI, turns: int, *, system: dict = SYSTEM, rerender_at: int | None = None
+    client: OpenAI,
+    turns: int,
+    *,
+    system: dict = SYSTEM,
+    rerender_at: int | None = None,
+    ask: str = "Question",
 ) -> list[dict]:
     """A conversation of `turns` turns; returns per turn what the client sent and what the
     engine returned (prompt and completion token ids, asked for with return_token_ids).
@@ -40,7 +54,7 @@ def converse(
     messages = [system]
     sent = []
     for turn in range(turns):
-        messages.append({"role": "user", "content": f"Question {turn}: say a number."})
+        messages.append({"role": "user", "content": f"{ask} {turn}: say a number."})
         if turn == rerender_at:
             first = messages[1]
             messages[1] = {"content": [{"type": "text", "text": first["content"]}], "role": "user"}
@@ -74,7 +88,8 @@ def logged(tmp_path_factory, engine) -> dict:
         long = converse(client, 20)
         other = {"role": "system", "content": "You answer at once."}
         rerendered = converse(client, 8, system=other, rerender_at=4)
-    return {"db": db, "long": long, "rerendered": rerendered}
+        alike = converse(client, 3, ask="Another question")  # starts as `long` does
+    return {"db": db, "long": long, "rerendered": rerendered, "alike": alike}
 
 
 def _trajectory_of(store: Store, first_request: dict) -> str:
@@ -140,6 +155,35 @@ def test_a_client_that_re_renders_history_still_reads_back_exactly(logged):
         # only the system prompt of it and stores the rest.
         assert kept[4]["messages_kept"] == 1
         assert kept[5]["messages_kept"] == 2 * 5
+    finally:
+        store.close()
+
+
+def test_a_conversation_that_starts_as_another_stores_its_start_once(logged):
+    store = Store(logged["db"])
+    try:
+        long, alike = logged["long"], logged["alike"]
+        tid = _trajectory_of(store, alike[0]["request"])
+        first = store.query(
+            "SELECT parent_id, messages_kept, prompt_kept, prompt_token_ids, request "
+            "FROM exchanges WHERE trajectory_id = ? AND turn = 0",
+            [tid],
+        )[0]
+        # Stored against the opening it shares with `long`: the system prompt and the prompt
+        # ids both conversations began with, held once.
+        (opening,) = store.query("SELECT * FROM openings WHERE id = ?", [first["parent_id"]])
+        assert json.loads(opening["request"]) == {"messages": [SYSTEM]}
+        shared = opening["prompt_token_ids"]
+        assert len(shared) > 10
+        assert long[0]["prompt"][: len(shared)] == shared == alike[0]["prompt"][: len(shared)]
+        assert first["messages_kept"] == 1 and first["prompt_kept"] == len(shared)
+        assert json.loads(first["request"])["messages"] == alike[0]["request"]["messages"][1:]
+        assert first["prompt_token_ids"] == alike[0]["prompt"][len(shared) :]
+        _check(queries.trajectory(store, tid), alike)
+        full = store.query(
+            "SELECT * FROM exchanges_full WHERE trajectory_id = ? ORDER BY turn", [tid]
+        )
+        _check(full, alike)
     finally:
         store.close()
 
@@ -242,30 +286,31 @@ def test_lineage_memory_is_bounded_and_a_forgotten_conversation_is_stored_whole(
 
 
 def test_spooled_deltas_load_and_rebuild_exactly_whatever_the_client_changes(tmp_path):
-    """Seeded conversations through the real spool and loader: tools sent each turn (left out
-    as the parent's), then changed; history re-rendered or edited; prompts that re-tokenise
-    the last answer differently (unaligned); failed turns retried; engines that return no
-    token ids. Every row reads back exactly as sent."""
+    """Seeded conversations through a real collector (its spool in small segments, its
+    loader): tools sent each turn (left out as the parent's), then changed; history
+    re-rendered or edited; prompts that re-tokenise the last answer differently
+    (unaligned); failed turns retried; engines that return no token ids; conversations that
+    start alike (stored against their opening, which each segment carries). Every row
+    reads back exactly as sent."""
     rng = random.Random(7)
-    spool = Spool(tmp_path / "spool")
-    store = Store(tmp_path / "db.duckdb")
-    lineage = Lineage()
     tools = [{"type": "function", "function": {"name": "f", "description": "x" * 300}}]
+    opening_ids = [rng.randrange(9) for _ in range(40)]  # the rendered system prompt
     truth = {}
-    for conversation in range(6):
-        tid = f"traj-{conversation}"
+
+    async def conversation(collector: Collector, number: int, tools: list) -> list:
+        tid = f"traj-{number}"
         messages = [SYSTEM]
-        stream: list[int] = []
+        stream: list[int] = list(opening_ids)
         turn = 0
         while turn < 30:
             messages.append({"role": "user", "content": f"q{turn} " + "w" * rng.randint(0, 50)})
             if rng.random() < 0.1 and len(messages) > 2:  # re-rendered or edited history
                 i = rng.randrange(1, len(messages) - 1)
                 messages[i] = {**messages[i], "content": [{"type": "text", "text": "edited"}]}
-            if rng.random() < 0.1:
+            if rng.random() < 0.05:
                 tools = [*tools, {"type": "function", "function": {"name": f"g{turn}"}}]
-            if rng.random() < 0.2 and stream:  # the template re-renders the last answer
-                cut = rng.randrange(len(stream))
+            if rng.random() < 0.2 and len(stream) > len(opening_ids):  # re-rendered answer
+                cut = rng.randrange(len(opening_ids), len(stream))
                 prompt = stream[:cut] + [rng.randrange(9) for _ in range(rng.randint(0, 5))]
             else:
                 prompt = stream + [rng.randrange(9) for _ in range(rng.randint(1, 9))]
@@ -278,7 +323,7 @@ def test_spooled_deltas_load_and_rebuild_exactly_whatever_the_client_changes(tmp
             k = keys(request["messages"])
             reply = {"role": "assistant", "content": f"a{turn}"}
             body, ids, delta = stored(
-                lineage,
+                collector.lineage,
                 keys=k,
                 api_key_id=None,
                 continuations=continuations(k.prefix_hash, [reply]),
@@ -288,49 +333,75 @@ def test_spooled_deltas_load_and_rebuild_exactly_whatever_the_client_changes(tmp
                 completion_token_ids=None if failed else completion,
                 answered=not failed,
             )
-            record = ExchangeRecord(
-                id=eid,
-                ts=float(turn),
-                trajectory_id=tid,
-                turn=turn,
-                scenario_id="s",
-                scenario_key="k",
-                scenario_keyed="derived",
-                status=502 if failed else 200,
-                request=msgspec.Raw(body or msgspec.json.encode(request)),
-                prompt_token_ids=ids,
-                completion_token_ids=None if failed else [completion],
-                parent_id=delta.parent_id,
-                messages_kept=delta.messages_kept,
-                prompt_kept=delta.prompt_kept,
-                request_kept=delta.request_kept,
+            collector.log(
+                ExchangeRecord(
+                    id=eid,
+                    ts=float(turn),
+                    trajectory_id=tid,
+                    turn=turn,
+                    scenario_id="s",
+                    scenario_key="k",
+                    scenario_keyed="derived",
+                    status=502 if failed else 200,
+                    request=msgspec.Raw(body or msgspec.json.encode(request)),
+                    prompt_token_ids=ids,
+                    completion_token_ids=None if failed else [completion],
+                    parent_id=delta.parent_id,
+                    messages_kept=delta.messages_kept,
+                    prompt_kept=delta.prompt_kept,
+                    request_kept=delta.request_kept,
+                )
             )
-            spool.append(encode(record))
             truth[eid] = (request, prompt)
+            if rng.random() < 0.15:  # a load: the next lines go into a new segment
+                loads.append(await collector.flush())
             if failed:
                 messages.pop()
                 continue
             stream = (prompt or []) + completion
             messages.append(reply)
             turn += 1
-    spool.rotate()
-    for segment in spool.loadable():
-        store.load_segment(segment.path)
-    try:
-        stored_bytes = store.query(
-            "SELECT count(*) FILTER (WHERE request_kept IS NOT NULL) AS left_out, "
-            "count(*) FILTER (WHERE parent_id IS NOT NULL) AS deltas FROM exchanges"
-        )[0]
-        assert stored_bytes["left_out"] > 100 and stored_bytes["deltas"] > 150
-        full = store.query("SELECT id, request, prompt_token_ids FROM exchanges_full")
-        assert len(full) == len(truth)
-        for row in full:
-            request, prompt = truth[row["id"]]
-            assert json.loads(row["request"]) == request, row["id"]
-            assert row["prompt_token_ids"] == prompt, row["id"]
-    finally:
-        spool.close()
-        store.close()
+        return tools
+
+    loads: list[int] = []
+
+    async def log_and_load() -> tuple[dict, list[dict]]:
+        collector = Collector(CollectorSettings(db=tmp_path / "db.duckdb", flush_interval_s=3600))
+        await collector.start()
+        try:
+            latest = tools
+            for number in range(8):
+                # Most conversations start with the first tools; some with what one ended on.
+                start = latest if number % 3 == 2 else tools
+                latest = await conversation(collector, number, start)
+            await collector.flush()
+            counts = await collector.query(
+                lambda store: store.query(
+                    "SELECT count(*) FILTER (WHERE request_kept IS NOT NULL) AS left_out, "
+                    "count(*) FILTER (WHERE parent_id IS NOT NULL) AS deltas, "
+                    "count(*) FILTER (WHERE parent_id LIKE 'opn_%') AS opened, "
+                    "(SELECT count(*) FROM openings) AS openings FROM exchanges"
+                )[0]
+            )
+            full = await collector.query(
+                lambda store: store.query(
+                    "SELECT id, request, prompt_token_ids FROM exchanges_full"
+                )
+            )
+        finally:
+            await collector.close()
+        return counts, full
+
+    counts, full = asyncio.run(log_and_load())
+    assert len(loads) > 20  # conversations and openings span many segments
+    assert counts["left_out"] > 100 and counts["deltas"] > 200
+    # The first conversation of a start is stored whole; later ones against its opening.
+    assert counts["opened"] >= 5 and 1 <= counts["openings"] <= 3
+    assert len(full) == len(truth)
+    for row in full:
+        request, prompt = truth[row["id"]]
+        assert json.loads(row["request"]) == request, row["id"]
+        assert row["prompt_token_ids"] == prompt, row["id"]
 
 
 def test_a_turn_whose_parent_was_deleted_is_dropped_not_read_back_wrong(tmp_path):
@@ -377,3 +448,120 @@ def test_a_turn_whose_parent_was_deleted_is_dropped_not_read_back_wrong(tmp_path
     finally:
         spool.close()
         store.close()
+
+
+def _first_turn(collector: Collector, tid: str, api_key: str | None, question: str) -> tuple:
+    """A conversation's first turn (a long system prompt and tools, rendered into 50 prompt
+    ids every conversation shares), logged through `collector`; returns what was sent."""
+    tools = [{"type": "function", "function": {"name": "f", "description": "x" * 300}}]
+    request = {
+        "model": "m",
+        "messages": [SYSTEM, {"role": "user", "content": question}],
+        "tools": tools,
+    }
+    prompt = [*range(50), ord(tid[0])]
+    k = keys(request["messages"])
+    reply = {"role": "assistant", "content": "ok"}
+    body, ids, delta = stored(
+        collector.lineage,
+        keys=k,
+        api_key_id=api_key,
+        continuations=continuations(k.prefix_hash, [reply]),
+        exchange_id=f"e-{tid}",
+        request=request,
+        prompt_token_ids=prompt,
+        completion_token_ids=[7],
+        answered=True,
+    )
+    collector.log(
+        ExchangeRecord(
+            id=f"e-{tid}",
+            ts=1.0,
+            trajectory_id=tid,
+            turn=0,
+            scenario_id="s",
+            scenario_key="k",
+            scenario_keyed="derived",
+            api_key_id=api_key,
+            request=msgspec.Raw(body or msgspec.json.encode(request)),
+            prompt_token_ids=ids,
+            completion_token_ids=[[7]],
+            parent_id=delta.parent_id,
+            messages_kept=delta.messages_kept,
+            prompt_kept=delta.prompt_kept,
+            request_kept=delta.request_kept,
+        )
+    )
+    return delta.parent_id, request, prompt
+
+
+def test_conversations_that_start_alike_share_one_opening_until_none_is_left(tmp_path):
+    """Conversations of one system prompt and tool set store their start once (an opening),
+    per API key; a first turn spooled before its opening was deleted (`onjob forget` of the
+    conversations that used it, while the turn waited in the spool) still loads and reads
+    back exactly, because its segment carries the opening; the last conversation deleted
+    takes the opening with it."""
+
+    async def run() -> None:
+        collector = Collector(CollectorSettings(db=tmp_path / "db.duckdb", flush_interval_s=3600))
+        await collector.start()
+        try:
+            sent = {}
+            parents = {}
+            for tid, key in [("a", "k1"), ("b", "k1"), ("c", "k1"), ("x", "k2"), ("y", "k2")]:
+                parents[tid], *sent[tid] = _first_turn(collector, tid, key, f"question {tid}?")
+            assert parents["a"] is None and parents["x"] is None  # each key's first: whole
+            assert parents["b"] == parents["c"] and parents["y"] not in (None, parents["b"])
+            await collector.flush()
+
+            def rows(store: Store) -> dict:
+                return {
+                    r["trajectory_id"]: r
+                    for r in store.query(
+                        "SELECT trajectory_id, request, prompt_token_ids FROM exchanges_full"
+                    )
+                }
+
+            def openings(store: Store) -> set[str]:
+                return {r["id"] for r in store.query("SELECT id FROM openings")}
+
+            def check(got: dict) -> None:
+                for tid, row in got.items():
+                    assert json.loads(row["request"]) == sent[tid][0], tid
+                    assert row["prompt_token_ids"] == sent[tid][1], tid
+
+            check(await collector.query(rows))
+            assert await collector.query(openings) == {parents["b"], parents["y"]}
+            stored_b = await collector.query(
+                lambda s: s.query("SELECT request, prompt_token_ids FROM exchanges WHERE id='e-b'")
+            )
+            assert json.loads(stored_b[0]["request"]) == {
+                "model": "m",
+                "messages": [{"role": "user", "content": "question b?"}],
+            }
+            assert stored_b[0]["prompt_token_ids"] == [ord("b")]
+
+            # A first turn waits in the spool while every conversation that used its opening
+            # is deleted (as `onjob forget` does on a stopped server's file).
+            parents["d"], *sent["d"] = _first_turn(collector, "d", "k1", "question d?")
+            assert parents["d"] == parents["b"]
+            for tid in ("b", "c"):
+                await collector.query(lambda s, t=tid: forget(s, Forget(trajectory=t)))
+            assert await collector.query(openings) == {parents["y"]}
+            await collector.flush()
+            got = await collector.query(rows)
+            assert set(got) == {"a", "d", "x", "y"}
+            check(got)
+            # The whole first conversation is not stored against the opening: deleting it
+            # leaves it; deleting the last that is takes it.
+            await collector.query(lambda s: forget(s, Forget(trajectory="a")))
+            assert parents["b"] in await collector.query(openings)
+            out = await collector.query(lambda s: forget(s, Forget(trajectory="d")))
+            assert out.openings == 1 and await collector.query(openings) == {parents["y"]}
+            out = await collector.query(lambda s: forget(s, Forget(api_key="k2")))
+            assert out.exchanges == 2 and out.openings == 1
+            assert await collector.query(openings) == set()
+        finally:
+            await collector.close()
+
+    asyncio.run(run())

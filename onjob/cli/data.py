@@ -330,8 +330,10 @@ def add_commands(sub) -> None:
             "--limit 20\n"
             '  onjob sql "SELECT table_name FROM duckdb_tables()" --json\n'
             "tables: exchanges, trajectories, scenarios, groups, members, judgements, scores,\n"
-            "feedback, checkpoints, train_runs, deployments, forgotten (docs/ARCHITECTURE.md)\n"
-            "a later turn's row stores only what it adds: read whole requests and prompt\n"
+            "feedback, checkpoints, train_runs, deployments, forgotten, openings\n"
+            "(docs/ARCHITECTURE.md)\n"
+            "a turn's row stores only what it adds to its conversation (or to the start it\n"
+            "shares with others, in openings): read whole requests and prompt\n"
             "token ids from the view exchanges_full, e.g.\n"
             "  onjob sql \"SELECT request FROM exchanges_full WHERE trajectory_id = 't'\""
         ),

@@ -13,8 +13,9 @@ With the conversations go their exchanges (the judge's `resample` exchanges shar
 trajectory id), their trajectory rows, every group one of their exchanges or
 trajectories is a member of or the prefix of (with all its members, judgements and
 scores: a ranking that saw the text is derived from it), and the feedback on them.
-Scenario counts are recomputed and a scenario left with no conversation goes. So no
-later judge pass or snapshot for training can read any of it.
+Scenario counts are recomputed and a scenario left with no conversation goes, and so
+does an opening (`linear.py`: a start conversations share) no remaining row is stored
+against. So no later judge pass or snapshot for training can read any of it.
 
 Checkpoints already trained on one of those groups cannot be untrained: they (and the
 checkpoints trained on top of them) are listed in the answer, from `train_runs.groups_used`.
@@ -77,6 +78,7 @@ class Forgotten:
     judgements: int = 0
     scores: int = 0
     feedback: int = 0
+    openings: int = 0  # shared starts (`linear.py`) no remaining row is stored against
     trained_on: list[dict] = field(default_factory=list)  # name, status, train_run, path
     # May be long: the stitcher and the snapshot files need them, not users.
     trajectory_ids: list[str] = field(default_factory=list)
@@ -156,6 +158,11 @@ def forget(store: Store, what: Forget, *, actor: str = "cli") -> Forgotten:
             out.feedback = _delete(con, feedback)
         out.exchanges = _delete(con, "exchanges WHERE id IN (SELECT id FROM doomed_e)")
         out.trajectories = _delete(con, "trajectories WHERE id IN (SELECT id FROM doomed_t)")
+        out.openings = _delete(
+            con,
+            "openings WHERE id NOT IN (SELECT DISTINCT parent_id FROM exchanges "
+            "WHERE parent_id IS NOT NULL)",
+        )
         out.scenarios = _recount_scenarios(con, scenarios)
         _remember(con, kind, value, out.exchanges, actor)
         for temp in ("doomed_t", "doomed_e", "doomed_g"):

@@ -17,8 +17,24 @@ stitcher's continuation hashes) stores:
   turn as it was sampled: the prompt keeps only the common prefix, and the rest is stored),
   and in `prompt_token_ids` only the ids past those.
 
-A row with `parent_id` NULL is stored whole (the first turn, a resample, a conversation
-this proxy process no longer held in memory or never served, every row written before
+Conversations of one agent share their start too: the system prompt, the tool schemas, and
+the prompt token ids that render them, often thousands of tokens, identical in every
+conversation. So a turn with no parent held (a first turn, or a conversation this process
+no longer holds) is stored against an *opening* (table `openings`, id `opn_...`): the
+leading system/developer messages and the large top-level fields it shares with earlier
+conversations of the same API key, and the prompt token ids the first two such
+conversations' prompts began with. The row's `parent_id` is the opening's id and the
+`*_kept` columns count into it as into a parent exchange. An opening is made from the
+second conversation that starts alike (the first is stored whole), content-addressed (two
+processes that make the same one write one row), and spooled in every segment that has a
+line stored against it (`Collector.log`): a segment never depends on another's lines, so
+no load order, crash or deletion can leave a turn without its opening. Openings no row
+refers to are deleted with the rows (`forget.py`). The token ids an opening holds are what
+two conversations' prompts shared, word for word: the rendered system prompt and tools,
+and whatever their first user messages happened to begin with alike.
+
+A row with `parent_id` NULL is stored whole (the first conversation of its opening, a
+resample, a request with no system message and no large field, every row written before
 this scheme). The view
 `exchanges_full` (`schema.py`) rebuilds every row's full `request` and `prompt_token_ids`
 exactly; everything that reads them reads that view.
@@ -41,6 +57,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from .records import OpeningRecord
 from .trajectories import Keys
 
 _encode = msgspec.json.Encoder().encode
@@ -107,16 +124,48 @@ def _slot(api_key_id: str | None, h: str) -> str:
     return h if api_key_id is None else f"{api_key_id}\0{h}"
 
 
+LEADING_ROLES = ("system", "developer")  # the messages an opening may hold
+
+
+def leading(messages: list) -> int:
+    """How many messages at the start are system or developer messages."""
+    n = 0
+    for m in messages:
+        if not isinstance(m, dict) or m.get("role") not in LEADING_ROLES:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class _Seed:
+    """Conversations that start alike: the first one's prompt ids until a second one
+    comes (then `opening` is made from what the two prompts share)."""
+
+    tokens: array | None
+    opening: OpeningRecord | None = None
+    opening_tokens: array | None = None
+
+    @property
+    def held(self) -> int:
+        return len(self.tokens or ()) + len(self.opening_tokens or ())
+
+
 class Lineage:
     """Per live conversation: its last answered exchange, under the continuation hash its next
     turn will carry. Bounded LRU: at most `capacity` conversations and `max_tokens` token
     ids held (4 bytes each)."""
+
+    OPENINGS = 4096  # starts held (LRU), within a quarter of `max_tokens`
 
     def __init__(self, capacity: int = 200_000, max_tokens: int = 8_000_000) -> None:
         self.capacity = capacity
         self.max_tokens = max_tokens
         self._last: OrderedDict[str, _Last] = OrderedDict()
         self._tokens = 0
+        self._seeds: OrderedDict[bytes, _Seed] = OrderedDict()
+        self._seed_tokens = 0
+        self.openings: dict[str, OpeningRecord] = {}  # by id: what `Collector.log` spools
 
     def delta(
         self,
@@ -174,10 +223,72 @@ class Lineage:
         while self._last and (len(self._last) > self.capacity or self._tokens > self.max_tokens):
             self._drop(next(iter(self._last)))
 
+    def opening(
+        self,
+        api_key_id: str | None,
+        request: dict,
+        digests: list[bytes],
+        large: dict[str, bytes],
+        prompt: array | None,
+    ) -> Delta:
+        """How a request with no parent held is stored: against the opening of the
+        conversations that start as it does (its leading system messages and large fields,
+        within its API key), else whole (the first such conversation seeds the opening)."""
+        lead = leading(request["messages"])
+        if not lead and not large:
+            return WHOLE
+        parts = [(api_key_id or "").encode(), str(lead).encode(), *digests[:lead]]
+        parts += [k.encode() + d for k, d in sorted(large.items())]
+        key = hashlib.blake2b(b"\0".join(parts), digest_size=16).digest()
+        seed = self._seeds.get(key)
+        if seed is None:
+            self._hold(key, _Seed(array("i", prompt) if prompt is not None else None))
+            return WHOLE
+        self._seeds.move_to_end(key)
+        if seed.opening is None:
+            shared = None
+            if prompt is not None and seed.tokens is not None:
+                shared = prompt[: common_prefix(prompt, seed.tokens)]
+            body = {"messages": request["messages"][:lead], **{k: request[k] for k in large}}
+            raw = _encode(body)
+            ident = hashlib.blake2b(key + raw, digest_size=16)
+            if shared is not None:
+                ident.update(shared.tobytes())
+            self._seed_tokens -= seed.held
+            seed.opening = OpeningRecord(
+                id="opn_" + ident.hexdigest(),
+                ts=0.0,  # each spooled copy takes its exchange's
+                api_key_id=api_key_id,
+                request=msgspec.Raw(raw),
+                prompt_token_ids=shared.tolist() if shared is not None else None,
+            )
+            seed.tokens, seed.opening_tokens = None, shared
+            self._seed_tokens += seed.held
+            self.openings[seed.opening.id] = seed.opening
+        kept = 0
+        if prompt is not None and seed.opening_tokens is not None:
+            kept = common_prefix(prompt, seed.opening_tokens)
+        return Delta(seed.opening.id, lead, kept, sorted(large) or None)
+
+    def _hold(self, key: bytes, seed: _Seed) -> None:
+        self._seeds[key] = seed
+        self._seed_tokens += seed.held
+        while self._seeds and (
+            len(self._seeds) > self.OPENINGS or self._seed_tokens > self.max_tokens // 4
+        ):
+            _, gone = self._seeds.popitem(last=False)
+            self._seed_tokens -= gone.held
+            if gone.opening is not None:
+                self.openings.pop(gone.opening.id, None)
+
     def clear(self) -> None:
-        """Forget every conversation (after `onjob forget`: a parent may be gone)."""
+        """Forget every conversation and opening (after `onjob forget`: a parent may be
+        gone, and what was deleted must not come back from memory)."""
         self._last.clear()
         self._tokens = 0
+        self._seeds.clear()
+        self._seed_tokens = 0
+        self.openings.clear()
 
     def _drop(self, slot: str) -> None:
         last = self._last.pop(slot, None)
@@ -220,6 +331,8 @@ def stored(
     delta, prompt, parent = lineage.delta(
         keys.candidates, api_key_id, digests, large, prompt_token_ids
     )
+    if delta.parent_id is None:
+        delta = lineage.opening(api_key_id, request, digests, large, prompt)
     if answered and continuations:
         lineage.remember(
             continuations[0],

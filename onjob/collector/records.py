@@ -1,6 +1,7 @@
 """What the proxy hands to the collector: one line of the spool per exchange or feedback.
 
-Spool lines are a tagged union (`"kind"`), so feedback is as durable as exchanges.
+Spool lines are a tagged union (`"kind"`), so feedback is as durable as exchanges, and an
+opening (`linear.py`) travels in the same segment as the exchanges stored against it.
 JSON columns travel as `msgspec.Raw`: the proxy hands over the bytes it already has
 (the client's request body, the answer it sent), and loading a spool line into
 DuckDB never parses or re-serialises them.
@@ -75,6 +76,18 @@ class FeedbackRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="feedba
     comment: str | None = None
 
 
-Record = ExchangeRecord | FeedbackRecord
+class OpeningRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="opening"):
+    """What conversations of one system prompt and tool set share at their start
+    (`linear.py`): a first turn stores only what follows it. Its `ts` is that of the
+    exchange it is spooled with, so a line deleted by date goes with its opening."""
+
+    id: str
+    ts: float
+    api_key_id: str | None = None
+    request: msgspec.Raw = NULL  # {"messages": the leading system messages, large fields}
+    prompt_token_ids: list[int] | None = None
+
+
+Record = ExchangeRecord | FeedbackRecord | OpeningRecord
 
 encode = msgspec.json.Encoder().encode

@@ -233,7 +233,7 @@ ALTER TABLE exchanges ADD COLUMN prompt_kept INTEGER;
 ALTER TABLE exchanges ADD COLUMN request_kept VARCHAR[];
 """
 
-_REBUILT = """
+_REBUILT_TEMPLATE = """
 CREATE MACRO exchanges_rebuilt(ids, every) AS TABLE
 WITH RECURSIVE links AS MATERIALIZED (
     SELECT id, parent_id, messages_kept, prompt_kept FROM exchanges
@@ -263,7 +263,7 @@ rebuilt AS (
                          - len(coalesce(a.prompt_token_ids, [])), 0))
             ELSE [] END)
             ORDER BY p.depth DESC)) AS prompt_token_ids
-    FROM path p JOIN exchanges a ON a.id = p.anc
+    FROM path p JOIN {ancestors} a ON a.id = p.anc
     GROUP BY p.id
 ),
 kept AS (
@@ -274,7 +274,7 @@ fields AS (
     SELECT id, json_group_object(key, value) AS fields FROM (
         SELECT k.id, k.key, arg_min(a.request -> k.key, p.depth) AS value
         FROM kept k JOIN path p ON p.id = k.id AND p.depth > 0
-        JOIN exchanges a ON a.id = p.anc
+        JOIN {ancestors} a ON a.id = p.anc
         WHERE (a.request -> k.key) IS NOT NULL
         GROUP BY k.id, k.key)
     GROUP BY id
@@ -292,6 +292,7 @@ FROM exchanges e LEFT JOIN rebuilt r ON r.id = e.id LEFT JOIN fields f ON f.id =
 WHERE every OR list_contains(ids, e.id);
 CREATE VIEW exchanges_full AS SELECT * FROM exchanges_rebuilt([]::VARCHAR[], true);
 """
+_REBUILT = _REBUILT_TEMPLATE.replace("{ancestors}", "exchanges")
 
 V10_LINEAR += _REBUILT
 
@@ -307,6 +308,30 @@ ALTER TABLE exchanges ALTER completion_logprobs SET DATA TYPE FLOAT[][];
     + _REBUILT
 )
 
+# Openings (`linear.py`): what conversations of one system prompt and tool set share at
+# their start, stored once. A first turn's `parent_id` names one (`opn_...`) as a later
+# turn's names its parent exchange, and its `*_kept` columns count into it the same way;
+# the rebuild reads openings as ancestors (with no completion). Deleted when no row refers
+# to one (`forget.py`).
+V12_OPENINGS = """
+CREATE TABLE openings (
+    id VARCHAR PRIMARY KEY,
+    api_key_id VARCHAR,
+    ts TIMESTAMPTZ NOT NULL,
+    request JSON,
+    prompt_token_ids INTEGER[]
+);
+DROP VIEW exchanges_full;
+DROP MACRO TABLE exchanges_rebuilt;
+""" + _REBUILT_TEMPLATE.replace(
+    "{ancestors}",
+    """(
+    SELECT id, request, prompt_token_ids, completion_token_ids, messages_kept, prompt_kept
+    FROM exchanges
+    UNION ALL
+    SELECT id, request, prompt_token_ids, NULL, NULL, NULL FROM openings)""",
+)
+
 MIGRATIONS: list[str] = [
     V1,
     V2,
@@ -319,6 +344,7 @@ MIGRATIONS: list[str] = [
     V9_RESPONSES_API,
     V10_LINEAR,
     V11_FLOAT_LOGPROBS,
+    V12_OPENINGS,
 ]
 
 

@@ -118,6 +118,11 @@ class Spool:
         if self._bytes >= self.max_segment_bytes:
             self.rotate()
 
+    @property
+    def segment(self) -> int:
+        """The sequence number of the segment the next `append` writes to."""
+        return self._seq if self._fd >= 0 else self._seq + 1
+
     def _open(self) -> None:
         self._seq += 1
         self._opened = _ms()

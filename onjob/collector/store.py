@@ -8,7 +8,7 @@ tables. Trajectory and scenario aggregates are upserts through their primary key
 A line torn by a crash mid-write reads as an empty row and is counted, not loaded.
 A line `onjob forget` or retention deleted (table `forgotten`) is dropped, so loading
 a segment late never brings deleted rows back, and so is a later turn stored against an
-exchange so deleted (`_ORPHANS`).
+exchange so deleted (`_ORPHANS`). Openings (`linear.py`) go into their own table, once each.
 
 After each load DuckDB gives back what it holds between loads (`release_memory`): without
 it a server that loads a small segment every `collector.flush_interval_s` grows for as long
@@ -154,7 +154,24 @@ DELETE FROM segment WHERE parent_id IN (
     EXCEPT SELECT id FROM segment WHERE id IS NOT NULL
     EXCEPT SELECT e.id FROM exchanges e
            JOIN (SELECT DISTINCT parent_id FROM segment) p ON p.parent_id = e.id
+    EXCEPT SELECT o.id FROM openings o
+           JOIN (SELECT DISTINCT parent_id FROM segment) p ON p.parent_id = o.id
 )
+"""
+
+# An opening (`linear.py`) goes in with the first segment that has a line stored against it;
+# one whose lines were all dropped (forgotten) does not, so deleted text never comes back
+# through it. Every segment that needs one carries its own copy: the same id again is
+# already in.
+_OPENINGS = """
+INSERT INTO openings
+SELECT id, any_value(api_key_id), min(ts), any_value(request), any_value(prompt_token_ids)
+FROM segment
+WHERE kind = 'opening'
+  AND id IN (SELECT parent_id FROM segment WHERE kind = 'exchange')
+  AND id NOT IN (SELECT o.id FROM openings o
+                 JOIN (SELECT DISTINCT id FROM segment WHERE kind = 'opening') s ON s.id = o.id)
+GROUP BY id
 """
 
 
@@ -288,6 +305,7 @@ class Store:
 
     def _insert(self) -> None:
         con = self.con
+        con.execute(_OPENINGS)
         con.execute(
             f"INSERT INTO exchanges ({_COLUMNS}) SELECT {_COLUMNS} FROM segment "
             "WHERE kind = 'exchange'"

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import duckdb
+import msgspec
 
 from .forget import Forget, Forgotten, forget
 from .linear import Lineage
@@ -79,6 +80,7 @@ class Collector:
         self._spool: Spool | None = None
         self._task: asyncio.Task | None = None
         self._flushing = asyncio.Lock()
+        self._openings_in: tuple[int, set[str]] = (0, set())  # a segment's openings spooled
         self.spooled = 0  # exchanges handed over since start
         self.loaded = 0  # exchanges inserted since start
 
@@ -105,10 +107,21 @@ class Collector:
 
     def log(self, record: Record) -> None:
         """Durably hand over one exchange or feedback (one append to the spool); never waits
-        on DuckDB."""
-        self._spool.append(encode(record))
+        on DuckDB. An exchange stored against an opening (`linear.py`) takes a copy of it
+        into the segment, the first time that segment needs it: segments stand alone."""
+        line = encode(record)
         if isinstance(record, ExchangeRecord):
             self.spooled += 1
+            opening = self.lineage.openings.get(record.parent_id or "")
+            if opening is not None:
+                segment = self._spool.segment
+                if segment != self._openings_in[0]:
+                    self._openings_in = (segment, set())
+                if opening.id not in self._openings_in[1]:
+                    self._openings_in[1].add(opening.id)
+                    copy = msgspec.structs.replace(opening, ts=record.ts)
+                    line = encode(copy) + b"\n" + line  # one write: never split by a rotation
+        self._spool.append(line)
 
     async def flush(self) -> int:
         """Load every loadable spool segment into DuckDB; return how many exchanges were new.
