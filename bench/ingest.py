@@ -537,6 +537,13 @@ def main() -> int:
         help="collector.max_segment_bytes: the most one load reads (default as `onjob serve`)",
     )
     parser.add_argument(
+        "--flush-interval-s",
+        type=float,
+        default=CollectorSettings.model_fields["flush_interval_s"].default,
+        help="collector.flush_interval_s: how often the loader loads what the spool holds "
+        "(default as `onjob serve`)",
+    )
+    parser.add_argument(
         "--turns",
         type=int,
         default=0,
@@ -574,6 +581,7 @@ def main() -> int:
         loader_nice=args.loader_nice,
         duckdb_memory_limit=args.duckdb_memory_limit,
         max_segment_bytes=args.max_segment_bytes,
+        flush_interval_s=args.flush_interval_s,
     )
     proxied = proxy_rate(args.proxy_seconds, directory) if args.proxy_seconds else None
     load_before = os.getloadavg()
