@@ -285,6 +285,26 @@ def test_lineage_memory_is_bounded_and_a_forgotten_conversation_is_stored_whole(
     assert common_prefix(array("i", []), array("i", [1])) == 0
 
 
+def test_openings_held_in_memory_are_bounded():
+    lineage = Lineage(max_tokens=400)  # openings and their seeds: 100 token ids at most
+    made = []
+    for agent in range(30):
+        system = {"role": "system", "content": f"agent {agent}"}
+        for question in ("a", "b"):
+            messages = [system, {"role": "user", "content": question}]
+            prompt = array("i", [agent] * 40 + [ord(question)])
+            delta = lineage.opening(
+                None, {"messages": messages}, [digest(m) for m in messages], {}, prompt
+            )
+        made.append(delta)
+    # Each agent's second conversation is stored against its opening (40 shared ids)...
+    assert all(d.parent_id and d.messages_kept == 1 and d.prompt_kept == 40 for d in made)
+    # ...and only the latest two are still held (3 x 40 ids would pass the bound).
+    assert list(lineage.openings) == [made[-2].parent_id, made[-1].parent_id]
+    lineage.clear()
+    assert not lineage.openings
+
+
 def test_spooled_deltas_load_and_rebuild_exactly_whatever_the_client_changes(tmp_path):
     """Seeded conversations through a real collector (its spool in small segments, its
     loader): tools sent each turn (left out as the parent's), then changed; history

@@ -246,29 +246,43 @@ class Lineage:
             return WHOLE
         self._seeds.move_to_end(key)
         if seed.opening is None:
-            shared = None
-            if prompt is not None and seed.tokens is not None:
-                shared = prompt[: common_prefix(prompt, seed.tokens)]
-            body = {"messages": request["messages"][:lead], **{k: request[k] for k in large}}
-            raw = _encode(body)
-            ident = hashlib.blake2b(key + raw, digest_size=16)
-            if shared is not None:
-                ident.update(shared.tobytes())
-            self._seed_tokens -= seed.held
-            seed.opening = OpeningRecord(
-                id="opn_" + ident.hexdigest(),
-                ts=0.0,  # each spooled copy takes its exchange's
-                api_key_id=api_key_id,
-                request=msgspec.Raw(raw),
-                prompt_token_ids=shared.tolist() if shared is not None else None,
-            )
-            seed.tokens, seed.opening_tokens = None, shared
-            self._seed_tokens += seed.held
-            self.openings[seed.opening.id] = seed.opening
+            self._open(key, seed, api_key_id, request, lead, large, prompt)
         kept = 0
         if prompt is not None and seed.opening_tokens is not None:
             kept = common_prefix(prompt, seed.opening_tokens)
         return Delta(seed.opening.id, lead, kept, sorted(large) or None)
+
+    def _open(
+        self,
+        key: bytes,
+        seed: _Seed,
+        api_key_id: str | None,
+        request: dict,
+        lead: int,
+        large: dict[str, bytes],
+        prompt: array | None,
+    ) -> None:
+        """A second conversation starts as the seed's first did: the opening is what the
+        two share (the leading messages and large fields, equal by `key`; the prompt ids
+        both began with), content-addressed."""
+        shared = None
+        if prompt is not None and seed.tokens is not None:
+            shared = prompt[: common_prefix(prompt, seed.tokens)]
+        raw = _encode({"messages": request["messages"][:lead], **{k: request[k] for k in large}})
+        ident = hashlib.blake2b(key + raw, digest_size=16)
+        if shared is not None:
+            ident.update(shared.tobytes())
+        self._seed_tokens -= seed.held
+        seed.opening = OpeningRecord(
+            id="opn_" + ident.hexdigest(),
+            ts=0.0,  # each spooled copy takes its exchange's
+            api_key_id=api_key_id,
+            request=msgspec.Raw(raw),
+            prompt_token_ids=shared.tolist() if shared is not None else None,
+        )
+        seed.tokens, seed.opening_tokens = None, shared
+        self._seed_tokens += seed.held
+        self.openings[seed.opening.id] = seed.opening
 
     def _hold(self, key: bytes, seed: _Seed) -> None:
         self._seeds[key] = seed
