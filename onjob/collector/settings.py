@@ -23,8 +23,9 @@ class CollectorSettings(BaseModel):
         8_000_000,
         ge=0,
         description="token ids held in memory (4 bytes each) so a conversation's next turn "
-        "stores only its new tokens and messages (linear storage); a conversation pushed out "
-        "stores its next turn whole",
+        "stores only its new tokens and messages (linear storage), and up to a quarter as "
+        "many more for the starts conversations share (openings); a conversation pushed out "
+        "stores its next turn against its opening",
     )
     scenarios_per_key: bool = Field(
         False,
