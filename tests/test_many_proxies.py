@@ -16,6 +16,7 @@ from onjob.cli.process import ServerProcess
 from .conftest import rows
 
 ADMIN = "admin-secret"
+SYSTEM = {"role": "system", "content": "You are the support agent of a shop. Answer briefly."}
 
 
 def admin_sql(base: str, query: str) -> httpx.Response:
@@ -62,13 +63,17 @@ def test_a_conversation_whose_turns_alternate_between_two_servers_is_one_traject
             for s in (primary, proxy)
         ]
         arms: dict[int, set[str]] = {}
+        sent: list[dict] = []
         for c in range(12):
-            messages = [{"role": "user", "content": f"conversation {c}"}]
+            # One agent's system prompt: each server stores the conversations it starts
+            # against an opening of its own making (linear.py), loaded by the primary.
+            messages = [SYSTEM, {"role": "user", "content": f"conversation {c}"}]
             arms[c] = set()
             for turn in range(4):
                 raw = clients[(c + turn) % 2].chat.completions.with_raw_response.create(
                     model="agent", messages=messages, max_tokens=3
                 )
+                sent.append({"model": "agent", "messages": list(messages), "max_tokens": 3})
                 arms[c].add(raw.headers["x-onjob-arm"])
                 reply = raw.parse().choices[0].message.content
                 messages += [
@@ -86,14 +91,23 @@ def test_a_conversation_whose_turns_alternate_between_two_servers_is_one_traject
         primary.stop()
     assert all(len(a) == 1 for a in arms.values()), arms  # a conversation keeps its arm
     assert set().union(*arms.values()) == {"live", "canary"}
+    db = tmp_path / "onjob.duckdb"
     logged = rows(
-        tmp_path / "onjob.duckdb",
+        db,
         "SELECT trajectory_id, list(turn ORDER BY turn) AS turns, list(DISTINCT arm) AS arms, "
-        "min(request->>'$.messages[0].content') AS opening FROM exchanges_full GROUP BY 1",
+        "min(request->>'$.messages[1].content') AS opening FROM exchanges_full GROUP BY 1",
     )
     assert len(logged) == 12
     assert all(r["turns"] == [0, 1, 2, 3] and len(r["arms"]) == 1 for r in logged)
     assert sorted(r["opening"] for r in logged) == sorted(f"conversation {c}" for c in range(12))
+    # Every request reads back as the client sent it, whichever server stored it against
+    # what (its previous turn, or an opening).
+    full = rows(db, "SELECT request FROM exchanges_full")
+    assert sorted(json.dumps(json.loads(r["request"]), sort_keys=True) for r in full) == sorted(
+        json.dumps(s, sort_keys=True) for s in sent
+    )
+    opened = rows(db, "SELECT count(*) AS n FROM exchanges WHERE parent_id LIKE 'opn_%'")
+    assert opened[0]["n"] >= 8  # each server's first conversation of the prompt is whole
 
 
 def test_feedback_and_a_responses_chain_through_the_proxy_only_server_reach_the_primary(
