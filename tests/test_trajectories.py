@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import random
 
 from onjob.collector import Stitcher
-from onjob.collector.trajectories import DERIVED, EXPLICIT
+from onjob.collector.trajectories import DERIVED, EXPLICIT, canonical, chain
 
 SYSTEM = {"role": "system", "content": "You are a travel agent."}
 ASK = {"role": "user", "content": "Book me a flight to Paris."}
@@ -184,3 +185,45 @@ def test_a_forgotten_conversation_is_never_continued():
     again = s.place(more)
     assert again.trajectory_id != first.trajectory_id and again.turn == 0
     assert s.place([ASK], trajectory_id="conv-9").turn == 0 == a.turn
+
+
+def test_stitching_hashes_do_not_change_whatever_the_text():
+    """The chain hashes are in the database (continuation hashes, lineage): a conversation
+    logged before an upgrade must stitch after it. Pinned values, and for any text the
+    bytes hashed are `json.dumps`'s, whichever encoder wrote them."""
+    messages = [
+        {"role": "system", "content": "You are a helpful agent."},
+        {"role": "user", "content": [{"type": "text", "text": 'Héllo ☃ \x7f \x01 "q" \\ \n'}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "f", "arguments": '{"b": 1e16, "a": [0.1, "x"]}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "result \U0001f600"},
+        {"role": "assistant", "content": "done\tok"},
+    ]
+    assert chain(messages) == [
+        "2bb71a646dc5c08e3b06fa9c62a2d39d",
+        "af3e7ec6d5500751eba2a11cb3672e19",
+        "ddd74d5f36303b950385e312ce0238cc",
+        "ad0586ae343b15d249facf118269e04e",
+        "3e23d5550028383b77cbc888ee5553b2",
+    ]
+    rng = random.Random(1)
+    alphabet = [chr(i) for i in range(160)] + ["é", "☃", "\U0001f600", "\ud800"]
+    for _ in range(5000):
+        message = {
+            "role": rng.choice(["user", "assistant", "tool", None, 3]),
+            "content": "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 20))),
+        }
+        if rng.random() < 0.3:
+            message["tool_call_id"] = rng.choice(["c1", "é", None])
+        reference = [message["role"], message["content"], [], message.get("tool_call_id")]
+        expected = json.dumps(reference, sort_keys=True, separators=(",", ":")).encode()
+        assert canonical(message) == expected, message

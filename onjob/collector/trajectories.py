@@ -35,6 +35,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from .ids import new_id
 
 DERIVED = "derived"
@@ -72,8 +74,21 @@ def _arguments(raw: Any) -> Any:
     return raw
 
 
-def canonical(message: dict) -> str:
-    """A message as the stitcher compares it: what a client may re-serialise is normalised."""
+_encode = msgspec.json.Encoder().encode
+
+
+def _plain(value: object) -> bool:
+    """A string msgspec writes exactly as `json.dumps` does (ASCII, no DEL), or None."""
+    return value is None or (isinstance(value, str) and value.isascii() and "\x7f" not in value)
+
+
+def canonical(message: dict) -> bytes:
+    """A message as the stitcher compares it: what a client may re-serialise is normalised.
+
+    The bytes are `json.dumps(..., sort_keys=True, separators=(",", ":"))`'s (the hashes of
+    them are in the database): msgspec writes the same bytes, ~15x faster, for a message
+    with no tool calls whose strings are plain ASCII, the common case, and once per
+    message of every request."""
     calls = [
         [
             c.get("id"),
@@ -82,25 +97,29 @@ def canonical(message: dict) -> str:
         ]
         for c in message.get("tool_calls") or []
     ]
-    return json.dumps(
-        [message.get("role"), text_of(message.get("content")), calls, message.get("tool_call_id")],
-        sort_keys=True,
-        separators=(",", ":"),
+    role, text, call_id = (
+        message.get("role"),
+        text_of(message.get("content")),
+        message.get("tool_call_id"),
     )
+    value = [role, text, calls, call_id]
+    if not calls and _plain(role) and _plain(text) and _plain(call_id):
+        return _encode(value)
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
 def chain(messages: list[dict]) -> list[str]:
     """hashes[k] covers messages[0..k]."""
     out, h = [], b""
     for m in messages:
-        h = hashlib.blake2b(h + canonical(m).encode(), digest_size=16).digest()
+        h = hashlib.blake2b(h + canonical(m), digest_size=16).digest()
         out.append(h.hex())
     return out
 
 
 def extend(prefix_hash: str, message: dict) -> str:
     return hashlib.blake2b(
-        bytes.fromhex(prefix_hash) + canonical(message).encode(), digest_size=16
+        bytes.fromhex(prefix_hash) + canonical(message), digest_size=16
     ).hexdigest()
 
 
