@@ -57,10 +57,23 @@ SYSTEM = "You are a support agent for an online shop. Be brief and polite. " * 4
 USER = "My order 12345 has not arrived yet; it was due on Monday. What can you do? " * 2
 
 
+HISTORY = 0  # earlier turns (a question and an answer each) every request carries: --history
+
+
 def body(model: str, stream: bool) -> bytes:
+    earlier = []
+    for i in range(HISTORY):
+        earlier += [
+            {"role": "user", "content": f"Question {i}: where is my order number {i}? " * 5},
+            {"role": "assistant", "content": f"Your order {i} ships tomorrow. " * 8},
+        ]
     chat = {
         "model": model,
-        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}],
+        "messages": [
+            {"role": "system", "content": SYSTEM},
+            *earlier,
+            {"role": "user", "content": USER},
+        ],
         "max_tokens": 64,
         "temperature": 0.7,
         "stream": stream,
@@ -371,8 +384,17 @@ def main() -> int:
         help="add `onjob serve --loader-apart` (a proxy-only worker answers, the primary "
         "loads) to the side by side",
     )
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        help="earlier turns each request carries (an agent's conversation: 20 makes 42 "
+        "messages; default 0: a system prompt and one question)",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
+    global HISTORY
+    HISTORY = args.history
     cores = sorted(os.sched_getaffinity(0))
     load_core, server_core = cores[0], cores[-1]
     procs: list[subprocess.Popen] = []
@@ -423,6 +445,7 @@ def main() -> int:
         "layout": {"load_core": load_core, "server_core": server_core},
         "seconds": args.seconds,
         "warmup": args.warmup,
+        "history": args.history,
         "peers": {
             "litellm": peers.LITELLM_VERSION,
             "portkey": peers.PORTKEY_VERSION,
