@@ -201,6 +201,10 @@ def judged(tmp_path, tool_engine, tool_model_dir) -> Path:
                 messages=[{"role": "user", "content": question}],
                 tools=TOOLS,
                 max_tokens=24,
+                # Greedy, the tiny model calls the tool: each group's logged answer earns 1,
+                # and its re-sampled ones (temperature 1.5) mostly do not. A sampled logged
+                # answer sometimes did not either, and no group had a spread to train on.
+                temperature=0,
             )
     (tmp_path / "my_rewards.py").write_text(REWARDS)
     (tmp_path / "onjob.toml").write_text(
