@@ -14,7 +14,14 @@ import uuid
 import duckdb
 import pytest
 
-from onjob.collector import Collector, CollectorSettings, ExchangeRecord, StorageError, Store
+from onjob.collector import (
+    Collector,
+    CollectorSettings,
+    ExchangeRecord,
+    Stitcher,
+    StorageError,
+    Store,
+)
 from onjob.collector.records import encode, to_json
 from onjob.collector.schema import MIGRATIONS, migrate, version
 from onjob.collector.trajectories import continuations, keys
@@ -227,6 +234,64 @@ def test_torn_last_line_is_skipped_and_the_rest_loaded(tmp_path):
         return rows
 
     assert asyncio.run(main()) == [{"id": good.id}]
+
+
+def test_a_segment_duckdb_refuses_is_set_aside_and_the_segments_after_it_load(tmp_path):
+    """A segment whose line is already loaded (a spool restored from a backup) used to fail
+    its whole batch on every round, so nothing after it ever loaded."""
+    db, spool = tmp_path / "db.duckdb", tmp_path / "db.duckdb.spool"
+
+    async def main():
+        c = Collector(CollectorSettings(db=db, flush_interval_s=3600))
+        await c.start()
+        first = unplaced([{"role": "user", "content": "first"}], 0)
+        c.log(first)
+        await c.flush()
+        # Opened long ago, closed far ahead: every later segment overlaps it, so they all
+        # go to DuckDB in one batch with it.
+        bad = spool / "0000000000001-9999999999999-restored-000001.jsonl"
+        bad.write_bytes(encode(first) + b"\n")
+        ids = await log_conversations(c, conversations=2, turns=3)
+        await c.flush()
+        stats = c.stats()
+        rows = await c.query(lambda s: s.query("SELECT id FROM exchanges"))
+        await c.close()
+        return first.id, bad, ids, stats, rows
+
+    first, bad, ids, stats, rows = asyncio.run(main())
+    assert {r["id"] for r in rows} == {first, *ids}
+    assert stats["failed_segments"] == 1 and stats["backlog_segments"] == 0
+    aside = spool / "failed" / bad.name
+    assert aside.read_bytes().count(first.encode()) == 1  # kept as it was
+    assert "Duplicate key" in (spool / "failed" / f"{bad.name}.error").read_text()
+
+
+def test_a_segment_duckdb_refuses_at_start_does_not_stop_the_server_starting(tmp_path):
+    db, spool = tmp_path / "db.duckdb", tmp_path / "db.duckdb.spool"
+    p = Stitcher().place([{"role": "user", "content": "hi"}])
+    loaded, good = record(p, 0), record(p, 1)
+    Store(db).close()
+    spool.mkdir()
+    (spool / "0000000000001.jsonl").write_bytes(encode(loaded) + b"\n")
+    (spool / "0000000000002.jsonl").write_bytes(encode(loaded) + b"\n")  # the same line again
+    (spool / "0000000000003.jsonl").write_bytes(encode(good) + b"\n")
+
+    async def main():
+        c = Collector(CollectorSettings(db=db))
+        await c.start()
+        rows = await c.query(lambda s: s.query("SELECT id FROM exchanges ORDER BY id"))
+        stats = c.stats()
+        await c.close()
+        return rows, stats
+
+    rows, stats = asyncio.run(main())
+    assert sorted(r["id"] for r in rows) == sorted([loaded.id, good.id])
+    assert stats["failed_segments"] == 1
+    # Names from before several writers carry no times: either copy may have gone first.
+    assert [p.name for p in (spool / "failed").glob("*.jsonl")] in (
+        ["0000000000001.jsonl"],
+        ["0000000000002.jsonl"],
+    )
 
 
 def test_opening_an_older_database_upgrades_it(tmp_path):

@@ -33,6 +33,11 @@ within the time between a reply and the next turn.
 The loader never takes exchanges from memory: loading after a crash is the same path as
 normal operation, and when DuckDB falls behind the closed segments pile up on disk
 rather than in memory.
+
+A closed segment DuckDB refuses for what it holds (a line whose id is already loaded, as
+when a spool is restored from a backup) is set aside (`set_aside()`): moved, unchanged, to
+`failed/` with a `<name>.error` file saying why, so it no longer holds up the segments
+after it. Moving it back into the directory loads it again.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from pathlib import Path
 
 OPEN = ".part"
 CLOSED = ".jsonl"
+FAILED = "failed"  # the subdirectory of segments set aside
 
 
 @dataclass(frozen=True)
@@ -178,6 +184,17 @@ class Spool:
     def others_writing(self) -> bool:
         """Whether another live writer holds an open segment (its lines are not loadable yet)."""
         return any(p != self._current and _locked(p) for p in self.directory.glob(f"*{OPEN}"))
+
+    def set_aside(self, segment: Segment, why: str) -> Path:
+        """Move a closed segment that cannot be loaded to `failed/`, with why; its path there."""
+        failed = self.directory / FAILED
+        failed.mkdir(exist_ok=True)
+        (failed / f"{segment.name}.error").write_text(why + "\n")
+        return segment.path.replace(failed / segment.name)
+
+    def set_aside_count(self) -> int:
+        """How many segments lie in `failed/`."""
+        return sum(1 for _ in (self.directory / FAILED).glob(f"*{CLOSED}"))
 
     def segments(self) -> list[Path]:
         """Every segment on disk, open and closed."""

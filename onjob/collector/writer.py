@@ -22,11 +22,12 @@ from typing import Any, TypeVar
 import duckdb
 import msgspec
 
+from .errors import StorageError
 from .forget import Forget, Forgotten, forget
 from .linear import Lineage
 from .records import ExchangeRecord, Record, encode
 from .settings import CollectorSettings
-from .spool import Spool, batches
+from .spool import Segment, Spool, batches
 from .store import Store
 from .trajectories import Keys, Stitcher
 
@@ -35,6 +36,24 @@ T = TypeVar("T")
 
 FAILED_HELD = 10_000  # failed exchanges whose place a retry on the live arm may take
 FORGOTTEN_MARK = "forgotten.mark"  # in the spool directory: touched by each `forget`
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether a failed load may succeed as it is later (a full disk, memory, an interrupt)
+    rather than being refused for the segment's content."""
+    if isinstance(exc, StorageError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return isinstance(
+        exc,
+        (
+            OSError,
+            duckdb.IOException,
+            duckdb.OutOfMemoryException,
+            duckdb.InterruptException,
+            duckdb.FatalException,
+            duckdb.TransactionException,
+        ),
+    )
 
 
 def _stamp(path) -> int | None:
@@ -137,9 +156,37 @@ class Collector:
         total = 0
         self._spool.rotate()
         for batch in batches(self._spool.loadable(), self.settings.max_segment_bytes):
-            total += await self._run(self._load, batch)
+            total += await self._load_or_set_aside(batch)
         self.loaded += total
         return total
+
+    async def _load_or_set_aside(self, batch: list[Segment]) -> int:
+        """Load a batch. When DuckDB refuses it for what it holds, not for want of disk or
+        memory, its segments go one at a time, in order, and one refused alone is set
+        aside (`Spool.set_aside`): one bad file must not hold up every exchange after it.
+        (The refused attempt's placements stay in the stitcher's memory: its lines are
+        placed again when they load.)"""
+        try:
+            loaded = await self._run(self._load, batch)
+        except Exception as exc:
+            if _transient(exc):
+                raise  # the segments stay, and are tried again next round
+            if len(batch) > 1:
+                loaded = 0
+                for segment in batch:
+                    loaded += await self._load_or_set_aside([segment])
+                return loaded
+            where = self._spool.set_aside(batch[0], f"{type(exc).__name__}: {exc}")
+            log.error(
+                "spool segment %s cannot be loaded (%s); moved to %s with the reason beside "
+                "it. Nothing else waits on it: move it back into the spool directory to load "
+                "it again",
+                batch[0].name,
+                exc,
+                where,
+            )
+            return 0
+        return loaded
 
     async def caught_up(self) -> int:
         """`flush`, and when other processes write the spool too, flush again once each has
@@ -236,11 +283,13 @@ class Collector:
         return await self.forget(Forget(before=cutoff), actor="retention")
 
     def stats(self) -> dict:
-        """Counters for `/health`: `backlog` is what the spool holds that DuckDB does not yet."""
+        """Counters for `/health`: `backlog` is what the spool holds that DuckDB does not yet,
+        `failed` the segments set aside (`_load_or_set_aside`)."""
         return {
             "spooled": self.spooled,
             "loaded": self.loaded,
             "backlog_segments": len(self._spool.segments()) if self._spool else 0,
+            "failed_segments": self._spool.set_aside_count() if self._spool else 0,
         }
 
     async def query(self, fn: Callable[[Store], T]) -> T:
@@ -302,7 +351,10 @@ class Collector:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if self._spool:
-            await self.flush()
+            try:
+                await self.flush()
+            except Exception:
+                log.exception("loading the spool at exit failed; the next start loads it")
             self._spool.close()
         self._reader.shutdown(wait=True)
         if self._cursor is not None:

@@ -159,6 +159,7 @@ class CollectorStats(msgspec.Struct, kw_only=True):
     spooled: int
     loaded: int
     backlog_segments: int
+    failed_segments: int  # set aside in the spool's failed/: DuckDB refused what they hold
 
 
 class Health(msgspec.Struct, kw_only=True):
