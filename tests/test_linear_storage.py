@@ -456,6 +456,7 @@ def test_a_turn_whose_parent_was_deleted_is_dropped_not_read_back_wrong(tmp_path
         store.load_segment(first.path)
         first.path.unlink()
         store.con.execute("DELETE FROM exchanges WHERE id = 'gone'")  # as forget would
+        store.forgot()  # as forget does: the store no longer takes its recent loads as there
         for text in (line("child", "gone", 1), line("grandchild", "child", 2)):
             spool.append(text)
         spool.append(line("other", None, 0))
@@ -467,6 +468,57 @@ def test_a_turn_whose_parent_was_deleted_is_dropped_not_read_back_wrong(tmp_path
         assert ids == {"other", "other-next"}
     finally:
         spool.close()
+        store.close()
+
+
+def test_a_turn_whose_parent_an_earlier_run_loaded_is_kept_and_rebuilt(tmp_path):
+    """The loader finds a parent loaded before it started (not among the ids its own loads
+    inserted) through the primary key's index, as it finds an opening: nothing is dropped."""
+    db = tmp_path / "db.duckdb"
+
+    def line(eid: str, parent: str | None, turn: int, content: str) -> bytes:
+        request = {"model": "m", "messages": [{"role": "user", "content": content}]}
+        return encode(
+            ExchangeRecord(
+                id=eid,
+                ts=float(turn),
+                trajectory_id="t",
+                turn=turn,
+                scenario_id="s",
+                scenario_key="k",
+                scenario_keyed="derived",
+                request=msgspec.Raw(msgspec.json.encode(request)),
+                prompt_token_ids=[turn],
+                parent_id=parent,
+                messages_kept=1 if parent else None,
+                prompt_kept=1 if parent else None,
+            )
+        )
+
+    def load(*lines: bytes) -> Store:
+        store, spool = Store(db), Spool(tmp_path / "spool")
+        for text in lines:
+            spool.append(text)
+        spool.rotate()
+        (segment,) = spool.loadable()
+        assert store.load_segment(segment.path) == (len(lines), 0)
+        segment.path.unlink()
+        spool.close()
+        return store
+
+    load(line("it's-first", None, 0, "first")).close()  # a quote: the lookup's constants
+    store = load(line("second", "it's-first", 1, "second"))
+    try:
+        assert store.orphaned == 0
+        row = store.query(
+            "SELECT request, prompt_token_ids FROM exchanges_full WHERE id = 'second'"
+        )
+        assert json.loads(row[0]["request"])["messages"] == [
+            {"role": "user", "content": "first"},
+            {"role": "user", "content": "second"},
+        ]
+        assert row[0]["prompt_token_ids"] == [0, 1]
+    finally:
         store.close()
 
 

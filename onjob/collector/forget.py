@@ -119,6 +119,7 @@ def forget(store: Store, what: Forget, *, actor: str = "cli") -> Forgotten:
         else ("before", what.before)
     )
     out = Forgotten(what.describe())
+    store.forgot()  # a parent recent loads inserted may be among the deleted
     with store.transaction() as con:
         con.execute(f"CREATE OR REPLACE TEMP TABLE doomed_t AS {_DOOMED[kind]}", [value])
         con.execute(

@@ -8,7 +8,7 @@ tables. Trajectory and scenario aggregates are upserts through their primary key
 A line torn by a crash mid-write reads as an empty row and is counted, not loaded.
 A line `onjob forget` or retention deleted (table `forgotten`) is dropped, so loading
 a segment late never brings deleted rows back, and so is a later turn stored against an
-exchange so deleted (`_ORPHANS`). Openings (`linear.py`) go into their own table, once each.
+exchange so deleted (`_absent`). Openings (`linear.py`) go into their own table, once each.
 
 After each load DuckDB gives back what it holds between loads (`release_memory`): without
 it a server that loads a small segment every `collector.flush_interval_s` grows for as long
@@ -38,6 +38,7 @@ of their own in another thread go through `read`, and no eviction runs meanwhile
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -146,18 +147,19 @@ DELETE FROM segment WHERE id IN (
 # Linear storage (`linear.py`): a turn stored against a parent that is nowhere (neither in
 # the segment nor in the table) could not be rebuilt, so it is dropped, with the turns
 # stored against it, rather than read back wrong. It happens only when the parent was
-# deleted while the turn waited in the spool (`forget`, retention at its boundary). The
-# join runs from the segment's few missing parents, never over the whole table.
-_ORPHANS = """
-DELETE FROM segment WHERE parent_id IN (
-    SELECT parent_id FROM segment WHERE parent_id IS NOT NULL
-    EXCEPT SELECT id FROM segment WHERE id IS NOT NULL
-    EXCEPT SELECT e.id FROM exchanges e
-           JOIN (SELECT DISTINCT parent_id FROM segment) p ON p.parent_id = e.id
-    EXCEPT SELECT o.id FROM openings o
-           JOIN (SELECT DISTINCT parent_id FROM segment) p ON p.parent_id = o.id
-)
+# deleted while the turn waited in the spool (`forget`, retention at its boundary), or its
+# segment was set aside. The parents outside the segment are looked up in `Store.load`:
+# first among the ids recent loads inserted (held in memory), then by the primary key's
+# index, a bounded list of constants at a time. A join with `exchanges` would scan its
+# whole id column on every load (all 117 row groups of a 208,000-exchange table: a load's
+# cost grew with the table, `bench/loader_statements.py --prefill`).
+_OUTSIDE = """
+SELECT DISTINCT parent_id FROM segment WHERE parent_id IS NOT NULL
+EXCEPT SELECT id FROM segment WHERE id IS NOT NULL
 """
+_DROP_CHILDREN = "DELETE FROM segment WHERE list_contains(?, parent_id) RETURNING id"
+RECENT_IDS = 100_000  # ids of exchanges recent loads inserted, held to find parents in
+LOOKUP = 2048  # constants per index lookup: DuckDB's `index_scan_max_count`
 
 # An opening (`linear.py`) goes in with the first segment that has a line stored against it;
 # one whose lines were all dropped (forgotten) does not, so deleted text never comes back
@@ -203,6 +205,7 @@ class Store:
                 else "RESET memory_limit"
             )
             self._reading = threading.Lock()  # held while `read` runs a user's query
+            self._recent: OrderedDict[str, None] = OrderedDict()  # `RECENT_IDS`, oldest first
         except duckdb.IOException as exc:
             raise StorageError(
                 f"cannot open {path}: {exc}. DuckDB allows one read-write process per file; "
@@ -251,8 +254,10 @@ class Store:
                 con.execute(_PLACE, columns)
             con.execute(_FORGOTTEN)
             self.orphaned = 0
-            while dropped := con.execute(_ORPHANS).fetchone()[0]:  # a level of turns a pass
-                self.orphaned += dropped
+            missing = self._absent([p for (p,) in con.execute(_OUTSIDE).fetchall()])
+            while missing:  # a level of turns a pass: the turns stored against those dropped
+                missing = [i for (i,) in con.execute(_DROP_CHILDREN, [missing]).fetchall()]
+                self.orphaned += len(missing)
             inserted, torn = con.execute(
                 "SELECT count(*) FILTER (WHERE kind = 'exchange'), count(*) FILTER (WHERE "
                 "kind IS NULL) FROM segment"
@@ -263,6 +268,7 @@ class Store:
                     [p.name, inserted if p is paths[0] else 0],
                 )
             self._insert()
+            ids = con.execute("SELECT id FROM segment WHERE kind = 'exchange'").fetchall()
             con.execute("DROP TABLE segment")  # not kept (or spilled to disk) until the next load
             con.execute("COMMIT")
         except BaseException as exc:
@@ -271,8 +277,34 @@ class Store:
                 names = ", ".join(p.name for p in paths)
                 raise StorageError(f"loading spool segments {names} failed: {exc}") from exc
             raise
+        for (i,) in ids:
+            self._recent[i] = None
+        while len(self._recent) > RECENT_IDS:
+            self._recent.popitem(last=False)
         self.release_memory()
         return inserted, torn
+
+    def _absent(self, parents: list[str]) -> list[str]:
+        """Of these parent ids, those neither in `exchanges` nor in `openings`."""
+        unknown = [p for p in parents if p not in self._recent]
+        absent = []
+        for i in range(0, len(unknown), LOOKUP):
+            chunk = unknown[i : i + LOOKUP]
+            # Constants, not a parameter: DuckDB looks constants up in the primary key's index.
+            listed = ", ".join("'{}'".format(p.replace("'", "''")) for p in chunk)
+            found = {
+                f
+                for (f,) in self.con.execute(
+                    f"SELECT id FROM exchanges WHERE id IN ({listed}) "
+                    f"UNION ALL SELECT id FROM openings WHERE id IN ({listed})"
+                ).fetchall()
+            }
+            absent += [p for p in chunk if p not in found]
+        return absent
+
+    def forgot(self) -> None:
+        """Rows were deleted: no id recent loads inserted is known to be there any more."""
+        self._recent.clear()
 
     def release_memory(self) -> bool:
         """Evict every buffer DuckDB can (the next load reads back the few index and table
