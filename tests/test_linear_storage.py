@@ -424,6 +424,30 @@ def test_spooled_deltas_load_and_rebuild_exactly_whatever_the_client_changes(tmp
         assert row["prompt_token_ids"] == prompt, row["id"]
 
 
+def _placed_line(
+    eid: str, parent: str | None, turn: int, *, trajectory: str, content: str, kept: int
+) -> bytes:
+    """A spool line placed already, one user message, stored against `parent` (keeping
+    `kept` of its messages and prompt ids) when there is one."""
+    request = {"model": "m", "messages": [{"role": "user", "content": content}]}
+    return encode(
+        ExchangeRecord(
+            id=eid,
+            ts=float(turn),
+            trajectory_id=trajectory,
+            turn=turn,
+            scenario_id="s",
+            scenario_key="k",
+            scenario_keyed="derived",
+            request=msgspec.Raw(msgspec.json.encode(request)),
+            prompt_token_ids=[turn],
+            parent_id=parent,
+            messages_kept=kept if parent else None,
+            prompt_kept=kept if parent else None,
+        )
+    )
+
+
 def test_a_turn_whose_parent_was_deleted_is_dropped_not_read_back_wrong(tmp_path):
     """A parent deleted while its next turns waited in the spool: those turns cannot be
     rebuilt, so the loader drops them (and only them)."""
@@ -431,23 +455,8 @@ def test_a_turn_whose_parent_was_deleted_is_dropped_not_read_back_wrong(tmp_path
     spool = Spool(tmp_path / "spool")
 
     def line(eid: str, parent: str | None, turn: int) -> bytes:
-        request = {"model": "m", "messages": [{"role": "user", "content": eid}]}
-        return encode(
-            ExchangeRecord(
-                id=eid,
-                ts=float(turn),
-                trajectory_id="t" if parent or eid == "gone" else eid,
-                turn=turn,
-                scenario_id="s",
-                scenario_key="k",
-                scenario_keyed="derived",
-                request=msgspec.Raw(msgspec.json.encode(request)),
-                prompt_token_ids=[turn],
-                parent_id=parent,
-                messages_kept=0 if parent else None,
-                prompt_kept=0 if parent else None,
-            )
-        )
+        trajectory = "t" if parent or eid == "gone" else eid
+        return _placed_line(eid, parent, turn, trajectory=trajectory, content=eid, kept=0)
 
     try:
         spool.append(line("gone", None, 0))
@@ -477,23 +486,7 @@ def test_a_turn_whose_parent_an_earlier_run_loaded_is_kept_and_rebuilt(tmp_path)
     db = tmp_path / "db.duckdb"
 
     def line(eid: str, parent: str | None, turn: int, content: str) -> bytes:
-        request = {"model": "m", "messages": [{"role": "user", "content": content}]}
-        return encode(
-            ExchangeRecord(
-                id=eid,
-                ts=float(turn),
-                trajectory_id="t",
-                turn=turn,
-                scenario_id="s",
-                scenario_key="k",
-                scenario_keyed="derived",
-                request=msgspec.Raw(msgspec.json.encode(request)),
-                prompt_token_ids=[turn],
-                parent_id=parent,
-                messages_kept=1 if parent else None,
-                prompt_kept=1 if parent else None,
-            )
-        )
+        return _placed_line(eid, parent, turn, trajectory="t", content=content, kept=1)
 
     def load(*lines: bytes) -> Store:
         store, spool = Store(db), Spool(tmp_path / "spool")
