@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import re
 import sys
 import tempfile
 import time
@@ -39,7 +40,9 @@ from onjob.collector import Collector, CollectorSettings  # noqa: E402
 
 
 def _name(sql: str) -> str:
-    return " ".join(sql.split())[:60]
+    """A statement's name: its first 60 characters, string constants as `?` (so lookups of
+    different ids add up as one)."""
+    return re.sub(r"'[^']*'(, '[^']*')*", "?", " ".join(sql.split()))[:60]
 
 
 class _Timed:

@@ -130,6 +130,17 @@ def test_segments_are_capped_while_loading_lags_and_all_of_them_land(tmp_path):
     con = duckdb.connect(str(db), read_only=True)
     assert {r[0] for r in con.execute("SELECT id FROM exchanges").fetchall()} == set(ids)
     assert con.execute("SELECT sum(n_turns) FROM trajectories").fetchone() == (600,)
+    # A conversation's turns span loads: its row is updated, not inserted again.
+    assert con.execute(
+        """
+        SELECT count(*) FROM trajectories t
+        WHERE n_turns = 4
+          AND first_exchange = (SELECT id FROM exchanges WHERE trajectory_id = t.id AND turn = 0)
+          AND last_exchange = (SELECT id FROM exchanges WHERE trajectory_id = t.id AND turn = 3)
+          AND last_ts = (SELECT max(ts) FROM exchanges WHERE trajectory_id = t.id)
+        """
+    ).fetchone() == (150,)
+    assert con.execute("SELECT count(*), sum(count) FROM scenarios").fetchone() == (150, 150)
 
 
 def test_loading_the_same_segment_twice_changes_nothing(tmp_path):

@@ -4,7 +4,8 @@ DuckDB reads a spool segment itself (`read_json`, C++, no Python objects and no 
 held), and it goes in with one `INSERT ... SELECT` per table, in one transaction
 with its name in `loaded_segments`: replaying a segment after a crash between the
 commit and the file's deletion changes nothing, and no insert scans the growing
-tables. Trajectory and scenario aggregates are upserts through their primary keys.
+tables. Trajectory and scenario aggregates are upserts through their primary keys'
+indexes (`_upsert`), so a load's cost does not grow with the tables.
 A line torn by a crash mid-write reads as an empty row and is counted, not loaded.
 A line `onjob forget` or retention deleted (table `forgotten`) is dropped, so loading
 a segment late never brings deleted rows back, and so is a later turn stored against an
@@ -286,19 +287,9 @@ class Store:
 
     def _absent(self, parents: list[str]) -> list[str]:
         """Of these parent ids, those neither in `exchanges` nor in `openings`."""
-        unknown = [p for p in parents if p not in self._recent]
         absent = []
-        for i in range(0, len(unknown), LOOKUP):
-            chunk = unknown[i : i + LOOKUP]
-            # Constants, not a parameter: DuckDB looks constants up in the primary key's index.
-            listed = ", ".join("'{}'".format(p.replace("'", "''")) for p in chunk)
-            found = {
-                f
-                for (f,) in self.con.execute(
-                    f"SELECT id FROM exchanges WHERE id IN ({listed}) "
-                    f"UNION ALL SELECT id FROM openings WHERE id IN ({listed})"
-                ).fetchall()
-            }
+        for chunk in _chunks([p for p in parents if p not in self._recent]):
+            found = {*self._found("exchanges", chunk), *self._found("openings", chunk)}
             absent += [p for p in chunk if p not in found]
         return absent
 
@@ -344,34 +335,66 @@ class Store:
         )
         # Failed exchanges stay in `exchanges` (with their status) but are no turn of a
         # conversation. A trajectory is new where its turn 0 is: scenarios count those.
-        con.execute(
+        self._upsert(
+            "scenarios",
             """
-            INSERT INTO scenarios
             SELECT scenario_id, any_value(scenario_key), any_value(scenario_keyed), min(ts),
                    count(*) FILTER (WHERE turn = 0)
             FROM segment WHERE kind = 'exchange' AND status < 400 GROUP BY scenario_id
-            ON CONFLICT (id) DO UPDATE SET count = scenarios.count + excluded.count
-            """
+            """,
+            "count = scenarios.count + excluded.count",
         )
-        con.execute(
+        self._upsert(
+            "trajectories",
             """
-            INSERT INTO trajectories
             SELECT trajectory_id, any_value(scenario_id), arg_min(checkpoint, turn),
                    arg_min(arm, turn), arg_min(id, turn), arg_max(id, turn), max(turn) + 1,
                    any_value(source), min(ts), max(ts)
             FROM segment WHERE kind = 'exchange' AND status < 400 GROUP BY trajectory_id
-            ON CONFLICT (id) DO UPDATE SET
-                last_exchange = CASE WHEN excluded.n_turns >= trajectories.n_turns
-                                     THEN excluded.last_exchange
-                                     ELSE trajectories.last_exchange END,
-                n_turns = greatest(trajectories.n_turns, excluded.n_turns),
-                last_ts = greatest(trajectories.last_ts, excluded.last_ts)
+            """,
             """
+            last_exchange = CASE WHEN excluded.n_turns >= trajectories.n_turns
+                                 THEN excluded.last_exchange
+                                 ELSE trajectories.last_exchange END,
+            n_turns = greatest(trajectories.n_turns, excluded.n_turns),
+            last_ts = greatest(trajectories.last_ts, excluded.last_ts)
+            """,
         )
         con.execute(
             "INSERT INTO feedback SELECT id, exchange_id, trajectory_id, api_key_id, value, "
             "comment, ts FROM segment WHERE kind = 'feedback'"
         )
+
+    def _upsert(self, table: str, rows: str, update: str) -> None:
+        """`INSERT INTO table rows ON CONFLICT (id) DO UPDATE SET update`, without its cost:
+        DuckDB 2.0 runs that as a merge that scans the whole table (every row group of
+        `trajectories` on every load). Here the rows that exist are found and updated
+        through the primary key's index, and the others inserted. `rows` has the table's
+        columns in order, `id` first; `update` names them as `excluded.<column>`."""
+        con = self.con
+        con.execute(f"CREATE OR REPLACE TEMP TABLE excluded AS SELECT * FROM {table} LIMIT 0")
+        con.execute(f"INSERT INTO excluded {rows}")
+        ids = [i for (i,) in con.execute("SELECT id FROM excluded").fetchall()]
+        existing = [i for chunk in _chunks(ids) for i in self._found(table, chunk)]
+        for chunk in _chunks(existing):
+            con.execute(
+                f"UPDATE {table} SET {update} FROM excluded "
+                f"WHERE {table}.id = excluded.id AND {table}.id IN ({_constants(chunk)})"
+            )
+        con.execute(
+            f"INSERT INTO {table} SELECT * FROM excluded WHERE NOT list_contains(?, id)", [existing]
+        )
+        con.execute("DROP TABLE excluded")
+
+    def _found(self, table: str, ids: list[str]) -> list[str]:
+        """Which of these ids (at most `LOOKUP`) `table` holds: a lookup in its primary key's
+        index (for constants, not parameters, DuckDB uses the index; a join scans)."""
+        return [
+            i
+            for (i,) in self.con.execute(
+                f"SELECT id FROM {table} WHERE id IN ({_constants(ids)})"
+            ).fetchall()
+        ]
 
     def forget_segment(self, segment: str) -> None:
         """The segment file is deleted: its ledger row is no longer needed."""
@@ -419,3 +442,12 @@ class Store:
         cur = self.con.execute(sql, params or [])
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def _chunks(ids: list[str]) -> list[list[str]]:
+    return [ids[i : i + LOOKUP] for i in range(0, len(ids), LOOKUP)]
+
+
+def _constants(ids: list[str]) -> str:
+    """SQL string literals, comma-separated (ids come from spool lines: quoted, not trusted)."""
+    return ", ".join("'{}'".format(i.replace("'", "''")) for i in ids)
