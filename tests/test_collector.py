@@ -158,6 +158,44 @@ def test_loading_the_same_segment_twice_changes_nothing(tmp_path):
     assert store.query("SELECT count FROM scenarios") == [{"count": 1}]
 
 
+def test_trajectories_and_scenarios_come_out_the_same_looked_up_or_merged(tmp_path):
+    """A load upserts trajectory and scenario rows by index lookups when it touches few rows
+    of a large table, by DuckDB's merge otherwise: both give the same rows."""
+    stitcher = Stitcher()
+    segments = []
+    conversations = [[{"role": "user", "content": f"conversation {c}"}] for c in range(12)]
+    for load in range(4):  # each load adds a turn to some conversations, starts others
+        lines = []
+        for c, messages in enumerate(conversations):
+            if (c + load) % 3 == 0:
+                continue
+            p = stitcher.place(messages)
+            lines.append(encode(record(p, c)))
+            answer = {"role": "assistant", "content": f"answer {load}"}
+            stitcher.register(p, continuations(p.prefix_hash, [answer]))
+            messages += [answer, {"role": "user", "content": f"more {load}"}]
+        segments.append(b"\n".join(lines) + b"\n")
+
+    tables = []
+    for name, scan_per_lookup in (("looked-up", 0), ("merged", 10**9)):
+        store = Store(tmp_path / f"{name}.duckdb", scan_per_lookup=scan_per_lookup)
+        for i, lines in enumerate(segments):
+            path = tmp_path / f"{name}-{i:013d}.jsonl"
+            path.write_bytes(lines)
+            store.load_segment(path)
+        tables.append(
+            [
+                store.con.execute(f"SELECT * FROM {t} ORDER BY id").fetchall()
+                for t in ("trajectories", "scenarios")
+            ]
+        )
+        store.close()
+    assert tables[0] == tables[1]
+    trajectories, scenarios = tables[0]
+    assert sorted(t[6] for t in trajectories) == [2] * 4 + [3] * 8  # n_turns across loads
+    assert sum(s[-1] for s in scenarios) == 12
+
+
 def test_scenario_counts_trajectories_not_turns(tmp_path):
     async def main():
         c = Collector(CollectorSettings(db=tmp_path / "db.duckdb", flush_interval_s=60))

@@ -4,8 +4,8 @@ DuckDB reads a spool segment itself (`read_json`, C++, no Python objects and no 
 held), and it goes in with one `INSERT ... SELECT` per table, in one transaction
 with its name in `loaded_segments`: replaying a segment after a crash between the
 commit and the file's deletion changes nothing, and no insert scans the growing
-tables. Trajectory and scenario aggregates are upserts through their primary keys'
-indexes (`_upsert`), so a load's cost does not grow with the tables.
+tables. Trajectory and scenario aggregates are upserts, through their primary keys'
+indexes where a load touches few of their rows (`_upsert`).
 A line torn by a crash mid-write reads as an empty row and is counted, not loaded.
 A line `onjob forget` or retention deleted (table `forgotten`) is dropped, so loading
 a segment late never brings deleted rows back, and so is a later turn stored against an
@@ -161,6 +161,7 @@ EXCEPT SELECT id FROM segment WHERE id IS NOT NULL
 _DROP_CHILDREN = "DELETE FROM segment WHERE list_contains(?, parent_id) RETURNING id"
 RECENT_IDS = 100_000  # ids of exchanges recent loads inserted, held to find parents in
 LOOKUP = 2048  # constants per index lookup: DuckDB's `index_scan_max_count`
+SCAN_PER_LOOKUP = 600  # table rows scanned for the cost of one row looked up (`_upsert`)
 
 # An opening (`linear.py`) goes in with the first segment that has a line stored against it;
 # one whose lines were all dropped (forgotten) does not, so deleted text never comes back
@@ -180,13 +181,18 @@ GROUP BY id
 
 class Store:
     def __init__(
-        self, path: Path | str, threads: int | None = None, memory_limit: str | None = None
+        self,
+        path: Path | str,
+        threads: int | None = None,
+        memory_limit: str | None = None,
+        scan_per_lookup: int = SCAN_PER_LOOKUP,
     ) -> None:
         try:
             config = {"threads": threads} if threads else {}
             if memory_limit:
                 config["memory_limit"] = memory_limit
             self.orphaned = 0  # turns the last load dropped: their parent was deleted
+            self.scan_per_lookup = scan_per_lookup  # `_upsert`'s choice
             self.con = duckdb.connect(":memory:", config=config)
             # As the file is named when opened directly (`current_database()`), unless that
             # name is one DuckDB keeps for itself.
@@ -268,7 +274,7 @@ class Store:
                     "INSERT INTO loaded_segments VALUES (?, ?, now())",
                     [p.name, inserted if p is paths[0] else 0],
                 )
-            self._insert()
+            self._insert(inserted)
             ids = con.execute("SELECT id FROM segment WHERE kind = 'exchange'").fetchall()
             con.execute("DROP TABLE segment")  # not kept (or spilled to disk) until the next load
             con.execute("COMMIT")
@@ -326,7 +332,7 @@ class Store:
         with self._reading:
             return fn(cursor)
 
-    def _insert(self) -> None:
+    def _insert(self, exchanges: int) -> None:
         con = self.con
         con.execute(_OPENINGS)
         con.execute(
@@ -343,6 +349,7 @@ class Store:
             FROM segment WHERE kind = 'exchange' AND status < 400 GROUP BY scenario_id
             """,
             "count = scenarios.count + excluded.count",
+            exchanges,
         )
         self._upsert(
             "trajectories",
@@ -359,32 +366,43 @@ class Store:
             n_turns = greatest(trajectories.n_turns, excluded.n_turns),
             last_ts = greatest(trajectories.last_ts, excluded.last_ts)
             """,
+            exchanges,
         )
         con.execute(
             "INSERT INTO feedback SELECT id, exchange_id, trajectory_id, api_key_id, value, "
             "comment, ts FROM segment WHERE kind = 'feedback'"
         )
 
-    def _upsert(self, table: str, rows: str, update: str) -> None:
-        """`INSERT INTO table rows ON CONFLICT (id) DO UPDATE SET update`, without its cost:
-        DuckDB 2.0 runs that as a merge that scans the whole table (every row group of
-        `trajectories` on every load). Here the rows that exist are found and updated
-        through the primary key's index, and the others inserted. `rows` has the table's
-        columns in order, `id` first; `update` names them as `excluded.<column>`."""
+    def _upsert(self, table: str, rows: str, update: str, most: int) -> None:
+        """`INSERT INTO table rows ON CONFLICT (id) DO UPDATE SET update` (`rows`: the
+        table's columns in order, `id` first, at most `most` of them; `update` names them
+        `excluded.<column>`).
+
+        DuckDB 2.0 runs that as a merge that scans the whole table, so its cost grows with
+        the table; looking a row up in the primary key's index costs ~200 µs (ids fall in
+        random row groups) against ~0.3 µs per row of the table scanned
+        (`bench/loader_statements.py`). So a load that touches few rows of a large table
+        looks them up, updates them through the index (an `UPDATE` filtered by the ids as
+        constants) and inserts the others; any other takes the merge."""
         con = self.con
-        con.execute(f"CREATE OR REPLACE TEMP TABLE excluded AS SELECT * FROM {table} LIMIT 0")
-        con.execute(f"INSERT INTO excluded {rows}")
-        ids = [i for (i,) in con.execute("SELECT id FROM excluded").fetchall()]
+        (held,) = con.execute(f"SELECT count(*) FROM {table}").fetchone()
+        if most * self.scan_per_lookup > held:
+            con.execute(f"INSERT INTO {table} {rows} ON CONFLICT (id) DO UPDATE SET {update}")
+            return
+        con.execute(f"CREATE OR REPLACE TEMP TABLE upserted AS SELECT * FROM {table} LIMIT 0")
+        con.execute(f"INSERT INTO upserted {rows}")
+        ids = [i for (i,) in con.execute("SELECT id FROM upserted").fetchall()]
         existing = [i for chunk in _chunks(ids) for i in self._found(table, chunk)]
         for chunk in _chunks(existing):
             con.execute(
-                f"UPDATE {table} SET {update} FROM excluded "
+                f"UPDATE {table} SET {update} FROM upserted AS excluded "
                 f"WHERE {table}.id = excluded.id AND {table}.id IN ({_constants(chunk)})"
             )
         con.execute(
-            f"INSERT INTO {table} SELECT * FROM excluded WHERE NOT list_contains(?, id)", [existing]
+            f"INSERT INTO {table} SELECT * FROM upserted WHERE NOT list_contains(?, id)",
+            [existing],
         )
-        con.execute("DROP TABLE excluded")
+        con.execute("DROP TABLE upserted")
 
     def _found(self, table: str, ids: list[str]) -> list[str]:
         """Which of these ids (at most `LOOKUP`) `table` holds: a lookup in its primary key's
