@@ -95,8 +95,8 @@ def load_by_line(
 
 
 def pieces_of(path: Path) -> str:
-    """The `LIKE` pattern of the ledger names of `path`'s pieces."""
-    return f"{path.stem}.%"
+    """The prefix of the ledger names of `path`'s pieces (and of `path`'s own)."""
+    return f"{path.stem}."
 
 
 def unreadable(path: Path) -> tuple[list[Line], bool]:

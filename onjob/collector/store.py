@@ -418,6 +418,10 @@ class Store:
         """The segment file is deleted: its ledger row is no longer needed."""
         self.con.execute("DELETE FROM loaded_segments WHERE name = ?", [segment])
 
+    def forget_pieces(self, prefix: str) -> None:
+        """A refused segment is done with (`lines.load_by_line`): its pieces' ledger rows go."""
+        self.con.execute("DELETE FROM loaded_segments WHERE starts_with(name, ?)", [prefix])
+
     def forget_response(self, exchange_id: str) -> bool:
         """`DELETE /v1/responses/{id}`: the stored Response goes (the exchange stays, to
         learn from); committed before the client hears it is gone. False if none was."""
