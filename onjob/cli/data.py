@@ -92,7 +92,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
 
 def _forget(args: argparse.Namespace) -> int:
     from ..collector import Forget, ForgetError, StorageError, Store
-    from ..collector.forget import forget, parse_date
+    from ..collector.forget import forget, parse_date, scrub
     from ..deploy.training import drop_snapshots
 
     settings = _settings("forget", args)
@@ -119,6 +119,7 @@ def _forget(args: argparse.Namespace) -> int:
             forgotten = forget(store, what, actor="cli")
         finally:
             store.close()
+        scrub(Path(settings.collector.spool), what, forgotten)
         snapshots = drop_snapshots(settings.trainer.checkpoints_dir, forgotten.group_ids)
         out = {**forgotten.as_dict(), "snapshots_removed": snapshots}
     if args.json:
@@ -144,6 +145,18 @@ def _forget(args: argparse.Namespace) -> int:
         print("no checkpoint was trained on it")
     for path in out.get("snapshots_removed", []):
         print(f"removed the training snapshot {path}")
+    if not out["checkpointed"]:
+        print("the database's write-ahead log still holds it until DuckDB's next checkpoint")
+    if out["set_aside_removed"]:
+        print(f"removed {out['set_aside_removed']} lines set aside in the spool's failed/")
+    if out["set_aside_kept"]:
+        print(
+            f"{out['set_aside_kept']} files in the spool's failed/ were not loaded and may hold "
+            "lines of it the rule cannot name: read or delete them yourself"
+        )
+    print("onjob cannot reach these copies:")
+    for copy in out["not_reached"]:
+        print(f"  - {copy}")
     return 0
 
 

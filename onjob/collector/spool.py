@@ -100,7 +100,8 @@ class Spool:
         writer: str | None = None,
     ) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.directory.chmod(0o700)  # users' traffic: its owner's alone, however made
         self.fsync = fsync
         self.max_segment_bytes = max_segment_bytes
         # Unique across processes, hosts and restarts: the database remembers loaded
@@ -190,7 +191,7 @@ class Spool:
     def set_aside(self, segment: Segment, why: str) -> Path:
         """Move a closed segment that cannot be loaded to `failed/`, with why; its path there."""
         failed = self.directory / FAILED
-        failed.mkdir(exist_ok=True)
+        failed.mkdir(mode=0o700, exist_ok=True)
         (failed / f"{segment.name}.error").write_text(why + "\n")
         return segment.path.replace(failed / segment.name)
 
@@ -198,7 +199,7 @@ class Spool:
         """Write line `number` of a segment to `failed/` on its own, with why; its path there.
         (Moved back into the directory, it loads like a segment.)"""
         failed = self.directory / FAILED
-        failed.mkdir(exist_ok=True)
+        failed.mkdir(mode=0o700, exist_ok=True)
         stem = segment.removesuffix(CLOSED)
         path = failed / f"{stem}-line{number}{CLOSED}"
         (failed / f"{path.name}.error").write_text(why + "\n")

@@ -23,7 +23,7 @@ import duckdb
 import msgspec
 
 from .errors import StorageError
-from .forget import Forget, Forgotten, forget
+from .forget import Forget, Forgotten, forget, scrub
 from .linear import Lineage
 from .lines import load_by_line, pieces_of, unreadable
 from .records import ExchangeRecord, Record, encode
@@ -309,6 +309,7 @@ class Collector:
         async with self._flushing:
             await self._load_ready()  # what came in meanwhile, in the same hold of the lock
             out = await self._run(lambda: forget(self._store, what, actor=actor))
+            await self._run(scrub, self.settings.spool, what, out)
         self.stitcher.forget(out.trajectory_ids)
         # A later turn must not be stored against a deleted exchange: this process's memory
         # of conversations goes, and proxy-only processes' when they see the mark change.
