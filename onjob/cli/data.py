@@ -58,14 +58,20 @@ def _ask(command: str, args: argparse.Namespace, settings, path: str, body: dict
     return resp
 
 
-def _open_read_only(command: str, settings):
+def _open_read_only(command: str, settings, for_queries: bool = False):
+    """The database file opened read-only; `for_queries`: with DuckDB's ways out of the
+    file switched off too (`readonly.connect`), which `export`'s COPY cannot have."""
     import duckdb
+
+    from ..collector import readonly
 
     db = settings.collector.db
     if not Path(db).exists():
         print(f"onjob {command}: no database at {db}", file=sys.stderr)
         raise _Failed
     try:
+        if for_queries:
+            return readonly.connect(db)
         return duckdb.connect(str(db), read_only=True)
     except duckdb.Error as exc:
         print(
@@ -177,7 +183,7 @@ def _sql(args: argparse.Namespace) -> int:
     if resp is not None:
         answer = resp.json()
     else:
-        con = _open_read_only("sql", settings)
+        con = _open_read_only("sql", settings, for_queries=True)
         try:
             answer = readonly.query(con, args.query, args.limit).as_dict()
         except readonly.QueryRefused as exc:
