@@ -156,6 +156,12 @@ def parse(raw: bytes, settings: ProxySettings) -> dict:
             raise BadRequest("The engine has no reasoning controls.", param=f"reasoning.{key}")
     if "input" not in body:
         raise BadRequest("`input` is required.", param="input")
+    if type(body["input"]) is list and len(body["input"]) > settings.max_messages:
+        raise BadRequest(
+            f"`input` holds {len(body['input'])} items; at most {settings.max_messages} are "
+            "accepted (proxy.max_messages).",
+            param="input",
+        )
     return body
 
 

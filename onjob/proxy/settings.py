@@ -72,6 +72,25 @@ class ProxySettings(BaseModel):
     )
     connect_timeout_s: float = Field(5.0, gt=0)
     read_timeout_s: float = Field(300.0, gt=0, description="longest silence from the engine")
+    answer_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="longest a whole (non-streamed) answer may take, from the request to its "
+        "last byte, however steadily the engine drips it (past it: 504, logged as a failure; "
+        "streams are bounded by read_timeout_s between bytes). The lean client",
+    )
+    max_answer_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024,
+        description="largest answer body the engine may send, whole or streamed (past it: 502, "
+        "the connection closed, logged as a failure). The lean client",
+    )
+    max_messages: int = Field(
+        4096,
+        ge=1,
+        description="most messages (or Responses input items) one request may carry (more: "
+        "400): each is checked and hashed on the event loop before the request is sent",
+    )
     max_connections: int = Field(1024, ge=1, description="connections to the engine")
     upstream_client: Literal["lean", "aiohttp", "httpx"] = Field(
         "lean",
