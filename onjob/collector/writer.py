@@ -76,9 +76,7 @@ class Collector:
     def __init__(self, settings: CollectorSettings, *, load: bool = True) -> None:
         self.settings = settings
         self.loads = load  # False: this process only writes the spool
-        self.stitcher = Stitcher(
-            settings.stitch_capacity, scenarios_per_key=settings.scenarios_per_key
-        )
+        self.stitcher = Stitcher(settings.stitch_capacity)
         self.lineage = Lineage(settings.stitch_capacity, settings.lineage_tokens)
         self._failed: dict[str, tuple[str, int]] = {}  # recent failed exchanges' places
         self._db = concurrent.futures.ThreadPoolExecutor(
