@@ -351,6 +351,19 @@ def test_ordinary_queries_of_the_database_are_answered(served, query, expected):
     assert sorted(resp.json()["rows"]) == expected
 
 
+def test_no_query_installs_or_loads_an_extension_on_demand(served):
+    """A type or function of an extension DuckDB would fetch and load for a query (`::INET`)
+    cannot make it: both switches are off in the server's DuckDB once it answers SQL. (The
+    query that would fetch one is not sent: it would try the network.)"""
+    admin_sql(served, "SELECT 1")
+    resp = admin_sql(
+        served,
+        "SELECT current_setting('autoinstall_known_extensions') AS install, "
+        "current_setting('autoload_known_extensions') AS load",
+    )
+    assert resp.status_code == 200 and resp.json()["rows"] == [[False, False]], resp.text
+
+
 def test_show_describe_and_summarize_read_the_database_own_tables(served):
     shown = admin_sql(served, "SHOW TABLES").json()
     assert {"exchanges", "feedback", "exchanges_full"} <= {r[0] for r in shown["rows"]}

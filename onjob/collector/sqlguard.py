@@ -240,6 +240,22 @@ def lock_down(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def no_extensions_on_demand(con: duckdb.DuckDBPyConnection) -> None:
+    """Stop DuckDB installing (from the network) or loading an extension because a query
+    names something of one: a type (`'1.2.3.4'::INET`), a function, a file's scheme. Both
+    settings are the DuckDB instance's, so in the server this is for every cursor; onjob's
+    own statements need only the extensions built into DuckDB's wheel (json, parquet, icu),
+    so nothing else changes. Where they are already off (`lock_down`) nothing is set, as a
+    locked configuration refuses any SET."""
+    on = con.execute(
+        "SELECT current_setting('autoinstall_known_extensions') "
+        "OR current_setting('autoload_known_extensions')"
+    ).fetchone()[0]
+    if on:
+        con.execute("SET autoinstall_known_extensions = false")
+        con.execute("SET autoload_known_extensions = false")
+
+
 def fold(name: Any) -> str:
     """A name as DuckDB compares it: case-insensitive in ASCII only. Python's `lower()`
     would fold more (the Kelvin sign to `k`), so a name DuckDB does not know as a table,
