@@ -285,6 +285,9 @@ BYPASSES = [
     (f"SELECT 1; SELECT * FROM '{F}'", "exactly one statement"),
     ("SELECT 1 /* ; */; DELETE FROM exchanges", "exactly one statement"),
     ("SELECT 1 -- a comment\n; DROP TABLE exchanges", "exactly one statement"),
+    # Deeper than the checks can walk: refused, not a server error.
+    ("SELECT " + " + ".join(["1"] * 900), "nests too deeply"),
+    ("SELECT * FROM " + "(SELECT * FROM " * 300 + "range(1)" + ") t" * 300, "nests too deeply"),
 ]
 
 

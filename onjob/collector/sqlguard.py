@@ -148,6 +148,7 @@ _OTHER_PARTS = frozenset(
 )
 # `SHOW TABLES`, `SHOW ALL TABLES`, `SHOW DATABASES`, `SHOW SCHEMAS`: the parser's names
 # for catalogue queries (the plan check sees the catalogue functions they become).
+_TOO_DEEP = "the query nests too deeply to be checked; write it with fewer levels"
 _SHOW_SPECIAL = frozenset({'"tables"', "__show_tables_expanded", '"databases"', '"schemas"'})
 
 
@@ -196,11 +197,15 @@ def check_syntax(con: duckdb.DuckDBPyConnection, sql: str, own: Own) -> duckdb.S
     statement = statements[0]
     if statement.type != duckdb.StatementType.SELECT:
         raise QueryRefused(f"only a SELECT is answered here, not {statement.type.name}")
-    tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [statement.query]).fetchone()[0])
-    if tree.get("error"):
-        raise QueryRefused(tree.get("error_message") or "DuckDB could not parse the query")
-    for node in tree.get("statements") or []:
-        _query_node(node.get("node"), frozenset(), own)
+    serialised = con.execute("SELECT json_serialize_sql(?)", [statement.query]).fetchone()[0]
+    try:
+        tree = json.loads(serialised)
+        if tree.get("error"):
+            raise QueryRefused(tree.get("error_message") or "DuckDB could not parse the query")
+        for node in tree.get("statements") or []:
+            _query_node(node.get("node"), frozenset(), own)
+    except RecursionError as exc:  # a tree deeper than Python's stack (DuckDB allows 1000)
+        raise QueryRefused(_TOO_DEEP) from exc
     return statement
 
 
@@ -208,11 +213,15 @@ def check_plan(con: duckdb.DuckDBPyConnection, statement: duckdb.Statement, own:
     """Refuse the statement unless each operator of its bound plan is relational, a scan of
     one of the database's own tables, or an allowed table function."""
     rows = con.execute("EXPLAIN (FORMAT json) " + statement.query).fetchall()
-    plans = [json.loads(value) for key, value in rows if key == "physical_plan"]
-    if len(plans) != 1:
+    try:
+        plans = [json.loads(value) for key, value in rows if key == "physical_plan"]
+        operators = list(_operators(plans[0])) if len(plans) == 1 else []
+    except RecursionError as exc:
+        raise QueryRefused(_TOO_DEEP) from exc
+    if not operators:
         raise QueryRefused("DuckDB gave no plan for the query")
     tables = {f"{own.database}.main.{name}" for name in own.relations}
-    for op in _operators(plans[0]):
+    for op in operators:
         name = str(op.get("name", "")).strip().upper()
         info = op.get("extra_info") or {}
         if name in TABLE_SCANS:
