@@ -249,12 +249,11 @@ def check_plan(con: duckdb.DuckDBPyConnection, statement: duckdb.Statement, own:
             raise QueryRefused(f"the query's plan has {name}, which is not answered here")
 
 
-def lock_down(config: dict[str, Any]) -> dict[str, Any]:
-    """`config` for `duckdb.connect` with every way out of the database switched off: no
-    file or network access but the database itself, no extension installed or loaded on
+def lock_down() -> dict[str, Any]:
+    """`duckdb.connect`'s config with every way out of the database switched off: no file
+    or network access but the database itself, no extension installed or loaded on
     demand, and no `SET` that undoes it. Only for a DuckDB instance the caller has alone."""
     return {
-        **config,
         "enable_external_access": False,
         "autoinstall_known_extensions": False,
         "autoload_known_extensions": False,
