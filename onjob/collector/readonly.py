@@ -19,7 +19,15 @@ from typing import Any
 
 import duckdb
 
-from .sqlguard import Own, QueryRefused, check_plan, check_syntax, first_line, lock_down
+from .sqlguard import (
+    Own,
+    QueryRefused,
+    check_plan,
+    check_syntax,
+    first_line,
+    lock_down,
+    no_extensions_on_demand,
+)
 
 __all__ = ["MAX_ROWS", "Answer", "QueryRefused", "connect", "export", "query", "tables"]
 
@@ -45,6 +53,7 @@ class Answer:
 def query(con: duckdb.DuckDBPyConnection, sql: str, limit: int = 1000) -> Answer:
     """Run one read-only SELECT; at most `limit` rows come back."""
     limit = max(1, min(limit, MAX_ROWS))
+    no_extensions_on_demand(con)
     # Checked, planned and run in one transaction: the catalogue the query was checked
     # against is the one it runs on.
     con.execute("BEGIN TRANSACTION READ ONLY")
@@ -68,7 +77,7 @@ def connect(path: Path | str) -> duckdb.DuckDBPyConnection:
     this process alone, so DuckDB's own switches can go off (`sqlguard.lock_down`): no
     file but the database, no network, no extension loaded on demand, none of it undone
     by a `SET`. Not for `export`, which writes its Parquet file through DuckDB."""
-    return duckdb.connect(str(path), read_only=True, config=lock_down({}))
+    return duckdb.connect(str(path), read_only=True, config=lock_down())
 
 
 def tables(con: duckdb.DuckDBPyConnection) -> list[str]:
