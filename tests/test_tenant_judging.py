@@ -215,3 +215,84 @@ def test_untrained_keys_need_api_keys():
         ProxySettings(untrained_keys=["carol"])
     settings = ProxySettings(api_keys={"carol": "sk-1"}, untrained_keys=["carol"])
     assert settings.untrained_keys == ["carol"]
+
+
+def logged_turns(store: Store, scenario_of: dict[str, str]) -> None:
+    """Two finished one-turn conversations per (key, scenario), on the live arm, stored as
+    the loader stores them: `exchanges`, `trajectories` and `scenarios` rows."""
+    for scenario in set(scenario_of.values()):
+        store.con.execute(
+            "INSERT INTO scenarios VALUES (?, 'refunds', 'explicit', now(), 2)", [scenario]
+        )
+    for key, scenario in scenario_of.items():
+        for n in range(2):
+            request = {"model": "agent", "messages": [{"role": "user", "content": key}]}
+            store.con.execute(
+                "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, api_key_id, "
+                "model_alias, arm, stream, request, response, status, source) VALUES (?, "
+                "now() - INTERVAL 1 MINUTE, ?, 0, ?, ?, 'agent', 'live', false, ?, '{}', 200, "
+                "'production')",
+                [f"x-{key}-{n}", f"{key}:c{n}", scenario, key, json.dumps(request)],
+            )
+            store.con.execute(
+                "INSERT INTO trajectories (id, scenario_id, first_exchange, last_exchange, "
+                "n_turns, source, first_ts, last_ts) VALUES (?, ?, ?, ?, 1, 'production', "
+                "now() - INTERVAL 1 MINUTE, now() - INTERVAL 1 MINUTE)",
+                [f"{key}:c{n}", scenario, f"x-{key}-{n}", f"x-{key}-{n}"],
+            )
+
+
+def test_a_scenario_an_older_database_shares_between_keys_makes_a_group_per_key(tmp_path):
+    # Before scenarios were one key's, alice's and bob's conversations of one situation
+    # had one scenario id: the judge still groups them apart.
+    from onjob.judge import JudgeSettings, tables
+
+    store = Store(tmp_path / "onjob.duckdb")
+    try:
+        logged_turns(store, {"alice": "scn_shared", "bob": "scn_shared", "carol": "scn_shared"})
+        s = JudgeSettings(settle_s=0, per_scenario=10)
+        ready = tables.scenario_candidates(store, s, untrained=["carol"])
+        assert sorted((c.scenario_id, c.api_key_id) for c in ready) == [
+            ("scn_shared", "alice"),
+            ("scn_shared", "bob"),
+        ]
+        for c in ready:
+            assert {t["id"] for t in c.trajectories} == {f"{c.api_key_id}:c0", f"{c.api_key_id}:c1"}
+        turns = tables.turn_candidates(store, s, untrained=["carol"])
+        assert {t["api_key_id"] for t in turns} == {"alice", "bob"}
+    finally:
+        store.close()
+
+
+def test_canary_held_out_and_compare_prompts_leave_untrained_keys_out(tmp_path):
+    import asyncio
+    import datetime
+
+    from onjob.collector import Collector, CollectorSettings
+    from onjob.deploy import canary, compare, holdout
+
+    db = tmp_path / "onjob.duckdb"
+    store = Store(db)
+    try:
+        logged_turns(store, {"alice": "scn_a", "carol": "scn_c"})
+        since = datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=1)
+        routing = {"live": None, "canary": "ckpt-new", "ts": since}
+        for untrained, keys in (([], {"alice", "carol"}), (["carol"], {"alice"})):
+            picked = canary.canary_prompts(store, "agent", routing, 10, untrained)
+            assert {p["api_key_id"] for p in picked} == keys
+            held = holdout.prompts(store, "agent", ["scn_a", "scn_c"], 10, untrained)
+            assert {p["api_key_id"] for p in held} == keys
+    finally:
+        store.close()
+
+    async def compared(untrained: list[str]) -> set[str]:
+        collector = Collector(CollectorSettings(db=db))
+        await collector.start()
+        try:
+            chosen = await compare._prompts(collector, 10, None, None, [], untrained)
+        finally:
+            await collector.close()
+        return {p["api_key_id"] for p in chosen}
+
+    assert asyncio.run(compared([])) == {"alice", "carol"}
+    assert asyncio.run(compared(["carol"])) == {"alice"}
