@@ -230,7 +230,9 @@ async def score_group(
     untrained: frozenset[str] = frozenset(),
 ) -> None:
     rows = await db.query(lambda store: tables.members_of(store, group["id"]))
-    refused = tenants.refusal((r["api_key_id"] for r in rows), untrained)
+    exchanges = [r["exchange_id"] for r in rows]
+    owners = await db.query(lambda store: tables.owners(store, exchanges))
+    refused = tenants.refusal(tenants.member_keys(owners), untrained)
     if refused is not None:  # no scorer, RULER's provider least of all, sees it
         report.failed += 1
         echo(f"  group {group['id']}: not scored: {refused}")

@@ -151,7 +151,7 @@ class ProxySettings(BaseModel):
         return keys
 
     @model_validator(mode="after")
-    def _untrained_keys_are_key_ids(self) -> ProxySettings:
+    def _untrained_keys_need_api_keys(self) -> ProxySettings:
         # With no API keys every exchange is of no key: the list would keep nothing out,
         # silently.
         if self.untrained_keys and not self.api_keys:
