@@ -139,16 +139,20 @@ WHERE m.trajectory_id IS NOT NULL
 """
 
 
-def canary_prompts(store, alias: str, routing: dict, n: int) -> list[dict]:
+def canary_prompts(
+    store, alias: str, routing: dict, n: int, untrained_keys: list[str] = ()
+) -> list[dict]:
     """Up to `n` prompts for the canary's next round: production turns of the alias logged
     on the live arm since the canary started, in no conversation of its lineage's training
-    snapshots, from conversations this test has not drawn from yet, the latest turn of
-    each (the newest conversations first)."""
+    snapshots, from conversations this test has not drawn from yet, of no API key in
+    `untrained_keys` (never re-sampled nor judged), the latest turn of each (the newest
+    conversations first)."""
     checkpoints = [c for c in (routing["live"], routing["canary"]) if c]
     ids = f"""
         SELECT e.id, e.ts FROM exchanges e
         WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ?
           AND e.arm = 'live' AND e.ts >= ?
+          AND NOT coalesce(list_contains(?::VARCHAR[], e.api_key_id), false)
           AND e.trajectory_id NOT IN ({TRAINED_CONVERSATIONS})
           AND e.trajectory_id NOT IN (
               SELECT p.trajectory_id FROM groups g JOIN exchanges p ON p.id = g.prefix_exchange
@@ -158,7 +162,7 @@ def canary_prompts(store, alias: str, routing: dict, n: int) -> list[dict]:
     """
     return store.query(
         f"SELECT * FROM {rebuilt(ids)} ORDER BY ts DESC",
-        [alias, routing["ts"], checkpoints, test_id(alias, routing), n],
+        [alias, routing["ts"], list(untrained_keys), checkpoints, test_id(alias, routing), n],
     )
 
 

@@ -45,19 +45,25 @@ def held_out(store, fraction: float) -> list[str]:
     return held if len(held) < len(ids) else []
 
 
-def prompts(store, alias: str, scenarios: list[str], n: int) -> list[dict]:
-    """Up to `n` answered production turns of the held-out scenarios, the newest turn of
-    each of the newest conversations."""
+def prompts(
+    store, alias: str, scenarios: list[str], n: int, untrained_keys: list[str] = ()
+) -> list[dict]:
+    """Up to `n` answered production turns of the held-out scenarios, of no API key in
+    `untrained_keys`, the newest turn of each of the newest conversations."""
     if not scenarios:
         return []
     ids = """
         SELECT e.id, e.ts FROM exchanges e
         WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ?
           AND list_contains(?::VARCHAR[], e.scenario_id)
+          AND NOT coalesce(list_contains(?::VARCHAR[], e.api_key_id), false)
         QUALIFY row_number() OVER (PARTITION BY e.trajectory_id ORDER BY e.ts DESC) = 1
         ORDER BY e.ts DESC LIMIT ?
     """
-    return store.query(f"SELECT * FROM {rebuilt(ids)} ORDER BY ts DESC", [alias, scenarios, n])
+    return store.query(
+        f"SELECT * FROM {rebuilt(ids)} ORDER BY ts DESC",
+        [alias, scenarios, list(untrained_keys), n],
+    )
 
 
 @dataclass(frozen=True)
@@ -87,7 +93,8 @@ async def compare(
     loop = settings.loop
     # Its index in the alias's stream, fixed now: its share of alpha (`ledger`).
     await db.query(lambda st: ledger.enter(st, loop.alias, candidate))
-    chosen = await db.query(lambda st: prompts(st, loop.alias, held, loop.holdout_pairs))
+    untrained = settings.proxy.untrained_keys
+    chosen = await db.query(lambda st: prompts(st, loop.alias, held, loop.holdout_pairs, untrained))
     if chosen and s.scorers:
         await operator.load(candidate)
         base = await sampling.base_model(engine)

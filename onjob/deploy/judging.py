@@ -41,6 +41,7 @@ async def judge(settings: DeploySettings, *, once: bool, echo: Callable[[str], N
                     settings.judge,
                     echo=echo,
                     skip_scenarios=held,
+                    untrained_keys=settings.proxy.untrained_keys,
                     engine_logprobs=settings.proxy.engine_logprobs,
                 )
                 echo(f"judge pass: {report.summary()}")

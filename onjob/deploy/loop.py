@@ -97,7 +97,13 @@ async def run_once(
     held = await db.query(lambda st: holdout.held_out(st, loop.holdout_share))
 
     def trainable(st) -> int:
-        return snapshot.trainable(st, settings.trainer, live=live, held_out=held)
+        return snapshot.trainable(
+            st,
+            settings.trainer,
+            live=live,
+            held_out=held,
+            untrained_keys=settings.proxy.untrained_keys,
+        )
 
     if comparing:
         # While a comparison needs the engine, sample no more than the next run will use.
@@ -113,6 +119,7 @@ async def run_once(
             settings.judge,
             echo=echo,
             skip_scenarios=held,
+            untrained_keys=settings.proxy.untrained_keys,
             engine_logprobs=settings.proxy.engine_logprobs,
         )
     echo(f"judge pass: {report.summary()}")
@@ -189,7 +196,9 @@ async def _canary_round(db, engine, operator, settings: DeploySettings, routing,
         return
     base = await sampling.base_model(engine)
     prompts = await db.query(
-        lambda st: canary.canary_prompts(st, alias, routing, settings.loop.pairs_per_round)
+        lambda st: canary.canary_prompts(
+            st, alias, routing, settings.loop.pairs_per_round, settings.proxy.untrained_keys
+        )
     )
     models = {"a": (live or base, live), "b": (candidate, candidate)}
     fns = rewards.load(s.rewards)

@@ -60,6 +60,13 @@ class ProxySettings(BaseModel):
     api_keys: dict[str, str] = Field(
         default_factory=dict, description="key id -> secret; when set, every request needs one"
     )
+    untrained_keys: list[str] = Field(
+        default_factory=list,
+        description="API key ids whose traffic is logged (and served by the alias's adapter "
+        "like any key's) but never re-sampled, grouped, judged, compared or trained on, "
+        "whatever they send; also keeps out what they logged before being listed, while "
+        "listed (a retired key may stay listed). Needs api_keys",
+    )
     admin_key: str | None = Field(
         None, description="secret for /admin (status, canary, promote, rollback)"
     )
@@ -161,6 +168,19 @@ class ProxySettings(BaseModel):
             # (`collector.trajectories.scoped`): one key's names never reach another's.
             raise ValueError("an API key id is empty or holds ':'")
         return keys
+
+    @model_validator(mode="after")
+    def _untrained_keys_need_api_keys(self) -> ProxySettings:
+        # With no API keys every exchange is of no key: the list would keep nothing out,
+        # silently.
+        if self.untrained_keys and not self.api_keys:
+            raise ValueError(
+                "proxy.untrained_keys names API key ids, but proxy.api_keys is empty: no "
+                "exchange would be kept out of training"
+            )
+        if any(not key_id for key_id in self.untrained_keys):
+            raise ValueError("an id in proxy.untrained_keys is empty")
+        return self
 
     @model_validator(mode="after")
     def _keys_beyond_loopback(self) -> ProxySettings:
