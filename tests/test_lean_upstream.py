@@ -209,6 +209,16 @@ def test_a_second_response_after_a_complete_one_is_refused_not_appended():
     assert server.accepted == 2  # the out-of-step connection was not used again
 
 
+def test_an_informational_response_before_the_answer_is_not_the_answer():
+    def answer(conn, n):  # 100 Continue, as h11 reads it: the answer follows
+        conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        whole(conn, n)
+
+    server = Server(answer)
+    assert run(server, post, post) == [(200, "application/json", ANSWER)] * 2
+    assert server.accepted == 1
+
+
 def test_a_second_response_while_a_stream_is_read_is_refused():
     def answer(conn, n):
         conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import secrets
 import sys
 from urllib.parse import urlsplit
 
@@ -209,6 +210,9 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
         sockets.append(internal)
         url = f"http://127.0.0.1:{internal.getsockname()[1]}"
         workers = Workers(worker_argv(argv or ["serve"], url), started)
+    if settings.engine.start and p.engine_token is None:
+        # The child's adapter routes answer this process alone, not every local process.
+        p.engine_token = secrets.token_urlsafe(32)
     app = build_app(settings, workers)
     with Signals().installed() as signals:
         try:
@@ -216,7 +220,11 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
                 port = urlsplit(p.engine_url).port or 8001
                 print(f"onjob serve: starting `onjob engine` on port {port}...", file=sys.stderr)
                 signals.engine = EngineProcess(
-                    settings.engine.args, port=port, timeout=900, new_session=True
+                    settings.engine.args,
+                    port=port,
+                    timeout=900,
+                    new_session=True,
+                    env={"ONJOB_ENGINE_ADAPTER_TOKEN": p.engine_token},
                 )
                 signals.engine.start()
             role = (

@@ -67,6 +67,7 @@ class _Connection(asyncio.Protocol):
         self.error: Exception | None = None
         self.received = False
         self._delimited = False  # a Content-Length or chunked: the end is not the EOF
+        self._interim = False  # reading a 1xx response, which precedes the answer
         self._wake: asyncio.Future | None = None
         self._paused = False
 
@@ -126,6 +127,9 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
+        if 100 <= self.status < 200:  # informational (100 Continue): the answer follows
+            self._interim = True
+            return
         if self.headers_done is not None and not self.headers_done.done():
             self.headers_done.set_result(None)
 
@@ -145,6 +149,10 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         if self.error is not None:
+            return
+        if self._interim:  # as h11 reads it: not the answer, which comes next
+            self._interim = False
+            self.content_type, self._delimited = "", False
             return
         self.complete = True
         # Asked here: once this callback returns the parser has moved on to the next message.

@@ -36,6 +36,13 @@ class ProxySettings(BaseModel):
         "each exchange, and the trainer refuses groups logged under any but raw_logprobs. "
         "An engine whose model list states its own (the local engine) is taken at its word",
     )
+    engine_token: str | None = Field(
+        None,
+        description="the engines' adapter token (the local engine's "
+        "ONJOB_ENGINE_ADAPTER_TOKEN), sent as `Authorization: Bearer` with onjob's own "
+        "requests to them (adapter loads, health checks, the judge's samples); with "
+        "--start-engine and none set, onjob makes one for its child",
+    )
     health_interval_s: float = Field(
         1.0,
         gt=0,
