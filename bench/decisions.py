@@ -11,7 +11,7 @@ The model of scores (`--scores`):
   `TIES`, else 2 Beta - 1 with standard deviation `SD`, centred so that E[d] is the
   candidate's true difference;
 - `sign`: +-1 pairs (a 0/1 score such as exact success), the same ties; a candidate
-  "+0.1" wins 60% of its decided pairs (E[d] = 0.2 x (1 - ties)).
+  "+0.1" wins 60% of its decided pairs (ten points of win rate: E[d] = 0.2 x (1 - ties)).
 
 On top, a share `--unjudged` (2%) of pairs the judge could not score: d = -1, the candidate's
 loss (the rule counts them so; their true mean is what a candidate is judged by).
@@ -84,14 +84,15 @@ class Decided:
 
 
 def draw(rng: random.Random, mean: float, scores: str, unjudged: float) -> float:
-    """One pair's difference for a candidate whose true E[d] (judged pairs) is `mean`."""
+    """One pair's difference for a candidate `mean` better than live: its true E[d] on
+    judged pairs (graded), or its win rate on decided pairs less 0.5 (sign)."""
     if rng.random() < unjudged:
         return float("nan")  # unjudged: the rule counts it as -1
     if rng.random() < TIES:
         return 0.0
+    if scores == "sign":  # `mean`: points of win rate over 0.5 on the decided pairs
+        return 1.0 if rng.random() < 0.5 + mean else -1.0
     m = mean / (1 - TIES)  # the mean of the pairs that are not ties
-    if scores == "sign":
-        return 1.0 if rng.random() < (1 + m) / 2 else -1.0
     mid = (1 + m) / 2
     c = mid * (1 - mid) / (SD * SD / 4) - 1
     return 2 * rng.betavariate(mid * c, (1 - mid) * c) - 1
