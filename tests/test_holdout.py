@@ -109,7 +109,7 @@ def test_a_candidate_that_loses_on_the_held_out_slice_is_stopped_before_serving_
     checked, s = candidate_against_live(tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, gate)
     # Every pair lost (live right a quarter of the time, the hedger never, under the
     # referee): the test's first look already rules out "better by margin + delta".
-    assert not checked.passed and "on the held-out slice: not better by" in checked.reason
+    assert not checked.passed and "on the held-out slice: lost (not better by" in checked.reason
     assert checked.evidence["paired"]["pairs"] == 8
     assert checked.evidence["e_process"]["futility_e_value"] >= 1 / s.loop.beta
     # What the loop does with it: retired, the routing unchanged, the reason on record.
