@@ -18,7 +18,6 @@ comparison is skipped and says so; the `trust` guards still apply.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from dataclasses import dataclass
 
@@ -128,7 +127,7 @@ def check(store, candidate: str, settings: LoopSettings, judges: list[str] = ())
     # The test's first looks: stopped when the e-process already rules out "better by
     # margin + delta" (a candidate that good is stopped here or later with chance <= beta
     # in all); held-out pairs never promote, the canary's guards have not looked yet.
-    decision, why = dataclasses.replace(rule, min_pairs=1).decide(paired, level.alpha)
+    decision, why = rule.first_look(paired, level.alpha)
     if decision == "rollback":
         return Check(False, f"{candidate} on the held-out slice: {why}", evidence)
     if problem := guards["tripped"] or guards["holding"]:
