@@ -30,8 +30,17 @@ sys.path.insert(0, str(HERE))
 import results_file  # noqa: E402
 
 QUESTIONS = [f"What is {a} + {b}?" for a, b in zip(range(11, 43, 2), range(7, 71, 4), strict=False)]
-ANSWERS = ["{s}", "The answer is {s}.", "{w}", "It is {s}, I think.", "{s}!", "Maybe {w}.",
-           "{a} plus {b} is {s}.", "I do not know.", "{w}, or {s}."]  # fmt: skip
+ANSWERS = [  # ~30 tokens each, as the demo's answers (max_tokens 48)
+    "{a} + {b} = {s}. To check it, count up from {a} by {b} steps and you land on {s}.",
+    "The answer is {s}. Adding the tens first and then the ones gives the same result.",
+    "Let me think. {a} plus {b} is {w}, because the two numbers together make {w}.",
+    "It is {s}, I think, though you may want to check it with a calculator to be sure.",
+    "Sure! When you add {a} and {b} you get {s}. Arithmetic like this gets easy with practice.",
+    "Maybe {w}. Adding numbers can be tricky, so I am not completely certain of this one.",
+    "{a} plus {b} is {s}: first add the ones, carry if you need to, then add the tens.",
+    "I do not know the answer to that question, but I can help you work through it step by step.",
+    "The sum is {w}, or possibly {s}; both look plausible to me at first glance here.",
+]
 
 
 def snapshot(path: Path, groups: int) -> None:
