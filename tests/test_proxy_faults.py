@@ -463,20 +463,22 @@ def _two_answers(conn, body: bytes) -> None:
 
 
 @pytest.mark.parametrize(
-    ("behaviour", "status", "words"),
+    ("client_kind", "behaviour", "status", "words"),
     [
-        (_dripping, 504, "within 1 s"),
-        (_oversize, 502, "larger than 100000 bytes"),
-        (_two_answers, 502, "after its complete answer"),
+        (LeanUpstream, _dripping, 504, "within 1 s"),
+        (LeanUpstream, _oversize, 502, "larger than 100000 bytes"),
+        (LeanUpstream, _two_answers, 502, "after its complete answer"),
+        (AiohttpUpstream, _dripping, 504, "within 1 s"),
+        (AiohttpUpstream, _oversize, 502, "larger than 100000 bytes"),
     ],
-    ids=["drip", "oversize", "pipelined"],
+    ids=["lean-drip", "lean-oversize", "lean-pipelined", "aiohttp-drip", "aiohttp-oversize"],
 )
-def test_lean_client_faults_are_openai_errors_and_logged_failures(
-    tmp_path, behaviour, status, words
+def test_engine_client_faults_are_openai_errors_and_logged_failures(
+    tmp_path, client_kind, behaviour, status, words
 ):
     engine = RawEngine(behaviour)
     try:
-        upstream = LeanUpstream(
+        upstream = client_kind(
             engine.url, read_timeout=0.5, answer_timeout=1.0, max_answer_bytes=100_000
         )
         with TestClient(app_for(tmp_path, upstream)) as client:
@@ -492,7 +494,10 @@ def test_lean_client_faults_are_openai_errors_and_logged_failures(
     assert resp.headers["X-Onjob-Exchange-Id"] == logged[0]["id"]
 
 
-def test_a_stream_past_max_answer_bytes_ends_with_an_error_event_and_is_logged(tmp_path):
+@SOCKET_CLIENTS
+def test_a_stream_past_max_answer_bytes_ends_with_an_error_event_and_is_logged(
+    tmp_path, client_kind
+):
     def endless(conn, body):
         send_chunked_head(conn)
         try:
@@ -503,7 +508,7 @@ def test_a_stream_past_max_answer_bytes_ends_with_an_error_event_and_is_logged(t
 
     engine = RawEngine(endless)
     try:
-        upstream = LeanUpstream(engine.url, read_timeout=2, max_answer_bytes=50_000)
+        upstream = client_kind(engine.url, read_timeout=2, max_answer_bytes=50_000)
         with TestClient(app_for(tmp_path, upstream)) as client:
             resp = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
     finally:

@@ -49,15 +49,14 @@ def build_upstream(p: ProxySettings, url: str | None = None) -> Upstream:
             limits=httpx.Limits(max_connections=p.max_connections),
         )
         return HttpxUpstream(client)
-    common = {
-        "connect_timeout": p.connect_timeout_s,
-        "read_timeout": p.read_timeout_s,
-        "max_connections": p.max_connections,
-    }
-    if p.upstream_client == "aiohttp":
-        return AiohttpUpstream(url, **common)
-    return LeanUpstream(
-        url, answer_timeout=p.answer_timeout_s, max_answer_bytes=p.max_answer_bytes, **common
+    kind = LeanUpstream if p.upstream_client == "lean" else AiohttpUpstream
+    return kind(
+        url,
+        connect_timeout=p.connect_timeout_s,
+        read_timeout=p.read_timeout_s,
+        answer_timeout=p.answer_timeout_s,
+        max_answer_bytes=p.max_answer_bytes,
+        max_connections=p.max_connections,
     )
 
 

@@ -91,13 +91,13 @@ class ProxySettings(BaseModel):
         gt=0,
         description="longest a whole (non-streamed) answer may take, from the request to its "
         "last byte, however steadily the engine drips it (past it: 504, logged as a failure; "
-        "streams are bounded by read_timeout_s between bytes). The lean client",
+        "streams are bounded by read_timeout_s between bytes). The lean and aiohttp clients",
     )
     max_answer_bytes: int = Field(
         256 * 1024 * 1024,
         ge=1024,
         description="largest answer body the engine may send, whole or streamed (past it: 502, "
-        "the connection closed, logged as a failure). The lean client",
+        "the connection closed, logged as a failure). The lean and aiohttp clients",
     )
     max_messages: int = Field(
         4096,
