@@ -119,8 +119,8 @@ def run(tree: Path, snap: Path, out: Path) -> dict:
         f"print(json.dumps(train_run.worker(__import__('pathlib').Path({str(snap)!r}), "
         f"__import__('pathlib').Path({str(out)!r}))))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    done = subprocess.run(  # in the tree: `-c` puts the working directory first on sys.path
+        [sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, text=True, check=True
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
