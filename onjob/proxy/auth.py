@@ -70,8 +70,8 @@ def caller(request: Any) -> Caller:
     return request.scope[SCOPE_KEY]
 
 
-def _bearer(headers: HeaderLookup) -> str:
-    scheme, _, token = (headers.get("authorization") or "").partition(" ")
+def _bearer(header: str | None) -> str:
+    scheme, _, token = (header or "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
@@ -118,12 +118,13 @@ class Doors:
 
     def api(self, headers: HeaderLookup) -> Caller:
         """The caller of an OpenAI route (Unauthorized: no or a wrong API key)."""
-        token = _bearer(headers)
+        header = headers.get("authorization")
+        token = _bearer(header)
         if token and self._is_admin(token):
             return OPERATOR
         if not self._keys:
             return ANONYMOUS
-        if not headers.get("authorization"):
+        if not header:
             raise Unauthorized("Missing API key: send `Authorization: Bearer <key>`.")
         key_id = self._keys.get(token)
         if key_id is None:
@@ -140,7 +141,9 @@ class Doors:
                 "The admin API is closed: this server has no admin key (set proxy.admin_key; "
                 "`onjob serve` makes one beside the database when none is set)."
             )
-        token = _bearer(headers) or (_basic_password(headers) if browser else "")
+        token = _bearer(headers.get("authorization"))
+        if not token and browser:
+            token = _basic_password(headers)
         if not (token and self._is_admin(token)):
             if browser:
                 raise AskPassword("The dashboard needs the admin key (as the password).")
@@ -158,15 +161,20 @@ class Doors:
         """Refuse a request a web page of another site sent: an `Origin` other than the
         request's own host (or a configured name); with `host`, a `Host` that names no
         address of this server (DNS rebinding)."""
-        given = headers.get("host")
-        if host and given is not None and not self._names_this_server(hostname(given)):
+        # The hot routes ask for the Origin alone: a client that is not a browser sends none.
+        given = headers.get("host") if host else None
+        if given is not None and not self._names_this_server(hostname(given)):
             raise Forbidden(
                 f"Refused: the Host header {given[:_SHOWN]!r} does not name this server (a "
                 "web page reaching it through DNS rebinding sends its own). Use its address, "
                 "localhost or proxy.host, or add the name to proxy.allowed_hosts."
             )
         origin = headers.get("origin")
-        if origin is not None and not self._same_origin(origin, given):
+        if origin is None:
+            return
+        if not host:
+            given = headers.get("host")
+        if not self._same_origin(origin, given):
             raise Forbidden(
                 f"Refused: a request from the web page at {origin[:_SHOWN]!r}, another site "
                 "than this server. Add its host name to proxy.allowed_hosts if it is yours."

