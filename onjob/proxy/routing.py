@@ -125,7 +125,8 @@ class Router:
                 )
             arms = Arms()
         if pin and pin not in (LIVE, CANARY):
-            if not any_checkpoint and pin not in (arms.live, arms.canary):
+            # The base model is anyone's to ask for by name (it is an alias of itself).
+            if not any_checkpoint and pin not in (arms.live, arms.canary, base):
                 served = ", ".join(c for c in (arms.live, arms.canary) if c)
                 raise Forbidden(
                     f"X-Onjob-Arm: `{pin[:100]}` is not a checkpoint `{name}` serves"
