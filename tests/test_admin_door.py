@@ -208,6 +208,35 @@ def test_an_api_key_pins_only_what_its_alias_serves(tmp_path, fake_engine_url):
             assert "not loaded in the engine" in served.json()["error"]["message"]
 
 
+def test_a_proxy_only_process_keeps_the_same_door(tmp_path, fake_engine_url):
+    """With the loader apart, a worker answers every request on the port and forwards
+    the admin API and the dashboard to the primary, which sees the worker's own Host: the
+    worker refuses the page's Host and Origin itself, and knows the made admin key."""
+    db = tmp_path / "onjob.duckdb"
+    args = ["--engine-url", fake_engine_url, "--db", str(db), "--workers", "1", "--loader-apart"]
+    with ServerProcess(args, env={"ONJOB_LOOP__INTERVAL_S": "0"}) as server:
+        mine = admin_of(db)
+        port = server.base.rsplit(":", 1)[1]
+        assert httpx.get(f"{server.base}/admin/status", headers=mine).status_code == 200
+        assert httpx.get(f"{server.base}/admin/status").status_code == 401
+        for path in ("/admin/status", "/dashboard"):
+            foreign = httpx.get(
+                server.base + path, headers={**mine, "Host": f"evil.example:{port}"}
+            )
+            assert foreign.status_code == 403, (path, foreign.text)
+            page = httpx.get(server.base + path, headers={**mine, "Origin": "http://evil.example"})
+            assert page.status_code == 403, (path, page.text)
+        own = httpx.get(f"{server.base}/dashboard", headers={**mine, "Origin": server.base})
+        assert own.status_code == 200, own.text
+        pinned = {**mine, "X-Onjob-Arm": "ckpt-candidate"}
+        candidate = httpx.post(f"{server.url}/chat/completions", json=CHAT, headers=pinned)
+        assert candidate.status_code != 403, candidate.text  # the worker read the key file
+        anyone = httpx.post(
+            f"{server.url}/chat/completions", json=CHAT, headers={"X-Onjob-Arm": "ckpt-candidate"}
+        )
+        assert anyone.status_code == 403, anyone.text
+
+
 def test_the_dashboard_refuses_before_it_runs_a_query():
     """The pages' routes over no database at all: a page that ran a query before checking
     the key would fail (500) where a refusal is a 401."""
