@@ -141,6 +141,27 @@ def test_a_foreign_host_is_refused(keyless):
         for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST.", "127.0.0.1"):
             ok = httpx.get(server.base + path, headers={**mine, "Host": host})
             assert ok.status_code == 200, (path, host, ok.text)
+    # The OpenAI routes: a browser's request (Fetch Metadata) is refused under such a name,
+    # even same-origin as the rebinding makes it; a client that is not a browser is not.
+    page = {
+        "Host": f"evil.example:{port}",
+        "Origin": f"http://evil.example:{port}",
+        "Sec-Fetch-Site": "same-origin",
+    }
+    chat = {**CHAT, "messages": [{"role": "user", "content": "rebound-7c1e"}]}
+    refused = httpx.post(f"{server.url}/chat/completions", json=chat, headers=page)
+    assert refused.status_code == 403, refused.text
+    assert "does not name this server" in refused.json()["error"]["message"]
+    named = httpx.post(
+        f"{server.url}/chat/completions", json=CHAT, headers={"Host": f"gpu-box:{port}"}
+    )
+    assert named.status_code == 200, named.text
+    found = httpx.post(
+        f"{server.base}/admin/sql",
+        json={"query": "SELECT count(*) FROM exchanges_full WHERE request::VARCHAR LIKE '%7c1e%'"},
+        headers=mine,
+    )
+    assert found.json()["rows"] == [[0]], found.text  # the refused request left no trace
 
 
 def test_admin_posts_take_json_only(keyless):

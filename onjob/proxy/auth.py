@@ -16,10 +16,10 @@ can post a form to `http://127.0.0.1:8000/admin/sql` (a `text/plain` form post n
 preflight), and DNS rebinding points a name the page controls at 127.0.0.1, so the page
 is then same-origin with the server. Hence the admin API, the dashboard and what a
 proxy-only process forwards to them answer only a `Host` that names this server (an IP
-address: rebinding needs a name; `localhost`; `proxy.host`; `proxy.allowed_hosts`), every
-route refuses an `Origin` other than the request's own host, and admin POSTs take
-`application/json` only (a page cannot send it cross-site without a preflight, which no
-onjob route answers).
+address: rebinding needs a name; `localhost`; `proxy.host`; `proxy.allowed_hosts`), and
+so do the OpenAI routes for a browser (`Sec-Fetch-Site`); every route refuses an `Origin`
+other than the request's own host, and admin POSTs take `application/json` only (a page
+cannot send it cross-site without a preflight, which no onjob route answers).
 
 `front.py` applies the OpenAI routes' door for the hot routes, Litestar guards (`Doors`'
 `*_guard` methods, set once per router) for the rest: no handler checks anything
@@ -159,9 +159,13 @@ class Doors:
 
     def same_site(self, headers: HeaderLookup, *, host: bool) -> None:
         """Refuse a request a web page of another site sent: an `Origin` other than the
-        request's own host (or a configured name); with `host`, a `Host` that names no
-        address of this server (DNS rebinding)."""
-        # The hot routes ask for the Origin alone: a client that is not a browser sends none.
+        request's own host (or a configured name); a `Host` that names no address of this
+        server (DNS rebinding) with `host`, or from a browser (Fetch Metadata: every
+        current browser sends `Sec-Fetch-Site`, and no other client does)."""
+        if not host:
+            # The OpenAI routes: any name will do for a client that is not a browser (a
+            # keyed server is reached by any), and only a browser sends Fetch Metadata.
+            host = headers.get("sec-fetch-site") is not None
         given = headers.get("host") if host else None
         if given is not None and not self._names_this_server(hostname(given)):
             raise Forbidden(
