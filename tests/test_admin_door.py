@@ -21,9 +21,11 @@ from litestar import Litestar
 from litestar.testing import TestClient
 
 from onjob.cli import admin_key
-from onjob.cli.process import ServerProcess
+from onjob.cli.process import ServerProcess, free_port
 from onjob.cli.settings import ServeSettings
+from onjob.collector import Store
 from onjob.dashboard import pages
+from onjob.deploy import registry
 from onjob.openai_errors import HANDLERS
 from onjob.proxy import ProxySettings
 from onjob.proxy.auth import Doors
@@ -257,6 +259,27 @@ def test_a_proxy_only_process_keeps_the_same_door(tmp_path, fake_engine_url):
             f"{server.url}/chat/completions", json=CHAT, headers={"X-Onjob-Arm": "ckpt-candidate"}
         )
         assert anyone.status_code == 403, anyone.text
+
+
+def test_a_keyless_server_starting_its_engine_still_controls_its_adapters(
+    tmp_path, tiny_model_dir, tiny_adapter_dir
+):
+    """The settings the made key is added to are the ones the server runs with: the adapter
+    token it makes for its engine child reaches the operator that loads adapters."""
+    db = tmp_path / "onjob.duckdb"
+    store = Store(db)
+    registry.add(store, tiny_adapter_dir, "ckpt-door", tiny_model_dir)
+    store.close()
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    args = ["--start-engine", "--engine-url", url, "--db", str(db)]
+    args += ["--backend", "local", "--model", str(tiny_model_dir)]
+    env = {"ONJOB_LOOP__INTERVAL_S": "0", "ONJOB_ENGINE__ARGS": '["--threads", "1"]'}
+    with ServerProcess(args, env=env) as server:
+        body = {"alias": "agent", "checkpoint": "ckpt-door", "fraction": 0.5}
+        set_canary = httpx.post(
+            f"{server.base}/admin/canary", json=body, headers=admin_of(db), timeout=120
+        )
+        assert set_canary.status_code == 200, set_canary.text
 
 
 def test_the_dashboard_refuses_before_it_runs_a_query():

@@ -98,7 +98,15 @@ async def scripted(s: DeploySettings, canary_says: str):
         await collector.close()
 
 
-def decide(tmp_path, tiny_adapter_dir, tiny_model_dir, canary_says: str, s: DeploySettings):
+def decide(
+    tmp_path,
+    tiny_adapter_dir,
+    tiny_model_dir,
+    canary_says: str,
+    s: DeploySettings,
+    live: int = 12,
+    rounds: int = 1,
+):
     db = s.collector.db
     store = Store(db)
     registry.add(store, tiny_adapter_dir, "ckpt-hack", tiny_model_dir)
@@ -109,10 +117,11 @@ def decide(tmp_path, tiny_adapter_dir, tiny_model_dir, canary_says: str, s: Depl
         async with scripted(s, canary_says) as (collector, client, op):
             await op.set_canary("agent", "ckpt-hack", 0.5, reason="trained", actor="test")
 
-            # Production traffic since the canary started: 12 live conversations, 4 canary.
+            # Production traffic since the canary started: `live` live conversations, 4
+            # canary; each paired round draws from live conversations not drawn yet.
             def log(st):
-                for i in range(16):
-                    arm = "live" if i < 12 else "canary"
+                for i in range(live + 4):
+                    arm = "live" if i < live else "canary"
                     st.con.execute(
                         "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, "
                         "model_alias, arm, checkpoint, stream, request, response, status, "
@@ -130,7 +139,8 @@ def decide(tmp_path, tiny_adapter_dir, tiny_model_dir, canary_says: str, s: Depl
                     )  # fmt: skip
 
             await collector.query(log)
-            await run_once(collector, client, op, s, lines.append)
+            for _ in range(rounds):
+                await run_once(collector, client, op, s, lines.append)
             return (await collector.query(deployments.current))["agent"]
 
     return asyncio.run(run()), "\n".join(lines)
@@ -139,9 +149,13 @@ def decide(tmp_path, tiny_adapter_dir, tiny_model_dir, canary_says: str, s: Depl
 def test_without_a_referee_the_hedging_canary_would_be_promoted(
     tmp_path, tiny_adapter_dir, tiny_model_dir
 ):
-    # The hazard the referee exists for: the training reward prefers hedging.
+    # The hazard the referee exists for: the training reward prefers hedging. Each pair
+    # is won by 0.25 (half credit against live's quarter): three rounds of 12 pairs give
+    # the e-process the 1 / alpha_1 = 33 it needs (about 26 pairs).
     s = settings(tmp_path / "onjob.duckdb", "partial")
-    routing, said = decide(tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, s)
+    routing, said = decide(
+        tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, s, live=36, rounds=3
+    )
     assert routing["live"] == "ckpt-hack", said
 
 

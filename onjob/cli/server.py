@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import secrets
 import sys
 from urllib.parse import urlsplit
 
@@ -49,12 +50,15 @@ def build_upstream(p: ProxySettings, url: str | None = None) -> Upstream:
             limits=httpx.Limits(max_connections=p.max_connections),
         )
         return HttpxUpstream(client)
-    kind = LeanUpstream if p.upstream_client == "lean" else AiohttpUpstream
-    return kind(
-        url,
-        connect_timeout=p.connect_timeout_s,
-        read_timeout=p.read_timeout_s,
-        max_connections=p.max_connections,
+    common = {
+        "connect_timeout": p.connect_timeout_s,
+        "read_timeout": p.read_timeout_s,
+        "max_connections": p.max_connections,
+    }
+    if p.upstream_client == "aiohttp":
+        return AiohttpUpstream(url, **common)
+    return LeanUpstream(
+        url, answer_timeout=p.answer_timeout_s, max_answer_bytes=p.max_answer_bytes, **common
     )
 
 
@@ -211,13 +215,13 @@ def with_admin_key(settings: ServeSettings) -> ServeSettings:
 def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
     """Serve until SIGTERM or SIGINT (`stopping.py` says how it stops). `argv`: this
     command's arguments, which `--workers` starts its workers with."""
-    p = settings.proxy
-    if not p.primary_url:
+    if not settings.proxy.primary_url:
         # Open (and migrate) the database once up front: a locked or unreadable file is a
         # clear error here rather than a failed start-up hook inside uvicorn.
         Store(settings.collector.db).close()
     configured_key = settings.proxy.admin_key is not None
     settings = with_admin_key(settings)
+    p = settings.proxy  # the settings in force (what the app is built with)
     log_to_stderr()
     # Several processes on one port: each binds it with SO_REUSEPORT. The primary also
     # listens on a loopback port of its own, where its workers forward what needs it; with
@@ -237,6 +241,9 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
         sockets.append(internal)
         url = f"http://127.0.0.1:{internal.getsockname()[1]}"
         workers = Workers(worker_argv(argv or ["serve"], url), started)
+    if settings.engine.start and p.engine_token is None:
+        # The child's adapter routes answer this process alone, not every local process.
+        p.engine_token = secrets.token_urlsafe(32)
     app = build_app(settings, workers)
     with Signals().installed() as signals:
         try:
@@ -244,7 +251,11 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
                 port = urlsplit(p.engine_url).port or 8001
                 print(f"onjob serve: starting `onjob engine` on port {port}...", file=sys.stderr)
                 signals.engine = EngineProcess(
-                    settings.engine.args, port=port, timeout=900, new_session=True
+                    settings.engine.args,
+                    port=port,
+                    timeout=900,
+                    new_session=True,
+                    env={"ONJOB_ENGINE_ADAPTER_TOKEN": p.engine_token},
                 )
                 signals.engine.start()
             role = (

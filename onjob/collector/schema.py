@@ -332,6 +332,22 @@ DROP MACRO TABLE exchanges_rebuilt;
     SELECT id, request, prompt_token_ids, NULL, NULL, NULL FROM openings)""",
 )
 
+# Each alias's stream of release candidates (`deploy/ledger.py`): candidate k is tested at
+# its share of `loop.alpha` (6 alpha / (pi^2 k^2)), so k must survive restarts, or a
+# restarted server would hand out alpha again; outcomes drive the back-off after
+# rollbacks and the daily training budget.
+V13_CANDIDATES = """
+CREATE TABLE candidates (
+    alias VARCHAR NOT NULL,
+    checkpoint VARCHAR NOT NULL,
+    k INTEGER NOT NULL,
+    entered TIMESTAMPTZ NOT NULL,
+    outcome VARCHAR,
+    decided TIMESTAMPTZ,
+    PRIMARY KEY (alias, checkpoint)
+);
+"""
+
 MIGRATIONS: list[str] = [
     V1,
     V2,
@@ -345,6 +361,7 @@ MIGRATIONS: list[str] = [
     V10_LINEAR,
     V11_FLOAT_LOGPROBS,
     V12_OPENINGS,
+    V13_CANDIDATES,
 ]
 
 

@@ -71,6 +71,14 @@ class StreamCut(UpstreamError):
     type = "bad_gateway"
 
 
+class AnswerTooLarge(UpstreamError):
+    """The engine's answer is past `proxy.max_answer_bytes`: the connection is closed, and
+    nothing more of it is held in memory."""
+
+    status = 502
+    type = "bad_gateway"
+
+
 class MalformedAnswer(UpstreamError):
     """The engine answered 200 with a body that is not a chat completion."""
 

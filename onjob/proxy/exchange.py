@@ -115,6 +115,15 @@ def parse_request(raw: bytes, settings: ProxySettings) -> dict:
     messages = body.get("messages")
     if type(messages) is not list or not messages:
         raise BadRequest("`messages` must be a non-empty array.", param="messages")
+    if len(messages) > settings.max_messages:
+        # Checked before any message is looked at: each is checked and hashed on the event
+        # loop, and 400,000 of them (12 MiB) held it 0.76 s; refused here, 0.12 s, mostly
+        # the decoding (bench/many_messages.py).
+        raise BadRequest(
+            f"`messages` holds {len(messages)} messages; at most {settings.max_messages} are "
+            "accepted (proxy.max_messages).",
+            param="messages",
+        )
     for i, message in enumerate(messages):
         _check_message(i, message)
     for key, (types, what) in _TYPES.items():
