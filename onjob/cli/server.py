@@ -31,6 +31,7 @@ from ..proxy import (
 )
 from ..proxy.lean import LeanUpstream
 from ..proxy.pool import Pool, Replica
+from . import admin_key
 from .process import EngineProcess
 from .settings import ServeSettings
 from .stopping import Interrupted, Server, Signals
@@ -182,14 +183,44 @@ def log_to_stderr() -> None:
     logger.propagate = False
 
 
+def with_admin_key(settings: ServeSettings) -> ServeSettings:
+    """`settings` with the admin key in force: proxy.admin_key, else the one kept beside the
+    database (`admin_key.py`), made by the primary at its first start and said once on
+    stderr; a proxy-only process reads it (for `X-Onjob-Arm`) and never makes one."""
+    p = settings.proxy
+    if p.admin_key:
+        return settings
+    db = settings.collector.db
+    try:
+        if p.primary_url:
+            key, made = admin_key.read(db), False
+        else:
+            key, made = admin_key.ensure(db)
+    except admin_key.KeyFileError as exc:
+        raise SystemExit(f"onjob serve: {exc}") from exc
+    if key is None:
+        return settings
+    if made:
+        print(
+            f"onjob serve: made an admin key for the admin API and the dashboard (shown this "
+            f"once; kept in {admin_key.path_for(db)}, mode 0600, where `onjob status` and the "
+            f"other commands read it): {key}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return settings.model_copy(update={"proxy": p.model_copy(update={"admin_key": key})})
+
+
 def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
     """Serve until SIGTERM or SIGINT (`stopping.py` says how it stops). `argv`: this
     command's arguments, which `--workers` starts its workers with."""
-    p = settings.proxy
-    if not p.primary_url:
+    if not settings.proxy.primary_url:
         # Open (and migrate) the database once up front: a locked or unreadable file is a
         # clear error here rather than a failed start-up hook inside uvicorn.
         Store(settings.collector.db).close()
+    configured_key = settings.proxy.admin_key is not None
+    settings = with_admin_key(settings)
+    p = settings.proxy  # the settings in force (what the app is built with)
     log_to_stderr()
     # Several processes on one port: each binds it with SO_REUSEPORT. The primary also
     # listens on a loopback port of its own, where its workers forward what needs it; with
@@ -236,7 +267,17 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
             print(
                 f"onjob serve: http://{p.host}:{p.port}/v1 -> engine {', '.join(p.replica_urls)}; "
                 f"{role}; models: {', '.join(p.aliases)}"
-                + ("" if p.api_keys else " (no API keys: loopback only)")
+                + (
+                    ""
+                    if p.api_keys
+                    else " (no API keys: any local process may use the models and write to "
+                    "the log; set proxy.api_keys to close them)"
+                )
+                + (
+                    ""
+                    if configured_key or p.primary_url
+                    else f"; admin key in {admin_key.path_for(settings.collector.db)}"
+                )
                 + (
                     f"; loop every {settings.loop.interval_s:g} s"
                     if settings.loop.interval_s > 0 and not p.primary_url

@@ -28,6 +28,11 @@ class Forbidden(ProxyError):
     type = "permission_error"
 
 
+class UnsupportedMediaType(ProxyError):
+    status = 415
+    type = "invalid_request_error"
+
+
 class Conflict(ProxyError):
     status = 409
     type = "invalid_request_error"

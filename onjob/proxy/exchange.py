@@ -364,6 +364,7 @@ class Exchange:
         trajectory_id: str | None = None,
         scenario: str | None = None,
         pin: str | None = None,
+        any_checkpoint: bool = False,
         api: str | None = None,
         id_prefix: str = "chatcmpl-",
         after_turn: int | None = None,
@@ -376,7 +377,8 @@ class Exchange:
         API's exchanges (`resp_...` for the Responses API, whose response id is the
         exchange id); `trajectory_id` with `after_turn` places a chained Responses call
         after the turn it continues (already the stored id); `messages` stand for a request
-        that has none (a legacy completion's prompt as one user message)."""
+        that has none (a legacy completion's prompt as one user message). `pin` may name
+        any checkpoint only with `any_checkpoint` (the admin key's caller)."""
         metadata = body.get("metadata") or {}
         k = keys(
             messages if messages is not None else body["messages"],
@@ -387,7 +389,7 @@ class Exchange:
             named = scoped(named, api_key_id)
         conversation = named or f"{api_key_id or ''}\0{k.opening}"
         where = Where(k, conversation, named, after_turn)
-        route = await router.resolve(body["model"], conversation, pin)
+        route = await router.resolve(body["model"], conversation, pin, any_checkpoint)
         return cls(
             new_id(id_prefix), body, raw, route, where, api_key_id, api=api, id_prefix=id_prefix
         )

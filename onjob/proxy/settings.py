@@ -75,7 +75,17 @@ class ProxySettings(BaseModel):
         "listed (a retired key may stay listed). Needs api_keys",
     )
     admin_key: str | None = Field(
-        None, description="secret for /admin (status, canary, promote, rollback)"
+        None,
+        description="secret for /admin (status, canary, promote, rollback, sql, ...) and the "
+        "dashboard; unset: `onjob serve` makes one at its first start, kept in <db>.admin-key "
+        "(mode 0600) and read from there by the other commands",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="host names (besides IP addresses, localhost and proxy.host) by which "
+        "browsers and clients reach this server, e.g. a reverse proxy's: the admin API and "
+        "the dashboard refuse any other Host, every route any other Origin (DNS rebinding, "
+        "cross-site posts)",
     )
     max_body_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="largest request body (bigger: 413)"
