@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from .. import logprobs
 from ..collector import ExchangeRecord
 from ..collector.ids import new_id
 from ..collector.linear import WHOLE, Lineage, stored
@@ -572,6 +573,8 @@ class Exchange:
         w = self.where
         answered = self.status < 400
         ordered = [self.choices[i] for i in sorted(self.choices)]
+        token_ids = [c.token_ids for c in ordered] or None
+        sampled = [c.logprobs for c in ordered] or None
         hashes = continuations(w.keys.prefix_hash, self.replies()) if answered else None
         request, prompt_ids, delta = None, self.prompt_token_ids, WHOLE
         if lineage is not None:
@@ -608,8 +611,8 @@ class Exchange:
             messages_kept=delta.messages_kept,
             prompt_kept=delta.prompt_kept,
             request_kept=delta.request_kept,
-            completion_token_ids=[c.token_ids for c in ordered] or None,
-            completion_logprobs=[c.logprobs for c in ordered] or None,
+            completion_token_ids=token_ids,
+            completion_logprobs=sampled,
             usage=to_json(self.usage),
             latency_ms=(time.perf_counter() - self.started) * 1000,
             status=self.status,
@@ -618,6 +621,9 @@ class Exchange:
             continuation_hashes=hashes,
             served_model=self.served_model,
             logprobs_mode=self.logprobs_mode,
+            untrainable=logprobs.untrainable(self.logprobs_mode, token_ids, sampled, self.usage)
+            if answered
+            else None,
             source=self.source,
             api=self.api,
             api_object=to_json(self.api_object),
