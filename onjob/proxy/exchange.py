@@ -133,12 +133,31 @@ def parse_request(raw: bytes, settings: ProxySettings) -> dict:
         value = body.get(key)
         if value is not None and not (key == "modalities" and value == ["text"]):
             raise BadRequest(f"`{key}` is not supported: {why}.", param=key)
+    if "include_reasoning" in body:
+        _check_include_reasoning(body)
     # The number of opening brackets bounds the depth (counted at C speed, ~0.6 µs per KB);
     # only a body with more containers than MAX_DEPTH is walked.
     if raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and not _within_depth(body, MAX_DEPTH):
         raise BadRequest(f"The body is nested deeper than {MAX_DEPTH} levels.")
     # null is absent (OpenAI's rule): dropped here, so no engine ever sees a null field.
     return {k: v for k, v in body.items() if v is not None and k not in HINTS and k != "modalities"}
+
+
+def _check_include_reasoning(body: dict) -> None:
+    """vLLM's `include_reasoning`: `false` makes vLLM (0.33, with a reasoning parser) leave
+    the answer's token ids and logprobs out, and then nothing could be learnt from it nor
+    re-sampled like it; refused. `true` is vLLM's default: dropped, so engines that do not
+    know the field never see it (vllm/entrypoints/openai/protocol.py)."""
+    value = body.pop("include_reasoning")
+    if value is False:
+        raise BadRequest(
+            "`include_reasoning: false` is not supported: the engine would then leave the "
+            "answer's token ids and logprobs out, which onjob records to train on. Leave it "
+            "out and drop the reasoning from the answer on your side.",
+            param="include_reasoning",
+        )
+    if value is not True and value is not None:
+        raise BadRequest("`include_reasoning` must be a boolean.", param="include_reasoning")
 
 
 # A legacy completion's fields (openai-python's `completions.CompletionCreateParams`) that
