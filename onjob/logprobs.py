@@ -46,8 +46,8 @@ def constrained(request: dict) -> bool:
     """Whether vLLM decodes a chat request under a grammar (its logprobs then masked):
 
     - `response_format` `json_object`, `json_schema` or `structural_tag`;
-    - vLLM's own fields `structured_outputs` (0.12 on) and `guided_json`, `guided_regex`,
-      `guided_choice`, `guided_grammar` (0.11; later releases still read them);
+    - vLLM's own fields `structured_outputs` and, on 0.11, `guided_json`, `guided_regex`,
+      `guided_choice`, `guided_grammar` (counted whatever the release);
     - with tools: a forced call (`tool_choice` "required", a named function, allowed
       tools), `parallel_tool_calls: false` (vLLM bounds the calls with a structural tag),
       and `tool_choice` "auto" (or unset) when any tool is `strict: true`: vLLM's
