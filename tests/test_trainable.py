@@ -158,3 +158,55 @@ def test_rows_logged_before_the_rule_are_given_its_verdict_by_the_migration(tmp_
     # The SQL and the Python rule agree on every one of them.
     for id, mode, ids, lps, n in old:
         assert untrainable(mode, ids, lps, {"completion_tokens": n}) == verdicts[id], id
+
+
+def test_a_streamed_reasoning_text_is_stored_with_the_answer_its_token_ids_belong_to(tmp_path):
+    """A reasoning parser streams its text apart from `content` (`reasoning_content` on
+    vLLM 0.11, `reasoning` later); its tokens are among the answer's token ids, so the
+    stored answer keeps the text too, under the engine's name for it."""
+
+    def event(delta: dict) -> bytes:
+        choice = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": {"content": [{"token": "t", "logprob": -0.5}]},
+        }
+        body = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "fake"}
+        return (
+            b"data: "
+            + json.dumps({**body, "choices": [{**choice, "token_ids": [42]}]}).encode()
+            + b"\n\n"
+        )
+
+    def chat(request: httpx.Request) -> httpx.Response:
+        key = json.loads(request.content)["messages"][0]["content"]
+
+        async def events():
+            yield event({key: "Two plus two "})
+            yield event({key: "is four."})
+            yield event({"content": "4"})
+            yield chunk(usage={"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8})
+            yield b"data: [DONE]\n\n"
+
+        return httpx.Response(200, content=events(), headers={"content-type": "text/event-stream"})
+
+    db = tmp_path / "onjob.duckdb"
+    collector = Collector(CollectorSettings(db=db))
+    app = create_app(
+        ProxySettings(aliases={"agent": None}), upstream=scripted(chat), collector=collector
+    )
+    with TestClient(app) as client:
+        for key in ("reasoning", "reasoning_content"):
+            body = {
+                "model": "agent",
+                "messages": [{"role": "user", "content": key}],
+                "stream": True,
+            }
+            assert client.post("/v1/chat/completions", json=body).status_code == 200
+    stored = rows(db, "SELECT response, untrainable FROM exchanges ORDER BY ts")
+    messages = [json.loads(r["response"])["choices"][0]["message"] for r in stored]
+    assert messages == [
+        {"role": "assistant", "content": "4", "reasoning": "Two plus two is four."},
+        {"role": "assistant", "content": "4", "reasoning_content": "Two plus two is four."},
+    ]
+    assert [r["untrainable"] for r in stored] == [None, None]

@@ -33,6 +33,9 @@ _encode = msgspec.json.encode
 
 COMPLETIONS = "completions"  # `exchanges.api` of a legacy text completion
 
+# vLLM's names for a reasoning parser's text in a streamed delta (0.11, then later).
+_REASONING = ("reasoning_content", "reasoning")
+
 # Nesting deeper than this is refused: every later reader of the body (the re-encoding for
 # the engine, the stitcher, the judge) recurses, and must never hit Python's limit.
 MAX_DEPTH = 64
@@ -296,6 +299,11 @@ class _Choice:
     finish_reason: str | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    # A reasoning parser's text, streamed apart from `content` under vLLM's name for it
+    # (`reasoning_content` on 0.11, `reasoning` later): its token ids are in `token_ids`,
+    # so the stored answer keeps it too. Not part of `message()`, which a next turn's
+    # messages are matched against (clients do not send reasoning back).
+    reasoning: dict[str, list[str]] = field(default_factory=dict)
 
     def message(self) -> dict:
         message: dict[str, Any] = {"role": self.role, "content": "".join(self.content) or None}
@@ -554,6 +562,9 @@ class Exchange:
                 content = delta.get("content")
                 if content:
                     acc.content.append(content)
+                for key in _REASONING:
+                    if isinstance(text := delta.get(key), str) and text:
+                        acc.reasoning.setdefault(key, []).append(text)
                 for call in delta.get("tool_calls") or ():
                     acc.add_tool_call_delta(call)
         except (msgspec.DecodeError, KeyError, TypeError, AttributeError) as exc:
@@ -579,7 +590,11 @@ class Exchange:
             "created": self.created,
             "model": self.route.alias,
             "choices": [
-                {"index": i, "message": c.message(), "finish_reason": c.finish_reason}
+                {
+                    "index": i,
+                    "message": c.message() | {k: "".join(v) for k, v in c.reasoning.items()},
+                    "finish_reason": c.finish_reason,
+                }
                 for i, c in sorted(self.choices.items())
             ],
             "usage": self.usage,
