@@ -12,16 +12,24 @@ what the engine's model list states (the local engine says it), else what
 `proxy.engine_logprobs` declares (vLLM's model list does not say). The trainer refuses a
 group with a member recorded under another definition.
 
-One more case: a request decoded under a grammar (`response_format` json, a forced
-`tool_choice`). The local engine still records the unmasked logprobs (and says so), but
-vLLM masks the logits before its sampler takes its "raw" logprobs, so they are the
-masked distribution's. An engine that does not state its definition is taken to do as
-vLLM does: such an exchange is recorded as `<declared>+grammar`, which is not TRAINED.
+One more case: a request decoded under a grammar (`constrained`). The local engine still
+records the unmasked logprobs (and says so), but vLLM applies its structured-output mask
+to the logits before its sampler takes its "raw" logprobs, so they are the masked
+distribution's. An engine that does not state its definition is taken to do as vLLM
+does: such an exchange is recorded as `<declared>+grammar`, which is not TRAINED.
+
+And one rule for what may be trained on (`untrainable`): an answer whose recorded
+definition is TRAINED, unmasked, and whose every choice has as many token ids as
+logprobs, adding up to the engine's `usage.completion_tokens`. vLLM 0.11-0.12 drop a
+streamed chunk's token ids and logprobs when a tool or reasoning parser holds its text
+back, so a count that does not add up is a lost token, not a rounding. Anything else is
+kept in the log with its reason, and no judge group or training snapshot takes it.
 """
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from enum import StrEnum
+from typing import Any, Final, Literal
 
 # vLLM's `--logprobs-mode` choices.
 LogprobsMode = Literal["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"]
@@ -29,14 +37,100 @@ LogprobsMode = Literal["raw_logprobs", "processed_logprobs", "raw_logits", "proc
 TRAINED: Final = "raw_logprobs"  # the definition the trainer's ratio needs
 
 
+# What vLLM answers for a sampled token with no logprob entry (its `logprobs` helpers' floor,
+# vllm/entrypoints/openai/serving_chat.py `_create_chat_logprobs`): not a probability.
+NO_LOGPROB: Final = -9999.0
+
+
 def constrained(request: dict) -> bool:
-    """Whether a chat request is decoded under a grammar: a JSON `response_format` or a
-    `tool_choice` that forces a call ("required", a named function, allowed tools)."""
+    """Whether vLLM decodes a chat request under a grammar (its logprobs then masked):
+
+    - `response_format` `json_object`, `json_schema` or `structural_tag`;
+    - vLLM's own fields `structured_outputs` and, on 0.11, `guided_json`, `guided_regex`,
+      `guided_choice`, `guided_grammar` (counted whatever the release);
+    - with tools: a forced call (`tool_choice` "required", a named function, allowed
+      tools), `parallel_tool_calls: false` (vLLM bounds the calls with a structural tag),
+      and `tool_choice` "auto" (or unset) when any tool is `strict: true`: vLLM's
+      structural-tag tool parsers (hermes, llama3_json; `VLLM_ENFORCE_STRICT_TOOL_CALLING`,
+      on by default in recent releases) then constrain the call's arguments. Which parser
+      runs is the engine's flag, unknown to the proxy, so a strict tool counts whichever
+      (vllm/entrypoints/openai/serving_chat.py, vllm/entrypoints/openai/protocol.py
+      `ChatCompletionRequest.to_sampling_params`)."""
     fmt = request.get("response_format")
-    if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
+    if isinstance(fmt, dict) and fmt.get("type") in (
+        "json_object",
+        "json_schema",
+        "structural_tag",
+    ):
         return True
+    if any(request.get(k) is not None for k in GRAMMAR_FIELDS):
+        return True
+    tools = request.get("tools")
+    if not tools:
+        return False
     choice = request.get("tool_choice")
-    return bool(request.get("tools")) and (choice == "required" or isinstance(choice, dict))
+    if choice == "none":
+        return False
+    if choice == "required" or isinstance(choice, dict):
+        return True
+    if request.get("parallel_tool_calls") is False:
+        return True
+    return any(
+        isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("strict")
+        for t in tools
+    )
+
+
+# vLLM's request fields that attach a grammar (see `constrained`).
+GRAMMAR_FIELDS: Final = (
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+)
+
+
+class Untrainable(StrEnum):
+    """Why a logged answer is kept out of judge groups and training (`exchanges.untrainable`)."""
+
+    DEFINITION = "definition"  # recorded under another logprob definition than TRAINED
+    MASKED = "masked"  # decoded under a grammar: the logprobs are the masked distribution's
+    NO_TOKENS = "no_tokens"  # a choice without token ids or logprobs
+    NO_USAGE = "no_usage"  # no `usage.completion_tokens` to check the counts against
+    COUNT = "count"  # token ids, logprobs and usage.completion_tokens do not agree
+    NO_LOGPROB = "no_logprob"  # a token came back with vLLM's -9999.0: no logprob at all
+
+
+def untrainable(
+    definition: str | None,
+    token_ids: list[list[int]] | None,
+    logprobs: list[list[float]] | None,
+    usage: Any,
+) -> Untrainable | None:
+    """The reason an answer (its choices' token ids and logprobs, the engine's `usage`)
+    may not be trained on, or None when it may (the module docstring's rule)."""
+    if definition is not None and definition.endswith(GRAMMAR):
+        return Untrainable.MASKED
+    if definition != TRAINED:
+        return Untrainable.DEFINITION
+    if not token_ids or not logprobs or len(token_ids) != len(logprobs):
+        return Untrainable.NO_TOKENS
+    if any(ids is None or lps is None for ids, lps in zip(token_ids, logprobs, strict=True)):
+        return Untrainable.NO_TOKENS
+    completion = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if type(completion) is not int:
+        return Untrainable.NO_USAGE
+    if any(len(ids) != len(lps) for ids, lps in zip(token_ids, logprobs, strict=True)):
+        return Untrainable.COUNT
+    if sum(len(ids) for ids in token_ids) != completion:
+        return Untrainable.COUNT
+    if any(lp <= NO_LOGPROB for lps in logprobs for lp in lps):
+        return Untrainable.NO_LOGPROB
+    return None
+
+
+GRAMMAR: Final = "+grammar"  # suffix of a definition recorded for a grammar-masked answer
 
 
 def recorded(definition: str, *, stated: bool, request: dict) -> str:
@@ -44,5 +138,5 @@ def recorded(definition: str, *, stated: bool, request: dict) -> str:
     `definition`: `stated` by the engine itself (its word covers constrained requests
     too), or declared for it (then a constrained request's logprobs are masked)."""
     if not stated and constrained(request):
-        return f"{definition}+grammar"
+        return f"{definition}{GRAMMAR}"
     return definition

@@ -140,6 +140,21 @@ def test_the_dashboard_shows_what_the_database_holds(site, browser):
     work, args = site
     db = work / "onjob.duckdb"
     exchanges = rows(db, "SELECT count(*) AS n FROM exchanges WHERE source = 'production'")[0]
+    # All of the agent's traffic was trainable (the local engine states its logprobs and
+    # its counts agree); one answer is marked as the proxy marks a short stream.
+    store = Store(db)
+    marked = "SELECT count(*) AS n FROM exchanges WHERE untrainable IS NOT NULL AND source = ?"
+    assert store.query(marked, ["production"]) == [{"n": 0}]
+    store.con.execute(
+        "UPDATE exchanges SET untrainable = 'count' WHERE id = "
+        "(SELECT min(id) FROM exchanges WHERE source = 'production')"
+    )
+    store.close()
+    untrainable = rows(
+        db,
+        "SELECT count(*) AS n FROM exchanges "
+        "WHERE source = 'production' AND untrainable IS NOT NULL",
+    )[0]
     per_arm = {
         r["arm"]: r["n"]
         for r in rows(
@@ -174,6 +189,7 @@ def test_the_dashboard_shows_what_the_database_holds(site, browser):
 
         page.goto(f"{server.base}/dashboard")
         assert page.locator("#total-exchanges").inner_text() == str(exchanges["n"])
+        assert page.locator("#total-untrainable").inner_text() == str(untrainable["n"]) == "1"
         for arm, n in per_arm.items():
             row = page.locator(f'#traffic tr[data-arm="{arm}"]')
             assert row.locator(".requests").inner_text() == str(n)

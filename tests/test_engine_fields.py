@@ -52,6 +52,25 @@ def test_refused_fields_are_a_400_naming_them(client):
         assert caught.value.param == name
 
 
+def test_vllms_grammar_fields_are_a_400_not_an_unconstrained_answer(client):
+    """vLLM decodes under these (and masks its logprobs; `onjob.logprobs.constrained`); the
+    local engine has no decoder for them, so it says so rather than answer unconstrained."""
+    values = {
+        "structured_outputs": {"regex": "[a-z]+"},
+        "guided_json": {"type": "object"},
+        "guided_regex": "[a-z]+",
+        "guided_choice": ["yes", "no"],
+        "guided_grammar": 'root ::= "a"',
+    }
+    for name, value in values.items():
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(
+                model="tiny", messages=HELLO, max_tokens=2, extra_body={name: value}
+            )
+        assert caught.value.param == name
+        assert "not supported by the local engine" in caught.value.message
+
+
 def test_an_image_part_is_a_400_not_dropped_unseen(client):
     messages = [
         {

@@ -4,6 +4,7 @@ trainer can refuse groups sampled under another (tests/test_trainer.py)."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -61,12 +62,25 @@ def test_constrained_requests_to_an_engine_that_does_not_say_are_marked_as_gramm
     db = tmp_path / "onjob.duckdb"
     collector = Collector(CollectorSettings(db=db))
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    strict = [{"type": "function", "function": {**tools[0]["function"], "strict": True}}]
+    tag = {"type": "structural_tag", "format": {"type": "const_string", "value": "x"}}
+    # What vLLM also decodes under a grammar (vllm/entrypoints/openai/protocol.py
+    # `ChatCompletionRequest.to_sampling_params`, serving_chat.py's structural-tag tool
+    # parsers under VLLM_ENFORCE_STRICT_TOOL_CALLING).
     asks = {
         "free": {},
         "json": {"response_format": {"type": "json_object"}},
         "required": {"tools": tools, "tool_choice": "required"},
         "named": {"tools": tools, "tool_choice": {"type": "function", "function": {"name": "f"}}},
         "auto": {"tools": tools, "tool_choice": "auto"},
+        "strict_auto": {"tools": strict, "tool_choice": "auto"},
+        "strict_unset": {"tools": strict},
+        "strict_none": {"tools": strict, "tool_choice": "none"},
+        "one_call": {"tools": tools, "parallel_tool_calls": False},
+        "tag": {"response_format": tag},
+        "structured_outputs": {"structured_outputs": {"regex": "[a-z]+"}},
+        "guided_json": {"guided_json": {"type": "object"}},
+        "guided_choice": {"guided_choice": ["a", "b"]},
     }
     settings = ProxySettings(aliases={"agent": None})
     with TestClient(create_app(settings, upstream=vllm_like(), collector=collector)) as client:
@@ -84,7 +98,18 @@ def test_constrained_requests_to_an_engine_that_does_not_say_are_marked_as_gramm
         "required": "raw_logprobs+grammar",
         "named": "raw_logprobs+grammar",
         "auto": "raw_logprobs",
+        "strict_auto": "raw_logprobs+grammar",
+        "strict_unset": "raw_logprobs+grammar",
+        "strict_none": "raw_logprobs",
+        "one_call": "raw_logprobs+grammar",
+        "tag": "raw_logprobs+grammar",
+        "structured_outputs": "raw_logprobs+grammar",
+        "guided_json": "raw_logprobs+grammar",
+        "guided_choice": "raw_logprobs+grammar",
     }
+    # And none of them is trained on (`onjob.logprobs.untrainable`).
+    masked = rows(db, "SELECT untrainable FROM exchanges WHERE logprobs_mode LIKE '%+grammar'")
+    assert {r["untrainable"] for r in masked} == {"masked"}
 
 
 def test_an_engine_that_states_its_definition_is_taken_at_its_word(tmp_path, engine):
@@ -106,3 +131,26 @@ def test_an_engine_that_states_its_definition_is_taken_at_its_word(tmp_path, eng
         client.chat.completions.create(**ASK, max_tokens=4, response_format={"type": "json_object"})
     logged = rows(db, "SELECT logprobs_mode FROM exchanges")
     assert [r["logprobs_mode"] for r in logged] == ["raw_logprobs"] * 2
+
+
+def test_include_reasoning_false_is_refused_and_true_is_not_forwarded(tmp_path):
+    """vLLM 0.33 leaves token ids and logprobs out under `include_reasoning: false` when a
+    reasoning parser runs (vllm/entrypoints/openai/serving_chat.py): nothing to train on."""
+    sent = []
+
+    def chat(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json=completion())
+
+    collector = Collector(CollectorSettings(db=tmp_path / "onjob.duckdb"))
+    app = create_app(
+        ProxySettings(aliases={"agent": None}), upstream=scripted(chat), collector=collector
+    )
+    with TestClient(app) as client:
+        refused = client.post("/v1/chat/completions", json={**ASK, "include_reasoning": False})
+        assert refused.status_code == 400
+        assert refused.json()["error"]["param"] == "include_reasoning"
+        assert "token ids and logprobs" in refused.json()["error"]["message"]
+        taken = client.post("/v1/chat/completions", json={**ASK, "include_reasoning": True})
+        assert taken.status_code == 200
+    assert len(sent) == 1 and "include_reasoning" not in sent[0]

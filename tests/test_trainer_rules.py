@@ -34,7 +34,7 @@ class Db:
         self.store.con.execute(
             "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, checkpoint, "
             "request, prompt_token_ids, completion_token_ids, completion_logprobs, status, "
-            "source) VALUES (?, now(), ?, ?, 's', ?, ?, ?, ?, ?, 200, ?)",
+            "source, untrainable) VALUES (?, now(), ?, ?, 's', ?, ?, ?, ?, ?, 200, ?, ?)",
             [
                 id,
                 trajectory,
@@ -45,6 +45,7 @@ class Db:
                 kw.get("choices", [completion]),
                 [[-0.5] * len(c) for c in kw.get("choices", [completion])],
                 kw.get("source", "production"),
+                kw.get("untrainable"),
             ],
         )
 
@@ -111,6 +112,21 @@ def test_a_conversation_with_one_turn_from_a_stale_checkpoint_is_not_exported(db
     db.group(
         "stale", "trajectory", [("z2", "t3", 1.0, "production"), ("w1", "t4", 0.0, "production")]
     )
+    info = export(db, tmp_path / "s.parquet")
+    assert info["groups"] == ["conversations"]
+
+
+def test_a_conversation_with_one_untrainable_turn_is_not_exported(db, tmp_path):
+    """One rule for what is trained on (`onjob.logprobs.untrainable`): a turn whose token
+    ids did not add up to the engine's count (a streamed chunk vLLM 0.11 dropped) keeps
+    its whole group out of every snapshot."""
+    db.exchange("u1", "t5", 1, P1, C1, untrainable="count")
+    db.exchange("u2", "t5", 2, P2, C2)
+    db.exchange("v1", "t6", 1, P1, [14])
+    db.group(
+        "lost", "trajectory", [("u2", "t5", 1.0, "production"), ("v1", "t6", 0.0, "production")]
+    )
+    assert snapshot.trainable(db.store, TrainSettings()) == 1
     info = export(db, tmp_path / "s.parquet")
     assert info["groups"] == ["conversations"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -261,3 +262,108 @@ def test_the_production_command_in_the_docs_is_what_dry_run_prints():
     assert out.returncode == 0, out.stderr
     docs = (Path(__file__).resolve().parents[1] / "docs" / "engines.md").read_text()
     assert out.stdout.strip() in docs, "docs/engines.md shows an old `vllm serve` command"
+
+
+LLAMA31_8B = {  # meta-llama/Llama-3.1-8B-Instruct's config.json, the numbers that size it
+    **LLAMA31,
+    "torch_dtype": "bfloat16",
+    "max_position_embeddings": 131072,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_size": 4096,
+}
+
+
+def test_a_long_context_model_gets_a_capped_context_unless_one_is_set(tmp_path):
+    """vLLM takes the model's whole context when --max-model-len is not given."""
+    llama = str(model_dir(tmp_path, "llama", LLAMA31_8B))
+    argv, _ = vllm.command(EngineSettings(backend="vllm"), llama)
+    assert flag(argv, "--max-model-len") == str(vllm.DEFAULT_MAX_MODEL_LEN) == "32768"
+    argv, _ = vllm.command(EngineSettings(backend="vllm", max_model_len=131072), llama)
+    assert flag(argv, "--max-model-len") == "131072"
+    # A context no longer than the cap, or unknown: vLLM's own choice.
+    qwen = str(model_dir(tmp_path, "qwen", {**QWEN25, "max_position_embeddings": 32768}))
+    assert "--max-model-len" not in vllm.command(EngineSettings(backend="vllm"), qwen)[0]
+
+
+def test_the_memory_check_counts_the_kv_cache_of_one_max_length_sequence(tmp_path):
+    """vLLM refuses to start when one sequence of max_model_len does not fit beside the
+    weights (vllm/v1/core/kv_cache_utils.py `check_enough_kv_cache_memory`). Llama-3.1-8B
+    keeps 128 KiB of K and V per token: 16 GiB at 131,072 tokens, 4 GiB at 32,768."""
+    (tmp_path / "m").mkdir()
+    model = _weights(tmp_path / "m", 15.0)
+    (tmp_path / "m" / "config.json").write_text(json.dumps(LLAMA31_8B))
+    card = 40 * 2**30  # an A100 40 GB
+    whole = EngineSettings(backend="vllm", gpu_memory_utilization=0.7, max_model_len=131072)
+    with pytest.raises(vllm.LaunchError, match="KV cache of one 131072-token") as refused:
+        vllm.check_memory(whole, model, card)
+    assert "16.0 GiB" in str(refused.value) and "--max-model-len; at most ~" in str(refused.value)
+    # The default context (32,768: 4 GiB) fits in the same share.
+    vllm.check_memory(EngineSettings(backend="vllm", gpu_memory_utilization=0.7), model, card)
+
+
+def test_a_share_larger_than_the_free_memory_is_refused_naming_the_setting(tmp_path):
+    """vLLM takes its whole share at start and refuses when less is free: a restart while
+    the trainer holds half the card."""
+    model = _weights(tmp_path, 1.0)
+    card = 80 * 2**30
+    with pytest.raises(vllm.LaunchError, match=r"only 30\.0 GiB are free") as refused:
+        vllm.check_memory(EngineSettings(backend="vllm"), model, card, free_bytes=30 * 2**30)
+    assert "gpu_memory_utilization" in str(refused.value)
+    vllm.check_memory(EngineSettings(backend="vllm"), model, card, free_bytes=41 * 2**30)
+
+
+FAKE_VLLM = """#!/bin/sh
+# A stand-in for the vllm command: says its version, or records how it was started.
+if [ "$1" = "--version" ]; then echo "$FAKE_VLLM_VERSION"; exit 0; fi
+env > "$FAKE_VLLM_ENV"
+exit 0
+"""
+
+
+def _fake_vllm(tmp_path, version: str) -> dict:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "vllm").write_text(FAKE_VLLM)
+    (bin_dir / "vllm").chmod(0o755)
+    return {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE_VLLM_VERSION": version,
+        "FAKE_VLLM_ENV": str(tmp_path / "env"),
+        "VLLM_API_KEY": "sk-inherited",
+        "VLLM_LORA_RESOLVER_CACHE_DIR": "/somewhere",
+        "VLLM_PLUGINS": "lora_filesystem_resolver",
+    }
+
+
+def _start(tmp_path, env: dict) -> subprocess.CompletedProcess:
+    model = str(model_dir(tmp_path, "Qwen2.5-7B-Instruct", QWEN25))
+    return subprocess.run(
+        [sys.executable, "-m", "onjob.cli", "engine", "--backend", "vllm", "--model", model],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_a_vllm_without_the_streamed_token_fix_is_refused_at_start(tmp_path):
+    out = _start(tmp_path, _fake_vllm(tmp_path, "0.12.0"))
+    assert out.returncode == 1
+    assert "vLLM 0.12.0 is older than 0.13" in out.stderr
+    assert not (tmp_path / "env").exists()  # vllm serve never ran
+
+
+def test_vllm_runs_without_the_inherited_api_key_and_lora_resolver(tmp_path):
+    out = _start(tmp_path, _fake_vllm(tmp_path, "0.13.0"))
+    assert out.returncode == 0, out.stderr
+    started = dict(
+        line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines() if "=" in line
+    )
+    assert "VLLM_API_KEY" not in started
+    assert not [k for k in started if k.startswith("VLLM_LORA_RESOLVER_")]
+    assert started["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert started["VLLM_PLUGINS"] == "lora_filesystem_resolver"  # not onjob's to judge
+    assert "not passed to vLLM: VLLM_API_KEY, VLLM_LORA_RESOLVER_CACHE_DIR" in out.stderr

@@ -11,7 +11,10 @@ be started:
   their definition where the engine states it (`onjob.logprobs`: vLLM's model list does
   not, so for vLLM it is what `--logprobs-mode` was given);
 - a request with `tools` answered, not refused with 400 (agents send tools; vLLM needs a
-  tool-call parser for them).
+  tool-call parser for them);
+- a streamed answer to a request with a strict tool that keeps every token: as many token
+  ids and logprobs across its chunks as `usage.completion_tokens` (vLLM 0.11-0.12 drop the
+  chunks a tool or reasoning parser holds back, ids and logprobs with them).
 
 Exit status 0 when everything is there, 1 when anything is missing.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import uuid
 from dataclasses import dataclass
@@ -70,6 +74,7 @@ async def diagnose(engine: httpx.AsyncClient, adapter: Path | None = None) -> li
         await _token_data(engine, base),
         _definition(card),
         await _tools(engine, base),
+        await _streamed(engine, base),
     ]
     if adapter is not None:
         checks.append(await _adapter(engine, adapter))
@@ -170,6 +175,51 @@ async def _tools(engine: httpx.AsyncClient, base: str) -> Check:
     )
 
 
+async def _streamed(engine: httpx.AsyncClient, base: str) -> Check:
+    name = "streamed tokens"
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in _TOOLS]
+    body = {
+        "model": base,
+        "messages": [{"role": "user", "content": "What time is it in Paris?"}],
+        "tools": strict,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "logprobs": True,
+        "return_token_ids": True,
+        "max_tokens": 32,
+    }
+    answer = await _chat(engine, body)
+    if answer.status != 200:
+        return Check(
+            name, False, f"a streamed request with a strict tool failed: {answer.refusal()}"
+        )
+    ids = logprobs = 0
+    usage = None
+    for line in answer.text.splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        try:
+            event = json.loads(line[6:])
+        except ValueError:
+            return Check(name, False, f"an event that is not JSON: {line[:200]}")
+        usage = event.get("usage") or usage
+        for choice in event.get("choices") or ():
+            ids += len(choice.get("token_ids") or ())
+            logprobs += len((choice.get("logprobs") or {}).get("content") or ())
+    counted = (usage or {}).get("completion_tokens")
+    if not isinstance(counted, int):
+        return Check(name, False, "no `usage` with `stream_options.include_usage`")
+    if ids == logprobs == counted:
+        return Check(name, True, f"{counted} tokens streamed, each with its id and logprob")
+    return Check(
+        name,
+        False,
+        f"the stream carried {ids} token ids and {logprobs} logprobs for {counted} tokens: "
+        "vLLM before 0.13 drops the chunks its tool or reasoning parser holds back, with "
+        "their token ids and logprobs (onjob marks such answers untrainable); upgrade vLLM",
+    )
+
+
 async def _adapter(engine: httpx.AsyncClient, path: Path) -> Check:
     name = "an adapter loaded, asked and unloaded"
     lora = f"onjob-doctor-{uuid.uuid4().hex[:8]}"
@@ -229,7 +279,8 @@ def add_commands(sub) -> None:
         help="check that a running engine does what onjob needs",
         description=(
             "Ask a running engine (vLLM or `onjob engine`) for what onjob needs: runtime LoRA "
-            "loading, the sampler's logprobs and token ids, and requests with tools answered. "
+            "loading, the sampler's logprobs and token ids, requests with tools answered, and "
+            "a streamed answer that keeps every token id and logprob. "
             "Says what is missing and how to turn it on; exit status 1 if anything is. "
             "Without --engine-url: every engine of the settings (proxy.engine_urls, or "
             "proxy.engine_url)."

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -22,6 +23,52 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class PortTaken(RuntimeError):
+    """The port a child is to listen on already answers: refused before starting it."""
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent(parent: int):
+    """A preexec_fn: the child gets SIGTERM when the process that started it dies, SIGKILL
+    included (an OOM kill, a node drain), where no shutdown code of the parent runs. Linux
+    keeps this across exec (`onjob engine --backend vllm` execs `vllm serve`) and sends it
+    when the *thread* that forked exits, so start such a child from the main thread.
+    SIGTERM, not SIGKILL: vLLM stops its own engine-core processes on SIGTERM."""
+
+    def preexec() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            os._exit(127)
+        if os.getppid() != parent:  # the parent died between fork and prctl
+            os._exit(1)
+
+    return preexec
+
+
+def port_taken(port: int, host: str = "127.0.0.1") -> bool:
+    """Something listens on `host:port`. SO_REUSEADDR as the servers set it, so a port a
+    stopped engine left in TIME_WAIT counts as free and only a listening socket as taken."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _served_models(base: str) -> str:
+    """What the engine already on a port says it serves, for the refusal's message."""
+    try:
+        reply = httpx.get(f"{base}/v1/models", timeout=2)
+        names = [m.get("id") for m in reply.json().get("data", [])]
+    except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+        return "it does not answer GET /v1/models"
+    return f"it serves {', '.join(map(str, names)) or 'no model'}"
+
+
 class OnjobProcess:
     """`with EngineProcess(["--model", path]) as engine: engine.url` -> http://127.0.0.1:PORT/v1"""
 
@@ -36,6 +83,7 @@ class OnjobProcess:
         timeout: float = 300,
         log: Path | None = None,
         new_session: bool = False,
+        die_with_parent: bool = False,
     ) -> None:
         self.port = port or free_port()
         self.args = list(args)
@@ -44,6 +92,9 @@ class OnjobProcess:
         # In a session of its own the child gets none of the signals a terminal sends its
         # foreground group (Ctrl-C, hang-up): the parent decides when it stops.
         self.new_session = new_session
+        # Off by default: Linux sends the signal when the starting *thread* exits, and the
+        # tests and benchmarks start children from worker threads.
+        self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen | None = None
         if log is None:  # a temporary log, removed with this object
             fd, log = tempfile.mkstemp(prefix=f"onjob-{self.command}-", suffix=".log")
@@ -64,6 +115,16 @@ class OnjobProcess:
         return f"{self.base}/v1"
 
     def start(self) -> OnjobProcess:
+        # A port already served would pass the readiness probe below while the child fails
+        # to bind: onjob would serve through a process it did not start or configure (an
+        # engine a killed server left behind holds its port and GPU memory).
+        if port_taken(self.port):
+            raise PortTaken(
+                f"port {self.port} is already taken ({_served_models(self.base)}), so "
+                f"`onjob {self.command}` cannot listen there: stop the process holding it "
+                f"(`ss -ltnp 'sport = :{self.port}'` names it), or, to use that engine as "
+                "it is, drop --start-engine and point --engine-url at it"
+            )
         cmd = [sys.executable, "-m", "onjob.cli", self.command, "--port", str(self.port)]
         self.proc = subprocess.Popen(
             [*cmd, *self.args],
@@ -71,6 +132,7 @@ class OnjobProcess:
             stderr=subprocess.STDOUT,
             env={**os.environ, **(self.env or {})},
             start_new_session=self.new_session,
+            preexec_fn=_die_with_parent(os.getpid()) if self.die_with_parent else None,
         )
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
@@ -80,7 +142,9 @@ class OnjobProcess:
                 )
             try:
                 if httpx.get(f"{self.base}/health", timeout=1).status_code == 200:
-                    return self
+                    if self.proc.poll() is None:
+                        return self
+                    continue  # exited meanwhile: the next round raises with its output
             except httpx.TransportError:
                 pass
             time.sleep(0.2)

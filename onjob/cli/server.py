@@ -249,12 +249,15 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
             if settings.engine.start:
                 port = urlsplit(p.engine_url).port or 8001
                 print(f"onjob serve: starting `onjob engine` on port {port}...", file=sys.stderr)
+                # Started from this, the main, thread: it dies with this process even on
+                # SIGKILL (`process._die_with_parent`).
                 signals.engine = EngineProcess(
                     settings.engine.args,
                     port=port,
                     timeout=900,
                     new_session=True,
                     env={"ONJOB_ENGINE_ADAPTER_TOKEN": p.engine_token},
+                    die_with_parent=True,
                 )
                 signals.engine.start()
             role = (

@@ -59,6 +59,9 @@ class ExchangeRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="exchan
     continuation_hashes: list[str] | None = None  # its replies': what a next turn continues
     served_model: str | None = None  # the engine's `model` in its answer
     logprobs_mode: str | None = None  # the sampler's logprob definition (`onjob.logprobs`)
+    # Why no judge group or training snapshot may take it (`onjob.logprobs.Untrainable`);
+    # None: trainable. Set by whoever makes the record, for answered exchanges.
+    untrainable: str | None = None
     api: str | None = None  # the API the client called: None (chat), responses, completions
     api_object: msgspec.Raw = NULL  # a stored Response and its input items (`responses`)
     # Linear storage (`linear.py`): the exchange this one continues, and how many of its

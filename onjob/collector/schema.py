@@ -313,7 +313,16 @@ ALTER TABLE exchanges ALTER completion_logprobs SET DATA TYPE FLOAT[][];
 # turn's names its parent exchange, and its `*_kept` columns count into it the same way;
 # the rebuild reads openings as ancestors (with no completion). Deleted when no row refers
 # to one (`forget.py`).
-V12_OPENINGS = """
+_REBUILT_WITH_OPENINGS = _REBUILT_TEMPLATE.replace(
+    "{ancestors}",
+    """(
+    SELECT id, request, prompt_token_ids, completion_token_ids, messages_kept, prompt_kept
+    FROM exchanges
+    UNION ALL
+    SELECT id, request, prompt_token_ids, NULL, NULL, NULL FROM openings)""",
+)
+V12_OPENINGS = (
+    """
 CREATE TABLE openings (
     id VARCHAR PRIMARY KEY,
     api_key_id VARCHAR,
@@ -323,13 +332,43 @@ CREATE TABLE openings (
 );
 DROP VIEW exchanges_full;
 DROP MACRO TABLE exchanges_rebuilt;
-""" + _REBUILT_TEMPLATE.replace(
-    "{ancestors}",
-    """(
-    SELECT id, request, prompt_token_ids, completion_token_ids, messages_kept, prompt_kept
-    FROM exchanges
-    UNION ALL
-    SELECT id, request, prompt_token_ids, NULL, NULL, NULL FROM openings)""",
+"""
+    + _REBUILT_WITH_OPENINGS
+)
+
+# One rule for what may be trained on (`onjob.logprobs.untrainable`): the reason an
+# answered exchange may not be, NULL when it may. Rows logged before this are given the
+# rule's verdict here, in SQL (the same checks in the same order), so a judge pass or a
+# snapshot after the upgrade takes none of them either. The rebuild macro and view read
+# `exchanges.*`, so they are made again around the change.
+V14_UNTRAINABLE = (
+    """
+DROP VIEW exchanges_full;
+DROP MACRO TABLE exchanges_rebuilt;
+ALTER TABLE exchanges ADD COLUMN untrainable VARCHAR;
+UPDATE exchanges SET untrainable = CASE
+    WHEN logprobs_mode LIKE '%+grammar' THEN 'masked'
+    WHEN logprobs_mode IS DISTINCT FROM 'raw_logprobs' THEN 'definition'
+    WHEN completion_token_ids IS NULL OR completion_logprobs IS NULL
+      OR len(completion_token_ids) = 0
+      OR len(completion_token_ids) <> len(completion_logprobs)
+      OR list_contains(list_transform(completion_token_ids, lambda x: x IS NULL), true)
+      OR list_contains(list_transform(completion_logprobs, lambda x: x IS NULL), true)
+      THEN 'no_tokens'
+    WHEN TRY_CAST(json_extract(usage, '$.completion_tokens') AS INTEGER) IS NULL
+      THEN 'no_usage'
+    WHEN list_contains(list_transform(
+             list_zip(completion_token_ids, completion_logprobs), lambda p: len(p[1]) <> len(p[2])),
+           true)
+      OR list_sum(list_transform(completion_token_ids, lambda x: len(x)))
+         <> TRY_CAST(json_extract(usage, '$.completion_tokens') AS INTEGER)
+      THEN 'count'
+    WHEN list_min(list_transform(completion_logprobs, lambda x: list_min(x))) <= -9999.0
+      THEN 'no_logprob'
+END
+WHERE status < 400;
+"""
+    + _REBUILT_WITH_OPENINGS
 )
 
 # Each alias's stream of release candidates (`deploy/ledger.py`): candidate k is tested at
@@ -362,6 +401,7 @@ MIGRATIONS: list[str] = [
     V11_FLOAT_LOGPROBS,
     V12_OPENINGS,
     V13_CANDIDATES,
+    V14_UNTRAINABLE,
 ]
 
 

@@ -62,7 +62,7 @@ _COLUMNS = (
     "request, response, prompt_token_ids, completion_token_ids, completion_logprobs, usage, "
     "latency_ms, status, error, metadata, source, continuation_hashes, served_model, "
     "logprobs_mode, api, api_object, parent_id, messages_kept, prompt_kept, "
-    "request_kept"
+    "request_kept, untrainable"
 )
 
 # The spool line's fields (records.py) as DuckDB reads them.
@@ -94,6 +94,7 @@ _LINE = {
     "continuation_hashes": "VARCHAR[]",
     "served_model": "VARCHAR",
     "logprobs_mode": "VARCHAR",
+    "untrainable": "VARCHAR",
     "api": "VARCHAR",
     "api_object": "JSON",
     "parent_id": "VARCHAR",

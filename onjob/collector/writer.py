@@ -100,6 +100,7 @@ class Collector:
         self._flushing = asyncio.Lock()
         self._openings_in: tuple[int, set[str]] = (0, set())  # a segment's openings spooled
         self.spooled = 0  # exchanges handed over since start
+        self.untrainable: dict[str, int] = {}  # of those, kept from training, by reason
         self.loaded = 0  # exchanges inserted since start
 
     async def start(self) -> None:
@@ -130,6 +131,10 @@ class Collector:
         line = encode(record)
         if isinstance(record, ExchangeRecord):
             self.spooled += 1
+            if record.untrainable:
+                self.untrainable[record.untrainable] = (
+                    self.untrainable.get(record.untrainable, 0) + 1
+                )
             opening = self.lineage.openings.get(record.parent_id or "")
             if opening is not None:
                 segment = self._spool.segment
@@ -336,6 +341,7 @@ class Collector:
             "loaded": self.loaded,
             "backlog_segments": len(self._spool.segments()) if self._spool else 0,
             "failed_segments": self._spool.set_aside_count() if self._spool else 0,
+            "untrainable": dict(self.untrainable),
         }
 
     async def query(self, fn: Callable[[Store], T]) -> T:

@@ -50,6 +50,9 @@ def totals(store: Store) -> dict:
     return store.query(
         """
         SELECT (SELECT count(*) FROM exchanges WHERE source = 'production') AS exchanges,
+               -- answered, logged, and kept from training (`onjob.logprobs.untrainable`)
+               (SELECT count(*) FROM exchanges
+                WHERE source = 'production' AND untrainable IS NOT NULL) AS untrainable,
                (SELECT count(*) FROM trajectories) AS trajectories,
                (SELECT count(*) FROM scenarios) AS scenarios,
                (SELECT count(*) FROM groups) AS groups,

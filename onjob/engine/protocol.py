@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from ..logprobs import GRAMMAR_FIELDS
+
 
 class Message(msgspec.Struct, kw_only=True):
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -121,6 +123,15 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     reasoning_effort: Any = None
     verbosity: Any = None
 
+    # vLLM's grammar fields. vLLM decodes under them and masks its logprobs; the local
+    # engine has no decoder for them, so it refuses them rather than answer unconstrained
+    # (response_format and tool_choice are its grammars; `onjob.logprobs.constrained`).
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+
     # vLLM extensions.
     return_token_ids: bool | None = None
     ignore_eos: bool | None = None
@@ -131,6 +142,12 @@ class ChatRequest(msgspec.Struct, kw_only=True):
         for name in REFUSED:
             if getattr(self, name) is not None:
                 return name, f"`{name}` is not supported by this engine."
+        for name in GRAMMAR_FIELDS:
+            if getattr(self, name) is not None:
+                return name, (
+                    f"`{name}` (a vLLM grammar) is not supported by the local engine: "
+                    "send `response_format` (json_object, json_schema) or `tool_choice`."
+                )
         if self.modalities and "audio" in self.modalities:
             return "modalities", "This engine generates text only: `modalities` must be ['text']."
         return None

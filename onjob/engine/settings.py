@@ -17,7 +17,13 @@ class EngineSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8001
     max_batch_size: int = Field(16, ge=1, description="rows (choices) decoded together")
-    max_model_len: int | None = None
+    max_model_len: int | None = Field(
+        None,
+        ge=1,
+        description="context length. Unset: the model's own; for vllm capped at 32768 "
+        "(vLLM refuses to start when one sequence of the whole context does not fit in its "
+        "share with the weights, and onjob checks the same before starting it)",
+    )
     default_max_tokens: int = Field(512, ge=1)
     dtype: Literal["float32", "bfloat16"] = "float32"
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -39,8 +45,9 @@ class EngineSettings(BaseSettings):
         gt=0,
         le=1,
         description="vllm: the share of the GPU vLLM takes (weights, activations, KV cache). "
-        "0.5 leaves the other half to a trainer on the same card; with the trainer on "
-        "another card or host, 0.9 (vLLM's own default)",
+        "0.5 (not vLLM's own default: 0.9, 0.92 in recent releases) leaves the other half "
+        "to a trainer on the same card; with the trainer on another card or host, 0.9. "
+        "vLLM refuses to start when less than this share is free",
     )
     tool_call_parser: str | None = Field(
         None,

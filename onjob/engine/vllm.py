@@ -6,11 +6,14 @@ command line (vLLM's documented CLI), so it is tested by what it builds.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..logprobs import TRAINED
@@ -27,6 +30,65 @@ class LaunchError(Exception):
 
 class VLLMUnavailable(LaunchError):
     pass
+
+
+# The oldest vLLM onjob starts: 0.11 and 0.12 drop a streamed chunk's token ids and
+# logprobs whenever a tool or reasoning parser holds its text back (onjob always starts a
+# tool parser), so streamed answers were recorded short (docs/engines.md).
+MIN_VERSION = (0, 13)
+
+# Without --max-model-len vLLM takes the model's whole context, and refuses to start
+# when the KV cache of one sequence that long does not fit (Llama-3.1-8B at 131,072
+# tokens: 16 GiB). onjob caps the default here; `max_model_len` raises it.
+DEFAULT_MAX_MODEL_LEN = 32768
+
+# Variables vLLM reads that would undo what onjob sets up, removed from its environment:
+# VLLM_API_KEY makes it demand a token onjob never sends (every request 401, the replica
+# DOWN); VLLM_LORA_RESOLVER_* make it load unknown adapter names by itself, bypassing
+# onjob's 404 -> AdapterUnavailable path (vllm/envs.py, vllm/lora/resolver.py).
+_STRIPPED = ("VLLM_API_KEY",)
+_STRIPPED_PREFIXES = ("VLLM_LORA_RESOLVER_",)
+
+
+def environment(base: Mapping[str, str], extra: Mapping[str, str]) -> tuple[dict, list[str]]:
+    """vLLM's environment: `base` (onjob's own) without what would undo onjob's set-up,
+    plus `extra`; and the names removed, to say so."""
+    removed = sorted(k for k in base if k in _STRIPPED or k.startswith(_STRIPPED_PREFIXES))
+    env = {k: v for k, v in base.items() if k not in removed}
+    return {**env, **extra}, removed
+
+
+def installed_version() -> str | None:
+    """The vLLM that `vllm serve` will run: its package's metadata in this environment,
+    else what `vllm --version` prints (a vllm command installed elsewhere)."""
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        out = subprocess.run(["vllm", "--version"], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = out.stdout.strip().splitlines()
+    return lines[-1].strip() if out.returncode == 0 and lines else None
+
+
+def check_version(version: str | None) -> None:
+    """Refuse a vLLM older than MIN_VERSION, or one whose version cannot be read."""
+    minimum = ".".join(map(str, MIN_VERSION))
+    found = re.match(r"\s*v?(\d+)\.(\d+)", version or "")
+    if found is None:
+        raise LaunchError(
+            f"cannot tell which vLLM is installed (`vllm --version` said {version!r}); "
+            f"onjob needs vLLM >= {minimum}: `pip install 'onjob[vllm]'`"
+        )
+    if (int(found[1]), int(found[2])) < MIN_VERSION:
+        raise LaunchError(
+            f"vLLM {version.strip()} is older than {minimum}, the first release that keeps a "
+            "streamed chunk's token ids and logprobs when its tool or reasoning parser holds "
+            "the text back: streamed answers would be recorded short. Upgrade: "
+            "`pip install 'onjob[vllm]'`"
+        )
 
 
 def lora_rank(rank: int) -> int:
@@ -80,8 +142,8 @@ def command(settings: EngineSettings, model: str) -> tuple[list[str], dict[str, 
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
     if settings.reasoning_parser:
         argv += ["--reasoning-parser", settings.reasoning_parser]
-    if settings.max_model_len:
-        argv += ["--max-model-len", str(settings.max_model_len)]
+    if length := max_model_len(settings, model):
+        argv += ["--max-model-len", str(length)]
     if settings.lora_modules:
         argv += ["--lora-modules", *settings.lora_modules]
     _one_api_server(settings.vllm_args)
@@ -121,24 +183,77 @@ def _one_api_server(args: list[str]) -> None:
         )
 
 
-def check_memory(settings: EngineSettings, model: str, card_bytes: int) -> None:
-    """Refuse a GPU share that cannot hold the model's weights, before vLLM loads them
-    and fails with an out-of-memory error that names none of onjob's settings. Only the
-    weights are checked (vLLM itself says when no room is left for the KV cache)."""
+def _config(model: Path) -> dict:
+    try:
+        config = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    # Multimodal checkpoints keep the language model's numbers in `text_config`.
+    text = config.get("text_config")
+    return {**config, **text} if isinstance(text, dict) else config
+
+
+def max_model_len(settings: EngineSettings, model: str) -> int | None:
+    """The context vLLM is started with: `max_model_len` when set, else the model's own
+    capped at DEFAULT_MAX_MODEL_LEN; None (vLLM's choice) when the model's is unknown."""
+    if settings.max_model_len:
+        return settings.max_model_len
+    context = _config(Path(model)).get("max_position_embeddings")
+    if isinstance(context, int) and context > DEFAULT_MAX_MODEL_LEN:
+        return DEFAULT_MAX_MODEL_LEN
+    return None
+
+
+def _kv_bytes_per_token(model: Path) -> int:
+    """K and V of every layer for one token, in the 16 bits vLLM serves them in; 0 when the
+    config does not say (a hub id, an attention vLLM sizes otherwise). Every layer is
+    counted at full length: a model with sliding-window layers needs less."""
+    c = _config(model)
+    layers, heads = c.get("num_hidden_layers"), c.get("num_attention_heads")
+    kv_heads = c.get("num_key_value_heads") or heads
+    head_dim = c.get("head_dim") or (c.get("hidden_size") or 0) // (heads or 1)
+    if not all(isinstance(v, int) and v > 0 for v in (layers, kv_heads, head_dim)):
+        return 0
+    return 2 * layers * kv_heads * head_dim * 2
+
+
+def check_memory(
+    settings: EngineSettings, model: str, card_bytes: int, free_bytes: int | None = None
+) -> None:
+    """Refuse, before vLLM loads anything and fails with an error that names none of
+    onjob's settings, what vLLM itself refuses at start: a GPU share that cannot hold the
+    weights plus the KV cache of one sequence of the context it is started with, and a
+    share larger than the memory free now (a trainer or an old engine holding the card)."""
+    share = settings.gpu_memory_utilization * card_bytes
+    if free_bytes is not None and free_bytes < share:
+        raise LaunchError(
+            f"gpu_memory_utilization {settings.gpu_memory_utilization:g} of this "
+            f"{_gib(card_bytes)} GiB GPU is {_gib(share)} GiB, but only {_gib(free_bytes)} "
+            "GiB are free (another process holds the rest: a trainer, or an engine left "
+            "running; `nvidia-smi` names it), and vLLM takes its whole share at start: "
+            "free the card or lower gpu_memory_utilization (--gpu-memory-utilization, "
+            "ONJOB_ENGINE_GPU_MEMORY_UTILIZATION)"
+        )
     if any(
         a.startswith(("--tensor-parallel", "-tp", "--pipeline-parallel", "-pp"))
         for a in settings.vllm_args
     ):
-        return  # the weights are split across cards
+        return  # the weights and the cache are split across cards
     weights = _weights_bytes(Path(model))
-    share = settings.gpu_memory_utilization * card_bytes
-    if weights and weights >= share:
+    length = max_model_len(settings, model) or _config(Path(model)).get("max_position_embeddings")
+    per_token = _kv_bytes_per_token(Path(model))
+    kv = per_token * length if isinstance(length, int) else 0
+    if weights and weights + kv >= share:
+        fits = int((share - weights) // per_token) if per_token and share > weights else 0
         raise LaunchError(
-            f"{model}'s weights ({_gib(weights)} GiB) do not fit in gpu_memory_utilization "
-            f"{settings.gpu_memory_utilization:g} of this {_gib(card_bytes)} GiB GPU "
-            f"({_gib(share)} GiB): raise gpu_memory_utilization (--gpu-memory-utilization, "
-            "ONJOB_ENGINE_GPU_MEMORY_UTILIZATION) and run the trainer on another card or "
-            "host, or serve a smaller model"
+            f"{model}'s weights ({_gib(weights)} GiB) and the KV cache of one "
+            f"{length or 0}-token sequence ({_gib(kv)} GiB) do not fit in "
+            f"gpu_memory_utilization {settings.gpu_memory_utilization:g} of this "
+            f"{_gib(card_bytes)} GiB GPU ({_gib(share)} GiB): raise gpu_memory_utilization "
+            "(--gpu-memory-utilization, ONJOB_ENGINE_GPU_MEMORY_UTILIZATION) and run the "
+            "trainer on another card or host, "
+            + (f"lower max_model_len (--max-model-len; at most ~{fits} fits), " if fits else "")
+            + "or serve a smaller model"
         )
 
 
@@ -154,15 +269,17 @@ def _weights_bytes(model: Path) -> int:
     return stored // 2 if dtype == "float32" else stored
 
 
-def _card_bytes() -> int | None:
-    """The first visible GPU's memory, from nvidia-smi; None when it cannot say."""
+def _card_bytes() -> tuple[int, int] | None:
+    """The first visible GPU's memory, total and free, from nvidia-smi; None when it
+    cannot say."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
     if not visible.isdigit() or shutil.which("nvidia-smi") is None:
         return None
-    query = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+    query = ["nvidia-smi", "--query-gpu=memory.total,memory.free", "--format=csv,noheader,nounits"]
     try:
         out = subprocess.run([*query, "-i", visible], capture_output=True, text=True, timeout=10)
-        return int(out.stdout.split()[0]) * 2**20 if out.returncode == 0 else None
+        total, free = out.stdout.replace(",", " ").split()[:2]
+        return (int(total) * 2**20, int(free) * 2**20) if out.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return None
 
@@ -177,8 +294,17 @@ def run(settings: EngineSettings, model: str) -> int:
             "the vllm command is not installed: `pip install 'onjob[vllm]'` on a GPU host, "
             "or use the local engine (--backend local)"
         )
-    argv, env = command(settings, model)
+    check_version(installed_version())
+    argv, extra = command(settings, model)
     if (card := _card_bytes()) is not None:
-        check_memory(settings, model, card)
+        check_memory(settings, model, *card)
+    env, removed = environment(os.environ, extra)
+    if removed:
+        print(
+            f"onjob engine: not passed to vLLM: {', '.join(removed)} (onjob sends no API key "
+            "to its engine, and loads adapters itself)",
+            file=sys.stderr,
+        )
     sys.stdout.flush()
-    os.execvpe(argv[0], argv, {**os.environ, **env})
+    sys.stderr.flush()
+    os.execvpe(argv[0], argv, env)

@@ -20,7 +20,19 @@ from .settings import JudgeSettings
 
 # What the client asked that must not shape the alternatives: they are sampled fresh,
 # whole, with the trainer's fields on (a client seed would make all n choices alike).
-_DROP = {"metadata", "stream", "stream_options", "n", "seed", "logprobs", "top_logprobs", "user"}
+# `include_reasoning` too: false removes the token ids and logprobs a sample needs (the
+# proxy refuses it; rows logged before that may carry it).
+_DROP = {
+    "metadata",
+    "stream",
+    "stream_options",
+    "n",
+    "seed",
+    "logprobs",
+    "top_logprobs",
+    "user",
+    "include_reasoning",
+}
 
 
 @dataclass

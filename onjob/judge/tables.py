@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from .. import logprobs
 from ..collector import Store
 from ..collector.ids import new_id
 from .rollouts import json_value
@@ -45,6 +46,7 @@ def turn_candidates(
                    row_number() OVER (PARTITION BY e.scenario_id ORDER BY e.ts DESC) AS nth
             FROM exchanges e
             WHERE e.status < 400 AND e.source = 'production' AND {_FRESH}
+              AND e.untrainable IS NULL  -- `onjob.logprobs.untrainable`: nothing to learn from
               -- re-sampled through chat: a legacy completion's prompt has no messages
               AND e.api IS DISTINCT FROM 'completions'
               AND NOT coalesce(list_contains(?::VARCHAR[], e.scenario_id), false)
@@ -315,9 +317,9 @@ def _insert_sample(con, prefix: dict, sample: Sample, group_id: str, checkpoint)
         INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, api_key_id,
             model_alias, checkpoint, arm, stream, request, response, prompt_token_ids,
             completion_token_ids, completion_logprobs, usage, latency_ms, status,
-            metadata, source, logprobs_mode)
+            metadata, source, logprobs_mode, untrainable)
         VALUES (?, to_timestamp(?), ?, ?, ?, ?, ?, ?, ?, false, ?, ?, ?, ?, ?, ?, ?, 200,
-            ?, 'resample', ?)
+            ?, 'resample', ?, ?)
         """,
         [
             sample.id,
@@ -338,6 +340,12 @@ def _insert_sample(con, prefix: dict, sample: Sample, group_id: str, checkpoint)
             sample.latency_ms,
             json.dumps({"group_id": group_id, "resample_of": prefix["id"]}),
             sample.logprobs_mode,
+            logprobs.untrainable(
+                sample.logprobs_mode,
+                sample.completion_token_ids,
+                sample.completion_logprobs,
+                sample.usage,
+            ),
         ],
     )
 

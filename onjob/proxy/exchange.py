@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from .. import logprobs
 from ..collector import ExchangeRecord
 from ..collector.ids import new_id
 from ..collector.linear import WHOLE, Lineage, stored
@@ -31,6 +32,9 @@ _encode = msgspec.json.encode
 
 
 COMPLETIONS = "completions"  # `exchanges.api` of a legacy text completion
+
+# vLLM's names for a reasoning parser's text in a streamed delta (0.11, then later).
+_REASONING = ("reasoning_content", "reasoning")
 
 # Nesting deeper than this is refused: every later reader of the body (the re-encoding for
 # the engine, the stitcher, the judge) recurses, and must never hit Python's limit.
@@ -141,12 +145,31 @@ def parse_request(raw: bytes, settings: ProxySettings) -> dict:
         value = body.get(key)
         if value is not None and not (key == "modalities" and value == ["text"]):
             raise BadRequest(f"`{key}` is not supported: {why}.", param=key)
+    if "include_reasoning" in body:
+        _check_include_reasoning(body)
     # The number of opening brackets bounds the depth (counted at C speed, ~0.6 µs per KB);
     # only a body with more containers than MAX_DEPTH is walked.
     if raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and not _within_depth(body, MAX_DEPTH):
         raise BadRequest(f"The body is nested deeper than {MAX_DEPTH} levels.")
     # null is absent (OpenAI's rule): dropped here, so no engine ever sees a null field.
     return {k: v for k, v in body.items() if v is not None and k not in HINTS and k != "modalities"}
+
+
+def _check_include_reasoning(body: dict) -> None:
+    """vLLM's `include_reasoning`: `false` makes vLLM (0.33, with a reasoning parser) leave
+    the answer's token ids and logprobs out, and then nothing could be learnt from it nor
+    re-sampled like it; refused. `true` is vLLM's default: dropped, so engines that do not
+    know the field never see it (vllm/entrypoints/openai/protocol.py)."""
+    value = body.pop("include_reasoning")
+    if value is False:
+        raise BadRequest(
+            "`include_reasoning: false` is not supported: the engine would then leave the "
+            "answer's token ids and logprobs out, which onjob records to train on. Leave it "
+            "out and drop the reasoning from the answer on your side.",
+            param="include_reasoning",
+        )
+    if value is not True and value is not None:
+        raise BadRequest("`include_reasoning` must be a boolean.", param="include_reasoning")
 
 
 # A legacy completion's fields (openai-python's `completions.CompletionCreateParams`) that
@@ -285,6 +308,11 @@ class _Choice:
     finish_reason: str | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    # A reasoning parser's text, streamed apart from `content` under vLLM's name for it
+    # (`reasoning_content` on 0.11, `reasoning` later): its token ids are in `token_ids`,
+    # so the stored answer keeps it too. Not part of `message()`, which a next turn's
+    # messages are matched against (clients do not send reasoning back).
+    reasoning: dict[str, list[str]] = field(default_factory=dict)
 
     def message(self) -> dict:
         message: dict[str, Any] = {"role": self.role, "content": "".join(self.content) or None}
@@ -545,6 +573,9 @@ class Exchange:
                 content = delta.get("content")
                 if content:
                     acc.content.append(content)
+                for key in _REASONING:
+                    if isinstance(text := delta.get(key), str) and text:
+                        acc.reasoning.setdefault(key, []).append(text)
                 for call in delta.get("tool_calls") or ():
                     acc.add_tool_call_delta(call)
         except (msgspec.DecodeError, KeyError, TypeError, AttributeError) as exc:
@@ -570,7 +601,11 @@ class Exchange:
             "created": self.created,
             "model": self.route.alias,
             "choices": [
-                {"index": i, "message": c.message(), "finish_reason": c.finish_reason}
+                {
+                    "index": i,
+                    "message": c.message() | {k: "".join(v) for k, v in c.reasoning.items()},
+                    "finish_reason": c.finish_reason,
+                }
                 for i, c in sorted(self.choices.items())
             ],
             "usage": self.usage,
@@ -583,6 +618,8 @@ class Exchange:
         w = self.where
         answered = self.status < 400
         ordered = [self.choices[i] for i in sorted(self.choices)]
+        token_ids = [c.token_ids for c in ordered] or None
+        sampled = [c.logprobs for c in ordered] or None
         hashes = continuations(w.keys.prefix_hash, self.replies()) if answered else None
         request, prompt_ids, delta = None, self.prompt_token_ids, WHOLE
         if lineage is not None:
@@ -619,8 +656,8 @@ class Exchange:
             messages_kept=delta.messages_kept,
             prompt_kept=delta.prompt_kept,
             request_kept=delta.request_kept,
-            completion_token_ids=[c.token_ids for c in ordered] or None,
-            completion_logprobs=[c.logprobs for c in ordered] or None,
+            completion_token_ids=token_ids,
+            completion_logprobs=sampled,
             usage=to_json(self.usage),
             latency_ms=(time.perf_counter() - self.started) * 1000,
             status=self.status,
@@ -629,6 +666,9 @@ class Exchange:
             continuation_hashes=hashes,
             served_model=self.served_model,
             logprobs_mode=self.logprobs_mode,
+            untrainable=logprobs.untrainable(self.logprobs_mode, token_ids, sampled, self.usage)
+            if answered
+            else None,
             source=self.source,
             api=self.api,
             api_object=to_json(self.api_object),

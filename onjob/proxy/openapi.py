@@ -160,6 +160,9 @@ class CollectorStats(msgspec.Struct, kw_only=True):
     loaded: int
     backlog_segments: int
     failed_segments: int  # set aside in the spool's failed/: DuckDB refused what they hold
+    # Exchanges this process logged that no judge group or snapshot takes, by reason
+    # (`onjob.logprobs.Untrainable`: definition, masked, no_tokens, no_usage, count, ...).
+    untrainable: dict[str, int]
 
 
 class Health(msgspec.Struct, kw_only=True):

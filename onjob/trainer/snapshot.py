@@ -56,7 +56,9 @@ WITH spread AS (
     SELECT g.* FROM candidates g
     WHERE NOT EXISTS (
         SELECT 1 FROM turn_of t JOIN exchanges e ON e.id = t.exchange_id
-        WHERE t.group_id = g.id AND NOT list_contains(?, coalesce(e.checkpoint, '')))
+        WHERE t.group_id = g.id
+          -- a member's turn from outside the lineage, or one not to be trained on
+          AND (NOT list_contains(?, coalesce(e.checkpoint, '')) OR e.untrainable IS NOT NULL))
     ORDER BY g.created DESC LIMIT ?
 ), turns AS (
     SELECT t.member_id,
