@@ -1,5 +1,5 @@
-"""The held-out slice: scenarios no checkpoint trains on, where a candidate must not lose
-to live before it may become a canary.
+"""The held-out slice: scenarios no checkpoint trains on, where a candidate's test takes
+its first look before it may become a canary.
 
 A fixed share of scenarios (`loop.holdout_share`, by a hash of the scenario id, so the
 slice is the same on every run and every host) never enters a training snapshot. After
@@ -12,8 +12,8 @@ than live by `margin + delta` (a pair it could not answer, or the judge could no
 is its loss; a candidate that much better is stopped with chance at most `beta`), when
 a shape guard on its answers trips or holds (`shape.guards`: length, empty, cut,
 malformed), or when it moved too far from the base model or its judges disagree with
-users (`trust`). With no held-out traffic yet, the
-comparison is skipped and says so; the `trust` guards still apply.
+users (`trust`). With no held-out traffic yet, the comparison is skipped and says so;
+the `trust` guards still apply.
 """
 
 from __future__ import annotations
