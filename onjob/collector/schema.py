@@ -332,6 +332,29 @@ DROP MACRO TABLE exchanges_rebuilt;
     SELECT id, request, prompt_token_ids, NULL, NULL, NULL FROM openings)""",
 )
 
+# The release path's durable state (issue 33). `holdout_slice`: whether a scenario is held
+# out, decided once when the loop first sees it, so a scenario trained on never becomes
+# "held out" later (and one held out is never trained on). `reviews`: a canary that won
+# its pairs where no referee other than its coach checks it, waiting for a person's
+# `onjob promote` or `rollback`, with the evidence; one row per routing (`routing_ts`,
+# the `deployments` row it is about).
+V13_RELEASE = """
+CREATE TABLE holdout_slice (
+    scenario_id VARCHAR PRIMARY KEY,
+    held BOOLEAN NOT NULL,
+    share DOUBLE NOT NULL,
+    decided TIMESTAMPTZ NOT NULL
+);
+CREATE TABLE reviews (
+    model_alias VARCHAR NOT NULL,
+    checkpoint VARCHAR NOT NULL,
+    routing_ts TIMESTAMPTZ NOT NULL,
+    ts TIMESTAMPTZ NOT NULL,
+    reason VARCHAR,
+    evidence JSON
+);
+"""
+
 MIGRATIONS: list[str] = [
     V1,
     V2,
@@ -345,6 +368,7 @@ MIGRATIONS: list[str] = [
     V10_LINEAR,
     V11_FLOAT_LOGPROBS,
     V12_OPENINGS,
+    V13_RELEASE,
 ]
 
 

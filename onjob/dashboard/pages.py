@@ -13,7 +13,7 @@ from litestar import Request, Response, get
 from litestar.static_files import create_static_files_router
 
 from ..collector import Collector
-from ..deploy import canary, deployments, progress
+from ..deploy import canary, deployments, progress, reviews
 from ..deploy.admin import admin_refusal
 from ..deploy.loop import LoopState
 from ..deploy.settings import DeploySettings
@@ -181,11 +181,17 @@ def routes(
                 for alias, r in routing.items()
                 if r["canary"]
             }
-            return running, deployments.history(store, 100)
+            return running, deployments.history(store, 100), reviews.status(store, settings)
 
-        running, history = await collector.query(read)
+        running, history, release = await collector.query(read)
         return render(
-            request, "ab.html", refresh=True, running=running, history=history, rule=settings.loop
+            request,
+            "ab.html",
+            refresh=True,
+            running=running,
+            history=history,
+            rule=settings.loop,
+            release=release,
         )
 
     static = create_static_files_router(

@@ -28,7 +28,7 @@ from ..collector.forget import parse_date
 from ..judge import judge_agreement
 from ..proxy import Router
 from ..proxy.errors import BadRequest, Conflict, Forbidden, Unauthorized
-from . import adapters, deployments, progress, registry, training
+from . import adapters, deployments, progress, registry, reviews, training
 from .loop import LoopState, PeriodicLoop
 from .operator import Operator
 from .settings import DeploySettings
@@ -129,6 +129,7 @@ def routes(
             "loop": (loop.state if loop else LoopState()).as_dict(),
             "rewards": await collector.query(progress.reward_by_checkpoint),
             "judge_agreement": [a.as_dict() for a in await collector.query(judge_agreement)],
+            "release": await collector.query(lambda st: reviews.status(st, settings)),
         }
 
     @get("/admin/checkpoints")
