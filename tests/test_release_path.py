@@ -349,3 +349,26 @@ def test_a_stranded_adapter_is_unloaded_after_a_restart(db):
     assert rows(db, "SELECT status FROM checkpoints WHERE name = 'ckpt-1'")[0]["status"] == (
         "retired"
     )
+
+
+# -- guards that see the candidate -----------------------------------------------------
+
+
+def test_the_kl_guard_reads_the_drift_on_the_candidates_own_answers(
+    tmp_path, tiny_adapter_dir, tiny_model_dir
+):
+    """Small on the old sampler's tokens, large on the candidate's own answers: the guard
+    trips on the larger."""
+    from onjob.deploy import trust
+    from onjob.deploy.settings import LoopSettings
+
+    store = Store(tmp_path / "onjob.duckdb")
+    try:
+        manifest = {"groups": [], "config": {}, "name": "drifted", "base_model": "b"}
+        manifest["metrics"] = {"duration_s": 1.0, "kl_to_base": 0.01, "kl_to_base_own": 0.9}
+        record_run(store, "run-drifted", manifest, tiny_adapter_dir, None)
+        guard = trust.kl_guard(store, "drifted", LoopSettings(max_kl_to_base=0.5))
+    finally:
+        store.close()
+    assert (guard["kl_to_base"], guard["kl_to_base_own"]) == (0.01, 0.9)
+    assert guard["tripped"] and "0.9 nats per token" in guard["tripped"]

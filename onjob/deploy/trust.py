@@ -2,8 +2,10 @@
 whether the judges that trained and referee it agree with users.
 
 - **KL to the base model** (`loop.max_kl_to_base`): the trainer measures k3(policy ‖ base)
-  per token on its run's sampled tokens (`kl_to_base` in its `train_runs` metrics; a
-  continued checkpoint carries its lineage's whole drift). A policy that moved far to
+  per token twice (its `train_runs` metrics; a continued checkpoint carries its
+  lineage's whole drift): on its snapshot's tokens, sampled by the previous checkpoint
+  (`kl_to_base`), and on answers the candidate samples itself from those prompts
+  (`kl_to_base_own`); the guard reads the larger. A policy that moved far to
   please a reward has usually found a blind spot in it; past the bound the candidate is
   stopped before any canary, and a canary is rolled back.
 - **The judges against users** (`loop.min_judge_agreement`): where feedback exists,
@@ -108,8 +110,13 @@ def kl_guard(store, checkpoint: str | None, settings: LoopSettings) -> dict:
     )
     metrics = rows[0]["metrics"] if rows else None
     metrics = json.loads(metrics) if isinstance(metrics, str) else (metrics or {})
-    kl = metrics.get("kl_to_base")
-    out["kl_to_base"] = kl
+    # The larger of the trainer's two figures: on its snapshot's tokens (the previous
+    # sampler's), and on answers the candidate sampled itself (runs since issue 33).
+    figures = [metrics.get(k) for k in ("kl_to_base", "kl_to_base_own")]
+    figures = [f for f in figures if f is not None]
+    kl = max(figures) if figures else None
+    out["kl_to_base"] = metrics.get("kl_to_base")
+    out["kl_to_base_own"] = metrics.get("kl_to_base_own")
     if kl is not None and settings.max_kl_to_base is not None and kl > settings.max_kl_to_base:
         out["tripped"] = (
             f"KL guard: {checkpoint} is {kl:.3g} nats per token from the base model "
