@@ -175,6 +175,13 @@ def test_without_a_referee_the_hedging_canary_is_ready_for_review_not_promoted(
     finally:
         store.close()
 
+    # A referee configured since does not end the wait: these pairs were judged by the
+    # coach, not by it.
+    s.loop.gate = GateSettings(rewards={"exact": RewardFn(fn="tests.hacking_rewards:exact")})
+    routing, said = asyncio.run(again())
+    assert (routing["live"], routing["canary"]) == (None, "ckpt-hack"), said
+    assert "ready for review since" in said
+
 
 def test_with_a_referee_configured_the_loop_promotes_by_itself(
     tmp_path, tiny_adapter_dir, tiny_model_dir

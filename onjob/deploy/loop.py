@@ -307,7 +307,11 @@ async def _canary_round(db, engine, operator, settings: DeploySettings, routing,
     mode = await db.query(lambda st: trust.release_mode(st, settings))
     verdict.evidence["release_mode"] = mode.as_dict()
     against = f"canary {candidate} against {live or 'base'}"
-    if review is not None and verdict.decision != "rollback":
+    # Under review, only a rollback (a guard tripped since) or a promotion that has become
+    # the loop's own ends the wait: users' feedback now checks the coach. A referee set
+    # since does not: the pairs were judged by the coach, not by it.
+    promotes = verdict.decision == "promote" and mode.mode == "users"
+    if review is not None and verdict.decision != "rollback" and not promotes:
         echo(f"{against}: ready for review since {review['ts']}: {review['reason']}")
         return
     if verdict.decision == "promote" and not mode.automatic:
