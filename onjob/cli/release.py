@@ -204,9 +204,10 @@ def add_commands(sub) -> None:
         "checkpoints",
         help="list checkpoints, or import an adapter trained elsewhere",
         description=(
-            "`onjob checkpoints` lists the registry (name, status candidate/canary/live/retired, "
-            "created, parent). `onjob checkpoints add PATH --name NAME` imports a PEFT LoRA "
-            "directory as a candidate after checking its shapes against the base model."
+            "`onjob checkpoints` lists the registry (name, status candidate/canary/review/"
+            "live/retired/stranded, created, parent). `onjob checkpoints add PATH --name "
+            "NAME` imports a PEFT LoRA directory as a candidate after checking its shapes "
+            "against the base model."
         ),
     )
     ckpts.add_argument("action", nargs="?", choices=["list", "add"], default="list")

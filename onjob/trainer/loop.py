@@ -276,7 +276,7 @@ def _kl_on_own_samples(model, groups: list[Group], device) -> dict:
                 top_k=0,
                 top_p=1.0,
                 max_new_tokens=OWN_TOKENS,
-                pad_token_id=model.config.eos_token_id,
+                pad_token_id=_pad_id(model.config),
             )
             new = ids.shape[1] - prompt.shape[1]
             if new <= 0:
@@ -288,6 +288,13 @@ def _kl_on_own_samples(model, groups: list[Group], device) -> dict:
             total += k3(logp, ref).sum().item()
             tokens += new
     return {"kl_to_base_own": total / max(tokens, 1), "kl_to_base_own_tokens": tokens}
+
+
+def _pad_id(config) -> int | None:
+    """`generate` pads finished rows with this: the end-of-sequence id (a family may list
+    several; any of them ends a row)."""
+    eos = config.eos_token_id
+    return eos[0] if isinstance(eos, list | tuple) and eos else eos
 
 
 def _token_logprobs(model, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
