@@ -6,7 +6,8 @@ A review is a `reviews` row naming the routing it is about (the `deployments` ro
 The routing does not change: the canary keeps serving its share while it waits, and the
 loop keeps checking its guards on real traffic (a tripped one still rolls it back), but
 draws no more pairs and trains nothing. `onjob promote` or `onjob rollback` ends it, as
-they end any canary; a review of another routing is not this one's.
+they end any canary (or the loop, once users' feedback agrees with the coach: the mode
+is then `users`); a review of another routing is not this one's.
 """
 
 from __future__ import annotations
