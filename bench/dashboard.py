@@ -104,10 +104,11 @@ def main() -> None:
     fill_s = time.perf_counter() - started
     size_mb = db.stat().st_size / 1e6
     print(f"filled {db} with {args.exchanges:,} exchanges in {fill_s:.0f} s ({size_mb:.0f} MB)")
-    env = {"ONJOB_LOOP__INTERVAL_S": "0"}
+    env = {"ONJOB_LOOP__INTERVAL_S": "0", "ONJOB_PROXY__ADMIN_KEY": "bench-admin"}
     timings = {}
     server = ServerProcess(["--db", str(db), "--engine-url", "http://127.0.0.1:9/v1"], env=env)
-    with server, httpx.Client(base_url=server.base, timeout=120) as client:
+    admin = {"Authorization": "Bearer bench-admin"}
+    with server, httpx.Client(base_url=server.base, headers=admin, timeout=120) as client:
         for path in PAGES:
             took = []
             for _ in range(args.repeat):

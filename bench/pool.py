@@ -46,6 +46,8 @@ from onjob.collector import Store
 from onjob.deploy import registry
 
 LIVE, CANARY = "pool-live", "pool-canary"
+ADMIN_KEY = "bench-admin"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 def make_adapters(model_dir: Path, work: Path) -> dict[str, Path]:
@@ -93,7 +95,7 @@ async def watch_return(engine_url: str, server: str, index: int, since: float) -
     both adapters, and when the server puts it back (`up`)."""
     root = engine_url.removesuffix("/v1")
     marks: dict[str, float] = {}
-    async with httpx.AsyncClient(timeout=2) as http:
+    async with httpx.AsyncClient(headers=ADMIN, timeout=2) as http:
         while len(marks) < 3:
             now = time.monotonic()
             try:
@@ -118,7 +120,7 @@ async def watch_return(engine_url: str, server: str, index: int, since: float) -
 
 
 async def sample_spread(server: str, stop: asyncio.Event, samples: list):
-    async with httpx.AsyncClient(timeout=2) as http:
+    async with httpx.AsyncClient(headers=ADMIN, timeout=2) as http:
         while not stop.is_set():
             try:
                 engines = (await http.get(f"{server}/admin/status")).json()["engines"]
@@ -190,6 +192,7 @@ def main() -> None:
         env = {
             "ONJOB_LOOP__INTERVAL_S": "0",
             "ONJOB_PROXY__ENGINE_URLS": json.dumps([e.url for e in engines]),
+            "ONJOB_PROXY__ADMIN_KEY": ADMIN_KEY,
         }
         try:
             with ServerProcess(["--db", str(db)], env=env, timeout=120) as server:
@@ -198,7 +201,9 @@ def main() -> None:
                     ("promote", {"alias": "agent"}),
                     ("canary", {"alias": "agent", "checkpoint": CANARY, "fraction": 0.5}),
                 ]:
-                    resp = httpx.post(f"{server.base}/admin/{path}", json=body, timeout=120)
+                    resp = httpx.post(
+                        f"{server.base}/admin/{path}", json=body, headers=ADMIN, timeout=120
+                    )
                     resp.raise_for_status()
                 out = asyncio.run(run(args, engines, server, engine_args))
                 server_log = server.output()

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from onjob import bundled
+from onjob.cli import admin_key
 from onjob.cli.process import EngineProcess
 from onjob.collector import Store
 
@@ -42,6 +43,16 @@ def rows(db, sql: str, params=None) -> list[dict]:
         return store.query(sql, params)
     finally:
         store.close()
+
+
+def admin_of(where) -> dict:
+    """The header of the admin key `onjob serve` made beside its database (none was
+    configured): `where` is the database's path, or the `ServerProcess` (its `--db`)."""
+    args = getattr(where, "args", None)
+    db = Path(args[args.index("--db") + 1] if args is not None else where)
+    key = admin_key.read(db)
+    assert key, f"no admin key beside {db}"
+    return {"Authorization": f"Bearer {key}"}
 
 
 @pytest.fixture(scope="session")

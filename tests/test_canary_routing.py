@@ -76,16 +76,29 @@ def test_canary_fraction_holds_and_conversations_keep_their_arm(tmp_path):
 
 
 def test_the_arm_header_pins_live_canary_or_a_named_checkpoint(tmp_path):
-    with TestClient(app_for(tmp_path, echo_engine())) as client:
-        for pin, model, arm in [
-            ("canary", "ckpt-b", "canary"),
-            ("live", "ckpt-a", "live"),
-            ("ckpt-old", "ckpt-old", "pinned"),
+    operator = {"Authorization": "Bearer adm-key"}
+    with TestClient(app_for(tmp_path, echo_engine(), admin_key="adm-key")) as client:
+        for pin, model, arm, headers in [
+            ("canary", "ckpt-b", "canary", {}),
+            ("live", "ckpt-a", "live", {}),
+            ("ckpt-b", "ckpt-b", "pinned", {}),  # what the alias serves, by its name
+            ("ckpt-old", "ckpt-old", "pinned", operator),  # any checkpoint: the admin key
         ]:
             for i in range(5):
-                r = ask(client, f"pinned {pin} {i}", headers={"X-Onjob-Arm": pin})
+                r = ask(client, f"pinned {pin} {i}", headers={"X-Onjob-Arm": pin, **headers})
                 assert r.json()["choices"][0]["message"]["content"] == model
                 assert r.headers["x-onjob-arm"] == arm
+        # A checkpoint no alias serves (a candidate, a rolled-back one) is not any caller's.
+        for headers in ({}, {"Authorization": "Bearer adm-wrong"}):
+            refused = client.post(
+                "/v1/chat/completions",
+                json={"model": "agent", "messages": [{"role": "user", "content": "hi"}]},
+                headers={"X-Onjob-Arm": "ckpt-old", **headers},
+            )
+            assert refused.status_code == 403, refused.text
+            assert "needs the admin key" in refused.json()["error"]["message"]
+    logged = rows(tmp_path / "onjob.duckdb", "SELECT checkpoint FROM exchanges")
+    assert sum(r["checkpoint"] == "ckpt-old" for r in logged) == 5  # the refused never ran
 
 
 def test_a_failing_canary_is_answered_by_live_and_counted_against_the_canary(tmp_path):

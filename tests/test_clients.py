@@ -26,7 +26,7 @@ from pydantic_ai.providers.openai import OpenAIProvider
 
 from onjob.cli.process import ServerProcess
 
-from .conftest import TOOL_QUESTION
+from .conftest import TOOL_QUESTION, admin_of
 
 
 class Weather(BaseModel):
@@ -68,7 +68,8 @@ def server(tmp_path_factory, tool_engine):
 
 
 def sql(server: ServerProcess, query: str) -> list[dict]:
-    resp = httpx.post(f"{server.base}/admin/sql", json={"query": query}, timeout=30)
+    admin = admin_of(server)
+    resp = httpx.post(f"{server.base}/admin/sql", json={"query": query}, headers=admin, timeout=30)
     assert resp.status_code == 200, resp.text
     answer = resp.json()
     return [dict(zip(answer["columns"], row, strict=True)) for row in answer["rows"]]

@@ -56,6 +56,8 @@ def test_shortened_demo_runs_every_stage_and_leaves_its_rows(tmp_path, tiny_mode
     assert "tokens/s:" in out and "ETA about" in out, out  # sized to the engine's speed
     assert "the rule: promote when the canary beats live" in out, out
     assert "looser than production's rule" in out, out
+    # The error of the rule it runs over every candidate, not only one candidate's.
+    assert "family-wise error 0.1, the chance that any candidate" in out, out
     assert "held-out success (6 sampled answers" in out and "change" in out, out
 
     work = tmp_path / "demo"
@@ -65,7 +67,8 @@ def test_shortened_demo_runs_every_stage_and_leaves_its_rows(tmp_path, tiny_mode
     assert result["promotions"] + result["rollbacks"] == 1
     assert result["agent"]["requests"] > 0
     demo_rule = result["rule"]["demo"]
-    assert demo_rule["promoted_when_no_better"] <= demo_rule["alpha"]
+    assert demo_rule["promoted_when_no_better"] <= demo_rule["first_candidate_alpha"]
+    assert demo_rule["family_wise_error"] == demo_rule["alpha"] == 0.1
     assert result["plan"]["tokens_per_s"] > 0
     assert result["stage_s"]["loop_stages"]["train"] > 0
     assert (work / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

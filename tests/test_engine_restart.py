@@ -14,7 +14,7 @@ from onjob.cli.process import EngineProcess, ServerProcess
 from onjob.collector import Store
 from onjob.deploy import registry
 
-from .conftest import rows
+from .conftest import admin_of, rows
 
 CHECKPOINT = "ckpt-live"
 
@@ -28,7 +28,8 @@ def make_live(server: ServerProcess, checkpoint: str) -> None:
         ("canary", {"alias": "agent", "checkpoint": checkpoint, "fraction": 1.0}),
         ("promote", {"alias": "agent"}),
     ]:
-        resp = httpx.post(f"{server.base}/admin/{path}", json=body, timeout=60)
+        admin = admin_of(server)
+        resp = httpx.post(f"{server.base}/admin/{path}", json=body, headers=admin, timeout=60)
         assert resp.status_code == 200, resp.text
 
 

@@ -312,3 +312,66 @@ def test_retention_deletes_old_conversations_in_the_running_server(tmp_path, fak
             time.sleep(0.2)
     assert count(db, "exchanges", "list_contains(?, id)", [first]) == 0
     assert rows(db, "SELECT actor FROM forgotten") == [{"actor": "retention"}]
+
+
+def record_of(key: str, text: str) -> ExchangeRecord:
+    return ExchangeRecord(
+        id=f"chatcmpl-{text}",
+        ts=time.time(),
+        scenario_key="k",
+        scenario_keyed="k",
+        api_key_id=key,
+        request=json.dumps({"messages": [{"role": "user", "content": text}]}).encode(),
+    )
+
+
+def test_forget_leaves_no_copy_it_can_reach_and_says_which_it_cannot(tmp_path, fake_engine_url):
+    """After `forget`, the WAL no longer holds the key's text, its lines set aside in
+    failed/ are gone (another key's stay), and the answer lists what onjob cannot reach."""
+    db, spool = tmp_path / "onjob.duckdb", tmp_path / "onjob.duckdb.spool"
+    marker = "bob-wal-5e0c7a"
+    with serve(tmp_path, fake_engine_url) as server:
+        client = OpenAI(base_url=server.url, api_key=KEYS["bob"], max_retries=0, timeout=30)
+        client.chat.completions.create(
+            model="agent", messages=[{"role": "user", "content": marker}]
+        )
+        (spool / "failed").mkdir(exist_ok=True)
+        aside = spool / "failed" / "0000000000001-0000000000002-w-000001-line2.jsonl"
+        aside.write_bytes(
+            encode(record_of("bob", "bob-aside-1"))
+            + b"\n"
+            + encode(record_of("alice", "alice-aside-1"))
+            + b"\n"
+        )
+        aside.with_name(aside.name + ".error").write_text("why\n")
+        onjob("sql", "SELECT count(*) FROM exchanges", "--server", server.base)  # loads
+        assert marker.encode() in b"".join(
+            p.read_bytes() for p in tmp_path.glob("onjob.duckdb*") if p.is_file()
+        )
+        done = onjob("forget", "--api-key", "bob", "--server", server.base, "--json")
+        assert done.returncode == 0, done.stderr
+        wal = Path(f"{db}.wal")
+        assert not wal.exists() or marker.encode() not in wal.read_bytes()
+        text = done.stdout
+        plain = onjob("forget", "--api-key", "bob", "--server", server.base)
+        assert plain.returncode == 0, plain.stderr
+    out = json.loads(text)
+    assert out["checkpointed"] is True and out["exchanges"] == 1
+    assert out["set_aside_removed"] == 1 and out["set_aside_kept"] == 1
+    assert b"bob-aside" not in aside.read_bytes() and b"alice-aside-1" in aside.read_bytes()
+    assert any("judge provider" in copy for copy in out["not_reached"])
+    assert "onjob cannot reach these copies" in plain.stdout
+
+
+def test_the_database_and_the_spool_are_the_owners_alone(tmp_path, fake_engine_url):
+    db, spool = tmp_path / "onjob.duckdb", tmp_path / "onjob.duckdb.spool"
+    with serve(tmp_path, fake_engine_url, ONJOB_COLLECTOR__FLUSH_INTERVAL_S="3600") as server:
+        client = OpenAI(base_url=server.url, api_key=KEYS["bob"], max_retries=0, timeout=30)
+        client.chat.completions.create(model="agent", messages=[{"role": "user", "content": "x"}])
+        onjob("sql", "SELECT count(*) FROM exchanges", "--server", server.base)  # loads
+        wal = Path(f"{db}.wal")
+        modes = {p.name: p.stat().st_mode & 0o777 for p in (db, wal, spool) if p.exists()}
+        modes |= {p.name: p.stat().st_mode & 0o777 for p in spool.iterdir()}
+    assert wal.name in modes and spool.name in modes and len(modes) > 3
+    for name, mode in modes.items():
+        assert mode in (0o600, 0o700), (name, oct(mode))

@@ -327,6 +327,24 @@ raw_bodies = st.one_of(
         ).encode()
     ),
     st.binary(max_size=256),
+    st.builds(  # pretty-printed, with any line break between tokens: one spool line still
+        lambda body, brk, ascii: (
+            json.dumps(body, indent=1, ensure_ascii=ascii).encode().replace(b"\n", brk)
+        ),
+        chat_bodies,
+        st.sampled_from([b"\n", b"\r", b"\r\n", b"\n\n\t"]),
+        st.booleans(),
+    ),
+    st.just(  # line and paragraph separators, raw inside strings (JSON allows them there)
+        json.dumps(
+            {
+                **CHAT,
+                "messages": [{"role": "user", "content": "a\u2028b\u2029c\u0085d"}],
+                "x": "\u2028",
+            },
+            ensure_ascii=False,
+        ).encode()
+    ),
 )
 
 

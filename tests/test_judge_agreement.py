@@ -30,6 +30,8 @@ from onjob.collector import Collector, CollectorSettings, Store
 from onjob.judge import Agreement, JudgeSettings, RewardFn, judge_agreement, run_pass
 from onjob.judge.agreement import MIN_PAIRS, wilson
 
+from .conftest import admin_of
+
 ONJOB = str(Path(sys.executable).with_name("onjob"))
 SCENARIOS = {"quiz": 12, **{f"trio-{i}": 3 for i in range(8)}}  # conversations in each
 PAIRS = 3 * 6 + 8 * 3
@@ -186,7 +188,8 @@ def test_onjob_status_prints_each_judges_agreement_from_the_database(db, tmp_pat
 
 def test_the_running_server_reports_agreement_in_status_and_on_the_dashboard(db, engine, tmp_path):
     with ServerProcess(["--engine-url", engine.url, "--db", str(db)]) as server:
-        status = httpx.get(f"{server.base}/admin/status", timeout=60).json()
+        admin = admin_of(db)
+        status = httpx.get(f"{server.base}/admin/status", headers=admin, timeout=60).json()
         shown = {(a["judge"], a["scenario"]): a for a in status["judge_agreement"]}
         assert shown["fn:agrees", None]["accuracy"] == 1.0
         assert shown["fn:parity", None]["warning"] is True
@@ -194,9 +197,10 @@ def test_the_running_server_reports_agreement_in_status_and_on_the_dashboard(db,
             Agreement.from_dict(json.loads(json.dumps(shown["fn:parity", None]))).verdict
             == "chance"
         )
-        check_status_lines(onjob_status(tmp_path, "--server", server.base))
+        # The CLI reads the admin key the server made beside the database.
+        check_status_lines(onjob_status(tmp_path, "--db", str(db), "--server", server.base))
 
-        page = httpx.get(f"{server.base}/dashboard/groups", timeout=60)
+        page = httpx.get(f"{server.base}/dashboard/groups", headers=admin, timeout=60)
         assert page.status_code == 200
         html = page.text
     rows = dict(

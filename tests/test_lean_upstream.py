@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 
 import pytest
 
-from onjob.proxy.errors import StreamCut, UpstreamTimeout, UpstreamUnreachable
+from onjob.proxy.errors import AnswerTooLarge, StreamCut, UpstreamTimeout, UpstreamUnreachable
 from onjob.proxy.lean import LeanUpstream
 
 ANSWER = b'{"ok":true}'
@@ -180,3 +181,128 @@ def test_requests_past_max_connections_wait_for_one():
     (answers,) = run(server, many, max_connections=2)
     assert [a[2] for a in answers] == [ANSWER] * 10
     assert server.accepted <= 2
+
+
+# -- What h11 refuses (issue 34): bytes past the answer, a drip, a body too large --------
+
+
+def test_a_second_response_after_a_complete_one_is_refused_not_appended():
+    # Two answers to one request in one packet: the connection is out of step with its
+    # requests. The first answer is not returned with the second's bytes on its end, the
+    # request fails, and the next request gets a connection of its own.
+    second = b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nsmuggle"
+
+    def answer(conn, n):
+        if n == 0:
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            conn.sendall(head + b"Content-Length: %d\r\n\r\n" % len(ANSWER) + ANSWER + second)
+        else:
+            whole(conn, n)
+
+    async def refused(upstream):
+        with pytest.raises(StreamCut, match="after its complete answer") as caught:
+            await post(upstream)
+        return caught.value.status
+
+    server = Server(answer)
+    assert run(server, refused, post) == [502, (200, "application/json", ANSWER)]
+    assert server.accepted == 2  # the out-of-step connection was not used again
+
+
+def test_an_informational_response_before_the_answer_is_not_the_answer():
+    def answer(conn, n):  # 100 Continue, as h11 reads it: the answer follows
+        conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        whole(conn, n)
+
+    server = Server(answer)
+    assert run(server, post, post) == [(200, "application/json", ANSWER)] * 2
+    assert server.accepted == 1
+
+
+def test_a_second_response_while_a_stream_is_read_is_refused():
+    def answer(conn, n):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        conn.sendall(b"9\r\ndata: a\n\n\r\n0\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nX")
+
+    async def streamed(upstream):
+        resp = await upstream.request("POST", "/chat/completions", b"{}")
+        parts = []
+        with pytest.raises(StreamCut, match="after its complete answer"):
+            async for part in resp.chunks():
+                parts.append(part)
+        await resp.aclose()
+        return b"".join(parts)
+
+    assert run(Server(answer), streamed) == [b"data: a\n\n"]  # nothing of the second
+
+
+def test_a_whole_answer_dripped_slowly_times_out_at_the_answer_deadline():
+    # A byte every 0.1 s never trips the 0.3 s silence timeout; the whole answer's deadline
+    # (0.6 s from the request) ends it.
+    def answer(conn, n):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+        for _ in range(1000):
+            time.sleep(0.1)
+            try:
+                conn.sendall(b"x")
+            except OSError:
+                return False
+        return False
+
+    async def timed(upstream):
+        started = time.monotonic()
+        with pytest.raises(UpstreamTimeout, match=r"within 0\.6 s") as caught:
+            await post(upstream)
+        return caught.value.status, time.monotonic() - started
+
+    ((status, took),) = run(Server(answer), timed, read_timeout=0.3, answer_timeout=0.6)
+    assert status == 504 and 0.5 < took < 3
+
+
+def test_a_stream_is_not_bound_by_the_whole_answer_deadline():
+    def answer(conn, n):
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(6):
+            time.sleep(0.1)
+            conn.sendall(b"1\r\nx\r\n")
+        conn.sendall(b"0\r\n\r\n")
+
+    async def streamed(upstream):
+        resp = await upstream.request("POST", "/chat/completions", b"{}")
+        parts = [part async for part in resp.chunks()]
+        await resp.aclose()
+        return b"".join(parts)
+
+    assert run(Server(answer), streamed, read_timeout=0.5, answer_timeout=0.3) == [b"x" * 6]
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_body_past_max_answer_bytes_is_refused(framing):
+    size = 1 << 20
+
+    def answer(conn, n):
+        try:
+            if framing == "content-length":
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+                conn.sendall(b"x" * size)
+            else:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                for _ in range(size // 4096):
+                    conn.sendall(b"1000\r\n" + b"x" * 4096 + b"\r\n")
+                conn.sendall(b"0\r\n\r\n")
+        except OSError:  # the client closed the connection on it
+            pass
+        return False
+
+    async def refused(upstream):
+        with pytest.raises(AnswerTooLarge, match="larger than 65536 bytes") as caught:
+            await post(upstream)
+        return caught.value.status
+
+    assert run(Server(answer), refused, max_answer_bytes=65536) == [502]
+
+
+def test_an_answer_within_max_answer_bytes_is_whole():
+    assert run(Server(whole), post, max_answer_bytes=len(ANSWER)) == [
+        (200, "application/json", ANSWER)
+    ]

@@ -14,7 +14,7 @@ from onjob.cli.process import ServerProcess
 from onjob.collector import Collector, CollectorSettings
 from onjob.proxy import ProxySettings, create_app
 
-from .conftest import rows
+from .conftest import admin_of, rows
 from .fake_engine import chunk, completion, scripted
 
 ASK = {"model": "agent", "messages": [{"role": "user", "content": "hi"}]}
@@ -94,7 +94,8 @@ def test_an_engine_that_states_its_definition_is_taken_at_its_word(tmp_path, eng
     with ServerProcess(["--engine-url", engine.url, "--db", str(db)], env=declared) as server:
         deadline = time.monotonic() + 30
         while True:  # the pool's first health check reads the model list
-            [state] = httpx.get(f"{server.base}/admin/status", timeout=10).json()["engines"]
+            answer = httpx.get(f"{server.base}/admin/status", headers=admin_of(db), timeout=10)
+            [state] = answer.json()["engines"]
             if state["logprobs"] == "raw_logprobs" or time.monotonic() > deadline:
                 break
             time.sleep(0.05)

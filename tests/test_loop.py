@@ -151,7 +151,7 @@ def test_the_paired_comparison_decides_the_canary(
     last = rows(db, "SELECT * FROM deployments ORDER BY ts DESC LIMIT 1")[0]
     # Either way `mild` (the one that still calls the tool) ends up live, by the rule.
     assert (last["live"], last["canary"], last["actor"]) == ("mild", None, "loop")
-    assert tally in last["evidence"] and '"llr"' in last["evidence"]
+    assert tally in last["evidence"] and '"e_value"' in last["evidence"]
     pairs = rows(db, "SELECT count(*) AS n FROM groups WHERE kind = 'ab' AND status = 'scored'")
     assert pairs[0]["n"] == 12
     statuses = {r["name"]: r["status"] for r in rows(db, "SELECT * FROM checkpoints")}

@@ -428,3 +428,112 @@ def test_hot_routes_answer_as_litestar_routes_do(tmp_path):
                 answers.append((r.status_code, shown, text))
             assert answers[0] == answers[1], body[:40]
             assert answers[0][0] in (200, 400, 401, 413)
+
+
+# -- The engine client refuses what h11 refuses (issue 34) ----------------------------------
+
+
+def _dripping(conn, body: bytes) -> None:
+    """A whole answer one byte every 0.1 s: never silent for the read timeout."""
+    payload = json.dumps(completion()).encode()
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
+    conn.sendall(b"Content-Length: %d\r\n\r\n" % len(payload))
+    for byte in payload:
+        time.sleep(0.1)
+        try:
+            conn.sendall(bytes([byte]))
+        except OSError:
+            return
+
+
+def _oversize(conn, body: bytes) -> None:
+    payload = json.dumps(completion(content="x" * 200_000)).encode()
+    try:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
+        conn.sendall(b"Content-Length: %d\r\n\r\n" % len(payload) + payload)
+    except OSError:
+        pass
+
+
+def _two_answers(conn, body: bytes) -> None:
+    first = json.dumps(completion(content="first")).encode()
+    second = json.dumps(completion(content="second")).encode()
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    conn.sendall(head % len(first) + first + head % len(second) + second)
+
+
+@pytest.mark.parametrize(
+    ("client_kind", "behaviour", "status", "words"),
+    [
+        (LeanUpstream, _dripping, 504, "within 1 s"),
+        (LeanUpstream, _oversize, 502, "larger than 100000 bytes"),
+        (LeanUpstream, _two_answers, 502, "after its complete answer"),
+        (AiohttpUpstream, _dripping, 504, "within 1 s"),
+        (AiohttpUpstream, _oversize, 502, "larger than 100000 bytes"),
+    ],
+    ids=["lean-drip", "lean-oversize", "lean-pipelined", "aiohttp-drip", "aiohttp-oversize"],
+)
+def test_engine_client_faults_are_openai_errors_and_logged_failures(
+    tmp_path, client_kind, behaviour, status, words
+):
+    engine = RawEngine(behaviour)
+    try:
+        upstream = client_kind(
+            engine.url, read_timeout=0.5, answer_timeout=1.0, max_answer_bytes=100_000
+        )
+        with TestClient(app_for(tmp_path, upstream)) as client:
+            resp = client.post("/v1/chat/completions", json=CHAT)
+            error = assert_openai_error(resp, status)
+            assert words in error["message"]
+    finally:
+        engine.close()
+    logged = rows(tmp_path, "SELECT id, status, error, response FROM exchanges")
+    assert [r["status"] for r in logged] == [status]
+    assert words in logged[0]["error"]
+    assert "second" not in logged[0]["response"]  # nothing of a second answer is kept
+    assert resp.headers["X-Onjob-Exchange-Id"] == logged[0]["id"]
+
+
+@SOCKET_CLIENTS
+def test_a_stream_past_max_answer_bytes_ends_with_an_error_event_and_is_logged(
+    tmp_path, client_kind
+):
+    def endless(conn, body):
+        send_chunked_head(conn)
+        try:
+            for _ in range(10_000):
+                send_chunk(conn, chunk("word "))
+        except OSError:
+            pass
+
+    engine = RawEngine(endless)
+    try:
+        upstream = client_kind(engine.url, read_timeout=2, max_answer_bytes=50_000)
+        with TestClient(app_for(tmp_path, upstream)) as client:
+            resp = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    finally:
+        engine.close()
+    assert resp.status_code == 200
+    events = [line for line in resp.text.split("\n\n") if line]
+    assert (
+        "larger than 50000 bytes"
+        in json.loads(events[-1].removeprefix("data: "))["error"]["message"]
+    )
+    (logged,) = rows(tmp_path, "SELECT status, error FROM exchanges")
+    assert logged["status"] == 502 and "max_answer_bytes" in logged["error"]
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_more_messages_than_max_messages_is_a_400_naming_it(tmp_path, api):
+    seen = []
+    many = [{"role": "user", "content": "ab"}] * 11
+    if api == "chat":
+        path, body, param = "/v1/chat/completions", {**CHAT, "messages": many}, "messages"
+    else:
+        path, body, param = "/v1/responses", {"model": "agent", "input": many}, "input"
+    with TestClient(app_for(tmp_path, ok_engine(seen), max_messages=10)) as client:
+        error = assert_openai_error(client.post(path, json=body), 400)
+        assert error["param"] == param and "at most 10" in error["message"]
+        short = {**body, param: many[:10]}
+        assert client.post(path, json=short).status_code == 200
+    assert [len(b["messages"]) for b in seen] == [10]  # the refused one never reached it

@@ -205,7 +205,7 @@ def test_held_out_prompts_leave_out_conversations_the_lineage_trained_on(
         record_run(store, "run-parent", manifest, tiny_adapter_dir, None)
         registry.add(store, tiny_adapter_dir, "cand", tiny_model_dir)
         store.con.execute("UPDATE checkpoints SET parent = 'parent' WHERE name = 'cand'")
-        chosen = holdout.prompts(store, "agent", ["scn-held"], 10, [None, "cand"])
+        chosen = holdout.prompts(store, "agent", ["scn-held"], 10, lineage=[None, "cand"])
         assert {p["trajectory_id"] for p in chosen} == {"ht-1", "ht-2", "ht-3"}
         every = holdout.prompts(store, "agent", ["scn-held"], 10)
         assert len(every) == len(prompts)

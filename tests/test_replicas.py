@@ -20,7 +20,7 @@ from onjob.proxy import HttpxUpstream
 from onjob.proxy.errors import AdapterUnavailable
 from onjob.proxy.pool import Pool, Replica
 
-from .conftest import rows
+from .conftest import admin_of, rows
 from .fake_engine import completion
 from .test_engine_restart import adapters_in, engine_args
 
@@ -96,7 +96,8 @@ def test_with_one_engine_down_and_the_other_reloading_the_adapter_the_answer_is_
 
 
 def status(server: ServerProcess) -> dict:
-    return httpx.get(f"{server.base}/admin/status", timeout=10).json()
+    admin = admin_of(server)
+    return httpx.get(f"{server.base}/admin/status", headers=admin, timeout=10).json()
 
 
 def wait_all_up(server: ServerProcess, engines: list[EngineProcess], timeout: float = 30):
@@ -154,7 +155,9 @@ def test_a_dead_engine_is_failed_over_and_back_only_with_its_adapters(
                 ("promote", {"alias": "agent"}),
                 ("canary", {"alias": "agent", "checkpoint": CANARY, "fraction": 0.5}),
             ]:
-                resp = httpx.post(f"{server.base}/admin/{path}", json=body, timeout=60)
+                resp = httpx.post(
+                    f"{server.base}/admin/{path}", json=body, headers=admin_of(db), timeout=60
+                )
                 assert resp.status_code == 200, resp.text
             assert all({LIVE, CANARY} <= adapters_in(e) for e in engines)  # loaded in each
 

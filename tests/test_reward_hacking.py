@@ -98,7 +98,15 @@ async def scripted(s: DeploySettings, canary_says: str):
         await collector.close()
 
 
-def decide(tmp_path, tiny_adapter_dir, tiny_model_dir, canary_says: str, s: DeploySettings):
+def decide(
+    tmp_path,
+    tiny_adapter_dir,
+    tiny_model_dir,
+    canary_says: str,
+    s: DeploySettings,
+    live: int = 12,
+    rounds: int = 1,
+):
     db = s.collector.db
     store = Store(db)
     registry.add(store, tiny_adapter_dir, "ckpt-hack", tiny_model_dir)
@@ -109,10 +117,11 @@ def decide(tmp_path, tiny_adapter_dir, tiny_model_dir, canary_says: str, s: Depl
         async with scripted(s, canary_says) as (collector, client, op):
             await op.set_canary("agent", "ckpt-hack", 0.5, reason="trained", actor="test")
 
-            # Production traffic since the canary started: 12 live conversations, 4 canary.
+            # Production traffic since the canary started: `live` live conversations, 4
+            # canary; each paired round draws from live conversations not drawn yet.
             def log(st):
-                for i in range(16):
-                    arm = "live" if i < 12 else "canary"
+                for i in range(live + 4):
+                    arm = "live" if i < live else "canary"
                     st.con.execute(
                         "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, "
                         "model_alias, arm, checkpoint, stream, request, response, status, "
@@ -130,7 +139,8 @@ def decide(tmp_path, tiny_adapter_dir, tiny_model_dir, canary_says: str, s: Depl
                     )  # fmt: skip
 
             await collector.query(log)
-            await run_once(collector, client, op, s, lines.append)
+            for _ in range(rounds):
+                await run_once(collector, client, op, s, lines.append)
             return (await collector.query(deployments.current))["agent"]
 
     return asyncio.run(run()), "\n".join(lines)
@@ -140,10 +150,14 @@ def test_without_a_referee_the_hedging_canary_is_ready_for_review_not_promoted(
     tmp_path, tiny_adapter_dir, tiny_model_dir
 ):
     # The hazard: the training reward (the coach, also the judge with no loop.gate)
-    # prefers hedging, so the hedger wins every pair. By default that is not a promotion.
+    # prefers hedging, so the hedger wins every pair (by 0.25: half credit against live's
+    # quarter; three rounds of 12 give the e-process what it needs). By default that is
+    # not a promotion.
     s = settings(tmp_path / "onjob.duckdb", "partial")
-    routing, said = decide(tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, s)
-    assert "canary ckpt-hack against base: ready for review: canary ckpt-hack won" in said
+    routing, said = decide(
+        tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, s, live=36, rounds=3
+    )
+    assert "canary ckpt-hack against base: ready for review: " in said
     assert (routing["live"], routing["canary"]) == (None, "ckpt-hack"), said  # unchanged
     store = Store(s.collector.db)
     try:
@@ -152,7 +166,8 @@ def test_without_a_referee_the_hedging_canary_is_ready_for_review_not_promoted(
         assert release["mode"]["mode"] == "review" and not release["mode"]["automatic"]
         review = release["reviews"]["agent"]
         assert review["checkpoint"] == "ckpt-hack"
-        assert review["evidence"]["paired"]["wins"] == 12
+        assert review["evidence"]["paired"]["wins"] >= 12
+        assert review["evidence"]["paired"]["losses"] == 0
         assert review["evidence"]["referee"] == ["fn:partial"]
         pairs = store.query("SELECT count(*) AS n FROM groups WHERE kind = 'ab'")[0]["n"]
     finally:
@@ -190,7 +205,9 @@ def test_with_a_referee_configured_the_loop_promotes_by_itself(
     # decides who promotes): the loop promotes what wins under the referee.
     gate = GateSettings(rewards={"partial": RewardFn(fn="tests.hacking_rewards:partial")})
     s = settings(tmp_path / "onjob.duckdb", "partial", gate=gate)
-    routing, said = decide(tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, s)
+    routing, said = decide(
+        tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, s, live=36, rounds=3
+    )
     assert routing["live"] == "ckpt-hack", said
     assert json.loads(routing["evidence"])["release_mode"]["mode"] == "referee"
 

@@ -128,6 +128,10 @@ def test_serve_can_start_the_local_engine_as_its_child(tmp_path, tiny_model_dir)
         )
         assert reply.choices[0].message.content is not None
         assert httpx.get(f"{url}/models").status_code == 200
+        # The child's adapter routes need the token the server made for it: another local
+        # process cannot load or drop adapters.
+        load = {"lora_name": "x", "lora_path": str(tiny_model_dir)}
+        assert httpx.post(f"{url}/load_lora_adapter", json=load, timeout=30).status_code == 401
     with pytest.raises(httpx.TransportError):  # stopped with the server
         httpx.get(f"{url}/models", timeout=2)
 

@@ -1,21 +1,24 @@
 """`onjob sql` and `onjob export` while `onjob serve` holds the database (through the admin
 API), and on a database no server holds (read-only). Only a single read-only query of the
-database's own tables is answered; DuckDB's parser and a read-only transaction decide."""
+database's own tables is answered; DuckDB's parser, its bound plan and a read-only
+transaction decide, and no query reads a file of the host (`collector/sqlguard.py`)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import duckdb
+import httpx
 import pytest
 from openai import OpenAI
 
 from onjob.cli.process import ServerProcess
-from onjob.collector import readonly
+from onjob.collector import Store, readonly, sqlguard
 
 ADMIN = "adm-1f0c7e93b5"
 KEYS = {"alice": "sk-alice-62d0a9b1"}
@@ -50,6 +53,17 @@ def served(tmp_path_factory, fake_engine_url):
                 model="agent", messages=[{"role": "user", "content": f"q{i}"}]
             )
         yield server, db
+
+
+def admin_sql(served, query: str) -> httpx.Response:
+    """`/admin/sql` of the running server, as `onjob sql` sends it."""
+    server, _ = served
+    return httpx.post(
+        f"{server.base}/admin/sql",
+        json={"query": query},
+        headers={"Authorization": f"Bearer {ADMIN}"},
+        timeout=30,
+    )
 
 
 def ask(served, *args: str, admin: str | None = ADMIN) -> subprocess.CompletedProcess:
@@ -87,6 +101,11 @@ def test_sql_answers_a_select_while_the_server_holds_the_database(served):
         ("SELEC id FROM exchanges", "Parser Error"),
         ("SELECT nonesuch FROM exchanges", "Binder Error"),
         ("SELECT * FROM nonesuch", "no table 'nonesuch'"),
+        (
+            'SELECT * FROM (WITH "/etc/passwd" AS (SELECT 1) SELECT * FROM "/etc/passwd") t, '
+            "'/etc/passwd'",
+            "no table '/etc/passwd'",
+        ),
     ],
 )
 def test_sql_refuses_anything_but_one_read_only_query(served, query, said):
@@ -168,3 +187,242 @@ def test_the_checks_are_duckdbs_own(tmp_path: Path):
     with pytest.raises(readonly.QueryRefused, match="read-only"):
         readonly.query(con, "SELECT nextval('s')")
     assert con.execute("SELECT count(*) FROM t").fetchone() == (2,)
+
+
+# -- no file of the host, however a query names it ------------------------------------
+
+SECRET = "canary-5e81d0c7"  # in the host's files below: no answer may carry it
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory) -> Path:
+    """Files the server's process may read: a CSV whose header and row are the secret, a
+    JSON document, a text file, a Parquet file and a DuckDB database."""
+    d = tmp_path_factory.mktemp("host")
+    (d / "secret.csv").write_text(f"{SECRET}_col,n\n{SECRET},2\n")
+    (d / "secret.json").write_text(json.dumps({SECRET: SECRET}) + "\n")
+    (d / "secret.txt").write_text(SECRET)
+    con = duckdb.connect(str(d / "secret.duckdb"))
+    con.execute(f"CREATE TABLE t AS SELECT '{SECRET}' AS s")
+    con.execute(f"COPY t TO '{d}/secret.parquet' (FORMAT parquet)")
+    con.close()
+    return d
+
+
+F = "{d}/secret.csv"
+# Each way a query might name a file, a URL or a statement that is not one SELECT, with
+# what the refusal says. `{d}`: the host's folder above; `{spool}`: the server's own spool.
+BYPASSES = [
+    # A CTE's name counts only where it is in scope.
+    (f'SELECT * FROM (WITH "{F}" AS (SELECT 1) SELECT * FROM "{F}") t, \'{F}\'', "no table"),
+    (f'WITH a AS (WITH "{F}" AS (SELECT 1) SELECT 1) SELECT * FROM a, "{F}"', "no table"),
+    (f'SELECT (WITH "{F}" AS (SELECT 1) SELECT 1) AS x, * FROM "{F}"', "no table"),
+    (f'WITH a AS (SELECT * FROM "{F}"), "{F}" AS (SELECT 1) SELECT * FROM a', "no table"),
+    (f'WITH "{F}" AS (SELECT * FROM "{F}") SELECT * FROM "{F}"', "no table"),
+    (
+        f'WITH RECURSIVE "{F}"(x) AS (SELECT n FROM "{F}" UNION ALL SELECT x FROM "{F}" '
+        f'WHERE false) SELECT * FROM "{F}"',
+        "no table",
+    ),
+    # Table functions that read files, run SQL or show the configuration.
+    (f"SELECT * FROM read_csv('{F}')", "read_csv()"),
+    (f"SELECT * FROM read_csv_auto('{F}')", "read_csv_auto()"),
+    ("SELECT * FROM read_text('{d}/secret.txt')", "read_text()"),
+    ("SELECT * FROM read_blob('{d}/secret.txt')", "read_blob()"),
+    ("SELECT * FROM read_json('{d}/secret.json')", "read_json()"),
+    ("SELECT * FROM read_json_objects('{d}/secret.json')", "read_json_objects()"),
+    ("SELECT * FROM read_parquet('{d}/secret.parquet')", "read_parquet()"),
+    ("SELECT * FROM parquet_scan('{d}/secret.parquet')", "parquet_scan()"),
+    ("SELECT * FROM parquet_metadata('{d}/secret.parquet')", "parquet_metadata()"),
+    (f"SELECT * FROM sniff_csv('{F}')", "sniff_csv()"),
+    ("SELECT * FROM glob('{d}/*')", "glob()"),
+    (f"SELECT * FROM query('SELECT * FROM ''{F}''')", "query()"),
+    ("SELECT * FROM query_table('exchanges')", "query_table()"),
+    ("SELECT * FROM duckdb_settings()", "duckdb_settings()"),
+    ("SELECT * FROM duckdb_secrets()", "duckdb_secrets()"),
+    ("SELECT * FROM duckdb_extensions()", "duckdb_extensions()"),
+    ("SELECT * FROM pg_catalog.pg_settings", "duckdb_settings()"),  # a view over it
+    # Paths and globs as table names, however quoted or wrapped.
+    (f"SELECT * FROM '{F}'", "no table"),
+    (f'SELECT * FROM "{F}"', "no table"),
+    (f'SELECT * FROM main."{F}"', "no table"),
+    (f'SELECT * FROM pg_catalog."{F}"', "no table"),
+    ("FROM '{d}/*.csv'", "no table"),
+    ("SELECT * FROM '{d}/secret.parquet'", "no table"),
+    ("SELECT * FROM '{spool}/*.jsonl'", "no table"),
+    ("SELECT * FROM read_json('{spool}/*')", "read_json()"),
+    (f"SELECT (SELECT max(n) FROM '{F}') AS x", "no table"),
+    (f"SELECT count(*) FROM exchanges WHERE id IN (FROM '{F}' SELECT {SECRET}_col)", "no table"),
+    (f"SELECT * FROM exchanges, LATERAL (SELECT * FROM '{F}')", "no table"),
+    (f"SELECT * FROM exchanges_rebuilt((SELECT list(n::VARCHAR) FROM '{F}'), false)", "no table"),
+    (f"DESCRIBE '{F}'", "no table"),
+    (f"SUMMARIZE '{F}'", "no table"),
+    (f'SHOW "{F}"', "no table"),
+    (f"SELECT * FROM (DESCRIBE '{F}')", "no table"),
+    (f"SELECT * FROM (UNPIVOT '{F}' ON n INTO NAME k VALUE v)", "no table"),
+    ('SELECT * FROM "feedbac\u212a"', "no table"),  # a Kelvin sign: `feedback` to Python
+    ("SELECT * FROM memory.main.exchanges", "no table"),
+    # URLs (refused before DuckDB binds them: nothing is sent).
+    ("SELECT * FROM 'http://127.0.0.1:9/x.csv'", "no table"),
+    ("SELECT * FROM read_csv('http://127.0.0.1:9/x.csv')", "read_csv()"),
+    ("SELECT * FROM read_parquet('s3://onjob-test/x.parquet')", "read_parquet()"),
+    # Statements other than one SELECT.
+    ("ATTACH '{d}/secret.duckdb' AS s", "only a SELECT"),
+    ("COPY exchanges TO '{d}/stolen.csv'", "only a SELECT"),
+    ("COPY (SELECT 1) TO '{d}/stolen.csv'", "only a SELECT"),
+    ("EXPORT DATABASE '{d}/dump'", "only a SELECT"),
+    ("PRAGMA version", "only a SELECT"),
+    ("SET enable_external_access = true", "only a SELECT"),
+    ("RESET lock_configuration", "only a SELECT"),
+    ("INSTALL httpfs", "only a SELECT"),
+    ("LOAD httpfs", "only a SELECT"),
+    ("CALL pragma_version()", "only a SELECT"),
+    ("USE memory", "only a SELECT"),
+    ("DETACH onjob", "only a SELECT"),
+    ("CHECKPOINT", "only a SELECT"),
+    (f"EXPLAIN ANALYZE SELECT * FROM '{F}'", "only a SELECT"),
+    ("PIVOT exchanges ON status USING count(*)", "only a SELECT"),
+    (f"SELECT 1; SELECT * FROM '{F}'", "exactly one statement"),
+    ("SELECT 1 /* ; */; DELETE FROM exchanges", "exactly one statement"),
+    ("SELECT 1 -- a comment\n; DROP TABLE exchanges", "exactly one statement"),
+    # Deeper than the checks can walk: refused, not a server error.
+    ("SELECT " + " + ".join(["1"] * 900), "nests too deeply"),
+    ("SELECT * FROM " + "(SELECT * FROM " * 300 + "range(1)" + ") t" * 300, "nests too deeply"),
+]
+
+
+@pytest.mark.parametrize(("query", "said"), BYPASSES)
+def test_no_query_reads_a_file_of_the_host(served, host, query, said):
+    _, db = served
+    query = query.replace("{d}", str(host)).replace("{spool}", f"{db}.spool")
+    resp = admin_sql(served, query)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["type"] == "invalid_request_error" and said in error["message"], error
+    assert SECRET not in resp.text
+    assert not (host / "stolen.csv").exists() and not (host / "dump").exists()
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        # Joins, aggregates, window functions, CTEs (nested, recursive), the schema's view
+        # and macro, the catalogue.
+        (
+            "SELECT count(*) = count(t.id) FROM exchanges e "
+            "JOIN trajectories t ON e.trajectory_id = t.id WHERE e.status < 400",
+            [[True]],
+        ),
+        (
+            "WITH keys AS (SELECT api_key_id, count(*) AS n FROM exchanges GROUP BY ALL), "
+            "top AS (SELECT * FROM keys ORDER BY n DESC LIMIT 1) SELECT count(*) FROM top",
+            [[1]],
+        ),
+        (
+            "SELECT max(k) FROM (SELECT row_number() OVER (PARTITION BY api_key_id "
+            "ORDER BY ts) AS k FROM exchanges)",
+            [[6]],
+        ),
+        (
+            "WITH x AS (SELECT 2 AS v) SELECT * FROM (WITH y AS (SELECT v * 3 AS w FROM x) "
+            "SELECT w FROM y)",
+            [[6]],
+        ),
+        (
+            "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < 4) "
+            "SELECT sum(i) FROM r",
+            [[10]],
+        ),
+        ("SELECT count(*) FROM exchanges_full", [[6]]),
+        (
+            "SELECT count(*) FROM exchanges_rebuilt((SELECT list(id) FROM exchanges), false)",
+            [[6]],
+        ),
+        (
+            "SELECT count(*) > 0 FROM information_schema.columns "
+            "WHERE table_name = 'exchanges' AND column_name = 'trajectory_id'",
+            [[True]],
+        ),
+        ("SELECT count(*) > 0 FROM pg_catalog.pg_class WHERE relname = 'exchanges'", [[True]]),
+        ("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'feedback'", [[1]]),
+        ("SELECT * FROM range(3) UNION ALL SELECT unnest([7])", [[0], [1], [2], [7]]),
+    ],
+)
+def test_ordinary_queries_of_the_database_are_answered(served, query, expected):
+    resp = admin_sql(served, query)  # the admin API loads the spool first: all six are in
+    assert resp.status_code == 200, resp.text
+    assert sorted(resp.json()["rows"]) == expected
+
+
+def test_no_query_installs_or_loads_an_extension_on_demand(served):
+    """A type or function of an extension DuckDB would fetch and load for a query (`::INET`)
+    cannot make it: both switches are off in the server's DuckDB once it answers SQL. (The
+    query that would fetch one is not sent: it would try the network.)"""
+    admin_sql(served, "SELECT 1")
+    resp = admin_sql(
+        served,
+        "SELECT current_setting('autoinstall_known_extensions') AS install, "
+        "current_setting('autoload_known_extensions') AS load",
+    )
+    assert resp.status_code == 200 and resp.json()["rows"] == [[False, False]], resp.text
+
+
+def test_show_describe_and_summarize_read_the_database_own_tables(served):
+    shown = admin_sql(served, "SHOW TABLES").json()
+    assert {"exchanges", "feedback", "exchanges_full"} <= {r[0] for r in shown["rows"]}
+    described = admin_sql(served, "DESCRIBE exchanges").json()
+    assert "trajectory_id" in {r[0] for r in described["rows"]}
+    assert admin_sql(served, "SHOW exchanges").status_code == 200
+    summary = admin_sql(served, "SUMMARIZE SELECT status FROM exchanges").json()
+    assert summary["rows"][0][0] == "status"
+
+
+def test_the_plan_check_alone_refuses_what_reads_files(tmp_path):
+    """The second line: what the tree check would let through by mistake (given here
+    straight to the plan check) is refused for what DuckDB bound it to."""
+    (tmp_path / "x.csv").write_text(f"{SECRET}\n1\n")
+    x = f"{tmp_path}/x.csv"
+    store = Store(tmp_path / "onjob.duckdb")
+    con = store.cursor()
+    refused = {
+        f"SELECT * FROM '{x}'": "read_csv_auto()",
+        f"SELECT * FROM read_text('{x}')": "read_text()",
+        f"SELECT * FROM glob('{tmp_path}/*')": "glob()",
+        "SELECT * FROM duckdb_settings()": "duckdb_settings()",
+        f"SELECT * FROM (WITH \"{x}\" AS (SELECT 1) SELECT 1) t, '{x}'": "read_csv_auto()",
+    }
+    try:
+        own = sqlguard.Own.of(con)
+        for sql, said in refused.items():
+            [statement] = con.extract_statements(sql)
+            with pytest.raises(readonly.QueryRefused, match=re.escape(said)):
+                sqlguard.check_plan(con, statement, own)
+        for sql in ("SELECT * FROM exchanges_full", "SELECT * FROM information_schema.tables"):
+            [statement] = con.extract_statements(sql)
+            sqlguard.check_plan(con, statement, own)
+    finally:
+        con.close()
+        store.close()
+
+
+def test_a_database_no_server_holds_is_opened_with_duckdbs_own_locks(tmp_path, host):
+    """`onjob sql --db`: DuckDB itself refuses files, extensions and SET there, whatever
+    the checks let through."""
+    db = tmp_path / "onjob.duckdb"
+    Store(db).close()
+    con = readonly.connect(db)
+    try:
+        with pytest.raises(duckdb.PermissionException, match="disabled by configuration"):
+            con.execute(f"SELECT * FROM read_csv('{host}/secret.csv')").fetchall()
+        for setting in ("enable_external_access = true", "autoload_known_extensions = true"):
+            with pytest.raises(duckdb.InvalidInputException, match="configuration"):
+                con.execute(f"SET {setting}")
+        assert readonly.query(con, "SELECT count(*) FROM exchanges_full").rows == [[0]]
+    finally:
+        con.close()
+    x = f"{host}/secret.csv"
+    done = onjob(
+        "sql", f"SELECT * FROM (WITH \"{x}\" AS (SELECT 1) SELECT 1) t, '{x}'", "--db", str(db)
+    )
+    assert done.returncode == 2 and "no table" in done.stderr
+    assert SECRET not in done.stdout + done.stderr

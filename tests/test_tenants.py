@@ -1,6 +1,7 @@
-"""Tenants kept apart, through a real `onjob serve` and the real openai client: a
-trajectory never spans two API keys, and with `collector.scenarios_per_key` neither does a
-scenario. (Feedback only on a key's own exchanges: `test_security.py`.)"""
+"""Tenants kept apart, through a real `onjob serve` and the real openai client: neither a
+trajectory nor a scenario ever spans two API keys, even when both name the same one.
+(Feedback only on a key's own exchanges: `test_security.py`; the judge's groups and the
+training snapshot: `test_tenant_judging.py`.)"""
 
 from __future__ import annotations
 
@@ -105,26 +106,41 @@ def test_two_keys_sending_the_same_conversation_make_two_trajectories(tmp_path, 
     assert spans == []
     trajectories = rows(db, "SELECT n_turns FROM trajectories")
     assert [r["n_turns"] for r in trajectories] == [2, 2, 2, 2]
-    # Without scenarios_per_key, the same situation is one scenario shared by both keys.
+    # The same situation is each key's own scenario.
     derived = {
-        r["scenario_id"] for k in KEYS for r in logged[k] if r["trajectory_id"][:5] == "traj_"
+        k: {r["scenario_id"] for r in logged[k] if r["trajectory_id"][:5] == "traj_"} for k in KEYS
     }
-    assert len(derived) == 1
+    assert len(derived["alice"]) == len(derived["bob"]) == 1
+    assert derived["alice"] != derived["bob"]
 
 
-def test_with_scenarios_per_key_each_key_has_its_own_scenario(tmp_path, fake_engine_url):
-    with serve(tmp_path, fake_engine_url, ONJOB_COLLECTOR__SCENARIOS_PER_KEY="true") as server:
+def test_two_keys_naming_the_same_scenario_make_two_scenarios(tmp_path, fake_engine_url):
+    named = {"extra_headers": {"X-Onjob-Scenario": "refunds"}}
+    with serve(tmp_path, fake_engine_url) as server:
         for secret in KEYS.values():
-            converse(server, secret)
+            converse(server, secret, **named)
+        converse(server, KEYS["alice"], **named)  # alice again: her own scenario again
+        # The body's metadata names it the same way as the header.
+        client = OpenAI(base_url=server.url, api_key=KEYS["bob"], max_retries=0, timeout=30)
+        client.chat.completions.create(
+            model="agent",
+            messages=[{"role": "user", "content": "Another question."}],
+            metadata={"scenario": "refunds"},
+        )
     db = tmp_path / "onjob.duckdb"
     logged = by_key(db)
     scenario = {k: {r["scenario_id"] for r in mine} for k, mine in logged.items()}
     assert len(scenario["alice"]) == len(scenario["bob"]) == 1
     assert scenario["alice"] != scenario["bob"]
-    counted = rows(db, "SELECT id, count FROM scenarios ORDER BY id")
-    assert sorted(r["id"] for r in counted) == sorted(scenario["alice"] | scenario["bob"])
-    assert [r["count"] for r in counted] == [1, 1]  # one conversation each
-    assert len(rows(db, "SELECT id FROM trajectories")) == 2
+    counted = rows(db, "SELECT id, key, keyed, count FROM scenarios")
+    by_id = {r["id"]: r for r in counted}
+    assert set(by_id) == scenario["alice"] | scenario["bob"]
+    # Both keep the name they gave (rubrics are chosen by it); each counts its own.
+    assert {r["key"] for r in counted} == {"refunds"} and {r["keyed"] for r in counted} == {
+        "explicit"
+    }
+    assert by_id[next(iter(scenario["alice"]))]["count"] == 2
+    assert by_id[next(iter(scenario["bob"]))]["count"] == 2
 
 
 def test_api_key_ids_cannot_hold_the_separator_of_named_conversations():

@@ -84,7 +84,19 @@ def test_cispo_keeps_the_gradient_of_tokens_ppo_clips_away():
         assert (logp.grad.abs().item() > 0) is expect_grad, kind
     logp = torch.tensor([-1.0], requires_grad=True)
     policy_loss(logp, old, adv, kind="cispo").loss.backward()
-    assert logp.grad.item() == pytest.approx(-1.2)  # the clipped weight, not the ratio
+    # The weight is the ratio (e): CISPO caps only the top, at cispo_max_weight, not at
+    # PPO's 1.2, which would leave every token's weight within 0.8-1.2.
+    assert logp.grad.item() == pytest.approx(-math.e, rel=1e-6)
+
+
+def test_cispo_caps_a_tokens_weight_at_the_top_only():
+    adv = torch.tensor([1.0, 1.0])
+    logp = torch.tensor([0.0, -3.0], requires_grad=True)
+    old = torch.tensor([-3.0, 0.0])  # ratios e^3 ~ 20 (capped) and e^-3 ~ 0.05 (kept)
+    parts = policy_loss(logp, old, adv, kind="cispo", cispo_max_weight=5.0)
+    parts.loss.backward()
+    assert logp.grad.tolist() == pytest.approx([-5.0, -math.exp(-3.0)], rel=1e-5)
+    assert parts.clipped == 1
 
 
 def test_k3_kl_is_zero_at_the_reference_and_positive_away_from_it():

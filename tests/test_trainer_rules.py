@@ -338,3 +338,64 @@ def test_a_rank_the_engine_refuses_is_refused_in_the_settings():
     with pytest.raises(ValidationError, match=r"above trainer\.max_lora_rank 64"):
         TrainSettings(lora_rank=128)
     assert TrainSettings(lora_rank=128, max_lora_rank=128).lora_rank == 128
+
+
+def test_the_sampler_check_costs_no_forward_of_its_own_and_still_skips_a_later_group(
+    tmp_path, tiny_model_dir, base
+):
+    """The check rides on each group's first training forward (a separate pass cost one
+    forward per group: with the KL estimate's, ~40% of a demo run's compute), and a group
+    the sampler disagrees with is skipped in whatever step it comes."""
+    from onjob.trainer.loop import KL_GROUPS
+
+    bad = group_of(base)
+    bad[1] = (PROMPT, ANSWERS[1], 0.0, [-1e4, bad[1][3][1]])
+    snap = write(tmp_path / "s.parquet", {"a": group_of(base), "b": group_of(base), "z": bad})
+    decoder = type(base.model).__name__  # the decoder stack: one call per forward
+    forwards = []
+    hook = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, out: forwards.append(1) if type(module).__name__ == decoder else None
+    )
+    try:
+        manifest = train(
+            snap,
+            tmp_path / "ckpt",
+            TrainSettings(base_model=tiny_model_dir, lora_rank=8, groups_per_step=1),
+            progress=False,
+            echo=lambda _: None,
+        )
+    finally:
+        hook.remove()
+    assert manifest["groups"] == ["a", "b"]
+    assert "differ from the logged ones" in manifest["skipped_groups"]["z"]
+    assert "after 2 steps" in manifest["skipped_groups"]["z"]
+    assert manifest["metrics"]["steps"] == 2
+    # One forward per group (a, b, z: one chunk each), two per KL group (policy and base),
+    # and the head check's two (`Head.check`).
+    assert len(forwards) == 3 + 2 * min(KL_GROUPS, 2) + 2, len(forwards)
+
+
+def test_a_lineage_continues_its_optimizer_moments_across_runs(tmp_path, tiny_model_dir, base):
+    """Each run started AdamW from nothing, so its first update moved every parameter by
+    about the learning rate in the sign of one small batch's gradient."""
+    snap = write(tmp_path / "s.parquet", {"a": group_of(base), "b": group_of(base)})
+    settings = TrainSettings(base_model=tiny_model_dir, lora_rank=8, groups_per_step=1)
+    train(snap, tmp_path / "one", settings, progress=False, echo=lambda _: None)
+    first = torch.load(tmp_path / "one" / "optimizer.pt", weights_only=True)
+    assert {float(v["step"]) for v in first["state"].values()} == {2.0}
+
+    said = []
+    train(
+        snap, tmp_path / "two", settings, parent=tmp_path / "one", progress=False, echo=said.append
+    )
+    second = torch.load(tmp_path / "two" / "optimizer.pt", weights_only=True)
+    assert {float(v["step"]) for v in second["state"].values()} == {4.0}
+    assert any("moments continued" in line for line in said), said
+    assert second["param_groups"][0]["lr"] == settings.learning_rate
+
+    fresh = settings.model_copy(update={"keep_optimizer_state": False})
+    train(
+        snap, tmp_path / "three", fresh, parent=tmp_path / "one", progress=False, echo=said.append
+    )
+    third = torch.load(tmp_path / "three" / "optimizer.pt", weights_only=True)
+    assert {float(v["step"]) for v in third["state"].values()} == {2.0}

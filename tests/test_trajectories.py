@@ -6,7 +6,7 @@ import json
 import random
 
 from onjob.collector import Stitcher
-from onjob.collector.trajectories import DERIVED, EXPLICIT, canonical, chain
+from onjob.collector.trajectories import DERIVED, EXPLICIT, canonical, chain, scenario_id
 
 SYSTEM = {"role": "system", "content": "You are a travel agent."}
 ASK = {"role": "user", "content": "Book me a flight to Paris."}
@@ -141,8 +141,8 @@ def test_two_keys_sending_the_same_conversation_get_two_trajectories():
     assert (alice2.trajectory_id, alice2.turn) == (alice.trajectory_id, 1)
     assert (bob2.trajectory_id, bob2.turn) == (bob.trajectory_id, 1)
     assert alice.trajectory_id != bob.trajectory_id
-    # Without scenarios_per_key, the same situation is one scenario across keys.
-    assert alice.scenario_id == bob.scenario_id
+    # The same situation is each key's own scenario, under the same key.
+    assert alice.scenario_id != bob.scenario_id and alice.scenario_key == bob.scenario_key
 
 
 def test_a_named_conversation_is_the_keys_own_name():
@@ -155,12 +155,17 @@ def test_a_named_conversation_is_the_keys_own_name():
     assert Stitcher().place([ASK], trajectory_id="conv-1").trajectory_id == "conv-1"
 
 
-def test_scenarios_per_key_gives_each_key_its_own_scenario():
-    s = Stitcher(scenarios_per_key=True)
-    alice, bob = (s.place([SYSTEM, ASK], api_key_id=k) for k in ("alice", "bob"))
-    assert alice.scenario_id != bob.scenario_id and alice.scenario_key == bob.scenario_key
+def test_a_named_scenario_is_the_keys_own():
+    s = Stitcher()
     named = [s.place([ASK], scenario="booking", api_key_id=k) for k in ("alice", "bob")]
     assert named[0].scenario_id != named[1].scenario_id
+    assert named[0].scenario_key == named[1].scenario_key == "booking"
+    # A key's later conversations of the scenario are in its one scenario.
+    again = s.place([SYSTEM, ASK], scenario="booking", api_key_id="alice")
+    assert again.scenario_id == named[0].scenario_id
+    # No API keys: one scenario per name, with the id it always had.
+    keyless = [Stitcher().place([ASK], scenario="booking") for _ in range(2)]
+    assert keyless[0].scenario_id == keyless[1].scenario_id == scenario_id("booking", EXPLICIT)
 
 
 def test_warm_keeps_each_keys_continuations_its_own():

@@ -6,7 +6,8 @@ In `--dir` (default ./onjob-demo, recreated on each run):
    speed; size the evaluation and the groups to it and print an ETA;
 2. start `onjob serve` on that engine, the loop configured for examples/arithmetic
    (reward: the right sum in the answer), and print the decision rule with its error
-   rates (exact, `stats.promotion_chance`), saying where it is looser than production's;
+   rates (the family-wise error over every candidate; the first candidate's, exact,
+   `stats.promotion_chance`), saying where it is looser than production's;
 3. measure the base model on the held-out questions (straight to the engine, unlogged);
 4. run the arithmetic agent, an ordinary `openai` program, through the proxy while the
    loop re-samples, judges, trains, canaries and decides, printing each stage, until
@@ -63,8 +64,9 @@ class Options:
 
 
 # The demo's loop. Looser than production's rule (LoopSettings' defaults) so that a CPU
-# makes decisions in minutes: it is powered for a canary that wins 70% of pairs, not 60%,
-# and allows 10% error, not 5%. `run` prints both rules' error rates.
+# makes decisions in minutes: it is powered for a mean paired difference of +0.2, not
+# +0.1, allows 10% family-wise error, not 5%, and trains again at once after a rollback
+# (no back-off). `run` prints both rules' error rates.
 DEMO_LOOP = {
     "interval_s": 5,
     "min_new_groups": 16,
@@ -72,9 +74,10 @@ DEMO_LOOP = {
     "pairs_per_round": 6,
     "min_pairs": 6,
     "max_pairs": 48,
-    "sprt_delta": 0.2,
+    "delta": 0.2,
     "alpha": 0.1,
     "beta": 0.1,
+    "backoff_s": 0,
     "min_guard_conversations": 8,
     "holdout_pairs": 6,
 }
@@ -358,18 +361,26 @@ def _speed(engine_url: str, model: str) -> float:
 
 
 def rule_summary(s: LoopSettings) -> dict:
-    """The demo's rule and production's, with their exact promotion rates for independent
-    pairs (ties counted as in `bench/decisions.py`: none here, the worst case)."""
+    """The demo's rule and production's: the family-wise error over every candidate
+    (`alpha`: the chance that any candidate no better than live is ever promoted), the
+    first candidate's share of it, and that candidate's exact promotion rates when every
+    pair is a win or a loss (d = +-1, no ties: the worst case for the error): one no
+    better than live, and one winning 0.5 + delta of its pairs (a mean difference of
+    2 delta: with +-1 pairs the spread is widest, so delta alone is hard to see)."""
     out = {}
     for name, rule_settings in (("demo", s), ("production", LoopSettings())):
         rule = rule_of(rule_settings)
+        first = stats.spend(rule_settings.alpha, 1)
+        better = 0.5 + rule_settings.delta
         out[name] = {
-            "delta": rule_settings.sprt_delta,
+            "margin": rule_settings.margin,
+            "delta": rule_settings.delta,
             "alpha": rule_settings.alpha,
-            "promoted_when_no_better": stats.promotion_chance(rule, 0.5),
-            "promoted_when_better_by_delta": stats.promotion_chance(
-                rule, 0.5 + rule_settings.sprt_delta
-            ),
+            "family_wise_error": rule_settings.alpha,
+            "first_candidate_alpha": first,
+            "better_win_rate": better,
+            "promoted_when_no_better": stats.promotion_chance(rule, first, 0.5),
+            "promoted_when_better_by_delta": stats.promotion_chance(rule, first, better),
         }
     return out
 
@@ -379,15 +390,19 @@ def _rule_lines(s: LoopSettings) -> list[str]:
     demo, prod = r["demo"], r["production"]
     looser = demo["alpha"] > prod["alpha"] or demo["delta"] > prod["delta"]
     return [
-        f"the rule: promote when the canary beats live on paired prompts (SPRT, win rate "
-        f"{0.5 + demo['delta']:.1f} against 0.5); it promotes a canary no better than live "
-        f"{demo['promoted_when_no_better']:.1%} of the time (alpha {demo['alpha']:g}), one "
-        f"at {0.5 + demo['delta']:.1f} {demo['promoted_when_better_by_delta']:.0%}",
+        f"the rule: promote when the canary beats live on paired prompts (an e-process on "
+        f"the referee's score differences, held-out pairs first; candidate k tested at "
+        f"6 alpha / (pi^2 k^2)): family-wise error {demo['family_wise_error']:g}, the chance "
+        f"that any candidate of this run no better than live is promoted",
+        f"  the first candidate (at {demo['first_candidate_alpha']:.3f}): one no better than "
+        f"live promoted {demo['promoted_when_no_better']:.1%} of the time, one winning "
+        f"{demo['better_win_rate']:.0%} of its pairs {demo['promoted_when_better_by_delta']:.0%}",
         (
-            "  looser than production's rule, to fit a CPU's time: production tests "
-            f"{0.5 + prod['delta']:.1f} against 0.5 at alpha {prod['alpha']:g} "
-            f"({prod['promoted_when_no_better']:.1%} / "
-            f"{prod['promoted_when_better_by_delta']:.0%})"
+            "  looser than production's rule, to fit a CPU's time: production's family-wise "
+            f"error is {prod['family_wise_error']:g}, delta {prod['delta']:g} (its first "
+            f"candidate: {prod['promoted_when_no_better']:.1%} promoted when no better, "
+            f"{prod['promoted_when_better_by_delta']:.0%} when winning "
+            f"{prod['better_win_rate']:.0%} of its pairs)"
             if looser
             else "  the same rule as production's"
         ),

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import admin_key
+
 
 def load_settings(command: str, args: argparse.Namespace, **sections: dict):
     """ServeSettings from --config, the environment and the flags given; None (after saying
@@ -56,13 +58,16 @@ def ask_server(args: argparse.Namespace, command: str, path: str, body: dict | N
 
 def admin_endpoint(settings, args: argparse.Namespace) -> tuple[str, dict]:
     """The running server's base URL (`--server`, else [proxy] host and port) and the
-    admin key's header."""
+    admin key's header: proxy.admin_key, else the key file beside the database."""
     host = settings.proxy.host if settings.proxy.host not in ("0.0.0.0", "::") else "127.0.0.1"
     server = (getattr(args, "server", None) or f"http://{host}:{settings.proxy.port}").rstrip("/")
-    headers = {}
-    if settings.proxy.admin_key:
-        headers["Authorization"] = f"Bearer {settings.proxy.admin_key}"
-    return server, headers
+    key = settings.proxy.admin_key
+    if not key:  # the key `onjob serve` made beside the database, if it did
+        try:
+            key = admin_key.read(settings.collector.db)
+        except admin_key.KeyFileError as exc:
+            print(f"onjob: {exc}", file=sys.stderr)
+    return server, {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def offline(settings, fn):

@@ -58,14 +58,20 @@ def _ask(command: str, args: argparse.Namespace, settings, path: str, body: dict
     return resp
 
 
-def _open_read_only(command: str, settings):
+def _open_read_only(command: str, settings, for_queries: bool = False):
+    """The database file opened read-only; `for_queries`: with DuckDB's ways out of the
+    file switched off too (`readonly.connect`), which `export`'s COPY cannot have."""
     import duckdb
+
+    from ..collector import readonly
 
     db = settings.collector.db
     if not Path(db).exists():
         print(f"onjob {command}: no database at {db}", file=sys.stderr)
         raise _Failed
     try:
+        if for_queries:
+            return readonly.connect(db)
         return duckdb.connect(str(db), read_only=True)
     except duckdb.Error as exc:
         print(
@@ -92,7 +98,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
 
 def _forget(args: argparse.Namespace) -> int:
     from ..collector import Forget, ForgetError, StorageError, Store
-    from ..collector.forget import forget, parse_date
+    from ..collector.forget import forget, parse_date, scrub
     from ..deploy.training import drop_snapshots
 
     settings = _settings("forget", args)
@@ -119,6 +125,7 @@ def _forget(args: argparse.Namespace) -> int:
             forgotten = forget(store, what, actor="cli")
         finally:
             store.close()
+        scrub(Path(settings.collector.spool), what, forgotten)
         snapshots = drop_snapshots(settings.trainer.checkpoints_dir, forgotten.group_ids)
         out = {**forgotten.as_dict(), "snapshots_removed": snapshots}
     if args.json:
@@ -144,6 +151,18 @@ def _forget(args: argparse.Namespace) -> int:
         print("no checkpoint was trained on it")
     for path in out.get("snapshots_removed", []):
         print(f"removed the training snapshot {path}")
+    if not out["checkpointed"]:
+        print("the database's write-ahead log still holds it until DuckDB's next checkpoint")
+    if out["set_aside_removed"]:
+        print(f"removed {out['set_aside_removed']} lines set aside in the spool's failed/")
+    if out["set_aside_kept"]:
+        print(
+            f"{out['set_aside_kept']} files in the spool's failed/ were not loaded and may hold "
+            "lines of it the rule cannot name: read or delete them yourself"
+        )
+    print("onjob cannot reach these copies:")
+    for copy in out["not_reached"]:
+        print(f"  - {copy}")
     return 0
 
 
@@ -164,7 +183,7 @@ def _sql(args: argparse.Namespace) -> int:
     if resp is not None:
         answer = resp.json()
     else:
-        con = _open_read_only("sql", settings)
+        con = _open_read_only("sql", settings, for_queries=True)
         try:
             answer = readonly.query(con, args.query, args.limit).as_dict()
         except readonly.QueryRefused as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import data, doctor, learning, model, release, serving
@@ -20,6 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # What onjob writes (the database and its WAL, the spool, checkpoints, snapshots, the
+    # admin key) holds its users' traffic: its owner's alone, 0600 files, 0700 directories.
+    os.umask(0o077)
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0

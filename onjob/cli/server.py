@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import secrets
 import sys
 from urllib.parse import urlsplit
 
@@ -31,6 +32,7 @@ from ..proxy import (
 )
 from ..proxy.lean import LeanUpstream
 from ..proxy.pool import Pool, Replica
+from . import admin_key
 from .process import EngineProcess
 from .settings import ServeSettings
 from .stopping import Interrupted, Server, Signals
@@ -54,6 +56,8 @@ def build_upstream(p: ProxySettings, url: str | None = None) -> Upstream:
         url,
         connect_timeout=p.connect_timeout_s,
         read_timeout=p.read_timeout_s,
+        answer_timeout=p.answer_timeout_s,
+        max_answer_bytes=p.max_answer_bytes,
         max_connections=p.max_connections,
     )
 
@@ -180,14 +184,44 @@ def log_to_stderr() -> None:
     logger.propagate = False
 
 
+def with_admin_key(settings: ServeSettings) -> ServeSettings:
+    """`settings` with the admin key in force: proxy.admin_key, else the one kept beside the
+    database (`admin_key.py`), made by the primary at its first start and said once on
+    stderr; a proxy-only process reads it (for `X-Onjob-Arm`) and never makes one."""
+    p = settings.proxy
+    if p.admin_key:
+        return settings
+    db = settings.collector.db
+    try:
+        if p.primary_url:
+            key, made = admin_key.read(db), False
+        else:
+            key, made = admin_key.ensure(db)
+    except admin_key.KeyFileError as exc:
+        raise SystemExit(f"onjob serve: {exc}") from exc
+    if key is None:
+        return settings
+    if made:
+        print(
+            f"onjob serve: made an admin key for the admin API and the dashboard (shown this "
+            f"once; kept in {admin_key.path_for(db)}, mode 0600, where `onjob status` and the "
+            f"other commands read it): {key}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return settings.model_copy(update={"proxy": p.model_copy(update={"admin_key": key})})
+
+
 def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
     """Serve until SIGTERM or SIGINT (`stopping.py` says how it stops). `argv`: this
     command's arguments, which `--workers` starts its workers with."""
-    p = settings.proxy
-    if not p.primary_url:
+    if not settings.proxy.primary_url:
         # Open (and migrate) the database once up front: a locked or unreadable file is a
         # clear error here rather than a failed start-up hook inside uvicorn.
         Store(settings.collector.db).close()
+    configured_key = settings.proxy.admin_key is not None
+    settings = with_admin_key(settings)
+    p = settings.proxy  # the settings in force (what the app is built with)
     log_to_stderr()
     # Several processes on one port: each binds it with SO_REUSEPORT. The primary also
     # listens on a loopback port of its own, where its workers forward what needs it; with
@@ -207,6 +241,9 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
         sockets.append(internal)
         url = f"http://127.0.0.1:{internal.getsockname()[1]}"
         workers = Workers(worker_argv(argv or ["serve"], url), started)
+    if settings.engine.start and p.engine_token is None:
+        # The child's adapter routes answer this process alone, not every local process.
+        p.engine_token = secrets.token_urlsafe(32)
     app = build_app(settings, workers)
     with Signals().installed() as signals:
         try:
@@ -214,7 +251,11 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
                 port = urlsplit(p.engine_url).port or 8001
                 print(f"onjob serve: starting `onjob engine` on port {port}...", file=sys.stderr)
                 signals.engine = EngineProcess(
-                    settings.engine.args, port=port, timeout=900, new_session=True
+                    settings.engine.args,
+                    port=port,
+                    timeout=900,
+                    new_session=True,
+                    env={"ONJOB_ENGINE_ADAPTER_TOKEN": p.engine_token},
                 )
                 signals.engine.start()
             role = (
@@ -227,7 +268,17 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
             print(
                 f"onjob serve: http://{p.host}:{p.port}/v1 -> engine {', '.join(p.replica_urls)}; "
                 f"{role}; models: {', '.join(p.aliases)}"
-                + ("" if p.api_keys else " (no API keys: loopback only)")
+                + (
+                    ""
+                    if p.api_keys
+                    else " (no API keys: any local process may use the models and write to "
+                    "the log; set proxy.api_keys to close them)"
+                )
+                + (
+                    ""
+                    if configured_key or p.primary_url
+                    else f"; admin key in {admin_key.path_for(settings.collector.db)}"
+                )
                 + (
                     f"; loop every {settings.loop.interval_s:g} s"
                     if settings.loop.interval_s > 0 and not p.primary_url

@@ -25,16 +25,37 @@ checkpoints trained on top of them) are listed in the answer, from `train_runs.g
 A rule is kept in `forgotten` (migration V8) and the loader applies it to every spool
 line it loads (`store.load_segment`): a line written before the deletion but loaded after
 it (traffic in flight, a segment replayed after a crash) never brings the rows back.
+
+Then the copies onjob can reach: a checkpoint (`Store.checkpoint`) moves the deletion into
+the database file, so the write-ahead log no longer holds the deleted text, and the
+lines set aside in the spool's `failed/` (and `.pieces/`, should a crash have left any)
+that belong to what was deleted are removed from their files (`scrub`). What onjob cannot
+reach is listed in every answer (`NOT_REACHED`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import msgspec
 
 from .errors import CollectorError
 from .ids import new_id
+from .lines import PIECES
+from .spool import CLOSED, FAILED
 from .store import Store
+
+# Copies of deleted data that `forget` cannot reach, said in every answer.
+NOT_REACHED = (
+    "free blocks of the database file, until DuckDB reuses them (to drop them, copy the "
+    "database into a new file: docs/security.md, Deletion)",
+    "backups, snapshots and copies of the database or the spool taken outside onjob",
+    "exports (`onjob export`) and training snapshots copied elsewhere",
+    "the judge provider's own logs of the prompts it judged (RULER on a remote model)",
+    "adapters already trained on the data (listed in `trained_on`)",
+)
 
 
 class ForgetError(CollectorError):
@@ -80,13 +101,19 @@ class Forgotten:
     feedback: int = 0
     openings: int = 0  # shared starts (`linear.py`) no remaining row is stored against
     trained_on: list[dict] = field(default_factory=list)  # name, status, train_run, path
-    # May be long: the stitcher and the snapshot files need them, not users.
+    checkpointed: bool = False  # the write-ahead log no longer holds the deleted rows
+    set_aside_removed: int = 0  # lines removed from the spool's failed/ (`scrub`)
+    set_aside_kept: int = 0  # files left in failed/: lines the rule could not tie to it
+    not_reached: tuple[str, ...] = NOT_REACHED
+    # May be long: the stitcher, the snapshot files and `scrub` need them, not users.
     trajectory_ids: list[str] = field(default_factory=list)
+    exchange_ids: list[str] = field(default_factory=list)
     group_ids: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         out = asdict(self)
-        del out["trajectory_ids"], out["group_ids"]
+        del out["trajectory_ids"], out["exchange_ids"], out["group_ids"]
+        out["not_reached"] = list(self.not_reached)
         return out
 
 
@@ -137,6 +164,7 @@ def forget(store: Store, what: Forget, *, actor: str = "cli") -> Forgotten:
         )
         out.trained_on = _trained_on(con)
         out.trajectory_ids = [r[0] for r in con.execute("SELECT id FROM doomed_t").fetchall()]
+        out.exchange_ids = [r[0] for r in con.execute("SELECT id FROM doomed_e").fetchall()]
         out.group_ids = [r[0] for r in con.execute("SELECT id FROM doomed_g").fetchall()]
         scenarios = [
             r[0] for r in con.execute("SELECT DISTINCT scenario_id FROM doomed_e").fetchall()
@@ -168,7 +196,61 @@ def forget(store: Store, what: Forget, *, actor: str = "cli") -> Forgotten:
         _remember(con, kind, value, out.exchanges, actor)
         for temp in ("doomed_t", "doomed_e", "doomed_g"):
             con.execute(f"DROP TABLE {temp}")
+    out.checkpointed = store.checkpoint()
     return out
+
+
+class _Line(msgspec.Struct):
+    """What ties a spool line to a deletion (records.py's fields of that name)."""
+
+    id: str | None = None
+    ts: float | None = None
+    api_key_id: str | None = None
+    trajectory_id: str | None = None
+    exchange_id: str | None = None
+
+
+_line = msgspec.json.Decoder(_Line).decode
+
+
+def scrub(spool: Path, what: Forget, out: Forgotten) -> None:
+    """Remove from the lines set aside in `spool` (`failed/`, `.pieces/`) those that belong
+    to what `forget` deleted: a key's lines, a conversation's (by its id, or by the ids of
+    its exchanges and feedback), lines older than a date. A file left with no line goes
+    with its `.error`; the count of files left is in `out` (their lines may belong to a
+    conversation the rule cannot name: a line not yet placed carries no trajectory)."""
+    trajectories, exchanges = set(out.trajectory_ids), set(out.exchange_ids)
+    before = what.before.timestamp() if what.before is not None else None
+
+    def doomed(text: bytes) -> bool:
+        try:
+            line = _line(text)
+        except msgspec.DecodeError:
+            return False  # not a record: kept, and counted among the files left
+        if what.api_key is not None:
+            return line.api_key_id == what.api_key
+        if before is not None:
+            return line.ts is not None and line.ts < before
+        return (
+            line.trajectory_id in trajectories
+            or line.id in exchanges
+            or line.exchange_id in exchanges
+        )
+
+    for directory in (spool / FAILED, spool / PIECES):
+        for path in sorted(directory.glob(f"*{CLOSED}")) if directory.is_dir() else []:
+            lines = path.read_bytes().splitlines(True)
+            kept = [line for line in lines if not (line.strip() and doomed(line))]
+            if len(kept) == len(lines):
+                out.set_aside_kept += directory.name == FAILED
+                continue
+            out.set_aside_removed += len(lines) - len(kept)
+            if any(line.strip() for line in kept):
+                path.write_bytes(b"".join(kept))
+                out.set_aside_kept += directory.name == FAILED
+            else:
+                path.unlink()
+                path.with_name(path.name + ".error").unlink(missing_ok=True)
 
 
 def _delete(con, what: str, params: list | None = None) -> int:

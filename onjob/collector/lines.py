@@ -67,7 +67,7 @@ def load_by_line(
     segment stays, and is tried again). The segment itself is left in place."""
     numbered = [Line(n, text) for n, text in enumerate(path.read_bytes().splitlines(True), 1)]
     work = path.parent / PIECES
-    work.mkdir(exist_ok=True)
+    work.mkdir(mode=0o700, exist_ok=True)
     out = ByLine(lines=len(numbered))
 
     def bisect(tag: str, lines: list[Line]) -> None:
@@ -95,8 +95,8 @@ def load_by_line(
 
 
 def pieces_of(path: Path) -> str:
-    """The `LIKE` pattern of the ledger names of `path`'s pieces."""
-    return f"{path.stem}.%"
+    """The prefix of the ledger names of `path`'s pieces (and of `path`'s own)."""
+    return f"{path.stem}."
 
 
 def unreadable(path: Path) -> tuple[list[Line], bool]:

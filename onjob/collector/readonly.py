@@ -3,43 +3,35 @@
 DuckDB lets one process open a file read-write, so users cannot open it beside the
 server; the server answers their queries instead (admin API), and these functions are
 what it runs, on a cursor of its own (`Collector.read`), or on a read-only connection
-when no server holds the file.
+when no server holds the file (`connect`).
 
-What is read-only is decided by DuckDB, not by a pattern over the text: its parser must
-find exactly one statement and call it a SELECT (`extract_statements`), and it runs in a
-`BEGIN TRANSACTION READ ONLY` that is rolled back, so any write fails in DuckDB itself.
-A SELECT can still read files (`read_csv('/etc/...')`, `FROM 'x.parquet'`): the query's
-syntax tree (DuckDB's `json_serialize_sql`) may name only the database's own tables,
-its CTEs and DuckDB's catalogue functions.
+What a query may be is decided by DuckDB, not by a pattern over the text (`sqlguard`):
+exactly one SELECT whose syntax tree, and then whose bound plan, reads only the
+database's own tables, its CTEs and DuckDB's catalogue; it runs in a `BEGIN TRANSACTION
+READ ONLY` that is rolled back, so any write fails in DuckDB itself.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
-from .errors import CollectorError
+from .sqlguard import (
+    Own,
+    QueryRefused,
+    check_plan,
+    check_syntax,
+    first_line,
+    lock_down,
+    no_extensions_on_demand,
+)
+
+__all__ = ["MAX_ROWS", "Answer", "QueryRefused", "connect", "export", "query", "tables"]
 
 MAX_ROWS = 100_000
-# Table functions that read the catalogue or make values, never a file or the network.
-# `exchanges_rebuilt` is the database's own macro (`schema.py`): some exchanges, rebuilt whole.
-_SAFE_FUNCTIONS = {
-    "range",
-    "generate_series",
-    "unnest",
-    "json_each",
-    "json_tree",
-    "exchanges_rebuilt",
-}
-_SAFE_SCHEMAS = {"information_schema", "pg_catalog"}
-
-
-class QueryRefused(CollectorError):
-    """Not one read-only query of this database's tables, or DuckDB could not run it."""
 
 
 @dataclass
@@ -61,18 +53,31 @@ class Answer:
 def query(con: duckdb.DuckDBPyConnection, sql: str, limit: int = 1000) -> Answer:
     """Run one read-only SELECT; at most `limit` rows come back."""
     limit = max(1, min(limit, MAX_ROWS))
-    _check(con, sql)
+    no_extensions_on_demand(con)
+    # Checked, planned and run in one transaction: the catalogue the query was checked
+    # against is the one it runs on.
     con.execute("BEGIN TRANSACTION READ ONLY")
     try:
-        cur = con.execute(sql)
+        own = Own.of(con)
+        statement = check_syntax(con, sql, own)
+        check_plan(con, statement, own)
+        cur = con.execute(statement.query)
         rows = cur.fetchmany(limit + 1)
         columns = [d[0] for d in cur.description]
         types = [str(d[1]) for d in cur.description]
     except duckdb.Error as exc:
-        raise QueryRefused(_first_line(exc)) from exc
+        raise QueryRefused(first_line(exc)) from exc
     finally:
         con.execute("ROLLBACK")
     return Answer(columns, types, [list(r) for r in rows[:limit]], len(rows) > limit)
+
+
+def connect(path: Path | str) -> duckdb.DuckDBPyConnection:
+    """The database file opened read-only for users' queries, in a DuckDB instance of
+    this process alone, so DuckDB's own switches can go off (`sqlguard.lock_down`): no
+    file but the database, no network, no extension loaded on demand, none of it undone
+    by a `SET`. Not for `export`, which writes its Parquet file through DuckDB."""
+    return duckdb.connect(str(path), read_only=True, config=lock_down())
 
 
 def tables(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -101,61 +106,3 @@ def export(con: duckdb.DuckDBPyConnection, table: str, path: Path) -> int:
     finally:
         con.execute("ROLLBACK")
     return rows
-
-
-def _check(con: duckdb.DuckDBPyConnection, sql: str) -> None:
-    try:
-        statements = con.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise QueryRefused(_first_line(exc)) from exc
-    if len(statements) != 1:
-        raise QueryRefused(f"give exactly one statement ({len(statements)} found)")
-    kind = statements[0].type
-    if kind != duckdb.StatementType.SELECT:
-        raise QueryRefused(f"only a SELECT is answered here, not {kind.name}")
-    tree = con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0]
-    parsed = json.loads(tree)
-    if parsed.get("error"):
-        raise QueryRefused(parsed.get("error_message") or "DuckDB could not parse the query")
-    own = {t.lower() for t in tables(con)}
-    own |= {
-        v.lower()
-        for (v,) in con.execute(
-            "SELECT view_name FROM duckdb_views() WHERE NOT internal AND NOT temporary"
-        ).fetchall()
-    }
-    ctes = set()
-    refs: list[dict] = []
-    _walk(parsed, ctes, refs)
-    for ref in refs:
-        if ref["type"] == "TABLE_FUNCTION":
-            name = ((ref.get("function") or {}).get("function_name") or "").lower()
-            if not (name.startswith("duckdb_") or name in _SAFE_FUNCTIONS):
-                raise QueryRefused(f"table function {name}() is not answered here (files)")
-        else:
-            name = (ref.get("table_name") or "").lower()
-            schema = (ref.get("schema_name") or "").lower()
-            if schema in _SAFE_SCHEMAS or name in ctes or (schema in ("", "main") and name in own):
-                continue
-            raise QueryRefused(f"no table {ref.get('table_name')!r} in this database")
-
-
-def _walk(node: Any, ctes: set[str], refs: list[dict]) -> None:
-    """Collect every table reference and CTE name of a serialised syntax tree."""
-    if isinstance(node, dict):
-        if node.get("type") in ("BASE_TABLE", "TABLE_FUNCTION") and "alias" in node:
-            refs.append(node)
-        cte_map = node.get("cte_map")
-        if isinstance(cte_map, dict):
-            for entry in cte_map.get("map") or []:
-                ctes.add(str(entry.get("key", "")).lower())
-        for value in node.values():
-            _walk(value, ctes, refs)
-    elif isinstance(node, list):
-        for value in node:
-            _walk(value, ctes, refs)
-
-
-def _first_line(exc: Exception) -> str:
-    """DuckDB's message (with its `LINE 1: ...` pointer), bounded."""
-    return str(exc).strip()[:1000] or type(exc).__name__

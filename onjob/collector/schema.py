@@ -332,13 +332,29 @@ DROP MACRO TABLE exchanges_rebuilt;
     SELECT id, request, prompt_token_ids, NULL, NULL, NULL FROM openings)""",
 )
 
+# Each alias's stream of release candidates (`deploy/ledger.py`): candidate k is tested at
+# its share of `loop.alpha` (6 alpha / (pi^2 k^2)), so k must survive restarts, or a
+# restarted server would hand out alpha again; outcomes drive the back-off after
+# rollbacks and the daily training budget.
+V13_CANDIDATES = """
+CREATE TABLE candidates (
+    alias VARCHAR NOT NULL,
+    checkpoint VARCHAR NOT NULL,
+    k INTEGER NOT NULL,
+    entered TIMESTAMPTZ NOT NULL,
+    outcome VARCHAR,
+    decided TIMESTAMPTZ,
+    PRIMARY KEY (alias, checkpoint)
+);
+"""
+
 # The release path's durable state (issue 33). `holdout_slice`: whether a scenario is held
 # out, decided once when the loop first sees it, so a scenario trained on never becomes
 # "held out" later (and one held out is never trained on). `reviews`: a canary that won
 # its pairs where no referee other than its coach checks it, waiting for a person's
 # `onjob promote` or `rollback`, with the evidence; one row per routing (`routing_ts`,
 # the `deployments` row it is about).
-V13_RELEASE = """
+V14_RELEASE = """
 CREATE TABLE holdout_slice (
     scenario_id VARCHAR PRIMARY KEY,
     held BOOLEAN NOT NULL,
@@ -368,7 +384,8 @@ MIGRATIONS: list[str] = [
     V10_LINEAR,
     V11_FLOAT_LOGPROBS,
     V12_OPENINGS,
-    V13_RELEASE,
+    V13_CANDIDATES,
+    V14_RELEASE,
 ]
 
 

@@ -27,11 +27,6 @@ class CollectorSettings(BaseModel):
         "many more for the starts conversations share (openings); a conversation pushed out "
         "stores its next turn against its opening",
     )
-    scenarios_per_key: bool = Field(
-        False,
-        description="a scenario is one per API key (two keys' identical system prompt and "
-        "first message are two scenarios); trajectories are always one key's",
-    )
     loader_nice: int = Field(
         10,
         ge=0,

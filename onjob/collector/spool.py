@@ -35,9 +35,11 @@ normal operation, and when DuckDB falls behind the closed segments pile up on di
 rather than in memory.
 
 A closed segment DuckDB refuses for what it holds (a line whose id is already loaded, as
-when a spool is restored from a backup) is set aside (`set_aside()`): moved, unchanged, to
-`failed/` with a `<name>.error` file saying why, so it no longer holds up the segments
-after it. Moving it back into the directory loads it again.
+when a spool is restored from a backup) is loaded line by line (`lines.py`): each line
+refused alone is set aside (`set_aside_line()`), written to `failed/` as
+`<name minus .jsonl>-line<n>.jsonl` with a `.error` file beside it saying why, and the
+rest of the segment loads. When every line is refused, the segment is set aside whole
+(`set_aside()`), unchanged. Moving a file back into the directory loads it again.
 """
 
 from __future__ import annotations
@@ -98,7 +100,8 @@ class Spool:
         writer: str | None = None,
     ) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.directory.chmod(0o700)  # users' traffic: its owner's alone, however made
         self.fsync = fsync
         self.max_segment_bytes = max_segment_bytes
         # Unique across processes, hosts and restarts: the database remembers loaded
@@ -188,12 +191,23 @@ class Spool:
     def set_aside(self, segment: Segment, why: str) -> Path:
         """Move a closed segment that cannot be loaded to `failed/`, with why; its path there."""
         failed = self.directory / FAILED
-        failed.mkdir(exist_ok=True)
+        failed.mkdir(mode=0o700, exist_ok=True)
         (failed / f"{segment.name}.error").write_text(why + "\n")
         return segment.path.replace(failed / segment.name)
 
+    def set_aside_line(self, segment: str, number: int, text: bytes, why: str) -> Path:
+        """Write line `number` of a segment to `failed/` on its own, with why; its path there.
+        (Moved back into the directory, it loads like a segment.)"""
+        failed = self.directory / FAILED
+        failed.mkdir(mode=0o700, exist_ok=True)
+        stem = segment.removesuffix(CLOSED)
+        path = failed / f"{stem}-line{number}{CLOSED}"
+        (failed / f"{path.name}.error").write_text(why + "\n")
+        path.write_bytes(text if text.endswith(b"\n") else text + b"\n")
+        return path
+
     def set_aside_count(self) -> int:
-        """How many segments lie in `failed/`."""
+        """How many segments (or single lines of one) lie in `failed/`."""
         return sum(1 for _ in (self.directory / FAILED).glob(f"*{CLOSED}"))
 
     def segments(self) -> list[Path]:

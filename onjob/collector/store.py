@@ -38,6 +38,8 @@ of their own in another thread go through `read`, and no eviction runs meanwhile
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -202,6 +204,7 @@ class Store:
             self._use = f"USE {catalog}"
             file = "'{}'".format(str(path).replace("'", "''"))
             self.con.execute(f"ATTACH {file} AS {catalog} (ROW_GROUP_SIZE {ROW_GROUP_ROWS})")
+            _private(Path(path), Path(f"{path}.wal"))
             self.con.execute(self._use)
             self.schema_before = migrate(self.con)
             # The limit set again after each eviction (`release_memory`): as given, or DuckDB's
@@ -418,6 +421,20 @@ class Store:
         """The segment file is deleted: its ledger row is no longer needed."""
         self.con.execute("DELETE FROM loaded_segments WHERE name = ?", [segment])
 
+    def checkpoint(self) -> bool:
+        """Write the WAL into the database file (DuckDB then deletes the WAL): after a
+        deletion, so the log of writes no longer holds what was deleted. False when DuckDB
+        could not (the WAL then goes at the next automatic checkpoint, or on close)."""
+        try:
+            self.con.execute("CHECKPOINT")
+        except duckdb.Error:
+            return False
+        return True
+
+    def forget_pieces(self, prefix: str) -> None:
+        """A refused segment is done with (`lines.load_by_line`): its pieces' ledger rows go."""
+        self.con.execute("DELETE FROM loaded_segments WHERE starts_with(name, ?)", [prefix])
+
     def forget_response(self, exchange_id: str) -> bool:
         """`DELETE /v1/responses/{id}`: the stored Response goes (the exchange stays, to
         learn from); committed before the client hears it is gone. False if none was."""
@@ -460,6 +477,15 @@ class Store:
         cur = self.con.execute(sql, params or [])
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def _private(*files: Path) -> None:
+    """The database holds users' traffic: its owner's alone, whatever umask created it (the
+    `onjob` command sets 0077 for the files it creates; this covers older files and other
+    callers)."""
+    for file in files:
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(file, 0o600)
 
 
 def _chunks(ids: list[str]) -> list[list[str]]:

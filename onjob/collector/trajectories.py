@@ -23,8 +23,11 @@ fork) also starts a new one, so a trajectory is always one linear conversation.
 Tenants are kept apart: a trajectory never spans two API keys. The index is keyed
 by (API key id, hash), so two keys sending the same conversation get two
 trajectories, and a conversation the client names is the key's own name
-(`scoped()`): two keys naming `conv-1` hold two trajectories. With
-`scenarios_per_key` the scenario's id covers the key too.
+(`scoped()`): two keys naming `conv-1` hold two trajectories. A scenario is one key's
+too (`scenario_id()`): its id covers the API key id, so two keys sending the same system
+prompt and first message, or naming the same scenario (`X-Onjob-Scenario: refunds`), are
+two scenarios, and no key can join another's groups by naming its scenario. On a server
+with no API keys the id is what it always was.
 """
 
 from __future__ import annotations
@@ -145,8 +148,9 @@ def scenario_key(messages: list[dict], explicit: str | None) -> tuple[str, str]:
 
 
 def scenario_id(key: str, keyed: str, tenant: str | None = None) -> str:
-    """A scenario's id. A `tenant` (the API key id, with `collector.scenarios_per_key`) is
-    part of the id, not of the key: two keys' scenarios of the same key are two rows."""
+    """A scenario's id. The `tenant` (the API key id; None on a server with no keys) is part
+    of the id, not of the key: two keys' scenarios of the same key are two rows, while
+    rubrics (`judge.rubrics`, by key) still apply to every key's scenario of that name."""
     scope = f"{keyed}\0{key}" if tenant is None else f"{keyed}\0{key}\0{tenant}"
     return "scn_" + hashlib.blake2b(scope.encode(), digest_size=8).hexdigest()
 
@@ -211,11 +215,10 @@ def _slot(api_key_id: str | None, h: str) -> str:
 class Stitcher:
     """The in-memory index: (API key, continuation hash) -> (trajectory, turn). Bounded (LRU).
 
-    `scenarios_per_key`: a derived or named scenario is one per API key."""
+    A derived or named scenario is one per API key (`scenario_id`)."""
 
-    def __init__(self, capacity: int = 200_000, *, scenarios_per_key: bool = False) -> None:
+    def __init__(self, capacity: int = 200_000) -> None:
         self.capacity = capacity
-        self.scenarios_per_key = scenarios_per_key
         self._continuations: OrderedDict[str, tuple[str, int]] = OrderedDict()
         self._trajectories: OrderedDict[str, _Trajectory] = OrderedDict()
 
@@ -251,9 +254,8 @@ class Stitcher:
         a conversation the client named (already `scoped()`); with `after_turn` (a chain of
         Responses API calls) the request continues that turn of it, or, when the
         conversation has gone on since (a second answer to the same turn), forks a new one."""
-        tenant = api_key_id if self.scenarios_per_key else None
         fresh = (
-            scenario_id(k.scenario_key, k.scenario_keyed, tenant),
+            scenario_id(k.scenario_key, k.scenario_keyed, api_key_id),
             k.scenario_key,
             k.scenario_keyed,
         )

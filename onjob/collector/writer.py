@@ -23,8 +23,9 @@ import duckdb
 import msgspec
 
 from .errors import StorageError
-from .forget import Forget, Forgotten, forget
+from .forget import Forget, Forgotten, forget, scrub
 from .linear import Lineage
+from .lines import load_by_line, pieces_of, unreadable
 from .records import ExchangeRecord, Record, encode
 from .settings import CollectorSettings
 from .spool import Segment, Spool, batches
@@ -75,9 +76,7 @@ class Collector:
     def __init__(self, settings: CollectorSettings, *, load: bool = True) -> None:
         self.settings = settings
         self.loads = load  # False: this process only writes the spool
-        self.stitcher = Stitcher(
-            settings.stitch_capacity, scenarios_per_key=settings.scenarios_per_key
-        )
+        self.stitcher = Stitcher(settings.stitch_capacity)
         self.lineage = Lineage(settings.stitch_capacity, settings.lineage_tokens)
         self._failed: dict[str, tuple[str, int]] = {}  # recent failed exchanges' places
         self._db = concurrent.futures.ThreadPoolExecutor(
@@ -162,10 +161,11 @@ class Collector:
 
     async def _load_or_set_aside(self, batch: list[Segment]) -> int:
         """Load a batch. When DuckDB refuses it for what it holds, not for want of disk or
-        memory, its segments go one at a time, in order, and one refused alone is set
-        aside (`Spool.set_aside`): one bad file must not hold up every exchange after it.
-        (The refused attempt's placements stay in the stitcher's memory: its lines are
-        placed again when they load.)"""
+        memory, its segments go one at a time, in order, and a segment refused alone goes
+        line by line (`lines.load_by_line`): each line refused alone is set aside with its
+        reason (`Spool.set_aside_line`) and the rest of its segment loads, so one bad line
+        holds up nothing. (The refused attempts' placements stay in the stitcher's memory:
+        their lines are placed again when they load.)"""
         try:
             loaded = await self._run(self._load, batch)
         except Exception as exc:
@@ -176,17 +176,61 @@ class Collector:
                 for segment in batch:
                     loaded += await self._load_or_set_aside([segment])
                 return loaded
-            where = self._spool.set_aside(batch[0], f"{type(exc).__name__}: {exc}")
+            return await self._run(self._load_by_line, batch[0], exc)
+        return loaded
+
+    def _load_by_line(self, segment: Segment, exc: Exception) -> int:
+        """A segment DuckDB refused: load what it can of it, set aside what it cannot."""
+        path = segment.path
+        out = load_by_line(
+            path, lambda piece: self._store.load([piece], self._place)[0], _transient
+        )
+        self._report_unreadable(path)
+        if len(out.refused) == sum(1 for line in path.read_bytes().splitlines() if line.strip()):
+            where = self._spool.set_aside(segment, f"{type(exc).__name__}: {exc}")
             log.error(
                 "spool segment %s cannot be loaded (%s); moved to %s with the reason beside "
                 "it. Nothing else waits on it: move it back into the spool directory to load "
                 "it again",
-                batch[0].name,
+                segment.name,
                 exc,
                 where,
             )
-            return 0
-        return loaded
+        else:
+            for line in out.refused:
+                where = self._spool.set_aside_line(segment.name, line.number, line.text, line.why)
+                log.error(
+                    "line %d of spool segment %s cannot be loaded (%s); moved to %s with the "
+                    "reason beside it, and the segment's other %d lines loaded",
+                    line.number,
+                    segment.name,
+                    line.why,
+                    where,
+                    out.lines - len(out.refused),
+                )
+            path.unlink()
+        self._store.forget_pieces(pieces_of(path))
+        self._store.forget_segment(path.name)
+        return out.inserted
+
+    def _report_unreadable(self, path) -> None:
+        """Lines DuckDB could not read at all: a torn tail is what a crash mid-write
+        leaves; any other is corruption, said loudly and copied to `failed/`."""
+        bad, tail = unreadable(path)
+        if tail:
+            log.warning("%s: skipped its torn last line (a crash mid-write)", path.name)
+            bad = bad[:-1]
+        for line in bad:
+            where = self._spool.set_aside_line(
+                path.name, line.number, line.text, f"corrupt: {line.why}"
+            )
+            log.error(
+                "%s: line %d is torn or corrupt, not at the segment's end (a disk, a copy or "
+                "a bug, not a crash mid-write); copied to %s",
+                path.name,
+                line.number,
+                where,
+            )
 
     async def caught_up(self) -> int:
         """`flush`, and when other processes write the spool too, flush again once each has
@@ -206,7 +250,8 @@ class Collector:
         inserted, torn = self._store.load(paths, self._place)
         names = ", ".join(p.name for p in paths)
         if torn:
-            log.warning("%s: skipped %d torn lines (a crash mid-write)", names, torn)
+            for path in paths:
+                self._report_unreadable(path)
         if self._store.orphaned:
             log.warning(
                 "%s: dropped %d turns stored against deleted exchanges (cannot be rebuilt)",
@@ -262,6 +307,7 @@ class Collector:
         async with self._flushing:
             await self._load_ready()  # what came in meanwhile, in the same hold of the lock
             out = await self._run(lambda: forget(self._store, what, actor=actor))
+            await self._run(scrub, self.settings.spool, what, out)
         self.stitcher.forget(out.trajectory_ids)
         # A later turn must not be stored against a deleted exchange: this process's memory
         # of conversations goes, and proxy-only processes' when they see the mark change.

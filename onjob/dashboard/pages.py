@@ -1,5 +1,8 @@
 """The dashboard's pages: HTML rendered on the server from the database `onjob serve`
-already holds, with Chart.js (served by onjob, no CDN) drawing the curves."""
+already holds, with Chart.js (served by onjob, no CDN) drawing the curves.
+
+Behind the admin key (a browser sends it as Basic auth's password), checked by the
+router's guard before a page runs any query (`proxy/auth.py`)."""
 
 from __future__ import annotations
 
@@ -9,17 +12,18 @@ from datetime import datetime
 from pathlib import Path
 
 import jinja2
-from litestar import Request, Response, get
+from litestar import Request, Response, Router, get
+from litestar.params import FromPath, FromQuery
 from litestar.static_files import create_static_files_router
 
 from ..collector import Collector
 from ..deploy import canary, deployments, progress, reviews
-from ..deploy.admin import admin_refusal
 from ..deploy.loop import LoopState
 from ..deploy.settings import DeploySettings
 from ..judge import judge_agreement
 from ..judge.rollouts import json_value
-from ..proxy import Router
+from ..proxy import Router as ArmRouter
+from ..proxy.auth import AskPassword, Doors
 from . import queries
 
 HERE = Path(__file__).parent
@@ -72,19 +76,10 @@ def _chart_data(value) -> str:
 def routes(
     settings: DeploySettings,
     collector: Collector,
-    router: Router,
+    router: ArmRouter,
     loop: LoopState | None = None,
 ) -> list:
-    def render(
-        request: Request, template: str, *, refresh: bool = False, status: int = 200, **context
-    ) -> Response:
-        if admin_refusal(request, settings) is not None:
-            return Response(
-                "The dashboard needs the admin key (as the password).",
-                status_code=401,
-                media_type="text/plain",
-                headers={"WWW-Authenticate": 'Basic realm="onjob dashboard"'},
-            )
+    def render(template: str, *, refresh: bool = False, status: int = 200, **context) -> Response:
         html = _env.get_template(template).render(
             refresh=REFRESH_S if refresh else None,
             page_name=template.removesuffix(".html"),
@@ -92,11 +87,11 @@ def routes(
         )
         return Response(html, status_code=status, media_type="text/html")
 
-    def not_found(request: Request, what: str) -> Response:
-        return render(request, "missing.html", status=404, what=what)
+    def not_found(what: str) -> Response:
+        return render("missing.html", status=404, what=what)
 
-    @get("/dashboard", include_in_schema=False)
-    async def overview(request: Request, minutes: int = 60) -> Response:
+    @get("/", include_in_schema=False)
+    async def overview(minutes: FromQuery[int] = 60) -> Response:
         minutes = max(1, min(minutes, 7 * 24 * 60))
 
         def read(store):
@@ -108,7 +103,6 @@ def routes(
 
         data = await collector.query(read)
         return render(
-            request,
             "overview.html",
             refresh=True,
             minutes=minutes,
@@ -120,14 +114,14 @@ def routes(
             **data,
         )
 
-    @get("/dashboard/scenarios", include_in_schema=False)
-    async def scenarios(request: Request, page: int = 0) -> Response:
+    @get("/scenarios", include_in_schema=False)
+    async def scenarios(page: FromQuery[int] = 0) -> Response:
         page = max(page, 0)
         rows = await collector.query(lambda st: queries.scenarios(st, page))
-        return render(request, "scenarios.html", rows=rows, page=page, size=queries.PAGE)
+        return render("scenarios.html", rows=rows, page=page, size=queries.PAGE)
 
-    @get("/dashboard/groups", include_in_schema=False)
-    async def groups(request: Request, page: int = 0, kind: str | None = None) -> Response:
+    @get("/groups", include_in_schema=False)
+    async def groups(page: FromQuery[int] = 0, kind: FromQuery[str | None] = None) -> Response:
         page = max(page, 0)
 
         def read(store):
@@ -135,7 +129,6 @@ def routes(
 
         rows, agreement = await collector.query(read)
         return render(
-            request,
             "groups.html",
             rows=rows,
             agreement=agreement,
@@ -144,22 +137,22 @@ def routes(
             size=queries.PAGE,
         )
 
-    @get("/dashboard/groups/{group_id:str}", include_in_schema=False)
-    async def group(request: Request, group_id: str) -> Response:
+    @get("/groups/{group_id:str}", include_in_schema=False)
+    async def group(group_id: FromPath[str]) -> Response:
         found = await collector.query(lambda st: queries.group(st, group_id))
         if found is None:
-            return not_found(request, f"group {group_id}")
-        return render(request, "group.html", group=found)
+            return not_found(f"group {group_id}")
+        return render("group.html", group=found)
 
-    @get("/dashboard/trajectories/{trajectory_id:str}", include_in_schema=False)
-    async def trajectory(request: Request, trajectory_id: str) -> Response:
+    @get("/trajectories/{trajectory_id:str}", include_in_schema=False)
+    async def trajectory(trajectory_id: FromPath[str]) -> Response:
         found = await collector.query(lambda st: queries.trajectory(st, trajectory_id))
         if found is None:
-            return not_found(request, f"trajectory {trajectory_id}")
-        return render(request, "trajectory.html", t=found)
+            return not_found(f"trajectory {trajectory_id}")
+        return render("trajectory.html", t=found)
 
-    @get("/dashboard/learning", include_in_schema=False)
-    async def learning(request: Request) -> Response:
+    @get("/learning", include_in_schema=False)
+    async def learning() -> Response:
         def read(store):
             return {
                 "curve": queries.reward_curve(store),
@@ -168,12 +161,10 @@ def routes(
             }
 
         data = await collector.query(read)
-        return render(
-            request, "learning.html", refresh=True, chart=_chart_data(data["curve"]), **data
-        )
+        return render("learning.html", refresh=True, chart=_chart_data(data["curve"]), **data)
 
-    @get("/dashboard/ab", include_in_schema=False)
-    async def ab(request: Request) -> Response:
+    @get("/ab", include_in_schema=False)
+    async def ab() -> Response:
         def read(store):
             routing = deployments.current(store)
             running = {
@@ -185,7 +176,6 @@ def routes(
 
         running, history, release = await collector.query(read)
         return render(
-            request,
             "ab.html",
             refresh=True,
             running=running,
@@ -195,6 +185,24 @@ def routes(
         )
 
     static = create_static_files_router(
-        path="/dashboard/static", directories=[HERE / "static"], include_in_schema=False
+        path="/static", directories=[HERE / "static"], include_in_schema=False
     )
-    return [overview, scenarios, groups, group, trajectory, learning, ab, static]
+    # One guard for every page and asset, run before the page's queries.
+    return [
+        Router(
+            "/dashboard",
+            guards=[Doors(settings.proxy).dashboard_guard],
+            exception_handlers={AskPassword: _ask_password},
+            route_handlers=[overview, scenarios, groups, group, trajectory, learning, ab, static],
+        )
+    ]
+
+
+def _ask_password(_: Request, exc: AskPassword) -> Response:
+    """Plain text and `WWW-Authenticate`: the browser shows its password prompt."""
+    return Response(
+        exc.message,
+        status_code=exc.status,
+        media_type="text/plain",
+        headers={"WWW-Authenticate": 'Basic realm="onjob dashboard"'},
+    )

@@ -4,22 +4,22 @@ promote, roll back; and the data: forget a conversation or a key's traffic, answ
 read-only SQL query, export a table as Parquet (DuckDB allows one process to hold the file:
 this one).
 
-Behind `proxy.admin_key` (`Authorization: Bearer <admin key>`). A server with no
-admin key answers admin calls only when it has no API keys either (a loopback
-server for one developer); otherwise the admin API is closed.
+Behind the admin key (`Authorization: Bearer <admin key>`; `proxy.admin_key`, else the
+key `onjob serve` keeps beside the database), checked by the router's guard before any
+handler runs, with the page-borne requests refused there too (`proxy/auth.py`). A server
+with no admin key at all (an app built without `onjob serve`) answers none.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import hmac
 import os
 import tempfile
 from pathlib import Path
 
 import msgspec
 from litestar import Request, get, post
+from litestar import Router as Routes
 from litestar.background_tasks import BackgroundTask
 from litestar.response import File
 
@@ -27,7 +27,8 @@ from ..collector import Collector, Forget, ForgetError, readonly
 from ..collector.forget import parse_date
 from ..judge import judge_agreement
 from ..proxy import Router
-from ..proxy.errors import BadRequest, Conflict, Forbidden, Unauthorized
+from ..proxy.auth import Doors
+from ..proxy.errors import BadRequest, Conflict
 from . import adapters, deployments, progress, registry, reviews, training
 from .loop import LoopState, PeriodicLoop
 from .operator import Operator
@@ -68,28 +69,6 @@ class AliasBody(msgspec.Struct, forbid_unknown_fields=True):
     reason: str = "by hand"
 
 
-def admin_refusal(request: Request, settings: DeploySettings) -> Exception | None:
-    """Why `request` may not use admin routes (None: it may). The key comes as `Bearer
-    <admin key>`, or as the password of HTTP Basic auth, which is what a browser asks for
-    on the dashboard."""
-    admin_key = settings.proxy.admin_key
-    if admin_key is None:
-        if settings.proxy.api_keys:
-            return Forbidden("The admin API is off: set proxy.admin_key to use it.")
-        return None
-    scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
-    if scheme.lower() == "basic":
-        try:
-            token = base64.b64decode(token.strip(), validate=True).decode().partition(":")[2]
-        except (ValueError, UnicodeDecodeError):
-            token = ""
-    elif scheme.lower() != "bearer":
-        token = ""
-    if not token or not hmac.compare_digest(token.strip().encode(), admin_key.encode()):
-        return Unauthorized("Admin routes need `Authorization: Bearer <admin key>`.")
-    return None
-
-
 def routes(
     settings: DeploySettings,
     collector: Collector,
@@ -97,10 +76,6 @@ def routes(
     operator: Operator,
     loop: PeriodicLoop | None = None,
 ):
-    def require_admin(request: Request) -> None:
-        if (refusal := admin_refusal(request, settings)) is not None:
-            raise refusal
-
     async def body(request: Request, kind):
         try:
             return msgspec.json.decode(await request.body(), type=kind)
@@ -113,9 +88,8 @@ def routes(
         except (deployments.DeployError, adapters.EngineControlError) as exc:
             raise Conflict(str(exc)) from exc
 
-    @get("/admin/status")
-    async def status(request: Request) -> dict:
-        require_admin(request)
+    @get("/status")
+    async def status() -> dict:
         history = await collector.query(lambda st: deployments.history(st, 20))
         return {
             "aliases": {
@@ -132,14 +106,12 @@ def routes(
             "release": await collector.query(lambda st: reviews.status(st, settings)),
         }
 
-    @get("/admin/checkpoints")
-    async def checkpoints(request: Request) -> dict:
-        require_admin(request)
+    @get("/checkpoints")
+    async def checkpoints() -> dict:
         return {"checkpoints": await collector.query(registry.checkpoints)}
 
-    @post("/admin/canary", status_code=200)
+    @post("/canary", status_code=200)
     async def canary(request: Request) -> dict:
-        require_admin(request)
         b = await body(request, CanaryBody)
         return await change(
             lambda: operator.set_canary(
@@ -147,34 +119,30 @@ def routes(
             )
         )
 
-    @post("/admin/promote", status_code=200)
+    @post("/promote", status_code=200)
     async def promote(request: Request) -> dict:
-        require_admin(request)
         b = await body(request, AliasBody)
         return await change(lambda: operator.promote(b.alias, reason=b.reason, actor="admin-api"))
 
-    @post("/admin/rollback", status_code=200)
+    @post("/rollback", status_code=200)
     async def rollback(request: Request) -> dict:
-        require_admin(request)
         b = await body(request, AliasBody)
         return await change(lambda: operator.rollback(b.alias, reason=b.reason, actor="admin-api"))
 
-    @post("/admin/loop", status_code=200)
+    @post("/loop", status_code=200)
     async def loop_switch(request: Request) -> dict:
         """Pause (`{"running": false}`) or resume the loop; pausing cancels an iteration
         in flight."""
-        require_admin(request)
         b = await body(request, LoopBody)
         if loop is None or settings.loop.interval_s <= 0:
             raise Conflict("The loop is off in this server (loop.interval_s = 0).")
         await (loop.resume() if b.running else loop.pause())
         return loop.state.as_dict()
 
-    @post("/admin/forget", status_code=200)
+    @post("/forget", status_code=200)
     async def forget(request: Request) -> dict:
         """Delete a conversation, a key's traffic, or conversations ended before a date,
         with all derived from them; the answer lists checkpoints already trained on it."""
-        require_admin(request)
         b = await body(request, ForgetBody)
         try:
             before = parse_date(b.before) if b.before is not None else None
@@ -198,22 +166,19 @@ def routes(
             limit = settings.collector.query_timeout_s
             raise BadRequest(f"The query ran past {limit:g} s and was interrupted.") from exc
 
-    @post("/admin/sql", status_code=200)
+    @post("/sql", status_code=200)
     async def sql(request: Request) -> dict:
         """One read-only SELECT, answered from a cursor of its own (`collector.readonly`)."""
-        require_admin(request)
         b = await body(request, SqlBody)
         return (await read(lambda con: readonly.query(con, b.query, b.limit))).as_dict()
 
-    @get("/admin/tables")
-    async def tables(request: Request) -> dict:
-        require_admin(request)
+    @get("/tables")
+    async def tables() -> dict:
         return {"tables": await read(readonly.tables)}
 
-    @post("/admin/export", status_code=200)
+    @post("/export", status_code=200)
     async def export(request: Request) -> File:
         """One table as a Parquet file (written to a temporary file, removed once sent)."""
-        require_admin(request)
         b = await body(request, ExportBody)
         fd, name = tempfile.mkstemp(prefix="onjob-export-", suffix=".parquet")
         os.close(fd)
@@ -230,15 +195,23 @@ def routes(
             background=BackgroundTask(path.unlink, missing_ok=True),
         )
 
+    # One guard for every route: the admin key, JSON bodies, no page of another site.
+    guard = Doors(settings.proxy).admin_guard
     return [
-        status,
-        checkpoints,
-        canary,
-        promote,
-        rollback,
-        loop_switch,
-        forget,
-        sql,
-        tables,
-        export,
+        Routes(
+            "/admin",
+            guards=[guard],
+            route_handlers=[
+                status,
+                checkpoints,
+                canary,
+                promote,
+                rollback,
+                loop_switch,
+                forget,
+                sql,
+                tables,
+                export,
+            ],
+        )
     ]

@@ -15,8 +15,10 @@ The *verdict* (`verdict`): guards on real traffic first, per conversation since 
 canary started (error rate and latency against live's; they must have enough
 conversations on both arms before any promotion, and trip a rollback only when an
 interval valid at every look says the canary is worse), then the paired test
-(`stats.Rule`: a canary that fails to answer loses the pair; too many unjudged pairs
-block promotion; undecided after `max_pairs` keeps live).
+(`stats.Rule`: an e-process on the paired score differences, the held-out pairs its
+first observations, at the candidate's share of `loop.alpha` (`ledger`); a pair the
+canary could not answer or the judge could not score is its loss; too many unjudged
+pairs block promotion; undecided after `max_pairs` keeps live).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import httpx
 from ..collector import Collector, rebuilt
 from ..judge import JudgeSettings, SamplingFailed, sampling, tables
 from ..judge.passes import PassReport, score_group
-from . import shape, stats, trust
+from . import ledger, shape, stats, trust
 from .settings import DeploySettings, GateSettings, LoopSettings
 
 
@@ -87,20 +89,21 @@ async def paired_round(
 def ab_outcomes(
     store, where: str, params: list, *, missing_is_loss: bool = True
 ) -> tuple[dict[str, list[float]], list[dict]]:
-    """Every pair of a test, counted. Per scenario, the outcome of each `ab` pair (1: b, the
-    candidate, won; 0.5 tie; 0: a won), and the pairs without a judged comparison.
+    """Every pair of a test, counted. Per scenario, the paired difference of each `ab`
+    pair (b's mean score - a's, in [-1, 1]; b is the candidate), and the pairs without a
+    judged comparison.
 
     Every pair counts against the candidate unless live alone is at fault: a pair the
     judge could not score (it failed or raised, its scores are missing or not finite, or
     it is still unscored: the referee's budget spent, the loop stopped mid-round) is the
-    candidate's loss, outcome 0 (on a difference scale, d = -1), as is a pair b could not
+    candidate's loss, d = -1, as is a pair b could not
     answer (alone or with a). Dropping them instead would let a candidate whose losses
     are the ones the judge fails on look better than it is. Only a pair that a alone
     could not answer is left out.
 
     The second list names each pair without a judged comparison but those b alone could
     not answer (the candidate's own failure, an ordinary loss): `counted: "loss"` (among
-    the outcomes, as 0) or `counted: "excluded"` (a failed alone; not among them), with
+    the outcomes, as -1) or `counted: "excluded"` (a failed alone; not among them), with
     `why`: `unjudged` (no usable score), `unsampled` (both arms, or a, could not answer).
     `missing_is_loss=False` (`onjob compare`, a description rather than a decision)
     counts only a pair b alone could not answer, as b's loss."""
@@ -125,13 +128,13 @@ def ab_outcomes(
         a, b = g.get("a") or [], g.get("b") or []
         usable = all(isinstance(x, int | float) and math.isfinite(x) for x in (*a, *b))
         if g["status"] == "scored" and a and b and usable:
-            by_scenario[g["scenario"]].append(stats.outcome(a, b))
+            by_scenario[g["scenario"]].append(stats.difference(a, b))
             continue
         arm = g["failed_arm"]
         loses = arm != "a" if missing_is_loss else arm == "b"
         counted = "loss" if loses else "excluded"
         if counted == "loss":
-            by_scenario[g["scenario"]].append(0.0)
+            by_scenario[g["scenario"]].append(-1.0)
         if arm == "b":
             continue
         why = "unsampled" if arm else "unjudged"
@@ -188,16 +191,20 @@ WHERE m.trajectory_id IS NOT NULL
 """
 
 
-def canary_prompts(store, alias: str, routing: dict, n: int) -> list[dict]:
+def canary_prompts(
+    store, alias: str, routing: dict, n: int, untrained_keys: list[str] = ()
+) -> list[dict]:
     """Up to `n` prompts for the canary's next round: production turns of the alias logged
     on the live arm since the canary started, in no conversation of its lineage's training
-    snapshots, from conversations this test has not drawn from yet, the latest turn of
-    each (the newest conversations first)."""
+    snapshots, from conversations this test has not drawn from yet, of no API key in
+    `untrained_keys` (never re-sampled nor judged), the latest turn of each (the newest
+    conversations first)."""
     checkpoints = [c for c in (routing["live"], routing["canary"]) if c]
     ids = f"""
         SELECT e.id, e.ts FROM exchanges e
         WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ?
           AND e.arm = 'live' AND e.ts >= ?
+          AND NOT coalesce(list_contains(?::VARCHAR[], e.api_key_id), false)
           AND e.trajectory_id NOT IN ({TRAINED_CONVERSATIONS})
           AND e.trajectory_id NOT IN (
               SELECT p.trajectory_id FROM groups g JOIN exchanges p ON p.id = g.prefix_exchange
@@ -207,7 +214,7 @@ def canary_prompts(store, alias: str, routing: dict, n: int) -> list[dict]:
     """
     return store.query(
         f"SELECT * FROM {rebuilt(ids)} ORDER BY ts DESC",
-        [alias, routing["ts"], checkpoints, test_id(alias, routing), n],
+        [alias, routing["ts"], list(untrained_keys), checkpoints, test_id(alias, routing), n],
     )
 
 
@@ -220,11 +227,30 @@ class Verdict:
 
 def rule_of(settings: LoopSettings) -> stats.Rule:
     return stats.Rule(
-        stats.Sprt(settings.sprt_delta, settings.alpha, settings.beta),
-        settings.min_pairs,
-        settings.max_pairs,
-        settings.max_unjudged_share,
+        margin=settings.margin,
+        delta=settings.delta,
+        beta=settings.beta,
+        min_pairs=settings.min_pairs,
+        max_pairs=settings.max_pairs,
+        max_unjudged_share=settings.max_unjudged_share,
     )
+
+
+def holdout_test_id(candidate: str) -> str:
+    """The test a candidate's held-out pairs belong to: its test's first observations."""
+    return f"holdout:{candidate}"
+
+
+def weigh(store, alias: str, candidate: str, tests: list[str], settings: LoopSettings):
+    """The candidate's test on the pairs of `tests` (its held-out pairs, then its canary's):
+    the rule, the evidence so far, its level in the alias's stream, the unjudged pairs."""
+    outcomes, missing = ab_outcomes(store, "list_contains(?::VARCHAR[], g.test)", [tests])
+    rule = rule_of(settings)
+    # The pairs without a judgement are among `outcomes` already, as -1 (every pair
+    # counts): counted here, not added a second time.
+    paired = rule.weigh([d for ds in outcomes.values() for d in ds])
+    paired.unjudged = sum(m["counted"] == "loss" for m in missing)
+    return rule, paired, ledger.level(store, alias, candidate, settings.alpha), missing
 
 
 def referee(judge: JudgeSettings, gate: GateSettings) -> JudgeSettings:
@@ -267,22 +293,14 @@ def verdict(
         "kl": trust.kl_guard(store, canary, settings),
         "judges": trust.agreement_guard(store, list(judges), settings),
     }
-    outcomes, unjudged = ab_outcomes(store, "g.test = ?", [test])
-    tally = stats.tally([o for outs in outcomes.values() for o in outs])
-    rule = rule_of(settings)
+    tests = [holdout_test_id(canary), test]
+    rule, paired, level, unjudged = weigh(store, alias, canary, tests, settings)
     evidence = {
         "test": test,
         "routing": {"live": live, "canary": canary, "since": routing["ts"].isoformat()},
-        "paired": tally.as_dict(),
+        "paired": paired.tally.as_dict(),
         "unjudged_pairs": len(unjudged),
-        "sprt": {
-            "llr": rule.sprt.llr(tally.wins, tally.losses),
-            "promote_at": rule.sprt.upper,
-            "rollback_at": rule.sprt.lower,
-            "delta": rule.sprt.delta,
-            "alpha": rule.sprt.alpha,
-            "beta": rule.sprt.beta,
-        },
+        "e_process": rule.evidence(paired, level.alpha, level.k),
         "guards": guards,
         "shape": hacking,
     }
@@ -290,7 +308,7 @@ def verdict(
     tripped = next((g["tripped"] for g in checks if g["tripped"]), None)
     if tripped:
         return Verdict("rollback", tripped, evidence)
-    decision, why = rule.decide(tally, len(unjudged))
+    decision, why = rule.decide(paired, level.alpha)
     reason = f"canary {canary} {why}" if decision != "wait" else why
     holding = next((g["holding"] for g in checks if g.get("holding")), None)
     if decision == "promote" and holding:

@@ -53,7 +53,8 @@ async def compare(
                 for arm, name in (("a", a), ("b", b))
             }
             trained = [name for name in (a, b) if name not in BASE and name != base]
-            chosen = await _prompts(db, prompts, scenario, file, trained)
+            untrained = settings.proxy.untrained_keys
+            chosen = await _prompts(db, prompts, scenario, file, trained, untrained)
             echo(
                 f"comparing {a} (A) and {b} (B) on {len(chosen)} prompts, {samples} answer(s) each"
             )
@@ -83,10 +84,16 @@ async def _ensure_loaded(db: Collector, engine: httpx.AsyncClient, name: str, ba
 
 
 async def _prompts(
-    db: Collector, n: int, scenario: str | None, file: Path | None, trained: list[str]
+    db: Collector,
+    n: int,
+    scenario: str | None,
+    file: Path | None,
+    trained: list[str],
+    untrained_keys: list[str],
 ) -> list[dict]:
     """The file's requests; or recent production turns (of one scenario), one per
-    conversation, in no conversation either checkpoint's lineage trained on."""
+    conversation, in no conversation either checkpoint's lineage trained on, of no API key
+    in `untrained_keys`."""
     if file is not None:
         out = []
         for i, line in enumerate(file.read_text().splitlines()):
@@ -109,13 +116,14 @@ async def _prompts(
     ids = (
         "SELECT e.id, e.ts FROM exchanges e JOIN scenarios s ON s.id = e.scenario_id "
         "WHERE e.status < 400 AND e.source = 'production' "
+        "AND NOT coalesce(list_contains(?::VARCHAR[], e.api_key_id), false) "
         f"AND e.trajectory_id NOT IN ({TRAINED_CONVERSATIONS}) "
         + ("AND (s.key = ? OR s.id = ?) " if scenario else "")
         + "QUALIFY row_number() OVER (PARTITION BY e.trajectory_id ORDER BY e.ts DESC) = 1 "
         + "ORDER BY e.ts DESC LIMIT ?"
     )
     sql = f"SELECT * FROM {rebuilt(ids)} ORDER BY ts DESC"
-    params = [trained, scenario, scenario, n] if scenario else [trained, n]
+    params = [untrained_keys, trained] + ([scenario, scenario, n] if scenario else [n])
     return await db.query(lambda st: st.query(sql, params))
 
 

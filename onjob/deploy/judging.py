@@ -16,8 +16,10 @@ from .settings import DeploySettings
 def engine_client(settings: DeploySettings, url: str | None = None) -> httpx.AsyncClient:
     """The judge's own client to the engine (off the hot path: httpx is fine here); with
     `url`, the same for another engine (the operator's loads and the health checks)."""
+    token = settings.proxy.engine_token
     return httpx.AsyncClient(
         base_url=url or settings.proxy.engine_url,
+        headers={"Authorization": f"Bearer {token}"} if token else None,
         timeout=httpx.Timeout(
             settings.judge.request_timeout_s, connect=settings.proxy.connect_timeout_s
         ),
@@ -41,6 +43,7 @@ async def judge(settings: DeploySettings, *, once: bool, echo: Callable[[str], N
                     settings.judge,
                     echo=echo,
                     skip_scenarios=held,
+                    untrained_keys=settings.proxy.untrained_keys,
                     engine_logprobs=settings.proxy.engine_logprobs,
                 )
                 echo(f"judge pass: {report.summary()}")

@@ -45,7 +45,7 @@ from ..collector import Collector
 from ..judge import JudgeError, rewards, run_pass, sampling
 from ..proxy import Router
 from ..trainer import snapshot
-from . import canary, deployments, holdout, reviews, training, trust
+from . import canary, deployments, holdout, ledger, reviews, training, trust
 from .judging import engine_client
 from .operator import Operator
 from .settings import DeploySettings
@@ -112,7 +112,13 @@ async def run_once(
     held = await db.query(lambda st: holdout.held_out(st, loop.holdout_share))
 
     def trainable(st) -> int:
-        return snapshot.trainable(st, settings.trainer, live=live, held_out=held)
+        return snapshot.trainable(
+            st,
+            settings.trainer,
+            live=live,
+            held_out=held,
+            untrained_keys=settings.proxy.untrained_keys,
+        )
 
     if comparing:
         # While a comparison needs the engine, sample no more than the next run will use.
@@ -128,6 +134,7 @@ async def run_once(
             settings.judge,
             echo=echo,
             skip_scenarios=held,
+            untrained_keys=settings.proxy.untrained_keys,
             engine_logprobs=settings.proxy.engine_logprobs,
         )
     echo(f"judge pass: {report.summary()}")
@@ -144,6 +151,10 @@ async def run_once(
     ready = await db.query(trainable)
     if ready < loop.min_new_groups:
         echo(f"train: {ready} new trainable groups, waiting for {loop.min_new_groups}")
+        return
+    # Each candidate spends a share of alpha: a daily budget and a back-off after failures.
+    if why := await db.query(lambda st: ledger.waits(st, alias, loop)):
+        echo(f"train: {why}")
         return
     with state.doing("train"):
         manifest = await training.train(
@@ -194,6 +205,7 @@ async def _release(
     echo(f"held-out check of {candidate} against {live or 'base'}: {checked.reason}")
     evidence = {**metrics, "holdout": checked.evidence}
     if not checked.passed:
+        await db.query(lambda st: ledger.settle(st, alias, candidate, "stopped"))
         await db.query(
             lambda st: deployments.reject(
                 st,
@@ -295,13 +307,16 @@ async def _canary_round(db, engine, operator, settings: DeploySettings, routing,
         await canary.rejudge(db, s, fns, test, echo=lambda _: None)
         base = await sampling.base_model(engine)
         prompts = await db.query(
-            lambda st: canary.canary_prompts(st, alias, routing, settings.loop.pairs_per_round)
+            lambda st: canary.canary_prompts(
+                st, alias, routing, settings.loop.pairs_per_round, settings.proxy.untrained_keys
+            )
         )
         models = {"a": (live or base, live), "b": (candidate, candidate)}
         await canary.paired_round(
             db, engine, s, fns, prompts, models, test=test, echo=lambda _: None
         )
     judges = canary.judges(settings)
+    await db.query(lambda st: ledger.enter(st, alias, candidate))  # a canary set by hand too
     verdict = await db.query(lambda st: canary.verdict(st, alias, routing, settings.loop, judges))
     verdict.evidence["referee"] = s.scorers
     mode = await db.query(lambda st: trust.release_mode(st, settings))
@@ -332,6 +347,8 @@ async def _canary_round(db, engine, operator, settings: DeploySettings, routing,
     except deployments.RoutingChanged as exc:
         echo(f"canary {candidate}: {exc}")
         return
+    outcome = "promoted" if verdict.decision == "promote" else "rolled_back"
+    await db.query(lambda st: ledger.settle(st, alias, candidate, outcome))
     for warning in row["warnings"]:
         echo(f"warning: {warning}")
 

@@ -7,7 +7,7 @@ process-level sections and reads it from flags, the environment and the TOML fil
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field
 
 from ..collector import CollectorSettings
 from ..judge import JudgeSettings
@@ -43,30 +43,62 @@ class LoopSettings(BaseModel):
     min_new_groups: int = Field(4, ge=1, description="trainable groups that start a run")
     canary_fraction: float = Field(0.1, gt=0, le=1, description="a new checkpoint's share")
     pairs_per_round: int = Field(8, ge=1, description="paired re-samples per canary round")
-    min_pairs: int = Field(10, ge=1, description="judged pairs before any decision")
-    max_pairs: int = Field(200, ge=1, description="undecided by then: roll back, keep live")
-    sprt_delta: float = Field(
+    min_pairs: int = Field(10, ge=1, description="pairs before any decision")
+    max_pairs: int = Field(
+        200,
+        ge=1,
+        description="pairs (ties and unjudged ones included) by which an undecided test "
+        "rolls back and keeps live",
+    )
+    margin: float = Field(
+        0.0,
+        ge=0,
+        lt=0.5,
+        description="a candidate is promoted only when its mean paired score difference "
+        "over live (canary - live, scores in [0, 1]) is shown to exceed this",
+    )
+    delta: float = Field(
         0.1,
         gt=0,
         lt=0.5,
-        description="the improvement the test is powered for: win rate 0.5 + delta "
-        "against 0.5 (no better than live)",
+        validation_alias=AliasChoices("delta", "sprt_delta"),
+        description="the improvement over the margin the test is powered for (mean paired "
+        "score difference); a candidate shown not to reach margin + delta is rolled back "
+        "(sprt_delta, its old name, is still read)",
     )
     alpha: float = Field(
         0.05,
         gt=0,
         lt=0.5,
-        description="chance of promoting a canary no better than live (win rate <= 0.5), "
-        "however often the test looks",
+        description="over the alias's whole stream of candidates, the chance that any one no "
+        "better than live by the margin is promoted; candidate k is tested at "
+        "6 alpha / (pi^2 k^2), however often its test looks",
     )
     beta: float = Field(
-        0.05, gt=0, lt=0.5, description="chance of rolling back a canary at win rate 0.5 + delta"
+        0.05,
+        gt=0,
+        lt=0.5,
+        description="chance of stopping (held-out slice) or rolling back a candidate "
+        "better than live by margin + delta",
     )
     max_unjudged_share: float = Field(
         0.2,
         ge=0,
         le=1,
-        description="share of pairs the judge could not score that blocks promotion",
+        description="share of pairs the judge could not score (each counted as the "
+        "candidate's loss) that blocks promotion",
+    )
+    backoff_s: float = Field(
+        1800.0,
+        ge=0,
+        description="after a candidate is not promoted, the next training run waits this "
+        "long, doubled for each candidate in a row not promoted, up to a day",
+    )
+    max_candidates_per_day: int | None = Field(
+        6,
+        ge=1,
+        description="the training budget: new candidates per alias per UTC day (none: "
+        "unbounded); each spends a share of alpha",
     )
     max_error_increase: float = Field(
         0.05, ge=0, description="canary share of failed conversations over live's"
@@ -82,11 +114,14 @@ class LoopSettings(BaseModel):
         0.1,
         ge=0,
         lt=1,
-        description="share of scenarios (by a hash of their id) never trained on, where a "
-        "candidate must not lose to live before it becomes a canary",
+        description="share of scenarios (by a hash of their id) never trained on, whose "
+        "pairs are the first observations of a candidate's test, before it serves anyone",
     )
     holdout_pairs: int = Field(
-        12, ge=1, description="held-out prompts a candidate and live answer before a canary"
+        12,
+        ge=1,
+        description="held-out prompts a candidate and live answer before a canary: the "
+        "test's first pairs",
     )
     # Reward hacking shows in the answers' shape before it shows in the reward: each guard
     # compares the canary's answers with live's, on real traffic and on the paired samples.

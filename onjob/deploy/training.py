@@ -82,8 +82,11 @@ async def train(
     snap_path = t.checkpoints_dir / ".snapshots" / f"{name}.parquet"
     for stale in t.checkpoints_dir.glob("*.partial"):  # one run at a time: a killed run's
         shutil.rmtree(stale, ignore_errors=True)
+    untrained = settings.proxy.untrained_keys
     info = await db.query(
-        lambda st: snapshot.export(st, snap_path, t, live=parent, held_out=held_out)
+        lambda st: snapshot.export(
+            st, snap_path, t, live=parent, held_out=held_out, untrained_keys=untrained
+        )
     )
     parent_dir = await db.query(lambda st: checkpoint_path(st, parent)) if parent else None
     if parent and parent_dir is None:

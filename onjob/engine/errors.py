@@ -14,6 +14,16 @@ class BadRequest(EngineError):
     type = "invalid_request_error"
 
 
+class Unauthorized(EngineError):
+    status = 401
+    type = "authentication_error"
+
+
+class Forbidden(EngineError):
+    status = 403
+    type = "permission_error"
+
+
 class NotFound(EngineError):
     status = 404
     type = "not_found_error"

@@ -44,7 +44,11 @@ def serve(settings: EngineSettings) -> None:
         loaded.load_adapter(adapter, adapter_path)
     batcher = Batcher(loaded, max_batch=settings.max_batch_size)
     batcher.start()
-    app = create_app(batcher, default_max_tokens=settings.default_max_tokens)
+    app = create_app(
+        batcher,
+        default_max_tokens=settings.default_max_tokens,
+        adapter_token=settings.adapter_token,
+    )
     print(
         f"onjob engine: {name} on {device} ({time.monotonic() - started:.1f} s to load), "
         f"http://{settings.host}:{settings.port}/v1",

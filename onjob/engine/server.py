@@ -2,7 +2,8 @@
 
 Routes: `POST /v1/chat/completions`, `POST /v1/completions` (`completions.py`),
 `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/load_lora_adapter`,
-`POST /v1/unload_lora_adapter`, `GET /health`. Responses carry the same fields as
+`POST /v1/unload_lora_adapter` (loopback peers only, with the adapter token when one is
+set: `control.py`), `GET /health`. Responses carry the same fields as
 vLLM's (`logprobs`, `prompt_token_ids` and per-choice `token_ids` with
 `return_token_ids`), and errors use OpenAI's shape. A request's grammar
 (`response_format`, a forced `tool_choice`: `grammar.py`) is compiled before it is
@@ -27,7 +28,7 @@ from litestar.response import Stream
 
 from ..logprobs import TRAINED
 from ..openai_errors import HANDLERS
-from . import chat, completions, grammar
+from . import chat, completions, control, grammar
 from .answers import sse, usage
 from .batching import Batcher, TokenEvent
 from .errors import BadRequest, EngineError, NotFound
@@ -54,8 +55,11 @@ class _Prepared:
         return None if self.tools.parallel else 1
 
 
-def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
+def create_app(
+    batcher: Batcher, *, default_max_tokens: int = 512, adapter_token: str | None = None
+) -> Litestar:
     loaded = batcher.loaded
+    guards = [control.adapter_guard(adapter_token)]
     created = int(time.time())
     grammars = grammar.Grammars(loaded.tokenizer, loaded.vocab_size, loaded.eos_ids)
 
@@ -255,7 +259,7 @@ def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
         ]
         return [base, *adapters]
 
-    @post("/v1/load_lora_adapter", status_code=200)
+    @post("/v1/load_lora_adapter", status_code=200, guards=guards)
     async def load_lora_adapter(request: Request) -> Response:
         body = _decode(await request.body(), LoadAdapter)
         await batcher.call(lambda: loaded.load_adapter(body.lora_name, body.lora_path))
@@ -263,7 +267,7 @@ def create_app(batcher: Batcher, *, default_max_tokens: int = 512) -> Litestar:
             f"Success: LoRA adapter '{body.lora_name}' added successfully.", media_type="text/plain"
         )
 
-    @post("/v1/unload_lora_adapter", status_code=200)
+    @post("/v1/unload_lora_adapter", status_code=200, guards=guards)
     async def unload_lora_adapter(request: Request) -> Response:
         body = _decode(await request.body(), UnloadAdapter)
 

@@ -23,6 +23,14 @@ class EngineSettings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(None, ge=1, description="torch threads (default: torch's choice)")
     lora_modules: list[str] = Field(default_factory=list, description="NAME=PATH loaded at start")
+    adapter_token: str | None = Field(
+        None,
+        description="the local engine: the token /v1/load_lora_adapter and "
+        "/v1/unload_lora_adapter require as `Authorization: Bearer` (they answer loopback "
+        "peers only either way); set it through ONJOB_ENGINE_ADAPTER_TOKEN, not a flag "
+        "(a process's arguments are readable by every local user). `onjob serve "
+        "--start-engine` makes one for its child",
+    )
     # vLLM only.
     max_lora_rank: int = 64
     max_loras: int = 4

@@ -29,7 +29,7 @@ import httpx
 from .. import logprobs
 from ..collector import Collector, budgets
 from ..logprobs import TRAINED
-from . import rewards, ruler, sampling, tables
+from . import rewards, ruler, sampling, tables, tenants
 from .errors import RewardFnFailed, SamplingFailed
 from .rollouts import from_row
 from .settings import JudgeSettings
@@ -86,11 +86,14 @@ async def run_pass(
     echo: Callable[[str], None] = log.info,
     rng: random.Random | None = None,
     skip_scenarios: list[str] = (),
+    untrained_keys: list[str] = (),
     engine_logprobs: str = TRAINED,
 ) -> PassReport:
     """Sample new groups (none from `skip_scenarios`: the loop's held-out slice, which no
-    training run uses) and score every group still unscored. `engine_logprobs`: the
-    engine's logprob definition when its model list does not state one (vLLM's)."""
+    training run uses; none of the API keys in `untrained_keys`, whose traffic is never
+    judged) and score every group still unscored (but those of several keys or of an
+    untrained one: failed). `engine_logprobs`: the engine's logprob definition when its
+    model list does not state one (vLLM's)."""
     started = time.perf_counter()
     fns = rewards.load(settings.rewards)  # a reward function that does not import stops here
     report = PassReport()
@@ -99,11 +102,15 @@ async def run_pass(
     if report.budget is not None and report.budget.spent_out:
         echo(f"{report.budget.status()}: no new groups, and those that need RULER wait")
     else:
-        skip = list(skip_scenarios)
-        await _sample_turn_groups(db, engine, settings, report, echo, skip, engine_logprobs)
+        skip, untrained = list(skip_scenarios), list(untrained_keys)
+        await _sample_turn_groups(
+            db, engine, settings, report, echo, skip, untrained, engine_logprobs
+        )
         if settings.scenario_groups:
-            await _gather_trajectory_groups(db, settings, report, echo, skip)
-    await _score_groups(db, settings, fns, report, echo, rng or random.Random())
+            await _gather_trajectory_groups(db, settings, report, echo, skip, untrained)
+    await _score_groups(
+        db, settings, fns, report, echo, rng or random.Random(), frozenset(untrained_keys)
+    )
     report.budget = await judge_budget(db, settings)
     report.seconds = time.perf_counter() - started
     return report
@@ -117,9 +124,16 @@ async def judge_budget(db: Collector, s: JudgeSettings) -> budgets.Budget | None
 
 
 async def _sample_turn_groups(
-    db, engine, s: JudgeSettings, report: PassReport, echo, skip: list[str], declared: str
+    db,
+    engine,
+    s: JudgeSettings,
+    report: PassReport,
+    echo,
+    skip: list[str],
+    untrained: list[str],
+    declared: str,
 ) -> None:
-    candidates = await db.query(lambda store: tables.turn_candidates(store, s, skip))
+    candidates = await db.query(lambda store: tables.turn_candidates(store, s, skip, untrained))
     if not candidates:
         return
     try:
@@ -174,18 +188,22 @@ async def _sample_turn_groups(
 
 
 async def _gather_trajectory_groups(
-    db, s: JudgeSettings, report: PassReport, echo, skip: list[str]
+    db, s: JudgeSettings, report: PassReport, echo, skip: list[str], untrained: list[str]
 ) -> None:
-    ready = await db.query(lambda store: tables.scenario_candidates(store, s, skip))
-    for scenario_id, trajectories in ready.items():
+    ready = await db.query(lambda store: tables.scenario_candidates(store, s, skip, untrained))
+    for c in ready:
         group_id = await db.query(
-            lambda st, sc=scenario_id, ts=trajectories: tables.add_trajectory_group(st, sc, ts)
+            lambda st, c=c: tables.add_trajectory_group(st, c.scenario_id, c.trajectories)
         )
         report.trajectory_groups += 1
-        echo(f"  trajectory group {group_id}: {len(trajectories)} conversations of {scenario_id}")
+        echo(
+            f"  trajectory group {group_id}: {len(c.trajectories)} conversations of {c.scenario_id}"
+        )
 
 
-async def _score_groups(db, s: JudgeSettings, fns, report: PassReport, echo, rng) -> None:
+async def _score_groups(
+    db, s: JudgeSettings, fns, report: PassReport, echo, rng, untrained: frozenset[str]
+) -> None:
     groups = await db.query(lambda store: tables.groups_to_score(store, 1000))
     if not groups:
         return
@@ -195,13 +213,35 @@ async def _score_groups(db, s: JudgeSettings, fns, report: PassReport, echo, rng
 
     async def one(group: dict) -> None:
         async with gate:
-            await score_group(db, s, fns, group, report, echo, rng)
+            await score_group(db, s, fns, group, report, echo, rng, untrained=untrained)
 
     await asyncio.gather(*(one(g) for g in groups))
 
 
-async def score_group(db, s: JudgeSettings, fns, group, report: PassReport, echo, rng) -> None:
+async def score_group(
+    db,
+    s: JudgeSettings,
+    fns,
+    group,
+    report: PassReport,
+    echo,
+    rng,
+    *,
+    untrained: frozenset[str] = frozenset(),
+) -> None:
     rows = await db.query(lambda store: tables.members_of(store, group["id"]))
+    exchanges = [r["exchange_id"] for r in rows]
+    owners = await db.query(lambda store: tables.owners(store, exchanges))
+    refused = tenants.refusal(tenants.member_keys(owners), untrained)
+    if refused is not None:  # no scorer, RULER's provider least of all, sees it
+        report.failed += 1
+        echo(f"  group {group['id']}: not scored: {refused}")
+        await db.query(
+            lambda store: tables.save_scores(
+                store, group["id"], status="failed", reason=refused, judgements=[], scores=[]
+            )
+        )
+        return
     rollouts = [from_row(r) for r in rows]
     by_member: dict[str, dict[str, tuple[float, str | None]]] = defaultdict(dict)
     failures: list[str] = []

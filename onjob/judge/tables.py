@@ -8,7 +8,7 @@ short query or one transaction.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from dataclasses import dataclass
 
 from ..collector import Store
 from ..collector.ids import new_id
@@ -18,6 +18,9 @@ from .sampling import Sample
 from .settings import JudgeSettings
 
 _FRESH = "e.ts > now() - to_seconds(CAST(? AS DOUBLE))"
+# The exchange `e` is of no API key in `proxy.untrained_keys` (a list parameter): their
+# traffic is logged, never re-sampled, grouped or judged.
+_TRAINED_KEY = "NOT coalesce(list_contains(?::VARCHAR[], e.api_key_id), false)"
 
 # The feedback a member carries, as SQL over `m` (members) and `g` (groups): the mean of
 # what was posted on its exchange (a logged answer, never a re-sampled one) or, in a
@@ -27,11 +30,14 @@ MEMBER_FEEDBACK = """(SELECT avg(f.value) FROM feedback f
                    OR (g.kind = 'trajectory' AND f.trajectory_id = m.trajectory_id))"""
 
 
-def turn_candidates(store: Store, s: JudgeSettings, skip: list[str] = ()) -> list[dict]:
+def turn_candidates(
+    store: Store, s: JudgeSettings, skip: list[str] = (), untrained: list[str] = ()
+) -> list[dict]:
     """Logged turns to re-sample: answered production chat exchanges (Responses API calls
     included: they are logged as the chat they became) no group has used, recent
     first, round-robin over scenarios (at most `per_scenario` each), scenarios with fewer
-    groups so far first; none of the scenarios in `skip`."""
+    groups so far first; none of the scenarios in `skip`, none of the API keys in
+    `untrained`."""
     return store.query(
         f"""
         WITH c AS (
@@ -42,6 +48,7 @@ def turn_candidates(store: Store, s: JudgeSettings, skip: list[str] = ()) -> lis
               -- re-sampled through chat: a legacy completion's prompt has no messages
               AND e.api IS DISTINCT FROM 'completions'
               AND NOT coalesce(list_contains(?::VARCHAR[], e.scenario_id), false)
+              AND {_TRAINED_KEY}
               AND NOT EXISTS (
                   SELECT 1 FROM groups g WHERE g.prefix_exchange = e.id AND g.kind = 'turn')
         ), judged AS (SELECT scenario_id, count(*) AS n FROM groups GROUP BY scenario_id)
@@ -51,7 +58,7 @@ def turn_candidates(store: Store, s: JudgeSettings, skip: list[str] = ()) -> lis
         ORDER BY c.nth, coalesce(j.n, 0), c.ts DESC
         LIMIT ?
         """,
-        [s.max_age_s, list(skip), s.per_scenario, s.max_groups],
+        [s.max_age_s, list(skip), list(untrained), s.per_scenario, s.max_groups],
     )
 
 
@@ -125,30 +132,56 @@ def add_failed_ab_group(
     return group_id
 
 
+@dataclass(frozen=True)
+class Conversations:
+    """Finished conversations of one scenario and one API key: a trajectory group to be."""
+
+    scenario_id: str
+    api_key_id: str | None
+    trajectories: list[dict]  # id, scenario_id, last_exchange, api_key_id
+
+
 def scenario_candidates(
-    store: Store, s: JudgeSettings, skip: list[str] = ()
-) -> dict[str, list[dict]]:
-    """Finished production conversations in no trajectory group yet, by scenario, with at
-    least `min_trajectories` in the scenario (the most recent `max_trajectories`); none of
-    the scenarios in `skip`."""
+    store: Store, s: JudgeSettings, skip: list[str] = (), untrained: list[str] = ()
+) -> list[Conversations]:
+    """Finished production conversations in no trajectory group yet, by scenario and API
+    key (a scenario is one key's, and one made before that rule, or before a server had
+    keys, may hold several keys' conversations: they are never put in one group), with at
+    least `min_trajectories` in it (the most recent `max_trajectories`); none of the
+    scenarios in `skip`, none of the API keys in `untrained`."""
+    # The key is the last exchange's, looked up for the few trajectories in no group yet:
+    # joined before that filter, the lookup cost a pass 206 ms CPU against 81 ms with no
+    # key at all, and 84 ms materialised first (`bench/tenant_queries.py`: 1M exchanges,
+    # 200 conversations to group).
     rows = store.query(
-        """
-        SELECT t.id, t.scenario_id, t.last_exchange FROM trajectories t
-        WHERE t.source = 'production' AND t.last_ts < now() - to_seconds(CAST(? AS DOUBLE))
-          AND NOT coalesce(list_contains(?::VARCHAR[], t.scenario_id), false)
-          AND NOT EXISTS (
-              SELECT 1 FROM members m JOIN groups g ON g.id = m.group_id
-              WHERE g.kind = 'trajectory' AND m.trajectory_id = t.id)
+        f"""
+        WITH t AS MATERIALIZED (
+            SELECT t.id, t.scenario_id, t.last_exchange, t.last_ts FROM trajectories t
+            WHERE t.source = 'production'
+              AND t.last_ts < now() - to_seconds(CAST(? AS DOUBLE))
+              AND NOT coalesce(list_contains(?::VARCHAR[], t.scenario_id), false)
+              AND NOT EXISTS (
+                  SELECT 1 FROM members m JOIN groups g ON g.id = m.group_id
+                  WHERE g.kind = 'trajectory' AND m.trajectory_id = t.id)
+        )
+        SELECT t.id, t.scenario_id, t.last_exchange, e.api_key_id
+        FROM t JOIN exchanges e ON e.id = t.last_exchange
+        WHERE {_TRAINED_KEY}
         ORDER BY t.last_ts DESC
         """,
-        [s.settle_s, list(skip)],
+        [s.settle_s, list(skip), list(untrained)],
     )
-    by_scenario: dict[str, list[dict]] = defaultdict(list)
+    by_tenant: dict[tuple[str, str | None], list[dict]] = {}
     for row in rows:
-        if len(by_scenario[row["scenario_id"]]) < s.max_trajectories:
-            by_scenario[row["scenario_id"]].append(row)
-    ready = {k: v for k, v in by_scenario.items() if len(v) >= s.min_trajectories}
-    return dict(list(ready.items())[: s.max_groups])
+        mine = by_tenant.setdefault((row["scenario_id"], row["api_key_id"]), [])
+        if len(mine) < s.max_trajectories:
+            mine.append(row)
+    ready = [
+        Conversations(scenario_id, key, trajectories)
+        for (scenario_id, key), trajectories in by_tenant.items()
+        if len(trajectories) >= s.min_trajectories
+    ]
+    return ready[: s.max_groups]
 
 
 def add_trajectory_group(store: Store, scenario_id: str, trajectories: list[dict]) -> str:
@@ -199,6 +232,19 @@ def members_of(store: Store, group_id: str) -> list[dict]:
         """,
         [group_id, group_id],
     )
+
+
+def owners(store: Store, exchange_ids: list[str]) -> list[dict]:
+    """Whose each exchange is: its `api_key_id` and `source` (`tenants.member_keys`).
+
+    A query of its own, the ids as constants: under 1 ms CPU on 1M exchanges, where reading
+    the key in `members_of` cost +29 ms a group (each column that query reads is read for
+    every exchange) and joining the group's prefix's key there +114 ms."""
+    ids = sorted(set(exchange_ids))
+    if not ids:
+        return []
+    marks = ", ".join("?" * len(ids))
+    return store.query(f"SELECT api_key_id, source FROM exchanges WHERE id IN ({marks})", ids)
 
 
 def cached_result(store: Store, cache_key: str) -> dict | None:
@@ -267,14 +313,15 @@ def save_scores(
 
 
 def _insert_sample(con, prefix: dict, sample: Sample, group_id: str, checkpoint) -> None:
-    """A re-sampled answer as a `resample` exchange in the logged turn's place."""
+    """A re-sampled answer as a `resample` exchange in the logged turn's place, of the same
+    API key (its prompt is that key's): the tenant checks read it (`tenants.refusal`)."""
     con.execute(
         """
-        INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, model_alias,
-            checkpoint, arm, stream, request, response, prompt_token_ids,
+        INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, api_key_id,
+            model_alias, checkpoint, arm, stream, request, response, prompt_token_ids,
             completion_token_ids, completion_logprobs, usage, latency_ms, status,
             metadata, source, logprobs_mode)
-        VALUES (?, to_timestamp(?), ?, ?, ?, ?, ?, ?, false, ?, ?, ?, ?, ?, ?, ?, 200,
+        VALUES (?, to_timestamp(?), ?, ?, ?, ?, ?, ?, ?, false, ?, ?, ?, ?, ?, ?, ?, 200,
             ?, 'resample', ?)
         """,
         [
@@ -283,6 +330,7 @@ def _insert_sample(con, prefix: dict, sample: Sample, group_id: str, checkpoint)
             prefix["trajectory_id"],
             prefix["turn"],
             prefix["scenario_id"],
+            prefix.get("api_key_id"),
             prefix["model_alias"],
             checkpoint,
             prefix["arm"],

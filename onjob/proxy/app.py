@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import msgspec
 from litestar import Request, Response, delete, get, post, route
+from litestar import Router as Routes
 from litestar.params import FromPath, FromQuery
 from litestar.response import Stream
 from opentelemetry.trace import Tracer
@@ -28,13 +29,13 @@ from ..collector.ids import new_id
 from ..collector.trajectories import scoped
 from ..openai_errors import HANDLERS, error_body
 from . import openapi, responses, sse, telemetry
+from .auth import Caller, Doors, caller
 from .errors import (
     AdapterUnavailable,
     BadRequest,
     NotFound,
     ProxyError,
     StreamCut,
-    Unauthorized,
     UpstreamError,
     UpstreamStatus,
 )
@@ -81,19 +82,9 @@ def create_app(
     else:  # one engine, unchecked: a lost adapter is answered 503 but not reloaded here
         replica = Replica(upstream.base_url, upstream, logprobs=settings.engine_logprobs)
         pool = Pool([replica], wanted=router.adapters)
-    key_ids = {secret: key_id for key_id, secret in settings.api_keys.items()}
-
-    def authenticate(request: Request) -> str | None:
-        if not key_ids:
-            return None
-        header = request.headers.get("authorization")
-        if not header:
-            raise Unauthorized("Missing API key: send `Authorization: Bearer <key>`.")
-        scheme, _, token = header.partition(" ")
-        key_id = key_ids.get(token.strip()) if scheme.lower() == "bearer" else None
-        if key_id is None:
-            raise Unauthorized("Incorrect API key provided.")
-        return key_id
+    # Who may call: checked before any handler runs (`auth.py`), by the front for the hot
+    # routes and by a guard for the rest; handlers read the `Caller` it found.
+    doors = Doors(settings)
 
     def finish(exchange: Exchange) -> None:
         """Hand the exchange to the collector: its spool line is written before the answer
@@ -105,20 +96,18 @@ def create_app(
 
     @post("/v1/chat/completions", status_code=200)
     async def chat_completions(request: Request) -> Response | Stream:
-        api_key_id = authenticate(request)
         raw = await request.body()
         body = parse_request(raw, settings)
-        exchange = await Exchange.open(body, raw, **placing(request, api_key_id))
+        exchange = await Exchange.open(body, raw, **placing(request, caller(request)))
         return await proxied(exchange, relay, lambda exchange, answer: answer)
 
     @post("/v1/completions", status_code=200)
     async def completions(request: Request) -> Response | Stream:
         """Legacy text completions: forwarded as they are, logged like chat, each its own
         single-turn conversation (a prompt has no turns to continue)."""
-        api_key_id = authenticate(request)
         raw = await request.body()
         body, prompt = parse_completion_request(raw, settings)
-        where = placing(request, api_key_id)
+        where = placing(request, caller(request))
         where["trajectory_id"] = new_id("traj_")
         exchange = await Exchange.open(
             body,
@@ -134,11 +123,12 @@ def create_app(
     async def create_response(request: Request) -> Response | Stream:
         """The Responses API, translated into a chat completion at this edge
         (`proxy/responses.py`)."""
-        api_key_id = authenticate(request)
+        who = caller(request)
+        api_key_id = who.api_key_id
         body = responses.parse(await request.body(), settings)
         if forward is not None and "previous_response_id" in body:
             return await forward(request)  # the previous response is in the primary's database
-        where = placing(request, api_key_id)
+        where = placing(request, who)
         previous = None
         if "previous_response_id" in body:
             previous_id = body["previous_response_id"]
@@ -188,13 +178,14 @@ def create_app(
             whole,
         )
 
-    def placing(request: Request, api_key_id: str | None) -> dict:
+    def placing(request: Request, who: Caller) -> dict:
         return {
             "router": router,
-            "api_key_id": api_key_id,
+            "api_key_id": who.api_key_id,
             "trajectory_id": request.headers.get(TRAJECTORY_HEADER),
             "scenario": request.headers.get(SCENARIO_HEADER),
             "pin": request.headers.get(ARM_HEADER),
+            "any_checkpoint": who.admin,  # an API key pins only what its alias serves
         }
 
     async def proxied(
@@ -403,7 +394,7 @@ def create_app(
         return {"id": response_id, "object": "response", "deleted": True}
 
     async def stored_response(request: Request, response_id: str) -> dict:
-        api_key_id = authenticate(request)
+        api_key_id = caller(request).api_key_id
         row = await _lookup(collector, queries.exchange, response_id)
         found = responses.stored_response(row, api_key_id)
         if found is None:
@@ -411,8 +402,7 @@ def create_app(
         return found
 
     @get("/v1/models")
-    async def models(request: Request) -> dict:
-        authenticate(request)
+    async def models() -> dict:
         with contextlib.suppress(UpstreamError):  # the configured aliases are listed anyway
             await router.discover()
         created = int(time.time())
@@ -423,8 +413,7 @@ def create_app(
         return {"object": "list", "data": data}
 
     @get("/v1/models/{model:path}")
-    async def model(request: Request, model: FromPath[str]) -> dict:
-        authenticate(request)
+    async def model(model: FromPath[str]) -> dict:
         name = model.lstrip("/")
         with contextlib.suppress(UpstreamError):
             await router.discover()
@@ -436,7 +425,7 @@ def create_app(
     async def feedback(request: Request) -> Any:
         if forward is not None:
             return await forward(request)  # checked against the primary's database
-        api_key_id = authenticate(request)
+        api_key_id = caller(request).api_key_id
         try:
             fb = msgspec.json.decode(await request.body(), type=openapi.Feedback)
         except msgspec.ValidationError as exc:
@@ -470,8 +459,8 @@ def create_app(
         return {"object": "feedback", **msgspec.structs.asdict(record)}
 
     @get("/openapi.json")
-    async def openapi_document(request: Request) -> dict:
-        authenticate(request)  # it names the models, as /v1/models does
+    async def openapi_document() -> dict:
+        # Behind an API key like the rest (it names the models, as /v1/models does).
         with contextlib.suppress(UpstreamError):
             await router.discover()
         return openapi.document(settings, router.names())
@@ -485,6 +474,7 @@ def create_app(
         ["/admin/{rest:path}", "/dashboard", "/dashboard/{rest:path}"],
         http_method=["GET", "POST", "PUT", "PATCH", "DELETE"],
         include_in_schema=False,
+        guards=[doors.forward_guard],
     )
     async def forwarded(request: Request) -> Any:
         """A proxy-only process: the admin API and the dashboard are the primary's."""
@@ -506,17 +496,24 @@ def create_app(
             "/v1/completions": completions.fn,
             "/v1/responses": create_response.fn,
         },
+        doors=doors,
         route_handlers=[
-            chat_completions,
-            completions,
-            create_response,
-            retrieve_response,
-            response_input_items,
-            delete_response,
-            models,
-            model,
-            feedback,
-            openapi_document,
+            Routes(
+                "/",
+                guards=[doors.api_guard],
+                route_handlers=[
+                    chat_completions,
+                    completions,
+                    create_response,
+                    retrieve_response,
+                    response_input_items,
+                    delete_response,
+                    models,
+                    model,
+                    feedback,
+                    openapi_document,
+                ],
+            ),
             health,
             *([forwarded] if forward is not None else []),
             *routes,

@@ -28,6 +28,11 @@ class Forbidden(ProxyError):
     type = "permission_error"
 
 
+class UnsupportedMediaType(ProxyError):
+    status = 415
+    type = "invalid_request_error"
+
+
 class Conflict(ProxyError):
     status = 409
     type = "invalid_request_error"
@@ -61,6 +66,14 @@ class UpstreamTimeout(UpstreamError):
 
 class StreamCut(UpstreamError):
     """The engine closed the connection in the middle of an answer."""
+
+    status = 502
+    type = "bad_gateway"
+
+
+class AnswerTooLarge(UpstreamError):
+    """The engine's answer is past `proxy.max_answer_bytes`: the connection is closed, and
+    nothing more of it is held in memory."""
 
     status = 502
     type = "bad_gateway"

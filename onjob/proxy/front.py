@@ -10,7 +10,8 @@ the same handler functions Litestar routes to, and sends what they return. Every
 else (other methods, other paths, a path with a trailing slash) goes through Litestar as
 before, and what these routes answer does not change: the body limit (413), errors in
 OpenAI's shape through the app's own exception handlers, a stream stopped (and its
-exchange logged as 499) when the client hangs up.
+exchange logged as 499) when the client hangs up; and the same door (`auth.Doors.api`,
+which Litestar's routes take as a guard) before the handler runs.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.response import Stream
 from litestar.types import Receive, Scope, Send
 
+from .auth import SCOPE_KEY, Doors
+
 Handler = Callable[[Any], Awaitable[Response | Stream]]
 
 
@@ -34,17 +37,20 @@ class Headers:
     """The request's headers as the handlers read them: `get` by any case of the name (the
     first of repeated ones, as Litestar's), decoded only when asked."""
 
-    __slots__ = ("_raw",)
+    __slots__ = ("_by_name", "_raw")
 
     def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
         self._raw = raw  # names lower-case, as ASGI servers hand them over
+        self._by_name: dict[bytes, bytes] | None = None
 
     def get(self, name: str, default: str | None = None) -> str | None:
-        key = name.lower().encode("latin-1")
-        for k, v in self._raw:
-            if k == key:
-                return v.decode("latin-1")
-        return default
+        # A request's ~6 lookups (the door's, the handler's) against one dict made at the
+        # first: ~0.2 µs each, where a scan of the openai client's 15 headers took ~2.
+        by_name = self._by_name
+        if by_name is None:
+            by_name = self._by_name = dict(reversed(self._raw))  # the first of repeated ones
+        value = by_name.get(name.lower().encode("latin-1"))
+        return default if value is None else value.decode("latin-1")
 
     def items(self) -> list[tuple[str, str]]:
         return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self._raw]
@@ -67,6 +73,10 @@ class BareRequest:
         self._receive = receive
         self._limit = limit
         self._body: bytes | None = None
+
+    @property
+    def scope(self) -> Scope:
+        return self._scope
 
     @property
     def method(self) -> str:
@@ -109,15 +119,17 @@ class BareRequest:
 
 class ProxyApp(Litestar):
     """Litestar, with `hot` (path -> handler function) answered before its router for
-    `POST`. `handlers` are the app's exception handlers (by class, most specific first
-    along the exception's MRO, as Litestar picks them)."""
+    `POST`, behind `doors`' check of the OpenAI routes. `handlers` are the app's exception
+    handlers (by class, most specific first along the exception's MRO, as Litestar picks
+    them)."""
 
-    __slots__ = ("_handlers", "_hot", "_limit")
+    __slots__ = ("_doors", "_handlers", "_hot", "_limit")
 
     def __init__(
         self,
         *,
         hot: Mapping[str, Handler],
+        doors: Doors,
         request_max_body_size: int,
         exception_handlers: Mapping[type[Exception], Callable],
         **kwargs: Any,
@@ -128,6 +140,7 @@ class ProxyApp(Litestar):
             **kwargs,
         )
         self._hot = dict(hot)
+        self._doors = doors
         self._limit = request_max_body_size
         self._handlers = dict(exception_handlers)
 
@@ -140,8 +153,11 @@ class ProxyApp(Litestar):
         await super().__call__(scope, receive, send)
 
     async def _serve(self, handler: Handler, scope: Scope, receive: Receive, send: Send) -> None:
+        request = BareRequest(scope, receive, self._limit)
         try:
-            response = await handler(BareRequest(scope, receive, self._limit))
+            self._doors.same_site(request.headers, host=False)
+            scope[SCOPE_KEY] = self._doors.api(request.headers)
+            response = await handler(request)
         except Exception as exc:
             response = self._error(exc)
         if isinstance(response, Stream):

@@ -15,9 +15,18 @@ decompress), and, like aiohttp, reads no proxy settings from the environment.
 
 Errors are the proxy's, as `upstream.py` translates aiohttp's: no connection, or it
 dropped before the answer began -> `UpstreamUnreachable`; no connection or no byte within
-the timeouts -> `UpstreamTimeout`; dropped in the middle of a body, or a body that is not
-HTTP -> `StreamCut`. A pooled connection that the engine closed while it sat idle is
+the timeouts, or a whole answer not complete within `answer_timeout` of its request ->
+`UpstreamTimeout`; dropped in the middle of a body, a body that is not HTTP, or bytes
+after the complete answer -> `StreamCut`; a body past `max_answer_bytes` ->
+`AnswerTooLarge`. A pooled connection that the engine closed while it sat idle is
 replaced once, before anything was read from it (the request is sent again on a new one).
+
+It refuses what h11 refuses: one request has one answer, so anything the engine sends
+after the answer is complete (a second response in the same packet, say) is never read
+as part of any body; the connection is closed and the request fails, as a stream that
+ends in the middle does. A slow drip (a byte inside every `read_timeout`) cannot hold a
+whole answer open past `answer_timeout`, and no body grows past `max_answer_bytes` in
+memory (a Content-Length past it is refused before a byte of the body is read).
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from .errors import StreamCut, UpstreamTimeout, UpstreamUnreachable
+from .errors import AnswerTooLarge, StreamCut, UpstreamTimeout, UpstreamUnreachable
 
 _PAUSE_AT = 1 << 20  # body bytes held unread before the engine's socket stops being read
 
@@ -52,11 +61,13 @@ class _Connection(asyncio.Protocol):
         self.content_type = ""
         self.body: deque[bytes] = deque()
         self.buffered = 0
+        self.total = 0  # body bytes of this answer so far
         self.complete = False
         self.keep_alive = False
         self.error: Exception | None = None
         self.received = False
         self._delimited = False  # a Content-Length or chunked: the end is not the EOF
+        self._interim = False  # reading a 1xx response, which precedes the answer
         self._wake: asyncio.Future | None = None
         self._paused = False
 
@@ -69,6 +80,8 @@ class _Connection(asyncio.Protocol):
         if self.headers_done is None:  # nothing asked: the connection cannot be trusted
             self.closed = True
             self.transport.close()
+            return
+        if self.error is not None:  # refused already: nothing more of it is read
             return
         self.received = True
         try:
@@ -91,19 +104,42 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools callbacks -------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self.complete:  # a second answer to one request: the connection is out of step
+            self._fail(
+                StreamCut(
+                    "the engine sent bytes after its complete answer (one request, one answer)"
+                ),
+                close=True,
+            )
+
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
         if name == b"content-type":
             self.content_type = value.decode("latin-1")
-        elif name == b"content-length" or name == b"transfer-encoding":
+        elif name == b"content-length":
+            self._delimited = True
+            most = self._upstream.max_answer_bytes
+            if value.strip().isdigit() and int(value) > most:
+                self._too_large(f"its Content-Length is {int(value)}")
+        elif name == b"transfer-encoding":
             self._delimited = True
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
+        if 100 <= self.status < 200:  # informational (100 Continue): the answer follows
+            self._interim = True
+            return
         if self.headers_done is not None and not self.headers_done.done():
             self.headers_done.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        if self.error is not None:  # the rest of a packet already refused
+            return
+        self.total += len(body)
+        if self.total > self._upstream.max_answer_bytes:
+            self._too_large(f"{self.total} bytes and counting")
+            return
         self.body.append(body)
         self.buffered += len(body)
         if self.buffered > _PAUSE_AT and not self._paused:
@@ -112,6 +148,12 @@ class _Connection(asyncio.Protocol):
         self._notify()
 
     def on_message_complete(self) -> None:
+        if self.error is not None:
+            return
+        if self._interim:  # as h11 reads it: not the answer, which comes next
+            self._interim = False
+            self.content_type, self._delimited = "", False
+            return
         self.complete = True
         # Asked here: once this callback returns the parser has moved on to the next message.
         self.keep_alive = self._parser.should_keep_alive() and not self.closed
@@ -132,21 +174,38 @@ class _Connection(asyncio.Protocol):
     def time_out(self) -> None:
         self._fail(UpstreamTimeout("the engine did not answer in time"), close=True)
 
+    def out_of_time(self) -> None:
+        seconds = self._upstream.answer_timeout
+        why = f"the engine did not complete its answer within {seconds:g} s (answer_timeout_s)"
+        self._fail(UpstreamTimeout(why), close=True)
+
+    def _too_large(self, what: str) -> None:
+        most = self._upstream.max_answer_bytes
+        why = f"the engine's answer is larger than {most} bytes ({what}; max_answer_bytes)"
+        self._fail(AnswerTooLarge(why), close=True)
+
     def _notify(self) -> None:
         wake = self._wake
         if wake is not None and not wake.done():
             wake.set_result(None)
 
-    async def next_body(self, timeout: float) -> bytes | None:
-        """What arrived of the body since the last call (waiting for some); None at the end."""
+    async def next_body(self, timeout: float, deadline: float | None = None) -> bytes | None:
+        """What arrived of the body since the last call (waiting for some); None at the end.
+        `deadline` (the loop's time): the whole answer's end, when sooner than `timeout`.
+        One timer per wait either way, and none for an answer already in (the usual whole
+        answer): the deadline adds no timer of its own to the hot path (client CPU per
+        request 24.9-29.1 µs with it, 26.7-29.6 before; 4 fresh processes each, c32)."""
         while not self.body:
+            if self.error is not None:  # before `complete`: what followed the end is an error
+                raise self.error
             if self.complete:
                 return None
-            if self.error is not None:
-                raise self.error
             loop = asyncio.get_running_loop()
             self._wake = loop.create_future()
-            timer = loop.call_later(timeout, self.time_out)  # the longest silence allowed
+            if deadline is not None and deadline - loop.time() < timeout:
+                timer = loop.call_at(deadline, self.out_of_time)
+            else:
+                timer = loop.call_later(timeout, self.time_out)  # the longest silence allowed
             try:
                 await self._wake
             finally:
@@ -165,17 +224,23 @@ class LeanResponse:
     """Implements `upstream.UpstreamResponse`: the connection goes back to the pool once
     the body is read to its end, and is closed when the answer is dropped before."""
 
-    def __init__(self, conn: _Connection, upstream: LeanUpstream) -> None:
+    def __init__(self, conn: _Connection, upstream: LeanUpstream, sent: float) -> None:
         self._conn: _Connection | None = conn
         self._upstream = upstream
+        self._sent = sent  # the loop's time the request was written
         self.status = conn.status
         self.content_type = conn.content_type
 
     async def read(self) -> bytes:
+        """The whole answer, complete within `answer_timeout` of the request."""
         parts = []
+        conn = self._conn
+        if conn is None:
+            return b""
+        timeout, deadline = self._upstream.read_timeout, self._sent + self._upstream.answer_timeout
         try:
-            async for part in self.chunks():
-                parts.append(part)
+            while (data := await conn.next_body(timeout, deadline)) is not None:
+                parts.append(data)
         finally:
             await self.aclose()
         return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -205,6 +270,8 @@ class LeanUpstream:
         *,
         connect_timeout: float = 5.0,
         read_timeout: float = 600.0,
+        answer_timeout: float = 900.0,
+        max_answer_bytes: int = 256 << 20,
         max_connections: int = 1024,
     ) -> None:
         self.base_url = base_url.rstrip("/")
@@ -217,6 +284,8 @@ class LeanUpstream:
         self._head = f"Host: {host}\r\nAccept: */*\r\nUser-Agent: onjob\r\n".encode("latin-1")
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        self.answer_timeout = answer_timeout  # a whole answer, from its request to its end
+        self.max_answer_bytes = max_answer_bytes  # a body, whole or streamed
         self._max = max_connections
         self._open = 0  # connections open or opening
         self._idle: list[_Connection] = []
@@ -233,6 +302,7 @@ class LeanUpstream:
             conn._reset()
             conn.headers_done = loop.create_future()
             conn.transport.write(message)
+            sent = loop.time()
             timer = loop.call_later(self.read_timeout, conn.time_out)
             try:
                 await conn.headers_done
@@ -246,7 +316,7 @@ class LeanUpstream:
                 raise
             finally:
                 timer.cancel()
-            return LeanResponse(conn, self)
+            return LeanResponse(conn, self, sent)
 
     def _message(self, method: str, path: str, body: bytes | None, headers) -> bytes:
         head = f"{method} {self._prefix}{path} HTTP/1.1\r\n".encode("latin-1") + self._head

@@ -401,7 +401,11 @@ def document(settings: ProxySettings, models: list[str]) -> dict:
         "parameters": [
             _header("X-Onjob-Trajectory", "names the conversation"),
             _header("X-Onjob-Scenario", "names its starting situation"),
-            _header("X-Onjob-Arm", "pins `live`, `canary` or a checkpoint for this request"),
+            _header(
+                "X-Onjob-Arm",
+                "pins `live`, `canary`, or by name the alias's live or canary checkpoint, for "
+                "this request (any other checkpoint: the admin key as the bearer token)",
+            ),
         ],
         "requestBody": {"required": True, "content": _json("ChatCompletionRequest")},
         "responses": {
@@ -415,6 +419,10 @@ def document(settings: ProxySettings, models: list[str]) -> dict:
             },
             "400": _error("malformed JSON, a wrong type, `n` or `max_tokens` out of bounds"),
             "401": _UNAUTHORIZED,
+            "403": _error(
+                "`X-Onjob-Arm` names a checkpoint the alias does not serve, or a web page of "
+                "another site sent the request (`Origin`)"
+            ),
             "404": _error("unknown model"),
             "413": _error(f"body over {settings.max_body_bytes} bytes"),
             "502": _error("engine unreachable, or its answer malformed"),

@@ -41,6 +41,9 @@ ROUTING = "routing.json"
 _HOP = frozenset(
     {"host", "connection", "keep-alive", "transfer-encoding", "content-length", "upgrade", "te"}
 )
+# This process checked the page's Origin against the Host it was reached by (`auth.py`);
+# the primary sees this process's own Host, which the Origin would not match.
+_NOT_SENT = _HOP | {"origin"}
 
 
 def publish(router: Router, directory: Path) -> None:
@@ -94,7 +97,7 @@ class Forwarder:
 
     async def __call__(self, request: Request) -> Response:
         body = await request.body()
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _NOT_SENT]
         outgoing = self.client.build_request(
             request.method,
             request.url.path,

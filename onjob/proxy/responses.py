@@ -156,6 +156,12 @@ def parse(raw: bytes, settings: ProxySettings) -> dict:
             raise BadRequest("The engine has no reasoning controls.", param=f"reasoning.{key}")
     if "input" not in body:
         raise BadRequest("`input` is required.", param="input")
+    if type(body["input"]) is list and len(body["input"]) > settings.max_messages:
+        raise BadRequest(
+            f"`input` holds {len(body['input'])} items; at most {settings.max_messages} are "
+            "accepted (proxy.max_messages).",
+            param="input",
+        )
     return body
 
 
@@ -202,7 +208,13 @@ def translate(body: dict, previous: Previous | None) -> tuple[dict, Call]:
 
 
 def _items(value: Any) -> list[dict]:
-    """The input as items, each with an id (a string is one user message)."""
+    """The input as items, each with an id (a string is one user message).
+
+    What a client re-sending its history may drop or add is read as OpenAI reads it, so
+    the chat messages (all the stitcher compares: `collector.trajectories.canonical`) are
+    the same whichever way it re-serialised the output items it got: ids and `status` are
+    not part of a message, and a null field is an absent one (`model_dump()` of the SDK's
+    `EasyInputMessage` sends `"type": null`)."""
     if type(value) is str:
         value = [{"type": "message", "role": "user", "content": value}]
     if type(value) is not list:
@@ -212,6 +224,7 @@ def _items(value: Any) -> list[dict]:
         param = f"input[{i}]"
         if type(item) is not dict:
             raise BadRequest(f"`{param}` must be an object.", param=param)
+        item = {k: v for k, v in item.items() if v is not None}
         kind = item.get("type", "message")
         if kind == "message":
             out.append(_message_item(item, param))

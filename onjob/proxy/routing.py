@@ -7,8 +7,10 @@ client gave it, else its opening: `Exchange.open`) salted by the canary's name, 
 conversation never switches arms during a canary, whichever proxy process serves each
 turn, and each canary draws its own conversations. A Responses API chain keeps the
 arm of its previous turn (`sticky`). `X-Onjob-Arm` pins `live`, `canary` or a named
-checkpoint for one request. The base model's own name is an alias of itself, so
-an agent that already names it changes nothing but its `base_url`.
+checkpoint for one request: one the alias serves (live or canary), or any with the admin
+key (a candidate, a rolled-back checkpoint: what no user should get by asking). The base
+model's own name is an alias of itself, so an agent that already names it changes nothing
+but its `base_url`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from .errors import BadRequest, NotFound, UpstreamStatus
+from .errors import BadRequest, Forbidden, NotFound, UpstreamStatus
 from .upstream import Upstream
 
 LIVE = "live"
@@ -109,7 +111,9 @@ class Router:
             return LIVE
         return None
 
-    async def resolve(self, name: str, conversation: str, pin: str | None = None) -> Route:
+    async def resolve(
+        self, name: str, conversation: str, pin: str | None = None, any_checkpoint: bool = False
+    ) -> Route:
         base = await self.discover()
         arms = self.arms.get(name)
         if arms is None:
@@ -121,6 +125,14 @@ class Router:
                 )
             arms = Arms()
         if pin and pin not in (LIVE, CANARY):
+            # The base model is anyone's to ask for by name (it is an alias of itself).
+            if not any_checkpoint and pin not in (arms.live, arms.canary, base):
+                served = ", ".join(c for c in (arms.live, arms.canary) if c)
+                raise Forbidden(
+                    f"X-Onjob-Arm: `{pin[:100]}` is not a checkpoint `{name}` serves"
+                    + (f" ({served})" if served else "")
+                    + ": pin `live` or `canary`; pinning another checkpoint needs the admin key."
+                )
             return Route(name, pin, pin, PINNED)
         if pin == CANARY and not arms.canary:
             raise BadRequest(f"`{name}` has no canary to pin (X-Onjob-Arm: canary).")

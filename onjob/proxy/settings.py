@@ -36,6 +36,13 @@ class ProxySettings(BaseModel):
         "each exchange, and the trainer refuses groups logged under any but raw_logprobs. "
         "An engine whose model list states its own (the local engine) is taken at its word",
     )
+    engine_token: str | None = Field(
+        None,
+        description="the engines' adapter token (the local engine's "
+        "ONJOB_ENGINE_ADAPTER_TOKEN), sent as `Authorization: Bearer` with onjob's own "
+        "requests to them (adapter loads, health checks, the judge's samples); with "
+        "--start-engine and none set, onjob makes one for its child",
+    )
     health_interval_s: float = Field(
         1.0,
         gt=0,
@@ -60,8 +67,25 @@ class ProxySettings(BaseModel):
     api_keys: dict[str, str] = Field(
         default_factory=dict, description="key id -> secret; when set, every request needs one"
     )
+    untrained_keys: list[str] = Field(
+        default_factory=list,
+        description="API key ids whose traffic is logged (and served by the alias's adapter "
+        "like any key's) but never re-sampled, grouped, judged, compared or trained on, "
+        "whatever they send; also keeps out what they logged before being listed, while "
+        "listed (a retired key may stay listed). Needs api_keys",
+    )
     admin_key: str | None = Field(
-        None, description="secret for /admin (status, canary, promote, rollback)"
+        None,
+        description="secret for /admin (status, canary, promote, rollback, sql, ...) and the "
+        "dashboard; unset: `onjob serve` makes one at its first start, kept in <db>.admin-key "
+        "(mode 0600) and read from there by the other commands",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="host names (besides IP addresses, localhost and proxy.host) by which "
+        "browsers and clients reach this server, e.g. a reverse proxy's: the admin API and "
+        "the dashboard refuse any other Host, every route any other Origin (DNS rebinding, "
+        "cross-site posts)",
     )
     max_body_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="largest request body (bigger: 413)"
@@ -72,6 +96,25 @@ class ProxySettings(BaseModel):
     )
     connect_timeout_s: float = Field(5.0, gt=0)
     read_timeout_s: float = Field(300.0, gt=0, description="longest silence from the engine")
+    answer_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="longest a whole (non-streamed) answer may take, from the request to its "
+        "last byte, however steadily the engine drips it (past it: 504, logged as a failure; "
+        "streams are bounded by read_timeout_s between bytes). The lean and aiohttp clients",
+    )
+    max_answer_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024,
+        description="largest answer body the engine may send, whole or streamed (past it: 502, "
+        "the connection closed, logged as a failure). The lean and aiohttp clients",
+    )
+    max_messages: int = Field(
+        4096,
+        ge=1,
+        description="most messages (or Responses input items) one request may carry (more: "
+        "400): each is checked and hashed on the event loop before the request is sent",
+    )
     max_connections: int = Field(1024, ge=1, description="connections to the engine")
     upstream_client: Literal["lean", "aiohttp", "httpx"] = Field(
         "lean",
@@ -142,6 +185,19 @@ class ProxySettings(BaseModel):
             # (`collector.trajectories.scoped`): one key's names never reach another's.
             raise ValueError("an API key id is empty or holds ':'")
         return keys
+
+    @model_validator(mode="after")
+    def _untrained_keys_need_api_keys(self) -> ProxySettings:
+        # With no API keys every exchange is of no key: the list would keep nothing out,
+        # silently.
+        if self.untrained_keys and not self.api_keys:
+            raise ValueError(
+                "proxy.untrained_keys names API key ids, but proxy.api_keys is empty: no "
+                "exchange would be kept out of training"
+            )
+        if any(not key_id for key_id in self.untrained_keys):
+            raise ValueError("an id in proxy.untrained_keys is empty")
+        return self
 
     @model_validator(mode="after")
     def _keys_beyond_loopback(self) -> ProxySettings:

@@ -10,7 +10,10 @@ wraps any `httpx.AsyncClient`, so tests (and users) can hand in a
 
 Each translates its library's errors into the proxy's: `UpstreamUnreachable`
 (no connection or it dropped before an answer), `UpstreamTimeout`, and
-`StreamCut` (the connection dropped in the middle of a body).
+`StreamCut` (the connection dropped in the middle of a body). The lean and aiohttp
+clients also bound a whole answer's time (`answer_timeout`: `UpstreamTimeout`) and any
+body's size (`max_answer_bytes`: `AnswerTooLarge`); `HttpxUpstream` leaves both to the
+caller's client.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Protocol
 
 import httpx
 
-from .errors import StreamCut, UpstreamTimeout, UpstreamUnreachable
+from .errors import AnswerTooLarge, StreamCut, UpstreamTimeout, UpstreamUnreachable
 
 
 class UpstreamResponse(Protocol):
@@ -51,28 +54,57 @@ _JSON = {"Content-Type": "application/json"}
 
 
 class _AiohttpResponse:
-    def __init__(self, resp) -> None:
+    """As `lean.LeanResponse`: a whole answer complete within `answer_timeout` of its
+    request, no body past `max_answer_bytes`."""
+
+    def __init__(self, resp, upstream: AiohttpUpstream, sent: float) -> None:
         self._resp = resp
+        self._upstream = upstream
+        self._sent = sent  # the loop's time the request was sent
         self.status = resp.status
         self.content_type = resp.headers.get("Content-Type", "")
 
     async def read(self) -> bytes:
+        seconds = self._upstream.answer_timeout
+        parts = []
         try:
-            return await self._resp.read()
-        except Exception as exc:
-            raise _translate_aiohttp(exc, mid_body=True) from exc
+            async with asyncio.timeout_at(self._sent + seconds) as deadline:
+                async for chunk in self.chunks():
+                    parts.append(chunk)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            why = f"the engine did not complete its answer within {seconds:g} s"
+            raise UpstreamTimeout(f"{why} (answer_timeout_s)") from None
         finally:
-            self._resp.release()
+            self._resp.release()  # closes the connection unless the body was read whole
+        return b"".join(parts)
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        most, total = self._upstream.max_answer_bytes, 0
+        if (self._resp.content_length or 0) > most:
+            self._resp.close()
+            raise _too_large(most, f"its Content-Length is {self._resp.content_length}")
         try:
             async for chunk in self._resp.content.iter_any():
+                total += len(chunk)
+                if total > most:
+                    self._resp.close()
+                    raise _too_large(most, f"{total} bytes and counting")
                 yield chunk
+        except AnswerTooLarge:
+            raise
         except Exception as exc:
             raise _translate_aiohttp(exc, mid_body=True) from exc
 
     async def aclose(self) -> None:
         self._resp.close()
+
+
+def _too_large(most: int, what: str) -> AnswerTooLarge:
+    return AnswerTooLarge(
+        f"the engine's answer is larger than {most} bytes ({what}; max_answer_bytes)"
+    )
 
 
 def _translate_aiohttp(exc: Exception, *, mid_body: bool) -> Exception:
@@ -96,11 +128,15 @@ class AiohttpUpstream:
         *,
         connect_timeout: float = 5.0,
         read_timeout: float = 600.0,
+        answer_timeout: float = 900.0,
+        max_answer_bytes: int = 256 << 20,
         max_connections: int = 1024,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
+        self.answer_timeout = answer_timeout  # a whole answer, from its request to its end
+        self.max_answer_bytes = max_answer_bytes  # a body, whole or streamed
         self._max_connections = max_connections
         self._session = None
 
@@ -124,13 +160,14 @@ class AiohttpUpstream:
         self, method: str, path: str, body: bytes | None = None, headers: Mapping | None = None
     ) -> _AiohttpResponse:
         session = self._session or self._open()
+        sent = asyncio.get_running_loop().time()
         try:
             resp = await session.request(
                 method, self.base_url + path, data=body, headers=headers or _JSON
             )
         except Exception as exc:
             raise _translate_aiohttp(exc, mid_body=False) from exc
-        return _AiohttpResponse(resp)
+        return _AiohttpResponse(resp, self, sent)
 
     async def aclose(self) -> None:
         if self._session is not None:

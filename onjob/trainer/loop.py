@@ -2,21 +2,22 @@
 
     groups  = data.load(snapshot)              advantages, masks, the sampler's logprobs
     model   = base + LoRA (new, or the live adapter continued), no dropout
-    check   = each group's logprobs under the policy at step 0 (= the sampler's weights)
-              against the logged ones: a group they disagree on is skipped and recorded
+    optimizer = AdamW, its moments continued from the parent's `optimizer.pt` if any
     for each step of `groups_per_step` groups:
         for each group, members chunked by length (forward.chunks):
             one packed forward: the shared prompt once, each member's own tokens
             logprobs of the sampled tokens (fp32 head, no full-vocabulary log-softmax kept)
+            check, on a group's first forward: its logprobs against the logged ones (at
+              step 0 the same weights); a group they disagree on is skipped and recorded
             loss = clipped ratio x advantage, summed / the step's tokens; backward
         clip, step (a step whose gradient is not finite is dropped, its groups recorded)
-    kl_to_base = k3(policy ‖ base) per token on a sample of the groups' tokens: how far
-              the checkpoint (its whole lineage) moved from the base model, for the guard
+    kl_to_base = k3(policy ‖ base) per token on a few groups' tokens: how far the
+              checkpoint (its whole lineage) moved from the base model, for the guard
               `loop.max_kl_to_base`
     kl_to_base_own = the same on answers the trained policy samples itself from the
               groups' prompts: drift where the candidate now goes, which the old
               sampler's tokens do not show (the guard reads the larger)
-    save adapter (PEFT format) + onjob-manifest.json + metrics.json
+    save adapter (PEFT format) + optimizer.pt + onjob-manifest.json
 
 Runs as `onjob train --snapshot S --out DIR` in a child process of the server.
 """
@@ -30,6 +31,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -42,6 +44,7 @@ from .maths import k3, policy_loss
 from .settings import TrainSettings
 
 MANIFEST = "onjob-manifest.json"
+OPTIMIZER = "optimizer.pt"  # AdamW's state beside the adapter: the next run of the lineage
 
 
 def train(
@@ -83,35 +86,26 @@ def train(
         "head_check_gap": head_gap,
     }
 
-    # --- check: at step 0 the policy has the sampler's weights
-    skipped = dict(notes.skipped)
-    gaps = _step0_gaps(model, head, groups, limit, device)
-    for group in groups:
-        gap = gaps[group.id]
-        if not gap["mean"] <= s.max_logprob_gap:
-            skipped[group.id] = (
-                f"the policy's logprobs differ from the logged ones by {gap['mean']:.3g} per "
-                f"token (max {gap['max']:.3g}) before any step: sampled by other weights, "
-                "tokenizer or template"
-            )
-            echo(f"group {group.id}: {skipped[group.id]}, skipped")
-    groups = [g for g in groups if g.id not in skipped]
-    if not groups:
-        raise NothingToTrain(f"nothing to train on in {snapshot}: every group was skipped")
-    gap_tokens = sum(g["tokens"] for g in gaps.values())
-    step0 = {
-        "logprob_gap_step0": sum(g["sum"] for g in gaps.values()) / max(gap_tokens, 1),
-        "logprob_gap_step0_max": max(g["max"] for g in gaps.values()),
-    }
-
+    # --- optimizer: a lineage's moments carry on (a fresh AdamW's first steps move every
+    # parameter by about the learning rate, in the sign of a gradient of a few groups)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=s.learning_rate, weight_decay=0.0)
+    if parent is not None and s.keep_optimizer_state:
+        echo(_continue_optimizer(optimizer, Path(parent) / OPTIMIZER, s.learning_rate))
     steps = math.ceil(len(groups) / s.groups_per_step) * s.epochs
     echo(
         f"training on {len(groups)} groups, {sum(len(g.members) for g in groups)} members, "
-        f"{sum(g.loss_tokens for g in groups)} tokens: {steps} steps on {device} ({dtype}); "
-        f"logprob gap to the sampler at step 0: {step0['logprob_gap_step0']:.2g} per token"
+        f"{sum(g.loss_tokens for g in groups)} tokens: {steps} steps on {device} ({dtype})"
     )
+    # The check that the policy starts where the sampler was: on each group's first
+    # forward, folded into training (a separate pass cost a forward per group). With a
+    # warm start the policy moves first, so the check runs before it, on its own.
+    skipped = dict(notes.skipped)
+    gaps: dict[str, Gap] = {}
+    if s.sft_epochs:
+        gaps = {g.id: _gap(g, model, head, limit, device) for g in groups}
+        for group in groups:
+            _check(group, gaps[group.id], s, skipped, echo)
     wandb = _wandb(s)
     if s.sft_epochs:
         sft = _warm_start(model, head, groups, s, device)
@@ -126,17 +120,32 @@ def train(
     for epoch in range(s.epochs):
         for first in range(0, len(groups), s.groups_per_step):
             batch = groups[first : first + s.groups_per_step]
-            step_tokens = sum(g.loss_tokens for g in batch)
+            # (A group the check skips during this step keeps its tokens here: rare, and
+            # the others' gradient is then a little smaller.)
+            step_tokens = sum(g.loss_tokens for g in batch if g.id not in skipped)
             totals = {"loss": 0.0, "clipped": 0, "ratio": 0.0, "kl": 0.0}
             step_started = time.perf_counter()
+            trained = []
             for group in batch:
-                for chunk in chunks(group, limit):
+                if group.id in skipped:
+                    continue
+                for n, chunk in enumerate(chunks(group, limit)):
                     parts = _loss(model, head, chunk, s, device)
+                    if n == 0 and group.id not in gaps:  # its first forward: the check
+                        gaps[group.id] = Gap(
+                            parts.gap_sum, parts.gap_max, parts.tokens, step=len(history)
+                        )
+                        if not _check(group, gaps[group.id], s, skipped, echo):
+                            break  # nothing of it backpropagated (the check is on chunk 0)
                     (parts.loss / step_tokens).backward()
                     totals["loss"] += parts.loss.item() / step_tokens
                     totals["clipped"] += parts.clipped
                     totals["ratio"] += parts.ratio_sum
                     totals["kl"] += parts.kl_sum
+                else:
+                    trained.append(group)
+            if not trained:
+                continue  # every group of the step was skipped: no step
             grad_norm = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm).item()
             if not (math.isfinite(totals["loss"]) and math.isfinite(grad_norm)):
                 # Not applied, recorded, and the run goes on with the other steps.
@@ -157,7 +166,7 @@ def train(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             tokens_seen += step_tokens
-            rewards = [m.reward for g in batch for m in g.members]
+            rewards = [m.reward for g in trained for m in g.members]
             record = {
                 "step": len(history) + 1,
                 "epoch": epoch,
@@ -175,6 +184,9 @@ def train(
             if wandb:
                 wandb.log(record)
     progress_done()
+    groups = [g for g in groups if g.id not in skipped]
+    if not groups:
+        raise NothingToTrain(f"nothing to train on in {snapshot}: every group was skipped")
     if not history:
         raise Diverged(
             f"all {len(dropped)} steps had a loss or gradient that is not finite; no checkpoint "
@@ -187,13 +199,14 @@ def train(
     duration = time.perf_counter() - started
     metrics = {
         **_summary(history, groups, notes, duration, tokens_seen),
-        **step0,
+        **_gap_metrics(gaps),
         **kl,
         "skipped_groups": len(skipped),
         "dropped_steps": dropped,
     }
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
+    torch.save(optimizer.state_dict(), out / OPTIMIZER)
     manifest = {
         "name": out.name,
         "parent": str(parent) if parent else None,
@@ -218,25 +231,78 @@ def train(
     return manifest
 
 
-def _step0_gaps(model, head: Head, groups: list[Group], limit: int, device) -> dict[str, dict]:
-    """Per group, how far the policy's logprobs are from the logged ones before any step
-    (the same weights, so ~0 up to numerics and dtypes): |logp - old| summed, its max, and
-    the tokens. One forward per chunk, no gradient."""
-    gaps = {}
+@dataclass(frozen=True)
+class Gap:
+    """How far the policy's logprobs were from the logged ones on a group's first forward:
+    |logp - old| summed over its tokens, its max, and the optimizer steps taken before
+    (at step 0 the same weights, so ~0 up to numerics and dtypes)."""
+
+    sum: float
+    max: float
+    tokens: int
+    step: int = 0
+
+    @property
+    def mean(self) -> float:
+        return self.sum / max(self.tokens, 1)
+
+
+def _gap(group: Group, model, head: Head, limit: int, device) -> Gap:
+    """A group's gap on its first chunk, with no gradient (before a warm start)."""
+    chunk = next(iter(chunks(group, limit)))
     with torch.no_grad():
-        for group in groups:
-            total, most, tokens = 0.0, 0.0, 0
-            for chunk in chunks(group, limit):
-                logp = sampled_logprobs(model, head, chunk, device)
-                gap = (logp - _old(chunk, device)).abs()
-                total += gap.sum().item()
-                most = max(most, gap.max().item())
-                tokens += gap.numel()
-            gaps[group.id] = {"sum": total, "max": most, "tokens": tokens, "mean": total / tokens}
-    return gaps
+        gap = (sampled_logprobs(model, head, chunk, device) - _old(chunk, device)).abs()
+    return Gap(gap.sum().item(), gap.max().item(), gap.numel())
 
 
-KL_GROUPS = 8  # groups the KL-to-base estimate reads: enough for a guard, a bounded cost
+def _check(group: Group, gap: Gap, s: TrainSettings, skipped: dict, echo) -> bool:
+    """Whether the group may train: a policy that disagrees with the logged logprobs by more
+    than `max_logprob_gap` per token was not the sampler (other weights, tokenizer or
+    template), and its ratios would be noise. Steps already taken move the policy a
+    little (a few hundredths of a nat per token at the learning rates used), far below
+    the bound."""
+    if gap.mean <= s.max_logprob_gap:
+        return True
+    skipped[group.id] = (
+        f"the policy's logprobs differ from the logged ones by {gap.mean:.3g} per token "
+        f"(max {gap.max:.3g}) on its first forward, after {gap.step} steps: sampled by other "
+        "weights, tokenizer or template"
+    )
+    echo(f"group {group.id}: {skipped[group.id]}, skipped")
+    return False
+
+
+def _gap_metrics(gaps: dict[str, Gap]) -> dict:
+    """The gap at step 0 (the groups of the first step, checked before any update) and on
+    every group's first forward."""
+    first = [g for g in gaps.values() if g.step == 0] or list(gaps.values())
+    every = list(gaps.values())
+    return {
+        "logprob_gap_step0": sum(g.sum for g in first) / max(sum(g.tokens for g in first), 1),
+        "logprob_gap_step0_max": max((g.max for g in first), default=0.0),
+        "logprob_gap_first_forward_max": max((g.max for g in every), default=0.0),
+    }
+
+
+def _continue_optimizer(optimizer, path: Path, learning_rate: float) -> str:
+    """Load the parent's AdamW moments into `optimizer` when they fit its parameters; the
+    learning rate stays this run's. Says what it did."""
+    if not path.exists():
+        return f"optimizer: fresh AdamW (the parent has no {OPTIMIZER})"
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    ours = optimizer.state_dict()
+    shapes = [tuple(v["exp_avg"].shape) for _, v in sorted(state.get("state", {}).items())]
+    params = [tuple(p.shape) for group in optimizer.param_groups for p in group["params"]]
+    if len(state.get("param_groups", [])) != len(ours["param_groups"]) or shapes != params:
+        return "optimizer: fresh AdamW (the parent's moments are for other parameters)"
+    optimizer.load_state_dict(state)
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate
+    steps = max((float(v["step"]) for v in optimizer.state.values()), default=0)
+    return f"optimizer: the parent's AdamW moments continued ({steps:.0f} steps behind them)"
+
+
+KL_GROUPS = 2  # groups the KL-to-base estimate reads: enough for a guard, a bounded cost
 
 
 def _kl_to_base(model, head: Head, groups: list[Group], limit: int, device) -> dict:
@@ -348,6 +414,7 @@ def _loss(model, head: Head, members: list[Sequence], s: TrainSettings, device):
         eps_high=s.eps_high,
         dual_clip=s.dual_clip,
         kind=s.loss,
+        cispo_max_weight=s.cispo_max_weight,
         ref_logp=ref,
         beta=s.kl_beta,
     )

@@ -107,6 +107,7 @@ def policy_loss(
     eps_high: float = 0.2,
     dual_clip: float = 3.0,
     kind: str = "ppo",
+    cispo_max_weight: float = 5.0,
     ref_logp: torch.Tensor | None = None,
     beta: float = 0.0,
 ) -> LossParts:
@@ -117,19 +118,23 @@ def policy_loss(
            (dual clip, Ye et al. 2020: with a negative advantage the min above is
            unbounded as r grows; past `dual_clip` the token's loss is constant, so one
            token the sampler found unlikely cannot dominate the step)
-    cispo: -sg(clip(r, 1-eps_low, 1+eps_high))·A·logp  (the weight is clipped, never the
-           gradient dropped: tokens outside the trust region still teach, scaled)
+    cispo: -sg(min(r, cispo_max_weight))·A·logp  (the weight is capped, never the gradient
+           dropped: tokens outside the trust region still teach, scaled; only the top is
+           capped, as in MiniMax-M1's CISPO, TRL's `epsilon_high` and ART's [0, 5]: PPO's
+           0.8-1.2 band would make every token's weight nearly 1)
     plus beta · k3(policy ‖ reference), k3 = exp(ref - logp) - (ref - logp) - 1.
     """
     ratio = torch.exp((logp - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
     clipped_ratio = ratio.clamp(1 - eps_low, 1 + eps_high)
+    outside = (ratio < 1 - eps_low) | (ratio > 1 + eps_high)
     if kind == "ppo":
         per_token = -torch.minimum(ratio * advantage, clipped_ratio * advantage)
         per_token = torch.where(
             advantage < 0, torch.minimum(per_token, -dual_clip * advantage), per_token
         )
     elif kind == "cispo":
-        per_token = -clipped_ratio.detach() * advantage * logp
+        per_token = -ratio.clamp(max=cispo_max_weight).detach() * advantage * logp
+        outside = ratio > cispo_max_weight
     else:
         raise ValueError(f"unknown loss {kind!r} (ppo or cispo)")
     kl = torch.zeros_like(logp)
@@ -137,11 +142,10 @@ def policy_loss(
         kl = k3(logp, ref_logp)
         per_token = per_token + beta * kl
     with torch.no_grad():
-        clipped = ((ratio < 1 - eps_low) | (ratio > 1 + eps_high)).sum().item()
         gap = (logp - old_logp).abs()
     return LossParts(
         loss=per_token.sum(),
-        clipped=clipped,
+        clipped=outside.sum().item(),
         ratio_sum=ratio.detach().sum().item(),
         kl_sum=kl.detach().sum().item(),
         tokens=logp.numel(),

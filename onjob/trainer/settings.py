@@ -34,8 +34,11 @@ class TrainSettings(BaseModel):
 
     # The objective.
     loss: Literal["ppo", "cispo"] = "ppo"
-    eps_low: float = Field(0.2, ge=0, le=1)
-    eps_high: float = Field(0.2, ge=0)
+    eps_low: float = Field(0.2, ge=0, le=1, description="ppo: the ratio's clip below 1")
+    eps_high: float = Field(0.2, ge=0, description="ppo: the ratio's clip above 1")
+    cispo_max_weight: float = Field(
+        5.0, gt=0, description="cispo: the cap on a token's ratio weight (no floor)"
+    )
     dual_clip: float = Field(
         3.0,
         gt=1,
@@ -58,6 +61,11 @@ class TrainSettings(BaseModel):
 
     # The optimisation.
     learning_rate: float = Field(5e-5, gt=0)
+    keep_optimizer_state: bool = Field(
+        True,
+        description="continue the parent checkpoint's AdamW moments (saved beside each "
+        "adapter as optimizer.pt) instead of starting each run's optimizer from nothing",
+    )
     epochs: int = Field(1, ge=1, description="passes over the snapshot")
     groups_per_step: int = Field(4, ge=1, description="groups accumulated per optimizer step")
     max_batch_tokens: int = Field(

@@ -24,6 +24,10 @@ from .settings import TrainSettings
 # of these exchanges must be sampled by an allowed checkpoint, not only the last. Their
 # prompt token ids are rebuilt whole (`exchanges_rebuilt`: linear storage keeps only what a
 # turn adds); `request`'s top-level fields (temperature, top_p) are stored on every row.
+# No group with a member of an API key in `proxy.untrained_keys`, nor one whose members are
+# of several keys (made before groups were one key's): GRPO's advantage compares a group's
+# members, so one key's answers would train on another's. A re-sampled member logged
+# before samples carried their source's key has none, and counts as its group's logged one.
 _MEMBERS = """
 WITH spread AS (
     SELECT group_id, max(score) - min(score) AS spread FROM scores
@@ -33,6 +37,11 @@ WITH spread AS (
     WHERE g.status = 'scored' AND g.kind <> 'ab' AND s.spread > ?
       AND NOT list_contains(?::VARCHAR[], coalesce(g.scenario_id, ''))
       AND NOT EXISTS (SELECT 1 FROM train_runs t WHERE list_contains(t.groups_used, g.id))
+      AND NOT EXISTS (
+          SELECT 1 FROM members m JOIN exchanges x ON x.id = m.exchange_id
+          WHERE m.group_id = g.id GROUP BY m.group_id
+          HAVING count(DISTINCT x.api_key_id) > 1
+              OR bool_or(coalesce(list_contains(?::VARCHAR[], x.api_key_id), false)))
 ), turn_of AS (
     SELECT m.id AS member_id, m.group_id, e.id AS exchange_id, m.choice, e.turn
     FROM members m JOIN candidates g ON g.id = m.group_id JOIN exchanges e ON e.id = m.exchange_id
@@ -86,15 +95,21 @@ def lineage(store: Store, live: str | None, staleness: int) -> list[str | None]:
 
 
 def trainable(
-    store: Store, s: TrainSettings, *, live: str | None = None, held_out: list[str] = ()
+    store: Store,
+    s: TrainSettings,
+    *,
+    live: str | None = None,
+    held_out: list[str] = (),
+    untrained_keys: list[str] = (),
 ) -> int:
-    """How many groups a snapshot would take now (none of the `held_out` scenarios)."""
+    """How many groups a snapshot would take now (none of the `held_out` scenarios, none
+    with traffic of the `untrained_keys`)."""
     allowed = [name or "" for name in lineage(store, live, s.max_staleness)]
     row = (  # fetchall: a DuckDB relation has no fetchone
         store.cursor()
         .sql(
             f"SELECT count(DISTINCT group_id) AS n FROM ({_MEMBERS})",
-            params=[s.min_spread, list(held_out), allowed, s.max_groups],
+            params=[s.min_spread, list(held_out), list(untrained_keys), allowed, s.max_groups],
         )
         .fetchall()
     )
@@ -108,13 +123,15 @@ def export(
     *,
     live: str | None = None,
     held_out: list[str] = (),
+    untrained_keys: list[str] = (),
 ) -> dict:
-    """Write the snapshot, no group of a `held_out` scenario in it; return what it holds
-    (`groups`, `members`, `sha256`)."""
+    """Write the snapshot, no group of a `held_out` scenario in it, none with traffic of the
+    `untrained_keys` (`proxy.untrained_keys`); return what it holds (`groups`, `members`,
+    `sha256`)."""
     import pyarrow.parquet as pq  # here: the server pays its ~40 MiB only when it trains
 
     allowed = [name or "" for name in lineage(store, live, s.max_staleness)]
-    params = [s.min_spread, list(held_out), allowed, s.max_groups]
+    params = [s.min_spread, list(held_out), list(untrained_keys), allowed, s.max_groups]
     table = store.cursor().sql(_MEMBERS, params=params).to_arrow_table()
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)

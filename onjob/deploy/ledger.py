@@ -1,0 +1,111 @@
+"""Each alias's stream of release candidates, in the `candidates` table: the index k that
+fixes a candidate's share of `loop.alpha`, and how it ended.
+
+Candidate k is tested at `stats.spend(alpha, k)` = 6 alpha / (pi^2 k^2): the shares of
+every candidate ever tested sum to alpha, so the chance that any candidate no better than
+live is promoted is at most `loop.alpha` over the whole stream. That holds only if no k is
+handed out twice, so k lives in DuckDB, not in memory: a restart continues the count.
+
+The same rows ration training: `waits` says why the next run must wait, a daily budget of
+new candidates (`loop.max_candidates_per_day`) or a back-off after candidates in a row
+that were not promoted (`loop.backoff_s`, doubled each time, up to a day), so a loop
+that keeps failing spends its alpha, and the engine's time, slowly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from . import stats
+from .settings import LoopSettings
+
+Outcome = Literal["promoted", "rolled_back", "stopped"]
+MAX_BACKOFF_S = 86400.0
+
+
+@dataclass(frozen=True)
+class Level:
+    """A candidate's place in its alias's stream and the level its test runs at."""
+
+    k: int
+    alpha: float  # its share of loop.alpha
+
+
+def level(store, alias: str, checkpoint: str, alpha: float) -> Level:
+    """The candidate's level: from its row, or, before it has one, the index `enter` would
+    give it (read only: the dashboard asks too)."""
+    rows = store.query(
+        "SELECT k FROM candidates WHERE alias = ? AND checkpoint = ?", [alias, checkpoint]
+    )
+    k = rows[0]["k"] if rows else _next(store, alias)
+    return Level(k, stats.spend(alpha, k))
+
+
+def enter(store, alias: str, checkpoint: str, now: datetime | None = None) -> int:
+    """The candidate's index in the alias's stream, given the first time it is tested and
+    the same ever after."""
+    rows = store.query(
+        "SELECT k FROM candidates WHERE alias = ? AND checkpoint = ?", [alias, checkpoint]
+    )
+    if rows:
+        return rows[0]["k"]
+    k = _next(store, alias)
+    store.query(
+        "INSERT INTO candidates (alias, checkpoint, k, entered) VALUES (?, ?, ?, ?)",
+        [alias, checkpoint, k, now or datetime.now(UTC)],
+    )
+    return k
+
+
+def settle(
+    store, alias: str, checkpoint: str, outcome: Outcome, now: datetime | None = None
+) -> None:
+    """How the candidate's test ended (entered first, if it never was)."""
+    enter(store, alias, checkpoint, now)
+    store.query(
+        "UPDATE candidates SET outcome = ?, decided = ? WHERE alias = ? AND checkpoint = ?",
+        [outcome, now or datetime.now(UTC), alias, checkpoint],
+    )
+
+
+def backoff_s(settings: LoopSettings, failures: int) -> float:
+    """How long the next training run waits after `failures` candidates in a row were not
+    promoted: none after a promotion, then `backoff_s`, doubled for each more, up to a day."""
+    if failures <= 0 or settings.backoff_s <= 0:
+        return 0.0
+    return min(MAX_BACKOFF_S, settings.backoff_s * 2 ** min(failures - 1, 32))
+
+
+def waits(store, alias: str, settings: LoopSettings, now: datetime | None = None) -> str | None:
+    """Why the alias's next training run must wait (None: it need not)."""
+    now = now or datetime.now(UTC)
+    day = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    limit = settings.max_candidates_per_day
+    if limit is not None:
+        today = store.query(
+            "SELECT count(*) AS n FROM candidates WHERE alias = ? AND entered >= ?", [alias, day]
+        )[0]["n"]
+        if today >= limit:
+            resumes = (day + timedelta(days=1)).strftime("%Y-%m-%d %H:%M UTC")
+            return f"training budget: {today} candidates today (at most {limit}); resumes {resumes}"
+    settled = store.query(
+        "SELECT outcome, decided FROM candidates WHERE alias = ? AND outcome IS NOT NULL "
+        "ORDER BY k DESC LIMIT 40",
+        [alias],
+    )
+    failures = next((i for i, r in enumerate(settled) if r["outcome"] == "promoted"), len(settled))
+    wait = backoff_s(settings, failures)
+    if wait and now < settled[0]["decided"] + timedelta(seconds=wait):
+        until = (settled[0]["decided"] + timedelta(seconds=wait)).astimezone(UTC)
+        return (
+            f"back-off: {failures} candidate(s) in a row not promoted; the next run after "
+            f"{until:%Y-%m-%d %H:%M:%S} UTC"
+        )
+    return None
+
+
+def _next(store, alias: str) -> int:
+    rows = store.query("SELECT max(k) AS k FROM candidates WHERE alias = ?", [alias])
+    return (rows[0]["k"] or 0) + 1
