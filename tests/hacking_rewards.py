@@ -24,3 +24,11 @@ def exact(r) -> float:
 def length(r) -> float:
     """Pays for length: the reward that teaches a model to ramble."""
     return min(1.0, len(r.text or "") / 200)
+
+
+def fragile(r) -> float:
+    """A coach that raises on an answer it cannot parse (here: one naming a 7), which fails
+    the whole group it is in: the judge leaves that pair unjudged."""
+    if "7" in _numbers(r.text):
+        raise ValueError(f"cannot grade {r.text!r}")
+    return exact(r)

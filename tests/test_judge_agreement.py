@@ -257,3 +257,27 @@ def test_a_judge_that_disagrees_with_users_stops_what_it_trained_and_rolls_back_
         assert canary.verdict(store, "agent", routing, s, ["fn:agrees"]).decision == "wait"
     finally:
         store.close()
+
+
+def test_users_who_agree_with_the_coach_let_the_loop_promote_by_itself(db):
+    """Release mode (issue 33): with no `loop.gate`, the loop promotes by itself only when
+    users' feedback checks the coach; a coach users contradict, or one unrelated to what
+    they say, leaves a winning canary for a person to review."""
+    from onjob.deploy import trust
+    from onjob.deploy.settings import DeploySettings
+
+    def mode(name: str) -> trust.ReleaseMode:
+        coach = JudgeSettings(rewards={name: RewardFn(fn=f"{__name__}:{name}")})
+        return trust.release_mode(store, DeploySettings(judge=coach))
+
+    store = Store(db)
+    try:
+        users = mode("agrees")
+        assert (users.mode, users.automatic) == ("users", True), users.reason
+        assert "fn:agrees" in users.reason
+        for name in ("contrary", "parity"):
+            review = mode(name)
+            assert (review.mode, review.automatic) == ("review", False)
+            assert f"fn:{name}" in review.reason
+    finally:
+        store.close()

@@ -81,7 +81,8 @@ def workdir(tmp_path: Path, traffic: Path, config: str) -> Path:
     return tmp_path / "onjob.duckdb"
 
 
-COMPARE_ONLY = """
+# Coach only: no referee, so the loop promotes nothing by itself (review mode).
+COACH_ONLY = """
 [judge]
 temperature = 0
 max_groups = 0
@@ -94,6 +95,14 @@ min_pairs = 10
 sprt_delta = 0.3
 min_guard_conversations = 2
 """
+# With a referee (loop.gate): the loop decides by itself.
+COMPARE_ONLY = (
+    COACH_ONLY
+    + """
+[loop.gate.rewards]
+tool = { fn = "my_rewards:tool" }
+"""
+)
 
 
 def with_routing(tmp_path, tool_model_dir, live: str, canary: str) -> None:
@@ -155,6 +164,44 @@ def test_the_paired_comparison_decides_the_canary(
     )
     assert all(p["arm"] == "live" and p["trajectory_id"].startswith("after-") for p in prompts)
     assert len({p["trajectory_id"] for p in prompts}) == len(prompts)
+
+
+def test_a_canary_judged_by_its_coach_alone_is_ready_for_review_not_promoted(
+    tmp_path, traffic, tool_engine, tool_model_dir, unload
+):
+    """No loop.gate (the default): the canary wins every pair under the reward it would be
+    trained on, which a candidate that learned to game that reward would do too. The loop
+    stops at "ready for review"; the evidence is in `onjob status`, the admin API and the
+    dashboard; `onjob promote` is a person's call. Real engine, adapters and server."""
+    db = workdir(tmp_path, traffic, COACH_ONLY)
+    with_routing(tmp_path, tool_model_dir, live="scrambled", canary="mild")
+    converse(db, tool_engine.url, 24, "after")
+    done = onjob(tmp_path, "loop", "--once", "--engine-url", tool_engine.url)
+    assert done.returncode == 0, done.stderr
+    assert "canary mild against scrambled: ready for review: canary mild won" in done.stdout
+    last = rows(db, "SELECT * FROM deployments ORDER BY ts DESC LIMIT 1")[0]
+    assert (last["live"], last["canary"]) == ("scrambled", "mild")  # not promoted
+    statuses = {r["name"]: r["status"] for r in rows(db, "SELECT * FROM checkpoints")}
+    assert statuses == {"mild": "review", "scrambled": "live"}
+    offline = onjob(tmp_path, "status")
+    assert "READY FOR REVIEW agent: canary mild" in offline.stdout, offline.stdout
+    assert "12 wins, 0 ties, 0 losses of 12" in offline.stdout
+
+    env = {"ONJOB_LOOP__INTERVAL_S": "3600"}
+    with ServerProcess(["--engine-url", tool_engine.url, "--db", str(db)], env=env) as server:
+        assert "onjob serve: release mode review: no loop.gate" in server.output()
+        status = httpx.get(f"{server.base}/admin/status", timeout=30).json()
+        assert status["release"]["mode"]["mode"] == "review"
+        assert status["release"]["reviews"]["agent"]["checkpoint"] == "mild"
+        page = httpx.get(f"{server.base}/dashboard/ab", timeout=30).text
+        assert "Ready for review" in page and "onjob promote agent" in page
+        said = subprocess.run(
+            [ONJOB, "promote", "agent", "--server", server.base],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert said.returncode == 0, said.stderr
+    last = rows(db, "SELECT * FROM deployments ORDER BY ts DESC LIMIT 1")[0]
+    assert (last["live"], last["canary"], last["actor"]) == ("mild", None, "admin-api")
 
 
 def test_a_winning_canary_that_has_served_too_few_conversations_waits(

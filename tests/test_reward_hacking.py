@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from onjob.collector import Collector, CollectorSettings, Store
-from onjob.deploy import deployments, registry
+from onjob.deploy import deployments, registry, reviews
 from onjob.deploy.loop import run_once
 from onjob.deploy.operator import Operator
 from onjob.deploy.settings import DeploySettings, GateSettings, LoopSettings
@@ -146,17 +146,70 @@ def decide(
     return asyncio.run(run()), "\n".join(lines)
 
 
-def test_without_a_referee_the_hedging_canary_would_be_promoted(
+def test_without_a_referee_the_hedging_canary_is_ready_for_review_not_promoted(
     tmp_path, tiny_adapter_dir, tiny_model_dir
 ):
-    # The hazard the referee exists for: the training reward prefers hedging. Each pair
-    # is won by 0.25 (half credit against live's quarter): three rounds of 12 pairs give
-    # the e-process the 1 / alpha_1 = 33 it needs (about 26 pairs).
+    # The hazard: the training reward (the coach, also the judge with no loop.gate)
+    # prefers hedging, so the hedger wins every pair (by 0.25: half credit against live's
+    # quarter; three rounds of 12 give the e-process what it needs). By default that is
+    # not a promotion.
     s = settings(tmp_path / "onjob.duckdb", "partial")
     routing, said = decide(
         tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, s, live=36, rounds=3
     )
+    assert "canary ckpt-hack against base: ready for review: " in said
+    assert (routing["live"], routing["canary"]) == (None, "ckpt-hack"), said  # unchanged
+    store = Store(s.collector.db)
+    try:
+        assert registry.get(store, "ckpt-hack")["status"] == "review"
+        release = reviews.status(store, s)
+        assert release["mode"]["mode"] == "review" and not release["mode"]["automatic"]
+        review = release["reviews"]["agent"]
+        assert review["checkpoint"] == "ckpt-hack"
+        assert review["evidence"]["paired"]["wins"] >= 12
+        assert review["evidence"]["paired"]["losses"] == 0
+        assert review["evidence"]["referee"] == ["fn:partial"]
+        pairs = store.query("SELECT count(*) AS n FROM groups WHERE kind = 'ab'")[0]["n"]
+    finally:
+        store.close()
+
+    # The next iteration draws no more pairs and changes nothing: a person decides.
+    async def again():
+        async with scripted(s, HEDGING) as (collector, client, op):
+            await op.restore()
+            lines: list[str] = []
+            await run_once(collector, client, op, s, lines.append)
+            return (await collector.query(deployments.current))["agent"], "\n".join(lines)
+
+    routing, said = asyncio.run(again())
+    assert (routing["live"], routing["canary"]) == (None, "ckpt-hack")
+    assert "ready for review since" in said
+    store = Store(s.collector.db)
+    try:
+        assert store.query("SELECT count(*) AS n FROM groups WHERE kind = 'ab'")[0]["n"] == pairs
+    finally:
+        store.close()
+
+    # A referee configured since does not end the wait: these pairs were judged by the
+    # coach, not by it.
+    s.loop.gate = GateSettings(rewards={"exact": RewardFn(fn="tests.hacking_rewards:exact")})
+    routing, said = asyncio.run(again())
+    assert (routing["live"], routing["canary"]) == (None, "ckpt-hack"), said
+    assert "ready for review since" in said
+
+
+def test_with_a_referee_configured_the_loop_promotes_by_itself(
+    tmp_path, tiny_adapter_dir, tiny_model_dir
+):
+    # loop.gate set (here to the same partial-credit reward, to show the mode alone
+    # decides who promotes): the loop promotes what wins under the referee.
+    gate = GateSettings(rewards={"partial": RewardFn(fn="tests.hacking_rewards:partial")})
+    s = settings(tmp_path / "onjob.duckdb", "partial", gate=gate)
+    routing, said = decide(
+        tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, s, live=36, rounds=3
+    )
     assert routing["live"] == "ckpt-hack", said
+    assert json.loads(routing["evidence"])["release_mode"]["mode"] == "referee"
 
 
 def test_a_canary_that_learned_to_hedge_loses_under_the_referee(
@@ -178,8 +231,10 @@ def test_a_canary_that_learned_to_ramble_is_held_by_the_length_guard(
 ):
     s = settings(tmp_path / "onjob.duckdb", "length", max_length_ratio=ratio)
     routing, said = decide(tmp_path, tiny_adapter_dir, tiny_model_dir, RAMBLING, s)
-    if ratio == 1000.0:  # without the guard the length reward wins it the promotion
-        assert routing["live"] == "ckpt-hack", said
+    if ratio == 1000.0:  # without the guard the length reward wins it the pairs: only its
+        # coach judged them, so it waits for a person
+        assert "ready for review: canary ckpt-hack won" in said
+        assert routing["live"] is None, said
         return
     assert routing["live"] is None, said  # not promoted
     assert "length guard" in said and "paired samples" in said

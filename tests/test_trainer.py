@@ -107,6 +107,9 @@ def test_a_few_steps_raise_the_best_members_logprob_and_lower_the_worsts(
     assert metrics["kl_to_base_tokens"] == len(k3)
     assert math.isclose(metrics["kl_to_base"], sum(k3) / len(k3), rel_tol=1e-3)
     assert metrics["kl_to_base"] > 1e-3  # six steps at a high rate moved it
+    # And on answers the tuned policy sampled itself: its own tokens, k3 >= 0 per token.
+    assert 0 < metrics["kl_to_base_own_tokens"] <= 32
+    assert math.isfinite(metrics["kl_to_base_own"]) and metrics["kl_to_base_own"] > 0
 
 
 def test_groups_with_equal_scores_are_skipped_and_said(tmp_path, tiny_model_dir, toy):

@@ -120,7 +120,7 @@ def cmd_route(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from ..deploy import deployments, registry
+    from ..deploy import deployments, registry, reviews
     from ..judge import Agreement, judge_agreement
 
     settings, status = ask_server(args, "status", "status", None)
@@ -132,14 +132,18 @@ def cmd_status(args: argparse.Namespace) -> int:
                 registry.checkpoints(st),
                 deployments.history(st, 10),
                 judge_agreement(st),
+                reviews.status(st, settings),
             )
 
-        aliases, ckpts, history, agreement = offline(settings, read)
+        aliases, ckpts, history, agreement, release = offline(settings, read)
         print("no server answered; from the database:")
     else:
         aliases, history = status["aliases"], status["deployments"]
         agreement = [Agreement.from_dict(a) for a in status.get("judge_agreement", [])]
+        release = status.get("release")
         ckpts = None
+    if release:
+        _show_release(release)
     for alias, a in aliases.items():
         canary = f", canary {a['canary']} ({a['fraction']:.0%})" if a["canary"] else ""
         print(f"{alias}: live {a['live'] or 'base'}{canary}")
@@ -154,6 +158,28 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
     _show_agreement(agreement)
     return 0
+
+
+def _show_release(release: dict) -> None:
+    """The release mode, then each canary ready for review with its evidence: what a
+    person reads before `onjob promote` or `onjob rollback`."""
+    print(f"release mode {release['mode']['reason']}")
+    for alias, r in release["reviews"].items():
+        e = r["evidence"] or {}
+        paired = e.get("paired") or {}
+        print(f"READY FOR REVIEW {alias}: canary {r['checkpoint']} since {r['ts']}: {r['reason']}")
+        if paired:
+            print(
+                f"  pairs: {paired.get('wins')} wins, {paired.get('ties')} ties, "
+                f"{paired.get('losses')} losses of {paired.get('pairs')} "
+                f"(win rate {paired.get('win_rate', 0):.2f}; unjudged "
+                f"{e.get('unjudged_pairs', 0)}), judged by {', '.join(e.get('referee') or [])}"
+            )
+        for name, guard in (e.get("shape") or {}).items():
+            if isinstance(guard, dict):
+                said = guard.get("tripped") or guard.get("holding") or "clear"
+                print(f"  guard {name}: {said}")
+        print(f"  decide: onjob promote {alias}  or  onjob rollback {alias}")
 
 
 def _show_agreement(records) -> None:
@@ -178,9 +204,10 @@ def add_commands(sub) -> None:
         "checkpoints",
         help="list checkpoints, or import an adapter trained elsewhere",
         description=(
-            "`onjob checkpoints` lists the registry (name, status candidate/canary/live/retired, "
-            "created, parent). `onjob checkpoints add PATH --name NAME` imports a PEFT LoRA "
-            "directory as a candidate after checking its shapes against the base model."
+            "`onjob checkpoints` lists the registry (name, status candidate/canary/review/"
+            "live/retired/stranded, created, parent). `onjob checkpoints add PATH --name "
+            "NAME` imports a PEFT LoRA directory as a candidate after checking its shapes "
+            "against the base model."
         ),
     )
     ckpts.add_argument("action", nargs="?", choices=["list", "add"], default="list")

@@ -20,6 +20,7 @@ from ..deploy import admin
 from ..deploy.judging import engine_client
 from ..deploy.loop import PeriodicLoop
 from ..deploy.operator import Operator
+from ..deploy.trust import static_mode
 from ..proxy import (
     AiohttpUpstream,
     HttpxUpstream,
@@ -289,6 +290,12 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
                 file=sys.stderr,
                 flush=True,
             )
+            if not p.primary_url and settings.loop.train and settings.loop.interval_s > 0:
+                print(
+                    f"onjob serve: release mode {static_mode(settings).reason}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             config = uvicorn.Config(
                 app,
                 host=p.host,

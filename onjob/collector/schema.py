@@ -387,6 +387,29 @@ CREATE TABLE candidates (
 );
 """
 
+# The release path's durable state (issue 33). `holdout_slice`: whether a scenario is held
+# out, decided once when the loop first sees it, so a scenario trained on never becomes
+# "held out" later (and one held out is never trained on). `reviews`: a canary that won
+# its pairs where no referee other than its coach checks it, waiting for a person's
+# `onjob promote` or `rollback`, with the evidence; one row per routing (`routing_ts`,
+# the `deployments` row it is about).
+V15_RELEASE = """
+CREATE TABLE holdout_slice (
+    scenario_id VARCHAR PRIMARY KEY,
+    held BOOLEAN NOT NULL,
+    share DOUBLE NOT NULL,
+    decided TIMESTAMPTZ NOT NULL
+);
+CREATE TABLE reviews (
+    model_alias VARCHAR NOT NULL,
+    checkpoint VARCHAR NOT NULL,
+    routing_ts TIMESTAMPTZ NOT NULL,
+    ts TIMESTAMPTZ NOT NULL,
+    reason VARCHAR,
+    evidence JSON
+);
+"""
+
 MIGRATIONS: list[str] = [
     V1,
     V2,
@@ -402,6 +425,7 @@ MIGRATIONS: list[str] = [
     V12_OPENINGS,
     V13_CANDIDATES,
     V14_UNTRAINABLE,
+    V15_RELEASE,
 ]
 
 

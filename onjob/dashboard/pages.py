@@ -17,7 +17,7 @@ from litestar.params import FromPath, FromQuery
 from litestar.static_files import create_static_files_router
 
 from ..collector import Collector
-from ..deploy import canary, deployments, progress
+from ..deploy import canary, deployments, progress, reviews
 from ..deploy.loop import LoopState
 from ..deploy.settings import DeploySettings
 from ..judge import judge_agreement
@@ -172,10 +172,17 @@ def routes(
                 for alias, r in routing.items()
                 if r["canary"]
             }
-            return running, deployments.history(store, 100)
+            return running, deployments.history(store, 100), reviews.status(store, settings)
 
-        running, history = await collector.query(read)
-        return render("ab.html", refresh=True, running=running, history=history, rule=settings.loop)
+        running, history, release = await collector.query(read)
+        return render(
+            "ab.html",
+            refresh=True,
+            running=running,
+            history=history,
+            rule=settings.loop,
+            release=release,
+        )
 
     static = create_static_files_router(
         path="/static", directories=[HERE / "static"], include_in_schema=False

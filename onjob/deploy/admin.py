@@ -29,7 +29,7 @@ from ..judge import judge_agreement
 from ..proxy import Router
 from ..proxy.auth import Doors
 from ..proxy.errors import BadRequest, Conflict
-from . import adapters, deployments, progress, registry, training
+from . import adapters, deployments, progress, registry, reviews, training
 from .loop import LoopState, PeriodicLoop
 from .operator import Operator
 from .settings import DeploySettings
@@ -103,6 +103,7 @@ def routes(
             "loop": (loop.state if loop else LoopState()).as_dict(),
             "rewards": await collector.query(progress.reward_by_checkpoint),
             "judge_agreement": [a.as_dict() for a in await collector.query(judge_agreement)],
+            "release": await collector.query(lambda st: reviews.status(st, settings)),
         }
 
     @get("/checkpoints")

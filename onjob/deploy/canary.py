@@ -24,6 +24,7 @@ pairs block promotion; undecided after `max_pairs` keeps live).
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections import defaultdict
 from dataclasses import dataclass
@@ -85,10 +86,27 @@ async def paired_round(
     return list(await asyncio.gather(*(one(p) for p in prefixes)))
 
 
-def ab_outcomes(store, where: str, params: list) -> tuple[dict[str, list[float]], list[dict]]:
-    """Per scenario, the paired difference of each `ab` pair (b's mean score - a's, in
-    [-1, 1]; b failing to answer while a answered is -1, b's loss); and the pairs that
-    count for neither: not judged, or not sampled by a or by both."""
+def ab_outcomes(
+    store, where: str, params: list, *, missing_is_loss: bool = True
+) -> tuple[dict[str, list[float]], list[dict]]:
+    """Every pair of a test, counted. Per scenario, the paired difference of each `ab`
+    pair (b's mean score - a's, in [-1, 1]; b is the candidate), and the pairs without a
+    judged comparison.
+
+    Every pair counts against the candidate unless live alone is at fault: a pair the
+    judge could not score (it failed or raised, its scores are missing or not finite, or
+    it is still unscored: the referee's budget spent, the loop stopped mid-round) is the
+    candidate's loss, d = -1, as is a pair b could not
+    answer (alone or with a). Dropping them instead would let a candidate whose losses
+    are the ones the judge fails on look better than it is. Only a pair that a alone
+    could not answer is left out.
+
+    The second list names each pair without a judged comparison but those b alone could
+    not answer (the candidate's own failure, an ordinary loss): `counted: "loss"` (among
+    the outcomes, as -1) or `counted: "excluded"` (a failed alone; not among them), with
+    `why`: `unjudged` (no usable score), `unsampled` (both arms, or a, could not answer).
+    `missing_is_loss=False` (`onjob compare`, a description rather than a decision)
+    counts only a pair b alone could not answer, as b's loss."""
     rows = store.query(
         f"""
         SELECT g.id, g.status, g.reason, g.failed_arm, g.scenario_id, m.origin, s.score
@@ -105,15 +123,49 @@ def ab_outcomes(store, where: str, params: list) -> tuple[dict[str, list[float]]
         if r["origin"] is not None:
             g.setdefault(r["origin"], []).append(r["score"])
     by_scenario: dict[str, list[float]] = defaultdict(list)
-    failed = []
-    for group_id, g in groups.items():
-        if g["status"] == "scored":
-            by_scenario[g["scenario"]].append(stats.difference(g["a"], g["b"]))
-        elif g["failed_arm"] == "b":
+    missing = []
+    for group_id, g in sorted(groups.items()):
+        a, b = g.get("a") or [], g.get("b") or []
+        usable = all(isinstance(x, int | float) and math.isfinite(x) for x in (*a, *b))
+        if g["status"] == "scored" and a and b and usable:
+            by_scenario[g["scenario"]].append(stats.difference(a, b))
+            continue
+        arm = g["failed_arm"]
+        loses = arm != "a" if missing_is_loss else arm == "b"
+        counted = "loss" if loses else "excluded"
+        if counted == "loss":
             by_scenario[g["scenario"]].append(-1.0)
-        elif g["status"] == "failed":
-            failed.append({"group": group_id, "reason": g["reason"], "arm": g["failed_arm"]})
-    return by_scenario, failed
+        if arm == "b":
+            continue
+        why = "unsampled" if arm else "unjudged"
+        reason = g["reason"] or ("not scored yet" if g["status"] == "sampled" else "no score")
+        missing.append(
+            {"group": group_id, "reason": reason, "arm": arm, "why": why, "counted": counted}
+        )
+    return by_scenario, missing
+
+
+def unjudged(missing: list[dict]) -> int:
+    """How many of `ab_outcomes`' second list are losses for want of a judgement."""
+    return sum(m["why"] == "unjudged" for m in missing)
+
+
+async def rejudge(db: Collector, s: JudgeSettings, fns: dict, test: str, echo=print) -> int:
+    """The referee's retry: the test's pairs sampled but never scored (its budget was
+    spent, the loop stopped mid-round), judged now by the referee `s`. The judge pass
+    never scores `ab` groups (`tables.groups_to_score`), so nothing else will. Returns
+    how many it tried."""
+    pending = await db.query(
+        lambda st: st.query(
+            "SELECT id, kind FROM groups WHERE kind = 'ab' AND test = ? AND status = 'sampled' "
+            "ORDER BY created",
+            [test],
+        )
+    )
+    report, rng = PassReport(), random.Random()
+    for group in pending:
+        await score_group(db, s, fns, group, report, echo, rng)
+    return len(pending)
 
 
 def test_id(alias: str, routing: dict) -> str:
@@ -192,10 +244,13 @@ def holdout_test_id(candidate: str) -> str:
 def weigh(store, alias: str, candidate: str, tests: list[str], settings: LoopSettings):
     """The candidate's test on the pairs of `tests` (its held-out pairs, then its canary's):
     the rule, the evidence so far, its level in the alias's stream, the unjudged pairs."""
-    outcomes, unjudged = ab_outcomes(store, "list_contains(?::VARCHAR[], g.test)", [tests])
+    outcomes, missing = ab_outcomes(store, "list_contains(?::VARCHAR[], g.test)", [tests])
     rule = rule_of(settings)
-    paired = rule.weigh([d for ds in outcomes.values() for d in ds], len(unjudged))
-    return rule, paired, ledger.level(store, alias, candidate, settings.alpha), unjudged
+    # The pairs without a judgement are among `outcomes` already, as -1 (every pair
+    # counts): counted here, not added a second time.
+    paired = rule.weigh([d for ds in outcomes.values() for d in ds])
+    paired.unjudged = sum(m["counted"] == "loss" for m in missing)
+    return rule, paired, ledger.level(store, alias, candidate, settings.alpha), missing
 
 
 def referee(judge: JudgeSettings, gate: GateSettings) -> JudgeSettings:

@@ -128,7 +128,9 @@ async def _prompts(
 
 
 def _outcomes(store, group_ids: list[str]) -> dict:
-    by_scenario, failed = ab_outcomes(store, "list_contains(?, g.id)", [group_ids])
+    by_scenario, failed = ab_outcomes(
+        store, "list_contains(?, g.id)", [group_ids], missing_is_loss=False
+    )
     everything = [o for outs in by_scenario.values() for o in outs]
     return {
         "overall": stats.tally(everything).as_dict(),

@@ -40,6 +40,26 @@ def routes(store: Store, defaults: dict[str, str | None]) -> dict[str, dict]:
     return out
 
 
+def previous(store: Store) -> dict[str, str]:
+    """Per alias, the live adapter the latest change of live replaced (a promotion's old
+    live), read from the log: what the operator keeps loaded so a revert to it is
+    instant, after a restart as before it. None for an alias whose previous live was the
+    base model."""
+    rows = store.query(
+        """
+        SELECT model_alias, before FROM (
+            SELECT model_alias, ts, live,
+                   lag(live) OVER (PARTITION BY model_alias ORDER BY ts) AS before,
+                   row_number() OVER (PARTITION BY model_alias ORDER BY ts) AS k
+            FROM deployments
+        )
+        WHERE k > 1 AND live IS DISTINCT FROM before
+        QUALIFY row_number() OVER (PARTITION BY model_alias ORDER BY ts DESC) = 1
+        """
+    )
+    return {r["model_alias"]: r["before"] for r in rows if r["before"]}
+
+
 def history(store: Store, limit: int = 100) -> list[dict]:
     return store.query("SELECT * FROM deployments ORDER BY ts DESC LIMIT ?", [limit])
 

@@ -37,31 +37,67 @@ def share(scenario_id: str) -> float:
 
 
 def held_out(store, fraction: float) -> list[str]:
-    """The held-out scenario ids among those seen so far; none while that would be every
-    scenario (one scenario cannot be both trained on and held out)."""
-    ids = [r["id"] for r in store.query("SELECT id FROM scenarios")]
-    held = [i for i in ids if share(i) < fraction]
-    return held if len(held) < len(ids) else []
+    """The held-out scenario ids. Each scenario's place is decided once, the first time
+    this is called after it appears (in the order scenarios were first seen), and stored
+    in `holdout_slice`: held out when its `share` is below `fraction` and some scenario
+    seen before it is trained on (one scenario cannot be both trained on and held out).
+    A decision never changes afterwards, whatever later scenarios or `fraction` do: a
+    scenario trained on never becomes held out, and one held out is never trained on."""
+    with store.transaction():
+        new = store.query(
+            "SELECT s.id FROM scenarios s ANTI JOIN holdout_slice h ON h.scenario_id = s.id "
+            "ORDER BY s.first_seen NULLS LAST, s.id"
+        )
+        trained = store.query("SELECT count(*) AS n FROM holdout_slice WHERE NOT held")[0]["n"]
+        decided = []
+        for row in new:
+            place = share(row["id"])
+            held = place < fraction and trained > 0
+            trained += not held
+            decided.append([row["id"], held, place])
+        if decided:
+            store.con.executemany(
+                "INSERT INTO holdout_slice (scenario_id, held, share, decided) "
+                "VALUES (?, ?, ?, now())",
+                decided,
+            )
+    rows = store.query("SELECT scenario_id FROM holdout_slice WHERE held ORDER BY scenario_id")
+    return [r["scenario_id"] for r in rows]
 
 
 def prompts(
-    store, alias: str, scenarios: list[str], n: int, untrained_keys: list[str] = ()
+    store,
+    alias: str,
+    scenarios: list[str],
+    n: int,
+    untrained_keys: list[str] = (),
+    lineage: list[str] | tuple = (),
+    test: str = "",
 ) -> list[dict]:
     """Up to `n` answered production turns of the held-out scenarios, of no API key in
-    `untrained_keys`, the newest turn of each of the newest conversations."""
+    `untrained_keys`, the newest turn of each of the newest conversations, in no
+    conversation the `lineage` (checkpoints: live and the candidate, with their
+    ancestors) trained on: as for a canary's prompts, an answer a checkpoint was trained
+    towards is not evidence about it. Conversations the `test` already drew from are
+    skipped: a check resumed after a crash adds pairs, it does not repeat them."""
     if not scenarios:
         return []
-    ids = """
+    ids = f"""
         SELECT e.id, e.ts FROM exchanges e
         WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ?
           AND list_contains(?::VARCHAR[], e.scenario_id)
           AND NOT coalesce(list_contains(?::VARCHAR[], e.api_key_id), false)
+          AND e.trajectory_id NOT IN ({canary.TRAINED_CONVERSATIONS})
+          AND e.trajectory_id NOT IN (
+              SELECT p.trajectory_id FROM groups g JOIN exchanges p ON p.id = g.prefix_exchange
+              WHERE g.kind = 'ab' AND g.test = ?)
         QUALIFY row_number() OVER (PARTITION BY e.trajectory_id ORDER BY e.ts DESC) = 1
         ORDER BY e.ts DESC LIMIT ?
     """
+    lineage = [c for c in lineage if c]
     return store.query(
         f"SELECT * FROM {rebuilt(ids)} ORDER BY ts DESC",
-        [alias, scenarios, list(untrained_keys), n],
+        [alias, scenarios, list(untrained_keys), lineage, test, n],
     )
 
 
@@ -93,14 +129,25 @@ async def compare(
     # Its index in the alias's stream, fixed now: its share of alpha (`ledger`).
     await db.query(lambda st: ledger.enter(st, loop.alias, candidate))
     untrained = settings.proxy.untrained_keys
-    chosen = await db.query(lambda st: prompts(st, loop.alias, held, loop.holdout_pairs, untrained))
+    test = test_id(candidate)
+    done = await db.query(
+        lambda st: st.query(
+            "SELECT count(*) AS n FROM groups WHERE kind = 'ab' AND test = ?", [test]
+        )
+    )
+    wanted = max(0, loop.holdout_pairs - done[0]["n"])
+    chosen = await db.query(
+        lambda st: prompts(st, loop.alias, held, wanted, untrained, [live, candidate], test)
+    )
+    if s.scorers:
+        await canary.rejudge(db, s, rewards.load(s.rewards), test, echo=lambda _: None)
     if chosen and s.scorers:
         await operator.load(candidate)
         base = await sampling.base_model(engine)
         models = {"a": (live or base, live), "b": (candidate, candidate)}
         fns = rewards.load(s.rewards)
         await canary.paired_round(
-            db, engine, s, fns, chosen, models, test=test_id(candidate), echo=lambda _: None
+            db, engine, s, fns, chosen, models, test=test, echo=lambda _: None
         )
     judges = canary.judges(settings)
     return await db.query(lambda st: check(st, candidate, loop, judges))

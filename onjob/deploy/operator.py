@@ -1,6 +1,12 @@
 """The operator inside `onjob serve`: applies routing changes to the database, the engines
 and the proxy's router together, restores them after a restart, and loads an engine's
-adapters again when it comes back from one (the pool's `reload` hook)."""
+adapters again when it comes back from one (the pool's `reload` hook).
+
+What it keeps loaded beyond the routing is in the database too, so a restart keeps it:
+the previous live adapter of each alias (`deployments.previous`, read from the log:
+loaded again at `restore`, so a revert is instant after a restart), and the stranded
+adapters (retired, but an engine refused to unload them: checkpoint status `stranded`,
+tried again at `restore` and at every later unload)."""
 
 from __future__ import annotations
 
@@ -36,18 +42,31 @@ class Operator:
         if pool is not None:
             pool.reload = self.reload
         # alias -> the live adapter a promotion replaced, kept loaded until the next one
+        # (a copy of `deployments.previous`, read again at `restore`)
         self._previous: dict[str, str] = {}
         # retired adapters the engine refused to unload: still loaded, tried again at
-        # every later unload
+        # every later unload (a copy of the checkpoints whose status is `stranded`)
         self.stranded: set[str] = set()
 
     async def restore(self) -> None:
-        """Route as the latest `deployments` rows say, with their adapters loaded."""
+        """Route as the latest `deployments` rows say, with their adapters loaded, the
+        previous live adapters too (a revert stays instant); unload the stranded ones."""
         routing = await self.collector.query(deployments.current)
+        self._previous = await self.collector.query(deployments.previous)
+        self.stranded = {
+            c["name"]
+            for c in await self.collector.query(registry.checkpoints)
+            if c["status"] == "stranded"
+        }
         for alias, row in routing.items():
             for name in (row["live"], row["canary"]):
                 if name:
                     await self.load(name)
+            if (older := self._previous.get(alias)) and older not in self.stranded:
+                try:
+                    await self.load(older)
+                except (adapters.EngineControlError, deployments.DeployError) as exc:
+                    log.warning("previous live %s of %s not loaded: %s", older, alias, exc)
             self.router.set(alias, row["live"], row["canary"], row["fraction"] or 0.0)
             log.info(
                 "routing %s: live %s, canary %s (%.0f%%)",
@@ -56,6 +75,9 @@ class Operator:
                 row["canary"] or "-",
                 100 * (row["fraction"] or 0),
             )
+        if self.stranded:  # retried with the routing set, so none still routed goes
+            for warning in await self._unload(sorted(self.stranded)[0]):
+                log.warning("%s", warning)
 
     async def resync(self) -> None:
         """Route as the database says, loading nothing: after a change was interrupted."""
@@ -150,14 +172,27 @@ class Operator:
                     await adapters.unload(engine, retired)
             except adapters.EngineControlError as exc:
                 self.stranded.add(retired)
+                await self._mark(retired, "stranded")
                 log.error("%s is retired, but is still loaded in the engine: %s", retired, exc)
                 warnings.append(
                     f"{retired} is retired, but is still loaded in the engine (the next "
                     f"unload tries again): {exc}"
                 )
             else:
+                if retired in self.stranded:
+                    await self._mark(retired, "retired")
                 self.stranded.discard(retired)
         return warnings
+
+    async def _mark(self, name: str, status: str) -> None:
+        """A retired adapter's status: `stranded` while an engine still holds it."""
+        await self.collector.query(
+            lambda st: st.query(
+                "UPDATE checkpoints SET status = ? WHERE name = ? AND status IN "
+                "('retired', 'stranded')",
+                [status, name],
+            )
+        )
 
     def _kept(self, name: str) -> bool:
         """Another alias still routes to `name`, or keeps it loaded for a revert."""

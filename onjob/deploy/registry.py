@@ -1,7 +1,9 @@
 """The checkpoint registry: adapters as `checkpoints` rows plus PEFT directories.
 
 Statuses: `candidate` (trained or imported, serving nothing), `canary` (serving a
-slice of an alias's traffic), `live`, `retired`. An adapter trained elsewhere is
+slice of an alias's traffic), `review` (a canary that won its pairs, waiting for a
+person: `reviews.py`), `live`, `retired`, `stranded` (retired, but an engine refused to
+unload it: the operator tries again, after a restart too). An adapter trained elsewhere is
 imported after checking it fits the base model: its LoRA matrices' shapes must
 match the base model's layers (read from the safetensors header and the base
 `config.json`, so no torch is needed on the proxy host).
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from ..collector import Store
 
-STATUSES = ("candidate", "canary", "live", "retired")
+STATUSES = ("candidate", "canary", "review", "live", "retired", "stranded")
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 

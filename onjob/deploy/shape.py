@@ -1,9 +1,9 @@
 """Guards against reward hacking: the shape of the canary's answers against live's.
 
 A checkpoint trained to please a reward finds the reward's blind spots: it answers at
-length when length pays, hedges between two answers when half credit pays, stops
-emitting valid tool calls or JSON when nothing checks them. Each shows in the answers
-before it shows in any reward, so the verdict compares, arm against arm:
+length when length pays, stops emitting valid tool calls or JSON when nothing checks
+them, stops answering or runs to `max_tokens`. These show in the answers' shape before
+they show in any reward, so the verdict compares, arm against arm:
 
 - length: the share of the canary's answers longer than `max_length_ratio` times live's
   median answer, and `LENGTH_SLACK` tokens longer at least (over one half: the canary's
@@ -18,6 +18,12 @@ interval valid at every look (`stats.anytime_interval`) puts the canary beyond i
 bound, and *holds* a promotion while the point estimate is. They run on two sources:
 the real traffic since the canary started, and the paired samples of the canary's test
 (the same prompts answered by both, so the comparison is like for like).
+
+What they do not catch: hacking that keeps the shape. A short hedge ("4 or 7" where live
+says "4", paid half by a reward that gives partial credit) is within `LENGTH_SLACK`,
+neither empty, cut nor malformed, and passes every guard here. Only a judge that is not
+the coach sees it: a referee (`loop.gate`), users' feedback, or a person reviewing the
+canary (`trust.release_mode`: without either, the loop does not promote by itself).
 """
 
 from __future__ import annotations

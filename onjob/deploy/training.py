@@ -67,12 +67,15 @@ async def train(
     parent: str | None,
     held_out: list[str] = (),
     engine_sampler: dict | None = None,
+    started_by: str = "onjob train",
     echo=print,
 ):
     """One run on the groups not trained on yet; the manifest, or None when there was
     nothing to train on. The child writes into `<name>.partial`, renamed when it is done:
     a run killed half way leaves no directory anyone mistakes for a checkpoint, and no row.
-    `engine_sampler` (`sampler()`) goes into the manifest's precision."""
+    `engine_sampler` (`sampler()`) goes into the manifest's precision, `started_by` into
+    its config: the loop decides its own candidates, even one a crash left undecided
+    (`loop._orphans`), and never a person's."""
     t, started = settings.trainer, time.monotonic()
     name = f"ckpt-{time.strftime('%Y%m%d-%H%M%S')}-{new_id('')[:6]}"
     out, partial = t.checkpoints_dir / name, t.checkpoints_dir / f"{name}.partial"
@@ -123,6 +126,7 @@ async def train(
     partial.rename(out)
     manifest_file = out / "onjob-manifest.json"
     manifest = {**json.loads(manifest_file.read_text()), "name": name}
+    manifest["config"] = {**manifest.get("config", {}), "started_by": started_by}
     if engine_sampler is not None:
         manifest["precision"] = {**manifest.get("precision", {}), "sampler": engine_sampler}
     manifest_file.write_text(json.dumps(manifest, indent=2))

@@ -2,8 +2,10 @@
 whether the judges that trained and referee it agree with users.
 
 - **KL to the base model** (`loop.max_kl_to_base`): the trainer measures k3(policy ‖ base)
-  per token on its run's sampled tokens (`kl_to_base` in its `train_runs` metrics; a
-  continued checkpoint carries its lineage's whole drift). A policy that moved far to
+  per token twice (its `train_runs` metrics; a continued checkpoint carries its
+  lineage's whole drift): on its snapshot's tokens, sampled by the previous checkpoint
+  (`kl_to_base`), and on answers the candidate samples itself from those prompts
+  (`kl_to_base_own`); the guard reads the larger. A policy that moved far to
   please a reward has usually found a blind spot in it; past the bound the candidate is
   stopped before any canary, and a canary is rolled back.
 - **The judges against users** (`loop.min_judge_agreement`): where feedback exists,
@@ -14,14 +16,86 @@ whether the judges that trained and referee it agree with users.
   canary rolled back). Judges without enough feedback are not held against anyone.
 
 Each returns `{"tripped": reason or None, ...the figures}`, like `shape.guards`.
+
+And who may promote (`release_mode`): the loop promotes a canary by itself only when
+something other than its coach judges it. Either a referee (`loop.gate`) scores the
+pairs, or users' feedback checks the coach (every coach judge agrees with users, with
+`agreement.MIN_PAIRS` rated pairs or more). Otherwise a canary that wins its pairs is
+only *ready for review*: its coach says it is better, which is what a candidate that
+learned to game that coach would also make it say, so a person decides (`onjob promote`
+or `onjob rollback`).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Literal
 
 from ..judge import agreement
-from .settings import LoopSettings
+from .settings import DeploySettings, LoopSettings
+
+Mode = Literal["referee", "users", "review"]
+
+
+@dataclass(frozen=True)
+class ReleaseMode:
+    """Whether the loop may promote by itself, and why."""
+
+    mode: Mode
+    reason: str
+
+    @property
+    def automatic(self) -> bool:
+        return self.mode != "review"
+
+    def as_dict(self) -> dict:
+        return {"mode": self.mode, "automatic": self.automatic, "reason": self.reason}
+
+
+def static_mode(settings: DeploySettings) -> ReleaseMode:
+    """The mode the settings alone give (`onjob serve`'s start-up line): `referee` with a
+    `loop.gate`, else `review` until users' feedback checks the coach."""
+    gate = settings.loop.gate
+    if gate.configured:
+        names = ([f"ruler:{gate.model}"] if gate.model else []) + [f"fn:{n}" for n in gate.rewards]
+        return ReleaseMode(
+            "referee",
+            f"automatic: canaries are refereed by loop.gate ({', '.join(names)}), not by "
+            "the reward they were trained on",
+        )
+    coach = ", ".join(settings.judge.scorers) or "feedback alone"
+    return ReleaseMode(
+        "review",
+        f"review: no loop.gate, so canaries are judged by their coach ({coach}); one that "
+        "wins its pairs waits for `onjob promote` (automatic once users' feedback agrees "
+        f"with the coach on {agreement.MIN_PAIRS}+ rated pairs per judge)",
+    )
+
+
+def release_mode(store, settings: DeploySettings) -> ReleaseMode:
+    """`static_mode`, with users' feedback read: every coach judge that `agrees` with users
+    (`judge.agreement`: its 95% interval above chance, over `agreement.MIN_PAIRS` rated
+    pairs or more) makes a `review` server automatic."""
+    mode = static_mode(settings)
+    coach = settings.judge.scorers
+    if mode.automatic or not coach:
+        return mode
+    records = {
+        r.judge: r for r in agreement.judge_agreement(store, per_scenario=False) if r.judge in coach
+    }
+    unchecked = [j for j in coach if j not in records or records[j].verdict != "agrees"]
+    if unchecked:
+        said = "; ".join(
+            records[j].summary() if j in records else f"{j}: no rated pairs" for j in unchecked
+        )
+        return ReleaseMode("review", f"{mode.reason}; now: {said}")
+    return ReleaseMode(
+        "users",
+        "automatic: users' feedback agrees with the coach ("
+        + "; ".join(records[j].summary() for j in coach)
+        + ")",
+    )
 
 
 def kl_guard(store, checkpoint: str | None, settings: LoopSettings) -> dict:
@@ -36,8 +110,13 @@ def kl_guard(store, checkpoint: str | None, settings: LoopSettings) -> dict:
     )
     metrics = rows[0]["metrics"] if rows else None
     metrics = json.loads(metrics) if isinstance(metrics, str) else (metrics or {})
-    kl = metrics.get("kl_to_base")
-    out["kl_to_base"] = kl
+    # The larger of the trainer's two figures: on its snapshot's tokens (the previous
+    # sampler's), and on answers the candidate sampled itself (runs since issue 33).
+    figures = [metrics.get(k) for k in ("kl_to_base", "kl_to_base_own")]
+    figures = [f for f in figures if f is not None]
+    kl = max(figures) if figures else None
+    out["kl_to_base"] = metrics.get("kl_to_base")
+    out["kl_to_base_own"] = metrics.get("kl_to_base_own")
     if kl is not None and settings.max_kl_to_base is not None and kl > settings.max_kl_to_base:
         out["tripped"] = (
             f"KL guard: {checkpoint} is {kl:.3g} nats per token from the base model "

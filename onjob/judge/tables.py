@@ -204,8 +204,13 @@ def add_trajectory_group(store: Store, scenario_id: str, trajectories: list[dict
 
 
 def groups_to_score(store: Store, limit: int) -> list[dict]:
+    """The judge pass's work: sampled groups, never `ab` pairs. A pair is evidence for a
+    release test and is judged by that test's referee (`deploy.canary`), which retries
+    the ones left unscored; scored here with the coach's settings, it would be judged by
+    the reward the candidate was trained on."""
     return store.query(
-        "SELECT * FROM groups WHERE status = 'sampled' ORDER BY created LIMIT ?", [limit]
+        "SELECT * FROM groups WHERE status = 'sampled' AND kind <> 'ab' ORDER BY created LIMIT ?",
+        [limit],
     )
 
 

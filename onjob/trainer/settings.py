@@ -58,6 +58,12 @@ class TrainSettings(BaseModel):
         "seen, is above this (nats): another model, tokenizer or template sampled it",
     )
     kl_beta: float = Field(0.0, ge=0, description="KL to the base model (k3); 0 = off")
+    kl_own_prompts: int = Field(
+        4,
+        ge=0,
+        description="prompts the trained policy answers itself (32 tokens each) for the KL "
+        "guard's estimate on its own samples (kl_to_base_own); 0 = off",
+    )
 
     # The optimisation.
     learning_rate: float = Field(5e-5, gt=0)

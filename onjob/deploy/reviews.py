@@ -1,0 +1,75 @@
+"""Canaries ready for review: won their pairs where only their coach judged them
+(`trust.release_mode` is `review`), so a person decides.
+
+A review is a `reviews` row naming the routing it is about (the `deployments` row's
+`ts`), with the verdict's reason and evidence, and the checkpoint's status `review`.
+The routing does not change: the canary keeps serving its share while it waits, and the
+loop keeps checking its guards on real traffic (a tripped one still rolls it back), but
+draws no more pairs and trains nothing. `onjob promote` or `onjob rollback` ends it, as
+they end any canary (or the loop, once users' feedback agrees with the coach: the mode
+is then `users`); a review of another routing is not this one's.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..collector import Store
+from . import trust
+from .deployments import current
+from .settings import DeploySettings
+
+
+def mark(store: Store, alias: str, routing: dict, *, reason: str, evidence: dict) -> dict:
+    """Record that `routing`'s canary is ready for review (once per routing)."""
+    with store.transaction():
+        found = _of(store, alias, routing)
+        if found is None:
+            store.con.execute(
+                "INSERT INTO reviews (model_alias, checkpoint, routing_ts, ts, reason, "
+                "evidence) VALUES (?, ?, ?, now(), ?, ?)",
+                [alias, routing["canary"], routing["ts"], reason, json.dumps(evidence)],
+            )
+            store.con.execute(
+                "UPDATE checkpoints SET status = 'review' WHERE name = ? AND status = 'canary'",
+                [routing["canary"]],
+            )
+    return _of(store, alias, routing)
+
+
+def of(store: Store, alias: str, routing: dict | None) -> dict | None:
+    """The review of `routing`'s canary, if it is waiting for one."""
+    if not routing or not routing.get("canary"):
+        return None
+    return _of(store, alias, routing)
+
+
+def _of(store: Store, alias: str, routing: dict) -> dict | None:
+    rows = store.query(
+        "SELECT * FROM reviews WHERE model_alias = ? AND checkpoint = ? AND routing_ts = ?",
+        [alias, routing["canary"], routing["ts"]],
+    )
+    if not rows:
+        return None
+    row = rows[0]
+    evidence = row["evidence"]
+    return {**row, "evidence": json.loads(evidence) if isinstance(evidence, str) else evidence}
+
+
+def waiting(store: Store) -> dict[str, dict]:
+    """Per alias, the review its current canary waits for (the status page's list)."""
+    out = {}
+    for alias, routing in current(store).items():
+        found = of(store, alias, routing)
+        if found is not None:
+            out[alias] = found
+    return out
+
+
+def status(store: Store, settings: DeploySettings) -> dict:
+    """The release mode and the reviews waiting (`/admin/status`, `onjob status`, the
+    dashboard)."""
+    return {
+        "mode": trust.release_mode(store, settings).as_dict(),
+        "reviews": waiting(store),
+    }
