@@ -21,7 +21,7 @@ from onjob.cli.process import ServerProcess, free_port
 from onjob.collector import Store
 from onjob.deploy import registry
 
-from .conftest import TOOL_QUESTION, TOOLS, make_adapter, rows
+from .conftest import TOOL_QUESTION, TOOLS, admin_of, make_adapter, rows
 
 ONJOB = str(Path(sys.executable).with_name("onjob"))
 TARGETS = ["q_proj", "v_proj", "o_proj"]
@@ -190,10 +190,11 @@ def test_a_canary_judged_by_its_coach_alone_is_ready_for_review_not_promoted(
     env = {"ONJOB_LOOP__INTERVAL_S": "3600"}
     with ServerProcess(["--engine-url", tool_engine.url, "--db", str(db)], env=env) as server:
         assert "onjob serve: release mode review: no loop.gate" in server.output()
-        status = httpx.get(f"{server.base}/admin/status", timeout=30).json()
+        admin = admin_of(server)  # the key the server made at its first start
+        status = httpx.get(f"{server.base}/admin/status", headers=admin, timeout=30).json()
         assert status["release"]["mode"]["mode"] == "review"
         assert status["release"]["reviews"]["agent"]["checkpoint"] == "mild"
-        page = httpx.get(f"{server.base}/dashboard/ab", timeout=30).text
+        page = httpx.get(f"{server.base}/dashboard/ab", headers=admin, timeout=30).text
         assert "Ready for review" in page and "onjob promote agent" in page
         said = subprocess.run(
             [ONJOB, "promote", "agent", "--server", server.base],
