@@ -20,6 +20,7 @@ from onjob.judge import JudgeSettings, run_pass, tables
 from onjob.judge.settings import RewardFn
 from onjob.trainer.records import record_run
 
+from .conftest import rows
 from .test_adapter_control import ALIAS, VLLM, checkpoint_path, operator_on
 from .test_adapter_control import db as db
 from .test_reward_hacking import HEDGING, QUESTION, engine, scripted, settings
@@ -137,14 +138,6 @@ def test_ab_pairs_are_never_scored_by_the_coach_and_the_referee_retries_them(tmp
     assert sources == {"fn:exact", "combined"}
     tally, missing = outcomes(db, "t2")
     assert missing == [] and tally.pairs == 4
-
-
-def rows(db, sql: str, params=None) -> list[dict]:
-    store = Store(db)
-    try:
-        return store.query(sql, params)
-    finally:
-        store.close()
 
 
 # -- the held-out slice ----------------------------------------------------------------
