@@ -54,7 +54,7 @@ class ByLine:
 
     inserted: int = 0
     refused: list[Line] = field(default_factory=list)
-    lines: int = 0
+    lines: int = 0  # those holding anything
 
 
 def load_by_line(
@@ -68,7 +68,7 @@ def load_by_line(
     numbered = [Line(n, text) for n, text in enumerate(path.read_bytes().splitlines(True), 1)]
     work = path.parent / PIECES
     work.mkdir(mode=0o700, exist_ok=True)
-    out = ByLine(lines=len(numbered))
+    out = ByLine(lines=sum(1 for line in numbered if line.text.strip()))
 
     def bisect(tag: str, lines: list[Line]) -> None:
         if not lines:

@@ -191,7 +191,7 @@ class Collector:
             path, lambda piece: self._store.load([piece], self._place)[0], _transient
         )
         self._report_unreadable(path)
-        if len(out.refused) == sum(1 for line in path.read_bytes().splitlines() if line.strip()):
+        if len(out.refused) == out.lines:
             where = self._spool.set_aside(segment, f"{type(exc).__name__}: {exc}")
             log.error(
                 "spool segment %s cannot be loaded (%s); moved to %s with the reason beside "

@@ -258,9 +258,9 @@ def _gap(group: Group, model, head: Head, limit: int, device) -> Gap:
 def _check(group: Group, gap: Gap, s: TrainSettings, skipped: dict, echo) -> bool:
     """Whether the group may train: a policy that disagrees with the logged logprobs by more
     than `max_logprob_gap` per token was not the sampler (other weights, tokenizer or
-    template), and its ratios would be noise. Steps already taken move the policy a
-    little (a few hundredths of a nat per token at the learning rates used), far below
-    the bound."""
+    template), and its ratios would be noise. A group first seen after some steps also
+    carries what those steps moved the policy (`Gap.step` says how many; the manifest's
+    `logprob_gap_first_forward_max` shows it)."""
     if gap.mean <= s.max_logprob_gap:
         return True
     skipped[group.id] = (
