@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -58,9 +59,36 @@ class CollectorSettings(BaseModel):
         3600, gt=0, description="how often the running server applies retention_days"
     )
 
+    bucket: str | None = Field(
+        None,
+        description="s3://name/prefix: hosts hand their spool segments to the one loader "
+        "through this bucket (each host keeps its own spool directory); default: the spool "
+        "directory alone, one host",
+    )
+    bucket_endpoint_url: str | None = Field(
+        None, description="the S3 API's URL for a store other than AWS (MinIO, R2, moto)"
+    )
+    bucket_region: str | None = Field(None, description="the bucket's region (AWS)")
+    host_id: str | None = Field(
+        None,
+        pattern=r"^[0-9A-Za-z_.-]{1,64}$",
+        description="this host's name in the bucket (its watermark), unique among the "
+        "hosts and the same across its restarts; default: the host name",
+    )
+    host_lease_s: float = Field(
+        30,
+        gt=0,
+        description="a host whose watermark is older than this is taken for dead: its "
+        "open segment no longer holds the others' back (it loads when the host restarts)",
+    )
+
     query_timeout_s: float = Field(
         60, gt=0, description="`onjob sql` / `onjob export` through the server: interrupted after"
     )
+
+    @property
+    def host(self) -> str:
+        return self.host_id or socket.gethostname()
 
     @property
     def spool(self) -> Path:

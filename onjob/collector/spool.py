@@ -1,5 +1,6 @@
 """The spool: exchanges appended to segment files before the answer leaves, by any number
-of proxy processes (on one host or several sharing the directory), loaded by one.
+of proxy processes on one host, loaded by one (other hosts' segments reach it through
+object storage: `handoff.py`).
 
 An exchange is written with one `write()` to a file opened `O_APPEND` before the
 client gets its answer, so it survives a crash of the process that wrote it (kill -9):
@@ -16,8 +17,10 @@ A writer closes its segment (a rename) at `max_segment_bytes` and whenever it is
 to `rotate()`, which every process does every `rotate_s`: a line waits at most that long
 to become loadable. A `.part` whose lock can be taken belongs to a writer that died
 (crash, kill -9): the loader claims it (closes it itself), so nothing a client received
-is lost. The shared filesystem must support `flock` across its clients (local disks,
-NFSv4, CephFS, EFS do).
+is lost. The directory is shared by the processes of one host: `flock` across hosts is
+not to be relied on (the Linux NFS client emulates it with POSIX locks, which need the
+file open for writing). Hosts hand their segments over through object storage instead
+(`handoff.py`).
 
 Which closed segments may be loaded (`loadable()`): stitching happens at load time, and
 a turn must be loaded with or after the turn it continues. The earlier turn was written
@@ -159,10 +162,12 @@ class Spool:
 
     # -- loading -------------------------------------------------------------------------
 
-    def loadable(self) -> list[Segment]:
+    def loadable(self, before: int | None = None) -> list[Segment]:
         """Claim the open segments of writers that died, then return the closed segments
-        that may be loaded now, oldest opened first (see the module's docstring)."""
-        held_from = None  # the earliest opening of another live writer's open segment
+        that may be loaded now, oldest opened first (see the module's docstring).
+        `before`: the earliest opening (ms) of a segment elsewhere, not yet in this
+        directory (another host's, `handoff.py`), held like a local open segment."""
+        held_from = before  # the earliest opening of another live writer's open segment
         for path in self.directory.glob(f"*{OPEN}"):
             if _claim(path):  # this writer's own open segment counts as held too
                 continue

@@ -3,7 +3,9 @@ DuckDB, placing each line in its trajectory as it goes.
 
 In a proxy-only process (`onjob serve --role proxy`, and the extra workers of `onjob serve
 --workers N`) the collector only writes the spool (`load=False`): the one server that
-loads it owns the database and the stitcher."""
+loads it owns the database and the stitcher. With `collector.bucket` set, each host's
+spool reaches the loader through object storage (`handoff.py`): a proxy-only process
+uploads its host's closed segments, the loader fetches them before each load."""
 
 from __future__ import annotations
 
@@ -22,8 +24,10 @@ from typing import Any, TypeVar
 import duckdb
 import msgspec
 
+from ..bucket import Bucket
 from .errors import StorageError
 from .forget import Forget, Forgotten, forget, scrub
+from .handoff import Fetcher, Remote, Uploader
 from .linear import Lineage
 from .lines import load_by_line, pieces_of, unreadable
 from .records import ExchangeRecord, Record, encode
@@ -96,6 +100,9 @@ class Collector:
         self._cursor: duckdb.DuckDBPyConnection | None = None
         self._store: Store | None = None
         self._spool: Spool | None = None
+        self._uploader: Uploader | None = None  # a proxy-only process, with a bucket
+        self._fetcher: Fetcher | None = None  # the loader, with a bucket
+        self._remote = Remote(None, (), 0)  # what the last fetch said
         self._task: asyncio.Task | None = None
         self._flushing = asyncio.Lock()
         self._openings_in: tuple[int, set[str]] = (0, set())  # a segment's openings spooled
@@ -111,6 +118,16 @@ class Collector:
             fsync=self.settings.fsync,
             max_segment_bytes=self.settings.max_segment_bytes,
         )
+        if self.settings.bucket:
+            bucket = Bucket.from_url(
+                self.settings.bucket,
+                endpoint_url=self.settings.bucket_endpoint_url,
+                region=self.settings.bucket_region,
+            )
+            if self.loads:
+                self._fetcher = Fetcher(self.settings.spool, bucket, self.settings.host_lease_s)
+            else:
+                self._uploader = Uploader(self.settings.spool, bucket, self.settings.host)
         if not self.loads:
             self._task = asyncio.create_task(self._rotating(), name="onjob-spool")
             return
@@ -159,7 +176,11 @@ class Collector:
         """Close this process's segment and load what may be loaded (`_flushing` held)."""
         total = 0
         self._spool.rotate()
-        for batch in batches(self._spool.loadable(), self.settings.max_segment_bytes):
+        if self._fetcher is not None:
+            # Raises before anything loads when the bucket cannot be read: retried.
+            self._remote = await asyncio.to_thread(self._fetcher.fetch)
+        loadable = self._spool.loadable(before=self._remote.before)
+        for batch in batches(loadable, self.settings.max_segment_bytes):
             total += await self._load_or_set_aside(batch)
         self.loaded += total
         return total
@@ -239,9 +260,10 @@ class Collector:
 
     async def caught_up(self) -> int:
         """`flush`, and when other processes write the spool too, flush again once each has
-        closed what it holds now: everything answered before the call is then loaded."""
+        closed what it holds now: everything answered before the call is then loaded
+        (other hosts': once each has uploaded, when it is live)."""
         total = await self.flush()
-        if self.loads and self._spool.others_writing():
+        if self.loads and (self._spool.others_writing() or self._remote.live):
             await asyncio.sleep(self.settings.rotate_s + self.settings.flush_interval_s)
             total += await self.flush()
         return total
@@ -377,6 +399,11 @@ class Collector:
                 self._spool.rotate()
             except OSError:
                 log.exception("closing a spool segment failed; will retry")
+            if self._uploader is not None:
+                try:
+                    await asyncio.to_thread(self._uploader.upload)
+                except Exception:  # the segments stay on this host's disk: nothing is lost
+                    log.exception("handing the spool to the bucket failed; will retry")
             if (stamp := _stamp(mark)) != seen:
                 seen = stamp
                 self.lineage.clear()
@@ -408,6 +435,13 @@ class Collector:
             except Exception:
                 log.exception("loading the spool at exit failed; the next start loads it")
             self._spool.close()
+        if self._uploader is not None:
+            try:
+                await asyncio.to_thread(self._uploader.retire)
+            except Exception:
+                log.exception("uploading the spool at exit failed; the next start uploads it")
+        if self._fetcher is not None:
+            self._fetcher.close()
         self._reader.shutdown(wait=True)
         if self._cursor is not None:
             await self._run(self._cursor.close)

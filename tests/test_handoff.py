@@ -1,0 +1,157 @@
+"""Proxies on two hosts, one loader, the hand-off through object storage (`handoff.py`):
+real `onjob serve` processes that share no spool directory, a real S3 API server (moto's),
+the fake engine, the `openai` client, and kill -9 of a host."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from onjob.bucket import Bucket
+from onjob.cli.process import ServerProcess
+
+from .conftest import rows
+from .s3_server import bucket_url, s3_endpoint  # noqa: F401  (fixtures)
+
+ADMIN = "admin-secret"
+SYSTEM = {"role": "system", "content": "You are the support agent of a shop. Answer briefly."}
+
+
+def loaded_ids(loader: ServerProcess) -> set[str]:
+    """The exchanges the loader's database holds now (`onjob sql` through its admin API)."""
+    answer = httpx.post(
+        f"{loader.base}/admin/sql",
+        json={"query": "SELECT id FROM exchanges"},
+        headers={"Authorization": f"Bearer {ADMIN}"},
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    return {r[0] for r in answer.json()["rows"]}
+
+
+def wait_for(loader: ServerProcess, ids: set[str], timeout_s: float = 60) -> set[str]:
+    deadline = time.monotonic() + timeout_s
+    while not ids <= (have := loaded_ids(loader)):
+        assert time.monotonic() < deadline, f"never loaded: {sorted(ids - have)}"
+    return have
+
+
+def ask(client: OpenAI, content: str) -> str:
+    return client.chat.completions.create(
+        model="agent", messages=[{"role": "user", "content": content}], max_tokens=3
+    ).id
+
+
+def test_two_hosts_hand_their_spools_to_one_loader_through_a_bucket_and_a_dead_host_loses_nothing(
+    tmp_path,
+    fake_engine_url,
+    bucket_url,  # noqa: F811
+    s3_endpoint,  # noqa: F811
+):
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "0",
+        "ONJOB_PROXY__ADMIN_KEY": ADMIN,
+        "ONJOB_COLLECTOR__BUCKET": bucket_url,
+        "ONJOB_COLLECTOR__BUCKET_ENDPOINT_URL": s3_endpoint,
+        "ONJOB_COLLECTOR__ROTATE_S": "0.5",
+        "ONJOB_COLLECTOR__HOST_LEASE_S": "4",
+    }
+    loader = ServerProcess(
+        ["--engine-url", fake_engine_url, "--db", str(tmp_path / "loader" / "onjob.duckdb")],
+        env=env,
+        log=tmp_path / "loader.log",
+    )
+
+    def host(name: str) -> ServerProcess:
+        (tmp_path / name).mkdir(exist_ok=True)
+        db = str(tmp_path / name / "onjob.duckdb")
+        return ServerProcess(
+            ["--engine-url", fake_engine_url, "--db", db, "--primary", loader.base],
+            env={**env, "ONJOB_COLLECTOR__HOST_ID": f"host-{name}"},
+            log=tmp_path / f"{name}.log",
+        )
+
+    (tmp_path / "loader").mkdir()
+    loader.start()
+    a, b = host("a"), host("b")
+    procs = [loader, a, b]
+    try:
+        a.start()
+        b.start()
+        clients = {
+            p: OpenAI(base_url=p.url, api_key="unused", max_retries=0, timeout=60) for p in (a, b)
+        }
+        # Conversations whose turns alternate between the hosts: one trajectory each.
+        answered: list[str] = []
+        for c in range(6):
+            messages = [SYSTEM, {"role": "user", "content": f"conversation {c}"}]
+            for turn in range(4):
+                reply = clients[(a, b)[(c + turn) % 2]].chat.completions.create(
+                    model="agent", messages=messages, max_tokens=3
+                )
+                answered.append(reply.id)
+                messages += [
+                    {"role": "assistant", "content": reply.choices[0].message.content},
+                    {"role": "user", "content": f"and then {turn}?"},
+                ]
+        wait_for(loader, set(answered))
+        assert not list((tmp_path / "a" / "onjob.duckdb.spool").glob("*.jsonl"))  # handed over
+
+        # Host b dies with answers in its open segment (it closes one every 0.5 s).
+        on_b = [ask(clients[b], f"b before its death {i}") for i in range(5)]
+        b.kill()
+        opened = list((tmp_path / "b" / "onjob.duckdb.spool").glob("*.part"))
+        assert opened and opened[0].stat().st_size > 0
+        # Its watermark holds the others back only until its lease runs out.
+        on_a = [ask(clients[a], f"a while b is dead {i}") for i in range(5)]
+        have = wait_for(loader, set(on_a))
+        assert on_b[-1] not in have  # on b's disk alone
+        # b starts again on its spool: the segment it had open goes to the loader.
+        b = host("b")
+        procs[2] = b
+        b.start()
+        on_b_again = [ask(OpenAI(base_url=b.url, api_key="unused"), "b again")]
+        wait_for(loader, set(on_b + on_b_again))
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+    everything = answered + on_b + on_a + on_b_again
+    db = tmp_path / "loader" / "onjob.duckdb"
+    logged = rows(db, "SELECT id FROM exchanges")
+    assert sorted(r["id"] for r in logged) == sorted(everything)  # each exactly once
+    stitched = rows(
+        db,
+        "SELECT list(id ORDER BY turn) AS ids, list(turn ORDER BY turn) AS turns "
+        "FROM exchanges WHERE list_contains(?, id) GROUP BY trajectory_id",
+        [answered],
+    )
+    assert sorted(r["ids"] for r in stitched) == sorted(
+        answered[c * 4 : c * 4 + 4] for c in range(6)
+    )
+    assert all(r["turns"] == [0, 1, 2, 3] for r in stitched)
+    # Nothing set aside; the bucket keeps only tombstones once every host stopped cleanly.
+    assert not list((tmp_path / "loader" / "onjob.duckdb.spool" / "failed").glob("*"))
+    left = Bucket.from_url(bucket_url, endpoint_url=s3_endpoint).list()
+    assert {o.key.split("/")[0] for o in left} == {"fetched"}
+    assert len(left) == len({o.key for o in left})
+
+
+def test_a_host_id_unfit_for_a_key_is_refused_at_start(tmp_path, fake_engine_url):
+    bad = ServerProcess(
+        ["--engine-url", fake_engine_url, "--db", str(tmp_path / "onjob.duckdb")],
+        env={
+            "ONJOB_COLLECTOR__BUCKET": f"s3://b-{uuid.uuid4().hex[:8]}",
+            "ONJOB_COLLECTOR__HOST_ID": "../other",
+        },
+        log=tmp_path / "bad.log",
+    )
+    try:
+        with pytest.raises(RuntimeError, match="host_id"):  # it exits: settings refused
+            bad.start()
+    finally:
+        bad.stop()
