@@ -410,6 +410,14 @@ CREATE TABLE reviews (
 );
 """
 
+# The exchanges loaded since the last Parquet export to the bucket (`export.py`), filled
+# in the load's own transaction, so no exchange is loaded without being queued (nor queued
+# without being loaded); `batch` is set when an export takes them, so a retry after a
+# failed upload writes the same rows under the same object names.
+V16_EXPORT_QUEUE = """
+CREATE TABLE export_queue (id VARCHAR NOT NULL, batch BIGINT);
+"""
+
 MIGRATIONS: list[str] = [
     V1,
     V2,
@@ -426,6 +434,7 @@ MIGRATIONS: list[str] = [
     V13_CANDIDATES,
     V14_UNTRAINABLE,
     V15_RELEASE,
+    V16_EXPORT_QUEUE,
 ]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 
 class CollectorSettings(BaseModel):
@@ -82,9 +82,23 @@ class CollectorSettings(BaseModel):
         "open segment no longer holds the others' back (it loads when the host restarts)",
     )
 
+    export_s: float | None = Field(
+        None,
+        gt=0,
+        description="every this many seconds, the exchanges loaded since the last round go "
+        "to the bucket as Parquet, exchanges/day=YYYY-MM-DD/ (needs collector.bucket; "
+        "default: no export)",
+    )
+
     query_timeout_s: float = Field(
         60, gt=0, description="`onjob sql` / `onjob export` through the server: interrupted after"
     )
+
+    @model_validator(mode="after")
+    def _export_needs_a_bucket(self) -> CollectorSettings:
+        if self.export_s is not None and not self.bucket:
+            raise ValueError("collector.export_s needs collector.bucket (where it exports to)")
+        return self
 
     @property
     def host(self) -> str:

@@ -26,6 +26,7 @@ import msgspec
 
 from ..bucket import Bucket
 from .errors import StorageError
+from .export import export_round
 from .forget import Forget, Forgotten, forget, scrub
 from .handoff import Fetcher, Remote, Uploader
 from .linear import Lineage
@@ -102,6 +103,7 @@ class Collector:
         self._spool: Spool | None = None
         self._uploader: Uploader | None = None  # a proxy-only process, with a bucket
         self._fetcher: Fetcher | None = None  # the loader, with a bucket
+        self._bucket: Bucket | None = None
         self._remote = Remote(None, (), 0)  # what the last fetch said
         self._task: asyncio.Task | None = None
         self._flushing = asyncio.Lock()
@@ -124,6 +126,7 @@ class Collector:
                 endpoint_url=self.settings.bucket_endpoint_url,
                 region=self.settings.bucket_region,
             )
+            self._bucket = bucket
             if self.loads:
                 self._fetcher = Fetcher(self.settings.spool, bucket, self.settings.host_lease_s)
             else:
@@ -134,6 +137,9 @@ class Collector:
         self._store = await self._run(
             Store, self.settings.db, self.settings.duckdb_threads, self.settings.duckdb_memory_limit
         )
+        self._store.exporting = self.settings.export_s is not None
+        if not self._store.exporting:  # queued by a run that exported: not wanted now
+            await self._run(self._store.con.execute, "DELETE FROM export_queue")
         rows = await self._run(lambda: self._store.warm_rows(self.settings.warm_exchanges))
         self.stitcher.warm(rows)
         replayed = await self.flush()
@@ -408,8 +414,16 @@ class Collector:
                 seen = stamp
                 self.lineage.clear()
 
+    async def export(self) -> int:
+        """One round of the Parquet export (`export.py`); the rows it wrote."""
+        if not self.loads or self.settings.export_s is None:
+            return 0
+        scratch = self.settings.spool / "export"
+        return await self._run(export_round, self._store, self._bucket, scratch)
+
     async def _loop(self) -> None:
         retained = -math.inf  # retention runs at start, then every retention_check_s
+        exported = time.monotonic()
         while True:
             await asyncio.sleep(self.settings.flush_interval_s)
             try:
@@ -423,6 +437,12 @@ class Collector:
                     await self.apply_retention()
                 except Exception:
                     log.exception("applying collector.retention_days failed; will retry")
+            if self.settings.export_s and time.monotonic() - exported >= self.settings.export_s:
+                exported = time.monotonic()
+                try:
+                    await self.export()
+                except Exception:  # the rows stay queued: the next round writes them
+                    log.exception("exporting exchanges to the bucket failed; will retry")
 
     async def close(self) -> None:
         if self._task:
@@ -432,6 +452,7 @@ class Collector:
         if self._spool:
             try:
                 await self.flush()
+                await self.export()
             except Exception:
                 log.exception("loading the spool at exit failed; the next start loads it")
             self._spool.close()
