@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 
 from onjob.bucket import Bucket
-from onjob.cli.process import ServerProcess
+from onjob.cli.process import ServerProcess, free_port
 
 from .conftest import rows
 from .s3_server import bucket_url, s3_endpoint  # noqa: F401  (fixtures)
@@ -155,3 +155,63 @@ def test_a_host_id_unfit_for_a_key_is_refused_at_start(tmp_path, fake_engine_url
             bad.start()
     finally:
         bad.stop()
+
+
+def _segment(spool, line: bytes = b'{"kind": "x"}') -> None:
+    spool.append(line)
+    spool.rotate()
+
+
+def test_a_host_that_cannot_reach_the_bucket_keeps_its_segments_until_it_can(
+    tmp_path,
+    bucket_url,  # noqa: F811
+    s3_endpoint,  # noqa: F811
+):
+    from onjob.bucket import BucketError
+    from onjob.collector.handoff import Fetcher, Uploader
+    from onjob.collector.spool import Spool
+
+    spool = Spool(tmp_path / "host")
+    _segment(spool)
+    _segment(spool)
+    nowhere = Bucket.from_url(bucket_url, endpoint_url=f"http://127.0.0.1:{free_port()}")
+    nowhere._client.meta.config.retries = {"max_attempts": 1}
+    with pytest.raises(BucketError):
+        Uploader(spool.directory, nowhere, "host-a").upload()
+    assert len(list(spool.directory.glob("*.jsonl"))) == 2  # nothing lost
+
+    bucket = Bucket.from_url(bucket_url, endpoint_url=s3_endpoint)
+    mark = Uploader(spool.directory, bucket, "host-a").upload()
+    assert mark is not None and not list(spool.directory.glob("*.jsonl"))
+    loader = tmp_path / "loader"
+    loader.mkdir()
+    fetcher = Fetcher(loader, bucket, lease_s=60)
+    try:
+        remote = fetcher.fetch()
+        assert remote.fetched == 2 and remote.live == ("host-a",)
+        assert remote.before == mark.holds_from
+        assert len(list(loader.glob("*.jsonl"))) == 2
+        assert fetcher.fetch().fetched == 0  # moved, not copied
+    finally:
+        fetcher.close()
+
+
+def test_what_is_not_a_segment_or_a_watermark_in_the_bucket_is_left_alone(
+    tmp_path,
+    bucket_url,  # noqa: F811
+    s3_endpoint,  # noqa: F811
+):
+    from onjob.collector.handoff import Fetcher
+
+    bucket = Bucket.from_url(bucket_url, endpoint_url=s3_endpoint)
+    bucket.put_bytes("segments/x/etc/passwd.jsonl", b"junk")
+    bucket.put_bytes("segments/not-a-segment.jsonl", b"junk")
+    bucket.put_bytes("hosts/evil.json", b"{not json")
+    fetcher = Fetcher(tmp_path, bucket, lease_s=60)
+    try:
+        remote = fetcher.fetch()
+    finally:
+        fetcher.close()
+    assert remote.fetched == 0 and remote.live == () and remote.before is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loader.lock"]
+    assert len(bucket.list("segments/")) == 2  # left for a person to look at
