@@ -155,15 +155,19 @@ class Bucket:
             raise _translate(exc, prefix) from exc
         return out
 
-    def exists(self, key: str) -> bool:
+    def stat(self, key: str) -> ObjectInfo | None:
+        """Object `key`'s size and time of writing, None if there is none."""
         try:
-            self._client.head_object(Bucket=self.name, Key=self._key(key))
+            head = self._client.head_object(Bucket=self.name, Key=self._key(key))
         except Exception as exc:
             error = _translate(exc, key)
             if isinstance(error, ObjectMissing):
-                return False
+                return None
             raise error from exc
-        return True
+        return ObjectInfo(key, head["ContentLength"], head["LastModified"])
+
+    def exists(self, key: str) -> bool:
+        return self.stat(key) is not None
 
 
 def _translate(exc: Exception, key: str) -> BucketError:

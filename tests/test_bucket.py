@@ -27,6 +27,7 @@ def test_objects_round_trip_under_the_prefix(bucket, tmp_path, s3_endpoint):  # 
     assert [(o.key, o.size) for o in bucket.list("a/")] == [("a/one.txt", 3), ("a/two.bin", 256000)]
     assert [o.key for o in bucket.list()] == ["a/one.txt", "a/two.bin", "b/three"]
     assert bucket.exists("b/three") and not bucket.exists("b/four")
+    assert bucket.stat("a/one.txt").size == 3 and bucket.stat("b/four") is None
 
     # The prefix is where they live: the same bucket without it sees them below it.
     whole = Bucket.from_url(bucket.url.split("/onjob")[0], endpoint_url=s3_endpoint)

@@ -23,14 +23,18 @@ SYSTEM = {"role": "system", "content": "You are the support agent of a shop. Ans
 
 def loaded_ids(loader: ServerProcess) -> set[str]:
     """The exchanges the loader's database holds now (`onjob sql` through its admin API)."""
+    return {r[0] for r in rows_of(loader, "SELECT id FROM exchanges")}
+
+
+def rows_of(loader: ServerProcess, query: str) -> list[list]:
     answer = httpx.post(
         f"{loader.base}/admin/sql",
-        json={"query": "SELECT id FROM exchanges"},
+        json={"query": query},
         headers={"Authorization": f"Bearer {ADMIN}"},
         timeout=60,
     )
     assert answer.status_code == 200, answer.text
-    return {r[0] for r in answer.json()["rows"]}
+    return answer.json()["rows"]
 
 
 def wait_for(loader: ServerProcess, ids: set[str], timeout_s: float = 60) -> set[str]:
@@ -215,3 +219,62 @@ def test_what_is_not_a_segment_or_a_watermark_in_the_bucket_is_left_alone(
     assert remote.fetched == 0 and remote.live == () and remote.before is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["loader.lock"]
     assert len(bucket.list("segments/")) == 2  # left for a person to look at
+
+
+def test_a_deletion_reaches_the_hosts_so_the_next_turn_of_a_forgotten_conversation_is_kept(
+    tmp_path,
+    fake_engine_url,
+    bucket_url,  # noqa: F811
+    s3_endpoint,  # noqa: F811
+):
+    # A host stores a turn against its previous one (linear storage); once that one is
+    # deleted the turn could not be rebuilt and would be dropped at load, so the host
+    # must forget its memory of the conversation, as processes sharing a spool do.
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "0",
+        "ONJOB_PROXY__ADMIN_KEY": ADMIN,
+        "ONJOB_COLLECTOR__BUCKET": bucket_url,
+        "ONJOB_COLLECTOR__BUCKET_ENDPOINT_URL": s3_endpoint,
+        "ONJOB_COLLECTOR__ROTATE_S": "0.3",
+    }
+    (tmp_path / "loader").mkdir()
+    (tmp_path / "a").mkdir()
+    loader = ServerProcess(
+        ["--engine-url", fake_engine_url, "--db", str(tmp_path / "loader" / "onjob.duckdb")],
+        env=env,
+        log=tmp_path / "loader.log",
+    )
+    with loader:
+        db = str(tmp_path / "a" / "onjob.duckdb")
+        host = ServerProcess(
+            ["--engine-url", fake_engine_url, "--db", db, "--primary", loader.base],
+            env={**env, "ONJOB_COLLECTOR__HOST_ID": "host-a"},
+            log=tmp_path / "a.log",
+        )
+        with host:
+            client = OpenAI(base_url=host.url, api_key="unused", max_retries=0, timeout=60)
+            messages = [SYSTEM, {"role": "user", "content": "Where is my order?"}]
+            first = client.chat.completions.create(model="agent", messages=messages)
+            wait_for(loader, {first.id})
+            trajectory = rows_of(
+                loader, f"SELECT trajectory_id FROM exchanges WHERE id = '{first.id}'"
+            )
+            forgot = httpx.post(
+                f"{loader.base}/admin/forget",
+                json={"trajectory": trajectory[0][0]},
+                headers={"Authorization": f"Bearer {ADMIN}"},
+                timeout=60,
+            )
+            assert forgot.status_code == 200, forgot.text
+            assert first.id not in loaded_ids(loader)
+            deadline = time.monotonic() + 30
+            while (
+                httpx.get(f"{host.base}/health", timeout=10).json()["collector"]["forgets_seen"] < 1
+            ):
+                assert time.monotonic() < deadline, "the host never saw the deletion"
+            messages += [
+                {"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "And when will it arrive?"},
+            ]
+            second = client.chat.completions.create(model="agent", messages=messages)
+            wait_for(loader, {second.id})

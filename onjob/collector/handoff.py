@@ -8,6 +8,7 @@ its own spool directory, where they load like any other closed segment:
     segments/<segment name>     a closed segment, uploaded create-only, fetched once
     fetched/<segment name>      an empty tombstone: the loader has it (uploads skip it)
     hosts/<host id>.json        the host's watermark (`Watermark`), rewritten each round
+    forgotten.mark              rewritten by the loader at each deletion (`onjob forget`)
 
 A host's watermark, `holds_from`, is the earliest opening (ms) of any segment of that
 host not yet in the bucket: its writers' open segments, a closed one whose upload
@@ -26,6 +27,11 @@ again (same spool directory), and loads then: nothing is lost, but a conversatio
 went on on another host meanwhile may have its later turns placed without the earlier
 (a new trajectory). A host that stops cleanly uploads everything and deletes its
 watermark.
+
+A host stores a turn against the previous one it remembers (`linear.py`); once that one
+is deleted, such a turn could not be rebuilt and is dropped at load. So each round also
+reads `forgotten.mark`, and when it changes the host's collector forgets its memory of
+conversations, as processes sharing a spool directory do with the file of that name.
 
 Exactly once: the loader downloads a segment, writes its tombstone, deletes the object,
 and only then loads; a round that cannot finish that raises before anything loads, and
@@ -54,6 +60,7 @@ from .spool import CLOSED, OPEN, _claim, _closed, _locked, _opened
 log = logging.getLogger("onjob.collector")
 
 SEGMENTS, FETCHED, HOSTS = "segments/", "fetched/", "hosts/"
+FORGOTTEN = "forgotten.mark"
 SLACK_MS = 200  # a writer names its segment (the clock) before it creates the file
 UPLOAD_LOCK = "upload.lock"  # one uploader per host among its processes
 # Held by a live loader in its own spool directory: the proxy-only processes sharing that
@@ -96,6 +103,7 @@ class Uploader:
         self.directory = Path(directory)
         self.bucket = bucket
         self.host = host
+        self.forgotten: object = None  # when the loader last deleted, as last read
 
     def upload(self) -> Watermark | None:
         """One round: claim dead writers' segments, upload every closed one, publish the
@@ -121,6 +129,8 @@ class Uploader:
             self.bucket.put_bytes(
                 f"{HOSTS}{self.host}.json", msgspec.json.encode(mark), overwrite=True
             )
+            info = self.bucket.stat(FORGOTTEN)
+            self.forgotten = info and info.modified
             return mark
 
     def _upload(self, path: Path) -> None:

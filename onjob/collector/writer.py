@@ -28,7 +28,7 @@ from ..bucket import Bucket
 from .errors import StorageError
 from .export import export_round
 from .forget import Forget, Forgotten, forget, scrub
-from .handoff import Fetcher, Remote, Uploader
+from .handoff import FORGOTTEN, Fetcher, Remote, Uploader
 from .linear import Lineage
 from .lines import load_by_line, pieces_of, unreadable
 from .records import ExchangeRecord, Record, encode
@@ -111,6 +111,7 @@ class Collector:
         self.spooled = 0  # exchanges handed over since start
         self.untrainable: dict[str, int] = {}  # of those, kept from training, by reason
         self.loaded = 0  # exchanges inserted since start
+        self.forgets_seen = 0  # a proxy-only process: deletions that cleared its memory
 
     async def start(self) -> None:
         """Open (and migrate) the database, load what the spool holds (a previous run's
@@ -346,6 +347,10 @@ class Collector:
         # of conversations goes, and proxy-only processes' when they see the mark change.
         self.lineage.clear()
         (self.settings.spool / FORGOTTEN_MARK).write_text(out.what)
+        if self._bucket is not None:  # and other hosts' (`handoff.py`)
+            await asyncio.to_thread(
+                self._bucket.put_bytes, FORGOTTEN, out.what.encode(), overwrite=True
+            )
         if out.exchanges:
             log.warning("forgot %s: %d exchanges", out.what, out.exchanges)
         if out.trained_on:
@@ -370,6 +375,7 @@ class Collector:
             "backlog_segments": len(self._spool.segments()) if self._spool else 0,
             "failed_segments": self._spool.set_aside_count() if self._spool else 0,
             "untrainable": dict(self.untrainable),
+            "forgets_seen": self.forgets_seen,
         }
 
     async def query(self, fn: Callable[[Store], T]) -> T:
@@ -399,6 +405,7 @@ class Collector:
         When the primary has deleted conversations, the memory of them goes too."""
         mark = self.settings.spool / FORGOTTEN_MARK
         seen = _stamp(mark)
+        seen_remote: object = FORGOTTEN  # not read yet: the first round's is no change
         while True:
             await asyncio.sleep(self.settings.rotate_s)
             try:
@@ -406,13 +413,30 @@ class Collector:
             except OSError:
                 log.exception("closing a spool segment failed; will retry")
             if self._uploader is not None:
-                try:
-                    await asyncio.to_thread(self._uploader.upload)
-                except Exception:  # the segments stay on this host's disk: nothing is lost
-                    log.exception("handing the spool to the bucket failed; will retry")
+                seen_remote = await self._hand_over(seen_remote)
             if (stamp := _stamp(mark)) != seen:
                 seen = stamp
-                self.lineage.clear()
+                self._forget_memory()
+
+    async def _hand_over(self, seen: object) -> object:
+        """Upload this host's closed segments (`handoff.py`); when the loader has deleted
+        conversations since the round that read `seen`, forget them here too. Returns
+        the deletions' mark as now read."""
+        try:
+            if await asyncio.to_thread(self._uploader.upload) is None:
+                return seen
+        except Exception:  # the segments stay on this host's disk: nothing is lost
+            log.exception("handing the spool to the bucket failed; will retry")
+            return seen
+        now = self._uploader.forgotten
+        if seen is not FORGOTTEN and now != seen:
+            self._forget_memory()
+        return now
+
+    def _forget_memory(self) -> None:
+        """Conversations were deleted: a later turn must not be stored against one."""
+        self.lineage.clear()
+        self.forgets_seen += 1
 
     async def export(self) -> int:
         """One round of the Parquet export (`export.py`); the rows it wrote."""
