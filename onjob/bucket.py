@@ -41,11 +41,13 @@ class ObjectMissing(BucketError):
 
 @dataclass(frozen=True)
 class ObjectInfo:
-    """One object as a listing shows it; `key` relative to the bucket's prefix."""
+    """One object as a listing shows it; `key` relative to the bucket's prefix. `etag`
+    changes whenever the object is written anew (`modified` has whole seconds only)."""
 
     key: str
     size: int
     modified: datetime
+    etag: str = ""
 
 
 class Bucket:
@@ -146,10 +148,9 @@ class Bucket:
         try:
             for page in pages:
                 for item in page.get("Contents", ()):
+                    key = item["Key"][len(self.prefix) :]
                     out.append(
-                        ObjectInfo(
-                            item["Key"][len(self.prefix) :], item["Size"], item["LastModified"]
-                        )
+                        ObjectInfo(key, item["Size"], item["LastModified"], item.get("ETag", ""))
                     )
         except Exception as exc:
             raise _translate(exc, prefix) from exc
@@ -164,7 +165,7 @@ class Bucket:
             if isinstance(error, ObjectMissing):
                 return None
             raise error from exc
-        return ObjectInfo(key, head["ContentLength"], head["LastModified"])
+        return ObjectInfo(key, head["ContentLength"], head["LastModified"], head.get("ETag", ""))
 
     def exists(self, key: str) -> bool:
         return self.stat(key) is not None

@@ -104,6 +104,14 @@ def test_two_hosts_hand_their_spools_to_one_loader_through_a_bucket_and_a_dead_h
                 ]
         wait_for(loader, set(answered))
         assert not list((tmp_path / "a" / "onjob.duckdb.spool").glob("*.jsonl"))  # handed over
+        # The primary's routing reaches each host's spool, where its proxy follows it.
+        routing = (tmp_path / "loader" / "onjob.duckdb.spool" / "routing.json").read_bytes()
+        deadline = time.monotonic() + 30
+        for name in ("a", "b"):
+            mirrored = tmp_path / name / "onjob.duckdb.spool" / "routing.json"
+            while not mirrored.exists() or mirrored.read_bytes() != routing:
+                assert time.monotonic() < deadline, f"routing.json never reached host {name}"
+                time.sleep(0.05)
 
         # Host b dies with answers in its open segment (it closes one every 0.5 s).
         on_b = [ask(clients[b], f"b before its death {i}") for i in range(5)]
@@ -138,10 +146,10 @@ def test_two_hosts_hand_their_spools_to_one_loader_through_a_bucket_and_a_dead_h
         answered[c * 4 : c * 4 + 4] for c in range(6)
     )
     assert all(r["turns"] == [0, 1, 2, 3] for r in stitched)
-    # Nothing set aside; the bucket keeps only tombstones once every host stopped cleanly.
+    # Nothing set aside; no segment or watermark left once every host stopped cleanly.
     assert not list((tmp_path / "loader" / "onjob.duckdb.spool" / "failed").glob("*"))
     left = Bucket.from_url(bucket_url, endpoint_url=s3_endpoint).list()
-    assert {o.key.split("/")[0] for o in left} == {"fetched"}
+    assert {o.key.split("/")[0] for o in left} == {"fetched", "routing.json"}
     assert len(left) == len({o.key for o in left})
 
 

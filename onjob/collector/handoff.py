@@ -9,6 +9,7 @@ its own spool directory, where they load like any other closed segment:
     fetched/<segment name>      an empty tombstone: the loader has it (uploads skip it)
     hosts/<host id>.json        the host's watermark (`Watermark`), rewritten each round
     forgotten.mark              rewritten by the loader at each deletion (`onjob forget`)
+    routing.json                the primary's routing, mirrored to every host's spool
 
 A host's watermark, `holds_from`, is the earliest opening (ms) of any segment of that
 host not yet in the bucket: its writers' open segments, a closed one whose upload
@@ -32,6 +33,10 @@ A host stores a turn against the previous one it remembers (`linear.py`); once t
 is deleted, such a turn could not be rebuilt and is dropped at load. So each round also
 reads `forgotten.mark`, and when it changes the host's collector forgets its memory of
 conversations, as processes sharing a spool directory do with the file of that name.
+Likewise the primary's routing (`routing.json`, which `proxy/replicas.py` writes in the
+primary's spool directory and follows in a proxy's) is uploaded when it changes and
+downloaded into each host's spool directory: a canary, a promotion or a rollback reaches
+every host within a round or two.
 
 Exactly once: the loader downloads a segment, writes its tombstone, deletes the object,
 and only then loads; a round that cannot finish that raises before anything loads, and
@@ -61,6 +66,7 @@ log = logging.getLogger("onjob.collector")
 
 SEGMENTS, FETCHED, HOSTS = "segments/", "fetched/", "hosts/"
 FORGOTTEN = "forgotten.mark"
+MIRRORED = ("routing.json",)  # the primary's files its proxies read in their spool directory
 SLACK_MS = 200  # a writer names its segment (the clock) before it creates the file
 UPLOAD_LOCK = "upload.lock"  # one uploader per host among its processes
 # Held by a live loader in its own spool directory: the proxy-only processes sharing that
@@ -103,7 +109,8 @@ class Uploader:
         self.directory = Path(directory)
         self.bucket = bucket
         self.host = host
-        self.forgotten: object = None  # when the loader last deleted, as last read
+        self.forgotten: object = None  # the loader's last deletion (its mark's etag)
+        self._mirrored: dict[str, str] = {}  # etags of what was downloaded
 
     def upload(self) -> Watermark | None:
         """One round: claim dead writers' segments, upload every closed one, publish the
@@ -130,7 +137,12 @@ class Uploader:
                 f"{HOSTS}{self.host}.json", msgspec.json.encode(mark), overwrite=True
             )
             info = self.bucket.stat(FORGOTTEN)
-            self.forgotten = info and info.modified
+            self.forgotten = info and info.etag
+            for name in MIRRORED:
+                info = self.bucket.stat(name)
+                if info is not None and self._mirrored.get(name) != info.etag:
+                    self.bucket.get_file(name, self.directory / name)
+                    self._mirrored[name] = info.etag
             return mark
 
     def _upload(self, path: Path) -> None:
@@ -155,6 +167,7 @@ class Fetcher:
         self.directory = Path(directory)
         self.bucket = bucket
         self.lease_ms = int(lease_s * 1000)
+        self._mirrored: dict[str, int] = {}  # mtimes of what was uploaded
         self._lock = os.open(self.directory / LOADER_LOCK, os.O_WRONLY | os.O_CREAT, 0o600)
         with contextlib.suppress(BlockingIOError):  # DuckDB's own lock refuses a second
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -163,7 +176,14 @@ class Fetcher:
         os.close(self._lock)
 
     def fetch(self) -> Remote:
-        """One round: read the watermarks, then move every uploaded segment here."""
+        """One round: read the watermarks, then move every uploaded segment here (and
+        mirror what changed of this directory's files for the proxies)."""
+        for name in MIRRORED:
+            with contextlib.suppress(FileNotFoundError):
+                stamp = (self.directory / name).stat().st_mtime_ns
+                if self._mirrored.get(name) != stamp:
+                    self.bucket.put_file(name, self.directory / name, overwrite=True)
+                    self._mirrored[name] = stamp
         now = _ms()
         live: dict[str, int] = {}
         for info in self.bucket.list(HOSTS):

@@ -349,7 +349,10 @@ class Collector:
         (self.settings.spool / FORGOTTEN_MARK).write_text(out.what)
         if self._bucket is not None:  # and other hosts' (`handoff.py`)
             await asyncio.to_thread(
-                self._bucket.put_bytes, FORGOTTEN, out.what.encode(), overwrite=True
+                self._bucket.put_bytes,
+                FORGOTTEN,
+                f"{out.what}\n{time.time_ns()}\n".encode(),  # a new etag each time
+                overwrite=True,
             )
         if out.exchanges:
             log.warning("forgot %s: %d exchanges", out.what, out.exchanges)
