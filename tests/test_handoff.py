@@ -4,6 +4,8 @@ the fake engine, the `openai` client, and kill -9 of a host."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import uuid
 
@@ -15,9 +17,14 @@ from onjob.bucket import Bucket
 from onjob.cli.process import ServerProcess, free_port
 
 from .conftest import rows
-from .s3_server import bucket_url, s3_endpoint  # noqa: F401  (fixtures)
+from .s3_server import CREDENTIALS, bucket_url, s3_endpoint  # noqa: F401  (fixtures)
 
 ADMIN = "admin-secret"
+AWS = {
+    "aws_access_key_id": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+    "aws_secret_access_key": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+    "region_name": CREDENTIALS["AWS_DEFAULT_REGION"],
+}
 SYSTEM = {"role": "system", "content": "You are the support agent of a shop. Answer briefly."}
 
 
@@ -286,3 +293,46 @@ def test_a_deletion_reaches_the_hosts_so_the_next_turn_of_a_forgotten_conversati
             ]
             second = client.chat.completions.create(model="agent", messages=messages)
             wait_for(loader, {second.id})
+
+
+def test_a_loader_whose_bucket_is_down_serves_and_loads_once_it_is_back(tmp_path, fake_engine_url):
+    import boto3
+
+    port = free_port()  # nothing listens there yet
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "0",
+        "ONJOB_PROXY__ADMIN_KEY": ADMIN,
+        "ONJOB_COLLECTOR__BUCKET": "s3://later/onjob",
+        "ONJOB_COLLECTOR__BUCKET_ENDPOINT_URL": endpoint,
+        **CREDENTIALS,
+    }
+    loader = ServerProcess(
+        ["--engine-url", fake_engine_url, "--db", str(tmp_path / "onjob.duckdb")],
+        env=env,
+        log=tmp_path / "loader.log",
+    )
+    moto = None
+    try:
+        loader.start()
+        answered = ask(OpenAI(base_url=loader.url, api_key="unused", max_retries=0), "hello")
+        moto = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                boto3.client("s3", endpoint_url=endpoint, **AWS).create_bucket(Bucket="later")
+                break
+            except Exception:
+                assert time.monotonic() < deadline, "moto did not start"
+                time.sleep(0.1)
+        wait_for(loader, {answered})
+    finally:
+        loader.stop()
+        if moto is not None:
+            moto.terminate()
+            moto.wait()
+    assert "cannot read collector.bucket" in (tmp_path / "loader.log").read_text()

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import duckdb
 import msgspec
 
-from ..bucket import Bucket
+from ..bucket import Bucket, BucketError
 from .errors import StorageError
 from .export import export_round
 from .forget import Forget, Forgotten, forget, scrub
@@ -143,7 +143,11 @@ class Collector:
             await self._run(self._store.con.execute, "DELETE FROM export_queue")
         rows = await self._run(lambda: self._store.warm_rows(self.settings.warm_exchanges))
         self.stitcher.warm(rows)
-        replayed = await self.flush()
+        try:
+            replayed = await self.flush()
+        except BucketError as exc:  # serve anyway: the spool waits on disk, loads later
+            log.error("cannot read collector.bucket (%s); loading waits for it", exc)
+            replayed = 0
         if replayed:
             log.warning("replayed %d exchanges from the spool at start", replayed)
         self._task = asyncio.create_task(self._loop(), name="onjob-collector")
