@@ -211,6 +211,9 @@ def test_a_host_that_cannot_reach_the_bucket_keeps_its_segments_until_it_can(
         assert remote.before == mark.holds_from
         assert len(list(loader.glob("*.jsonl"))) == 2
         assert fetcher.fetch().fetched == 0  # moved, not copied
+        assert len(bucket.list("fetched/")) == 2
+        assert fetcher.prune(3600) == 0  # young tombstones stay
+        assert fetcher.prune(-1) == 2 and bucket.list("fetched/") == []
     finally:
         fetcher.close()
 

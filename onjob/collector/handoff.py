@@ -6,7 +6,8 @@ objects, then publishes the host's watermark; the one loader's `Fetcher` moves t
 its own spool directory, where they load like any other closed segment:
 
     segments/<segment name>     a closed segment, uploaded create-only, fetched once
-    fetched/<segment name>      an empty tombstone: the loader has it (uploads skip it)
+    fetched/<segment name>      an empty tombstone: the loader has it (uploads skip it);
+                                deleted by the loader after `TOMBSTONE_S`
     hosts/<host id>.json        the host's watermark (`Watermark`), rewritten each round
     forgotten.mark              rewritten by the loader at each deletion (`onjob forget`)
     routing.json                the primary's routing, mirrored to every host's spool
@@ -75,6 +76,10 @@ LOADER_LOCK = "loader.lock"
 # A segment's name as `spool.py` makes it: only such keys are fetched into the spool.
 SEGMENT_NAME = re.compile(r"\d{13}-\d{13}-[0-9A-Za-z_]+-\d{6}\.jsonl")
 HOST_ID = re.compile(r"[0-9A-Za-z_.-]{1,64}")
+# A tombstone outlives any upload retried after a crash but a host down for days; that
+# one's lines are refused as loaded already (`lines.py`), never stored twice.
+TOMBSTONE_S = 86_400
+PRUNE_EVERY_S = 3_600
 
 
 class Watermark(msgspec.Struct, frozen=True):
@@ -168,6 +173,7 @@ class Fetcher:
         self.bucket = bucket
         self.lease_ms = int(lease_s * 1000)
         self._mirrored: dict[str, int] = {}  # mtimes of what was uploaded
+        self._pruned = 0.0  # monotonic time of the last pruning of tombstones
         self._lock = os.open(self.directory / LOADER_LOCK, os.O_WRONLY | os.O_CREAT, 0o600)
         with contextlib.suppress(BlockingIOError):  # DuckDB's own lock refuses a second
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -212,8 +218,19 @@ class Fetcher:
             with contextlib.suppress(ObjectExists):
                 self.bucket.put_bytes(FETCHED + name, b"")
             self.bucket.delete(info.key)
+        if time.monotonic() - self._pruned >= PRUNE_EVERY_S:
+            self.prune(TOMBSTONE_S)
         before = min(live.values()) if live else None
         return Remote(before, tuple(sorted(live)), fetched)
+
+    def prune(self, older_than_s: float) -> int:
+        """Delete tombstones older than `older_than_s`; how many went."""
+        self._pruned = time.monotonic()
+        cutoff = time.time() - older_than_s
+        old = [o for o in self.bucket.list(FETCHED) if o.modified.timestamp() < cutoff]
+        for info in old:
+            self.bucket.delete(info.key)
+        return len(old)
 
 
 @contextlib.contextmanager
