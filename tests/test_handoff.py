@@ -69,7 +69,7 @@ def test_two_hosts_hand_their_spools_to_one_loader_through_a_bucket_and_a_dead_h
         "ONJOB_COLLECTOR__BUCKET": bucket_url,
         "ONJOB_COLLECTOR__BUCKET_ENDPOINT_URL": s3_endpoint,
         "ONJOB_COLLECTOR__ROTATE_S": "0.5",
-        "ONJOB_COLLECTOR__HOST_LEASE_S": "4",
+        "ONJOB_COLLECTOR__HOST_LEASE_S": "8",  # well past a round on a loaded machine
     }
     loader = ServerProcess(
         ["--engine-url", fake_engine_url, "--db", str(tmp_path / "loader" / "onjob.duckdb")],
@@ -110,6 +110,8 @@ def test_two_hosts_hand_their_spools_to_one_loader_through_a_bucket_and_a_dead_h
                     {"role": "user", "content": f"and then {turn}?"},
                 ]
         wait_for(loader, set(answered))
+        health = httpx.get(f"{loader.base}/health", timeout=30).json()
+        assert health["collector"]["hosts_live"] == ["host-a", "host-b"]
         assert not list((tmp_path / "a" / "onjob.duckdb.spool").glob("*.jsonl"))  # handed over
         # The primary's routing reaches each host's spool, where its proxy follows it.
         routing = (tmp_path / "loader" / "onjob.duckdb.spool" / "routing.json").read_bytes()
@@ -129,6 +131,8 @@ def test_two_hosts_hand_their_spools_to_one_loader_through_a_bucket_and_a_dead_h
         on_a = [ask(clients[a], f"a while b is dead {i}") for i in range(5)]
         have = wait_for(loader, set(on_a))
         assert on_b[-1] not in have  # on b's disk alone
+        health = httpx.get(f"{loader.base}/health", timeout=30).json()
+        assert health["collector"]["hosts_live"] == ["host-a"]
         # b starts again on its spool: the segment it had open goes to the loader.
         b = host("b")
         procs[2] = b

@@ -383,6 +383,7 @@ class Collector:
             "failed_segments": self._spool.set_aside_count() if self._spool else 0,
             "untrainable": dict(self.untrainable),
             "forgets_seen": self.forgets_seen,
+            "hosts_live": list(self._remote.live),  # the loader: hosts whose watermark counts
         }
 
     async def query(self, fn: Callable[[Store], T]) -> T:
