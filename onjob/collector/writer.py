@@ -176,8 +176,8 @@ class Collector:
 
     async def flush(self) -> int:
         """Load every loadable spool segment into DuckDB; return how many exchanges were new.
-        This process's own lines all are; another writer's wait up to `rotate_s`
-        (`caught_up`)."""
+        This process's own lines all are, unless another host's (with `collector.bucket`)
+        may hold an earlier turn; another writer's wait up to `rotate_s` (`caught_up`)."""
         if not self.loads:
             return 0
         async with self._flushing:
