@@ -1,6 +1,6 @@
 """How often the release rule is wrong over a month of candidates, how many good ones it
 promotes, and how long it takes: the loop simulated with the project's own rule objects
-(`canary.rule_of`: the e-process `stats.Rule`; `stats.spend`: candidate k's share of
+(`pairs.rule_of`: the e-process `stats.Rule`; `stats.spend`: candidate k's share of
 alpha; `ledger.backoff_s` and `loop.max_candidates_per_day`: the back-off and the
 training budget), under production's settings and the demo's.
 
@@ -54,7 +54,7 @@ import results_file
 
 from examples.arithmetic.demo import Options, loop_settings
 from onjob.deploy import ledger, stats
-from onjob.deploy.canary import rule_of
+from onjob.deploy.pairs import rule_of
 from onjob.deploy.settings import LoopSettings
 
 TIES = 0.2  # pairs the referee scores alike

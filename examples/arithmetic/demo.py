@@ -34,7 +34,7 @@ from onjob import bundled
 from onjob.cli.process import EngineProcess, ServerProcess
 from onjob.collector import Store
 from onjob.deploy import deployments, progress, stats
-from onjob.deploy.canary import rule_of
+from onjob.deploy.pairs import rule_of
 from onjob.deploy.settings import LoopSettings
 
 from . import task
