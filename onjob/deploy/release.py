@@ -239,7 +239,7 @@ def decide(
         return Verdict("rollback", f"canary {candidate} {why}", evidence)
     if decision == "promote" and not holding:
         return Verdict("promote", f"canary {candidate} {why}", evidence)
-    waiting = f"won the pairs, but {holding}" if decision == "promote" else why
+    waiting = f"canary {candidate} won the pairs, but {holding}" if decision == "promote" else why
     if capped and (over := _over_cap(loop, routing, rounds, now)):
         return Verdict("rollback", f"canary {candidate} {over}: {waiting}", evidence)
     return Verdict("wait", waiting, evidence)
