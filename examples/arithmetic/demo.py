@@ -34,7 +34,7 @@ from onjob import bundled
 from onjob.cli.process import EngineProcess, ServerProcess
 from onjob.collector import Store
 from onjob.deploy import deployments, progress, stats
-from onjob.deploy.canary import rule_of
+from onjob.deploy.pairs import rule_of
 from onjob.deploy.settings import LoopSettings
 
 from . import task
@@ -80,6 +80,7 @@ DEMO_LOOP = {
     "backoff_s": 0,
     "min_guard_conversations": 8,
     "holdout_pairs": 6,
+    "canary_max_s": 600,  # the decision is the offline test's; the canary checks traffic
 }
 
 
@@ -539,13 +540,11 @@ def _decisions(history: list[dict]) -> dict:
     out = {"canaries": 0, "promotions": 0, "rollbacks": 0, "stopped": 0}
     canary = None
     for row in history:
-        evidence = row.get("evidence") or {}
-        evidence = json.loads(evidence) if isinstance(evidence, str) else evidence
         if row["canary"] and row["canary"] != canary:
             out["canaries"] += 1
         elif canary and not row["canary"]:
             out["promotions" if row["live"] == canary else "rollbacks"] += 1
-        elif not canary and not row["canary"] and "holdout" in evidence:
+        elif not canary and not row["canary"] and row["reason"].startswith("stopped before"):
             out["stopped"] += 1
         canary = row["canary"]
     return out

@@ -65,6 +65,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..collector import Collector, StorageError
+    from ..deploy.errors import DeployError, TrainingFailed
     from ..deploy.holdout import held_out
     from ..deploy.training import live_checkpoint, train
     from ..trainer import TrainerError
@@ -106,12 +107,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     try:
         manifest = asyncio.run(run())
-    except (StorageError, ValueError) as exc:
-        print(f"onjob train: {exc}", file=sys.stderr)
-        return 2
-    except RuntimeError as exc:
+    except TrainingFailed as exc:
         print(f"onjob train: {exc}", file=sys.stderr)
         return 1
+    except (StorageError, DeployError, ValueError) as exc:
+        print(f"onjob train: {exc}", file=sys.stderr)
+        return 2
     return 0 if manifest else 3
 
 
@@ -119,7 +120,7 @@ def cmd_loop(args: argparse.Namespace) -> int:
     import asyncio
 
     from ..collector import StorageError
-    from ..deploy.deployments import DeployError
+    from ..deploy.errors import DeployError, TrainingFailed
     from ..deploy.loop import run
     from ..judge import ConfigError, JudgeError
 
@@ -133,12 +134,12 @@ def cmd_loop(args: argparse.Namespace) -> int:
     except StorageError as exc:
         print(f"onjob loop: {exc} (a running `onjob serve` runs the loop itself)", file=sys.stderr)
         return 2
+    except (JudgeError, TrainingFailed) as exc:
+        print(f"onjob loop: {exc}", file=sys.stderr)
+        return 1
     except (ConfigError, DeployError, ValueError) as exc:
         print(f"onjob loop: {exc}", file=sys.stderr)
         return 2
-    except (JudgeError, RuntimeError) as exc:
-        print(f"onjob loop: {exc}", file=sys.stderr)
-        return 1
     return 0
 
 

@@ -55,6 +55,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     from ..collector import StorageError
     from ..deploy.compare import compare, render
+    from ..deploy.errors import DeployError
     from ..judge import ConfigError, JudgeError
 
     settings = load_settings(
@@ -79,7 +80,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 echo=(lambda line: print(line, file=sys.stderr)) if args.json else print,
             )
         )
-    except (StorageError, ConfigError, JudgeError, ValueError) as exc:
+    except (StorageError, ConfigError, JudgeError, DeployError, ValueError) as exc:
         print(f"onjob compare: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2) if args.json else render(result))

@@ -410,6 +410,13 @@ CREATE TABLE reviews (
 );
 """
 
+# A canary's rounds (`deploy/ledger.py`): the loop's looks at the canary of one routing
+# (`rounds_of`, the `deployments` row's ts), so its cap in rounds survives a restart.
+V16_CANARY_ROUNDS = """
+ALTER TABLE candidates ADD COLUMN rounds INTEGER DEFAULT 0;
+ALTER TABLE candidates ADD COLUMN rounds_of TIMESTAMPTZ;
+"""
+
 MIGRATIONS: list[str] = [
     V1,
     V2,
@@ -426,6 +433,7 @@ MIGRATIONS: list[str] = [
     V13_CANDIDATES,
     V14_UNTRAINABLE,
     V15_RELEASE,
+    V16_CANARY_ROUNDS,
 ]
 
 
