@@ -80,9 +80,6 @@ class LossParts:
     clipped: float  # tokens whose ratio was clipped
     ratio_sum: float
     kl_sum: float
-    tokens: int
-    gap_sum: float = 0.0  # sum over tokens of |logp - old_logp|: how far policy and sampler
-    gap_max: float = 0.0  # disagree (at step 0 they are the same weights: ~0 expected)
 
 
 # exp() of a log ratio above this is past any clip, and e^20 ~ 5e8 is still finite in fp32:
@@ -141,14 +138,9 @@ def policy_loss(
     if ref_logp is not None and beta > 0:
         kl = k3(logp, ref_logp)
         per_token = per_token + beta * kl
-    with torch.no_grad():
-        gap = (logp - old_logp).abs()
     return LossParts(
         loss=per_token.sum(),
         clipped=outside.sum().item(),
         ratio_sum=ratio.detach().sum().item(),
         kl_sum=kl.detach().sum().item(),
-        tokens=logp.numel(),
-        gap_sum=gap.sum().item(),
-        gap_max=gap.max().item() if gap.numel() else 0.0,
     )
