@@ -38,7 +38,8 @@ import torch
 
 from . import adapter
 from .data import Group, Sequence, load
-from .errors import Diverged, NothingToTrain
+from .errors import Diverged, NoDevice, NothingToTrain
+from .foreign import translated
 from .forward import Head, chunks, pack_limit, sampled_logprobs
 from .maths import LossParts, k3, policy_loss
 from .settings import TrainSettings
@@ -55,6 +56,20 @@ def train(
     parent: Path | None = None,
     echo: Callable[[str], None] = print,
     progress: bool = True,
+) -> dict:
+    """The run; its manifest. Every failure it expects is a `TrainerError`."""
+    with translated():
+        return _train(snapshot, out, s, parent=parent, echo=echo, progress=progress)
+
+
+def _train(
+    snapshot: Path,
+    out: Path,
+    s: TrainSettings,
+    *,
+    parent: Path | None,
+    echo: Callable[[str], None],
+    progress: bool,
 ) -> dict:
     started = time.perf_counter()
     torch.set_num_threads(s.threads)
@@ -447,7 +462,7 @@ def _old(members: list[Sequence], device) -> torch.Tensor:
 def _device(s: TrainSettings):
     cuda = torch.cuda.is_available() and s.device != "cpu"
     if s.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("trainer.device = cuda but no CUDA device is available")
+        raise NoDevice("trainer.device = cuda but no CUDA device is available")
     device = torch.device("cuda" if cuda else "cpu")
     if s.dtype == "auto":
         dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -103,7 +104,7 @@ def policy_loss(
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     dual_clip: float = 3.0,
-    kind: str = "ppo",
+    kind: Literal["ppo", "cispo"] = "ppo",
     cispo_max_weight: float = 5.0,
     ref_logp: torch.Tensor | None = None,
     beta: float = 0.0,
@@ -132,7 +133,7 @@ def policy_loss(
     elif kind == "cispo":
         per_token = -ratio.clamp(max=cispo_max_weight).detach() * advantage * logp
         outside = ratio > cispo_max_weight
-    else:
+    else:  # a caller's bug: TrainSettings.loss admits no other
         raise ValueError(f"unknown loss {kind!r} (ppo or cispo)")
     kl = torch.zeros_like(logp)
     if ref_logp is not None and beta > 0:
