@@ -19,14 +19,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import duckdb
+import msgspec
 
 from .errors import StorageError
 from .schema import migrate
 
 T = TypeVar("T")
+R = TypeVar("R")  # a record `Store.rows` builds
 
 ROW_GROUP_ROWS = 2048  # docs/collector.md, "Loading into DuckDB", says why
 _RESERVED = {"memory", "system", "temp", "main"}  # catalog names an attached file cannot take
@@ -89,11 +91,37 @@ _READ = (
     f"ignore_errors = true, columns = {_LINE!r})"
 )
 
-# The lines the loader places (`Placer`), in the order their requests arrived: a turn is
-# placed after the turn it continues, whichever process or segment each came from.
-_UNPLACED = """
-SELECT id, api_key_id, trajectory_id, after_turn, stitch, prefix_hash, continuation_hashes,
-       scenario_key, scenario_keyed, status, retry_of
+
+class Unplaced(msgspec.Struct, frozen=True):
+    """A spool line the loader places in its trajectory (`Placer`): the columns `_UNPLACED`
+    selects, by name, so their order lives here alone."""
+
+    id: str
+    api_key_id: str | None
+    trajectory_id: str | None  # a conversation the client named, or a Responses API chain
+    after_turn: int | None
+    stitch: list[str] | None
+    prefix_hash: str | None
+    continuation_hashes: list[str] | None
+    scenario_key: str
+    scenario_keyed: str
+    status: int | None
+    retry_of: str | None
+
+
+class Placed(NamedTuple):
+    """Where the loader put a line: `_PLACE`'s parameters, one column each."""
+
+    id: str
+    trajectory_id: str
+    turn: int
+    scenario_id: str
+
+
+# The lines the loader places, in the order their requests arrived: a turn is placed after
+# the turn it continues, whichever process or segment each came from.
+_UNPLACED = f"""
+SELECT {", ".join(Unplaced.__struct_fields__)}
 FROM segment WHERE kind = 'exchange' AND turn IS NULL ORDER BY ts, id
 """
 _PLACE = """
@@ -103,8 +131,8 @@ FROM (SELECT unnest(?::VARCHAR[]) AS id, unnest(?::VARCHAR[]) AS trajectory_id,
 WHERE segment.id = p.id
 """
 
-Placer = Callable[[list[tuple]], list[tuple[str, str, int, str]]]
-"""Rows of `_UNPLACED` -> (id, trajectory id, turn, scenario id) each (`Collector._place`)."""
+Placer = Callable[[list[Unplaced]], list[Placed]]
+"""The lines to place, in order -> where each went (`Collector._place`)."""
 
 # Lines `onjob forget` or retention deleted (`forgotten`, `forget.py`) are dropped before
 # anything is inserted: equality joins for the few named trajectories and keys, one
@@ -231,7 +259,7 @@ class Store:
                 con.execute("ROLLBACK")
                 return 0, 0
             con.execute(_READ, [[str(p) for p in paths]])
-            unplaced = con.execute(_UNPLACED).fetchall()
+            unplaced = self.rows(Unplaced, _UNPLACED)
             if unplaced:
                 if place is None:
                     raise StorageError("spool lines with no trajectory and nothing to place them")
@@ -447,6 +475,14 @@ class Store:
             if isinstance(exc, duckdb.Error):
                 raise StorageError(f"write failed: {exc}") from exc
             raise
+
+    def rows(self, record: type[R], sql: str, params: list | None = None) -> list[R]:
+        """The rows of `sql` as `record`s (a msgspec Struct or a dataclass), each column
+        given by name: a column the record lacks, or a field no column fills, is a
+        TypeError here, not a wrong value later."""
+        cur = self.con.execute(sql, params or [])
+        names = [d[0] for d in cur.description]
+        return [record(**dict(zip(names, row, strict=True))) for row in cur.fetchall()]
 
     def query(self, sql: str, params: list | None = None) -> list[dict]:
         cur = self.con.execute(sql, params or [])
