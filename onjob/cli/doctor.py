@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,8 @@ import httpx
 
 from ..deploy import adapters
 from ..logprobs import TRAINED
+from .common import CONFIG, load_settings
+from .exits import Exit, Failed
 
 _TOOLS = [
     {
@@ -254,11 +255,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.engine_url:
         urls = [args.engine_url]
     else:
-        from .common import load_settings
-
-        settings = load_settings("doctor", args)
-        if settings is None:
-            return 2
+        settings = load_settings(args)
         urls = settings.proxy.replica_urls
     adapter = Path(args.adapter) if args.adapter else None
     reports = asyncio.run(_run(urls, adapter, args.timeout))
@@ -268,9 +265,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             print(f"  {'ok' if c.ok else 'MISSING':<8} {c.name}: {c.detail}")
     missing = [c for checks in reports for c in checks if not c.ok]
     if missing:
-        print(f"onjob doctor: {len(missing)} missing", file=sys.stderr)
-        return 1
-    return 0
+        raise Failed(f"{len(missing)} missing")
+    return Exit.OK
 
 
 def add_commands(sub) -> None:
@@ -285,9 +281,9 @@ def add_commands(sub) -> None:
             "Without --engine-url: every engine of the settings (proxy.engine_urls, or "
             "proxy.engine_url)."
         ),
+        parents=[CONFIG],
     )
     doctor.add_argument("--engine-url", help="the engine's OpenAI base URL (…/v1)")
-    doctor.add_argument("--config", help="TOML settings file")
     doctor.add_argument(
         "--adapter", metavar="DIR", help="also load this LoRA directory, ask it and unload it"
     )

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from .exits import Exit, Failed, NothingToDo, Refused
+
 
 def cmd_model_prepare(args: argparse.Namespace) -> int:
     from .. import bundled
@@ -13,10 +15,9 @@ def cmd_model_prepare(args: argparse.Namespace) -> int:
     try:
         path = bundled.prepare(force=args.force)
     except bundled.ModelUnavailable as exc:
-        print(f"onjob: {exc}", file=sys.stderr)
-        return 1
+        raise Failed(str(exc)) from exc
     print(path)
-    return 0
+    return Exit.OK
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -26,12 +27,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         from examples.arithmetic.demo import DemoError, NoDecision, Options, run
     except ImportError as exc:
-        print(
-            "onjob demo: the demo runs examples/arithmetic: run it from the root of an onjob "
-            f"checkout ({exc})",
-            file=sys.stderr,
-        )
-        return 2
+        raise Refused(
+            f"the demo runs examples/arithmetic: run it from the root of an onjob checkout ({exc})"
+        ) from exc
 
     options = Options(
         dir=args.dir,
@@ -46,20 +44,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
         samples=args.samples,
     )
     if args.rounds < 1:
-        print("onjob demo: --rounds must be at least 1", file=sys.stderr)
-        return 2
+        raise Refused("--rounds must be at least 1")
     try:
         run(options)
     except NoDecision as exc:
-        print(f"onjob demo: {exc}", file=sys.stderr)
-        return 3
+        raise NothingToDo(str(exc)) from exc
     except DemoError as exc:
-        print(f"onjob demo: {exc}", file=sys.stderr)
-        return 2
+        raise Refused(str(exc)) from exc
     except KeyboardInterrupt:
         print(f"\nonjob demo: stopped; what ran so far is in {options.dir}", file=sys.stderr)
-        return 130
-    return 0
+        return Exit.INTERRUPTED
+    return Exit.OK
 
 
 def add_commands(sub) -> None:

@@ -1,4 +1,4 @@
-"""The tables (DESIGN.md, "Data") and their migrations.
+"""The tables and their migrations.
 
 `MIGRATIONS[i]` upgrades a database from version i to i+1. Opening a database
 applies whatever it lacks, in one transaction per step, and records the version

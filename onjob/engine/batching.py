@@ -159,10 +159,6 @@ class Batcher:
         self._pending = deque(g for g in self._pending if not g.cancelled)
         self._compact()
 
-    @property
-    def busy_rows(self) -> int:
-        return len(self._rows)
-
     # -- the worker --------------------------------------------------------------------
 
     def _run(self) -> None:
