@@ -15,8 +15,10 @@ import json
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
+from onjob.cli.process import ServerProcess
 from onjob.engine import chat
 from onjob.engine.vllm import MIN_VERSION
 from onjob.logprobs import constrained
@@ -99,3 +101,27 @@ def test_allowed_tools_is_a_400_naming_tool_choice(engine):
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "tool_choice"
     assert "allowed_tools" in r.json()["error"]["message"]
+
+
+def test_through_onjob_serve_allowed_tools_is_the_engines_400_and_reasoning_effort_passes(
+    tmp_path, engine
+):
+    """The proxy forwards both (`onjob.proxy.exchange`): the engine's refusal reaches the
+    client as the engine gave it, and a reasoning effort vLLM takes is answered."""
+    case = RECORD["requests"]["tool_choice_allowed_tools"]["body"]
+    with ServerProcess(["--engine-url", engine.url, "--db", str(tmp_path / "o.duckdb")]) as s:
+        client = openai.OpenAI(base_url=s.url, api_key="unused", max_retries=0, timeout=120)
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(
+                model="agent",
+                messages=case["messages"],
+                tools=case["tools"],
+                tool_choice=case["tool_choice"],
+                max_tokens=1,
+            )
+        assert refused.value.param == "tool_choice"
+        assert "allowed_tools" in refused.value.message
+        answer = client.chat.completions.create(
+            model="agent", messages=case["messages"], reasoning_effort="low", max_tokens=1
+        )
+        assert answer.choices[0].finish_reason == "length"
