@@ -42,19 +42,27 @@ def text_of(content: str | list[dict[str, Any]] | None) -> str:
     return "".join(part.get("text", "") for part in content if part.get("type") == "text")
 
 
-def render(tokenizer, messages: list[Message], tools: list[Tool] | None) -> str:
+def render(
+    tokenizer,
+    messages: list[Message],
+    tools: list[Tool] | None,
+    reasoning_effort: str | None = None,
+) -> str:
     """The prompt text for `messages`, ending with the assistant's generation prompt.
 
     The model reads text only: an image, audio or file part is refused (400), as OpenAI
-    and vLLM refuse them for a text-only model, rather than dropped unseen."""
+    and vLLM refuse them for a text-only model, rather than dropped unseen.
+    `reasoning_effort` is a variable of the chat template, when given (as vLLM gives it)."""
     _refuse_unseen(messages)
     template = tokenizer.chat_template or ""
+    extra = {} if reasoning_effort is None else {"reasoning_effort": reasoning_effort}
     if tools and "tools" in template:
         return tokenizer.apply_chat_template(
             [_native(m) for m in messages],
             tools=[_schema(t) for t in tools],
             tokenize=False,
             add_generation_prompt=True,
+            **extra,
         )
     plain = [_plain(m) for m in messages]
     if tools:
@@ -63,7 +71,7 @@ def render(tokenizer, messages: list[Message], tools: list[Tool] | None) -> str:
             plain[0] = {"role": "system", "content": f"{plain[0]['content']}\n\n{block}"}
         else:
             plain.insert(0, {"role": "system", "content": block})
-    return tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True, **extra)
 
 
 def _refuse_unseen(messages: list[Message]) -> None:
@@ -125,11 +133,17 @@ def _arguments(function: dict) -> Any:
 
 
 def parse_tool_calls(text: str, limit: int | None = None) -> tuple[str | None, list[dict]]:
-    """Split model output into (content, tool_calls). Unparseable calls stay as text.
-    With `limit` (1 under `parallel_tool_calls: false`), calls past it are dropped.
+    """Split model output into (content, tool_calls) as vLLM's Hermes parser does
+    (vllm/tool_parsers/hermes_tool_parser.py, 0.13; tests/fixtures/vllm/ records it):
+    content is the text before the first `<tool_call>`, as written; each call needs
+    `name` and `arguments`, re-written with `json.dumps`; one unparseable call leaves the
+    whole output as content. With `limit` (1 under `parallel_tool_calls: false`), calls
+    past it are dropped.
 
-    Each call's JSON is read with a JSON decoder from its `<tool_call>` on, so an
-    argument string that contains `</tool_call>` does not end the call."""
+    Two deliberate differences (tests/test_vllm_contract.py): each call's JSON is read
+    with a JSON decoder from its `<tool_call>` on, so an argument string that contains
+    `</tool_call>` does not end the call (vLLM's regex ends it there and returns text);
+    and `arguments` written as a JSON string is passed as is (vLLM encodes it again)."""
     calls = []
     pos = 0
     while (at := text.find(_OPEN, pos)) >= 0:
@@ -145,21 +159,24 @@ def parse_tool_calls(text: str, limit: int | None = None) -> tuple[str | None, l
         pos = len(text) - len(rest) + (len(_CLOSE) if rest else 0)
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             return text, []
-        args = data.get("arguments", data.get("parameters", {}))
+        if "arguments" not in data:
+            return text, []
+        args = data["arguments"]
         calls.append(
             {
                 "id": f"call_{uuid.uuid4().hex[:24]}",
                 "type": "function",
                 "function": {
                     "name": data["name"],
-                    "arguments": args if isinstance(args, str) else json.dumps(args),
+                    "arguments": args
+                    if isinstance(args, str)
+                    else json.dumps(args, ensure_ascii=False),
                 },
             }
         )
     if not calls:
         return text, []
-    content = text[: text.index(_OPEN)].strip()
-    return content or None, calls[:limit]
+    return text[: text.index(_OPEN)] or None, calls[:limit]
 
 
 _DECODER = json.JSONDecoder()

@@ -88,7 +88,7 @@ def create_app(
         # Every tool is in the prompt whatever the choice (but "none"), as vLLM does; a
         # named or allowed choice narrows the grammar, not what the model is shown.
         shown = req.tools if tools.mode != "none" else None
-        prompt = chat.render(loaded.tokenizer, req.messages, shown)
+        prompt = chat.render(loaded.tokenizer, req.messages, shown, req.reasoning_effort)
         prompt_ids = loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         room = loaded.max_model_len - len(prompt_ids)
         asked = req.max_completion_tokens or req.max_tokens

@@ -45,7 +45,7 @@ class EngineSettings(BaseSettings):
         gt=0,
         le=1,
         description="vllm: the share of the GPU vLLM takes (weights, activations, KV cache). "
-        "0.5 (not vLLM's own default: 0.9, 0.92 in recent releases) leaves the other half "
+        "0.5 (not vLLM's own default: 0.9 up to 0.19, 0.92 from 0.20) leaves the other half "
         "to a trainer on the same card; with the trainer on another card or host, 0.9. "
         "vLLM refuses to start when less than this share is free",
     )
