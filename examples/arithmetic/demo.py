@@ -5,8 +5,8 @@ In `--dir` (default ./onjob-demo, recreated on each run):
 1. prepare the bundled SmolLM2-135M-Instruct, start `onjob engine` and measure its
    speed; size the evaluation and the groups to it and print an ETA;
 2. start `onjob serve` on that engine, the loop configured for examples/arithmetic
-   (reward: the right sum in the answer), and print the decision rule with its error
-   rates (the family-wise error over every candidate; the first candidate's, exact,
+   (reward: 1 for the sum alone, 0.5 among other numbers), and print the decision rule
+   with its error rates (the family-wise error over every candidate; the first candidate's, exact,
    `stats.promotion_chance`), saying where it is looser than production's;
 3. measure the base model on the held-out questions (straight to the engine, unlogged);
 4. run the arithmetic agent, an ordinary `openai` program, through the proxy while the
@@ -128,8 +128,8 @@ def config(o: Options, model: Path, group_size: int = 8) -> str:
     )
     loop = "\n".join(f"{k} = {v}" for k, v in DEMO_LOOP.items())
     if o.gate:
-        # The referee is not the coach: the reward pays for the sum anywhere in the
-        # answer; a promotion needs answers that give it and nothing else.
+        # The referee passes the reward's top grade only (the sum and nothing else); a
+        # hedge earns half a reward and loses the pairs.
         loop += f'\n\n[loop.gate.rewards]\nexact = {{ fn = "{o.gate}" }}'
     return f"""\
 # Written by `onjob demo`; `onjob serve --config {o.dir}/onjob.toml --start-engine` serves
@@ -248,7 +248,7 @@ def run(o: Options, echo=say) -> dict:
             audit = _audit(engine.url, history, paths, measured, o, p, clock)
             seconds["audit"] = clock.lap()
     result = {
-        "task": "examples/arithmetic: one-digit sums, reward = the right sum in the answer",
+        "task": "examples/arithmetic: one-digit sums, reward = 1 the sum alone, 0.5 among others",
         "model": str(model),
         "judge": o.judge or o.reward,
         "before": {**before, "model": base},
