@@ -19,7 +19,7 @@ how often a question whose last group had all-equal rewards has all-equal reward
 fields (aliases: lr, warmup, clip = eps_low and eps_high); the base is the demo's.
 
     .venv/bin/python bench/learn_offline.py [--snapshot bench/results/learn-snapshot.parquet]
-        [--groups 32] [--seeds 3] [--compare lr=5e-5,2e-4,1e-3] [--set epochs=2]
+        [--groups 24] [--seeds 3] [--compare lr=5e-5,2e-4,1e-3] [--set epochs=2]
 
 Writes bench/results/learn_offline-<timestamp>.json.
 """
@@ -31,6 +31,7 @@ import itertools
 import json
 import math
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -226,16 +227,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--snapshot", type=Path, help="the pool of judged groups: reused if "
                         "it exists, else made there (default: a temporary file)")  # fmt: skip
-    parser.add_argument("--pool", type=int, default=64, help="groups in a new snapshot")
-    parser.add_argument("--size", type=int, default=8, help="alternatives per group")
-    parser.add_argument("--groups", type=int, default=32, help="groups each run trains on")
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--pool", type=int, default=32, help="groups in a new snapshot")
+    parser.add_argument("--size", type=int, default=6, help="alternatives per group")
+    parser.add_argument("--groups", type=int, default=24, help="groups each run trains on")
+    parser.add_argument("--seeds", type=int, default=3, help="0: make the snapshot only")
     parser.add_argument("--samples", type=int, default=4, help="answers per held-out question")
     parser.add_argument("--set", action="append", default=[], help="FIELD=VALUE for every run")
     parser.add_argument("--compare", help="FIELD=V1,V2,...: one setting per value")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (engine, trainer)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
+    # A kill (a timeout) unwinds like Ctrl-C, so the engine process is stopped with us.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     import httpx
 
@@ -286,6 +289,8 @@ def main() -> None:
                     f"{run['cpu_s']:.0f} CPU s",
                     flush=True,
                 )
+    if not rows:
+        return
     summary = {}
     print(f"\nheld-out exact success, {args.seeds} seeds, {args.groups} groups each "
           f"(95% interval over seeds):")  # fmt: skip
