@@ -131,6 +131,8 @@ def test_judge_flag_switches_the_demo_from_the_reward_function_to_ruler(tmp_path
                            ("loop", LoopSettings)):  # fmt: skip
         assert set(default[section]) <= set(model.model_fields), section  # no typo ignored
         model.model_validate(default[section])
+    # The trainer gets every core it may run on (the agent pauses while it trains).
+    assert default["trainer"]["threads"] == len(os.sched_getaffinity(0))
     ruler = tomllib.loads(config(Options(dir=tmp_path, judge="openai/gpt-4.1-mini"), tmp_path))
     judge = JudgeSettings.model_validate(ruler["judge"])
     assert judge.model == "openai/gpt-4.1-mini" and not judge.rewards

@@ -30,10 +30,15 @@ def test_the_arithmetic_split_and_reward_are_sound():
         q = {"role": "user", "content": "What is 4 + 8?"}
         return Rollout("m", [q, {"role": "assistant", "content": answer}])
 
-    assert task.reward(rollout("4 + 8 = 12."))
-    assert task.reward(rollout("The answer is 12"))
-    assert not task.reward(rollout("4 + 8 = 120"))
-    assert not task.reward(rollout("It is 11."))
+    # Graded: the sum alone 1, the sum among other numbers (a hedge) 0.5, else 0; the
+    # referee passes the top grade only.
+    assert task.reward(rollout("4 + 8 = 12.")) == 1.0
+    assert task.reward(rollout("The answer is 12")) == 1.0
+    assert task.reward(rollout("It is 12, or maybe 13.")) == 0.5
+    assert task.reward(rollout("4 + 8 = 120")) == 0.0
+    assert task.reward(rollout("It is 11.")) == 0.0
+    for answer in ("4 + 8 = 12.", "It is 12, or maybe 13.", "It is 11."):
+        assert task.referee(rollout(answer)) == (task.reward(rollout(answer)) == 1.0)
 
 
 def test_the_arithmetic_agent_runs_unchanged_through_onjob(tmp_path, engine):

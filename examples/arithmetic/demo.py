@@ -5,8 +5,8 @@ In `--dir` (default ./onjob-demo, recreated on each run):
 1. prepare the bundled SmolLM2-135M-Instruct, start `onjob engine` and measure its
    speed; size the evaluation and the groups to it and print an ETA;
 2. start `onjob serve` on that engine, the loop configured for examples/arithmetic
-   (reward: the right sum in the answer), and print the decision rule with its error
-   rates (the family-wise error over every candidate; the first candidate's, exact,
+   (reward: 1 for the sum alone, 0.5 among other numbers), and print the decision rule
+   with its error rates (the family-wise error over every candidate; the first candidate's, exact,
    `stats.promotion_chance`), saying where it is looser than production's;
 3. measure the base model on the held-out questions (straight to the engine, unlogged);
 4. run the arithmetic agent, an ordinary `openai` program, through the proxy while the
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import threading
 import time
@@ -129,8 +130,8 @@ def config(o: Options, model: Path, group_size: int = 8) -> str:
     )
     loop = "\n".join(f"{k} = {v}" for k, v in DEMO_LOOP.items())
     if o.gate:
-        # The referee is not the coach: the reward pays for the sum anywhere in the
-        # answer; a promotion needs answers that give it and nothing else.
+        # The referee passes the reward's top grade only (the sum and nothing else); a
+        # hedge earns half a reward and loses the pairs.
         loop += f'\n\n[loop.gate.rewards]\nexact = {{ fn = "{o.gate}" }}'
     return f"""\
 # Written by `onjob demo`; `onjob serve --config {o.dir}/onjob.toml --start-engine` serves
@@ -151,7 +152,7 @@ checkpoints_dir = "{o.dir / "checkpoints"}"
 learning_rate = 0.0002
 groups_per_step = 2
 max_groups = 16
-threads = 1
+threads = {cores()}
 
 [loop]
 {loop}
@@ -167,6 +168,14 @@ scenario_groups = false
 concurrency = 2
 {judge}
 """
+
+
+def cores() -> int:
+    """The cores this process may run on: the trainer's torch threads. The agent pauses
+    while a run trains (`_Traffic.pace`), so the engine idles and the cores are the
+    trainer's; with one thread beside a busy agent and engine a demo step of 2 groups
+    took 15-19 s against 4.3 s for 32 completions on the same machine alone."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def say(text: str) -> None:
@@ -223,7 +232,7 @@ def run(o: Options, echo=say) -> dict:
                 f"trains, canaries and decides, until {o.rounds} decision(s)"
             )
             with _Traffic(server.url, task, o.agents) as traffic:
-                status = _watch(server, clock, deadline, o.rounds, o.ceiling_s)
+                status = _watch(server, clock, deadline, o.rounds, o.ceiling_s, traffic)
             # The loop stops before the final measurement, which has the engine to itself.
             httpx.post(
                 f"{server.base}/admin/loop", json={"running": False}, headers=ADMIN, timeout=60
@@ -249,7 +258,7 @@ def run(o: Options, echo=say) -> dict:
             audit = _audit(engine.url, history, paths, measured, o, p, clock)
             seconds["audit"] = clock.lap()
     result = {
-        "task": "examples/arithmetic: one-digit sums, reward = the right sum in the answer",
+        "task": "examples/arithmetic: one-digit sums, reward = 1 the sum alone, 0.5 among others",
         "model": str(model),
         "judge": o.judge or o.reward,
         "before": {**before, "model": base},
@@ -428,7 +437,8 @@ def _base_model(engine_url: str) -> str:
 
 class _Traffic:
     """The arithmetic agent: `agents` conversations at a time through the proxy, with the
-    official client, until stopped. Errors are counted, not fatal (a canary may fail)."""
+    official client, until stopped; paused while the loop trains (`pace`). Errors are
+    counted, not fatal (a canary may fail)."""
 
     def __init__(self, url: str, task, agents: int):
         from openai import OpenAI
@@ -437,6 +447,8 @@ class _Traffic:
         self.task, self.agents = task, agents
         self.done = self.errors = 0
         self._stop = threading.Event()
+        self._go = threading.Event()
+        self._go.set()
         self._threads: list[threading.Thread] = []
 
     def __enter__(self) -> _Traffic:
@@ -446,8 +458,13 @@ class _Traffic:
             self._threads.append(t)
         return self
 
+    def pace(self, training: bool) -> None:
+        """Hold new requests while a training run has the cores (those in flight finish)."""
+        (self._go.clear if training else self._go.set)()
+
     def __exit__(self, *exc) -> None:
         self._stop.set()
+        self._go.set()
         for t in self._threads:
             t.join(timeout=60)
 
@@ -457,6 +474,7 @@ class _Traffic:
         while not self._stop.is_set():
             seed += self.agents
             for q in self.task.training_questions(8, seed):
+                self._go.wait()
                 if self._stop.is_set():
                     return
                 try:
@@ -478,9 +496,15 @@ _TRAINER = ("training on", "step ", "wrote ", "warm start")
 
 
 def _watch(
-    server: ServerProcess, clock: _Clock, deadline: float, rounds: int, ceiling_s: float
+    server: ServerProcess,
+    clock: _Clock,
+    deadline: float,
+    rounds: int,
+    ceiling_s: float,
+    traffic: _Traffic,
 ) -> dict:
-    """Relay the loop's progress until `rounds` decisions or the ceiling; the last status."""
+    """Relay the loop's progress until `rounds` decisions or the ceiling, the agent paused
+    while the loop trains; the last status."""
     waiting = rewards = None
     while True:
         for line in server.new_lines():
@@ -488,6 +512,7 @@ def _watch(
             if shown:
                 clock.line(shown)
         status = httpx.get(f"{server.base}/admin/status", headers=ADMIN, timeout=60).json()
+        traffic.pace(status["loop"]["stage"] == "train")
         summary = _reward_summary(status["rewards"])
         if summary and summary != rewards:
             clock.line(f"reward of re-sampled answers: {summary}")

@@ -32,13 +32,17 @@ MEMBER_FEEDBACK = """(SELECT avg(f.value) FROM feedback f
 
 
 def turn_candidates(
-    store: Store, s: JudgeSettings, skip: list[str] = (), untrained: list[str] = ()
+    store: Store,
+    s: JudgeSettings,
+    skip: list[str] = (),
+    untrained: list[str] = (),
+    later: list[str] = (),
 ) -> list[dict]:
     """Logged turns to re-sample: answered production chat exchanges (Responses API calls
     included: they are logged as the chat they became) no group has used, recent
-    first, round-robin over scenarios (at most `per_scenario` each), scenarios with fewer
-    groups so far first; none of the scenarios in `skip`, none of the API keys in
-    `untrained`."""
+    first, round-robin over scenarios (at most `per_scenario` each), in each round the
+    scenarios in `later` (`settled.settled_scenarios`) last, then those with fewer groups
+    so far first; none of the scenarios in `skip`, none of the API keys in `untrained`."""
     return store.query(
         f"""
         WITH c AS (
@@ -57,10 +61,11 @@ def turn_candidates(
         SELECT e.* FROM c
         JOIN exchanges_rebuilt((SELECT list(id) FROM c WHERE nth <= ?), false) e ON e.id = c.id
         LEFT JOIN judged j ON j.scenario_id = c.scenario_id
-        ORDER BY c.nth, coalesce(j.n, 0), c.ts DESC
+        ORDER BY c.nth, coalesce(list_contains(?::VARCHAR[], c.scenario_id), false),
+                 coalesce(j.n, 0), c.ts DESC
         LIMIT ?
         """,
-        [s.max_age_s, list(skip), list(untrained), s.per_scenario, s.max_groups],
+        [s.max_age_s, list(skip), list(untrained), s.per_scenario, list(later), s.max_groups],
     )
 
 

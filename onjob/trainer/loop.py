@@ -2,7 +2,8 @@
 
     groups  = data.load(snapshot)              advantages, masks, the sampler's logprobs
     model   = base + LoRA (new, or the live adapter continued), no dropout
-    optimizer = AdamW, its moments continued from the parent's `optimizer.pt` if any
+    optimizer = AdamW, its moments continued from the parent's `optimizer.pt` if any;
+                the learning rate warmed up linearly over `warmup_steps`
     for each step of `groups_per_step` groups:
         for each group, members chunked by length (forward.chunks):
             one packed forward: the shared prompt once, each member's own tokens
@@ -108,6 +109,7 @@ def _train(
     if parent is not None and s.keep_optimizer_state:
         echo(_continue_optimizer(optimizer, Path(parent) / OPTIMIZER, s.learning_rate))
     steps = math.ceil(len(groups) / s.groups_per_step) * s.epochs
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup(s.warmup_steps))
     echo(
         f"training on {len(groups)} groups, {sum(len(g.members) for g in groups)} members, "
         f"{sum(g.loss_tokens for g in groups)} tokens: {steps} steps on {device} ({dtype})"
@@ -177,8 +179,10 @@ def _train(
                     f"{grad_norm}: not applied (groups {', '.join(g.id for g in batch)})"
                 )
                 continue
+            lr = optimizer.param_groups[0]["lr"]
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            schedule.step()
             tokens_seen += step_tokens
             rewards = [m.reward for g in trained for m in g.members]
             record = {
@@ -186,6 +190,7 @@ def _train(
                 "epoch": epoch,
                 "loss": totals["loss"],
                 "grad_norm": grad_norm,
+                "lr": lr,
                 "clip_fraction": totals["clipped"] / step_tokens,
                 "ratio_mean": totals["ratio"] / step_tokens,
                 "kl": totals["kl"] / step_tokens,
@@ -302,6 +307,14 @@ def _gap_metrics(gaps: dict[str, Gap]) -> dict:
     }
 
 
+def _warmup(steps: int) -> Callable[[int], float]:
+    """The learning rate's factor at optimizer step k (0-based): (k + 1) / steps during a
+    warm-up of `steps`, then 1. A fresh AdamW's first update moves every parameter by
+    about the full rate whatever the gradient's size; rising to it spreads that over
+    several steps' gradients."""
+    return lambda k: min(1.0, (k + 1) / steps) if steps else 1.0
+
+
 def _continue_optimizer(optimizer, path: Path, learning_rate: float) -> str:
     """Load the parent's AdamW moments into `optimizer` when they fit its parameters; the
     learning rate stays this run's. Says what it did."""
@@ -316,6 +329,8 @@ def _continue_optimizer(optimizer, path: Path, learning_rate: float) -> str:
     optimizer.load_state_dict(state)
     for group in optimizer.param_groups:
         group["lr"] = learning_rate
+        # The parent's warm-up left its own rate here; the scheduler would take it as ours.
+        group.pop("initial_lr", None)
     steps = max((float(v["step"]) for v in optimizer.state.values()), default=0)
     return f"optimizer: the parent's AdamW moments continued ({steps:.0f} steps behind them)"
 
