@@ -36,14 +36,20 @@ def turn_candidates(
 ) -> list[dict]:
     """Logged turns to re-sample: answered production chat exchanges (Responses API calls
     included: they are logged as the chat they became) no group has used, recent
-    first, round-robin over scenarios (at most `per_scenario` each), scenarios with fewer
-    groups so far first; none of the scenarios in `skip`, none of the API keys in
-    `untrained`."""
+    first, round-robin over scenarios (at most `per_scenario` each, and besides those at
+    most `tool_turns_per_scenario` turns whose logged answer called a tool), scenarios
+    with fewer groups so far first; none of the scenarios in `skip`, none of the API keys
+    in `untrained`.
+
+    Tool-call turns have their own quota: in a tool agent's conversations they are most
+    of the turns whose alternatives differ (a right call or a wrong one), while the
+    answer turn after a failed call is often wrong whatever is sampled."""
     return store.query(
         f"""
-        WITH c AS (
+        WITH t AS (
             SELECT e.id, e.scenario_id, e.ts,
-                   row_number() OVER (PARTITION BY e.scenario_id ORDER BY e.ts DESC) AS nth
+                   coalesce(json_array_length(
+                       e.response -> '$.choices[0].message.tool_calls'), 0) > 0 AS called
             FROM exchanges e
             WHERE e.status < 400 AND e.source = 'production' AND {_FRESH}
               AND e.untrainable IS NULL  -- `onjob.logprobs.untrainable`: nothing to learn from
@@ -53,14 +59,26 @@ def turn_candidates(
               AND {_TRAINED_KEY}
               AND NOT EXISTS (
                   SELECT 1 FROM groups g WHERE g.prefix_exchange = e.id AND g.kind = 'turn')
+        ), c AS (
+            SELECT *, row_number() OVER (PARTITION BY scenario_id, called ORDER BY ts DESC) AS nth
+            FROM t
         ), judged AS (SELECT scenario_id, count(*) AS n FROM groups GROUP BY scenario_id)
         SELECT e.* FROM c
-        JOIN exchanges_rebuilt((SELECT list(id) FROM c WHERE nth <= ?), false) e ON e.id = c.id
+        JOIN exchanges_rebuilt((SELECT list(id) FROM c
+                                WHERE nth <= CASE WHEN called THEN ? ELSE ? END), false) e
+          ON e.id = c.id
         LEFT JOIN judged j ON j.scenario_id = c.scenario_id
         ORDER BY c.nth, coalesce(j.n, 0), c.ts DESC
         LIMIT ?
         """,
-        [s.max_age_s, list(skip), list(untrained), s.per_scenario, s.max_groups],
+        [
+            s.max_age_s,
+            list(skip),
+            list(untrained),
+            s.tool_turns_per_scenario,
+            s.per_scenario,
+            s.max_groups,
+        ],
     )
 
 
