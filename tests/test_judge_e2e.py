@@ -97,6 +97,7 @@ CONFIG = """
 [judge]
 group_size = 3
 settle_s = 0
+tool_turns_per_scenario = 0
 
 [judge.rewards]
 tool = { fn = "my_rewards:calls_weather", weight = 2.0 }
@@ -105,11 +106,10 @@ length = { fn = "my_rewards:length" }
 
 
 def test_judge_pass_makes_turn_groups_that_share_the_prefix_and_carry_tokens(tmp_path, logged):
-    config = CONFIG.replace("settle_s = 0\n", "settle_s = 0\ntool_turns_per_scenario = 0\n")
-    db = workdir(tmp_path, logged, config)
+    db = workdir(tmp_path, logged, CONFIG)
     out = judge_once(tmp_path, logged["engine"])
-    # Five logged turns in two scenarios; at most two per scenario per pass, and besides
-    # them the turns that called a tool (none here: `tool_turns_per_scenario = 0`).
+    # Five logged turns in two scenarios; at most two per scenario per pass (and no
+    # tool-call turns besides them: `tool_turns_per_scenario = 0`).
     assert "3 turn groups" in out and "1 trajectory groups" in out, out
 
     members = rows(
@@ -155,7 +155,7 @@ def test_tool_call_turns_are_re_sampled_beside_the_scenarios_other_turns(tmp_pat
     """A tool agent's conversations: each one's tool-call turn gets its group in the same
     pass, over the one turn per scenario `per_scenario` allows, and the scenario's
     finished conversations make a trajectory group."""
-    config = CONFIG.replace("settle_s = 0\n", "settle_s = 0\nper_scenario = 1\n")
+    config = CONFIG.replace("tool_turns_per_scenario = 0", "per_scenario = 1")  # default 4
     db = workdir(tmp_path, logged, config)
     out = judge_once(tmp_path, logged["engine"])
     # Both tool-call turns, one answer turn of their scenario, and the plain question.

@@ -257,7 +257,9 @@ class Batcher:
             cache, logits = out.past_key_values, out.logits[:, -1, :].float()
             if self.prefix_cache:
                 layers = [(layer.keys, layer.values) for layer in cache.layers]
-                self._last = _Prefill(list(gen.prompt_ids), gen.adapter, layers, logits)
+                # A copy: the slice is a view that would keep every position's logits.
+                kept = logits.clone()
+                self._last = _Prefill(list(gen.prompt_ids), gen.adapter, layers, kept)
         logits = logits.expand(gen.n, -1)
         if gen.n > 1:
             cache.batch_repeat_interleave(gen.n)

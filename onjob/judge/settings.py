@@ -26,14 +26,12 @@ class JudgeSettings(BaseModel):
     temperature: float = Field(1.0, ge=0, le=2, description="sampling temperature for them")
     max_tokens: int = Field(256, ge=1, description="completion cap when the request sets none")
     max_groups: int = Field(16, ge=0, description="turn groups sampled per pass")
-    per_scenario: int = Field(
-        2, ge=1, description="turn groups per scenario per pass (turns that called no tool)"
-    )
+    per_scenario: int = Field(2, ge=1, description="turn groups per scenario per pass")
     tool_turns_per_scenario: int = Field(
         4,
         ge=0,
         description="besides those, turn groups per scenario per pass on turns whose logged "
-        "answer called a tool: a tool agent's most trainable turns",
+        "answer called a tool: a tool agent's most trainable turns (0: none besides)",
     )
     max_age_s: float = Field(7 * 86400, gt=0, description="only exchanges this recent")
     max_sample_tokens: int = Field(

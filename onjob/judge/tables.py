@@ -36,10 +36,10 @@ def turn_candidates(
 ) -> list[dict]:
     """Logged turns to re-sample: answered production chat exchanges (Responses API calls
     included: they are logged as the chat they became) no group has used, recent
-    first, round-robin over scenarios (at most `per_scenario` each, and besides those at
-    most `tool_turns_per_scenario` turns whose logged answer called a tool), scenarios
-    with fewer groups so far first; none of the scenarios in `skip`, none of the API keys
-    in `untrained`.
+    first, round-robin over scenarios (the `per_scenario` most recent of each, and besides
+    those its `tool_turns_per_scenario` most recent turns whose logged answer called a
+    tool), scenarios with fewer groups so far first; none of the scenarios in `skip`,
+    none of the API keys in `untrained`.
 
     Tool-call turns have their own quota: in a tool agent's conversations they are most
     of the turns whose alternatives differ (a right call or a wrong one), while the
@@ -60,12 +60,14 @@ def turn_candidates(
               AND NOT EXISTS (
                   SELECT 1 FROM groups g WHERE g.prefix_exchange = e.id AND g.kind = 'turn')
         ), c AS (
-            SELECT *, row_number() OVER (PARTITION BY scenario_id, called ORDER BY ts DESC) AS nth
+            SELECT *,
+                   row_number() OVER (PARTITION BY scenario_id ORDER BY ts DESC) AS nth,
+                   row_number() OVER (PARTITION BY scenario_id, called ORDER BY ts DESC) AS nth_of
             FROM t
         ), judged AS (SELECT scenario_id, count(*) AS n FROM groups GROUP BY scenario_id)
         SELECT e.* FROM c
         JOIN exchanges_rebuilt((SELECT list(id) FROM c
-                                WHERE nth <= CASE WHEN called THEN ? ELSE ? END), false) e
+                                WHERE nth <= ? OR (called AND nth_of <= ?)), false) e
           ON e.id = c.id
         LEFT JOIN judged j ON j.scenario_id = c.scenario_id
         ORDER BY c.nth, coalesce(j.n, 0), c.ts DESC
@@ -75,8 +77,8 @@ def turn_candidates(
             s.max_age_s,
             list(skip),
             list(untrained),
-            s.tool_turns_per_scenario,
             s.per_scenario,
+            s.tool_turns_per_scenario,
             s.max_groups,
         ],
     )
