@@ -16,6 +16,9 @@ In `--dir` (default ./onjob-demo, recreated on each run):
    learning.png, write result.json; the database, the checkpoints and the logs stay.
 
 A run that made no decision before the ceiling raises `NoDecision` (the CLI exits 3).
+`--example calculator` runs examples/calculator instead (`Example`: its multi-turn,
+tool-using agent, its held-out measure with the right-tool-call rate, its reward and
+referee, which score each step on the step it takes, and its judge settings).
 """
 
 from __future__ import annotations
@@ -38,14 +41,12 @@ from onjob.deploy import deployments, progress, stats
 from onjob.deploy.pairs import rule_of
 from onjob.deploy.settings import LoopSettings
 
-from . import task
-from .evaluate import evaluate
+from ..example import Example
 
 ADMIN_KEY = "demo"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 MARKER = ".onjob-demo"
-REWARD = "examples.arithmetic.task:reward"
-REFEREE = "examples.arithmetic.task:referee"
+EXAMPLES = ("arithmetic", "calculator")
 
 
 @dataclass
@@ -54,8 +55,9 @@ class Options:
     rounds: int = 2  # canary decisions to make (promotions or rollbacks)
     ceiling_s: float = 3600.0  # the wall clock's limit, evaluations included
     judge: str | None = None  # a litellm model for RULER instead of the reward function
-    reward: str = REWARD
-    gate: str | None = REFEREE  # the referee (`loop.gate`); None: the training reward
+    reward: str | None = None  # None: the example's
+    gate: str | None = None  # the referee (`loop.gate`); None: the example's; "reward": none
+    example: str = "arithmetic"  # one of EXAMPLES
     model: Path | None = None  # default: the bundled SmolLM2-135M-Instruct
     port: int = 0
     questions: int = 25
@@ -83,6 +85,14 @@ DEMO_LOOP = {
     "holdout_pairs": 6,
     "canary_max_s": 600,  # the decision is the offline test's; the canary checks traffic
 }
+
+
+def example_of(o: Options) -> Example:
+    import importlib
+
+    if o.example not in EXAMPLES:
+        raise DemoError(f"no example {o.example!r}: choose one of {', '.join(EXAMPLES)}")
+    return importlib.import_module(f"examples.{o.example}.example").EXAMPLE
 
 
 def loop_settings(o: Options) -> LoopSettings:
@@ -125,14 +135,16 @@ def config(o: Options, model: Path, group_size: int = 8) -> str:
     learning rate, judge passes of 8 recent turns (sampled by the checkpoints serving now),
     paired rounds of 6 prompts, half the traffic on the canary and the demo's rule
     (`DEMO_LOOP`): one round of train, canary and decision fits in a few minutes."""
+    ex = example_of(o)
+    reward, gate = o.reward or ex.reward, o.gate or ex.referee
     judge = (
-        f'model = "{o.judge}"' if o.judge else f'[judge.rewards]\ncorrect = {{ fn = "{o.reward}" }}'
+        f'model = "{o.judge}"' if o.judge else f'[judge.rewards]\ncorrect = {{ fn = "{reward}" }}'
     )
     loop = "\n".join(f"{k} = {v}" for k, v in DEMO_LOOP.items())
-    if o.gate:
-        # The referee passes the reward's top grade only (the sum and nothing else); a
-        # hedge earns half a reward and loses the pairs.
-        loop += f'\n\n[loop.gate.rewards]\nexact = {{ fn = "{o.gate}" }}'
+    if gate != "reward":
+        # The referee passes the reward's top grade only (for arithmetic: the sum and
+        # nothing else); a hedge earns half a reward and loses the pairs.
+        loop += f'\n\n[loop.gate.rewards]\nexact = {{ fn = "{gate}" }}'
     return f"""\
 # Written by `onjob demo`; `onjob serve --config {o.dir}/onjob.toml --start-engine` serves
 # it again.
@@ -164,8 +176,8 @@ max_tokens = 48
 max_groups = 8
 max_age_s = 180
 per_scenario = 1
-scenario_groups = false
 concurrency = 2
+{ex.judge}
 {judge}
 """
 
@@ -185,6 +197,7 @@ def say(text: str) -> None:
 def run(o: Options, echo=say) -> dict:
     """The whole demo; returns what result.json holds."""
     started, started_at = time.monotonic(), time.time()
+    ex = example_of(o)
     clock = _Clock(started, echo)
     o.dir = _fresh(o.dir)
     clock.stage("preparing the model")
@@ -196,7 +209,7 @@ def run(o: Options, echo=say) -> dict:
     )
     with engine:
         base = _base_model(engine.url)
-        p = plan(o, _speed(engine.url, base))
+        p = plan(o, _speed(engine.url, base, ex))
         echo(
             f"  {p.tokens_per_s:.0f} tokens/s: {o.questions} held-out questions x {p.samples} "
             f"samples, groups of {p.group_size}; ETA about {p.eta_s / 60:.0f} minutes for "
@@ -221,7 +234,7 @@ def run(o: Options, echo=say) -> dict:
             clock.stage(
                 f"measuring {base} on {o.questions} held-out questions x {p.samples} samples"
             )
-            before = evaluate(engine.url, base, o.questions, p.samples)
+            before = ex.evaluate(engine.url, base, o.questions, p.samples)
             seconds["eval_before"] = clock.lap()
             echo(f"  base model: {_pct(before)} answers right")
             # Leave time for the same evaluation again (slower on a LoRA adapter: ~1.3x
@@ -231,7 +244,7 @@ def run(o: Options, echo=say) -> dict:
                 f"the agent's traffic through {server.url}; the loop re-samples, judges, "
                 f"trains, canaries and decides, until {o.rounds} decision(s)"
             )
-            with _Traffic(server.url, task, o.agents) as traffic:
+            with _Traffic(server.url, ex, o.agents) as traffic:
                 status = _watch(server, clock, deadline, o.rounds, o.ceiling_s, traffic)
             # The loop stops before the final measurement, which has the engine to itself.
             httpx.post(
@@ -240,7 +253,7 @@ def run(o: Options, echo=say) -> dict:
             seconds["loop"] = clock.lap()
             live = status["aliases"]["agent"]["live"]
             clock.stage(f"measuring {live or base} on the same questions")
-            after = evaluate(engine.url, live or base, o.questions, p.samples)
+            after = ex.evaluate(engine.url, live or base, o.questions, p.samples)
             seconds["eval_after"] = clock.lap()
             echo(f"  {'live checkpoint' if live else 'base model'}: {_pct(after)} answers right")
         store = Store(o.dir / "onjob.duckdb")  # the server is gone: the database is free
@@ -258,9 +271,9 @@ def run(o: Options, echo=say) -> dict:
             audit = _audit(engine.url, history, paths, measured, o, p, clock)
             seconds["audit"] = clock.lap()
     result = {
-        "task": "examples/arithmetic: one-digit sums, reward = 1 the sum alone, 0.5 among others",
+        "task": ex.task,
         "model": str(model),
-        "judge": o.judge or o.reward,
+        "judge": o.judge or o.reward or ex.reward,
         "before": {**before, "model": base},
         "after": {**after, "model": live or base},
         "started": started_at,
@@ -273,7 +286,8 @@ def run(o: Options, echo=say) -> dict:
         "plan": {"tokens_per_s": p.tokens_per_s, "samples": p.samples,
                  "group_size": p.group_size, "eta_s": p.eta_s},
         "rule": rule_summary(loop_settings(o)),
-        "gate": o.gate or "the training reward",
+        "gate": _gate(o, ex),
+        "example_lines": ex.table(before, after),
         "audit": audit,
     }  # fmt: skip
     (o.dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
@@ -293,6 +307,11 @@ def run(o: Options, echo=say) -> dict:
     return result
 
 
+def _gate(o: Options, ex: Example) -> str:
+    gate = o.gate or ex.referee
+    return "the training reward" if gate == "reward" else gate
+
+
 def _audit(engine_url, history, paths, measured, o: Options, p: Plan, clock) -> list[dict]:
     """Each promotion: the held-out success of the checkpoint it promoted against the one it
     replaced (each measured once, loaded into the engine for it), and whether it is worse:
@@ -310,7 +329,7 @@ def _audit(engine_url, history, paths, measured, o: Options, p: Plan, clock) -> 
                     json={"lora_name": name, "lora_path": paths[name]},
                     timeout=300,
                 )  # an adapter already loaded answers 400: as good
-                measured[name] = evaluate(engine_url, name, o.questions, p.samples)
+                measured[name] = example_of(o).evaluate(engine_url, name, o.questions, p.samples)
                 clock.line(f"{name}: {_pct(measured[name])} answers right")
         old, new = measured[promotion["replaced"]], measured[promotion["promoted"]]
         change = new["success"] - old["success"]
@@ -357,9 +376,9 @@ class NoDecision(DemoError):
     """The ceiling came before any canary decision: the demo showed nothing it promised."""
 
 
-def _speed(engine_url: str, model: str) -> float:
+def _speed(engine_url: str, model: str, ex: Example) -> float:
     """Tokens per second the engine samples, 8 answers at a time, after a warm-up."""
-    body = {"model": model, "messages": task.messages(task.heldout_questions(1)[0])}
+    body = {"model": model, "messages": ex.first_messages(ex.heldout(1)[0])}
     httpx.post(f"{engine_url}/chat/completions", json={**body, "max_tokens": 4}, timeout=300)
     t0 = time.monotonic()
     reply = httpx.post(
@@ -436,15 +455,15 @@ def _base_model(engine_url: str) -> str:
 
 
 class _Traffic:
-    """The arithmetic agent: `agents` conversations at a time through the proxy, with the
+    """The example's agent: `agents` conversations at a time through the proxy, with the
     official client, until stopped; paused while the loop trains (`pace`). Errors are
     counted, not fatal (a canary may fail)."""
 
-    def __init__(self, url: str, task, agents: int):
+    def __init__(self, url: str, example: Example, agents: int):
         from openai import OpenAI
 
         self.client = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
-        self.task, self.agents = task, agents
+        self.example, self.agents = example, agents
         self.done = self.errors = 0
         self._stop = threading.Event()
         self._go = threading.Event()
@@ -473,17 +492,12 @@ class _Traffic:
 
         while not self._stop.is_set():
             seed += self.agents
-            for q in self.task.training_questions(8, seed):
+            for q in self.example.questions(seed):
                 self._go.wait()
                 if self._stop.is_set():
                     return
                 try:
-                    self.client.chat.completions.create(
-                        model="agent",
-                        messages=self.task.messages(q),
-                        max_tokens=48,
-                        temperature=1.0,
-                    )
+                    self.example.converse(self.client, q)
                     self.done += 1
                 except openai.APIError:
                     self.errors += 1
@@ -592,8 +606,7 @@ def _table(r: dict) -> str:
             f"  before  {b['model']:<{width}}  {_pct(b)}",
             f"  after   {a['model']:<{width}}  {_pct(a)}",
             f"  change  {(a['success'] - b['success']) * 100:+.1f} points",
-            f"exact (the sum and no other number): {b['exact']['success']:.1%} -> "
-            f"{a['exact']['success']:.1%}",
+            *r.get("example_lines", ()),
             *_audit_lines(r.get("audit")),
             f"{r['train_runs']} training runs, {r['canaries']} canaries, "
             f"{r['promotions']} promoted, {r['rollbacks']} rolled back, {r['stopped']} stopped "

@@ -37,7 +37,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         judge=args.judge,
         reward=args.reward,
-        gate=None if args.gate == "reward" else args.gate,
+        gate=args.gate,
+        example=args.example,
         model=args.model,
         port=args.port,
         questions=args.questions,
@@ -114,17 +115,24 @@ def add_commands(sub) -> None:
         "openai/gpt-4.1-mini; its API key from the environment) instead of the reward function",
     )
     demo.add_argument(
+        "--example",
+        choices=["arithmetic", "calculator"],
+        default="arithmetic",
+        help="the example agent: arithmetic (one-digit sums, one turn; the default) or "
+        "calculator (two-digit products with a multiply tool, 2-3 turns, tool calls)",
+    )
+    demo.add_argument(
         "--reward",
-        default="examples.arithmetic.task:reward",
         metavar="MODULE:FN",
-        help="the reward function (default: the right sum in the answer)",
+        help="the reward function (default: the example's; arithmetic: the right sum in "
+        "the answer; calculator: each step on the step it takes)",
     )
     demo.add_argument(
         "--gate",
-        default="examples.arithmetic.task:referee",
         metavar="MODULE:FN",
-        help="the referee a canary must win on (loop.gate; default: exact success, the sum "
-        "and no other number); 'reward': the training reward",
+        help="the referee a canary must win on (loop.gate; default: the example's; "
+        "arithmetic: exact success, the sum and no other number; calculator: the right "
+        "step); 'reward': the training reward",
     )
     demo.add_argument(
         "--model", type=Path, help="base model directory (default: the bundled SmolLM2-135M)"

@@ -132,13 +132,22 @@ def _arguments(function: dict) -> Any:
     return args
 
 
-def parse_tool_calls(text: str, limit: int | None = None) -> tuple[str | None, list[dict]]:
+def parse_tool_calls(
+    text: str, limit: int | None = None, *, cut: bool = False
+) -> tuple[str | None, list[dict]]:
     """Split model output into (content, tool_calls) as vLLM's Hermes parser does
     (vllm/tool_parsers/hermes_tool_parser.py, 0.13; tests/fixtures/vllm/ records it):
     content is the text before the first `<tool_call>`, as written; each call needs
     `name` and `arguments`, re-written with `json.dumps`; one unparseable call leaves the
     whole output as content. With `limit` (1 under `parallel_tool_calls: false`), calls
     past it are dropped.
+
+    `cut`: the output was a forced call (a grammar wrote it) cut by `max_tokens`, so
+    everything before the cut is a prefix of well-formed calls: the complete calls are
+    returned and the unfinished last one dropped, since a forced answer is a tool call
+    (OpenAI's contract for `tool_choice` "required"). vLLM returns such an answer as
+    text (`vllm/entrypoints/openai/chat_completion/serving.py` validates the whole
+    output as a list of calls); the finish reason stays "length" here as there.
 
     Two deliberate differences (tests/test_vllm_contract.py): each call's JSON is read
     with a JSON decoder from its `<tool_call>` on, so an argument string that contains
@@ -152,6 +161,8 @@ def parse_tool_calls(text: str, limit: int | None = None) -> tuple[str | None, l
         try:
             data, end = _DECODER.raw_decode(text, start)
         except json.JSONDecodeError:
+            if cut and calls:
+                break
             return text, []
         rest = text[end:].lstrip()
         if rest and not rest.startswith(_CLOSE):
@@ -177,6 +188,21 @@ def parse_tool_calls(text: str, limit: int | None = None) -> tuple[str | None, l
     if not calls:
         return text, []
     return text[: text.index(_OPEN)] or None, calls[:limit]
+
+
+def first_call_closed(text: str) -> bool:
+    """Whether `text` holds a complete `<tool_call>...</tool_call>`: where an answer that
+    may make one call only (`parallel_tool_calls: false`) has nothing more to say."""
+    at = text.find(_OPEN)
+    if at < 0 or text.find(_CLOSE, at) < 0:  # cheap: checked at every token
+        return False
+    start = at + len(_OPEN)
+    start += len(text[start:]) - len(text[start:].lstrip())
+    try:
+        _, end = _DECODER.raw_decode(text, start)
+    except json.JSONDecodeError:
+        return False
+    return text[end:].lstrip().startswith(_CLOSE)
 
 
 _DECODER = json.JSONDecoder()

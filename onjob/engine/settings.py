@@ -25,6 +25,12 @@ class EngineSettings(BaseSettings):
         "share with the weights, and onjob checks the same before starting it)",
     )
     default_max_tokens: int = Field(512, ge=1)
+    prefix_cache: bool = Field(
+        True,
+        description="local: keep the last prompt's prefill (KV cache and last logits), so "
+        "a request with the same prompt and adapter (a group sent as several requests) "
+        "skips it; costs one prompt's KV cache of memory",
+    )
     dtype: Literal["float32", "bfloat16"] = "float32"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(None, ge=1, description="torch threads (default: torch's choice)")
