@@ -1,6 +1,6 @@
 """How often the release rule is wrong over a month of candidates, how many good ones it
 promotes, and how long it takes: the loop simulated with the project's own rule objects
-(`canary.rule_of`: the e-process `stats.Rule`; `stats.spend`: candidate k's share of
+(`pairs.rule_of`: the e-process `stats.Rule`; `stats.spend`: candidate k's share of
 alpha; `ledger.backoff_s` and `loop.max_candidates_per_day`: the back-off and the
 training budget), under production's settings and the demo's.
 
@@ -18,14 +18,15 @@ loss (the rule counts them so; their true mean is what a candidate is judged by)
 
 A month: the loop trains a candidate (`TRAIN_S`), tests it on `holdout_pairs` held-out
 pairs, then on canary rounds of `pairs_per_round` pairs, one round per `interval_s` (the
-loop's cadence today), until the rule decides; then the next one as the budget and the
+loop's cadence before the offline test, which now samples at the engine's speed: the
+`--pairs-per-s` column), until the rule decides; then the next one as the budget and the
 back-off allow. Candidates are drawn from `MIX`: no better (E[d] = 0), worse (-0.1) and
 better (+0.1); a promoted one becomes live, so the next are drawn against it the same way.
 The guards (errors, latency, shape, KL, agreement) are not simulated: they only stop more.
 
 Reported per settings: P(any bad promotion in the month) (bad: E[d] <= 0), good promotions
 per week, candidates per month, and per kind of candidate the pairs to a decision and the
-wall time: at the loop's cadence today, and at the engine's speed (`--pairs-per-s`: what
+wall time: at the loop's old cadence, and at the engine's speed (`--pairs-per-s`: what
 sampling pairs as fast as the engine answers would give). Then one +0.1 candidate at the
 first look (k = 1): promoted share and median pairs; and the hedging candidate of issue
 33 (the right answer among others: live right 30% of the time) judged by a referee that
@@ -54,7 +55,7 @@ import results_file
 
 from examples.arithmetic.demo import Options, loop_settings
 from onjob.deploy import ledger, stats
-from onjob.deploy.canary import rule_of
+from onjob.deploy.pairs import rule_of
 from onjob.deploy.settings import LoopSettings
 
 TIES = 0.2  # pairs the referee scores alike

@@ -7,7 +7,7 @@ repeated.
     .venv/bin/python bench/learning.py [--repeats 3] [--rounds 2] [--minutes 60]
 
 Each repeat is `onjob demo` (same configuration, same stages, the gate on: exact
-success as the referee while the reward pays for the sum anywhere in the answer) plus an
+success as the referee, the reward graded: 1 for the sum alone, 0.5 among others) plus an
 audit: every promotion's checkpoint and the one it replaced, measured on the held-out
 questions. bench/results/learning-<timestamp>.json holds every run (before/after success
 with 95% intervals, wall time per stage, training runs, canaries, promotions, rollbacks,

@@ -77,6 +77,9 @@ class _Fetched:
         self._cost[self._name] += time.thread_time() - t0
         return row
 
+    def __getattr__(self, name: str):  # `description`, for `Store.rows`
+        return getattr(self._result, name)
+
 
 async def measure(exchanges: int, segment_bytes: int, seed: int, prefill: int = 0) -> dict:
     directory = Path(tempfile.mkdtemp(prefix="onjob-loader-statements-"))

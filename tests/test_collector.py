@@ -158,6 +158,27 @@ def test_loading_the_same_segment_twice_changes_nothing(tmp_path):
     assert store.query("SELECT count FROM scenarios") == [{"count": 1}]
 
 
+def test_rows_come_back_as_typed_records_by_column_name(tmp_path):
+    """`Store.rows` fills a record's fields by the columns' names, whatever their order,
+    and a column the record does not have is an error, not a value in the wrong field."""
+    import msgspec
+
+    class Turn(msgspec.Struct, frozen=True):
+        trajectory_id: str
+        n_turns: int
+
+    store = Store(tmp_path / "db.duckdb")
+    p = Stitcher().place([{"role": "user", "content": "hi"}])
+    segment = tmp_path / "000000000001-abc.jsonl"
+    segment.write_bytes(encode(record(p, 0)) + b"\n")
+    store.load_segment(segment)
+    sql = "SELECT n_turns, id AS trajectory_id FROM trajectories"
+    assert store.rows(Turn, sql) == [Turn(trajectory_id=p.trajectory_id, n_turns=1)]
+    with pytest.raises(TypeError):
+        store.rows(Turn, "SELECT n_turns, id AS trajectory_id, first_ts FROM trajectories")
+    store.close()
+
+
 def test_trajectories_and_scenarios_come_out_the_same_looked_up_or_merged(tmp_path):
     """A load upserts trajectory and scenario rows by index lookups when it touches few rows
     of a large table, by DuckDB's merge otherwise: both give the same rows."""

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from onjob.collector import Collector, CollectorSettings, Store
-from onjob.deploy import canary, deployments, registry, stats
+from onjob.deploy import deployments, pairs, registry, stats
 from onjob.deploy.operator import Operator
 from onjob.judge import JudgeSettings
 from onjob.proxy import Router
@@ -189,10 +189,10 @@ def test_a_canary_that_cannot_answer_loses_the_pair(tmp_path):
         try:
             models = {"a": ("base", None), "b": ("ckpt-b", "ckpt-b")}
             s = JudgeSettings(group_size=1, attempts=1)
-            await canary.paired_round(
+            await pairs.paired_round(
                 collector, engine, s, {}, prompts, models, test="t1", echo=lambda _: None
             )
-            return await collector.query(lambda st: canary.ab_outcomes(st, "g.test = ?", ["t1"]))
+            return await collector.query(lambda st: pairs.ab_outcomes(st, "g.test = ?", ["t1"]))
         finally:
             await collector.close()
 

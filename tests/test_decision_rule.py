@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from onjob.deploy import stats
-from onjob.deploy.canary import rule_of
+from onjob.deploy.pairs import rule_of
 from onjob.deploy.settings import LoopSettings
 
 DEMO = LoopSettings(min_pairs=6, max_pairs=48, delta=0.2, alpha=0.1, beta=0.1)

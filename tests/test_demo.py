@@ -13,7 +13,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from examples.arithmetic.demo import REWARD
+from examples.arithmetic.example import EXAMPLE as ARITHMETIC
 
 from .conftest import rows
 
@@ -125,15 +125,44 @@ def test_judge_flag_switches_the_demo_from_the_reward_function_to_ruler(tmp_path
     from onjob.trainer import TrainSettings
 
     default = tomllib.loads(config(Options(dir=tmp_path), tmp_path / "model"))
-    assert JudgeSettings.model_validate(default["judge"]).rewards["correct"].fn == REWARD
+    assert JudgeSettings.model_validate(default["judge"]).rewards["correct"].fn == ARITHMETIC.reward
     assert JudgeSettings.model_validate(default["judge"]).model is None
     for section, model in (("judge", JudgeSettings), ("trainer", TrainSettings),
                            ("loop", LoopSettings)):  # fmt: skip
         assert set(default[section]) <= set(model.model_fields), section  # no typo ignored
         model.model_validate(default[section])
+    # The trainer gets every core it may run on (the agent pauses while it trains).
+    assert default["trainer"]["threads"] == len(os.sched_getaffinity(0))
     ruler = tomllib.loads(config(Options(dir=tmp_path, judge="openai/gpt-4.1-mini"), tmp_path))
     judge = JudgeSettings.model_validate(ruler["judge"])
     assert judge.model == "openai/gpt-4.1-mini" and not judge.rewards
+
+
+def test_the_calculator_example_configures_tool_turns_trajectory_groups_and_its_referee(tmp_path):
+    """`onjob demo --example calculator`: its reward and referee (each step scored on the
+    step it takes), every tool-call turn re-sampled, and trajectory groups of the
+    conversations that ask one question."""
+    from examples.arithmetic.demo import DemoError, Options, config
+    from examples.calculator.example import EXAMPLE
+    from onjob.deploy.settings import LoopSettings
+    from onjob.judge import JudgeSettings
+
+    written = tomllib.loads(config(Options(dir=tmp_path, example="calculator"), tmp_path))
+    judge = JudgeSettings.model_validate(written["judge"])
+    assert set(written["judge"]) <= set(JudgeSettings.model_fields)
+    assert judge.rewards["correct"].fn == EXAMPLE.reward == "examples.calculator.task:reward"
+    assert judge.scenario_groups and judge.tool_turns_per_scenario >= 1
+    loop = LoopSettings.model_validate(written["loop"])
+    assert loop.gate.rewards["exact"].fn == "examples.calculator.task:referee"
+    # Each question is asked several times in a row: conversations that share a scenario.
+    questions = EXAMPLE.questions(1)
+    assert len(set(questions)) < len(questions)
+    try:
+        config(Options(dir=tmp_path, example="chess"), tmp_path)
+    except DemoError as exc:
+        assert "arithmetic, calculator" in str(exc)
+    else:
+        raise AssertionError("an unknown example was accepted")
 
 
 def test_the_audit_measures_each_promotion_against_the_checkpoint_it_replaced(

@@ -133,24 +133,6 @@ def test_named_tool_choice_calls_that_function_with_valid_arguments(tool_engine)
     assert call.function.name == "get_time"
     jsonschema.validate(json.loads(call.function.arguments), SCHEMAS["get_time"])
 
-    # allowed_tools narrows the choice to a subset, here under "required".
-    allowed = {
-        "type": "allowed_tools",
-        "allowed_tools": {
-            "mode": "required",
-            "tools": [{"type": "function", "function": {"name": "get_time"}}],
-        },
-    }
-    r = client.chat.completions.create(
-        model="toolbot",
-        messages=TOOL_QUESTION,
-        tools=[*TOOLS, CLOCK],
-        tool_choice=allowed,
-        max_tokens=60,
-        seed=4,
-    )
-    assert {c.function.name for c in r.choices[0].message.tool_calls} == {"get_time"}
-
 
 def test_required_tool_choice_makes_calls_and_parallel_false_makes_one(tool_engine):
     client = _client(tool_engine)

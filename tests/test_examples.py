@@ -30,10 +30,15 @@ def test_the_arithmetic_split_and_reward_are_sound():
         q = {"role": "user", "content": "What is 4 + 8?"}
         return Rollout("m", [q, {"role": "assistant", "content": answer}])
 
-    assert task.reward(rollout("4 + 8 = 12."))
-    assert task.reward(rollout("The answer is 12"))
-    assert not task.reward(rollout("4 + 8 = 120"))
-    assert not task.reward(rollout("It is 11."))
+    # Graded: the sum alone 1, the sum among other numbers (a hedge) 0.5, else 0; the
+    # referee passes the top grade only.
+    assert task.reward(rollout("4 + 8 = 12.")) == 1.0
+    assert task.reward(rollout("The answer is 12")) == 1.0
+    assert task.reward(rollout("It is 12, or maybe 13.")) == 0.5
+    assert task.reward(rollout("4 + 8 = 120")) == 0.0
+    assert task.reward(rollout("It is 11.")) == 0.0
+    for answer in ("4 + 8 = 12.", "It is 12, or maybe 13.", "It is 11."):
+        assert task.referee(rollout(answer)) == (task.reward(rollout(answer)) == 1.0)
 
 
 def test_the_arithmetic_agent_runs_unchanged_through_onjob(tmp_path, engine):
@@ -60,14 +65,26 @@ def test_the_calculator_split_reward_and_tool_are_sound():
     call = {"id": "c1", "type": "function", "function": {"name": "multiply"}}
     call["function"]["arguments"] = '{"a": 13, "b": 12}'
     wrong = {**call, "function": {"name": "multiply", "arguments": '{"a": 12, "b": 31}'}}
+    wrong_message = {"content": None, "tool_calls": [wrong]}
 
     def reward(message: dict) -> float:
         return task_calc.reward(Rollout("m", [asked, {"role": "assistant", **message}]))
 
+    # Each step on the step it takes: a right call is as good as a right answer.
     assert reward({"content": "12 × 13 = 156."}) == 1.0
-    assert reward({"content": None, "tool_calls": [call]}) == 0.5
+    assert reward({"content": None, "tool_calls": [call]}) == 1.0
     assert reward({"content": None, "tool_calls": [wrong]}) == 0.0
+    assert reward({"content": None, "tool_calls": [call, wrong]}) == 0.5
     assert reward({"content": "It is 1560"}) == 0.0
+    called = [asked, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    known = [*called, {"role": "tool", "tool_call_id": "c1", "content": "156"}]
+    again = {"role": "assistant", "content": None, "tool_calls": [call]}
+    assert task_calc.reward(Rollout("m", [*known, again])) == 0.0  # no progress
+    assert task_calc.reward(Rollout("m", [*known, {"role": "assistant", "content": "156"}])) == 1
+    # A whole conversation that ends on a call was never answered.
+    assert task_calc.reward(Rollout("m", called, kind="trajectory")) == 0.0
+    assert task_calc.referee(Rollout("m", called)) is True
+    assert task_calc.referee(Rollout("m", [asked, {"role": "assistant", **wrong_message}])) is False
     assert task_calc.multiply('{"a": 12, "b": 13}') == "156"
     assert task_calc.multiply('{"a": "x"}').startswith("error:")
 
@@ -108,8 +125,8 @@ def test_the_calculator_agent_runs_its_tool_and_onjob_stitches_the_turns(
     args = ["--engine-url", engine.url, "--db", str(db)]
     with ServerProcess(args, env={"ONJOB_LOOP__INTERVAL_S": "0"}) as server:
         client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
-        answer, turns, calls = solve(client, "agent", q, temperature=0)
-    assert (turns, calls) == (2, 1)
+        answer, turns, calls, right_first = solve(client, "agent", q, temperature=0)
+    assert (turns, calls, right_first) == (2, 1, True)
     assert task_calc.correct(q, answer), answer
     logged = rows(
         db, "SELECT trajectory_id, turn, request, response FROM exchanges_full ORDER BY turn"

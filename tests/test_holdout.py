@@ -16,7 +16,7 @@ from openai import OpenAI
 
 from onjob.cli.process import ServerProcess
 from onjob.collector import Store
-from onjob.deploy import deployments, holdout, registry
+from onjob.deploy import deployments, holdout, registry, release
 from onjob.deploy.settings import GateSettings
 from onjob.judge.settings import RewardFn
 from onjob.trainer import TrainSettings, snapshot
@@ -98,13 +98,14 @@ def candidate_against_live(tmp_path, tiny_adapter_dir, tiny_model_dir, candidate
             "'live', false, ?, 200, 'production')",
             [f"h-{i}", f"ht-{i}", json.dumps({"model": "agent", "messages": QUESTION})],
         )
+    # The slice as the loop decided it when it first saw the scenario.
+    store.con.execute("INSERT INTO holdout_slice VALUES ('scn-held', true, 0.01, now())")
     store.close()
 
     async def run():
         async with scripted(s, candidate_says) as (collector, client, op):
-            return await holdout.compare(
-                collector, client, op, s, live=None, candidate="ckpt-hack", held=["scn-held"]
-            )
+            pipeline = release.Release(collector, client, op, s, lambda _: None)
+            return await release.offline_test(pipeline, live=None, candidate="ckpt-hack")
 
     return asyncio.run(run()), s
 
@@ -116,7 +117,7 @@ def test_a_candidate_that_loses_on_the_held_out_slice_is_stopped_before_serving_
     checked, s = candidate_against_live(tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, gate)
     # Every pair lost (live right a quarter of the time, the hedger never, under the
     # referee): the test's first look already rules out "better by margin + delta".
-    assert not checked.passed and "on the held-out slice: lost (not better by" in checked.reason
+    assert checked.decision == "rollback" and "lost (not better by" in checked.reason
     assert checked.evidence["paired"]["pairs"] == 8
     assert checked.evidence["e_process"]["futility_e_value"] >= 1 / s.loop.beta
     # What the loop does with it: retired, the routing unchanged, the reason on record.
@@ -125,10 +126,10 @@ def test_a_candidate_that_loses_on_the_held_out_slice_is_stopped_before_serving_
         row = deployments.reject(
             store, "agent", "ckpt-hack", default_live=None,
             reason=f"stopped before canary: {checked.reason}", actor="loop",
-            evidence={"holdout": checked.evidence},
+            evidence=checked.evidence,
         )  # fmt: skip
         assert (row["live"], row["canary"]) == (None, None)
-        assert row["reason"].startswith("stopped before canary: ckpt-hack on the held-out")
+        assert row["reason"].startswith("stopped before canary: lost (not better by")
         assert registry.get(store, "ckpt-hack")["status"] == "retired"
     finally:
         store.close()
@@ -141,7 +142,7 @@ def test_a_candidate_that_does_not_lose_on_the_held_out_slice_may_become_the_can
     checked, _ = candidate_against_live(
         tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, GateSettings()
     )
-    assert checked.passed, checked.reason
+    assert checked.decision != "rollback", checked.reason
     assert checked.evidence["paired"]["wins"] == 8
 
 

@@ -227,8 +227,15 @@ def test_a_judge_that_disagrees_with_users_stops_what_it_trained_and_rolls_back_
     back, with the reason recorded; one that agrees, or has too little evidence, does not."""
     from datetime import UTC, datetime
 
-    from onjob.deploy import canary, holdout, trust
-    from onjob.deploy.settings import LoopSettings
+    from onjob.deploy import trust
+    from onjob.deploy.release import decide
+    from onjob.deploy.settings import DeploySettings, LoopSettings
+    from onjob.judge import JudgeSettings
+    from onjob.judge.settings import RewardFn
+
+    def judged_by(name: str) -> DeploySettings:
+        fn = RewardFn(fn="tests.hacking_rewards:exact")
+        return DeploySettings(judge=JudgeSettings(rewards={name: fn}))
 
     s = LoopSettings()
     store = Store(db)
@@ -246,15 +253,21 @@ def test_a_judge_that_disagrees_with_users_stops_what_it_trained_and_rolls_back_
         off = LoopSettings(min_judge_agreement=None)
         assert trust.agreement_guard(store, ["fn:contrary"], off)["tripped"] is None
 
-        stopped = holdout.check(store, "ckpt-x", s, ["fn:contrary"])
-        assert not stopped.passed and "fn:contrary" in stopped.reason
-        assert stopped.evidence["judges"]["tripped"]
-        assert holdout.check(store, "ckpt-x", s, ["fn:agrees"]).passed  # no pairs: unchecked
+        stopped = decide(store, judged_by("contrary"), "ckpt-x", None)
+        assert stopped.decision == "rollback" and "fn:contrary" in stopped.reason
+        assert stopped.evidence["shape"]["judges"]["tripped"]
+        unchecked = decide(store, judged_by("agrees"), "ckpt-x", None)  # no pairs yet
+        assert unchecked.decision == "wait", unchecked.reason
 
-        routing = {"live": None, "canary": "ckpt-x", "ts": datetime.now(UTC)}
-        verdict = canary.verdict(store, "agent", routing, s, ["fn:contrary"])
+        routing = {
+            "model_alias": "agent",
+            "live": None,
+            "canary": "ckpt-x",
+            "ts": datetime.now(UTC),
+        }
+        verdict = decide(store, judged_by("contrary"), "ckpt-x", None, routing)
         assert verdict.decision == "rollback" and "fn:contrary" in verdict.reason
-        assert canary.verdict(store, "agent", routing, s, ["fn:agrees"]).decision == "wait"
+        assert decide(store, judged_by("agrees"), "ckpt-x", None, routing).decision == "wait"
     finally:
         store.close()
 

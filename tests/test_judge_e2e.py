@@ -97,6 +97,7 @@ CONFIG = """
 [judge]
 group_size = 3
 settle_s = 0
+tool_turns_per_scenario = 0
 
 [judge.rewards]
 tool = { fn = "my_rewards:calls_weather", weight = 2.0 }
@@ -107,7 +108,8 @@ length = { fn = "my_rewards:length" }
 def test_judge_pass_makes_turn_groups_that_share_the_prefix_and_carry_tokens(tmp_path, logged):
     db = workdir(tmp_path, logged, CONFIG)
     out = judge_once(tmp_path, logged["engine"])
-    # Five logged turns in two scenarios; at most two per scenario per pass.
+    # Five logged turns in two scenarios; at most two per scenario per pass (and no
+    # tool-call turns besides them: `tool_turns_per_scenario = 0`).
     assert "3 turn groups" in out and "1 trajectory groups" in out, out
 
     members = rows(
@@ -147,6 +149,41 @@ def test_judge_pass_makes_turn_groups_that_share_the_prefix_and_carry_tokens(tmp
     assert "2 turn groups" in judge_once(tmp_path, logged["engine"])
     assert "0 turn groups" in judge_once(tmp_path, logged["engine"])
     assert rows(db, "SELECT count(*) AS n FROM groups WHERE kind = 'turn'")[0]["n"] == 5
+
+
+def test_tool_call_turns_are_re_sampled_beside_the_scenarios_other_turns(tmp_path, logged):
+    """A tool agent's conversations: each one's tool-call turn gets its group in the same
+    pass, over the one turn per scenario `per_scenario` allows, and the scenario's
+    finished conversations make a trajectory group."""
+    config = CONFIG.replace("tool_turns_per_scenario = 0", "per_scenario = 1")  # default 4
+    db = workdir(tmp_path, logged, config)
+    out = judge_once(tmp_path, logged["engine"])
+    # Both tool-call turns, one answer turn of their scenario, and the plain question.
+    assert "4 turn groups" in out and "1 trajectory groups" in out, out
+    turns = rows(
+        db,
+        """
+        SELECT g.id, e.trajectory_id, e.response FROM groups g
+        JOIN exchanges e ON e.id = g.prefix_exchange
+        WHERE g.kind = 'turn' AND e.trajectory_id IN (
+            SELECT trajectory_id FROM exchanges GROUP BY trajectory_id HAVING count(*) = 2)
+        """,
+    )
+    assert len(turns) == 3
+    called = [
+        t for t in turns if json.loads(t["response"])["choices"][0]["message"].get("tool_calls")
+    ]
+    assert len({t["trajectory_id"] for t in called}) == 2
+    # Their alternatives were sampled under the same tools, and the taught model calls
+    # its tool in them too: groups a tool agent learns from.
+    store = Store(db)
+    try:
+        for t in called:
+            members = [from_row(r) for r in tables.members_of(store, t["id"])]
+            assert len(members) == 4 and all(m.tools == TOOLS for m in members)
+            assert any(m.tool_calls for m in members[1:])
+    finally:
+        store.close()
 
 
 def test_reward_functions_are_combined_by_weight_and_feedback_only_some_members_have_is_kept_out(

@@ -4,6 +4,7 @@ trainer can refuse groups sampled under another (tests/test_trainer.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -13,6 +14,8 @@ from openai import OpenAI
 
 from onjob.cli.process import ServerProcess
 from onjob.collector import Collector, CollectorSettings
+from onjob.judge import sampling
+from onjob.logprobs import Untrainable, untrainable
 from onjob.proxy import ProxySettings, create_app
 
 from .conftest import admin_of, rows
@@ -154,3 +157,38 @@ def test_include_reasoning_false_is_refused_and_true_is_not_forwarded(tmp_path):
         taken = client.post("/v1/chat/completions", json={**ASK, "include_reasoning": True})
         assert taken.status_code == 200
     assert len(sent) == 1 and "include_reasoning" not in sent[0]
+
+
+def test_a_sample_without_a_given_definition_records_the_engines_own_or_none(engine):
+    """The canary's paired samples (`deploy.canary.paired_round`) are drawn without a
+    definition: they record what the engine states (the local engine), and none for an
+    engine that does not say (vLLM), never a definition they were not sampled under."""
+    body = {
+        "model": "tiny",
+        "messages": ASK["messages"],
+        "max_tokens": 3,
+        "n": 2,
+        "logprobs": True,
+        "return_token_ids": True,
+    }
+
+    async def draw(client: httpx.AsyncClient):
+        async with client:
+            return await sampling.sample(client, body)
+
+    local = asyncio.run(draw(httpx.AsyncClient(base_url=engine.url, timeout=120)))
+    assert local.logprobs_mode == "raw_logprobs"
+    assert (
+        untrainable(
+            local.logprobs_mode, local.completion_token_ids, local.completion_logprobs, local.usage
+        )
+        is None
+    )
+    silent = asyncio.run(draw(vllm_like().client))
+    assert silent.logprobs_mode is None
+    assert (
+        untrainable(
+            silent.logprobs_mode, silent.completion_token_ids, silent.completion_logprobs, None
+        )
+        == Untrainable.DEFINITION
+    )

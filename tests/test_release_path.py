@@ -14,7 +14,7 @@ import json
 import httpx
 
 from onjob.collector import Collector, CollectorSettings, Store
-from onjob.deploy import canary, deployments, holdout, registry, stats
+from onjob.deploy import deployments, holdout, pairs, prompts, registry, stats
 from onjob.deploy.loop import run_once
 from onjob.judge import JudgeSettings, run_pass, tables
 from onjob.judge.settings import RewardFn
@@ -59,7 +59,7 @@ async def paired(db, judge: JudgeSettings, prompts: list[dict], test: str) -> No
 
         models = {"a": ("base", None), "b": ("ckpt-hack", "ckpt-hack")}
         fns = rewards.load(judge.rewards)
-        await canary.paired_round(
+        await pairs.paired_round(
             collector, client, judge, fns, prompts, models, test=test, echo=lambda _: None
         )
     finally:
@@ -69,7 +69,7 @@ async def paired(db, judge: JudgeSettings, prompts: list[dict], test: str) -> No
 def outcomes(db, test: str):
     store = Store(db)
     try:
-        by_scenario, missing = canary.ab_outcomes(store, "g.test = ?", [test])
+        by_scenario, missing = pairs.ab_outcomes(store, "g.test = ?", [test])
     finally:
         store.close()
     return stats.tally([o for outs in by_scenario.values() for o in outs]), missing
@@ -88,7 +88,7 @@ def test_a_pair_the_judge_cannot_score_is_the_candidates_loss(tmp_path):
     asyncio.run(paired(db, judge, prompts, "t1"))
     tally, missing = outcomes(db, "t1")
     assert (tally.pairs, tally.losses, tally.wins) == (6, 6, 0)
-    assert canary.unjudged(missing) == 6
+    assert pairs.unjudged(missing) == 6
     assert {(m["why"], m["counted"]) for m in missing} == {("unjudged", "loss")}
     assert "cannot grade" in missing[0]["reason"]
 
@@ -125,9 +125,7 @@ def test_ab_pairs_are_never_scored_by_the_coach_and_the_referee_retries_them(tmp
             )
             from onjob.judge import rewards
 
-            tried = await canary.rejudge(
-                collector, referee, rewards.load(referee.rewards), "t2", echo=lambda _: None
-            )
+            tried = await pairs.rejudge(collector, referee, rewards.load(referee.rewards), ["t2"])
             return left[0]["n"], tried
         finally:
             await collector.close()
@@ -182,7 +180,7 @@ def test_held_out_prompts_leave_out_conversations_the_lineage_trained_on(
     tmp_path, tiny_adapter_dir, tiny_model_dir
 ):
     db = tmp_path / "onjob.duckdb"
-    prompts = logged(db, 4, scenario="scn-held", prefix="h")
+    logged_turns = logged(db, 4, scenario="scn-held", prefix="h")
     store = Store(db)
     try:
         # The candidate's parent trained on a group with a member in conversation ht-0.
@@ -198,10 +196,10 @@ def test_held_out_prompts_leave_out_conversations_the_lineage_trained_on(
         record_run(store, "run-parent", manifest, tiny_adapter_dir, None)
         registry.add(store, tiny_adapter_dir, "cand", tiny_model_dir)
         store.con.execute("UPDATE checkpoints SET parent = 'parent' WHERE name = 'cand'")
-        chosen = holdout.prompts(store, "agent", ["scn-held"], 10, lineage=[None, "cand"])
+        chosen = prompts.held_out(store, "agent", ["scn-held"], 10, lineage=[None, "cand"])
         assert {p["trajectory_id"] for p in chosen} == {"ht-1", "ht-2", "ht-3"}
-        every = holdout.prompts(store, "agent", ["scn-held"], 10)
-        assert len(every) == len(prompts)
+        every = prompts.held_out(store, "agent", ["scn-held"], 10)
+        assert len(every) == len(logged_turns)
     finally:
         store.close()
 
@@ -243,7 +241,7 @@ def test_an_orphaned_candidate_is_decided_at_the_next_loop_start(
     routing, said = iterate(s)
     assert routing["canary"] == "ckpt-new", said  # the newest goes on to its canary
     assert "orphaned candidate ckpt-new: recorded but never decided" in said
-    assert "held-out check of ckpt-new" in said
+    assert "offline test of ckpt-new" in said
     statuses = {r["name"]: r["status"] for r in rows(s.collector.db, "SELECT * FROM checkpoints")}
     # A person's candidates (`onjob train`, `onjob checkpoints add`) are theirs to decide.
     assert statuses == {

@@ -78,7 +78,13 @@ def settings(db, reward: str, **loop) -> DeploySettings:
             rewards={reward: RewardFn(fn=f"tests.hacking_rewards:{reward}")},
         ),
         loop=LoopSettings(
-            pairs_per_round=12, min_pairs=6, sprt_delta=0.3, min_guard_conversations=1, **loop
+            **{
+                "pairs_per_round": 12,
+                "min_pairs": 6,
+                "sprt_delta": 0.3,
+                "min_guard_conversations": 1,
+                **loop,
+            }
         ),
     )
 

@@ -14,8 +14,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from onjob.collector import Store
-from onjob.deploy import canary, holdout, ledger, stats
-from onjob.deploy.settings import LoopSettings
+from onjob.deploy import ledger, pairs, stats
+from onjob.deploy.release import decide
+from onjob.deploy.settings import DeploySettings, LoopSettings
 
 PRODUCTION = LoopSettings()
 
@@ -67,11 +68,11 @@ def test_a_candidate_at_the_boundary_is_promoted_at_most_alpha_of_the_time(margi
 def test_exactly_a_coin_flip_candidate_is_promoted_at_most_its_share_at_every_look():
     # Exact (dynamic programming over every look), production's rule, the first candidate's
     # share; ties change nothing (d = 0 bets nothing at margin 0).
-    rule = canary.rule_of(PRODUCTION)
+    rule = pairs.rule_of(PRODUCTION)
     first = stats.spend(PRODUCTION.alpha, 1)
     for p_win in (0.3, 0.4, 0.5):
         assert stats.promotion_chance(rule, first, p_win) <= first
-    demo = canary.rule_of(LoopSettings(min_pairs=6, max_pairs=48, delta=0.2, alpha=0.1))
+    demo = pairs.rule_of(LoopSettings(min_pairs=6, max_pairs=48, delta=0.2, alpha=0.1))
     assert stats.promotion_chance(demo, stats.spend(0.1, 1), 0.3, 0.4) <= stats.spend(0.1, 1)
 
 
@@ -79,7 +80,7 @@ def test_a_candidate_better_by_a_tenth_is_promoted_within_100_pairs():
     # Graded scores (sd 0.25, 20% ties), mean difference +0.1, production's rule at the
     # first candidate's share of alpha (0.030): promoted at least 80% of the time, the
     # median decision within 100 pairs.
-    rule = canary.rule_of(PRODUCTION)
+    rule = pairs.rule_of(PRODUCTION)
     alpha = stats.spend(PRODUCTION.alpha, 1)
     rng = random.Random("power")
     results = [run(rule, alpha, lambda: graded(rng, 0.1)) for _ in range(300)]
@@ -100,7 +101,7 @@ def test_the_shares_of_alpha_sum_to_at_most_alpha():
 
 
 def test_unjudged_pairs_count_as_the_candidates_losses():
-    rule = canary.rule_of(PRODUCTION)
+    rule = pairs.rule_of(PRODUCTION)
     won = [0.4] * 30
     assert rule.decide(rule.weigh(won), stats.spend(0.05, 1))[0] == "promote"
     # The same wins with as many unjudged pairs: not promoted, and the unjudged counted.
@@ -147,7 +148,7 @@ def test_the_ledger_keeps_each_candidates_index_across_restarts(tmp_path):
 def _held_out_pairs(store, candidate: str, differences: list[float | None]) -> None:
     """Held-out pairs of `candidate` against live as the judge leaves them: scored groups
     (live's score, the candidate's), or failed ones (None: the judge could not score it)."""
-    test = holdout.test_id(candidate)
+    test = pairs.holdout_test_id(candidate)
     for i, d in enumerate(differences):
         group = f"g-{candidate}-{i}"
         if d is None:
@@ -192,11 +193,13 @@ def test_a_candidate_losing_on_the_held_out_slice_is_stopped(tmp_path, name, pai
     store = Store(tmp_path / "onjob.duckdb")
     try:
         _held_out_pairs(store, f"ckpt-{name}", pairs)
-        checked = holdout.check(store, f"ckpt-{name}", PRODUCTION)
-        assert not checked.passed and "not better by 0.1" in checked.reason, checked.reason
+        checked = decide(store, DeploySettings(loop=PRODUCTION), f"ckpt-{name}", None)
+        assert checked.decision == "rollback", checked.reason
+        assert "not better by 0.1" in checked.reason, checked.reason
         assert checked.evidence["e_process"]["futility_e_value"] >= 1 / PRODUCTION.beta
         # A candidate that wins the same slice goes on to the canary.
         _held_out_pairs(store, "ckpt-good", [0.3] * 12)
-        assert holdout.check(store, "ckpt-good", PRODUCTION).passed
+        good = decide(store, DeploySettings(loop=PRODUCTION), "ckpt-good", None)
+        assert good.decision == "wait", good.reason  # on: more pairs, or the canary
     finally:
         store.close()

@@ -269,18 +269,19 @@ def test_canary_held_out_and_compare_prompts_leave_untrained_keys_out(tmp_path):
     import datetime
 
     from onjob.collector import Collector, CollectorSettings
-    from onjob.deploy import canary, compare, holdout
+    from onjob.deploy import compare, prompts
 
     db = tmp_path / "onjob.duckdb"
     store = Store(db)
     try:
         logged_turns(store, {"alice": "scn_a", "carol": "scn_c"})
         since = datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=1)
-        routing = {"live": None, "canary": "ckpt-new", "ts": since}
         for untrained, keys in (([], {"alice", "carol"}), (["carol"], {"alice"})):
-            picked = canary.canary_prompts(store, "agent", routing, 10, untrained)
+            picked = prompts.fresh(store, "agent", since, 10, untrained_keys=untrained)
             assert {p["api_key_id"] for p in picked} == keys
-            held = holdout.prompts(store, "agent", ["scn_a", "scn_c"], 10, untrained)
+            held = prompts.held_out(
+                store, "agent", ["scn_a", "scn_c"], 10, untrained_keys=untrained
+            )
             assert {p["api_key_id"] for p in held} == keys
     finally:
         store.close()

@@ -46,7 +46,7 @@ def test_ppo_loss_on_a_toy_batch_equals_a_hand_computation():
     r = [1.0, math.exp(0.5), math.exp(-1.0), 1.0]
     expected = -(min(r[0], 1.0) * 1 + min(r[1], 1.2) * 1 + min(r[2] * -1, 0.8 * -1) + -2 * r[3])
     assert parts.loss.item() == pytest.approx(expected, rel=1e-6)
-    assert parts.clipped == 2 and parts.tokens == 4
+    assert parts.clipped == 2
 
 
 def test_one_wild_token_cannot_make_the_loss_infinite_or_dominate_the_step():
@@ -61,7 +61,6 @@ def test_one_wild_token_cannot_make_the_loss_infinite_or_dominate_the_step():
     assert parts.loss.item() == pytest.approx(3.0 + 1.0)
     parts.loss.backward()
     assert logp.grad.tolist() == pytest.approx([0.0, 1.0])
-    assert parts.gap_max == pytest.approx(1e4 - 0.5)
 
 
 def test_ratio_is_one_when_the_policy_has_not_moved():
@@ -212,7 +211,8 @@ def test_masked_tokens_get_zero_gradient():
         grads.append(output)
 
     handle = norm.register_forward_hook(keep)
-    _loss(model, Head.of(model.get_base_model()), seqs, TrainSettings(), "cpu").loss.backward()
+    parts, _ = _loss(model, Head.of(model.get_base_model()), seqs, TrainSettings(), "cpu")
+    parts.loss.backward()
     handle.remove()
     has_grad = (grads[0].grad[0].abs().sum(-1) > 0).tolist()
     # Packed: the shared 6-token prompt (0-5), member 0's 4 answer tokens (6-9), member 1's

@@ -418,3 +418,47 @@ def test_a_lineage_continues_its_optimizer_moments_across_runs(tmp_path, tiny_mo
     )
     third = torch.load(tmp_path / "three" / "optimizer.pt", weights_only=True)
     assert {float(v["step"]) for v in third["state"].values()} == {2.0}
+
+
+def test_the_learning_rate_warms_up_linearly_and_a_child_warms_up_to_its_own_rate(
+    tmp_path, tiny_model_dir, base
+):
+    """`warmup_steps`: the rate the optimizer stepped with rises k/n over n steps, then
+    stays; a lineage's child (its parent's moments continued) warms up to its own rate,
+    not to the one the parent's schedule left in the saved optimizer state."""
+    snap = write(tmp_path / "s.parquet", {g: group_of(base) for g in "abcd"})
+    settings = TrainSettings(
+        base_model=tiny_model_dir,
+        lora_rank=8,
+        groups_per_step=1,
+        learning_rate=1e-3,
+        warmup_steps=3,
+        kl_own_prompts=0,
+    )
+    one = train(snap, tmp_path / "one", settings, progress=False, echo=lambda _: None)
+    assert [h["lr"] for h in one["history"]] == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3, 1e-3])
+
+    child = settings.model_copy(update={"learning_rate": 3e-4, "warmup_steps": 2})
+    two = train(
+        snap, tmp_path / "two", child, parent=tmp_path / "one", progress=False, echo=lambda _: None
+    )
+    assert [h["lr"] for h in two["history"]] == pytest.approx([1.5e-4, 3e-4, 3e-4, 3e-4])
+
+
+def test_two_epochs_make_two_passes_the_second_off_policy_under_the_clip(
+    tmp_path, tiny_model_dir, base
+):
+    """`epochs`: every group again in a second pass, whose ratios are no longer 1 (the
+    policy moved since the sampler; the clip bounds how far each token counts)."""
+    snap = write(tmp_path / "s.parquet", {g: group_of(base) for g in "ab"})
+    settings = TrainSettings(
+        base_model=tiny_model_dir, lora_rank=8, groups_per_step=1, learning_rate=1e-2, epochs=2
+    )
+    manifest = train(
+        snap, tmp_path / "ckpt", settings.model_copy(update={"kl_own_prompts": 0}),
+        progress=False, echo=lambda _: None,
+    )  # fmt: skip
+    history = manifest["history"]
+    assert [h["epoch"] for h in history] == [0, 0, 1, 1]
+    assert history[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert all(abs(h["ratio_mean"] - 1.0) > 1e-3 for h in history[2:]), history

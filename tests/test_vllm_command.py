@@ -367,3 +367,58 @@ def test_vllm_runs_without_the_inherited_api_key_and_lora_resolver(tmp_path):
     assert started["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert started["VLLM_PLUGINS"] == "lora_filesystem_resolver"  # not onjob's to judge
     assert "not passed to vLLM: VLLM_API_KEY, VLLM_LORA_RESOLVER_CACHE_DIR" in out.stderr
+
+
+MISTRAL = {"model_type": "mistral", "architectures": ["MistralForCausalLM"]}
+
+
+def _mistral(tmp_path, tekken: str | None) -> str:
+    path = model_dir(tmp_path, "Mistral-Small", MISTRAL)
+    if tekken is not None:
+        (path / "tekken.json").write_text(json.dumps({"config": {"version": tekken}}))
+    return str(path)
+
+
+def _start_model(tmp_path, model: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "onjob.cli", "engine", "--backend", "vllm", "--model", model],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_a_mistral_tokenizer_that_vllm_decodes_every_request_under_a_grammar_is_refused(
+    tmp_path,
+):
+    """vLLM >= 0.20 with the mistral parser and a tekken >= v11 tokenizer masks every
+    answer's logprobs (vllm/parser/mistral.py, 0.20 and 0.33 read)."""
+    out = _start_model(tmp_path, _mistral(tmp_path, "v13"), _fake_vllm(tmp_path, "0.20.0"))
+    assert out.returncode == 1
+    assert "decodes every chat request under a grammar" in out.stderr
+    assert "--tokenizer-mode hf" in out.stderr
+    assert not (tmp_path / "env").exists()  # vllm serve never ran
+
+
+@pytest.mark.parametrize(
+    ("tekken", "version", "args"),
+    [
+        ("v13", "0.19.0", []),  # before the grammar
+        ("v7", "0.33.0", []),  # a tekken tokenizer the grammar does not take
+        (None, "0.33.0", []),  # no tekken.json: vLLM's HF tokenizer
+        ("v13", "0.33.0", ["--tokenizer-mode", "hf"]),
+        ("v13", "0.33.0", ["--tokenizer-mode=slow"]),
+    ],
+)
+def test_mistral_models_vllm_decodes_freely_start(tmp_path, tekken, version, args):
+    env = {**_fake_vllm(tmp_path, version), "ONJOB_ENGINE_VLLM_ARGS": json.dumps(args)}
+    out = _start_model(tmp_path, _mistral(tmp_path, tekken), env)
+    assert out.returncode == 0, out.stderr
+
+
+def test_a_mistral_hub_id_whose_tokenizer_cannot_be_read_is_refused():
+    settings = EngineSettings(backend="vllm")
+    with pytest.raises(vllm.LaunchError, match="a tokenizer onjob cannot read"):
+        vllm.check_mistral_grammar(settings, "mistralai/Mistral-Small-3.2-24B", "0.33.0")
+    vllm.check_mistral_grammar(settings, "mistralai/Mistral-Small-3.2-24B", "0.14.1")

@@ -49,12 +49,18 @@ def exact(q: str, answer: str | None) -> bool:
 
 
 def referee(rollout) -> bool:
-    """The demo's gate (`loop.gate`): exact success, stricter than the reward it trains on."""
+    """The demo's gate (`loop.gate`): exact success, the reward's top grade alone."""
     q = next(m["content"] for m in reversed(rollout.prompt) if m["role"] == "user")
     return exact(q, rollout.text)
 
 
-def reward(rollout) -> bool:
-    """The reward function onjob's judge calls (`examples.arithmetic.task:reward`)."""
+def reward(rollout) -> float:
+    """The reward function onjob's judge calls (`examples.arithmetic.task:reward`), graded
+    to agree with the referee: 1 for the sum alone (`exact`), 0.5 for the sum among other
+    numbers (a hedge the referee rejects), 0 otherwise. A reward of 1 for any answer
+    holding the sum paid a quarter of its positive rewards to answers the referee
+    rejected, and taught hedging."""
     q = next(m["content"] for m in reversed(rollout.prompt) if m["role"] == "user")
-    return correct(q, rollout.text)
+    if exact(q, rollout.text):
+        return 1.0
+    return 0.5 if correct(q, rollout.text) else 0.0

@@ -1,7 +1,9 @@
 """An ordinary tool-using agent: asks "What is A × B?" with a `multiply` tool through the
 official `openai` client, runs the tool calls the model makes and sends the results
-back, until the model answers (at most `--max-turns` turns). Only `base_url` points at
-onjob; onjob stitches the turns into one trajectory by their shared messages.
+back, until the model answers (at most `--max-turns` turns). The first turn forces one
+call (`tool_choice: "required"`, `parallel_tool_calls: false`): a small model left to
+choose never calls. Only `base_url` points at onjob; onjob stitches the turns into one
+trajectory by their shared messages.
 
     python examples/calculator/agent.py --base-url http://127.0.0.1:8000/v1 --questions 20
 """
@@ -20,17 +22,26 @@ from examples.calculator import task
 
 
 def solve(client: OpenAI, model: str, q: str, max_turns: int = 3, temperature: float = 1.0):
-    """One conversation; returns (final answer or None, turns taken, tool calls made)."""
+    """One conversation; returns (final answer or None, turns taken, tool calls made,
+    whether the first call was `multiply` with the question's numbers)."""
     messages = task.messages(q)
-    calls = 0
+    calls, right_first = 0, False
     for turn in range(1, max_turns + 1):
+        forced = {"tool_choice": "required", "parallel_tool_calls": False} if turn == 1 else {}
         reply = client.chat.completions.create(
-            model=model, messages=messages, tools=task.TOOLS, max_tokens=64, temperature=temperature
+            model=model,
+            messages=messages,
+            tools=task.TOOLS,
+            max_tokens=64,
+            temperature=temperature,
+            **forced,
         )
         message = reply.choices[0].message
         if not message.tool_calls:
-            return message.content, turn, calls
+            return message.content, turn, calls, right_first
         messages.append(message.model_dump(exclude_none=True))
+        if calls == 0:
+            right_first = task.right_call(q, message.tool_calls[0].model_dump())
         for call in message.tool_calls:
             calls += 1
             messages.append(
@@ -40,7 +51,7 @@ def solve(client: OpenAI, model: str, q: str, max_turns: int = 3, temperature: f
                     "content": task.multiply(call.function.arguments),
                 }
             )
-    return None, max_turns, calls
+    return None, max_turns, calls, right_first
 
 
 def main() -> None:
@@ -56,7 +67,7 @@ def main() -> None:
     questions = task.training_questions(args.questions, args.seed)
 
     def run(q: str) -> tuple[bool, int, int]:
-        answer, turns, calls = solve(client, args.model, q, args.max_turns)
+        answer, turns, calls, _ = solve(client, args.model, q, args.max_turns)
         return task.correct(q, answer), turns, calls
 
     right = turns = calls = 0

@@ -1,6 +1,7 @@
 """Held-out success of a model on the calculator task: the fraction of conversations
 (temperature 1, the tool run for real) whose final answer has the right product, with
-a 95% Wilson interval, and how often the model called the tool.
+a 95% Wilson interval, how often the model called the tool, and its right-tool-call
+rate (first calls that were `multiply` with the question's numbers).
 
     python examples/calculator/evaluate.py --base-url http://127.0.0.1:8001/v1 \\
         --model SmolLM2-135M-Instruct --questions 30 --samples 2
@@ -25,15 +26,20 @@ from examples.success import success
 def evaluate(base_url: str, model: str, questions: int = 30, samples: int = 2) -> dict:
     client = OpenAI(base_url=base_url, api_key="unused", max_retries=2, timeout=600)
 
-    def run(q: str) -> tuple[bool, int]:
-        answer, _, calls = solve(client, model, q)
-        return task.correct(q, answer), calls
+    def run(q: str) -> tuple[bool, int, bool]:
+        answer, _, calls, right_first = solve(client, model, q)
+        return task.correct(q, answer), calls, right_first
 
     asked = [q for q in task.heldout_questions(questions) for _ in range(samples)]
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(run, asked))
-    used_tool = sum(calls > 0 for _, calls in results)
-    return {**success(sum(ok for ok, _ in results), len(asked)), "used_tool": used_tool}
+    used_tool = sum(calls > 0 for _, calls, _ in results)
+    right_calls = sum(right for _, _, right in results)
+    return {
+        **success(sum(ok for ok, _, _ in results), len(asked)),
+        "used_tool": used_tool,
+        "right_call_rate": right_calls / len(asked) if asked else 0.0,
+    }
 
 
 def main() -> None:

@@ -2,10 +2,14 @@
 tool, the held-out set, the success check and the reward.
 
 A conversation is two turns when the model uses the tool: the question, a
-`multiply` call, the tool's result, the final answer. SmolLM2-135M rarely calls the
-tool and cannot multiply two-digit numbers in its head, so its success here is low
-(see the README); the task exists to exercise multi-turn, tool-using traffic end to
-end: stitching, trajectory groups, rewards on tool calls.
+`multiply` call, the tool's result, the final answer. SmolLM2-135M never calls the
+tool of its own accord and cannot multiply two-digit numbers in its head, so the agent
+forces its first call (`tool_choice: "required"`): what the model must learn is to
+call with the question's numbers and then to answer with the tool's result.
+
+Each step is scored on the step it takes (`referee`, `reward`): a tool-call turn on its
+call, an answer turn on its answer, a whole conversation on its final answer, so a
+comparison on any turn of a conversation says which model took the better step.
 """
 
 from __future__ import annotations
@@ -83,10 +87,31 @@ def right_call(q: str, call: dict) -> bool:
         return False
 
 
+def question(rollout) -> str:
+    return next(m["content"] for m in rollout.prompt if m["role"] == "user")
+
+
+def _known(q: str, prompt: list[dict]) -> bool:
+    """The product is already in a tool result: calling again is no progress."""
+    return any(m["role"] == "tool" and correct(q, str(m.get("content"))) for m in prompt)
+
+
 def reward(rollout) -> float:
-    """`examples.calculator.task:reward`: 1 for the right product in the answer, 0.5 for a
-    `multiply` call with the question's operands (progress), 0 otherwise."""
-    q = next(m["content"] for m in rollout.prompt if m["role"] == "user")
-    if correct(q, rollout.text):
-        return 1.0
-    return 0.5 if any(right_call(q, c) for c in rollout.tool_calls) else 0.0
+    """`examples.calculator.task:reward`, the step the rollout takes: an answer scores 1
+    when it holds the right product; a turn that calls tools scores the share of its
+    calls that are `multiply` with the question's operands (0 once the product is
+    already known); a whole conversation (a trajectory member) that ends on a call never
+    answered, 0."""
+    q = question(rollout)
+    calls = rollout.tool_calls
+    if not calls:
+        return float(correct(q, rollout.text))
+    if rollout.kind == "trajectory" or _known(q, rollout.prompt):
+        return 0.0
+    return sum(right_call(q, c) for c in calls) / len(calls)
+
+
+def referee(rollout) -> bool:
+    """`examples.calculator.task:referee`, the promotion gate's check: the step is right
+    (every call right, or the right answer), as `reward` scores 1."""
+    return reward(rollout) == 1.0

@@ -1,17 +1,35 @@
-"""What every command shares: settings read once from flags, the environment and the TOML
-file, and asking the running server's admin API (or, with none running, the database)."""
+"""What every command shares: the --config/--db/--server flags, settings read once from
+flags, the environment and the TOML file, and asking the running server's admin API (or,
+with none running, the database)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any, Literal
 
 from . import admin_key
+from .exits import Refused
 
 
-def load_settings(command: str, args: argparse.Namespace, **sections: dict):
-    """ServeSettings from --config, the environment and the flags given; None (after saying
-    why) when they are invalid."""
+def _parent() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(add_help=False)
+
+
+# Parent parsers (`parents=[...]`): each flag declared once for every command taking it.
+CONFIG = _parent()
+CONFIG.add_argument("--config", help="TOML settings file (default $ONJOB_CONFIG or ./onjob.toml)")
+DATABASE = _parent()
+DATABASE.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
+ENGINE = _parent()
+ENGINE.add_argument("--engine-url", help="the engine's OpenAI base URL")
+SERVER = _parent()
+SERVER.add_argument("--server", help="the running server's URL (default: from [proxy] host/port)")
+
+
+def load_settings(args: argparse.Namespace, **sections: dict):
+    """ServeSettings from --config, the environment and the flags given; `Refused`, saying
+    each invalid field, when they cannot be read."""
     from pydantic import ValidationError
 
     from .settings import ServeSettings
@@ -19,41 +37,59 @@ def load_settings(command: str, args: argparse.Namespace, **sections: dict):
     try:
         return ServeSettings.load(args.config, **{k: v for k, v in sections.items() if v})
     except ValidationError as exc:
-        for e in exc.errors():
-            print(f"onjob {command}: {'.'.join(map(str, e['loc']))}: {e['msg']}", file=sys.stderr)
+        lines = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        raise Refused("\n".join(lines)) from exc
     except FileNotFoundError as exc:
-        print(f"onjob {command}: {exc}", file=sys.stderr)
-    return None
+        raise Refused(str(exc)) from exc
 
 
 def given(**flags) -> dict:
     return {k: v for k, v in flags.items() if v is not None}
 
 
-def ask_server(args: argparse.Namespace, command: str, path: str, body: dict | None):
-    """Ask the running server's admin API; None when no server answers (then the caller
-    opens the database itself)."""
+Offline = Literal["when_down", "with_db"]
+
+
+def ask_admin(
+    args: argparse.Namespace,
+    settings,
+    path: str,
+    body: dict | None = None,
+    *,
+    timeout: float,
+    offline: Offline = "when_down",
+) -> Any:
+    """The running server's JSON answer to `/admin/{path}` (GET when there is no body), or
+    None when the caller opens the database itself. `offline`: "when_down", whenever no
+    server answers; "with_db", when --db is given without --server, or no server answered
+    and none was named (a named one that does not answer is refused). A server's refusal
+    is `Refused` with its message."""
     import httpx
 
-    settings = load_settings(command, args, collector=given(db=args.db))
-    if settings is None:
-        raise SystemExit(2)
+    if offline == "with_db" and args.db and not args.server:
+        return None
     server, headers = admin_endpoint(settings, args)
+    url = f"{server}/admin/{path}"
     try:
         if body is None:
-            resp = httpx.get(f"{server}/admin/{path}", headers=headers, timeout=30)
+            resp = httpx.get(url, headers=headers, timeout=timeout)
         else:
-            resp = httpx.post(f"{server}/admin/{path}", json=body, headers=headers, timeout=300)
-    except httpx.TransportError:
-        return settings, None
+            resp = httpx.post(url, json=body, headers=headers, timeout=timeout)
+    except httpx.TransportError as exc:
+        if offline == "with_db" and args.server:
+            raise Refused(f"{server} did not answer ({exc})") from exc
+        return None
     if resp.status_code >= 400:
-        try:
-            message = resp.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = resp.text[:300]
-        print(f"onjob {command}: {server}: {message}", file=sys.stderr)
-        raise SystemExit(2)
-    return settings, resp.json()
+        raise Refused(f"{server}: {admin_error(resp)}")
+    return resp.json()
+
+
+def admin_error(resp) -> str:
+    """What a refusal of the admin API says: OpenAI's error shape, else the body's start."""
+    try:
+        return resp.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return resp.text[:300]
 
 
 def admin_endpoint(settings, args: argparse.Namespace) -> tuple[str, dict]:
@@ -71,26 +107,18 @@ def admin_endpoint(settings, args: argparse.Namespace) -> tuple[str, dict]:
 
 
 def offline(settings, fn):
+    """`fn(store)` on the database opened by this process; its storage and deploy errors
+    are refusals."""
     from ..collector import StorageError, Store
     from ..deploy.deployments import DeployError
 
     try:
         store = Store(settings.collector.db)
     except StorageError as exc:
-        print(f"onjob: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
+        raise Refused(str(exc)) from exc
     try:
         return fn(store)
     except DeployError as exc:
-        print(f"onjob: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
+        raise Refused(str(exc)) from exc
     finally:
         store.close()
-
-
-def settings_flags(parser: argparse.ArgumentParser, *, engine: bool = False) -> None:
-    """The flags every command that opens the database itself takes."""
-    parser.add_argument("--config", help="TOML settings file")
-    parser.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
-    if engine:
-        parser.add_argument("--engine-url", help="the engine's OpenAI base URL")

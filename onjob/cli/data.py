@@ -14,51 +14,30 @@ import json
 import sys
 from pathlib import Path
 
-from .common import admin_endpoint, given, load_settings
+from .common import (
+    CONFIG,
+    DATABASE,
+    SERVER,
+    admin_endpoint,
+    admin_error,
+    ask_admin,
+    given,
+    load_settings,
+)
+from .exits import Exit, Refused
 
 
-class _Failed(Exception):
-    """Said on stderr already: exit 2."""
+def _settings(args: argparse.Namespace):
+    return load_settings(args, collector=given(db=args.db))
 
 
-def _settings(command: str, args: argparse.Namespace):
-    settings = load_settings(command, args, collector=given(db=args.db))
-    if settings is None:
-        raise _Failed
-    return settings
+def _ask(args: argparse.Namespace, settings, path: str, body: dict | None, timeout: float):
+    """The server's answer, or None when the caller opens the database itself: `--db`
+    given, or no server answered and none was named."""
+    return ask_admin(args, settings, path, body, timeout=timeout, offline="with_db")
 
 
-def _ask(command: str, args: argparse.Namespace, settings, path: str, body: dict | None, **kw):
-    """The server's answer (an httpx response; GET when there is no body), or None when the
-    caller should open the database itself: `--db` given, or no server answered and none
-    was named."""
-    import httpx
-
-    if args.db and not args.server:
-        return None
-    server, headers = admin_endpoint(settings, args)
-    url = f"{server}/admin/{path}"
-    try:
-        if body is None:
-            resp = httpx.get(url, headers=headers, **kw)
-        else:
-            resp = httpx.post(url, json=body, headers=headers, **kw)
-    except httpx.TransportError as exc:
-        if args.server:
-            print(f"onjob {command}: {server} did not answer ({exc})", file=sys.stderr)
-            raise _Failed from exc
-        return None
-    if resp.status_code >= 400:
-        try:
-            message = resp.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = resp.text[:300]
-        print(f"onjob {command}: {server}: {message}", file=sys.stderr)
-        raise _Failed
-    return resp
-
-
-def _open_read_only(command: str, settings, for_queries: bool = False):
+def _open_read_only(settings, for_queries: bool = False):
     """The database file opened read-only; `for_queries`: with DuckDB's ways out of the
     file switched off too (`readonly.connect`), which `export`'s COPY cannot have."""
     import duckdb
@@ -67,70 +46,64 @@ def _open_read_only(command: str, settings, for_queries: bool = False):
 
     db = settings.collector.db
     if not Path(db).exists():
-        print(f"onjob {command}: no database at {db}", file=sys.stderr)
-        raise _Failed
+        raise Refused(f"no database at {db}")
     try:
         if for_queries:
             return readonly.connect(db)
         return duckdb.connect(str(db), read_only=True)
     except duckdb.Error as exc:
-        print(
-            f"onjob {command}: cannot open {db}: {str(exc).splitlines()[0]}. A running "
-            "`onjob serve` holds it: leave out --db (or give --server URL) to ask it.",
-            file=sys.stderr,
-        )
-        raise _Failed from exc
-
-
-def _run(command: str, fn, args: argparse.Namespace) -> int:
-    try:
-        return fn(args)
-    except _Failed:
-        return 2
+        raise Refused(
+            f"cannot open {db}: {str(exc).splitlines()[0]}. A running "
+            "`onjob serve` holds it: leave out --db (or give --server URL) to ask it."
+        ) from exc
 
 
 # -- forget ----------------------------------------------------------------------------
 
 
 def cmd_forget(args: argparse.Namespace) -> int:
-    return _run("forget", _forget, args)
+    from ..collector import Forget, ForgetError
+    from ..collector.forget import parse_date
 
-
-def _forget(args: argparse.Namespace) -> int:
-    from ..collector import Forget, ForgetError, StorageError, Store
-    from ..collector.forget import forget, parse_date, scrub
-    from ..deploy.training import drop_snapshots
-
-    settings = _settings("forget", args)
+    settings = _settings(args)
     try:
         before = parse_date(args.before) if args.before else None
         what = Forget(trajectory=args.trajectory, api_key=args.api_key, before=before)
     except ForgetError as exc:
-        print(f"onjob forget: {exc}", file=sys.stderr)
-        return 2
+        raise Refused(str(exc)) from exc
     body = {"trajectory": args.trajectory, "api_key": args.api_key, "before": args.before}
-    resp = _ask("forget", args, settings, "forget", body, timeout=600)
-    if resp is not None:
-        out = resp.json()
-    else:
-        if not Path(settings.collector.db).exists():
-            print(f"onjob forget: no database at {settings.collector.db}", file=sys.stderr)
-            return 2
-        try:
-            store = Store(settings.collector.db)
-        except StorageError as exc:
-            print(f"onjob forget: {exc}", file=sys.stderr)
-            return 2
-        try:
-            forgotten = forget(store, what, actor="cli")
-        finally:
-            store.close()
-        scrub(Path(settings.collector.spool), what, forgotten)
-        snapshots = drop_snapshots(settings.trainer.checkpoints_dir, forgotten.group_ids)
-        out = {**forgotten.as_dict(), "snapshots_removed": snapshots}
+    out = _ask(args, settings, "forget", body, timeout=600)
+    if out is None:
+        out = _forget_here(settings, what)
     if args.json:
         print(json.dumps(out, indent=2, default=str))
-        return 0
+    else:
+        _show_forgotten(out)
+    return Exit.OK
+
+
+def _forget_here(settings, what) -> dict:
+    """`onjob forget` on the database file, the spool and the snapshots, by this process."""
+    from ..collector import StorageError, Store
+    from ..collector.forget import forget, scrub
+    from ..deploy.training import drop_snapshots
+
+    if not Path(settings.collector.db).exists():
+        raise Refused(f"no database at {settings.collector.db}")
+    try:
+        store = Store(settings.collector.db)
+    except StorageError as exc:
+        raise Refused(str(exc)) from exc
+    try:
+        forgotten = forget(store, what, actor="cli")
+    finally:
+        store.close()
+    scrub(Path(settings.collector.spool), what, forgotten)
+    snapshots = drop_snapshots(settings.trainer.checkpoints_dir, forgotten.group_ids)
+    return {**forgotten.as_dict(), "snapshots_removed": snapshots}
+
+
+def _show_forgotten(out: dict) -> None:
     print(
         f"forgot {out['what']}: {out['exchanges']} exchanges, {out['trajectories']} "
         f"trajectories, {out['groups']} groups ({out['members']} members, "
@@ -163,32 +136,23 @@ def _forget(args: argparse.Namespace) -> int:
     print("onjob cannot reach these copies:")
     for copy in out["not_reached"]:
         print(f"  - {copy}")
-    return 0
 
 
 # -- sql -------------------------------------------------------------------------------
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    return _run("sql", _sql, args)
-
-
-def _sql(args: argparse.Namespace) -> int:
     from ..collector import readonly
 
-    settings = _settings("sql", args)
+    settings = _settings(args)
     body = {"query": args.query, "limit": args.limit}
-    timeout = settings.collector.query_timeout_s + 30
-    resp = _ask("sql", args, settings, "sql", body, timeout=timeout)
-    if resp is not None:
-        answer = resp.json()
-    else:
-        con = _open_read_only("sql", settings, for_queries=True)
+    answer = _ask(args, settings, "sql", body, timeout=settings.collector.query_timeout_s + 30)
+    if answer is None:
+        con = _open_read_only(settings, for_queries=True)
         try:
             answer = readonly.query(con, args.query, args.limit).as_dict()
         except readonly.QueryRefused as exc:
-            print(f"onjob sql: {exc}", file=sys.stderr)
-            return 2
+            raise Refused(str(exc)) from exc
         finally:
             con.close()
         answer = json.loads(json.dumps(answer, default=str))
@@ -198,7 +162,7 @@ def _sql(args: argparse.Namespace) -> int:
         _table(answer["columns"], answer["rows"])
     if answer["truncated"]:
         print(f"(only the first {args.limit} rows: --limit N for more)", file=sys.stderr)
-    return 0
+    return Exit.OK
 
 
 def _table(columns: list[str], rows: list[list]) -> None:
@@ -222,55 +186,46 @@ def _table(columns: list[str], rows: list[list]) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    return _run("export", _export, args)
-
-
-def _export(args: argparse.Namespace) -> int:
-    import httpx
-
     from ..collector import readonly
 
-    settings = _settings("export", args)
+    settings = _settings(args)
     out = Path(args.parquet)
     out.mkdir(parents=True, exist_ok=True)
-    listed = _ask("export", args, settings, "tables", None, timeout=60)
+    listed = _ask(args, settings, "tables", None, timeout=60)
     if listed is not None:
-        names = args.table or listed.json()["tables"]
-        server, headers = admin_endpoint(settings, args)
-        for name in names:
-            path = out / f"{name}.parquet"
-            partial = path.with_suffix(".parquet.partial")
-            url = f"{server}/admin/export"
-            with httpx.stream("POST", url, json={"table": name}, headers=headers, timeout=600) as r:
-                if r.status_code >= 400:
-                    r.read()
-                    print(f"onjob export: {server}: {_message(r)}", file=sys.stderr)
-                    return 2
-                with partial.open("wb") as f:
-                    for chunk in r.iter_bytes():
-                        f.write(chunk)
-            partial.rename(path)
-            print(f"{path}")
-        return 0
-    con = _open_read_only("export", settings)
+        for name in args.table or listed["tables"]:
+            print(_export_from(settings, args, name, out / f"{name}.parquet"))
+        return Exit.OK
+    con = _open_read_only(settings)
     try:
         for name in args.table or readonly.tables(con):
             path = out / f"{name}.parquet"
             rows = readonly.export(con, name, path)
             print(f"{path} ({rows} rows)")
     except readonly.QueryRefused as exc:
-        print(f"onjob export: {exc}", file=sys.stderr)
-        return 2
+        raise Refused(str(exc)) from exc
     finally:
         con.close()
-    return 0
+    return Exit.OK
 
 
-def _message(resp) -> str:
-    try:
-        return resp.json()["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        return resp.text[:300]
+def _export_from(settings, args: argparse.Namespace, name: str, path: Path) -> Path:
+    """One table streamed from the running server into `path` (renamed into place when
+    whole)."""
+    import httpx
+
+    server, headers = admin_endpoint(settings, args)
+    partial = path.with_suffix(".parquet.partial")
+    url = f"{server}/admin/export"
+    with httpx.stream("POST", url, json={"table": name}, headers=headers, timeout=600) as r:
+        if r.status_code >= 400:
+            r.read()
+            raise Refused(f"{server}: {admin_error(r)}")
+        with partial.open("wb") as f:
+            for chunk in r.iter_bytes():
+                f.write(chunk)
+    partial.rename(path)
+    return path
 
 
 # -- the parser ------------------------------------------------------------------------
@@ -288,13 +243,13 @@ def _wrap(text: str) -> str:
     return textwrap.fill(text, 80)
 
 
-def _where(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--server", help="the running server's URL (default: from [proxy] host/port)")
-    p.add_argument("--db", help="open this DuckDB file directly (no server may hold it)")
-    p.add_argument("--config", help="TOML settings file")
-
-
 def add_commands(sub) -> None:
+    _add_forget(sub)
+    _add_sql(sub)
+    _add_export(sub)
+
+
+def _add_forget(sub) -> None:
     forget = sub.add_parser(
         "forget",
         help="delete a conversation, an API key's traffic, or everything before a date",
@@ -315,6 +270,7 @@ def add_commands(sub) -> None:
             "  onjob forget --db onjob.duckdb --api-key billing   with no server running"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[SERVER, CONFIG, DATABASE],
     )
     which = forget.add_mutually_exclusive_group(required=True)
     which.add_argument(
@@ -330,9 +286,10 @@ def add_commands(sub) -> None:
         help="conversations whose last turn is older (2026-05-01 or an ISO time; UTC)",
     )
     forget.add_argument("--json", action="store_true", help="print the counts as JSON")
-    _where(forget)
     forget.set_defaults(func=cmd_forget)
 
+
+def _add_sql(sub) -> None:
     sql = sub.add_parser(
         "sql",
         help="run a read-only SELECT on the database, while the server runs",
@@ -357,13 +314,15 @@ def add_commands(sub) -> None:
             "  onjob sql \"SELECT request FROM exchanges_full WHERE trajectory_id = 't'\""
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[SERVER, CONFIG, DATABASE],
     )
     sql.add_argument("query", help="one SELECT statement (quote it)")
     sql.add_argument("--limit", type=int, default=1000, help="at most this many rows (1000)")
     sql.add_argument("--json", action="store_true", help="print columns, types and rows as JSON")
-    _where(sql)
     sql.set_defaults(func=cmd_sql)
 
+
+def _add_export(sub) -> None:
     export = sub.add_parser(
         "export",
         help="write tables to Parquet files, while the server runs",
@@ -379,10 +338,10 @@ def add_commands(sub) -> None:
             "  duckdb -c \"SELECT count(*) FROM 'dump/exchanges.parquet'\""
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[SERVER, CONFIG, DATABASE],
     )
     export.add_argument("--parquet", metavar="DIR", required=True, help="where the files go")
     export.add_argument(
         "--table", action="append", metavar="NAME", help="only this table (repeatable)"
     )
-    _where(export)
     export.set_defaults(func=cmd_export)

@@ -14,7 +14,12 @@ be started:
   tool-call parser for them);
 - a streamed answer to a request with a strict tool that keeps every token: as many token
   ids and logprobs across its chunks as `usage.completion_tokens` (vLLM 0.11-0.12 drop the
-  chunks a tool or reasoning parser holds back, ids and logprobs with them).
+  chunks a tool or reasoning parser holds back, ids and logprobs with them);
+- a reasoning model's streamed answer: its reasoning text (`reasoning`, or 0.11's
+  `reasoning_content`) arrives apart, and every token of it with its id and logprob (the
+  proxy stores both); or a line saying the model wrote none;
+- a long context: a prompt over the engine's `max_model_len` is refused with a clear 400,
+  not left hanging, and one of three quarters of it is answered.
 
 Exit status 0 when everything is there, 1 when anything is missing.
 """
@@ -24,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +37,8 @@ import httpx
 
 from ..deploy import adapters
 from ..logprobs import TRAINED
+from .common import CONFIG, load_settings
+from .exits import Exit, Failed
 
 _TOOLS = [
     {
@@ -75,6 +81,8 @@ async def diagnose(engine: httpx.AsyncClient, adapter: Path | None = None) -> li
         _definition(card),
         await _tools(engine, base),
         await _streamed(engine, base),
+        await _reasoning(engine, base),
+        await _long_context(engine, base, card.get("max_model_len")),
     ]
     if adapter is not None:
         checks.append(await _adapter(engine, adapter))
@@ -175,6 +183,41 @@ async def _tools(engine: httpx.AsyncClient, base: str) -> Check:
     )
 
 
+@dataclass(frozen=True)
+class _Stream:
+    """What a streamed answer carried across its events."""
+
+    ids: int
+    logprobs: int
+    completion_tokens: int | None
+    reasoning: str
+    content: str
+
+
+def _read_stream(text: str) -> _Stream | str:
+    """The stream's counts and texts, or what is wrong with it."""
+    ids = logprobs = 0
+    usage, reasoning, content = None, [], []
+    for line in text.splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        try:
+            event = json.loads(line[6:])
+        except ValueError:
+            return f"an event that is not JSON: {line[:200]}"
+        usage = event.get("usage") or usage
+        for choice in event.get("choices") or ():
+            ids += len(choice.get("token_ids") or ())
+            logprobs += len((choice.get("logprobs") or {}).get("content") or ())
+            delta = choice.get("delta") or {}
+            reasoning.append(delta.get("reasoning") or delta.get("reasoning_content") or "")
+            content.append(delta.get("content") or "")
+    counted = (usage or {}).get("completion_tokens")
+    if not isinstance(counted, int):
+        return "no `usage` with `stream_options.include_usage`"
+    return _Stream(ids, logprobs, counted, "".join(reasoning), "".join(content))
+
+
 async def _streamed(engine: httpx.AsyncClient, base: str) -> Check:
     name = "streamed tokens"
     strict = [{**t, "function": {**t["function"], "strict": True}} for t in _TOOLS]
@@ -193,22 +236,10 @@ async def _streamed(engine: httpx.AsyncClient, base: str) -> Check:
         return Check(
             name, False, f"a streamed request with a strict tool failed: {answer.refusal()}"
         )
-    ids = logprobs = 0
-    usage = None
-    for line in answer.text.splitlines():
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            continue
-        try:
-            event = json.loads(line[6:])
-        except ValueError:
-            return Check(name, False, f"an event that is not JSON: {line[:200]}")
-        usage = event.get("usage") or usage
-        for choice in event.get("choices") or ():
-            ids += len(choice.get("token_ids") or ())
-            logprobs += len((choice.get("logprobs") or {}).get("content") or ())
-    counted = (usage or {}).get("completion_tokens")
-    if not isinstance(counted, int):
-        return Check(name, False, "no `usage` with `stream_options.include_usage`")
+    read = _read_stream(answer.text)
+    if isinstance(read, str):
+        return Check(name, False, read)
+    ids, logprobs, counted = read.ids, read.logprobs, read.completion_tokens
     if ids == logprobs == counted:
         return Check(name, True, f"{counted} tokens streamed, each with its id and logprob")
     return Check(
@@ -217,6 +248,85 @@ async def _streamed(engine: httpx.AsyncClient, base: str) -> Check:
         f"the stream carried {ids} token ids and {logprobs} logprobs for {counted} tokens: "
         "vLLM before 0.13 drops the chunks its tool or reasoning parser holds back, with "
         "their token ids and logprobs (onjob marks such answers untrainable); upgrade vLLM",
+    )
+
+
+async def _reasoning(engine: httpx.AsyncClient, base: str) -> Check:
+    name = "reasoning"
+    body = {
+        "model": base,
+        "messages": [{"role": "user", "content": "What is 17 times 23? Think it through."}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "logprobs": True,
+        "return_token_ids": True,
+        "max_tokens": 64,
+    }
+    answer = await _chat(engine, body)
+    if answer.status != 200:
+        return Check(name, False, f"a streamed question failed: {answer.refusal()}")
+    read = _read_stream(answer.text)
+    if isinstance(read, str):
+        return Check(name, False, read)
+    if not read.ids == read.logprobs == read.completion_tokens:
+        return Check(
+            name,
+            False,
+            f"the answer carried {read.ids} token ids and {read.logprobs} logprobs for "
+            f"{read.completion_tokens} tokens: its reasoning parser held tokens back with "
+            "their ids and logprobs (vLLM before 0.13); upgrade vLLM",
+        )
+    if read.reasoning:
+        return Check(
+            name,
+            True,
+            f"a reasoning model: {len(read.reasoning)} characters of reasoning apart from the "
+            f"content, in {read.completion_tokens} tokens each with its id and logprob",
+        )
+    if "<think>" in read.content:
+        return Check(
+            name,
+            True,
+            "the model reasons in its content (`<think>`), which onjob records as content; "
+            "start vLLM with --reasoning-parser NAME to have it apart",
+        )
+    return Check(name, True, "not a reasoning model: no reasoning text in its answer")
+
+
+async def _long_context(engine: httpx.AsyncClient, base: str, max_model_len) -> Check:
+    name = "long context"
+    if not isinstance(max_model_len, int) or max_model_len <= 0:
+        return Check(name, False, "the engine's model list states no `max_model_len`")
+
+    def ask(words: int) -> dict:
+        # One short common word is one token or more in the tokenizers onjob serves.
+        prompt = " ".join(["word"] * words)
+        return {"model": base, "messages": [{"role": "user", "content": prompt}], "max_tokens": 1}
+
+    over = await _chat(engine, ask(max_model_len + 64))
+    if over.status == 0:
+        return Check(
+            name, False, f"a prompt over max_model_len {max_model_len} got {over.refusal()}"
+        )
+    if over.status != 400:
+        return Check(
+            name,
+            False,
+            f"a prompt over max_model_len {max_model_len} was answered {over.status}, not "
+            "refused with 400",
+        )
+    near = await _chat(engine, ask(max_model_len * 3 // 4))
+    if near.status != 200:
+        return Check(
+            name,
+            False,
+            f"a prompt of three quarters of max_model_len {max_model_len} failed: {near.refusal()}",
+        )
+    return Check(
+        name,
+        True,
+        f"max_model_len {max_model_len}: a longer prompt is refused "
+        f"({over.refusal()[:80]}), three quarters of it answered",
     )
 
 
@@ -254,11 +364,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.engine_url:
         urls = [args.engine_url]
     else:
-        from .common import load_settings
-
-        settings = load_settings("doctor", args)
-        if settings is None:
-            return 2
+        settings = load_settings(args)
         urls = settings.proxy.replica_urls
     adapter = Path(args.adapter) if args.adapter else None
     reports = asyncio.run(_run(urls, adapter, args.timeout))
@@ -268,9 +374,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             print(f"  {'ok' if c.ok else 'MISSING':<8} {c.name}: {c.detail}")
     missing = [c for checks in reports for c in checks if not c.ok]
     if missing:
-        print(f"onjob doctor: {len(missing)} missing", file=sys.stderr)
-        return 1
-    return 0
+        raise Failed(f"{len(missing)} missing")
+    return Exit.OK
 
 
 def add_commands(sub) -> None:
@@ -279,15 +384,16 @@ def add_commands(sub) -> None:
         help="check that a running engine does what onjob needs",
         description=(
             "Ask a running engine (vLLM or `onjob engine`) for what onjob needs: runtime LoRA "
-            "loading, the sampler's logprobs and token ids, requests with tools answered, and "
-            "a streamed answer that keeps every token id and logprob. "
+            "loading, the sampler's logprobs and token ids, requests with tools answered, "
+            "a streamed answer that keeps every token id and logprob, a reasoning model's "
+            "reasoning kept apart with its tokens, and a long prompt answered or refused. "
             "Says what is missing and how to turn it on; exit status 1 if anything is. "
             "Without --engine-url: every engine of the settings (proxy.engine_urls, or "
             "proxy.engine_url)."
         ),
+        parents=[CONFIG],
     )
     doctor.add_argument("--engine-url", help="the engine's OpenAI base URL (…/v1)")
-    doctor.add_argument("--config", help="TOML settings file")
     doctor.add_argument(
         "--adapter", metavar="DIR", help="also load this LoRA directory, ask it and unload it"
     )

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from .common import given, load_settings, settings_flags
+from .common import CONFIG, DATABASE, ENGINE, given, load_settings
+from .exits import Exit, Failed, NothingToDo, Refused
 
 
 def cmd_judge(args: argparse.Namespace) -> int:
@@ -17,34 +17,26 @@ def cmd_judge(args: argparse.Namespace) -> int:
     from ..judge import ConfigError
 
     settings = load_settings(
-        "judge",
         args,
         proxy=given(engine_url=args.engine_url),
         collector=given(db=args.db),
         judge=given(model=args.model, api_base=args.api_base, group_size=args.group_size),
     )
-    if settings is None:
-        return 2
     try:
         asyncio.run(judge(settings, once=args.once, echo=lambda line: print(line, flush=True)))
     except StorageError as exc:
-        print(
-            f"onjob judge: {exc} (a running `onjob serve` runs the judge in its loop every "
-            "loop.interval_s)",
-            file=sys.stderr,
-        )
-        return 2
+        raise Refused(
+            f"{exc} (a running `onjob serve` runs the judge in its loop every loop.interval_s)"
+        ) from exc
     except ConfigError as exc:
-        print(f"onjob judge: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        raise Refused(str(exc)) from exc
+    return Exit.OK
 
 
 def train_child(snapshot_path: Path, out: Path, settings_file: Path | None, parent: Path | None):
     """The child's side of `deploy.training.train` (`onjob train --snapshot`): torch is
     imported here and only here, in a process of its own."""
-    from ..deploy.training import NOTHING_TO_TRAIN
-    from ..trainer import NothingToTrain, TrainSettings
+    from ..trainer import NothingToTrain, TrainerError, TrainSettings
     from ..trainer.loop import train as run
 
     s = (
@@ -55,9 +47,10 @@ def train_child(snapshot_path: Path, out: Path, settings_file: Path | None, pare
     try:
         run(snapshot_path, out, s, parent=parent, echo=lambda line: print(line, flush=True))
     except NothingToTrain as exc:
-        print(f"onjob train: {exc}", file=sys.stderr)
-        return NOTHING_TO_TRAIN
-    return 0
+        raise NothingToDo(str(exc)) from exc
+    except TrainerError as exc:
+        raise Failed(str(exc)) from exc
+    return Exit.OK
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -65,32 +58,24 @@ def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..collector import Collector, StorageError
+    from ..deploy.errors import DeployError, TrainingFailed
     from ..deploy.holdout import held_out
     from ..deploy.training import live_checkpoint, train
-    from ..trainer import TrainerError
 
     if args.snapshot:
         if not args.out:
-            print("onjob train: --snapshot needs --out", file=sys.stderr)
-            return 2
-        try:
-            return train_child(
-                Path(args.snapshot),
-                Path(args.out),
-                Path(args.settings) if args.settings else None,
-                Path(args.parent) if args.parent else None,
-            )
-        except TrainerError as exc:
-            print(f"onjob train: {exc}", file=sys.stderr)
-            return 1
+            raise Refused("--snapshot needs --out")
+        return train_child(
+            Path(args.snapshot),
+            Path(args.out),
+            Path(args.settings) if args.settings else None,
+            Path(args.parent) if args.parent else None,
+        )
     settings = load_settings(
-        "train",
         args,
         collector=given(db=args.db),
         trainer=given(base_model=args.base_model, checkpoints_dir=args.checkpoints_dir),
     )
-    if settings is None:
-        return 2
 
     async def run():
         db = Collector(settings.collector)
@@ -106,40 +91,33 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     try:
         manifest = asyncio.run(run())
-    except (StorageError, ValueError) as exc:
-        print(f"onjob train: {exc}", file=sys.stderr)
-        return 2
-    except RuntimeError as exc:
-        print(f"onjob train: {exc}", file=sys.stderr)
-        return 1
-    return 0 if manifest else 3
+    except TrainingFailed as exc:  # before DeployError, its base
+        raise Failed(str(exc)) from exc
+    except (StorageError, DeployError, ValueError) as exc:
+        raise Refused(str(exc)) from exc
+    return Exit.OK if manifest else Exit.NOTHING
 
 
 def cmd_loop(args: argparse.Namespace) -> int:
     import asyncio
 
     from ..collector import StorageError
-    from ..deploy.deployments import DeployError
+    from ..deploy.errors import DeployError, TrainingFailed
     from ..deploy.loop import run
     from ..judge import ConfigError, JudgeError
 
     settings = load_settings(
-        "loop", args, proxy=given(engine_url=args.engine_url), collector=given(db=args.db)
+        args, proxy=given(engine_url=args.engine_url), collector=given(db=args.db)
     )
-    if settings is None:
-        return 2
     try:
         asyncio.run(run(settings, once=args.once, echo=lambda line: print(line, flush=True)))
     except StorageError as exc:
-        print(f"onjob loop: {exc} (a running `onjob serve` runs the loop itself)", file=sys.stderr)
-        return 2
+        raise Refused(f"{exc} (a running `onjob serve` runs the loop itself)") from exc
+    except (JudgeError, TrainingFailed) as exc:  # before DeployError, its base
+        raise Failed(str(exc)) from exc
     except (ConfigError, DeployError, ValueError) as exc:
-        print(f"onjob loop: {exc}", file=sys.stderr)
-        return 2
-    except (JudgeError, RuntimeError) as exc:
-        print(f"onjob loop: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        raise Refused(str(exc)) from exc
+    return Exit.OK
 
 
 def add_commands(sub) -> None:
@@ -155,9 +133,9 @@ def add_commands(sub) -> None:
             "database no server holds; `onjob serve` runs the same pass every "
             "loop.interval_s. Settings as for `onjob serve` ([judge] section)."
         ),
+        parents=[CONFIG, DATABASE, ENGINE],
     )
     judge.add_argument("--once", action="store_true", help="one pass, then exit")
-    settings_flags(judge, engine=True)
     judge.add_argument(
         "--model", help='RULER judge as a litellm model name, e.g. "openai/gpt-4.1-mini"'
     )
@@ -176,8 +154,8 @@ def add_commands(sub) -> None:
             "snapshot (what the child does). Exit 0: checkpoint written; 3: nothing to train "
             "on; 1: the run failed; 2: bad settings. Settings: [trainer] in the TOML file."
         ),
+        parents=[CONFIG, DATABASE],
     )
-    settings_flags(train)
     train.add_argument(
         "--parent",
         help="checkpoint to continue (name; with --snapshot, its directory); default: the live "
@@ -207,7 +185,7 @@ def add_commands(sub) -> None:
             "interrupted iteration is resumed by the next. For a database no server holds; "
             "`onjob serve` runs it every loop.interval_s. Settings: [loop], [judge], [trainer]."
         ),
+        parents=[CONFIG, DATABASE, ENGINE],
     )
     loop.add_argument("--once", action="store_true", help="one iteration, then exit")
-    settings_flags(loop, engine=True)
     loop.set_defaults(func=cmd_loop)

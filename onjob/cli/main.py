@@ -7,12 +7,15 @@ import os
 import sys
 
 from . import data, doctor, learning, model, release, serving
+from .exits import CliError, Exit, table
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="onjob",
         description="An OpenAI-compatible proxy that learns from its own traffic.",
+        epilog=table(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in (serving, learning, release, data, model, doctor):
@@ -26,9 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     os.umask(0o077)
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args) or 0
+        return int(args.func(args) or Exit.OK)
+    except CliError as exc:
+        for line in str(exc).splitlines() or [""]:
+            print(f"onjob {args.command}: {line}", file=sys.stderr)
+        return int(exc.code)
     except KeyboardInterrupt:
-        return 130
+        return int(Exit.INTERRUPTED)
 
 
 if __name__ == "__main__":

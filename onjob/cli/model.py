@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from .exits import Exit, Failed, NothingToDo, Refused
+
 
 def cmd_model_prepare(args: argparse.Namespace) -> int:
     from .. import bundled
@@ -13,10 +15,9 @@ def cmd_model_prepare(args: argparse.Namespace) -> int:
     try:
         path = bundled.prepare(force=args.force)
     except bundled.ModelUnavailable as exc:
-        print(f"onjob: {exc}", file=sys.stderr)
-        return 1
+        raise Failed(str(exc)) from exc
     print(path)
-    return 0
+    return Exit.OK
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -26,12 +27,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         from examples.arithmetic.demo import DemoError, NoDecision, Options, run
     except ImportError as exc:
-        print(
-            "onjob demo: the demo runs examples/arithmetic: run it from the root of an onjob "
-            f"checkout ({exc})",
-            file=sys.stderr,
-        )
-        return 2
+        raise Refused(
+            f"the demo runs examples/arithmetic: run it from the root of an onjob checkout ({exc})"
+        ) from exc
 
     options = Options(
         dir=args.dir,
@@ -39,27 +37,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         judge=args.judge,
         reward=args.reward,
-        gate=None if args.gate == "reward" else args.gate,
+        gate=args.gate,
+        example=args.example,
         model=args.model,
         port=args.port,
         questions=args.questions,
         samples=args.samples,
     )
     if args.rounds < 1:
-        print("onjob demo: --rounds must be at least 1", file=sys.stderr)
-        return 2
+        raise Refused("--rounds must be at least 1")
     try:
         run(options)
     except NoDecision as exc:
-        print(f"onjob demo: {exc}", file=sys.stderr)
-        return 3
+        raise NothingToDo(str(exc)) from exc
     except DemoError as exc:
-        print(f"onjob demo: {exc}", file=sys.stderr)
-        return 2
+        raise Refused(str(exc)) from exc
     except KeyboardInterrupt:
         print(f"\nonjob demo: stopped; what ran so far is in {options.dir}", file=sys.stderr)
-        return 130
-    return 0
+        return Exit.INTERRUPTED
+    return Exit.OK
 
 
 def add_commands(sub) -> None:
@@ -119,17 +115,24 @@ def add_commands(sub) -> None:
         "openai/gpt-4.1-mini; its API key from the environment) instead of the reward function",
     )
     demo.add_argument(
+        "--example",
+        choices=["arithmetic", "calculator"],
+        default="arithmetic",
+        help="the example agent: arithmetic (one-digit sums, one turn; the default) or "
+        "calculator (two-digit products with a multiply tool, 2-3 turns, tool calls)",
+    )
+    demo.add_argument(
         "--reward",
-        default="examples.arithmetic.task:reward",
         metavar="MODULE:FN",
-        help="the reward function (default: the right sum in the answer)",
+        help="the reward function (default: the example's; arithmetic: the right sum in "
+        "the answer; calculator: each step on the step it takes)",
     )
     demo.add_argument(
         "--gate",
-        default="examples.arithmetic.task:referee",
         metavar="MODULE:FN",
-        help="the referee a canary must win on (loop.gate; default: exact success, the sum "
-        "and no other number); 'reward': the training reward",
+        help="the referee a canary must win on (loop.gate; default: the example's; "
+        "arithmetic: exact success, the sum and no other number; calculator: the right "
+        "step); 'reward': the training reward",
     )
     demo.add_argument(
         "--model", type=Path, help="base model directory (default: the bundled SmolLM2-135M)"

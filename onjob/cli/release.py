@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import ask_server, given, load_settings, offline, settings_flags
+from .common import CONFIG, DATABASE, ENGINE, SERVER, ask_admin, given, load_settings, offline
+from .exits import Exit, Failed, Refused
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
@@ -16,28 +17,22 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     from ..collector import StorageError, Store
     from ..deploy import registry
 
-    settings = load_settings("checkpoints", args, collector=given(db=args.db))
-    if settings is None:
-        return 2
+    settings = load_settings(args, collector=given(db=args.db))
+    if args.action == "add" and not (args.path and args.name):
+        raise Refused("add: give PATH and --name")
     try:
         store = Store(settings.collector.db)
     except StorageError as exc:
-        print(f"onjob checkpoints: {exc}", file=sys.stderr)
-        return 2
-    if args.action == "add" and not (args.path and args.name):
-        print("onjob checkpoints add: give PATH and --name", file=sys.stderr)
-        store.close()
-        return 2
+        raise Refused(str(exc)) from exc
     try:
         if args.action == "add":
             base = Path(args.base_model or settings.trainer.base_model or bundled.resolve(None))
             row = registry.add(store, Path(args.path), args.name, base)
             print(f"{row['name']}: imported as a candidate ({row['path']})")
-            return 0
+            return Exit.OK
         rows = registry.checkpoints(store)
     except registry.RegistryError as exc:
-        print(f"onjob checkpoints: {exc}", file=sys.stderr)
-        return 2
+        raise Refused(str(exc)) from exc
     finally:
         store.close()
     if not rows:
@@ -45,7 +40,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     for r in rows:
         created = r["created"].strftime("%Y-%m-%d %H:%M") if r["created"] else ""
         print(f"{r['name']:<40} {r['status']:<10} {created:<17} parent={r['parent'] or '-'}")
-    return 0
+    return Exit.OK
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -55,17 +50,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     from ..collector import StorageError
     from ..deploy.compare import compare, render
+    from ..deploy.errors import DeployError
     from ..judge import ConfigError, JudgeError
 
     settings = load_settings(
-        "compare",
         args,
         proxy=given(engine_url=args.engine_url),
         collector=given(db=args.db),
         judge=given(model=args.model, api_base=args.api_base),
     )
-    if settings is None:
-        return 2
     try:
         result = asyncio.run(
             compare(
@@ -79,11 +72,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 echo=(lambda line: print(line, file=sys.stderr)) if args.json else print,
             )
         )
-    except (StorageError, ConfigError, JudgeError, ValueError) as exc:
-        print(f"onjob compare: {exc}", file=sys.stderr)
-        return 2
+    except (StorageError, ConfigError, DeployError, ValueError) as exc:
+        raise Refused(str(exc)) from exc
+    except JudgeError as exc:  # the judge failed while the comparison ran
+        raise Failed(str(exc)) from exc
     print(json.dumps(result, indent=2) if args.json else render(result))
-    return 0
+    return Exit.OK
 
 
 def _show_route(row: dict, online: bool) -> None:
@@ -100,7 +94,8 @@ def cmd_route(args: argparse.Namespace) -> int:
     body = {"alias": args.alias, "reason": args.reason}
     if command == "canary":
         body.update(checkpoint=args.checkpoint, fraction=args.fraction)
-    settings, row = ask_server(args, command, command, body)
+    settings = load_settings(args, collector=given(db=args.db))
+    row = ask_admin(args, settings, command, body, timeout=300)
     online = row is not None
     if not online:
         default = settings.proxy.aliases.get(args.alias)
@@ -116,14 +111,15 @@ def cmd_route(args: argparse.Namespace) -> int:
             fn = getattr(deployments, command)
             row = offline(settings, lambda st: fn(st, args.alias, **common))
     _show_route(row, online)
-    return 0
+    return Exit.OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from ..deploy import deployments, registry, reviews
     from ..judge import Agreement, judge_agreement
 
-    settings, status = ask_server(args, "status", "status", None)
+    settings = load_settings(args, collector=given(db=args.db))
+    status = ask_admin(args, settings, "status", timeout=30)
     if status is None:
 
         def read(st):
@@ -157,7 +153,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{len(ckpts)} checkpoints: " + ", ".join(f"{c['name']} ({c['status']})" for c in ckpts)
         )
     _show_agreement(agreement)
-    return 0
+    return Exit.OK
 
 
 def _show_release(release: dict) -> None:
@@ -209,12 +205,12 @@ def add_commands(sub) -> None:
             "NAME` imports a PEFT LoRA directory as a candidate after checking its shapes "
             "against the base model."
         ),
+        parents=[CONFIG, DATABASE],
     )
     ckpts.add_argument("action", nargs="?", choices=["list", "add"], default="list")
     ckpts.add_argument("path", nargs="?", help="with add: the adapter directory")
     ckpts.add_argument("--name", help="with add: the checkpoint's name")
     ckpts.add_argument("--base-model", help="with add: the base model directory to check against")
-    settings_flags(ckpts)
     ckpts.set_defaults(func=cmd_checkpoints)
 
     cmp = sub.add_parser(
@@ -227,6 +223,7 @@ def add_commands(sub) -> None:
             "scenario and overall. `base` names the base model; registry checkpoints are "
             "loaded into the engine if needed. Live routing is not touched."
         ),
+        parents=[CONFIG, DATABASE, ENGINE],
     )
     cmp.add_argument("a", help="the baseline checkpoint (or `base`)")
     cmp.add_argument("b", help="the challenger checkpoint (or `base`)")
@@ -235,16 +232,12 @@ def add_commands(sub) -> None:
     cmp.add_argument("--file", help="JSONL of chat requests ({messages, tools, ...}) instead")
     cmp.add_argument("--samples", type=int, default=1, help="answers per checkpoint per prompt")
     cmp.add_argument("--json", action="store_true", help="print the result as JSON")
-    settings_flags(cmp, engine=True)
     cmp.add_argument("--model", help="RULER judge (litellm model name)")
     cmp.add_argument("--api-base", help="the judge's OpenAI-compatible base URL")
     cmp.set_defaults(func=cmd_compare)
 
-    def routing_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--reason", default="by hand", help="recorded with the change")
-        p.add_argument("--server", help="the running server (default: from [proxy] host/port)")
-        p.add_argument("--config", help="TOML settings file")
-        p.add_argument("--db", help="DuckDB file, when no server is running")
+    routing = argparse.ArgumentParser(add_help=False, parents=[SERVER, CONFIG, DATABASE])
+    routing.add_argument("--reason", default="by hand", help="recorded with the change")
 
     about = (
         "Asks the running `onjob serve` (admin API, proxy.admin_key) so it takes effect at "
@@ -255,25 +248,27 @@ def add_commands(sub) -> None:
         "canary",
         help="serve a checkpoint to a fraction of an alias",
         description="Put CHECKPOINT behind ALIAS as its canary. " + about,
+        parents=[routing],
     )
     canary.add_argument("alias")
     canary.add_argument("checkpoint")
     canary.add_argument("--fraction", type=float, default=0.1, help="of conversations (0.1)")
-    routing_flags(canary)
     canary.set_defaults(func=cmd_route)
     for name, text in (
         ("promote", "make an alias's canary its live checkpoint"),
         ("rollback", "retire an alias's canary"),
     ):
-        p = sub.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}. {about}")
+        p = sub.add_parser(
+            name,
+            help=text,
+            description=f"{text[0].upper()}{text[1:]}. {about}",
+            parents=[routing],
+        )
         p.add_argument("alias")
-        routing_flags(p)
         p.set_defaults(func=cmd_route)
     status = sub.add_parser(
         "status",
         help="routing per alias, the latest deployments, each judge's agreement with feedback",
+        parents=[SERVER, CONFIG, DATABASE],
     )
-    status.add_argument("--server", help="the running server (default: from [proxy] host/port)")
-    status.add_argument("--config", help="TOML settings file")
-    status.add_argument("--db", help="DuckDB file, when no server is running")
     status.set_defaults(func=cmd_status)

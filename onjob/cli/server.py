@@ -33,6 +33,7 @@ from ..proxy import (
 from ..proxy.lean import LeanUpstream
 from ..proxy.pool import Pool, Replica
 from . import admin_key
+from .exits import Refused
 from .process import EngineProcess
 from .settings import ServeSettings
 from .stopping import Interrupted, Server, Signals
@@ -198,7 +199,7 @@ def with_admin_key(settings: ServeSettings) -> ServeSettings:
         else:
             key, made = admin_key.ensure(db)
     except admin_key.KeyFileError as exc:
-        raise SystemExit(f"onjob serve: {exc}") from exc
+        raise Refused(str(exc)) from exc
     if key is None:
         return settings
     if made:
@@ -223,24 +224,7 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
     settings = with_admin_key(settings)
     p = settings.proxy  # the settings in force (what the app is built with)
     log_to_stderr()
-    # Several processes on one port: each binds it with SO_REUSEPORT. The primary also
-    # listens on a loopback port of its own, where its workers forward what needs it; with
-    # `loader_apart`, on that one alone.
-    apart = p.loader_apart and not p.primary_url
-    started = p.workers if apart else p.workers - 1  # proxy-only workers this one starts
-    sockets, workers = None, None
-    if p.primary_url or started:
-        public = listening_socket(p.host, p.port, reuse_port=True)
-        if apart:
-            # Bound only to fail here, clearly, when the port is taken: a socket kept in the
-            # port's group without being served would be handed connections no one accepts.
-            public.close()
-        sockets = [] if apart else [public]
-    if started and not p.primary_url:
-        internal = listening_socket("127.0.0.1", 0, reuse_port=False)
-        sockets.append(internal)
-        url = f"http://127.0.0.1:{internal.getsockname()[1]}"
-        workers = Workers(worker_argv(argv or ["serve"], url), started)
+    sockets, workers = _sockets(p, argv)
     if settings.engine.start and p.engine_token is None:
         # The child's adapter routes answer this process alone, not every local process.
         p.engine_token = secrets.token_urlsafe(32)
@@ -248,54 +232,8 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
     with Signals().installed() as signals:
         try:
             if settings.engine.start:
-                port = urlsplit(p.engine_url).port or 8001
-                print(f"onjob serve: starting `onjob engine` on port {port}...", file=sys.stderr)
-                # Started from this, the main, thread: it dies with this process even on
-                # SIGKILL (`process._die_with_parent`).
-                signals.engine = EngineProcess(
-                    settings.engine.args,
-                    port=port,
-                    timeout=900,
-                    new_session=True,
-                    env={"ONJOB_ENGINE_ADAPTER_TOKEN": p.engine_token},
-                    die_with_parent=True,
-                )
-                signals.engine.start()
-            role = (
-                f"proxy only, for {p.primary_url}; spool {settings.collector.spool}"
-                if p.primary_url
-                else f"logging to {settings.collector.db}"
-                + (f"; {p.workers} worker{'s' * (p.workers > 1)}" if p.workers > 1 or apart else "")
-                + ("; this process answers none (--loader-apart)" if apart else "")
-            )
-            print(
-                f"onjob serve: http://{p.host}:{p.port}/v1 -> engine {', '.join(p.replica_urls)}; "
-                f"{role}; models: {', '.join(p.aliases)}"
-                + (
-                    ""
-                    if p.api_keys
-                    else " (no API keys: any local process may use the models and write to "
-                    "the log; set proxy.api_keys to close them)"
-                )
-                + (
-                    ""
-                    if configured_key or p.primary_url
-                    else f"; admin key in {admin_key.path_for(settings.collector.db)}"
-                )
-                + (
-                    f"; loop every {settings.loop.interval_s:g} s"
-                    if settings.loop.interval_s > 0 and not p.primary_url
-                    else "; loop off"
-                ),
-                file=sys.stderr,
-                flush=True,
-            )
-            if not p.primary_url and settings.loop.train and settings.loop.interval_s > 0:
-                print(
-                    f"onjob serve: release mode {static_mode(settings).reason}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                signals.engine = _start_engine(settings)
+            _say_started(settings, configured_key)
             config = uvicorn.Config(
                 app,
                 host=p.host,
@@ -315,3 +253,84 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
                 workers.stop(timeout=p.shutdown_grace_s + 10)
             if signals.engine is not None:
                 signals.engine.stop()
+
+
+def _sockets(p, argv: list[str] | None) -> tuple[list | None, Workers | None]:
+    """Several processes on one port: each binds it with SO_REUSEPORT. The primary also
+    listens on a loopback port of its own, where its workers forward what needs it; with
+    `loader_apart`, on that one alone. (None, None): one process, uvicorn binds."""
+    apart = p.loader_apart and not p.primary_url
+    started = p.workers if apart else p.workers - 1  # proxy-only workers this one starts
+    sockets, workers = None, None
+    if p.primary_url or started:
+        public = listening_socket(p.host, p.port, reuse_port=True)
+        if apart:
+            # Bound only to fail here, clearly, when the port is taken: a socket kept in the
+            # port's group without being served would be handed connections no one accepts.
+            public.close()
+        sockets = [] if apart else [public]
+    if started and not p.primary_url:
+        internal = listening_socket("127.0.0.1", 0, reuse_port=False)
+        sockets.append(internal)
+        url = f"http://127.0.0.1:{internal.getsockname()[1]}"
+        workers = Workers(worker_argv(argv or ["serve"], url), started)
+    return sockets, workers
+
+
+def _start_engine(settings: ServeSettings) -> EngineProcess:
+    p = settings.proxy
+    port = urlsplit(p.engine_url).port or 8001
+    print(f"onjob serve: starting `onjob engine` on port {port}...", file=sys.stderr)
+    # Started from this, the main, thread: it dies with this process even on SIGKILL
+    # (`process._die_with_parent`).
+    engine = EngineProcess(
+        settings.engine.args,
+        port=port,
+        timeout=900,
+        new_session=True,
+        env={"ONJOB_ENGINE_ADAPTER_TOKEN": p.engine_token},
+        die_with_parent=True,
+    )
+    engine.start()
+    return engine
+
+
+def _say_started(settings: ServeSettings, configured_key: bool) -> None:
+    """The start-up line on stderr: where it listens, what it logs to, what is open."""
+    p = settings.proxy
+    apart = p.loader_apart and not p.primary_url
+    role = (
+        f"proxy only, for {p.primary_url}; spool {settings.collector.spool}"
+        if p.primary_url
+        else f"logging to {settings.collector.db}"
+        + (f"; {p.workers} worker{'s' * (p.workers > 1)}" if p.workers > 1 or apart else "")
+        + ("; this process answers none (--loader-apart)" if apart else "")
+    )
+    print(
+        f"onjob serve: http://{p.host}:{p.port}/v1 -> engine {', '.join(p.replica_urls)}; "
+        f"{role}; models: {', '.join(p.aliases)}"
+        + (
+            ""
+            if p.api_keys
+            else " (no API keys: any local process may use the models and write to "
+            "the log; set proxy.api_keys to close them)"
+        )
+        + (
+            ""
+            if configured_key or p.primary_url
+            else f"; admin key in {admin_key.path_for(settings.collector.db)}"
+        )
+        + (
+            f"; loop every {settings.loop.interval_s:g} s"
+            if settings.loop.interval_s > 0 and not p.primary_url
+            else "; loop off"
+        ),
+        file=sys.stderr,
+        flush=True,
+    )
+    if not p.primary_url and settings.loop.train and settings.loop.interval_s > 0:
+        print(
+            f"onjob serve: release mode {static_mode(settings).reason}",
+            file=sys.stderr,
+            flush=True,
+        )

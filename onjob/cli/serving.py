@@ -8,7 +8,8 @@ import shlex
 import sys
 
 from ..engine import EngineSettings
-from .common import given, load_settings
+from .common import CONFIG, DATABASE, given, load_settings
+from .exits import Exit, Failed, Refused
 
 
 def _engine_settings(args: argparse.Namespace) -> EngineSettings:
@@ -30,20 +31,18 @@ def cmd_engine(args: argparse.Namespace) -> int:
             return _dry_run(settings)
         serve(settings)
     except LaunchError as exc:
-        print(f"onjob engine: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        raise Failed(str(exc)) from exc
+    return Exit.OK
 
 
 def _dry_run(settings: EngineSettings) -> int:
     from ..engine import vllm
 
     if settings.backend != "vllm":
-        print("--dry-run applies to --backend vllm", file=sys.stderr)
-        return 2
+        raise Refused("--dry-run applies to --backend vllm")
     argv, env = vllm.command(settings, settings.model or "<bundled model dir>")
     print(" ".join(f"{k}={v}" for k, v in env.items()), shlex.join(argv))
-    return 0
+    return Exit.OK
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -55,17 +54,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         *(["--model", args.model] if args.model else []),
     ]
     if engine_flags and not args.start_engine:
-        print("onjob serve: --backend and --model apply with --start-engine", file=sys.stderr)
-        return 2
+        raise Refused("--backend and --model apply with --start-engine")
     if args.primary and (args.start_engine or args.loader_apart or (args.workers or 1) > 1):
-        print(
-            "onjob serve: --primary (a proxy-only process) takes neither --start-engine, "
-            "--loader-apart nor --workers: start those with the primary server",
-            file=sys.stderr,
+        raise Refused(
+            "--primary (a proxy-only process) takes neither --start-engine, "
+            "--loader-apart nor --workers: start those with the primary server"
         )
-        return 2
     settings = load_settings(
-        "serve",
         args,
         proxy=given(
             host=args.host,
@@ -78,19 +73,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         collector=given(db=args.db),
         engine={"start": True} if args.start_engine else {},
     )
-    if settings is None:
-        return 2
     # After the TOML's `[engine] args`: the command line's flags win (argparse keeps the last).
     settings.engine.args = [*settings.engine.args, *engine_flags]
     try:
         serve(settings, argv=sys.argv[1:])
     except (StorageError, RuntimeError, TimeoutError, OSError) as exc:
-        print(f"onjob serve: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        raise Refused(str(exc)) from exc
+    return Exit.OK
 
 
 def add_commands(sub) -> None:
+    _add_engine(sub)
+    _add_serve(sub)
+
+
+def _add_engine(sub) -> None:
     engine = sub.add_parser(
         "engine",
         help="serve a model with vLLM's OpenAI + LoRA contract (local engine or vLLM)",
@@ -138,6 +135,8 @@ def add_commands(sub) -> None:
     )
     engine.set_defaults(func=cmd_engine)
 
+
+def _add_serve(sub) -> None:
     serve = sub.add_parser(
         "serve",
         help="the OpenAI-compatible proxy that logs every exchange into DuckDB",
@@ -148,14 +147,13 @@ def add_commands(sub) -> None:
             'variables (e.g. ONJOB_PROXY__API_KEYS=\'{"app": "sk-..."}\'), then the TOML '
             "file (--config, $ONJOB_CONFIG or ./onjob.toml), then defaults."
         ),
+        parents=[CONFIG, DATABASE],
     )
-    serve.add_argument("--config", help="TOML settings file ([proxy], [collector], [telemetry])")
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to listen on (default 8000)")
     serve.add_argument(
         "--engine-url", help="the engine's OpenAI base URL (default http://127.0.0.1:8001/v1)"
     )
-    serve.add_argument("--db", help="DuckDB file (default ./onjob.duckdb)")
     serve.add_argument(
         "--start-engine",
         action="store_true",

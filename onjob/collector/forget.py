@@ -1,36 +1,13 @@
 """Deleting logged traffic and everything derived from it: `onjob forget`, the admin API's
 `POST /admin/forget`, and `collector.retention_days`.
 
-What is deleted is always whole conversations. Every later turn's request repeats the
-earlier messages, so deleting some turns of a conversation would keep its text; a
-trajectory never spans two API keys, so "a tenant's data" is a set of trajectories too:
-
-- `trajectory`: that conversation;
-- `api_key`: every conversation of that key, and every feedback it posted;
-- `before`: every conversation whose last logged turn is older (retention).
-
-With the conversations go their exchanges (the judge's `resample` exchanges share their
-trajectory id), their trajectory rows, every group one of their exchanges or
-trajectories is a member of or the prefix of (with all its members, judgements and
-scores: a ranking that saw the text is derived from it), and the feedback on them.
-Scenario counts are recomputed and a scenario left with no conversation goes, and so
-does an opening (`linear.py`: a start conversations share) no remaining row is stored
-against. So no later judge pass or snapshot for training can read any of it.
-
-Checkpoints already trained on one of those groups cannot be untrained: they (and the
-checkpoints trained on top of them) are listed in the answer, from `train_runs.groups_used`.
-(The training snapshots on disk that hold those groups are the deploy side's to remove:
-`deploy.training.drop_snapshots`.)
-
-A rule is kept in `forgotten` (migration V8) and the loader applies it to every spool
-line it loads (`store.load_segment`): a line written before the deletion but loaded after
-it (traffic in flight, a segment replayed after a crash) never brings the rows back.
-
-Then the copies onjob can reach: a checkpoint (`Store.checkpoint`) moves the deletion into
-the database file, so the write-ahead log no longer holds the deleted text, and the
-lines set aside in the spool's `failed/` (and `.pieces/`, should a crash have left any)
-that belong to what was deleted are removed from their files (`scrub`). What onjob cannot
-reach is listed in every answer (`NOT_REACHED`).
+Always whole conversations (a later turn repeats the earlier ones), by trajectory, API key
+or date, with every row derived from them: exchanges, trajectories, the groups, judgements
+and scores that saw them, feedback, scenarios and openings left empty. A rule kept in
+`forgotten` stops a spool line loaded later from bringing them back; a checkpoint moves
+the deletion out of the WAL, `scrub` removes their lines set aside in `failed/`, and
+what onjob cannot reach is listed (`NOT_REACHED`), with the checkpoints already trained
+on them. docs/collector.md, "Forgetting", has the whole rule.
 """
 
 from __future__ import annotations

@@ -1,51 +1,15 @@
 """Linear storage: a later turn stores only what is new, and the full request is rebuilt
 on read.
 
-Each turn of a conversation re-sends every earlier message, and its prompt's token ids
-repeat the previous turn's prompt and completion. Stored whole, a conversation of n
-turns costs O(n²). So an exchange that continues an earlier one (`parent_id`: the
-answered exchange whose messages and reply its messages begin with, found by the
-stitcher's continuation hashes) stores:
-
-- `messages_kept`: how many leading messages equal the parent's (full) request's, compared
-  by their exact JSON encoding (never by what the stitcher normalises), and in `request`
-  the request with `messages` holding only the messages past those;
-- `request_kept`: the large top-level fields (`tools`, a JSON schema) equal to the parent's,
-  left out of `request`;
-- `prompt_kept`: how many leading prompt token ids equal the parent's prompt + its first
-  choice's completion token ids, compared id by id (a chat template need not re-render a
-  turn as it was sampled: the prompt keeps only the common prefix, and the rest is stored),
-  and in `prompt_token_ids` only the ids past those.
-
-Conversations of one agent share their start too: the system prompt, the tool schemas, and
-the prompt token ids that render them, often thousands of tokens, identical in every
-conversation. So a turn with no parent held (a first turn, or a conversation this process
-no longer holds) is stored against an *opening* (table `openings`, id `opn_...`): the
-leading system/developer messages and the large top-level fields it shares with earlier
-conversations of the same API key, and the prompt token ids the first two such
-conversations' prompts began with. The row's `parent_id` is the opening's id and the
-`*_kept` columns count into it as into a parent exchange. An opening is made from the
-second conversation that starts alike (the first is stored whole), content-addressed (two
-processes that make the same one write one row), and spooled in every segment that has a
-line stored against it (`Collector.log`): a segment never depends on another's lines, so
-no load order, crash or deletion can leave a turn without its opening. Openings no row
-refers to are deleted with the rows (`forget.py`). The token ids an opening holds are what
-two conversations' prompts shared, word for word: the rendered system prompt and tools,
-and whatever their first user messages happened to begin with alike.
-
-A row with `parent_id` NULL is stored whole (the first conversation of its opening, a
-resample, a request with no system message and no large field, every row written before
-this scheme). The view
-`exchanges_full` (`schema.py`) rebuilds every row's full `request` and `prompt_token_ids`
-exactly; everything that reads them reads that view.
-
-The decision is made where the record is made (the proxy, `Lineage.delta`), so the spool
-is linear too. `Lineage` holds, per live conversation, its last answered exchange (under
-the continuation hash of its first reply, within its API key): the digests of its
-messages and its prompt + completion token ids, bounded in conversations and in tokens
-(LRU). A conversation it no longer holds (another proxy process served its last turn, or
-it was pushed out, or `onjob forget` ran: `clear()`) is stored whole at its next turn:
-nothing is lost, only space.
+Each turn re-sends every earlier message and token id, so a conversation stored whole
+costs O(n²). A turn that continues an answered exchange (`parent_id`) stores only the
+messages, large top-level fields and prompt token ids past those equal to its parent's
+(`messages_kept`, `request_kept`, `prompt_kept`); a first turn is stored the same way
+against an *opening* (`openings`, `opn_...`): the start its conversation shares with
+others of its API key, system prompt and tools. `exchanges_full` (`schema.py`) rebuilds
+every row exactly. The decision is made where the record is made (`Lineage.delta`, in
+the proxy), with bounded memory: a conversation it no longer holds is stored whole, so
+nothing is lost, only space. docs/collector.md, "Linear storage", has the details.
 """
 
 from __future__ import annotations

@@ -24,27 +24,12 @@ def trajectory_owner(store: Store, trajectory_id: str) -> list[dict]:
     )
 
 
-def recent_exchanges(store: Store, limit: int = 50) -> list[dict]:
-    return store.query(
-        f"SELECT * FROM {rebuilt('SELECT id FROM exchanges ORDER BY ts DESC LIMIT ?')} "
-        "ORDER BY ts DESC",
-        [limit],
-    )
-
-
 def trajectory(store: Store, trajectory_id: str) -> list[dict]:
     """The successful turns of one conversation, in order."""
     ids = (
         "SELECT id FROM exchanges WHERE trajectory_id = ? AND status < 400 AND source <> 'resample'"
     )
     return store.query(f"SELECT * FROM {rebuilt(ids)} ORDER BY turn, ts", [trajectory_id])
-
-
-def trajectories_of(store: Store, scenario_id: str, limit: int = 1000) -> list[dict]:
-    return store.query(
-        "SELECT * FROM trajectories WHERE scenario_id = ? ORDER BY first_ts DESC LIMIT ?",
-        [scenario_id, limit],
-    )
 
 
 def scenarios(store: Store) -> list[dict]:

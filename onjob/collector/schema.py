@@ -1,4 +1,4 @@
-"""The tables (DESIGN.md, "Data") and their migrations.
+"""The tables and their migrations.
 
 `MIGRATIONS[i]` upgrades a database from version i to i+1. Opening a database
 applies whatever it lacks, in one transaction per step, and records the version
@@ -410,11 +410,18 @@ CREATE TABLE reviews (
 );
 """
 
+# A canary's rounds (`deploy/ledger.py`): the loop's looks at the canary of one routing
+# (`rounds_of`, the `deployments` row's ts), so its cap in rounds survives a restart.
+V16_CANARY_ROUNDS = """
+ALTER TABLE candidates ADD COLUMN rounds INTEGER DEFAULT 0;
+ALTER TABLE candidates ADD COLUMN rounds_of TIMESTAMPTZ;
+"""
+
 # The exchanges loaded since the last Parquet export to the bucket (`export.py`), filled
 # in the load's own transaction, so no exchange is loaded without being queued (nor queued
 # without being loaded); `batch` is set when an export takes them, so a retry after a
 # failed upload writes the same rows under the same object names.
-V16_EXPORT_QUEUE = """
+V17_EXPORT_QUEUE = """
 CREATE TABLE export_queue (id VARCHAR NOT NULL, batch BIGINT);
 """
 
@@ -434,7 +441,8 @@ MIGRATIONS: list[str] = [
     V13_CANDIDATES,
     V14_UNTRAINABLE,
     V15_RELEASE,
-    V16_EXPORT_QUEUE,
+    V16_CANARY_ROUNDS,
+    V17_EXPORT_QUEUE,
 ]
 
 

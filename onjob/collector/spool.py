@@ -2,47 +2,16 @@
 of proxy processes on one host, loaded by one (other hosts' segments reach it through
 object storage: `handoff.py`).
 
-An exchange is written with one `write()` to a file opened `O_APPEND` before the
-client gets its answer, so it survives a crash of the process that wrote it (kill -9):
-the kernel holds the data. (Surviving a power cut would need an fsync per exchange;
-`fsync=True` buys that at a large cost in throughput.)
-
-Each writer (a `Spool`) appends to a segment of its own, created when it first has a
-line to write, under an exclusive `flock` it holds while the file is open:
-
-    <opened ms>-<writer>-<seq>.part                 open: its writer is appending
-    <opened ms>-<closed ms>-<writer>-<seq>.jsonl    closed: ready to load
-
-A writer closes its segment (a rename) at `max_segment_bytes` and whenever it is asked
-to `rotate()`, which every process does every `rotate_s`: a line waits at most that long
-to become loadable. A `.part` whose lock can be taken belongs to a writer that died
-(crash, kill -9): the loader claims it (closes it itself), so nothing a client received
-is lost. The directory is shared by the processes of one host: `flock` across hosts is
-not to be relied on (the Linux NFS client emulates it with POSIX locks, which need the
-file open for writing). Hosts hand their segments over through object storage instead
-(`handoff.py`).
-
-Which closed segments may be loaded (`loadable()`): stitching happens at load time, and
-a turn must be loaded with or after the turn it continues. The earlier turn was written
-before the later one's request arrived, so only a segment still open can hold the
-earlier turn of a loadable line, or a closed segment held back itself. So a closed
-segment is held back while another writer's open segment, or a held segment, was opened
-before it closed; it waits about `rotate_s`. Loading
-goes in batches (`batches()`): in order of opening, each closed under overlap (a segment
-open while another of the batch was), so a turn and the turn it continues always land in
-one batch or in batches loaded in order. The writers' clocks must agree (NTP) to well
-within the time between a reply and the next turn.
-
-The loader never takes exchanges from memory: loading after a crash is the same path as
-normal operation, and when DuckDB falls behind the closed segments pile up on disk
-rather than in memory.
-
-A closed segment DuckDB refuses for what it holds (a line whose id is already loaded, as
-when a spool is restored from a backup) is loaded line by line (`lines.py`): each line
-refused alone is set aside (`set_aside_line()`), written to `failed/` as
-`<name minus .jsonl>-line<n>.jsonl` with a `.error` file beside it saying why, and the
-rest of the segment loads. When every line is refused, the segment is set aside whole
-(`set_aside()`), unchanged. Moving a file back into the directory loads it again.
+One `write()` per exchange to a segment of the writer's own, `O_APPEND`, under its
+`flock`: a crash of the writer (kill -9) loses nothing a client received, and a dead
+writer's open segment is claimed by the loader. A closed segment is loadable only when no
+segment that may hold an earlier turn of one of its lines is still open (`loadable()`,
+`batches()`), so a turn is never placed before the one it continues. Loading after a crash
+is the normal path: the loader never takes exchanges from memory. A segment DuckDB refuses
+is loaded line by line, each line refused alone set aside in `failed/` with its reason.
+docs/collector.md, "The spool", says why each rule holds. The processes sharing a
+directory are one host's (`flock` across hosts is not to be relied on); other hosts hand
+their segments over through object storage (`handoff.py`).
 """
 
 from __future__ import annotations

@@ -1,35 +1,12 @@
 """Which SQL a user's query may be: one SELECT that reads this database's own tables.
 
-`onjob sql` and the admin API's `/admin/sql` run what a holder of the admin key sends, on
-the server's own DuckDB, whose process may read any file the server can (`read_csv`,
-`FROM '/etc/x.csv'`, globs, the spool's `.jsonl`, URLs through DuckDB's extensions). What
-is allowed is decided twice, by DuckDB itself, never by a pattern over the text:
-
-1. **The syntax tree** (`check_syntax`). DuckDB's parser must find exactly one statement
-   and call it a SELECT; its serialised tree (`json_serialize_sql`) may then name only the
-   database's own tables and views, the catalogue's views (`information_schema`,
-   `pg_catalog`), a CTE *in scope where it is named*, and a closed list of table functions
-   that make values or read the catalogue. This runs before anything is bound, because
-   DuckDB's binder already reads a file it is given (a CSV's header is sniffed to learn
-   its columns, and comes back in a binder error or `DESCRIBE`'s answer).
-2. **The bound plan** (`check_plan`). `EXPLAIN (FORMAT json)` of the same statement, in
-   the same read-only transaction as the run that follows, so the catalogue cannot change
-   in between: every operator must be a relational one, a scan of one of the database's
-   own tables, or one of the allowed table functions. Whatever the tree check missed
-   (a name resolved some way it did not foresee) is refused here, before a row is read.
-
-A CTE's name counts only inside the query that defines it and after its definition: the
-check that took any CTE name anywhere in the query for a CTE let
-`SELECT * FROM (WITH "/x.csv" AS (SELECT 1) SELECT 1) t, '/x.csv'` read the file.
-
-Where the connection is the caller's alone (`onjob sql --db`), DuckDB's own switches go
-off too (`lock_down`). The server's read cursor shares its DuckDB instance with the spool
-loader (`read_json` of the segments) and `onjob export` (`COPY ... TO`), and these
-switches are the instance's, not a cursor's (measured on DuckDB 2.0.1: `SET
-enable_external_access = false` on one cursor refuses files to every cursor, and cannot be
-undone), so there the two checks above are the defence; only loading extensions on
-demand, which onjob itself never needs, is switched off for the whole instance
-(`no_extensions_on_demand`).
+`onjob sql` and `/admin/sql` run what the admin key's holder sends on a DuckDB that may
+read any file the server can, so what is allowed is decided twice, by DuckDB itself and
+never by a pattern over the text: on the syntax tree before anything is bound
+(`check_syntax`: DuckDB's binder already reads a file it is given), then on the bound plan
+in the same read-only transaction as the run (`check_plan`). A CTE's name counts only in
+its scope. Where the connection is the caller's alone, DuckDB's own switches go off too
+(`lock_down`). docs/collector.md, "Users' queries", says why each step is needed.
 """
 
 from __future__ import annotations

@@ -1,39 +1,13 @@
 """The DuckDB side: loading spool segments exactly once, and the queries other parts ask.
 
-DuckDB reads a spool segment itself (`read_json`, C++, no Python objects and no GIL
-held), and it goes in with one `INSERT ... SELECT` per table, in one transaction
-with its name in `loaded_segments`: replaying a segment after a crash between the
-commit and the file's deletion changes nothing, and no insert scans the growing
-tables. Trajectory and scenario aggregates are upserts, through their primary keys'
-indexes where a load touches few of their rows (`_upsert`).
-A line torn by a crash mid-write reads as an empty row and is counted, not loaded.
-A line `onjob forget` or retention deleted (table `forgotten`) is dropped, so loading
-a segment late never brings deleted rows back, and so is a later turn stored against an
-exchange so deleted (`_absent`). Openings (`linear.py`) go into their own table, once each.
-
-After each load DuckDB gives back what it holds between loads (`release_memory`): without
-it a server that loads a small segment every `collector.flush_interval_s` grows for as long
-as it runs (+3.1 MB/min in a 30-minute `bench/soak.py`), in two ways `memory_limit` does
-not bound. DuckDB caches every buffer it unpins, the blocks of each checkpoint included,
-until the limit (1 GB by default) is reached, so its cache grows as fast as the file; and
-each unpin leaves an entry in an eviction queue, whose stale entries keep their block's
-record allocated (~200 bytes each, in malloc's heap, counted in neither `memory_limit` nor
-`duckdb_memory()`) until the queue passes 32,768 entries: eight queues, ~50 MB, filled
-over ~20 minutes at the soak's rate. Only eviction walks the queues, so it is asked for.
-
-The file is attached with row groups of `ROW_GROUP_ROWS` rows (DuckDB's default is
-122,880). Every automatic checkpoint rewrites the table's last, growing row group, and a
-list column's values (`prompt_token_ids`, `completion_logprobs`: hundreds per exchange)
-go through one vector for the whole row group, whose capacity doubles: a load's memory
-jumped +80, +200, +440 MB as the row group passed 10,800, 21,600 and 43,200 exchanges of
-the ingest bench's mix, and loading slowed as it filled. At 2,048 rows the worst load's
-peak stays ~130 MB above the process's base (60,000 exchanges in 16 MB loads: 280 MB
-peak against 665; 120 µs per exchange against 155; the file 10% larger). The size is
-DuckDB's per attach, not stored in the file: every write goes through `Store`.
-
-DuckDB connections are not safe across threads: `Store` is used from one thread
-at a time (the collector runs it on a single-thread executor). Users' queries on a cursor
-of their own in another thread go through `read`, and no eviction runs meanwhile.
+A segment goes in with one `INSERT ... SELECT` per table (DuckDB's `read_json`: no Python
+objects), in one transaction with its name in `loaded_segments`, so replaying it after a
+crash changes nothing; a line `onjob forget` or retention deleted is dropped (`_absent`).
+After each load DuckDB gives back its cache and stale eviction-queue entries
+(`release_memory`), and the file is attached with small row groups (`ROW_GROUP_ROWS`):
+both bound memory that `memory_limit` does not (docs/collector.md, "Loading into DuckDB").
+`Store` is used from one thread at a time; users' queries run on a cursor of their own
+through `read`, while no eviction runs.
 """
 
 from __future__ import annotations
@@ -45,16 +19,18 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import duckdb
+import msgspec
 
 from .errors import StorageError
 from .schema import migrate
 
 T = TypeVar("T")
+R = TypeVar("R")  # a record `Store.rows` builds
 
-ROW_GROUP_ROWS = 2048  # the module docstring says why
+ROW_GROUP_ROWS = 2048  # docs/collector.md, "Loading into DuckDB", says why
 _RESERVED = {"memory", "system", "temp", "main"}  # catalog names an attached file cannot take
 
 _COLUMNS = (
@@ -115,11 +91,37 @@ _READ = (
     f"ignore_errors = true, columns = {_LINE!r})"
 )
 
-# The lines the loader places (`Placer`), in the order their requests arrived: a turn is
-# placed after the turn it continues, whichever process or segment each came from.
-_UNPLACED = """
-SELECT id, api_key_id, trajectory_id, after_turn, stitch, prefix_hash, continuation_hashes,
-       scenario_key, scenario_keyed, status, retry_of
+
+class Unplaced(msgspec.Struct, frozen=True):
+    """A spool line the loader places in its trajectory (`Placer`): the columns `_UNPLACED`
+    selects, by name, so their order lives here alone."""
+
+    id: str
+    api_key_id: str | None
+    trajectory_id: str | None  # a conversation the client named, or a Responses API chain
+    after_turn: int | None
+    stitch: list[str] | None
+    prefix_hash: str | None
+    continuation_hashes: list[str] | None
+    scenario_key: str
+    scenario_keyed: str
+    status: int | None
+    retry_of: str | None
+
+
+class Placed(NamedTuple):
+    """Where the loader put a line: `_PLACE`'s parameters, one column each."""
+
+    id: str
+    trajectory_id: str
+    turn: int
+    scenario_id: str
+
+
+# The lines the loader places, in the order their requests arrived: a turn is placed after
+# the turn it continues, whichever process or segment each came from.
+_UNPLACED = f"""
+SELECT {", ".join(Unplaced.__struct_fields__)}
 FROM segment WHERE kind = 'exchange' AND turn IS NULL ORDER BY ts, id
 """
 _PLACE = """
@@ -129,8 +131,8 @@ FROM (SELECT unnest(?::VARCHAR[]) AS id, unnest(?::VARCHAR[]) AS trajectory_id,
 WHERE segment.id = p.id
 """
 
-Placer = Callable[[list[tuple]], list[tuple[str, str, int, str]]]
-"""Rows of `_UNPLACED` -> (id, trajectory id, turn, scenario id) each (`Collector._place`)."""
+Placer = Callable[[list[Unplaced]], list[Placed]]
+"""The lines to place, in order -> where each went (`Collector._place`)."""
 
 # Lines `onjob forget` or retention deleted (`forgotten`, `forget.py`) are dropped before
 # anything is inserted: equality joins for the few named trajectories and keys, one
@@ -258,7 +260,7 @@ class Store:
                 con.execute("ROLLBACK")
                 return 0, 0
             con.execute(_READ, [[str(p) for p in paths]])
-            unplaced = con.execute(_UNPLACED).fetchall()
+            unplaced = self.rows(Unplaced, _UNPLACED)
             if unplaced:
                 if place is None:
                     raise StorageError("spool lines with no trajectory and nothing to place them")
@@ -315,7 +317,7 @@ class Store:
     def release_memory(self) -> bool:
         """Evict every buffer DuckDB can (the next load reads back the few index and table
         blocks it needs, from the OS's page cache) and drop every stale eviction-queue
-        entry, then return the allocator's free pages to the OS. The module docstring says
+        entry, then return the allocator's free pages to the OS. docs/collector.md says
         why; bench/loader_memory.py measures it. False, and nothing done, while `read` runs.
 
         DuckDB evicts only to reach a `memory_limit` being set: asked for one byte it walks
@@ -478,6 +480,14 @@ class Store:
             if isinstance(exc, duckdb.Error):
                 raise StorageError(f"write failed: {exc}") from exc
             raise
+
+    def rows(self, record: type[R], sql: str, params: list | None = None) -> list[R]:
+        """The rows of `sql` as `record`s (a msgspec Struct or a dataclass), each column
+        given by name: a column the record lacks, or a field no column fills, is a
+        TypeError here, not a wrong value later."""
+        cur = self.con.execute(sql, params or [])
+        names = [d[0] for d in cur.description]
+        return [record(**dict(zip(names, row, strict=True))) for row in cur.fetchall()]
 
     def query(self, sql: str, params: list | None = None) -> list[dict]:
         cur = self.con.execute(sql, params or [])

@@ -1,33 +1,13 @@
 """Stitching exchanges into trajectories, and keying their scenarios.
 
-A request continues a trajectory when its messages start with an earlier
-request's messages plus the reply that request got (then new messages follow).
-Messages are hashed as a chain (the hash of message k covers messages 1..k).
-
-The work is split between the two sides of the spool, so that any number of proxy
-processes can serve one conversation:
-
-- the proxy computes a request's `Keys` (`keys()`): the chain hashes that end at an
-  assistant message (the continuations it may be, latest first), the hash of all its
-  messages, the scenario's key, and the `opening` (the hash up to the first reply: the
-  same for every turn of a conversation, so the canary arm derived from it needs no
-  memory of the conversation); after the answer, the hashes of the replies the client
-  got (`continuations()`). They travel in the spool line.
-- the one loader places the lines (`Stitcher.place_keys`) in the order their requests
-  arrived, with an in-memory index of (API key, continuation hash) -> (trajectory, turn).
-
-A client that edits history produces a chain that matches nothing and starts a
-new trajectory; one that continues an older turn of a trajectory (a retry or a
-fork) also starts a new one, so a trajectory is always one linear conversation.
-
-Tenants are kept apart: a trajectory never spans two API keys. The index is keyed
-by (API key id, hash), so two keys sending the same conversation get two
-trajectories, and a conversation the client names is the key's own name
-(`scoped()`): two keys naming `conv-1` hold two trajectories. A scenario is one key's
-too (`scenario_id()`): its id covers the API key id, so two keys sending the same system
-prompt and first message, or naming the same scenario (`X-Onjob-Scenario: refunds`), are
-two scenarios, and no key can join another's groups by naming its scenario. On a server
-with no API keys the id is what it always was.
+A request continues a trajectory when its messages start with an earlier request's
+messages plus the reply it got; messages are hashed as a chain. The proxy computes each
+request's `Keys` (`keys()`) and its replies' hashes (`continuations()`), which travel in
+the spool line, so any number of proxy processes can serve one conversation; the one
+loader places the lines in arrival order (`Stitcher.place_keys`). An edited history, a
+retry or a fork starts a new trajectory: a trajectory is one linear conversation. Tenants
+stay apart: trajectories and scenarios are one API key's (`scoped()`, `scenario_id()`).
+docs/collector.md, "Trajectories and scenarios", says more.
 """
 
 from __future__ import annotations

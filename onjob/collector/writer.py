@@ -34,7 +34,7 @@ from .lines import load_by_line, pieces_of, unreadable
 from .records import ExchangeRecord, Record, encode
 from .settings import CollectorSettings
 from .spool import Segment, Spool, batches
-from .store import Store
+from .store import Placed, Store, Unplaced
 from .trajectories import Keys, Stitcher
 
 log = logging.getLogger("onjob.collector")
@@ -301,38 +301,33 @@ class Collector:
             self._store.forget_segment(path.name)
         return inserted
 
-    def _place(self, rows: list[tuple]) -> list[tuple[str, str, int, str]]:
+    def _place(self, lines: list[Unplaced]) -> list[Placed]:
         """Place spool lines (in the order their requests arrived) in their trajectories: on
         the database thread, the one user of the stitcher."""
         out = []
-        for (
-            id_,
-            api_key_id,
-            trajectory_id,
-            after_turn,
-            stitch,
-            prefix_hash,
-            continuations,
-            scenario_key,
-            scenario_keyed,
-            status,
-            retry_of,
-        ) in rows:
-            keys = Keys(stitch or [], prefix_hash or "", "", scenario_key, scenario_keyed)
-            if retry_of in self._failed:  # live answering for a failed canary: its place
-                trajectory_id, turn = self._failed.pop(retry_of)
+        for line in lines:
+            keys = Keys(
+                line.stitch or [],
+                line.prefix_hash or "",
+                "",
+                line.scenario_key,
+                line.scenario_keyed,
+            )
+            trajectory_id, after_turn = line.trajectory_id, line.after_turn
+            if line.retry_of in self._failed:  # live answering for a failed canary: its place
+                trajectory_id, turn = self._failed.pop(line.retry_of)
                 after_turn = turn - 1
             p = self.stitcher.place_keys(
-                keys, trajectory_id=trajectory_id, api_key_id=api_key_id, after_turn=after_turn
+                keys, trajectory_id=trajectory_id, api_key_id=line.api_key_id, after_turn=after_turn
             )
-            if status is not None and status < 400:
-                self.stitcher.register(p, continuations or [])
+            if line.status is not None and line.status < 400:
+                self.stitcher.register(p, line.continuation_hashes or [])
             else:  # a failed exchange is no turn: a retry takes its place
                 self.stitcher.release(p)
-                self._failed[id_] = (p.trajectory_id, p.turn)
+                self._failed[line.id] = (p.trajectory_id, p.turn)
                 while len(self._failed) > FAILED_HELD:
                     self._failed.pop(next(iter(self._failed)))
-            out.append((id_, p.trajectory_id, p.turn, p.scenario_id))
+            out.append(Placed(line.id, p.trajectory_id, p.turn, p.scenario_id))
         return out
 
     async def forget(self, what: Forget, *, actor: str = "admin-api") -> Forgotten:

@@ -17,8 +17,9 @@ from litestar.params import FromPath, FromQuery
 from litestar.static_files import create_static_files_router
 
 from ..collector import Collector
-from ..deploy import canary, deployments, progress, reviews
+from ..deploy import deployments, progress, reviews
 from ..deploy.loop import LoopState
+from ..deploy.release import decide
 from ..deploy.settings import DeploySettings
 from ..judge import judge_agreement
 from ..judge.rollouts import json_value
@@ -168,7 +169,7 @@ def routes(
         def read(store):
             routing = deployments.current(store)
             running = {
-                alias: canary.verdict(store, alias, r, settings.loop, canary.judges(settings))
+                alias: decide(store, settings, r["canary"], r["live"], r)
                 for alias, r in routing.items()
                 if r["canary"]
             }

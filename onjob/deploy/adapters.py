@@ -22,21 +22,11 @@ from __future__ import annotations
 
 import httpx
 
+from .errors import AdapterPathUnreadable, EngineControlError, EngineUnreachable
+
 # The setting that says where checkpoints are written (the trainer's, in the server's
 # settings), named in the error when the engine cannot read one.
 CHECKPOINTS_SETTING = "trainer.checkpoints_dir"
-
-
-class EngineControlError(Exception):
-    pass
-
-
-class AdapterPathUnreadable(EngineControlError):
-    """The engine has no adapter at the checkpoint's path (another host's disk)."""
-
-
-class EngineUnreachable(EngineControlError):
-    """No connection to the engine (down, or restarting): it can be loaded when it is back."""
 
 
 async def loaded(engine: httpx.AsyncClient) -> set[str]:

@@ -20,8 +20,10 @@ from ..collector import Collector, rebuilt
 from ..collector.ids import new_id
 from ..judge import rewards, sampling
 from . import adapters, registry, stats
-from .canary import TRAINED_CONVERSATIONS, ab_outcomes, paired_round
+from .errors import NothingToJudge, UnknownCheckpoint
 from .judging import engine_client
+from .pairs import ab_outcomes, paired_round
+from .prompts import TRAINED_CONVERSATIONS
 from .settings import DeploySettings
 
 BASE = ("base", "")
@@ -42,7 +44,7 @@ async def compare(
     s = settings.judge.model_copy(update={"group_size": samples})
     fns = rewards.load(s.rewards)
     if not s.scorers:
-        raise ValueError("nothing to judge with: set judge.model (RULER) or [judge.rewards]")
+        raise NothingToJudge("nothing to judge with: set judge.model (RULER) or [judge.rewards]")
     db = Collector(settings.collector)
     await db.start()
     try:
@@ -73,13 +75,10 @@ async def _ensure_loaded(db: Collector, engine: httpx.AsyncClient, name: str, ba
     if name in BASE or name == base:
         return base, None
     row = await db.query(lambda st: registry.get(st, name))
-    try:
-        if row is not None:
-            await adapters.ensure_loaded(engine, name, row["path"])
-        elif name not in await adapters.loaded(engine):
-            raise ValueError(f"{name!r} is neither in the engine nor in the checkpoints table")
-    except adapters.EngineControlError as exc:
-        raise ValueError(str(exc)) from exc
+    if row is not None:
+        await adapters.ensure_loaded(engine, name, row["path"])
+    elif name not in await adapters.loaded(engine):
+        raise UnknownCheckpoint(f"{name!r} is neither in the engine nor in the checkpoints table")
     return name, name
 
 

@@ -11,10 +11,7 @@ import json
 
 from ..collector import Store
 from . import registry
-
-
-class DeployError(Exception):
-    pass
+from .errors import DeployError, RoutingChanged
 
 
 def current(store: Store) -> dict[str, dict]:
@@ -162,10 +159,6 @@ def reject(
             statuses={checkpoint: "retired"},
         )
     return current(store)[alias]
-
-
-class RoutingChanged(DeployError):
-    """The routing a decision was made on is no longer the current one."""
 
 
 def _check(store: Store, alias: str, expected: dict | None) -> None:

@@ -59,6 +59,14 @@ def enter(store, alias: str, checkpoint: str, now: datetime | None = None) -> in
     return k
 
 
+def entered(store, alias: str, checkpoint: str) -> bool:
+    """Whether the candidate was ever tested (has its index)."""
+    rows = store.query(
+        "SELECT 1 FROM candidates WHERE alias = ? AND checkpoint = ?", [alias, checkpoint]
+    )
+    return bool(rows)
+
+
 def settle(
     store, alias: str, checkpoint: str, outcome: Outcome, now: datetime | None = None
 ) -> None:
@@ -68,6 +76,18 @@ def settle(
         "UPDATE candidates SET outcome = ?, decided = ? WHERE alias = ? AND checkpoint = ?",
         [outcome, now or datetime.now(UTC), alias, checkpoint],
     )
+
+
+def count_round(store, alias: str, checkpoint: str, routing_ts: datetime) -> int:
+    """One more look at the canary of the routing made at `routing_ts`; how many so far
+    (a new routing of the same checkpoint starts again from 1)."""
+    enter(store, alias, checkpoint)
+    rows = store.query(
+        "UPDATE candidates SET rounds = CASE WHEN rounds_of = ? THEN coalesce(rounds, 0) + 1 "
+        "ELSE 1 END, rounds_of = ? WHERE alias = ? AND checkpoint = ? RETURNING rounds",
+        [routing_ts, routing_ts, alias, checkpoint],
+    )
+    return rows[0]["rounds"]
 
 
 def backoff_s(settings: LoopSettings, failures: int) -> float:

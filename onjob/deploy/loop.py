@@ -1,39 +1,27 @@
-"""The loop: re-sample and judge, train, put the checkpoint behind a canary, compare, decide.
+"""The loop: re-sample and judge, train, and hand each candidate to the release pipeline.
 
 One iteration (`run_once`):
 
-    orphans (no canary):          a candidate recorded by an earlier iteration that
-                                  stopped before deciding it: the newest whose parent
-                                  is still live goes on to its held-out check, the
-                                  others are retired
-    if the alias has a canary:    the referee retries pairs left unscored, a paired
-                                  round (logged prompts on live and canary, judged
-                                  together), then the verdict: promote, roll back, or
-                                  keep collecting. A promotion is the loop's only where
-                                  `trust.release_mode` is automatic (a referee other
-                                  than the coach, or users' feedback checking the
-                                  coach); otherwise the canary is *ready for review*
-                                  (`reviews`): no more pairs, guards still watched, a
-                                  person promotes or rolls back
-    judge pass                    turn and trajectory groups, scored (skipped during a
-                                  comparison once the next run has its groups; none from
-                                  the held-out slice)
-    no canary, enough new groups: train (child process, held-out scenarios excluded)
-                                  -> candidate -> compared with live on the held-out
-                                  slice (`holdout`) -> canary, or stopped there
+    orphans (no canary)      candidates an earlier iteration recorded and never decided
+                             (`release.orphans`)
+    a canary                 one round of it (`release.canary_round`): pairs while its
+                             test is open, then promote, ready for review, roll back or wait
+    judge pass               turn and trajectory groups, scored (skipped during a canary
+                             once the next run has its groups; none from the held-out slice)
+    no canary, enough new    train (child process, held-out scenarios excluded) -> the
+    groups                   candidate's offline test -> its canary, or stopped there
+                             (`release.trained`)
 
-Every stage reads its state from DuckDB (groups not trained on, the latest
-deployment, pairs already judged), so an iteration killed anywhere, even mid-train,
-is picked up by the next one without duplicates. `onjob serve` runs it every
-`loop.interval_s` (`PeriodicLoop`); `onjob loop [--once]` runs it on a database no
-server holds.
+Every stage reads its state from DuckDB (groups not trained on, the latest deployment,
+pairs already judged), so an iteration killed anywhere, even mid-train, is picked up by
+the next one without duplicates. `onjob serve` runs it every `loop.interval_s`
+(`PeriodicLoop`); `onjob loop [--once]` runs it on a database no server holds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import defaultdict
@@ -42,10 +30,11 @@ from dataclasses import dataclass, field
 import httpx
 
 from ..collector import Collector
-from ..judge import JudgeError, rewards, run_pass, sampling
+from ..judge import JudgeError, run_pass
 from ..proxy import Router
 from ..trainer import snapshot
-from . import canary, deployments, holdout, ledger, reviews, training, trust
+from . import deployments, holdout, ledger, release, training
+from .errors import DeployError
 from .judging import engine_client
 from .operator import Operator
 from .settings import DeploySettings
@@ -97,15 +86,16 @@ async def run_once(
     state.iterations += 1
     loop, alias = settings.loop, settings.loop.alias
     routing = (await db.query(deployments.current)).get(alias)
+    pipeline = release.Release(db, engine, operator, settings, echo)
     if loop.train and not (routing and routing["canary"]):
-        with state.doing("holdout"):
-            await _orphans(db, engine, operator, settings, routing, echo)
+        with state.doing("offline test"):
+            await release.orphans(pipeline, routing)
         routing = (await db.query(deployments.current)).get(alias)
     if loop.train and routing and routing["canary"]:
         # The open comparison before the judge pass (which can take minutes on a CPU):
         # the decision comes as soon as the pairs allow.
         with state.doing("compare"):
-            await _canary_round(db, engine, operator, settings, routing, echo)
+            await release.canary_round(pipeline, routing)
         routing = (await db.query(deployments.current)).get(alias)
     live = routing["live"] if routing else settings.proxy.aliases.get(alias)
     comparing = loop.train and routing is not None and routing["canary"] is not None
@@ -168,189 +158,10 @@ async def run_once(
         )
     if manifest is None:
         return
-    with state.doing("holdout"):
-        await _release(
-            db,
-            engine,
-            operator,
-            settings,
-            live=live,
-            candidate=manifest["name"],
-            metrics=manifest["metrics"],
-            trained_on=len(manifest["groups"]),
-            held=held,
-            echo=echo,
+    with state.doing("offline test"):
+        await release.trained(
+            pipeline, live=live, candidate=manifest["name"], trained_on=len(manifest["groups"])
         )
-
-
-async def _release(
-    db,
-    engine,
-    operator,
-    settings: DeploySettings,
-    *,
-    live,
-    candidate,
-    metrics,
-    trained_on,
-    held,
-    echo,
-) -> None:
-    """A recorded candidate's way to its canary: the held-out check against live, then
-    behind a canary, or retired with the reason."""
-    alias = settings.loop.alias
-    checked = await holdout.compare(
-        db, engine, operator, settings, live=live, candidate=candidate, held=held
-    )
-    echo(f"held-out check of {candidate} against {live or 'base'}: {checked.reason}")
-    evidence = {**metrics, "holdout": checked.evidence}
-    if not checked.passed:
-        await db.query(lambda st: ledger.settle(st, alias, candidate, "stopped"))
-        await db.query(
-            lambda st: deployments.reject(
-                st,
-                alias,
-                candidate,
-                default_live=settings.proxy.aliases.get(alias),
-                reason=f"stopped before canary: {checked.reason}",
-                actor="loop",
-                evidence=evidence,
-            )
-        )
-        await operator.unload(candidate)
-        return
-    row = await operator.set_canary(
-        alias,
-        candidate,
-        settings.loop.canary_fraction,
-        reason=f"trained on {trained_on} groups; held-out: {checked.reason}",
-        actor="loop",
-        evidence=evidence,
-    )
-    echo(f"canary: {row['canary']} serves {row['fraction']:.0%} of {alias}")
-
-
-# Candidates the loop trained (a train run) that nothing routes to and nothing decided:
-# the iteration that recorded them stopped (crash, kill, pause) before `set_canary`.
-ORPHANS = """
-SELECT c.name, c.parent, t.metrics, len(t.groups_used) AS trained_on
-FROM checkpoints c JOIN train_runs t ON t.id = c.train_run
-WHERE c.status = 'candidate' AND json_extract_string(t.config, '$.started_by') = 'loop'
-ORDER BY c.created DESC, c.name
-"""
-
-
-async def _orphans(db, engine, operator, settings: DeploySettings, routing, echo) -> None:
-    """Decide or retire the orphaned candidates (the alias has no canary): the newest
-    whose parent is still live resumes at its held-out check; any other was trained
-    from a live that has since changed, or is superseded by a newer one, and is
-    retired with the reason, in the `deployments` log like any decision."""
-    alias = settings.loop.alias
-    default = settings.proxy.aliases.get(alias)
-    live = routing["live"] if routing else default
-    orphans = await db.query(lambda st: st.query(ORPHANS))
-    chosen = orphans[0] if orphans and orphans[0]["parent"] == live else None
-    for i, row in enumerate(orphans):
-        if row is chosen:
-            continue
-        name = row["name"]
-        why = (
-            "a newer candidate supersedes it"
-            if i
-            else f"its parent {row['parent'] or 'base'} is no longer live"
-        )
-        await db.query(
-            lambda st, name=name, why=why: deployments.reject(
-                st,
-                alias,
-                name,
-                default_live=default,
-                reason=f"orphaned candidate {name} retired: recorded but never decided, and {why}",
-                actor="loop",
-            )
-        )
-        await operator.unload(name)
-        echo(f"orphaned candidate {name} retired: {why}")
-    if chosen is None:
-        return
-    echo(f"orphaned candidate {chosen['name']}: recorded but never decided; deciding it now")
-    held = await db.query(lambda st: holdout.held_out(st, settings.loop.holdout_share))
-    metrics = chosen["metrics"]
-    metrics = json.loads(metrics) if isinstance(metrics, str) else (metrics or {})
-    await _release(
-        db,
-        engine,
-        operator,
-        settings,
-        live=live,
-        candidate=chosen["name"],
-        metrics=metrics,
-        trained_on=chosen["trained_on"],
-        held=held,
-        echo=echo,
-    )
-
-
-async def _canary_round(db, engine, operator, settings: DeploySettings, routing, echo) -> None:
-    alias, live, candidate = routing["model_alias"], routing["live"], routing["canary"]
-    s = canary.referee(settings.judge, settings.loop.gate)
-    review = await db.query(lambda st: reviews.of(st, alias, routing))
-    if review is None:
-        if not s.scorers:
-            echo(
-                f"canary {candidate}: no scorer to compare with (set loop.gate, judge.model or "
-                "[judge.rewards]); promote or roll back by hand"
-            )
-            return
-        fns = rewards.load(s.rewards)
-        test = canary.test_id(alias, routing)
-        await canary.rejudge(db, s, fns, test, echo=lambda _: None)
-        base = await sampling.base_model(engine)
-        prompts = await db.query(
-            lambda st: canary.canary_prompts(
-                st, alias, routing, settings.loop.pairs_per_round, settings.proxy.untrained_keys
-            )
-        )
-        models = {"a": (live or base, live), "b": (candidate, candidate)}
-        await canary.paired_round(
-            db, engine, s, fns, prompts, models, test=test, echo=lambda _: None
-        )
-    judges = canary.judges(settings)
-    await db.query(lambda st: ledger.enter(st, alias, candidate))  # a canary set by hand too
-    verdict = await db.query(lambda st: canary.verdict(st, alias, routing, settings.loop, judges))
-    verdict.evidence["referee"] = s.scorers
-    mode = await db.query(lambda st: trust.release_mode(st, settings))
-    verdict.evidence["release_mode"] = mode.as_dict()
-    against = f"canary {candidate} against {live or 'base'}"
-    # Under review, only a rollback (a guard tripped since) or a promotion that has become
-    # the loop's own ends the wait: users' feedback now checks the coach. A referee set
-    # since does not: the pairs were judged by the coach, not by it.
-    promotes = verdict.decision == "promote" and mode.mode == "users"
-    if review is not None and verdict.decision != "rollback" and not promotes:
-        echo(f"{against}: ready for review since {review['ts']}: {review['reason']}")
-        return
-    if verdict.decision == "promote" and not mode.automatic:
-        reason = f"{verdict.reason}; judged by its coach alone, so a person decides"
-        await db.query(
-            lambda st: reviews.mark(st, alias, routing, reason=reason, evidence=verdict.evidence)
-        )
-        echo(f"{against}: ready for review: {reason} ({mode.reason})")
-        return
-    echo(f"{against}: {verdict.decision}: {verdict.reason}")
-    if verdict.decision == "wait":
-        return
-    act = operator.promote if verdict.decision == "promote" else operator.rollback
-    try:
-        row = await act(
-            alias, reason=verdict.reason, actor="loop", evidence=verdict.evidence, expected=routing
-        )
-    except deployments.RoutingChanged as exc:
-        echo(f"canary {candidate}: {exc}")
-        return
-    outcome = "promoted" if verdict.decision == "promote" else "rolled_back"
-    await db.query(lambda st: ledger.settle(st, alias, candidate, outcome))
-    for warning in row["warnings"]:
-        echo(f"warning: {warning}")
 
 
 class PeriodicLoop:
@@ -400,7 +211,7 @@ class PeriodicLoop:
                     log.info,
                     self.state,
                 )
-            except (JudgeError, deployments.DeployError, RuntimeError) as exc:
+            except (JudgeError, DeployError) as exc:
                 log.error("loop iteration stopped: %s", exc)
             except Exception:
                 log.exception("loop iteration failed; the next one tries again")

@@ -17,14 +17,11 @@ import struct
 from pathlib import Path
 
 from ..collector import Store
+from .errors import RegistryError
 
 STATUSES = ("candidate", "canary", "review", "live", "retired", "stranded")
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-class RegistryError(Exception):
-    pass
 
 
 def checkpoints(store: Store) -> list[dict]:

@@ -42,7 +42,24 @@ class LoopSettings(BaseModel):
     train: bool = Field(True, description="false: the loop only re-samples and judges")
     min_new_groups: int = Field(4, ge=1, description="trainable groups that start a run")
     canary_fraction: float = Field(0.1, gt=0, le=1, description="a new checkpoint's share")
-    pairs_per_round: int = Field(8, ge=1, description="paired re-samples per canary round")
+    pairs_per_round: int = Field(
+        8,
+        ge=1,
+        description="paired re-samples per round: of the offline test (rounds back to back, "
+        "at the engine's speed) and of each canary round",
+    )
+    canary_max_rounds: int = Field(
+        288,
+        ge=1,
+        description="rounds (loop iterations) a canary may run without a promotion before "
+        "it is rolled back with the reason (288: a day at the default interval)",
+    )
+    canary_max_s: float = Field(
+        86400.0,
+        gt=0,
+        description="wall time a canary may run without a promotion before it is rolled "
+        "back with the reason",
+    )
     min_pairs: int = Field(10, ge=1, description="pairs before any decision")
     max_pairs: int = Field(
         200,

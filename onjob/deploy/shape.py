@@ -13,7 +13,7 @@ they show in any reward, so the verdict compares, arm against arm:
   object) and invalid JSON where the request asked for JSON (`response_format`): each a
   share of answers, the canary's against live's plus its allowed increase.
 
-Like the error guard (`canary._guards`), a guard *trips* (roll back) only when an
+Like the error guard (`guards`), a guard *trips* (roll back) only when an
 interval valid at every look (`stats.anytime_interval`) puts the canary beyond its
 bound, and *holds* a promotion while the point estimate is. They run on two sources:
 the real traffic since the canary started, and the paired samples of the canary's test
@@ -97,15 +97,15 @@ def real_traffic(store, alias: str, since) -> dict[str, Shapes]:
     return out
 
 
-def paired_samples(store, test: str) -> dict[str, Shapes]:
-    """The answers of a test's paired samples: arm `a` as live, `b` as the canary."""
+def paired_samples(store, tests: list[str]) -> dict[str, Shapes]:
+    """The answers of the paired samples of `tests`: arm `a` as live, `b` as the canary."""
     rows = store.query(
         """
         SELECT m.origin, m.choice, e.request, e.response, e.completion_token_ids
         FROM members m JOIN groups g ON g.id = m.group_id JOIN exchanges e ON e.id = m.exchange_id
-        WHERE g.kind = 'ab' AND g.test = ?
+        WHERE g.kind = 'ab' AND list_contains(?::VARCHAR[], g.test)
         """,
-        [test],
+        [list(tests)],
     )
     out = {"live": Shapes(), "canary": Shapes()}
     for r in rows:

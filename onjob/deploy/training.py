@@ -21,6 +21,7 @@ from ..collector.ids import new_id
 from ..trainer import snapshot
 from ..trainer.records import checkpoint_path, record_run, record_skipped
 from . import deployments
+from .errors import TrainingFailed, UnknownCheckpoint
 from .settings import DeploySettings
 
 NOTHING_TO_TRAIN = 3
@@ -90,7 +91,7 @@ async def train(
     )
     parent_dir = await db.query(lambda st: checkpoint_path(st, parent)) if parent else None
     if parent and parent_dir is None:
-        raise ValueError(f"checkpoint {parent!r} is not in the checkpoints table")
+        raise UnknownCheckpoint(f"checkpoint {parent!r} is not in the checkpoints table")
     echo(
         f"snapshot {snap_path}: {len(info['groups'])} groups, {info['members']} members "
         f"(sampled by {parent or 'the base model'} or up to {t.max_staleness} checkpoints back)"
@@ -122,7 +123,7 @@ async def train(
         echo(f"{reason}: {len(info['groups'])} groups recorded as used, no checkpoint")
         return None
     if code != 0:
-        raise RuntimeError(f"the training run failed (exit {code}); no checkpoint recorded")
+        raise TrainingFailed(f"the training run failed (exit {code}); no checkpoint recorded")
     partial.rename(out)
     manifest_file = out / "onjob-manifest.json"
     manifest = {**json.loads(manifest_file.read_text()), "name": name}

@@ -8,12 +8,17 @@ from collections.abc import AsyncIterator
 import msgspec
 
 
-def usage(prompt: int, completion: int) -> dict:
-    return {
+def usage(prompt: int, completion: int, cached: int = 0) -> dict:
+    """OpenAI's usage; `cached`: prompt tokens whose prefill was reused, reported as
+    OpenAI and vLLM (`--enable-prompt-tokens-details`) report it, only when some were."""
+    out = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    if cached:
+        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    return out
 
 
 async def sse(chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:

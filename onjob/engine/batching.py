@@ -2,8 +2,13 @@
 
 Each new request is prefilled on its own (no padding waste), its KV cache is
 repeated for its `n` choices (the prompt's forward is shared by the whole group),
-then left-padded into the running batch. Every step decodes one token for every
-row in the batch, whatever adapter each row uses. Finished rows leave at once.
+then left-padded into the running batch. The last prefill is kept (`_Prefill`): a
+request with the same prompt token for token and the same adapter (a group sent as
+several requests of one choice each, an agent's rollouts of one scenario) copies its
+KV cache and last logits instead of running the prompt again, so its answers are the
+ones a request with `n` would have drawn. Any model change (`call()`) drops it. Every
+step decodes one token for every row in the batch, whatever adapter each row uses.
+Finished rows leave at once.
 
 The cache keeps every layer's whole history, sliding-window layers included (a
 `DynamicCache` made without the model's config), so that padding, merging and
@@ -35,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from . import grammar
+from . import chat, grammar
 from .errors import EngineError, GenerationFailed, NotFound
 from .model import LoadedModel
 from .sampling import Sampling, TextStream, generator_for, sample
@@ -69,6 +74,7 @@ class Generation:
         self.sampling = sampling
         self.grammar = compiled_grammar  # xgrammar's CompiledGrammar, or None
         self.cancelled = False
+        self.cached_tokens = 0  # prompt tokens whose prefill was reused (set at admission)
         self._loop = loop
         self._queue: asyncio.Queue[list[TokenEvent] | EngineError] = asyncio.Queue()
 
@@ -105,6 +111,24 @@ class _Row:
     done: bool = False
 
 
+@dataclass(frozen=True)
+class _Prefill:
+    """One prompt's prefill for one row: each layer's keys and values, and the logits of
+    the prompt's last position. Never changed in place: the batch's cache updates build
+    new tensors (`torch.cat`), so these stay as the prefill left them."""
+
+    prompt_ids: list[int]
+    adapter: str | None
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    logits: torch.Tensor  # [1, vocab], float32
+
+    def cache(self) -> DynamicCache:
+        cache = DynamicCache()
+        for i, (keys, values) in enumerate(self.layers):
+            cache.update(keys, values, i)
+        return cache
+
+
 @dataclass
 class _Call:
     fn: Callable[[], Any]
@@ -112,9 +136,13 @@ class _Call:
 
 
 class Batcher:
-    def __init__(self, loaded: LoadedModel, *, max_batch: int = 16) -> None:
+    def __init__(
+        self, loaded: LoadedModel, *, max_batch: int = 16, prefix_cache: bool = True
+    ) -> None:
         self.loaded = loaded
         self.max_batch = max_batch
+        self.prefix_cache = prefix_cache
+        self._last: _Prefill | None = None  # the last prefill, when `prefix_cache`
         self._inbox: queue.SimpleQueue[Generation | _Call | None] = queue.SimpleQueue()
         self._pending: deque[Generation] = deque()
         self._rows: list[_Row] = []
@@ -159,10 +187,6 @@ class Batcher:
         self._pending = deque(g for g in self._pending if not g.cancelled)
         self._compact()
 
-    @property
-    def busy_rows(self) -> int:
-        return len(self._rows)
-
     # -- the worker --------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -191,6 +215,7 @@ class Batcher:
             if isinstance(item, Generation):
                 self._pending.append(item)
                 continue
+            self._last = None  # the weights may change: a kept prefill may be stale
             try:
                 item.future.set_result(item.fn())
             except Exception as exc:
@@ -218,10 +243,20 @@ class Batcher:
 
     def _prefill(self, gen: Generation) -> None:
         device = self.loaded.device
-        ids = torch.tensor([gen.prompt_ids], device=device)
-        out = self.loaded.forward(ids, None, None, DynamicCache(), [gen.adapter])
-        cache = out.past_key_values
-        logits = out.logits[:, -1, :].float().expand(gen.n, -1)
+        last = self._last
+        if last is not None and last.adapter == gen.adapter and last.prompt_ids == gen.prompt_ids:
+            cache, logits = last.cache(), last.logits
+            gen.cached_tokens = len(gen.prompt_ids)
+        else:
+            ids = torch.tensor([gen.prompt_ids], device=device)
+            out = self.loaded.forward(ids, None, None, DynamicCache(), [gen.adapter])
+            cache, logits = out.past_key_values, out.logits[:, -1, :].float()
+            if self.prefix_cache:
+                layers = [(layer.keys, layer.values) for layer in cache.layers]
+                # A copy: the slice is a view that would keep every position's logits.
+                kept = logits.clone()
+                self._last = _Prefill(list(gen.prompt_ids), gen.adapter, layers, kept)
+        logits = logits.expand(gen.n, -1)
         if gen.n > 1:
             cache.batch_repeat_interleave(gen.n)
         rows = [
@@ -295,6 +330,9 @@ class Batcher:
                 finish = "length"
             text, stopped = row.text.update(row.token_ids, final=finish is not None)
             if stopped:
+                finish = "stop"
+            elif finish is None and s.stop_after_call and chat.first_call_closed(row.text.text):
+                text += row.text.update(row.token_ids, final=True)[0]
                 finish = "stop"
             row.done = finish is not None
             events.setdefault(row.gen, []).append(

@@ -42,19 +42,27 @@ def text_of(content: str | list[dict[str, Any]] | None) -> str:
     return "".join(part.get("text", "") for part in content if part.get("type") == "text")
 
 
-def render(tokenizer, messages: list[Message], tools: list[Tool] | None) -> str:
+def render(
+    tokenizer,
+    messages: list[Message],
+    tools: list[Tool] | None,
+    reasoning_effort: str | None = None,
+) -> str:
     """The prompt text for `messages`, ending with the assistant's generation prompt.
 
     The model reads text only: an image, audio or file part is refused (400), as OpenAI
-    and vLLM refuse them for a text-only model, rather than dropped unseen."""
+    and vLLM refuse them for a text-only model, rather than dropped unseen.
+    `reasoning_effort` is a variable of the chat template, when given (as vLLM gives it)."""
     _refuse_unseen(messages)
     template = tokenizer.chat_template or ""
+    extra = {} if reasoning_effort is None else {"reasoning_effort": reasoning_effort}
     if tools and "tools" in template:
         return tokenizer.apply_chat_template(
             [_native(m) for m in messages],
             tools=[_schema(t) for t in tools],
             tokenize=False,
             add_generation_prompt=True,
+            **extra,
         )
     plain = [_plain(m) for m in messages]
     if tools:
@@ -63,7 +71,7 @@ def render(tokenizer, messages: list[Message], tools: list[Tool] | None) -> str:
             plain[0] = {"role": "system", "content": f"{plain[0]['content']}\n\n{block}"}
         else:
             plain.insert(0, {"role": "system", "content": block})
-    return tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True, **extra)
 
 
 def _refuse_unseen(messages: list[Message]) -> None:
@@ -124,12 +132,27 @@ def _arguments(function: dict) -> Any:
     return args
 
 
-def parse_tool_calls(text: str, limit: int | None = None) -> tuple[str | None, list[dict]]:
-    """Split model output into (content, tool_calls). Unparseable calls stay as text.
-    With `limit` (1 under `parallel_tool_calls: false`), calls past it are dropped.
+def parse_tool_calls(
+    text: str, limit: int | None = None, *, cut: bool = False
+) -> tuple[str | None, list[dict]]:
+    """Split model output into (content, tool_calls) as vLLM's Hermes parser does
+    (vllm/tool_parsers/hermes_tool_parser.py, 0.13; tests/fixtures/vllm/ records it):
+    content is the text before the first `<tool_call>`, as written; each call needs
+    `name` and `arguments`, re-written with `json.dumps`; one unparseable call leaves the
+    whole output as content. With `limit` (1 under `parallel_tool_calls: false`), calls
+    past it are dropped.
 
-    Each call's JSON is read with a JSON decoder from its `<tool_call>` on, so an
-    argument string that contains `</tool_call>` does not end the call."""
+    `cut`: the output was a forced call (a grammar wrote it) cut by `max_tokens`, so
+    everything before the cut is a prefix of well-formed calls: the complete calls are
+    returned and the unfinished last one dropped, since a forced answer is a tool call
+    (OpenAI's contract for `tool_choice` "required"). vLLM returns such an answer as
+    text (`vllm/entrypoints/openai/chat_completion/serving.py` validates the whole
+    output as a list of calls); the finish reason stays "length" here as there.
+
+    Two deliberate differences (tests/test_vllm_contract.py): each call's JSON is read
+    with a JSON decoder from its `<tool_call>` on, so an argument string that contains
+    `</tool_call>` does not end the call (vLLM's regex ends it there and returns text);
+    and `arguments` written as a JSON string is passed as is (vLLM encodes it again)."""
     calls = []
     pos = 0
     while (at := text.find(_OPEN, pos)) >= 0:
@@ -138,6 +161,8 @@ def parse_tool_calls(text: str, limit: int | None = None) -> tuple[str | None, l
         try:
             data, end = _DECODER.raw_decode(text, start)
         except json.JSONDecodeError:
+            if cut and calls:
+                break
             return text, []
         rest = text[end:].lstrip()
         if rest and not rest.startswith(_CLOSE):
@@ -145,21 +170,39 @@ def parse_tool_calls(text: str, limit: int | None = None) -> tuple[str | None, l
         pos = len(text) - len(rest) + (len(_CLOSE) if rest else 0)
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             return text, []
-        args = data.get("arguments", data.get("parameters", {}))
+        if "arguments" not in data:
+            return text, []
+        args = data["arguments"]
         calls.append(
             {
                 "id": f"call_{uuid.uuid4().hex[:24]}",
                 "type": "function",
                 "function": {
                     "name": data["name"],
-                    "arguments": args if isinstance(args, str) else json.dumps(args),
+                    "arguments": args
+                    if isinstance(args, str)
+                    else json.dumps(args, ensure_ascii=False),
                 },
             }
         )
     if not calls:
         return text, []
-    content = text[: text.index(_OPEN)].strip()
-    return content or None, calls[:limit]
+    return text[: text.index(_OPEN)] or None, calls[:limit]
+
+
+def first_call_closed(text: str) -> bool:
+    """Whether `text` holds a complete `<tool_call>...</tool_call>`: where an answer that
+    may make one call only (`parallel_tool_calls: false`) has nothing more to say."""
+    at = text.find(_OPEN)
+    if at < 0 or text.find(_CLOSE, at) < 0:  # cheap: checked at every token
+        return False
+    start = at + len(_OPEN)
+    start += len(text[start:]) - len(text[start:].lstrip())
+    try:
+        _, end = _DECODER.raw_decode(text, start)
+    except json.JSONDecodeError:
+        return False
+    return text[end:].lstrip().startswith(_CLOSE)
 
 
 _DECODER = json.JSONDecoder()

@@ -33,7 +33,7 @@ from typing import Any, Literal
 import torch
 
 from .errors import BadRequest
-from .protocol import ChatRequest, NamedToolChoice, Tool
+from .protocol import ChatRequest, Tool
 
 _WHERE = re.compile(r"^\[[^\]]*\] \S+: ")  # xgrammar's "[15:37:17] /project/cpp/x.cc:12: "
 
@@ -63,30 +63,24 @@ class Tools:
         tools = list(req.tools or [])
         choice = req.tool_choice if req.tool_choice is not None else "auto"
         parallel = req.parallel_tool_calls is not False
-        if choice == "none" or (not tools and choice == "auto"):
+        # As vLLM's `check_tool_usage` (vllm/entrypoints/openai/protocol.py, 0.13): a
+        # `tool_choice` other than "none" needs `tools`, and an empty list is "none".
+        if choice == "none" or (req.tool_choice is None and not tools):
             return cls([], "none", parallel)
-        if not tools:
-            raise BadRequest("tool_choice requires `tools`.", param="tool_choice")
+        if req.tools is None:
+            raise BadRequest("When using `tool_choice`, `tools` must be set.", param="tool_choice")
+        if not tools and choice in ("auto", "required"):
+            return cls([], "none", parallel)
         if isinstance(choice, str):
             return cls(tools, choice, parallel)
-        if isinstance(choice, NamedToolChoice):
-            named = [t for t in tools if t.function.name == choice.function.name]
-            if not named:
-                raise BadRequest(
-                    f"tool_choice names the function `{choice.function.name}`, "
-                    "which is not in `tools`.",
-                    param="tool_choice",
-                )
-            return cls(named[:1], "named", parallel)
-        allowed = {(t.get("function") or {}).get("name") for t in choice.allowed_tools.tools} - {
-            None
-        }
-        kept = [t for t in tools if t.function.name in allowed]
-        if not kept:
+        named = [t for t in tools if t.function.name == choice.function.name]
+        if not named:
             raise BadRequest(
-                "tool_choice.allowed_tools names no function of `tools`.", param="tool_choice"
+                f"tool_choice names the function `{choice.function.name}`, "
+                "which is not in `tools`.",
+                param="tool_choice",
             )
-        return cls(kept, choice.allowed_tools.mode, parallel)
+        return cls(named[:1], "named", parallel)
 
 
 def constraint(req: ChatRequest, tools: Tools) -> Constraint | None:

@@ -42,7 +42,7 @@ def serve(settings: EngineSettings) -> None:
     for spec in settings.lora_modules:
         adapter, _, adapter_path = spec.partition("=")
         loaded.load_adapter(adapter, adapter_path)
-    batcher = Batcher(loaded, max_batch=settings.max_batch_size)
+    batcher = Batcher(loaded, max_batch=settings.max_batch_size, prefix_cache=settings.prefix_cache)
     batcher.start()
     app = create_app(
         batcher,

@@ -64,16 +64,17 @@ class NamedToolChoice(msgspec.Struct, kw_only=True, tag_field="type", tag="funct
     function: NamedFunction
 
 
-class AllowedTools(msgspec.Struct, kw_only=True):
-    mode: Literal["auto", "required"]
-    tools: list[dict[str, Any]]
-
-
 class AllowedToolChoice(msgspec.Struct, kw_only=True, tag_field="type", tag="allowed_tools"):
-    allowed_tools: AllowedTools
+    """Declared so that it is refused by name (`ChatRequest.refused`), as vLLM refuses it."""
+
+    allowed_tools: Any = None
 
 
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolChoice
+
+# The efforts vLLM 0.13, the oldest release onjob starts, accepts (later ones add more):
+# vllm/entrypoints/openai/protocol.py, `ChatCompletionRequest.reasoning_effort`.
+ReasoningEffort = Literal["low", "medium", "high"]
 
 
 class ChatRequest(msgspec.Struct, kw_only=True):
@@ -99,6 +100,9 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
+    # Given to the chat template as `reasoning_effort` (vLLM's way since 0.20, where 0.13
+    # used it for gpt-oss alone); a template that does not read it ignores it.
+    reasoning_effort: ReasoningEffort | None = None
     modalities: list[Literal["text", "audio"]] | None = None  # ["text"] only; audio refused
 
     # Ignored: bookkeeping and hints to OpenAI's servers that do not change the answer.
@@ -114,13 +118,12 @@ class ChatRequest(msgspec.Struct, kw_only=True):
 
     # Refused when set: honouring them needs what the engine has not (audio output, the
     # legacy `function_call` answer shape, a moderation model, web search, a reasoning
-    # model's effort and verbosity controls), and ignoring them would change the answer.
+    # model's verbosity control), and ignoring them would change the answer.
     audio: Any = None
     functions: Any = None
     function_call: Any = None
     moderation: Any = None
     web_search_options: Any = None
-    reasoning_effort: Any = None
     verbosity: Any = None
 
     # vLLM's grammar fields. vLLM decodes under them and masks its logprobs; the local
@@ -148,6 +151,13 @@ class ChatRequest(msgspec.Struct, kw_only=True):
                     f"`{name}` (a vLLM grammar) is not supported by the local engine: "
                     "send `response_format` (json_object, json_schema) or `tool_choice`."
                 )
+        if isinstance(self.tool_choice, AllowedToolChoice):
+            # vLLM's request model takes an object tool_choice for a named function only
+            # (vllm/entrypoints/openai/protocol.py `check_tool_usage`, 0.13 to 0.33).
+            return "tool_choice", (
+                "`tool_choice` of type `allowed_tools` is not supported (nor by vLLM): send "
+                'the allowed tools as `tools` with `tool_choice` "auto" or "required".'
+            )
         if self.modalities and "audio" in self.modalities:
             return "modalities", "This engine generates text only: `modalities` must be ['text']."
         return None
@@ -159,7 +169,6 @@ REFUSED = (
     "function_call",
     "moderation",
     "web_search_options",
-    "reasoning_effort",
     "verbosity",
 )
 

@@ -26,6 +26,9 @@ class Sampling:
     logit_bias: tuple[tuple[int, float], ...] = ()
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # `parallel_tool_calls: false` with tools: the answer ends with its first complete call
+    # (a forced call's grammar ends it there too; under "auto" nothing else would).
+    stop_after_call: bool = False
 
 
 def generator_for(sampling: Sampling, index: int) -> torch.Generator | None:

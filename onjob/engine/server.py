@@ -88,7 +88,7 @@ def create_app(
         # Every tool is in the prompt whatever the choice (but "none"), as vLLM does; a
         # named or allowed choice narrows the grammar, not what the model is shown.
         shown = req.tools if tools.mode != "none" else None
-        prompt = chat.render(loaded.tokenizer, req.messages, shown)
+        prompt = chat.render(loaded.tokenizer, req.messages, shown, req.reasoning_effort)
         prompt_ids = loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         room = loaded.max_model_len - len(prompt_ids)
         asked = req.max_completion_tokens or req.max_tokens
@@ -115,6 +115,7 @@ def create_app(
             logit_bias=_logit_bias(req.logit_bias, loaded.vocab_size),
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
+            stop_after_call=tools.mode != "none" and not tools.parallel,
         )
         constraint = grammar.constraint(req, tools)
         return _Prepared(req, adapter, prompt_ids, sampling, req.n or 1, tools, constraint)
@@ -151,10 +152,11 @@ def create_app(
             message: dict = {"role": "assistant", "content": texts[i]}
             reason = finish[i]
             if p.parse_tools:
-                content, calls = chat.parse_tool_calls(texts[i], p.call_limit)
+                cut = reason == "length" and p.tools.mode in ("required", "named")
+                content, calls = chat.parse_tool_calls(texts[i], p.call_limit, cut=cut)
                 if calls:
                     message = {"role": "assistant", "content": content, "tool_calls": calls}
-                    reason = "tool_calls"
+                    reason = "length" if cut else "tool_calls"
             choice = {"index": i, "message": message, "logprobs": None, "finish_reason": reason}
             if p.request.logprobs:
                 choice["logprobs"] = {
@@ -170,7 +172,7 @@ def create_app(
             "created": int(time.time()),
             "model": p.request.model,
             "choices": choices,
-            "usage": usage(len(p.prompt_ids), completion_tokens),
+            "usage": usage(len(p.prompt_ids), completion_tokens, gen.cached_tokens),
         }
         if p.request.return_token_ids:
             body["prompt_token_ids"] = p.prompt_ids
@@ -221,7 +223,8 @@ def create_app(
                 if delta.get("content") or delta.get("tool_calls") or extra or reason:
                     yield chunk(ev.index, delta, **extra, finish_reason=reason)
             if req.stream_options and req.stream_options.include_usage:
-                yield {**head, "choices": [], "usage": usage(len(p.prompt_ids), completion_tokens)}
+                done = usage(len(p.prompt_ids), completion_tokens, gen.cached_tokens)
+                yield {**head, "choices": [], "usage": done}
         except EngineError as exc:
             yield exc.body()
         finally:

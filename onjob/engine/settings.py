@@ -25,6 +25,12 @@ class EngineSettings(BaseSettings):
         "share with the weights, and onjob checks the same before starting it)",
     )
     default_max_tokens: int = Field(512, ge=1)
+    prefix_cache: bool = Field(
+        True,
+        description="local: keep the last prompt's prefill (KV cache and last logits), so "
+        "a request with the same prompt and adapter (a group sent as several requests) "
+        "skips it; costs one prompt's KV cache of memory",
+    )
     dtype: Literal["float32", "bfloat16"] = "float32"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(None, ge=1, description="torch threads (default: torch's choice)")
@@ -45,7 +51,7 @@ class EngineSettings(BaseSettings):
         gt=0,
         le=1,
         description="vllm: the share of the GPU vLLM takes (weights, activations, KV cache). "
-        "0.5 (not vLLM's own default: 0.9, 0.92 in recent releases) leaves the other half "
+        "0.5 (not vLLM's own default: 0.9 up to 0.19, 0.92 from 0.20) leaves the other half "
         "to a trainer on the same card; with the trainer on another card or host, 0.9. "
         "vLLM refuses to start when less than this share is free",
     )

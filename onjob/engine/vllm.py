@@ -91,6 +91,68 @@ def check_version(version: str | None) -> None:
         )
 
 
+# From 0.20, vLLM's `mistral` tool parser with a Mistral tekken tokenizer of v11 or later
+# decodes every chat request under a Lark grammar, tools or not (vllm/parser/mistral.py
+# `adjust_request`, called for every request by vllm/renderers/online_renderer.py; 0.19
+# has no such grammar): every answer's logprobs would be the masked distribution's.
+MISTRAL_GRAMMAR_SINCE = (0, 20)
+
+
+def check_mistral_grammar(settings: EngineSettings, model: str, version: str | None) -> None:
+    """Refuse what would decode every request under vLLM's Mistral grammar (above): the
+    `mistral` tool parser, vLLM >= 0.20, and the Mistral tokenizer (vLLM's choice for a
+    model with `tekken.json` unless `--tokenizer-mode` says otherwise) of v11 or later,
+    or one whose version cannot be read (a hub id)."""
+    found = re.match(r"\s*v?(\d+)\.(\d+)", version or "")
+    if found is None or (int(found[1]), int(found[2])) < MISTRAL_GRAMMAR_SINCE:
+        return
+    try:
+        parser = tool_parsers.choose(model, settings.tool_call_parser)
+    except tool_parsers.UnknownFamily:
+        return  # refused by `command` with its own message
+    if parser != "mistral" or _flag(settings.vllm_args, "--tokenizer-mode") not in (
+        None,
+        "auto",
+        "mistral",
+    ):
+        return
+    tekken = _tekken_version(Path(model))
+    if tekken is not None and tekken < 11:
+        return
+    which = f"a v{tekken} tekken tokenizer" if tekken else "a tokenizer onjob cannot read"
+    raise LaunchError(
+        f"vLLM {version.strip()} with the `mistral` tool parser and {model} ({which}) "
+        "decodes every chat request under a grammar, so every answer's logprobs would be "
+        "the masked distribution's and none could be trained on. Start vLLM with the "
+        "Hugging Face tokenizer (add `--tokenizer-mode hf` to vllm_args, "
+        "ONJOB_ENGINE_VLLM_ARGS), or use vLLM 0.13 to 0.19."
+    )
+
+
+def _tekken_version(model: Path) -> int | None:
+    """The version of the model's `tekken.json` (its `config.version`, "v11"), 0 when the
+    model has none (a directory without it: vLLM's HF tokenizer), None when unknown."""
+    if not model.is_dir():
+        return None
+    try:
+        config = json.loads((model / "tekken.json").read_text())
+    except FileNotFoundError:
+        return 0
+    except (OSError, ValueError):
+        return None
+    found = re.fullmatch(r"v(\d+)", str((config.get("config") or {}).get("version", "")))
+    return int(found[1]) if found else None
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    """The value of `name` in `args` (`--name value` or `--name=value`), or None."""
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag == name:
+            return value if eq else (args[i + 1] if i + 1 < len(args) else "")
+    return None
+
+
 def lora_rank(rank: int) -> int:
     """The smallest rank vLLM accepts that holds adapters of rank `rank`."""
     for allowed in LORA_RANKS:
@@ -294,8 +356,10 @@ def run(settings: EngineSettings, model: str) -> int:
             "the vllm command is not installed: `pip install 'onjob[vllm]'` on a GPU host, "
             "or use the local engine (--backend local)"
         )
-    check_version(installed_version())
+    version = installed_version()
+    check_version(version)
     argv, extra = command(settings, model)
+    check_mistral_grammar(settings, model, version)
     if (card := _card_bytes()) is not None:
         check_memory(settings, model, *card)
     env, removed = environment(os.environ, extra)

@@ -33,6 +33,7 @@ from . import rewards, ruler, sampling, tables, tenants
 from .errors import RewardFnFailed, SamplingFailed
 from .rollouts import from_row
 from .settings import JudgeSettings
+from .settled import settled_scenarios
 
 log = logging.getLogger("onjob.judge")
 
@@ -133,7 +134,11 @@ async def _sample_turn_groups(
     untrained: list[str],
     declared: str,
 ) -> None:
-    candidates = await db.query(lambda store: tables.turn_candidates(store, s, skip, untrained))
+    def chosen(store):
+        later = settled_scenarios(store, s.settled_after)
+        return tables.turn_candidates(store, s, skip, untrained, later)
+
+    candidates = await db.query(chosen)
     if not candidates:
         return
     try:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from .. import logprobs
 from ..collector.ids import new_id
 from .errors import SamplingFailed, from_httpx
 from .settings import JudgeSettings
@@ -105,9 +106,24 @@ async def base_card(engine: httpx.AsyncClient) -> dict:
     return base[0]
 
 
+async def stated_definition(engine: httpx.AsyncClient, body: dict) -> str | None:
+    """The definition `body` is sampled under by an engine that states its own (the local
+    engine's model card); None when the engine does not say (vLLM) or cannot be asked."""
+    try:
+        said = (await base_card(engine)).get("logprobs")
+    except SamplingFailed:
+        return None
+    if not isinstance(said, str):
+        return None
+    return logprobs.recorded(said, stated=True, request=body)
+
+
 async def sample(engine: httpx.AsyncClient, body: dict, *, definition: str | None = None) -> Sample:
-    """`body`'s choices, with their token ids and logprobs (recorded as sampled under the
-    engine's logprob `definition`, `onjob.logprobs`)."""
+    """`body`'s choices, with their token ids and logprobs, recorded as sampled under the
+    engine's logprob `definition` (`onjob.logprobs`); without one, under the definition
+    the engine's model list states (the canary's paired samples), else under none."""
+    if definition is None:
+        definition = await stated_definition(engine, body)
     started = time.perf_counter()
     try:
         resp = await engine.post("/chat/completions", json=body)

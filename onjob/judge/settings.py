@@ -27,6 +27,18 @@ class JudgeSettings(BaseModel):
     max_tokens: int = Field(256, ge=1, description="completion cap when the request sets none")
     max_groups: int = Field(16, ge=0, description="turn groups sampled per pass")
     per_scenario: int = Field(2, ge=1, description="turn groups per scenario per pass")
+    settled_after: int = Field(
+        2,
+        ge=0,
+        description="a scenario whose last this many scored groups each had all-equal "
+        "rewards (nothing to learn) is re-sampled after the others; 0 = off",
+    )
+    tool_turns_per_scenario: int = Field(
+        4,
+        ge=0,
+        description="besides those, turn groups per scenario per pass on turns whose logged "
+        "answer called a tool: a tool agent's most trainable turns (0: none besides)",
+    )
     max_age_s: float = Field(7 * 86400, gt=0, description="only exchanges this recent")
     max_sample_tokens: int = Field(
         64_000, ge=1, description="tokens a pass may ask the engine for (prompt + completions)"

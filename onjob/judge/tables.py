@@ -32,18 +32,29 @@ MEMBER_FEEDBACK = """(SELECT avg(f.value) FROM feedback f
 
 
 def turn_candidates(
-    store: Store, s: JudgeSettings, skip: list[str] = (), untrained: list[str] = ()
+    store: Store,
+    s: JudgeSettings,
+    skip: list[str] = (),
+    untrained: list[str] = (),
+    later: list[str] = (),
 ) -> list[dict]:
     """Logged turns to re-sample: answered production chat exchanges (Responses API calls
     included: they are logged as the chat they became) no group has used, recent
-    first, round-robin over scenarios (at most `per_scenario` each), scenarios with fewer
-    groups so far first; none of the scenarios in `skip`, none of the API keys in
-    `untrained`."""
+    first, round-robin over scenarios (the `per_scenario` most recent of each, and besides
+    those its `tool_turns_per_scenario` most recent turns whose logged answer called a
+    tool), in each round the scenarios in `later` (`settled.settled_scenarios`) last, then
+    those with fewer groups so far first; none of the scenarios in `skip`, none of the API
+    keys in `untrained`.
+
+    Tool-call turns have their own quota: in a tool agent's conversations they are most
+    of the turns whose alternatives differ (a right call or a wrong one), while the
+    answer turn after a failed call is often wrong whatever is sampled."""
     return store.query(
         f"""
-        WITH c AS (
+        WITH t AS (
             SELECT e.id, e.scenario_id, e.ts,
-                   row_number() OVER (PARTITION BY e.scenario_id ORDER BY e.ts DESC) AS nth
+                   coalesce(json_array_length(
+                       e.response -> '$.choices[0].message.tool_calls'), 0) > 0 AS called
             FROM exchanges e
             WHERE e.status < 400 AND e.source = 'production' AND {_FRESH}
               AND e.untrainable IS NULL  -- `onjob.logprobs.untrainable`: nothing to learn from
@@ -53,14 +64,30 @@ def turn_candidates(
               AND {_TRAINED_KEY}
               AND NOT EXISTS (
                   SELECT 1 FROM groups g WHERE g.prefix_exchange = e.id AND g.kind = 'turn')
+        ), c AS (
+            SELECT *,
+                   row_number() OVER (PARTITION BY scenario_id ORDER BY ts DESC) AS nth,
+                   row_number() OVER (PARTITION BY scenario_id, called ORDER BY ts DESC) AS nth_of
+            FROM t
         ), judged AS (SELECT scenario_id, count(*) AS n FROM groups GROUP BY scenario_id)
         SELECT e.* FROM c
-        JOIN exchanges_rebuilt((SELECT list(id) FROM c WHERE nth <= ?), false) e ON e.id = c.id
+        JOIN exchanges_rebuilt((SELECT list(id) FROM c
+                                WHERE nth <= ? OR (called AND nth_of <= ?)), false) e
+          ON e.id = c.id
         LEFT JOIN judged j ON j.scenario_id = c.scenario_id
-        ORDER BY c.nth, coalesce(j.n, 0), c.ts DESC
+        ORDER BY c.nth, coalesce(list_contains(?::VARCHAR[], c.scenario_id), false),
+                 coalesce(j.n, 0), c.ts DESC
         LIMIT ?
         """,
-        [s.max_age_s, list(skip), list(untrained), s.per_scenario, s.max_groups],
+        [
+            s.max_age_s,
+            list(skip),
+            list(untrained),
+            s.per_scenario,
+            s.tool_turns_per_scenario,
+            list(later),
+            s.max_groups,
+        ],
     )
 
 
@@ -124,7 +151,7 @@ def add_failed_ab_group(
     store: Store, prefix: dict, checkpoints: list[str | None], *, test: str, arm: str, reason: str
 ) -> str:
     """A pair that could not be sampled: `arm` ("a", "b", or "both") failed to answer. It
-    stays in the record so the comparison can count it (`deploy.canary`)."""
+    stays in the record so the comparison can count it (`deploy.pairs`)."""
     group_id = new_id("group-")
     store.con.execute(
         "INSERT INTO groups (id, scenario_id, prefix_exchange, kind, checkpoints, status, "
@@ -205,7 +232,7 @@ def add_trajectory_group(store: Store, scenario_id: str, trajectories: list[dict
 
 def groups_to_score(store: Store, limit: int) -> list[dict]:
     """The judge pass's work: sampled groups, never `ab` pairs. A pair is evidence for a
-    release test and is judged by that test's referee (`deploy.canary`), which retries
+    release test and is judged by that test's referee (`deploy.pairs`), which retries
     the ones left unscored; scored here with the coach's settings, it would be judged by
     the reward the candidate was trained on."""
     return store.query(

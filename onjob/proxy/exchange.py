@@ -93,7 +93,6 @@ REFUSED = {
     "prediction": "predicted outputs are not served",
     "web_search_options": "web search is not served",
     "verbosity": "the engine has no verbosity control",
-    "reasoning_effort": "the engine has no reasoning-effort control",
     "moderation": "moderation is not served",
     "functions": "deprecated: send `tools`",
     "function_call": "deprecated: send `tool_choice`",

@@ -9,7 +9,10 @@ load as they are, with `onjob-manifest.json` beside it. The maths is in `maths`.
 from .errors import (
     BadTargets,
     Diverged,
+    IOFailed,
+    NoDevice,
     NothingToTrain,
+    OutOfMemory,
     ParentMismatch,
     TrainerError,
     UnsupportedModel,
@@ -19,7 +22,10 @@ from .settings import TrainSettings
 __all__ = [
     "BadTargets",
     "Diverged",
+    "IOFailed",
+    "NoDevice",
     "NothingToTrain",
+    "OutOfMemory",
     "ParentMismatch",
     "TrainSettings",
     "TrainerError",

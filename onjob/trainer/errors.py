@@ -1,4 +1,5 @@
-"""The trainer's exception tree."""
+"""The trainer's exception tree (torch's, pyarrow's and the file system's errors become
+these in `foreign.py`, once: this module stays importable without torch)."""
 
 
 class TrainerError(Exception):
@@ -24,3 +25,16 @@ class BadTargets(TrainerError):
 class ParentMismatch(TrainerError):
     """The adapter continued from differs from the settings (rank, alpha or targets), which
     peft would silently ignore."""
+
+
+class NoDevice(TrainerError):
+    """The settings ask for a device this machine does not have."""
+
+
+class IOFailed(TrainerError):
+    """A file of the run (the snapshot, the base model, the parent adapter, the checkpoint
+    written) could not be read or written."""
+
+
+class OutOfMemory(TrainerError):
+    """The device ran out of memory during the run: no checkpoint is written."""

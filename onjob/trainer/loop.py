@@ -2,7 +2,8 @@
 
     groups  = data.load(snapshot)              advantages, masks, the sampler's logprobs
     model   = base + LoRA (new, or the live adapter continued), no dropout
-    optimizer = AdamW, its moments continued from the parent's `optimizer.pt` if any
+    optimizer = AdamW, its moments continued from the parent's `optimizer.pt` if any;
+                the learning rate warmed up linearly over `warmup_steps`
     for each step of `groups_per_step` groups:
         for each group, members chunked by length (forward.chunks):
             one packed forward: the shared prompt once, each member's own tokens
@@ -38,9 +39,10 @@ import torch
 
 from . import adapter
 from .data import Group, Sequence, load
-from .errors import Diverged, NothingToTrain
+from .errors import Diverged, NoDevice, NothingToTrain
+from .foreign import translated
 from .forward import Head, chunks, pack_limit, sampled_logprobs
-from .maths import k3, policy_loss
+from .maths import LossParts, k3, policy_loss
 from .settings import TrainSettings
 
 MANIFEST = "onjob-manifest.json"
@@ -55,6 +57,20 @@ def train(
     parent: Path | None = None,
     echo: Callable[[str], None] = print,
     progress: bool = True,
+) -> dict:
+    """The run; its manifest. Every failure it expects is a `TrainerError`."""
+    with translated():
+        return _train(snapshot, out, s, parent=parent, echo=echo, progress=progress)
+
+
+def _train(
+    snapshot: Path,
+    out: Path,
+    s: TrainSettings,
+    *,
+    parent: Path | None,
+    echo: Callable[[str], None],
+    progress: bool,
 ) -> dict:
     started = time.perf_counter()
     torch.set_num_threads(s.threads)
@@ -93,6 +109,7 @@ def train(
     if parent is not None and s.keep_optimizer_state:
         echo(_continue_optimizer(optimizer, Path(parent) / OPTIMIZER, s.learning_rate))
     steps = math.ceil(len(groups) / s.groups_per_step) * s.epochs
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup(s.warmup_steps))
     echo(
         f"training on {len(groups)} groups, {sum(len(g.members) for g in groups)} members, "
         f"{sum(g.loss_tokens for g in groups)} tokens: {steps} steps on {device} ({dtype})"
@@ -130,12 +147,11 @@ def train(
                 if group.id in skipped:
                     continue
                 for n, chunk in enumerate(chunks(group, limit)):
-                    parts = _loss(model, head, chunk, s, device)
-                    if n == 0 and group.id not in gaps:  # its first forward: the check
-                        gaps[group.id] = Gap(
-                            parts.gap_sum, parts.gap_max, parts.tokens, step=len(history)
-                        )
-                        if not _check(group, gaps[group.id], s, skipped, echo):
+                    checking = n == 0 and group.id not in gaps  # its first forward
+                    parts, gap = _loss(model, head, chunk, s, device, checking, len(history))
+                    if gap is not None:
+                        gaps[group.id] = gap
+                        if not _check(group, gap, s, skipped, echo):
                             break  # nothing of it backpropagated (the check is on chunk 0)
                     (parts.loss / step_tokens).backward()
                     totals["loss"] += parts.loss.item() / step_tokens
@@ -163,8 +179,10 @@ def train(
                     f"{grad_norm}: not applied (groups {', '.join(g.id for g in batch)})"
                 )
                 continue
+            lr = optimizer.param_groups[0]["lr"]
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            schedule.step()
             tokens_seen += step_tokens
             rewards = [m.reward for g in trained for m in g.members]
             record = {
@@ -172,6 +190,7 @@ def train(
                 "epoch": epoch,
                 "loss": totals["loss"],
                 "grad_norm": grad_norm,
+                "lr": lr,
                 "clip_fraction": totals["clipped"] / step_tokens,
                 "ratio_mean": totals["ratio"] / step_tokens,
                 "kl": totals["kl"] / step_tokens,
@@ -251,8 +270,12 @@ def _gap(group: Group, model, head: Head, limit: int, device) -> Gap:
     """A group's gap on its first chunk, with no gradient (before a warm start)."""
     chunk = next(iter(chunks(group, limit)))
     with torch.no_grad():
-        gap = (sampled_logprobs(model, head, chunk, device) - _old(chunk, device)).abs()
-    return Gap(gap.sum().item(), gap.max().item(), gap.numel())
+        return _gap_of(sampled_logprobs(model, head, chunk, device), _old(chunk, device), 0)
+
+
+def _gap_of(logp: torch.Tensor, old: torch.Tensor, step: int) -> Gap:
+    gap = (logp.detach() - old).abs()
+    return Gap(gap.sum().item(), gap.max().item() if gap.numel() else 0.0, gap.numel(), step)
 
 
 def _check(group: Group, gap: Gap, s: TrainSettings, skipped: dict, echo) -> bool:
@@ -284,6 +307,14 @@ def _gap_metrics(gaps: dict[str, Gap]) -> dict:
     }
 
 
+def _warmup(steps: int) -> Callable[[int], float]:
+    """The learning rate's factor at optimizer step k (0-based): (k + 1) / steps during a
+    warm-up of `steps`, then 1. A fresh AdamW's first update moves every parameter by
+    about the full rate whatever the gradient's size; rising to it spreads that over
+    several steps' gradients."""
+    return lambda k: min(1.0, (k + 1) / steps) if steps else 1.0
+
+
 def _continue_optimizer(optimizer, path: Path, learning_rate: float) -> str:
     """Load the parent's AdamW moments into `optimizer` when they fit its parameters; the
     learning rate stays this run's. Says what it did."""
@@ -298,6 +329,8 @@ def _continue_optimizer(optimizer, path: Path, learning_rate: float) -> str:
     optimizer.load_state_dict(state)
     for group in optimizer.param_groups:
         group["lr"] = learning_rate
+        # The parent's warm-up left its own rate here; the scheduler would take it as ours.
+        group.pop("initial_lr", None)
     steps = max((float(v["step"]) for v in optimizer.state.values()), default=0)
     return f"optimizer: the parent's AdamW moments continued ({steps:.0f} steps behind them)"
 
@@ -397,7 +430,17 @@ def _warm_start(model, head: Head, groups: list[Group], s: TrainSettings, device
     return {"members": len(best), "loss_first": losses[0], "loss_last": losses[-1]}
 
 
-def _loss(model, head: Head, members: list[Sequence], s: TrainSettings, device):
+def _loss(
+    model,
+    head: Head,
+    members: list[Sequence],
+    s: TrainSettings,
+    device,
+    check: bool = False,
+    step: int = 0,
+) -> tuple[LossParts, Gap | None]:
+    """A chunk's loss and, when `check` (a group's first forward), its gap: measured only
+    then, since each measure costs two device syncs."""
     adv = torch.tensor(
         [m.advantage for m in members for keep in m.loss_mask if keep], device=device
     )
@@ -406,9 +449,10 @@ def _loss(model, head: Head, members: list[Sequence], s: TrainSettings, device):
     if s.kl_beta > 0:
         with torch.no_grad(), model.disable_adapter():
             ref = sampled_logprobs(model, head, members, device)
-    return policy_loss(
+    old = _old(members, device)
+    parts = policy_loss(
         logp,
-        _old(members, device),
+        old,
         adv,
         eps_low=s.eps_low,
         eps_high=s.eps_high,
@@ -418,6 +462,7 @@ def _loss(model, head: Head, members: list[Sequence], s: TrainSettings, device):
         ref_logp=ref,
         beta=s.kl_beta,
     )
+    return parts, _gap_of(logp, old, step) if check else None
 
 
 def _old(members: list[Sequence], device) -> torch.Tensor:
@@ -432,7 +477,7 @@ def _old(members: list[Sequence], device) -> torch.Tensor:
 def _device(s: TrainSettings):
     cuda = torch.cuda.is_available() and s.device != "cpu"
     if s.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("trainer.device = cuda but no CUDA device is available")
+        raise NoDevice("trainer.device = cuda but no CUDA device is available")
     device = torch.device("cuda" if cuda else "cpu")
     if s.dtype == "auto":
         dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -80,9 +81,6 @@ class LossParts:
     clipped: float  # tokens whose ratio was clipped
     ratio_sum: float
     kl_sum: float
-    tokens: int
-    gap_sum: float = 0.0  # sum over tokens of |logp - old_logp|: how far policy and sampler
-    gap_max: float = 0.0  # disagree (at step 0 they are the same weights: ~0 expected)
 
 
 # exp() of a log ratio above this is past any clip, and e^20 ~ 5e8 is still finite in fp32:
@@ -106,7 +104,7 @@ def policy_loss(
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     dual_clip: float = 3.0,
-    kind: str = "ppo",
+    kind: Literal["ppo", "cispo"] = "ppo",
     cispo_max_weight: float = 5.0,
     ref_logp: torch.Tensor | None = None,
     beta: float = 0.0,
@@ -135,20 +133,15 @@ def policy_loss(
     elif kind == "cispo":
         per_token = -ratio.clamp(max=cispo_max_weight).detach() * advantage * logp
         outside = ratio > cispo_max_weight
-    else:
+    else:  # a caller's bug: TrainSettings.loss admits no other
         raise ValueError(f"unknown loss {kind!r} (ppo or cispo)")
     kl = torch.zeros_like(logp)
     if ref_logp is not None and beta > 0:
         kl = k3(logp, ref_logp)
         per_token = per_token + beta * kl
-    with torch.no_grad():
-        gap = (logp - old_logp).abs()
     return LossParts(
         loss=per_token.sum(),
         clipped=outside.sum().item(),
         ratio_sum=ratio.detach().sum().item(),
         kl_sum=kl.detach().sum().item(),
-        tokens=logp.numel(),
-        gap_sum=gap.sum().item(),
-        gap_max=gap.max().item() if gap.numel() else 0.0,
     )

@@ -67,6 +67,12 @@ class TrainSettings(BaseModel):
 
     # The optimisation.
     learning_rate: float = Field(5e-5, gt=0)
+    warmup_steps: int = Field(
+        0,
+        ge=0,
+        description="optimizer steps over which the learning rate rises linearly to "
+        "learning_rate (step k of n at k/n of it); 0 = the full rate from the first step",
+    )
     keep_optimizer_state: bool = Field(
         True,
         description="continue the parent checkpoint's AdamW moments (saved beside each "

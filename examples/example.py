@@ -1,0 +1,22 @@
+"""What `onjob demo` needs of an example: its agent's traffic, its held-out measure, its
+reward and referee, and the judge settings its conversations want."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Example:
+    name: str
+    task: str  # one line for result.json
+    reward: str  # `module:function`, the judge's reward
+    referee: str  # `module:function`, the promotion gate's check
+    questions: Callable[[int], list[str]]  # the agent's next questions (by a seed)
+    converse: Callable[[object, str], None]  # one conversation through an openai client
+    evaluate: Callable[[str, str, int, int], dict]  # (base_url, model, questions, samples)
+    first_messages: Callable[[str], list[dict]]  # a question's opening (the speed probe)
+    heldout: Callable[[int], list[str]]
+    judge: str = ""  # lines added to the demo's [judge] section
+    table: Callable[[dict, dict], list[str]] = lambda before, after: []

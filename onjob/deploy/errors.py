@@ -1,0 +1,40 @@
+"""The release machinery's errors: one tree, so a caller catches `DeployError` for what
+deploy refuses or could not do, and anything else is a bug with its traceback."""
+
+from __future__ import annotations
+
+
+class DeployError(Exception):
+    """A release step refused or could not be done; the message says why."""
+
+
+class RoutingChanged(DeployError):
+    """The routing a decision was made on is no longer the current one."""
+
+
+class UnknownCheckpoint(DeployError):
+    """A name that is neither in the checkpoints table nor served by the engine."""
+
+
+class NothingToJudge(DeployError):
+    """No scorer is configured (judge.model, [judge.rewards] or [loop.gate])."""
+
+
+class TrainingFailed(DeployError):
+    """The training child exited with a failure (diverged, crashed): no checkpoint."""
+
+
+class RegistryError(DeployError):
+    """A checkpoint that cannot be registered (not a LoRA adapter vLLM serves, a name taken)."""
+
+
+class EngineControlError(DeployError):
+    """The engine refused or failed an adapter load or unload, or its model list."""
+
+
+class AdapterPathUnreadable(EngineControlError):
+    """The engine has no adapter at the checkpoint's path (another host's disk)."""
+
+
+class EngineUnreachable(EngineControlError):
+    """No connection to the engine (down, or restarting): it can be loaded when it is back."""

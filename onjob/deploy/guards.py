@@ -1,0 +1,122 @@
+"""The guards: what must hold besides the paired test, each as one `Guard`.
+
+A guard *trips* (stop the candidate, roll the canary back) only when an interval valid at
+every look says the candidate is beyond its bound; it *holds* a promotion while the point
+estimate is, or while too little has been seen. On the candidate itself (`on_candidate`):
+the shape of its paired answers (`shape`), its KL to the base model and its judges'
+agreement with users (`trust`). On real traffic once it is a canary (`on_traffic`): errors
+and latency per conversation, and the shape of its answers, against live's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import shape, stats, trust
+from .settings import LoopSettings
+
+
+@dataclass(frozen=True)
+class Guard:
+    name: str
+    tripped: str | None  # why the candidate must go, or None
+    holding: str | None  # why a promotion must wait, or None
+    evidence: dict
+
+    @classmethod
+    def of(cls, name: str, found: dict) -> Guard:
+        return cls(name, found.get("tripped"), found.get("holding"), found)
+
+
+def on_candidate(
+    store, candidate: str, tests: list[str], settings: LoopSettings, judges: list[str]
+) -> list[Guard]:
+    """The guards that see the candidate, served or not: its paired answers' shape, its
+    drift from the base model, and whether its judges agree with users."""
+    return [
+        Guard.of(
+            "pairs", shape.guards(shape.paired_samples(store, tests), settings, "paired samples")
+        ),
+        Guard.of("kl", trust.kl_guard(store, candidate, settings)),
+        Guard.of("judges", trust.agreement_guard(store, list(judges), settings)),
+    ]
+
+
+def on_traffic(store, alias: str, since, settings: LoopSettings) -> list[Guard]:
+    """The guards on the alias's real traffic since the canary started."""
+    answers = shape.real_traffic(store, alias, since)
+    return [
+        Guard.of("service", _errors_and_latency(store, alias, since, settings)),
+        Guard.of("traffic", shape.guards(answers, settings, "real traffic")),
+    ]
+
+
+def _errors_and_latency(store, alias: str, since, settings: LoopSettings) -> dict:
+    """Errors and latency per conversation on each arm since the canary began; no
+    promotion before each arm served `min_guard_conversations` conversations. Errors are
+    the engine's and onjob's (a canary whose adapter fails counts), not the client's (400,
+    401, 413) or a client hanging up (499).
+
+    Errors: the share of conversations with a failed request, canary's against live's plus
+    `max_error_increase`. Latency: the share of canary conversations slower than
+    `max_latency_ratio` times live's median conversation; over one half means the canary's
+    median is beyond the ratio."""
+    rows = store.query(
+        """
+        SELECT arm, trajectory_id,
+               bool_or(status >= 400 AND status NOT IN (400, 401, 413, 499)) AS failed,
+               median(latency_ms) FILTER (WHERE status < 400) AS latency_ms
+        FROM exchanges
+        WHERE model_alias = ? AND ts >= ? AND source = 'production' AND arm IN ('live', 'canary')
+        GROUP BY arm, trajectory_id
+        """,
+        [alias, since],
+    )
+    arms: dict[str, list[dict]] = {"live": [], "canary": []}
+    for r in rows:
+        arms[r["arm"]].append(r)
+    out: dict = {}
+    for arm, convs in arms.items():
+        times = sorted(c["latency_ms"] for c in convs if c["latency_ms"] is not None)
+        out[arm] = {
+            "conversations": len(convs),
+            "failed": sum(bool(c["failed"]) for c in convs),
+            "p50_ms": times[len(times) // 2] if times else None,
+        }
+    out["tripped"], out["holding"] = None, None
+    live, canary = out["live"], out["canary"]
+    a = settings.alpha / 2  # two guards
+    errors = stats.increase(
+        (canary["failed"], canary["conversations"]),
+        (live["failed"], live["conversations"]),
+        settings.max_error_increase,
+        a,
+    )
+    if errors:
+        c_rate = canary["failed"] / canary["conversations"]
+        l_rate = live["failed"] / live["conversations"]
+        said = f"canary conversations failed {c_rate:.1%} against live {l_rate:.1%}"
+        if errors == "trip":
+            out["tripped"] = f"error guard: {said} (more than +{settings.max_error_increase:.0%})"
+        else:
+            out["holding"] = f"the error guard holds: {said}"
+    if not out["tripped"] and live["p50_ms"]:
+        bound = settings.max_latency_ratio * live["p50_ms"]
+        timed = [c for c in arms["canary"] if c["latency_ms"] is not None]
+        slow = sum(c["latency_ms"] > bound for c in timed)
+        said = (
+            f"{slow} of {len(timed)} canary conversations slower than "
+            f"{settings.max_latency_ratio:g} x live's median ({live['p50_ms']:.0f} ms)"
+        )
+        latency = stats.majority(slow, len(timed), a)
+        if latency == "trip":
+            out["tripped"] = f"latency guard: {said}"
+        elif latency == "hold" and not out["holding"]:
+            out["holding"] = f"the latency guard holds: {said}"
+    need = settings.min_guard_conversations
+    if not out["holding"] and min(live["conversations"], canary["conversations"]) < need:
+        out["holding"] = (
+            f"the guards need {need} conversations per arm (live {live['conversations']}, "
+            f"canary {canary['conversations']})"
+        )
+    return out

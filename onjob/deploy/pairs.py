@@ -1,0 +1,224 @@
+"""The paired evidence: logged prompts answered by two checkpoints and judged together.
+
+A *paired round*: each prompt answered by arm `a` (live) and arm `b` (the candidate), the
+two answers judged together in one `ab` group (so judge drift and position bias cancel
+out) by the *referee* (`referee`: `loop.gate`, else the coach, the training reward).
+Every group names the test it is evidence for (`test_ids`): a candidate's test counts
+only its own pairs, never an `onjob compare` run's. `weigh` turns a test's pairs into
+the e-process's state (`stats.Rule`): every pair counts, an unjudged one as a loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections import defaultdict
+
+import httpx
+
+from ..collector import Collector
+from ..judge import JudgeSettings, SamplingFailed, sampling, tables
+from ..judge.passes import PassReport, score_group
+from . import ledger, stats
+from .settings import DeploySettings, GateSettings, LoopSettings
+
+
+async def paired_round(
+    db: Collector,
+    engine: httpx.AsyncClient,
+    s: JudgeSettings,
+    fns: dict,
+    prefixes: list[dict],
+    models: dict[str, tuple[str, str | None]],
+    *,
+    test: str,
+    echo=lambda _: None,
+) -> list[str]:
+    """For each logged prompt, arm `a` and arm `b` (engine model id, checkpoint) answer it
+    and the answers are judged together; returns the `ab` group ids. A prompt an arm could
+    not answer is recorded as a failed pair with the arm that failed."""
+    gate = asyncio.Semaphore(s.concurrency)
+    report, rng = PassReport(), random.Random()
+
+    async def draw(model: str, prefix: dict):
+        try:
+            return await sampling.sample(engine, sampling.request_for(prefix, model, s))
+        except SamplingFailed as exc:
+            return exc
+
+    async def one(prefix: dict) -> str:
+        async with gate:
+            arms = list(models)
+            answers = [await draw(models[arm][0], prefix) for arm in arms]
+            failed = [arm for arm, x in zip(arms, answers, strict=True) if isinstance(x, Exception)]
+            if failed:
+                arm = failed[0] if len(failed) == 1 else "both"
+                reason = "; ".join(
+                    f"{a}: {x}" for a, x in zip(arms, answers, strict=True) if a in failed
+                )
+                echo(f"  a pair could not be sampled ({reason})")
+                checkpoints = [models[a][1] for a in arms]
+                return await db.query(
+                    lambda st: tables.add_failed_ab_group(
+                        st, prefix, checkpoints, test=test, arm=arm, reason=reason
+                    )
+                )
+            drawn = {arm: (models[arm][1], x) for arm, x in zip(arms, answers, strict=True)}
+            group_id = await db.query(lambda st: tables.add_ab_group(st, prefix, drawn, test=test))
+            await score_group(db, s, fns, {"id": group_id, "kind": "ab"}, report, echo, rng)
+            return group_id
+
+    return list(await asyncio.gather(*(one(p) for p in prefixes)))
+
+
+def ab_outcomes(
+    store, where: str, params: list, *, missing_is_loss: bool = True
+) -> tuple[dict[str, list[float]], list[dict]]:
+    """Every pair of a test, counted. Per scenario, the paired difference of each `ab`
+    pair (b's mean score - a's, in [-1, 1]; b is the candidate), and the pairs without a
+    judged comparison.
+
+    Every pair counts against the candidate unless live alone is at fault: a pair the
+    judge could not score (it failed or raised, its scores are missing or not finite, or
+    it is still unscored: the referee's budget spent, the loop stopped mid-round) is the
+    candidate's loss, d = -1, as is a pair b could not
+    answer (alone or with a). Dropping them instead would let a candidate whose losses
+    are the ones the judge fails on look better than it is. Only a pair that a alone
+    could not answer is left out.
+
+    The second list names each pair without a judged comparison but those b alone could
+    not answer (the candidate's own failure, an ordinary loss): `counted: "loss"` (among
+    the outcomes, as -1) or `counted: "excluded"` (a failed alone; not among them), with
+    `why`: `unjudged` (no usable score), `unsampled` (both arms, or a, could not answer).
+    `missing_is_loss=False` (`onjob compare`, a description rather than a decision)
+    counts only a pair b alone could not answer, as b's loss."""
+    rows = store.query(
+        f"""
+        SELECT g.id, g.status, g.reason, g.failed_arm, g.scenario_id, m.origin, s.score
+        FROM groups g LEFT JOIN members m ON m.group_id = g.id
+        LEFT JOIN scores s ON s.member_id = m.id AND s.source = 'combined'
+        WHERE g.kind = 'ab' AND {where}
+        """,
+        params,
+    )
+    groups: dict[str, dict] = {}
+    for r in rows:
+        g = groups.setdefault(r["id"], {k: r[k] for k in ("status", "reason", "failed_arm")})
+        g["scenario"] = r["scenario_id"]
+        if r["origin"] is not None:
+            g.setdefault(r["origin"], []).append(r["score"])
+    by_scenario: dict[str, list[float]] = defaultdict(list)
+    missing = []
+    for group_id, g in sorted(groups.items()):
+        a, b = g.get("a") or [], g.get("b") or []
+        usable = all(isinstance(x, int | float) and math.isfinite(x) for x in (*a, *b))
+        if g["status"] == "scored" and a and b and usable:
+            by_scenario[g["scenario"]].append(stats.difference(a, b))
+            continue
+        arm = g["failed_arm"]
+        loses = arm != "a" if missing_is_loss else arm == "b"
+        counted = "loss" if loses else "excluded"
+        if counted == "loss":
+            by_scenario[g["scenario"]].append(-1.0)
+        if arm == "b":
+            continue
+        why = "unsampled" if arm else "unjudged"
+        reason = g["reason"] or ("not scored yet" if g["status"] == "sampled" else "no score")
+        missing.append(
+            {"group": group_id, "reason": reason, "arm": arm, "why": why, "counted": counted}
+        )
+    return by_scenario, missing
+
+
+def unjudged(missing: list[dict]) -> int:
+    """How many of `ab_outcomes`' second list are losses for want of a judgement."""
+    return sum(m["why"] == "unjudged" for m in missing)
+
+
+async def rejudge(db: Collector, s: JudgeSettings, fns: dict, tests: list[str]) -> int:
+    """The referee's retry: the pairs of `tests` sampled but never scored (its budget was
+    spent, the loop stopped mid-round), judged now by the referee `s`. The judge pass
+    never scores `ab` groups (`tables.groups_to_score`), so nothing else will. Returns
+    how many it tried."""
+    pending = await db.query(
+        lambda st: st.query(
+            "SELECT id, kind FROM groups WHERE kind = 'ab' AND status = 'sampled' "
+            "AND list_contains(?::VARCHAR[], test) ORDER BY created",
+            [list(tests)],
+        )
+    )
+    report, rng = PassReport(), random.Random()
+    for group in pending:
+        await score_group(db, s, fns, group, report, lambda _: None, rng)
+    return len(pending)
+
+
+def holdout_test_id(candidate: str) -> str:
+    """The test of a candidate's held-out pairs: its test's first observations."""
+    return f"holdout:{candidate}"
+
+
+def offline_test_id(candidate: str) -> str:
+    """The test of a candidate's pairs on prompts logged after its training snapshot,
+    sampled at the engine's speed before it serves anyone."""
+    return f"offline:{candidate}"
+
+
+def canary_test_id(alias: str, routing: dict) -> str:
+    """The test of a canary's pairs: its alias, live, canary and start."""
+    since = routing["ts"].isoformat()
+    return f"canary:{alias}:{routing['live'] or ''}:{routing['canary']}:{since}"
+
+
+def test_ids(alias: str, candidate: str, routing: dict | None = None) -> list[str]:
+    """Every test whose pairs are the candidate's one test, in the order they are drawn."""
+    out = [holdout_test_id(candidate), offline_test_id(candidate)]
+    if routing is not None and routing.get("canary") == candidate:
+        out.append(canary_test_id(alias, routing))
+    return out
+
+
+def rule_of(settings: LoopSettings) -> stats.Rule:
+    return stats.Rule(
+        margin=settings.margin,
+        delta=settings.delta,
+        beta=settings.beta,
+        min_pairs=settings.min_pairs,
+        max_pairs=settings.max_pairs,
+        max_unjudged_share=settings.max_unjudged_share,
+    )
+
+
+def weigh(store, alias: str, candidate: str, tests: list[str], settings: LoopSettings):
+    """The candidate's test on the pairs of `tests` (its held-out pairs, then its canary's):
+    the rule, the evidence so far, its level in the alias's stream, the unjudged pairs."""
+    outcomes, missing = ab_outcomes(store, "list_contains(?::VARCHAR[], g.test)", [tests])
+    rule = rule_of(settings)
+    # The pairs without a judgement are among `outcomes` already, as -1 (every pair
+    # counts): counted here, not added a second time.
+    paired = rule.weigh([d for ds in outcomes.values() for d in ds])
+    paired.unjudged = sum(m["counted"] == "loss" for m in missing)
+    return rule, paired, ledger.level(store, alias, candidate, settings.alpha), missing
+
+
+def referee(judge: JudgeSettings, gate: GateSettings) -> JudgeSettings:
+    """Who judges the pairs: the gate's scorers when `loop.gate` names any, else the
+    training reward's (the judge's model and reward functions)."""
+    if not gate.configured:
+        return judge
+    return judge.model_copy(
+        update={
+            "model": gate.model,
+            "rubric": gate.rubric or judge.rubric,
+            "rubrics": {} if gate.rubric else judge.rubrics,
+            "rewards": gate.rewards,
+        }
+    )
+
+
+def judges(settings: DeploySettings) -> list[str]:
+    """The score sources a checkpoint's promotion rests on: the coach's (what it trained
+    on) and the referee's (what the pairs are judged by)."""
+    referee_ = referee(settings.judge, settings.loop.gate)
+    return sorted(set(settings.judge.scorers) | set(referee_.scorers))

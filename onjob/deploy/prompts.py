@@ -1,0 +1,101 @@
+"""Which logged prompts a candidate's test may use: ones it cannot have trained on.
+
+Every source is production turns of the alias, of no API key in `untrained_keys`, in no
+conversation the lineage's training snapshots hold (`TRAINED_CONVERSATIONS`: an answer a
+checkpoint was trained towards is not evidence about it), in no conversation the test
+already drew from (turns of one conversation are not independent evidence), one turn per
+conversation, any turn (tool-call turns included), chosen by a hash of its id and the
+test's name, so a resumed test draws the same ones. Two sources:
+
+- `held_out`: the held-out slice's scenarios (`holdout`), whenever logged;
+- `fresh`: any scenario, logged on the live arm after `since` (the candidate's training
+  snapshot), which no snapshot of its lineage can hold and whose answers it did not shape.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from ..collector import rebuilt
+
+# Conversations in the training snapshot of a checkpoint or any of its ancestors: the
+# lineage's train runs, their groups, and every conversation those groups' members are in.
+TRAINED_CONVERSATIONS = """
+WITH RECURSIVE chain(name) AS (
+    SELECT unnest(?::VARCHAR[])
+    UNION
+    SELECT c.parent FROM checkpoints c JOIN chain ON c.name = chain.name
+    WHERE c.parent IS NOT NULL
+), trained AS (
+    SELECT unnest(t.groups_used) AS group_id
+    FROM checkpoints c JOIN chain ON c.name = chain.name JOIN train_runs t ON t.id = c.train_run
+)
+SELECT DISTINCT m.trajectory_id FROM members m JOIN trained ON trained.group_id = m.group_id
+WHERE m.trajectory_id IS NOT NULL
+"""
+
+
+def held_out(
+    store,
+    alias: str,
+    scenarios: list[str],
+    n: int,
+    *,
+    lineage: list[str | None] | tuple = (),
+    tests: list[str] | tuple = (),
+    untrained_keys: list[str] | tuple = (),
+) -> list[dict]:
+    """Up to `n` prompts of the held-out `scenarios` for a test of the checkpoints in
+    `lineage` (live and the candidate; their ancestors are followed) that drew from
+    `tests` so far."""
+    if not scenarios:
+        return []
+    where = "list_contains(?::VARCHAR[], e.scenario_id)"
+    return _choose(store, alias, where, [scenarios], n, lineage, tests, untrained_keys)
+
+
+def fresh(
+    store,
+    alias: str,
+    since: datetime,
+    n: int,
+    *,
+    lineage: list[str | None] | tuple = (),
+    tests: list[str] | tuple = (),
+    untrained_keys: list[str] | tuple = (),
+) -> list[dict]:
+    """Up to `n` prompts logged on the live arm after `since`, any scenario."""
+    where = "e.arm = 'live' AND e.ts > ?"
+    return _choose(store, alias, where, [since], n, lineage, tests, untrained_keys)
+
+
+def snapshot_time(store, checkpoint: str) -> datetime | None:
+    """When the checkpoint's training snapshot was taken, at the latest: its run's record
+    time less the run's length (a run records after it trains). None: no train run (an
+    adapter added by hand)."""
+    rows = store.query(
+        "SELECT t.created - to_microseconds(CAST(coalesce(t.duration_s, 0) * 1e6 AS BIGINT)) "
+        "AS since FROM checkpoints c JOIN train_runs t ON t.id = c.train_run WHERE c.name = ?",
+        [checkpoint],
+    )
+    return rows[0]["since"] if rows else None
+
+
+def _choose(store, alias, where, params, n, lineage, tests, untrained_keys) -> list[dict]:
+    key = tests[0] if tests else ""
+    ids = f"""
+        SELECT e.id, e.ts FROM exchanges e
+        WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ? AND {where}
+          AND NOT coalesce(list_contains(?::VARCHAR[], e.api_key_id), false)
+          AND e.trajectory_id NOT IN ({TRAINED_CONVERSATIONS})
+          AND e.trajectory_id NOT IN (
+              SELECT p.trajectory_id FROM groups g JOIN exchanges p ON p.id = g.prefix_exchange
+              WHERE g.kind = 'ab' AND list_contains(?::VARCHAR[], g.test))
+        QUALIFY row_number() OVER (PARTITION BY e.trajectory_id ORDER BY hash(e.id, ?)) = 1
+        ORDER BY e.ts DESC LIMIT ?
+    """
+    lineage = [c for c in lineage if c]
+    return store.query(
+        f"SELECT * FROM {rebuilt(ids)} ORDER BY ts DESC",
+        [alias, *params, list(untrained_keys), lineage, list(tests), key, n],
+    )

@@ -1,0 +1,359 @@
+"""From trained to live: a candidate's way, top to bottom.
+
+    trained        a train run recorded the candidate (`loop`), or a crash left one
+                   undecided (`orphans`)
+    offline test   it and live answer logged prompts it cannot have trained on, at the
+                   engine's speed (`prompts`): the held-out slice's first, then prompts
+                   logged after its training snapshot, round after round; the referee
+                   judges each pair (`pairs`); the guards on the candidate (`guards`) and
+                   the test (`stats.Rule`, at its share of alpha, `ledger`) stop it here,
+                   or send it on with the test passed or still open
+    canary         a share of real traffic, for what only it shows: errors, latency, the
+                   answers' shape, users' feedback; the pairs continue the test while it
+                   is open, from live-arm prompts logged since; capped in rounds and in
+                   wall time
+    decision       promoted (`trust.release_mode` automatic), ready for review (judged by
+                   its coach alone: a person decides, `reviews`), or rolled back, each with
+                   its reason in the `deployments` log
+
+`decide` is the one verdict, for both stages. Every step reads its state from DuckDB, so
+one killed anywhere is picked up by the next iteration without repeating a pair.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+
+import httpx
+
+from ..collector import Collector
+from ..judge import rewards, sampling
+from . import deployments, guards, holdout, ledger, pairs, prompts, reviews, stats, trust
+from .operator import Operator
+from .settings import DeploySettings, LoopSettings
+
+
+@dataclass(frozen=True)
+class Verdict:
+    decision: stats.Decision  # offline: "promote" means the test passed, guards to come
+    reason: str
+    evidence: dict
+
+
+@dataclass
+class Release:
+    """What the pipeline works with: the database, the engine, the routing, the settings."""
+
+    db: Collector
+    engine: httpx.AsyncClient
+    operator: Operator
+    settings: DeploySettings
+    echo: Callable[[str], None]
+
+    @property
+    def alias(self) -> str:
+        return self.settings.loop.alias
+
+
+async def trained(r: Release, *, live: str | None, candidate: str, trained_on: int) -> None:
+    """A recorded candidate: its offline test, then its canary, or stopped with the reason."""
+    verdict = await offline_test(r, live=live, candidate=candidate)
+    r.echo(f"offline test of {candidate} against {live or 'base'}: {verdict.reason}")
+    if verdict.decision == "rollback":
+        await r.db.query(lambda st: ledger.settle(st, r.alias, candidate, "stopped"))
+        await r.db.query(
+            lambda st: deployments.reject(
+                st,
+                r.alias,
+                candidate,
+                default_live=r.settings.proxy.aliases.get(r.alias),
+                reason=f"stopped before canary: {verdict.reason}",
+                actor="loop",
+                evidence=verdict.evidence,
+            )
+        )
+        await r.operator.unload(candidate)
+        return
+    row = await r.operator.set_canary(
+        r.alias,
+        candidate,
+        r.settings.loop.canary_fraction,
+        reason=f"trained on {trained_on} groups; offline test: {verdict.reason}",
+        actor="loop",
+        evidence=verdict.evidence,
+    )
+    r.echo(f"canary: {row['canary']} serves {row['fraction']:.0%} of {r.alias}")
+
+
+async def offline_test(r: Release, *, live: str | None, candidate: str) -> Verdict:
+    """The candidate against live before it serves anyone: held-out pairs, then rounds of
+    prompts logged after its training snapshot, back to back until the test decides or
+    the prompts run out. With no referee, nothing is sampled: the guards alone speak."""
+    loop, s = r.settings.loop, pairs.referee(r.settings.judge, r.settings.loop.gate)
+    await r.db.query(lambda st: ledger.enter(st, r.alias, candidate))  # fixes its alpha_k
+    tests = pairs.test_ids(r.alias, candidate)
+    if s.scorers:
+        fns = rewards.load(s.rewards)
+        await pairs.rejudge(r.db, s, fns, tests)
+        await r.operator.load(candidate)
+        arms = await _arms(r, live, candidate)
+        untrained = r.settings.proxy.untrained_keys
+        lineage = [live, candidate]
+
+        def held_prompts(st):
+            scenarios = holdout.held_out(st, loop.holdout_share)
+            drawn = st.query(
+                "SELECT count(*) AS n FROM groups WHERE kind = 'ab' AND test = ?", [tests[0]]
+            )[0]["n"]
+            n = max(0, loop.holdout_pairs - drawn)
+            return prompts.held_out(
+                st, r.alias, scenarios, n, lineage=lineage, tests=tests, untrained_keys=untrained
+            )
+
+        chosen = await r.db.query(held_prompts)
+        await pairs.paired_round(r.db, r.engine, s, fns, chosen, arms, test=tests[0])
+        since = await r.db.query(lambda st: prompts.snapshot_time(st, candidate))
+        while since is not None:
+            verdict = await r.db.query(lambda st: decide(st, r.settings, candidate, live))
+            if verdict.decision != "wait":
+                return verdict
+            chosen = await r.db.query(
+                lambda st: prompts.fresh(
+                    st,
+                    r.alias,
+                    since,
+                    loop.pairs_per_round,
+                    lineage=lineage,
+                    tests=tests,
+                    untrained_keys=untrained,
+                )
+            )
+            if not chosen:
+                break
+            await pairs.paired_round(r.db, r.engine, s, fns, chosen, arms, test=tests[1])
+    return await r.db.query(lambda st: decide(st, r.settings, candidate, live))
+
+
+async def canary_round(r: Release, routing: dict) -> None:
+    """One look at the alias's canary: more pairs while its test is open, then the verdict
+    acted on (promote, ready for review, roll back, or wait)."""
+    live, candidate = routing["live"], routing["canary"]
+    s = pairs.referee(r.settings.judge, r.settings.loop.gate)
+    review = await r.db.query(lambda st: reviews.of(st, r.alias, routing))
+    rounds = await r.db.query(lambda st: ledger.count_round(st, r.alias, candidate, routing["ts"]))
+    if review is None:
+        if not s.scorers:
+            r.echo(
+                f"canary {candidate}: no scorer to compare with (set loop.gate, judge.model or "
+                "[judge.rewards]); promote or roll back by hand"
+            )
+            return
+        await _more_pairs(r, routing, s)
+    verdict = await r.db.query(
+        lambda st: decide(
+            st, r.settings, candidate, live, routing, rounds=rounds, capped=review is None
+        )
+    )
+    verdict.evidence["referee"] = s.scorers
+    mode = await r.db.query(lambda st: trust.release_mode(st, r.settings))
+    verdict.evidence["release_mode"] = mode.as_dict()
+    against = f"canary {candidate} against {live or 'base'}"
+    # Under review, only a rollback (a guard tripped since) or a promotion that has become
+    # the loop's own ends the wait: users' feedback now checks the coach. A referee set
+    # since does not: the pairs were judged by the coach, not by it.
+    promotes = verdict.decision == "promote" and mode.mode == "users"
+    if review is not None and verdict.decision != "rollback" and not promotes:
+        r.echo(f"{against}: ready for review since {review['ts']}: {review['reason']}")
+        return
+    if verdict.decision == "promote" and not mode.automatic:
+        reason = f"{verdict.reason}; judged by its coach alone, so a person decides"
+        await r.db.query(
+            lambda st: reviews.mark(st, r.alias, routing, reason=reason, evidence=verdict.evidence)
+        )
+        r.echo(f"{against}: ready for review: {reason} ({mode.reason})")
+        return
+    r.echo(f"{against}: {verdict.decision}: {verdict.reason}")
+    if verdict.decision == "wait":
+        return
+    act = r.operator.promote if verdict.decision == "promote" else r.operator.rollback
+    try:
+        row = await act(
+            r.alias,
+            reason=verdict.reason,
+            actor="loop",
+            evidence=verdict.evidence,
+            expected=routing,
+        )
+    except deployments.RoutingChanged as exc:
+        r.echo(f"canary {candidate}: {exc}")
+        return
+    outcome = "promoted" if verdict.decision == "promote" else "rolled_back"
+    await r.db.query(lambda st: ledger.settle(st, r.alias, candidate, outcome))
+    for warning in row["warnings"]:
+        r.echo(f"warning: {warning}")
+
+
+def decide(
+    store,
+    settings: DeploySettings,
+    candidate: str,
+    live: str | None,
+    routing: dict | None = None,
+    *,
+    rounds: int = 0,
+    capped: bool = True,
+    now: datetime | None = None,
+) -> Verdict:
+    """What the evidence so far says about `candidate`: before it serves anyone (no
+    `routing`), or as `routing`'s canary after `rounds` looks. A guard that trips, or the
+    test ruling out "better by margin + delta", sends it away; offline, a guard that holds
+    does too (its own answers are off), and a passed test sends it on to the canary; as a
+    canary, a passed test promotes once no guard holds, and the caps (`capped`; not while
+    a person reviews it) end an open test."""
+    loop = settings.loop
+    alias = routing["model_alias"] if routing is not None else loop.alias
+    tests = pairs.test_ids(alias, candidate, routing)
+    checks = guards.on_candidate(store, candidate, tests, loop, pairs.judges(settings))
+    if routing is not None:
+        checks = guards.on_traffic(store, alias, routing["ts"], loop) + checks
+    rule, paired, level, missing = pairs.weigh(store, alias, candidate, tests, loop)
+    evidence = _evidence(rule, paired, level, missing, checks, tests, live, routing)
+    if tripped := next((g.tripped for g in checks if g.tripped), None):
+        return Verdict("rollback", f"{candidate}: {tripped}", evidence)
+    holding = next((g.holding for g in checks if g.holding), None)
+    if routing is None:
+        if holding:
+            return Verdict("rollback", f"{candidate}: {holding}", evidence)
+        # Offline the test may stop on its first pairs (a candidate this bad should not
+        # serve anyone); it passes only with `min_pairs`, as a promotion would need.
+        decision, why = replace(rule, min_pairs=1).decide(paired, level.alpha)
+        if decision == "promote" and paired.pairs < rule.min_pairs:
+            decision = "wait"
+        if not paired.pairs:
+            why = "no pairs yet (no logged prompt it may be tested on)"
+        return Verdict(decision, f"{'passed: ' if decision == 'promote' else ''}{why}", evidence)
+    decision, why = rule.decide(paired, level.alpha)
+    if decision == "rollback":
+        return Verdict("rollback", f"canary {candidate} {why}", evidence)
+    if decision == "promote" and not holding:
+        return Verdict("promote", f"canary {candidate} {why}", evidence)
+    waiting = f"canary {candidate} won the pairs, but {holding}" if decision == "promote" else why
+    if capped and (over := _over_cap(loop, routing, rounds, now)):
+        return Verdict("rollback", f"canary {candidate} {over}: {waiting}", evidence)
+    return Verdict("wait", waiting, evidence)
+
+
+async def orphans(r: Release, routing: dict | None) -> None:
+    """Decide or retire the candidates the loop recorded and never decided (the iteration
+    that trained them stopped before their canary): the newest whose parent is still live
+    resumes at its offline test; any other was trained from a live that has since changed,
+    or is superseded by a newer one, and is retired with the reason."""
+    default = r.settings.proxy.aliases.get(r.alias)
+    live = routing["live"] if routing else default
+    found = await r.db.query(lambda st: st.query(ORPHANS))
+    chosen = found[0] if found and found[0]["parent"] == live else None
+    for i, row in enumerate(found):
+        if row is chosen:
+            continue
+        name = row["name"]
+        why = (
+            "a newer candidate supersedes it"
+            if i
+            else f"its parent {row['parent'] or 'base'} is no longer live"
+        )
+        reason = f"orphaned candidate {name} retired: recorded but never decided, and {why}"
+        await r.db.query(lambda st, name=name, reason=reason: _retire(st, r, name, reason))
+        await r.operator.unload(name)
+        r.echo(f"orphaned candidate {name} retired: {why}")
+    if chosen is not None:
+        r.echo(f"orphaned candidate {chosen['name']}: recorded but never decided; deciding it now")
+        await trained(r, live=live, candidate=chosen["name"], trained_on=chosen["trained_on"])
+
+
+# Candidates the loop trained (a train run) that nothing routes to and nothing decided.
+ORPHANS = """
+SELECT c.name, c.parent, len(t.groups_used) AS trained_on
+FROM checkpoints c JOIN train_runs t ON t.id = c.train_run
+WHERE c.status = 'candidate' AND json_extract_string(t.config, '$.started_by') = 'loop'
+ORDER BY c.created DESC, c.name
+"""
+
+
+def _retire(store, r: Release, name: str, reason: str) -> None:
+    if ledger.entered(store, r.alias, name):  # tested, so its outcome counts (back-off)
+        ledger.settle(store, r.alias, name, "stopped")
+    deployments.reject(
+        store,
+        r.alias,
+        name,
+        default_live=r.settings.proxy.aliases.get(r.alias),
+        reason=reason,
+        actor="loop",
+    )
+
+
+async def _more_pairs(r: Release, routing: dict, s) -> None:
+    """The canary's round of pairs, while its test is open: live-arm prompts logged since
+    its training snapshot (since the canary started, for an adapter added by hand)."""
+    live, candidate = routing["live"], routing["canary"]
+    tests = pairs.test_ids(r.alias, candidate, routing)
+    loop = r.settings.loop
+
+    def still_open(st) -> bool:
+        rule, paired, level, _ = pairs.weigh(st, r.alias, candidate, tests, loop)
+        return rule.decide(paired, level.alpha)[0] == "wait"
+
+    fns = rewards.load(s.rewards)
+    await pairs.rejudge(r.db, s, fns, tests)
+    if not await r.db.query(still_open):
+        return
+    since = await r.db.query(lambda st: prompts.snapshot_time(st, candidate)) or routing["ts"]
+    chosen = await r.db.query(
+        lambda st: prompts.fresh(
+            st,
+            r.alias,
+            since,
+            loop.pairs_per_round,
+            lineage=[live, candidate],
+            tests=tests,
+            untrained_keys=r.settings.proxy.untrained_keys,
+        )
+    )
+    arms = await _arms(r, live, candidate)
+    await pairs.paired_round(r.db, r.engine, s, fns, chosen, arms, test=tests[-1])
+
+
+async def _arms(r: Release, live: str | None, candidate: str) -> dict:
+    base = await sampling.base_model(r.engine)
+    return {"a": (live or base, live), "b": (candidate, candidate)}
+
+
+def _over_cap(loop: LoopSettings, routing: dict, rounds: int, now: datetime | None) -> str:
+    """Why an open canary must end now ("" while it may go on)."""
+    if rounds >= loop.canary_max_rounds:
+        return f"undecided after {rounds} rounds (loop.canary_max_rounds)"
+    elapsed = ((now or datetime.now(UTC)) - routing["ts"]).total_seconds()
+    if elapsed >= loop.canary_max_s:
+        return f"undecided after {elapsed / 3600:.1f} h (loop.canary_max_s)"
+    return ""
+
+
+def _evidence(rule, paired, level, missing, checks, tests, live, routing) -> dict:
+    """What the dashboard, `onjob status` and the deployments log show of a verdict."""
+    by_name = {g.name: g.evidence for g in checks}
+    evidence = {
+        "live": live,
+        "tests": tests,
+        "paired": paired.tally.as_dict(),
+        "unjudged_pairs": len(missing),
+        "e_process": rule.evidence(paired, level.alpha, level.k),
+        "shape": {k: v for k, v in by_name.items() if k != "service"},
+    }
+    if routing is not None:
+        since = routing["ts"].isoformat()
+        evidence["routing"] = {"live": live, "canary": routing["canary"], "since": since}
+        evidence["test"] = tests[-1]
+        evidence["guards"] = by_name["service"]
+    return evidence

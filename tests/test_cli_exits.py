@@ -1,0 +1,116 @@
+"""Every command leaves by the one exit-code table (`onjob/cli/exits.py`, docs/cli.md):
+real `onjob` processes, a real loopback server for the admin API's refusal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from onjob.cli.exits import Exit, table
+from onjob.cli.process import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def onjob(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "onjob.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+@pytest.fixture
+def refusing_server():
+    """An admin API that refuses every call with OpenAI's error shape."""
+
+    class Refuse(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"error": {"message": "no such admin key", "type": "auth"}})
+            self.send_response(401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_table_is_in_the_help_and_in_the_docs():
+    done = onjob("--help")
+    assert done.returncode == Exit.OK
+    assert table() in done.stdout
+    assert table() in (ROOT / "docs" / "cli.md").read_text()
+
+
+def test_refusals_exit_2_and_say_why_once(tmp_path, refusing_server):
+    missing = onjob("sql", "SELECT 1", "--db", str(tmp_path / "none.duckdb"))
+    assert missing.returncode == Exit.REFUSED == 2
+    assert missing.stderr == f"onjob sql: no database at {tmp_path / 'none.duckdb'}\n"
+
+    bad_config = onjob("status", "--config", str(tmp_path / "none.toml"))
+    assert bad_config.returncode == 2 and bad_config.stderr.startswith("onjob status: ")
+
+    refused = onjob("status", "--server", refusing_server, "--db", str(tmp_path / "x.duckdb"))
+    assert refused.returncode == 2
+    assert refused.stderr.endswith(f"onjob status: {refusing_server}: no such admin key\n")
+    sql = onjob("sql", "SELECT 1", "--server", refusing_server)
+    assert sql.returncode == 2 and f"{refusing_server}: no such admin key" in sql.stderr
+
+    silent = f"http://127.0.0.1:{free_port()}"
+    named = onjob("export", "--parquet", str(tmp_path / "out"), "--server", silent)
+    assert named.returncode == 2 and f"onjob export: {silent} did not answer" in named.stderr
+
+    usage = onjob("train", "--snapshot", str(tmp_path / "s"))
+    assert usage.returncode == 2 and usage.stderr == "onjob train: --snapshot needs --out\n"
+
+
+def test_a_key_file_others_can_read_is_a_refusal_not_a_crash(tmp_path):
+    """Was exit 1 (SystemExit with a message); a refusal like every other."""
+    db = tmp_path / "x.duckdb"
+    key = tmp_path / "x.duckdb.admin-key"
+    key.write_text("onjob-admin-k\n")
+    key.chmod(0o644)
+    done = onjob("serve", "--db", str(db), "--port", str(free_port()))
+    assert done.returncode == 2
+    assert "onjob serve: " in done.stderr and "can be read by others" in done.stderr
+
+
+def test_a_check_that_ran_and_failed_exits_1():
+    done = onjob("doctor", "--engine-url", f"http://127.0.0.1:{free_port()}/v1", "--timeout", "5")
+    assert done.returncode == Exit.FAILED == 1
+    assert done.stderr.endswith("onjob doctor: 1 missing\n")
+
+
+def test_nothing_to_train_is_the_code_the_server_reads_from_its_trainer_child():
+    from onjob.deploy.training import NOTHING_TO_TRAIN
+
+    assert Exit.NOTHING == NOTHING_TO_TRAIN == 3
+
+
+def test_a_snapshot_the_trainer_cannot_read_is_said_in_one_line_with_exit_1(tmp_path):
+    """pyarrow's error is the trainer's `IOFailed`, not a traceback."""
+    snapshot = tmp_path / "snapshot.parquet"
+    snapshot.write_bytes(b"not parquet")
+    done = onjob("train", "--snapshot", str(snapshot), "--out", str(tmp_path / "ckpt"))
+    assert done.returncode == Exit.FAILED, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith("onjob train: ") and "parquet" in done.stderr.lower()

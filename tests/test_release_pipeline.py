@@ -1,0 +1,201 @@
+"""The release pipeline (`deploy/release.py`): a trained candidate is decided at the
+engine's speed on prompts logged after its training snapshot, before it serves anyone;
+the canary is left to check what only real traffic shows, and ends at its cap. Real
+DuckDB files, the real paired rounds, reward functions and operator; the engine scripted
+at its HTTP boundary (tests/test_reward_hacking's live and candidate)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+
+from onjob.collector import Store
+from onjob.deploy import deployments, pairs, prompts, release
+from onjob.deploy.settings import GateSettings
+from onjob.judge.settings import RewardFn
+from onjob.trainer.records import record_run
+
+from .conftest import rows
+from .test_reward_hacking import HEDGING, QUESTION, scripted, settings
+
+EXACT = GateSettings(rewards={"exact": RewardFn(fn="tests.hacking_rewards:exact")})
+
+
+def trained_candidate(store, adapter, base) -> None:
+    """`ckpt-hack` as the loop records it: a train run, a candidate."""
+    manifest = {"groups": [], "config": {"started_by": "loop"}, "metrics": {"duration_s": 1.0}}
+    manifest.update(name="ckpt-hack", base_model=str(base))
+    record_run(store, "run-hack", manifest, adapter, None)
+
+
+def log(store, n: int, prefix: str, when: str, arm: str = "live", turns: int = 1) -> None:
+    """`n` conversations of `turns` answered production turns each, logged at `when` (a
+    DuckDB expression) on `arm`."""
+    for i in range(n):
+        for turn in range(turns):
+            messages = QUESTION + [{"role": "assistant", "content": "4"}, *QUESTION] * turn
+            store.con.execute(
+                "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, model_alias, "
+                f"arm, checkpoint, stream, request, status, latency_ms, source) VALUES (?, {when}, "
+                "?, ?, 'scn', 'agent', ?, ?, false, ?, 200, 50, 'production')",
+                [f"{prefix}-{i}-{turn}", f"{prefix}t-{i}", turn, arm,
+                 "ckpt-hack" if arm == "canary" else None,
+                 json.dumps({"model": "agent", "messages": messages})],
+            )  # fmt: skip
+
+
+def offline(s, candidate_says: str):
+    """`release.trained` on `ckpt-hack`: its offline test, then its canary or its stop."""
+    lines: list[str] = []
+
+    async def run():
+        async with scripted(s, candidate_says) as (collector, client, op):
+            pipeline = release.Release(collector, client, op, s, lines.append)
+            await release.trained(pipeline, live=None, candidate="ckpt-hack", trained_on=4)
+            return (await collector.query(deployments.current)).get("agent")
+
+    return asyncio.run(run()), "\n".join(lines)
+
+
+def test_a_trained_candidate_is_decided_at_engine_speed_before_serving_anyone(
+    tmp_path, tiny_adapter_dir, tiny_model_dir
+):
+    # The candidate answers right every time, live one time in four, under the referee.
+    s = settings(tmp_path / "onjob.duckdb", "partial", gate=EXACT, pairs_per_round=4)
+    store = Store(s.collector.db)
+    log(store, 10, "old", "now() - INTERVAL 1 HOUR")  # before its training snapshot
+    trained_candidate(store, tiny_adapter_dir, tiny_model_dir)
+    log(store, 40, "new", "now() + INTERVAL 1 SECOND")  # after it: no canary yet
+    store.close()
+    routing, said = offline(s, "4")
+    assert routing["canary"] == "ckpt-hack", said
+    assert "offline test of ckpt-hack against base: passed: won" in said
+    drawn = rows(
+        s.collector.db,
+        "SELECT g.test, p.id, p.arm FROM groups g JOIN exchanges p ON p.id = g.prefix_exchange "
+        "WHERE g.kind = 'ab'",
+    )
+    # Round after round back to back (4 pairs a round) until the test decided; every
+    # prompt logged after the snapshot, one per conversation.
+    assert len(drawn) > s.loop.pairs_per_round
+    assert {d["test"] for d in drawn} == {pairs.offline_test_id("ckpt-hack")}
+    assert all(d["id"].startswith("new-") for d in drawn)
+    [started] = rows(s.collector.db, "SELECT * FROM deployments WHERE canary = 'ckpt-hack'")
+    assert "offline test: passed: won" in started["reason"]
+
+
+def test_a_candidate_that_loses_offline_never_serves_anyone(
+    tmp_path, tiny_adapter_dir, tiny_model_dir
+):
+    # The hedger: paid by its coach, never right under the referee.
+    s = settings(tmp_path / "onjob.duckdb", "partial", gate=EXACT, pairs_per_round=4)
+    store = Store(s.collector.db)
+    trained_candidate(store, tiny_adapter_dir, tiny_model_dir)
+    log(store, 40, "new", "now() + INTERVAL 1 SECOND")
+    store.close()
+    routing, said = offline(s, HEDGING)
+    assert routing["canary"] is None and routing["live"] is None, said
+    assert routing["reason"].startswith("stopped before canary: lost (not better by")
+    [c] = rows(s.collector.db, "SELECT * FROM candidates")
+    assert (c["checkpoint"], c["outcome"]) == ("ckpt-hack", "stopped")
+
+
+def test_a_canary_whose_test_passed_checks_traffic_only_and_ends_at_its_cap(
+    tmp_path, tiny_adapter_dir, tiny_model_dir
+):
+    s = settings(
+        tmp_path / "onjob.duckdb", "partial", gate=EXACT, pairs_per_round=4, canary_max_rounds=2
+    )
+    store = Store(s.collector.db)
+    trained_candidate(store, tiny_adapter_dir, tiny_model_dir)
+    log(store, 40, "new", "now() + INTERVAL 1 SECOND")
+    store.close()
+    routing, _ = offline(s, "4")
+    assert routing["canary"] == "ckpt-hack"
+    before = rows(s.collector.db, "SELECT count(*) AS n FROM groups WHERE kind = 'ab'")[0]["n"]
+
+    def round_() -> tuple[dict, str]:
+        lines: list[str] = []
+
+        async def run():
+            async with scripted(s, "4") as (collector, client, op):
+                await op.restore()
+                routing = (await collector.query(deployments.current))["agent"]
+                await release.canary_round(
+                    release.Release(collector, client, op, s, lines.append), routing
+                )
+                return (await collector.query(deployments.current))["agent"]
+
+        return asyncio.run(run()), "\n".join(lines)
+
+    # No canary traffic yet: the guards hold the promotion; the test drew no more pairs.
+    routing, said = round_()
+    assert routing["canary"] == "ckpt-hack", said
+    assert "won the pairs, but the guards need 1 conversations per arm" in said
+    after = rows(s.collector.db, "SELECT count(*) AS n FROM groups WHERE kind = 'ab'")[0]["n"]
+    assert after == before
+    # Still none at the cap: rolled back, with the reason.
+    routing, said = round_()
+    assert (routing["live"], routing["canary"]) == (None, None), said
+    assert "undecided after 2 rounds (loop.canary_max_rounds)" in routing["reason"]
+
+
+def test_a_canary_whose_test_passed_is_promoted_once_traffic_clears_its_guards(
+    tmp_path, tiny_adapter_dir, tiny_model_dir
+):
+    s = settings(tmp_path / "onjob.duckdb", "partial", gate=EXACT, pairs_per_round=4)
+    store = Store(s.collector.db)
+    trained_candidate(store, tiny_adapter_dir, tiny_model_dir)
+    log(store, 40, "new", "now() + INTERVAL 1 SECOND")
+    store.close()
+    routing, _ = offline(s, "4")
+    store = Store(s.collector.db)
+    log(store, 2, "live", "now() + INTERVAL 2 SECOND")
+    log(store, 2, "canary", "now() + INTERVAL 2 SECOND", arm="canary")
+    store.close()
+
+    async def run():
+        async with scripted(s, "4") as (collector, client, op):
+            await op.restore()
+            routing = (await collector.query(deployments.current))["agent"]
+            await release.canary_round(release.Release(collector, client, op, s, print), routing)
+            return (await collector.query(deployments.current))["agent"]
+
+    routing = asyncio.run(run())
+    assert (routing["live"], routing["canary"]) == ("ckpt-hack", None), routing["reason"]
+    [c] = rows(s.collector.db, "SELECT * FROM candidates")
+    assert c["outcome"] == "promoted"
+
+
+def test_an_open_canary_ends_after_its_wall_time(tmp_path):
+    s = settings(tmp_path / "onjob.duckdb", "partial", gate=EXACT)
+    store = Store(s.collector.db)
+    try:
+        started = datetime.now(UTC) - timedelta(days=2)
+        routing = {"model_alias": "agent", "live": None, "canary": "ckpt-x", "ts": started}
+        verdict = release.decide(store, s, "ckpt-x", None, routing, rounds=1)
+        assert verdict.decision == "rollback"
+        assert "undecided after 48.0 h (loop.canary_max_s)" in verdict.reason
+        # A person reviewing it is not rushed by the clock.
+        waiting = release.decide(store, s, "ckpt-x", None, routing, rounds=1, capped=False)
+        assert waiting.decision == "wait"
+    finally:
+        store.close()
+
+
+def test_a_test_draws_one_turn_per_conversation_any_turn(tmp_path):
+    store = Store(tmp_path / "onjob.duckdb")
+    try:
+        log(store, 30, "c", "now()", turns=3)
+        since = datetime.now(UTC) - timedelta(minutes=1)
+        chosen = prompts.fresh(store, "agent", since, 100, tests=["offline:x"])
+        assert len(chosen) == 30
+        assert len({p["trajectory_id"] for p in chosen}) == 30
+        # Tool-call and other earlier turns are drawn too, not only each conversation's last.
+        assert {p["turn"] for p in chosen} == {0, 1, 2}
+        # The same test draws the same turns again (a resumed test repeats nothing).
+        again = prompts.fresh(store, "agent", since, 100, tests=["offline:x"])
+        assert {p["id"] for p in again} == {p["id"] for p in chosen}
+    finally:
+        store.close()
