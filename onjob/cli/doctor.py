@@ -2,11 +2,21 @@
 
 Each check is a real request, the one onjob itself will send, so the answer holds for the
 engine as it runs (its flags, its version, its environment), not for how it was meant to
-be started: runtime LoRA loading (and, with `--adapter DIR`, a real adapter loaded, asked
-and unloaded), the sampler's logprobs and token ids and their definition, a request with
-`tools` answered, and a streamed answer that keeps every token id and logprob.
-docs/engines.md, "Checking a running engine", says what each check catches. Exit 0 when
-everything is there, 1 when anything is missing (`exits.Exit`).
+be started:
+
+- runtime LoRA loading: an unload of a name no engine has must be answered "cannot be
+  found", which only the route that exists gives (`deploy/adapters.py` reads the answer);
+  with `--adapter DIR`, a real adapter is also loaded, asked and unloaded;
+- the sampler's logprobs and token ids on a chat completion (the trainer needs both), and
+  their definition where the engine states it (`onjob.logprobs`: vLLM's model list does
+  not, so for vLLM it is what `--logprobs-mode` was given);
+- a request with `tools` answered, not refused with 400 (agents send tools; vLLM needs a
+  tool-call parser for them);
+- a streamed answer to a request with a strict tool that keeps every token: as many token
+  ids and logprobs across its chunks as `usage.completion_tokens` (vLLM 0.11-0.12 drop the
+  chunks a tool or reasoning parser holds back, ids and logprobs with them).
+
+Exit status 0 when everything is there, 1 when anything is missing.
 """
 
 from __future__ import annotations
