@@ -1,29 +1,13 @@
 """onjob's one logprob definition, shared by the engines, the proxy and the trainer.
 
-The trainer's importance ratio divides the policy's logprob of each sampled token by
-the sampler's. The policy's is always the model's raw distribution: log-softmax of
-the logits, before temperature, top-p or penalties. So the sampler's must be too:
-the local engine returns exactly that, and vLLM does when started with
-`--logprobs-mode raw_logprobs` (its default has changed between releases, so
-`onjob engine --backend vllm` passes it explicitly).
-
-Every logged exchange records the definition its engine used (`exchanges.logprobs_mode`):
-what the engine's model list states (the local engine says it), else what
-`proxy.engine_logprobs` declares (vLLM's model list does not say). The trainer refuses a
-group with a member recorded under another definition.
-
-One more case: a request decoded under a grammar (`constrained`). The local engine still
-records the unmasked logprobs (and says so), but vLLM applies its structured-output mask
-to the logits before its sampler takes its "raw" logprobs, so they are the masked
-distribution's. An engine that does not state its definition is taken to do as vLLM
-does: such an exchange is recorded as `<declared>+grammar`, which is not TRAINED.
-
-And one rule for what may be trained on (`untrainable`): an answer whose recorded
-definition is TRAINED, unmasked, and whose every choice has as many token ids as
-logprobs, adding up to the engine's `usage.completion_tokens`. vLLM 0.11-0.12 drop a
-streamed chunk's token ids and logprobs when a tool or reasoning parser holds its text
-back, so a count that does not add up is a lost token, not a rounding. Anything else is
-kept in the log with its reason, and no judge group or training snapshot takes it.
+The trainer's importance ratio divides the policy's logprob of each sampled token by the
+sampler's, and the policy's is the model's raw distribution (log-softmax of the logits,
+before temperature, top-p or penalties), so the sampler's must be too (`TRAINED`; vLLM's
+`--logprobs-mode raw_logprobs`). Every exchange records the definition its engine used,
+`+grammar` when an engine that does not say may have masked the logits under a grammar
+(`constrained`), and one rule says what may be trained on (`untrainable`).
+docs/engines.md, "`--logprobs-mode raw_logprobs`" and "One rule for what is trained on",
+says why each case is there.
 """
 
 from __future__ import annotations
