@@ -417,6 +417,14 @@ ALTER TABLE candidates ADD COLUMN rounds INTEGER DEFAULT 0;
 ALTER TABLE candidates ADD COLUMN rounds_of TIMESTAMPTZ;
 """
 
+# The exchanges loaded since the last Parquet export to the bucket (`export.py`), filled
+# in the load's own transaction, so no exchange is loaded without being queued (nor queued
+# without being loaded); `batch` is set when an export takes them, so a retry after a
+# failed upload writes the same rows under the same object names.
+V17_EXPORT_QUEUE = """
+CREATE TABLE export_queue (id VARCHAR NOT NULL, batch BIGINT);
+"""
+
 MIGRATIONS: list[str] = [
     V1,
     V2,
@@ -434,6 +442,7 @@ MIGRATIONS: list[str] = [
     V14_UNTRAINABLE,
     V15_RELEASE,
     V16_CANARY_ROUNDS,
+    V17_EXPORT_QUEUE,
 ]
 
 

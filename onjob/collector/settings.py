@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 
 class CollectorSettings(BaseModel):
@@ -58,9 +59,50 @@ class CollectorSettings(BaseModel):
         3600, gt=0, description="how often the running server applies retention_days"
     )
 
+    bucket: str | None = Field(
+        None,
+        description="s3://name/prefix: hosts hand their spool segments to the one loader "
+        "through this bucket (each host keeps its own spool directory); default: the spool "
+        "directory alone, one host",
+    )
+    bucket_endpoint_url: str | None = Field(
+        None, description="the S3 API's URL for a store other than AWS (MinIO, R2, moto)"
+    )
+    bucket_region: str | None = Field(None, description="the bucket's region (AWS)")
+    host_id: str | None = Field(
+        None,
+        pattern=r"^[0-9A-Za-z_.-]{1,64}$",
+        description="this host's name in the bucket (its watermark), unique among the "
+        "hosts and the same across its restarts; default: the host name",
+    )
+    host_lease_s: float = Field(
+        30,
+        gt=0,
+        description="a host whose watermark is older than this is taken for dead: its "
+        "open segment no longer holds the others' back (it loads when the host restarts)",
+    )
+
+    export_s: float | None = Field(
+        None,
+        gt=0,
+        description="every this many seconds, the exchanges loaded since the last round go "
+        "to the bucket as Parquet, exchanges/day=YYYY-MM-DD/ (needs collector.bucket; "
+        "default: no export)",
+    )
+
     query_timeout_s: float = Field(
         60, gt=0, description="`onjob sql` / `onjob export` through the server: interrupted after"
     )
+
+    @model_validator(mode="after")
+    def _export_needs_a_bucket(self) -> CollectorSettings:
+        if self.export_s is not None and not self.bucket:
+            raise ValueError("collector.export_s needs collector.bucket (where it exports to)")
+        return self
+
+    @property
+    def host(self) -> str:
+        return self.host_id or socket.gethostname()
 
     @property
     def spool(self) -> Path:

@@ -1,5 +1,6 @@
 """The spool: exchanges appended to segment files before the answer leaves, by any number
-of proxy processes (on one host or several sharing the directory), loaded by one.
+of proxy processes on one host, loaded by one (other hosts' segments reach it through
+object storage: `handoff.py`).
 
 One `write()` per exchange to a segment of the writer's own, `O_APPEND`, under its
 `flock`: a crash of the writer (kill -9) loses nothing a client received, and a dead
@@ -8,7 +9,9 @@ segment that may hold an earlier turn of one of its lines is still open (`loadab
 `batches()`), so a turn is never placed before the one it continues. Loading after a crash
 is the normal path: the loader never takes exchanges from memory. A segment DuckDB refuses
 is loaded line by line, each line refused alone set aside in `failed/` with its reason.
-docs/collector.md, "The spool", says why each rule holds.
+docs/collector.md, "The spool", says why each rule holds. The processes sharing a
+directory are one host's (`flock` across hosts is not to be relied on); other hosts hand
+their segments over through object storage (`handoff.py`).
 """
 
 from __future__ import annotations
@@ -128,10 +131,12 @@ class Spool:
 
     # -- loading -------------------------------------------------------------------------
 
-    def loadable(self) -> list[Segment]:
+    def loadable(self, before: int | None = None) -> list[Segment]:
         """Claim the open segments of writers that died, then return the closed segments
-        that may be loaded now, oldest opened first (see the module's docstring)."""
-        held_from = None  # the earliest opening of another live writer's open segment
+        that may be loaded now, oldest opened first (see the module's docstring).
+        `before`: the earliest opening (ms) of a segment elsewhere, not yet in this
+        directory (another host's, `handoff.py`), held like a local open segment."""
+        held_from = before  # the earliest opening of another live writer's open segment
         for path in self.directory.glob(f"*{OPEN}"):
             if _claim(path):  # this writer's own open segment counts as held too
                 continue

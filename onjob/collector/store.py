@@ -197,6 +197,7 @@ class Store:
             if memory_limit:
                 config["memory_limit"] = memory_limit
             self.orphaned = 0  # turns the last load dropped: their parent was deleted
+            self.exporting = False  # True: each load queues its exchanges (`export.py`)
             self.scan_per_lookup = scan_per_lookup  # `_upsert`'s choice
             self.con = duckdb.connect(":memory:", config=config)
             # As the file is named when opened directly (`current_database()`), unless that
@@ -281,6 +282,10 @@ class Store:
                     [p.name, inserted if p is paths[0] else 0],
                 )
             self._insert(inserted)
+            if self.exporting:
+                con.execute(
+                    "INSERT INTO export_queue SELECT id, NULL FROM segment WHERE kind = 'exchange'"
+                )
             ids = con.execute("SELECT id FROM segment WHERE kind = 'exchange'").fetchall()
             con.execute("DROP TABLE segment")  # not kept (or spilled to disk) until the next load
             con.execute("COMMIT")

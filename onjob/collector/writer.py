@@ -3,7 +3,9 @@ DuckDB, placing each line in its trajectory as it goes.
 
 In a proxy-only process (`onjob serve --role proxy`, and the extra workers of `onjob serve
 --workers N`) the collector only writes the spool (`load=False`): the one server that
-loads it owns the database and the stitcher."""
+loads it owns the database and the stitcher. With `collector.bucket` set, each host's
+spool reaches the loader through object storage (`handoff.py`): a proxy-only process
+uploads its host's closed segments, the loader fetches them before each load."""
 
 from __future__ import annotations
 
@@ -22,8 +24,11 @@ from typing import Any, TypeVar
 import duckdb
 import msgspec
 
+from ..bucket import Bucket, BucketError
 from .errors import StorageError
+from .export import export_round
 from .forget import Forget, Forgotten, forget, scrub
+from .handoff import FORGOTTEN, Fetcher, Remote, Uploader
 from .linear import Lineage
 from .lines import load_by_line, pieces_of, unreadable
 from .records import ExchangeRecord, Record, encode
@@ -96,12 +101,17 @@ class Collector:
         self._cursor: duckdb.DuckDBPyConnection | None = None
         self._store: Store | None = None
         self._spool: Spool | None = None
+        self._uploader: Uploader | None = None  # a proxy-only process, with a bucket
+        self._fetcher: Fetcher | None = None  # the loader, with a bucket
+        self._bucket: Bucket | None = None
+        self._remote = Remote(None, (), 0)  # what the last fetch said
         self._task: asyncio.Task | None = None
         self._flushing = asyncio.Lock()
         self._openings_in: tuple[int, set[str]] = (0, set())  # a segment's openings spooled
         self.spooled = 0  # exchanges handed over since start
         self.untrainable: dict[str, int] = {}  # of those, kept from training, by reason
         self.loaded = 0  # exchanges inserted since start
+        self.forgets_seen = 0  # a proxy-only process: deletions that cleared its memory
 
     async def start(self) -> None:
         """Open (and migrate) the database, load what the spool holds (a previous run's
@@ -111,15 +121,33 @@ class Collector:
             fsync=self.settings.fsync,
             max_segment_bytes=self.settings.max_segment_bytes,
         )
+        if self.settings.bucket:
+            bucket = Bucket.from_url(
+                self.settings.bucket,
+                endpoint_url=self.settings.bucket_endpoint_url,
+                region=self.settings.bucket_region,
+            )
+            self._bucket = bucket
+            if self.loads:
+                self._fetcher = Fetcher(self.settings.spool, bucket, self.settings.host_lease_s)
+            else:
+                self._uploader = Uploader(self.settings.spool, bucket, self.settings.host)
         if not self.loads:
             self._task = asyncio.create_task(self._rotating(), name="onjob-spool")
             return
         self._store = await self._run(
             Store, self.settings.db, self.settings.duckdb_threads, self.settings.duckdb_memory_limit
         )
+        self._store.exporting = self.settings.export_s is not None
+        if not self._store.exporting:  # queued by a run that exported: not wanted now
+            await self._run(self._store.con.execute, "DELETE FROM export_queue")
         rows = await self._run(lambda: self._store.warm_rows(self.settings.warm_exchanges))
         self.stitcher.warm(rows)
-        replayed = await self.flush()
+        try:
+            replayed = await self.flush()
+        except BucketError as exc:  # serve anyway: the spool waits on disk, loads later
+            log.error("cannot read collector.bucket (%s); loading waits for it", exc)
+            replayed = 0
         if replayed:
             log.warning("replayed %d exchanges from the spool at start", replayed)
         self._task = asyncio.create_task(self._loop(), name="onjob-collector")
@@ -148,8 +176,8 @@ class Collector:
 
     async def flush(self) -> int:
         """Load every loadable spool segment into DuckDB; return how many exchanges were new.
-        This process's own lines all are; another writer's wait up to `rotate_s`
-        (`caught_up`)."""
+        This process's own lines all are, unless another host's (with `collector.bucket`)
+        may hold an earlier turn; another writer's wait up to `rotate_s` (`caught_up`)."""
         if not self.loads:
             return 0
         async with self._flushing:
@@ -159,7 +187,11 @@ class Collector:
         """Close this process's segment and load what may be loaded (`_flushing` held)."""
         total = 0
         self._spool.rotate()
-        for batch in batches(self._spool.loadable(), self.settings.max_segment_bytes):
+        if self._fetcher is not None:
+            # Raises before anything loads when the bucket cannot be read: retried.
+            self._remote = await asyncio.to_thread(self._fetcher.fetch)
+        loadable = self._spool.loadable(before=self._remote.before)
+        for batch in batches(loadable, self.settings.max_segment_bytes):
             total += await self._load_or_set_aside(batch)
         self.loaded += total
         return total
@@ -239,9 +271,10 @@ class Collector:
 
     async def caught_up(self) -> int:
         """`flush`, and when other processes write the spool too, flush again once each has
-        closed what it holds now: everything answered before the call is then loaded."""
+        closed what it holds now: everything answered before the call is then loaded
+        (other hosts': once each has uploaded, when it is live)."""
         total = await self.flush()
-        if self.loads and self._spool.others_writing():
+        if self.loads and (self._spool.others_writing() or self._remote.live):
             await asyncio.sleep(self.settings.rotate_s + self.settings.flush_interval_s)
             total += await self.flush()
         return total
@@ -313,6 +346,13 @@ class Collector:
         # of conversations goes, and proxy-only processes' when they see the mark change.
         self.lineage.clear()
         (self.settings.spool / FORGOTTEN_MARK).write_text(out.what)
+        if self._bucket is not None:  # and other hosts' (`handoff.py`)
+            await asyncio.to_thread(
+                self._bucket.put_bytes,
+                FORGOTTEN,
+                f"{out.what}\n{time.time_ns()}\n".encode(),  # a new etag each time
+                overwrite=True,
+            )
         if out.exchanges:
             log.warning("forgot %s: %d exchanges", out.what, out.exchanges)
         if out.trained_on:
@@ -337,6 +377,8 @@ class Collector:
             "backlog_segments": len(self._spool.segments()) if self._spool else 0,
             "failed_segments": self._spool.set_aside_count() if self._spool else 0,
             "untrainable": dict(self.untrainable),
+            "forgets_seen": self.forgets_seen,
+            "hosts_live": list(self._remote.live),  # the loader: hosts whose watermark counts
         }
 
     async def query(self, fn: Callable[[Store], T]) -> T:
@@ -366,18 +408,49 @@ class Collector:
         When the primary has deleted conversations, the memory of them goes too."""
         mark = self.settings.spool / FORGOTTEN_MARK
         seen = _stamp(mark)
+        seen_remote: object = FORGOTTEN  # not read yet: the first round's is no change
         while True:
             await asyncio.sleep(self.settings.rotate_s)
             try:
                 self._spool.rotate()
             except OSError:
                 log.exception("closing a spool segment failed; will retry")
+            if self._uploader is not None:
+                seen_remote = await self._hand_over(seen_remote)
             if (stamp := _stamp(mark)) != seen:
                 seen = stamp
-                self.lineage.clear()
+                self._forget_memory()
+
+    async def _hand_over(self, seen: object) -> object:
+        """Upload this host's closed segments (`handoff.py`); when the loader has deleted
+        conversations since the round that read `seen`, forget them here too. Returns
+        the deletions' mark as now read."""
+        try:
+            if await asyncio.to_thread(self._uploader.upload) is None:
+                return seen
+        except Exception:  # the segments stay on this host's disk: nothing is lost
+            log.exception("handing the spool to the bucket failed; will retry")
+            return seen
+        now = self._uploader.forgotten
+        if seen is not FORGOTTEN and now != seen:
+            self._forget_memory()
+        return now
+
+    def _forget_memory(self) -> None:
+        """Conversations were deleted: a later turn must not be stored against one."""
+        self.lineage.clear()
+        self.forgets_seen += 1
+
+    async def export(self) -> int:
+        """One round of the Parquet export (`export.py`); the rows it wrote."""
+        if not self.loads or self.settings.export_s is None:
+            return 0
+        scratch = self.settings.spool / "export"
+        return await self._run(export_round, self._store, self._bucket, scratch)
 
     async def _loop(self) -> None:
         retained = -math.inf  # retention runs at start, then every retention_check_s
+        exported = time.monotonic()
         while True:
             await asyncio.sleep(self.settings.flush_interval_s)
             try:
@@ -391,6 +464,12 @@ class Collector:
                     await self.apply_retention()
                 except Exception:
                     log.exception("applying collector.retention_days failed; will retry")
+            if self.settings.export_s and time.monotonic() - exported >= self.settings.export_s:
+                exported = time.monotonic()
+                try:
+                    await self.export()
+                except Exception:  # the rows stay queued: the next round writes them
+                    log.exception("exporting exchanges to the bucket failed; will retry")
 
     async def close(self) -> None:
         if self._task:
@@ -400,9 +479,17 @@ class Collector:
         if self._spool:
             try:
                 await self.flush()
+                await self.export()
             except Exception:
                 log.exception("loading the spool at exit failed; the next start loads it")
             self._spool.close()
+        if self._uploader is not None:
+            try:
+                await asyncio.to_thread(self._uploader.retire)
+            except Exception:
+                log.exception("uploading the spool at exit failed; the next start uploads it")
+        if self._fetcher is not None:
+            self._fetcher.close()
         self._reader.shutdown(wait=True)
         if self._cursor is not None:
             await self._run(self._cursor.close)

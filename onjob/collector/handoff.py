@@ -1,0 +1,248 @@
+"""The hand-off through object storage: proxies on many hosts, one loader, no shared disk.
+
+Each host keeps its own spool directory (`spool.py`; its locks are reliable on a local
+disk) and one `Uploader` per host moves its closed segments into the bucket as immutable
+objects, then publishes the host's watermark; the one loader's `Fetcher` moves them into
+its own spool directory, where they load like any other closed segment:
+
+    segments/<segment name>     a closed segment, uploaded create-only, fetched once
+    fetched/<segment name>      an empty tombstone: the loader has it (uploads skip it);
+                                deleted by the loader after `TOMBSTONE_S`
+    hosts/<host id>.json        the host's watermark (`Watermark`), rewritten each round
+    forgotten.mark              rewritten by the loader at each deletion (`onjob forget`)
+    routing.json                the primary's routing, mirrored to every host's spool
+
+A host's watermark, `holds_from`, is the earliest opening (ms) of any segment of that
+host not yet in the bucket: its writers' open segments, a closed one whose upload
+failed, or the time its round began when there is none (minus `SLACK_MS`, for a writer
+that named its segment just before the round looked). It is written after the round's
+uploads, and the loader reads every watermark before listing `segments/`, so any segment
+the loader cannot see yet opened at or after its host's watermark. The loader then holds
+back a segment that closed after the lowest live watermark (`Spool.loadable(before=)`),
+exactly as it holds back a segment that closed after a local writer's open segment
+opened: a conversation alternating between hosts is stitched in order.
+
+A host whose watermark is older than `collector.host_lease_s` is taken for dead and holds
+nothing back (else one dead host would stop all loading). What it answered is in its
+spool directory; the segment it had open is claimed, closed and uploaded when it starts
+again (same spool directory), and loads then: nothing is lost, but a conversation that
+went on on another host meanwhile may have its later turns placed without the earlier
+(a new trajectory). A host that stops cleanly uploads everything and deletes its
+watermark.
+
+A host stores a turn against the previous one it remembers (`linear.py`); once that one
+is deleted, such a turn could not be rebuilt and is dropped at load. So each round also
+reads `forgotten.mark`, and when it changes the host's collector forgets its memory of
+conversations, as processes sharing a spool directory do with the file of that name.
+Likewise the primary's routing (`routing.json`, which `proxy/replicas.py` writes in the
+primary's spool directory and follows in a proxy's) is uploaded when it changes and
+downloaded into each host's spool directory: a canary, a promotion or a rollback reaches
+every host within a round or two.
+
+Exactly once: the loader downloads a segment, writes its tombstone, deletes the object,
+and only then loads; a round that cannot finish that raises before anything loads, and
+the next round finds the local copy and finishes it. An upload interrupted after its PUT
+(a crash before the local file is deleted) is skipped on restart if the tombstone is
+there; were the object fetched between that check and the PUT, its lines are refused as
+already loaded and set aside (`lines.py`), never stored twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from ..bucket import Bucket, BucketError, ObjectExists, ObjectMissing
+from .spool import CLOSED, OPEN, _claim, _closed, _locked, _opened
+
+log = logging.getLogger("onjob.collector")
+
+SEGMENTS, FETCHED, HOSTS = "segments/", "fetched/", "hosts/"
+FORGOTTEN = "forgotten.mark"
+MIRRORED = ("routing.json",)  # the primary's files its proxies read in their spool directory
+SLACK_MS = 200  # a writer names its segment (the clock) before it creates the file
+UPLOAD_LOCK = "upload.lock"  # one uploader per host among its processes
+# Held by a live loader in its own spool directory: the proxy-only processes sharing that
+# directory (`onjob serve --workers`) leave their segments to it rather than upload them.
+LOADER_LOCK = "loader.lock"
+# A segment's name as `spool.py` makes it: only such keys are fetched into the spool.
+SEGMENT_NAME = re.compile(r"\d{13}-\d{13}-[0-9A-Za-z_]+-\d{6}\.jsonl")
+HOST_ID = re.compile(r"[0-9A-Za-z_.-]{1,64}")
+# A tombstone outlives any upload retried after a crash but a host down for days; that
+# one's lines are refused as loaded already (`lines.py`), never stored twice.
+TOMBSTONE_S = 86_400
+PRUNE_EVERY_S = 3_600
+
+
+class Watermark(msgspec.Struct, frozen=True):
+    """A host's promise: every segment of it not yet in the bucket opened at or after
+    `holds_from` (ms, the host's clock); written at `at` (ms)."""
+
+    host: str
+    holds_from: int
+    at: int
+
+
+@dataclass(frozen=True)
+class Remote:
+    """What the bucket said in one fetch round: the lowest live watermark (None: no live
+    host), the live hosts, and how many segments came in."""
+
+    before: int | None
+    live: tuple[str, ...]
+    fetched: int
+
+
+def _ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Uploader:
+    """Moves one host's closed spool segments into the bucket and keeps its watermark."""
+
+    def __init__(self, directory: Path, bucket: Bucket, host: str) -> None:
+        if not HOST_ID.fullmatch(host):
+            raise BucketError(f"collector.host_id must match {HOST_ID.pattern}: {host!r}")
+        self.directory = Path(directory)
+        self.bucket = bucket
+        self.host = host
+        self.forgotten: object = None  # the loader's last deletion (its mark's etag)
+        self._mirrored: dict[str, str] = {}  # etags of what was downloaded
+
+    def upload(self) -> Watermark | None:
+        """One round: claim dead writers' segments, upload every closed one, publish the
+        watermark. None when another process of this host holds the round, or a loader
+        loads this directory itself."""
+        if _locked(self.directory / LOADER_LOCK):
+            return None
+        with _exclusive(self.directory / UPLOAD_LOCK) as mine:
+            if not mine:
+                return None
+            start = _ms() - SLACK_MS
+            held = [start]
+            for path in self.directory.glob(f"*{OPEN}"):
+                if not _claim(path):  # a live writer's: not in the bucket yet
+                    held.append(_opened(path))
+            for path in sorted(self.directory.glob(f"*{CLOSED}")):
+                try:
+                    self._upload(path)
+                except BucketError:
+                    log.exception("uploading spool segment %s failed; will retry", path.name)
+                    held.append(_closed(path).opened)
+            mark = Watermark(self.host, min(held), _ms())
+            self.bucket.put_bytes(
+                f"{HOSTS}{self.host}.json", msgspec.json.encode(mark), overwrite=True
+            )
+            info = self.bucket.stat(FORGOTTEN)
+            self.forgotten = info and info.etag
+            for name in MIRRORED:
+                info = self.bucket.stat(name)
+                if info is not None and self._mirrored.get(name) != info.etag:
+                    self.bucket.get_file(name, self.directory / name)
+                    self._mirrored[name] = info.etag
+            return mark
+
+    def _upload(self, path: Path) -> None:
+        if not self.bucket.exists(FETCHED + path.name):
+            with contextlib.suppress(ObjectExists):  # uploaded before a crash: it stands
+                self.bucket.put_file(SEGMENTS + path.name, path)
+        path.unlink()
+
+    def retire(self) -> None:
+        """At a clean stop (every writer of this host closed): upload what is left and
+        delete the watermark, so this host holds nothing back."""
+        if self.upload() is not None and not any(
+            _locked(p) for p in self.directory.glob(f"*{OPEN}")
+        ):
+            self.bucket.delete(f"{HOSTS}{self.host}.json")
+
+
+class Fetcher:
+    """The loader's side: moves uploaded segments into its spool directory."""
+
+    def __init__(self, directory: Path, bucket: Bucket, lease_s: float) -> None:
+        self.directory = Path(directory)
+        self.bucket = bucket
+        self.lease_ms = int(lease_s * 1000)
+        self._mirrored: dict[str, int] = {}  # mtimes of what was uploaded
+        self._pruned = 0.0  # monotonic time of the last pruning of tombstones
+        self._lock = os.open(self.directory / LOADER_LOCK, os.O_WRONLY | os.O_CREAT, 0o600)
+        with contextlib.suppress(BlockingIOError):  # DuckDB's own lock refuses a second
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def close(self) -> None:
+        os.close(self._lock)
+
+    def fetch(self) -> Remote:
+        """One round: read the watermarks, then move every uploaded segment here (and
+        mirror what changed of this directory's files for the proxies)."""
+        for name in MIRRORED:
+            with contextlib.suppress(FileNotFoundError):
+                stamp = (self.directory / name).stat().st_mtime_ns
+                if self._mirrored.get(name) != stamp:
+                    self.bucket.put_file(name, self.directory / name, overwrite=True)
+                    self._mirrored[name] = stamp
+        now = _ms()
+        live: dict[str, int] = {}
+        for info in self.bucket.list(HOSTS):
+            try:
+                mark = msgspec.json.decode(self.bucket.get_bytes(info.key), type=Watermark)
+            except ObjectMissing:
+                continue  # its host stopped meanwhile
+            except msgspec.DecodeError:
+                log.error("%s is not a watermark; ignored", info.key)
+                continue
+            if now - mark.at <= self.lease_ms:
+                live[mark.host] = mark.holds_from
+            else:
+                log.debug("host %s is past its lease; holds nothing back", mark.host)
+        fetched = 0
+        for info in self.bucket.list(SEGMENTS):
+            name = info.key.removeprefix(SEGMENTS)
+            if not SEGMENT_NAME.fullmatch(name):
+                log.error("%s is not a spool segment's name; left in the bucket", info.key)
+                continue
+            local = self.directory / name
+            if not local.exists():
+                self.bucket.get_file(info.key, local)
+                fetched += 1
+            # Once these two are done the object is this spool's alone.
+            with contextlib.suppress(ObjectExists):
+                self.bucket.put_bytes(FETCHED + name, b"")
+            self.bucket.delete(info.key)
+        if time.monotonic() - self._pruned >= PRUNE_EVERY_S:
+            self.prune(TOMBSTONE_S)
+        before = min(live.values()) if live else None
+        return Remote(before, tuple(sorted(live)), fetched)
+
+    def prune(self, older_than_s: float) -> int:
+        """Delete tombstones older than `older_than_s`; how many went."""
+        self._pruned = time.monotonic()
+        cutoff = time.time() - older_than_s
+        old = [o for o in self.bucket.list(FETCHED) if o.modified.timestamp() < cutoff]
+        for info in old:
+            self.bucket.delete(info.key)
+        return len(old)
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path):
+    """A non-blocking `flock` on `path`: yields whether this process holds it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)

@@ -1,0 +1,353 @@
+"""Proxies on two hosts, one loader, the hand-off through object storage (`handoff.py`):
+real `onjob serve` processes that share no spool directory, a real S3 API server (moto's),
+the fake engine, the `openai` client, and kill -9 of a host."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from onjob.bucket import Bucket
+from onjob.cli.process import ServerProcess, free_port
+
+from .conftest import rows
+from .s3_server import CREDENTIALS, bucket_url, s3_endpoint  # noqa: F401  (fixtures)
+
+ADMIN = "admin-secret"
+AWS = {
+    "aws_access_key_id": CREDENTIALS["AWS_ACCESS_KEY_ID"],
+    "aws_secret_access_key": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+    "region_name": CREDENTIALS["AWS_DEFAULT_REGION"],
+}
+SYSTEM = {"role": "system", "content": "You are the support agent of a shop. Answer briefly."}
+
+
+def loaded_ids(loader: ServerProcess) -> set[str]:
+    """The exchanges the loader's database holds now (`onjob sql` through its admin API)."""
+    return {r[0] for r in rows_of(loader, "SELECT id FROM exchanges")}
+
+
+def rows_of(loader: ServerProcess, query: str) -> list[list]:
+    answer = httpx.post(
+        f"{loader.base}/admin/sql",
+        json={"query": query},
+        headers={"Authorization": f"Bearer {ADMIN}"},
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    return answer.json()["rows"]
+
+
+def wait_for(loader: ServerProcess, ids: set[str], timeout_s: float = 60) -> set[str]:
+    deadline = time.monotonic() + timeout_s
+    while not ids <= (have := loaded_ids(loader)):
+        assert time.monotonic() < deadline, f"never loaded: {sorted(ids - have)}"
+    return have
+
+
+def ask(client: OpenAI, content: str) -> str:
+    return client.chat.completions.create(
+        model="agent", messages=[{"role": "user", "content": content}], max_tokens=3
+    ).id
+
+
+def test_two_hosts_hand_their_spools_to_one_loader_through_a_bucket_and_a_dead_host_loses_nothing(
+    tmp_path,
+    fake_engine_url,
+    bucket_url,  # noqa: F811
+    s3_endpoint,  # noqa: F811
+):
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "0",
+        "ONJOB_PROXY__ADMIN_KEY": ADMIN,
+        "ONJOB_COLLECTOR__BUCKET": bucket_url,
+        "ONJOB_COLLECTOR__BUCKET_ENDPOINT_URL": s3_endpoint,
+        "ONJOB_COLLECTOR__ROTATE_S": "0.5",
+        "ONJOB_COLLECTOR__HOST_LEASE_S": "8",  # well past a round on a loaded machine
+    }
+    loader = ServerProcess(
+        ["--engine-url", fake_engine_url, "--db", str(tmp_path / "loader" / "onjob.duckdb")],
+        env=env,
+        log=tmp_path / "loader.log",
+    )
+
+    def host(name: str) -> ServerProcess:
+        (tmp_path / name).mkdir(exist_ok=True)
+        db = str(tmp_path / name / "onjob.duckdb")
+        return ServerProcess(
+            ["--engine-url", fake_engine_url, "--db", db, "--primary", loader.base],
+            env={**env, "ONJOB_COLLECTOR__HOST_ID": f"host-{name}"},
+            log=tmp_path / f"{name}.log",
+        )
+
+    (tmp_path / "loader").mkdir()
+    loader.start()
+    a, b = host("a"), host("b")
+    procs = [loader, a, b]
+    try:
+        a.start()
+        b.start()
+        clients = {
+            p: OpenAI(base_url=p.url, api_key="unused", max_retries=0, timeout=60) for p in (a, b)
+        }
+        # Conversations whose turns alternate between the hosts: one trajectory each.
+        answered: list[str] = []
+        for c in range(6):
+            messages = [SYSTEM, {"role": "user", "content": f"conversation {c}"}]
+            for turn in range(4):
+                reply = clients[(a, b)[(c + turn) % 2]].chat.completions.create(
+                    model="agent", messages=messages, max_tokens=3
+                )
+                answered.append(reply.id)
+                messages += [
+                    {"role": "assistant", "content": reply.choices[0].message.content},
+                    {"role": "user", "content": f"and then {turn}?"},
+                ]
+        wait_for(loader, set(answered))
+        health = httpx.get(f"{loader.base}/health", timeout=30).json()
+        assert health["collector"]["hosts_live"] == ["host-a", "host-b"]
+        assert not list((tmp_path / "a" / "onjob.duckdb.spool").glob("*.jsonl"))  # handed over
+        # The primary's routing reaches each host's spool, where its proxy follows it.
+        routing = (tmp_path / "loader" / "onjob.duckdb.spool" / "routing.json").read_bytes()
+        deadline = time.monotonic() + 30
+        for name in ("a", "b"):
+            mirrored = tmp_path / name / "onjob.duckdb.spool" / "routing.json"
+            while not mirrored.exists() or mirrored.read_bytes() != routing:
+                assert time.monotonic() < deadline, f"routing.json never reached host {name}"
+                time.sleep(0.05)
+
+        # Host b dies with answers in its open segment. It closes one every 0.5 s: should
+        # the kill come just after a closing, b starts again and is killed again.
+        on_b: list[str] = []
+        for attempt in range(5):
+            on_b += [ask(clients[b], f"b before its death {attempt}.{i}") for i in range(5)]
+            b.kill()
+            spool_b = tmp_path / "b" / "onjob.duckdb.spool"
+            if any(p.stat().st_size > 0 for p in spool_b.glob("*.part")):
+                break
+            b = procs[2] = host("b").start()
+            clients[b] = OpenAI(base_url=b.url, api_key="unused", max_retries=0, timeout=60)
+        else:
+            raise AssertionError("every kill came just after b closed its segment")
+        # Its watermark holds the others back only until its lease runs out.
+        on_a = [ask(clients[a], f"a while b is dead {i}") for i in range(5)]
+        have = wait_for(loader, set(on_a))
+        assert on_b[-1] not in have  # on b's disk alone
+        health = httpx.get(f"{loader.base}/health", timeout=30).json()
+        assert health["collector"]["hosts_live"] == ["host-a"]
+        # b starts again on its spool: the segment it had open goes to the loader.
+        b = host("b")
+        procs[2] = b
+        b.start()
+        on_b_again = [ask(OpenAI(base_url=b.url, api_key="unused"), "b again")]
+        wait_for(loader, set(on_b + on_b_again))
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+    everything = answered + on_b + on_a + on_b_again
+    db = tmp_path / "loader" / "onjob.duckdb"
+    logged = rows(db, "SELECT id FROM exchanges")
+    assert sorted(r["id"] for r in logged) == sorted(everything)  # each exactly once
+    stitched = rows(
+        db,
+        "SELECT list(id ORDER BY turn) AS ids, list(turn ORDER BY turn) AS turns "
+        "FROM exchanges WHERE list_contains(?, id) GROUP BY trajectory_id",
+        [answered],
+    )
+    assert sorted(r["ids"] for r in stitched) == sorted(
+        answered[c * 4 : c * 4 + 4] for c in range(6)
+    )
+    assert all(r["turns"] == [0, 1, 2, 3] for r in stitched)
+    # Nothing set aside; no segment or watermark left once every host stopped cleanly.
+    assert not list((tmp_path / "loader" / "onjob.duckdb.spool" / "failed").glob("*"))
+    left = Bucket.from_url(bucket_url, endpoint_url=s3_endpoint).list()
+    assert {o.key.split("/")[0] for o in left} == {"fetched", "routing.json"}
+    assert len(left) == len({o.key for o in left})
+
+
+def test_a_host_id_unfit_for_a_key_is_refused_at_start(tmp_path, fake_engine_url):
+    bad = ServerProcess(
+        ["--engine-url", fake_engine_url, "--db", str(tmp_path / "onjob.duckdb")],
+        env={
+            "ONJOB_COLLECTOR__BUCKET": f"s3://b-{uuid.uuid4().hex[:8]}",
+            "ONJOB_COLLECTOR__HOST_ID": "../other",
+        },
+        log=tmp_path / "bad.log",
+    )
+    try:
+        with pytest.raises(RuntimeError, match="host_id"):  # it exits: settings refused
+            bad.start()
+    finally:
+        bad.stop()
+
+
+def _segment(spool, line: bytes = b'{"kind": "x"}') -> None:
+    spool.append(line)
+    spool.rotate()
+
+
+def test_a_host_that_cannot_reach_the_bucket_keeps_its_segments_until_it_can(
+    tmp_path,
+    bucket_url,  # noqa: F811
+    s3_endpoint,  # noqa: F811
+):
+    from onjob.bucket import BucketError
+    from onjob.collector.handoff import Fetcher, Uploader
+    from onjob.collector.spool import Spool
+
+    spool = Spool(tmp_path / "host")
+    _segment(spool)
+    _segment(spool)
+    nowhere = Bucket.from_url(bucket_url, endpoint_url=f"http://127.0.0.1:{free_port()}")
+    nowhere._client.meta.config.retries = {"max_attempts": 1}
+    with pytest.raises(BucketError):
+        Uploader(spool.directory, nowhere, "host-a").upload()
+    assert len(list(spool.directory.glob("*.jsonl"))) == 2  # nothing lost
+
+    bucket = Bucket.from_url(bucket_url, endpoint_url=s3_endpoint)
+    mark = Uploader(spool.directory, bucket, "host-a").upload()
+    assert mark is not None and not list(spool.directory.glob("*.jsonl"))
+    loader = tmp_path / "loader"
+    loader.mkdir()
+    fetcher = Fetcher(loader, bucket, lease_s=60)
+    try:
+        remote = fetcher.fetch()
+        assert remote.fetched == 2 and remote.live == ("host-a",)
+        assert remote.before == mark.holds_from
+        assert len(list(loader.glob("*.jsonl"))) == 2
+        assert fetcher.fetch().fetched == 0  # moved, not copied
+        assert len(bucket.list("fetched/")) == 2
+        assert fetcher.prune(3600) == 0  # young tombstones stay
+        assert fetcher.prune(-1) == 2 and bucket.list("fetched/") == []
+    finally:
+        fetcher.close()
+
+
+def test_what_is_not_a_segment_or_a_watermark_in_the_bucket_is_left_alone(
+    tmp_path,
+    bucket_url,  # noqa: F811
+    s3_endpoint,  # noqa: F811
+):
+    from onjob.collector.handoff import Fetcher
+
+    bucket = Bucket.from_url(bucket_url, endpoint_url=s3_endpoint)
+    bucket.put_bytes("segments/x/etc/passwd.jsonl", b"junk")
+    bucket.put_bytes("segments/not-a-segment.jsonl", b"junk")
+    bucket.put_bytes("hosts/evil.json", b"{not json")
+    fetcher = Fetcher(tmp_path, bucket, lease_s=60)
+    try:
+        remote = fetcher.fetch()
+    finally:
+        fetcher.close()
+    assert remote.fetched == 0 and remote.live == () and remote.before is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loader.lock"]
+    assert len(bucket.list("segments/")) == 2  # left for a person to look at
+
+
+def test_a_deletion_reaches_the_hosts_so_the_next_turn_of_a_forgotten_conversation_is_kept(
+    tmp_path,
+    fake_engine_url,
+    bucket_url,  # noqa: F811
+    s3_endpoint,  # noqa: F811
+):
+    # A host stores a turn against its previous one (linear storage); once that one is
+    # deleted the turn could not be rebuilt and would be dropped at load, so the host
+    # must forget its memory of the conversation, as processes sharing a spool do.
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "0",
+        "ONJOB_PROXY__ADMIN_KEY": ADMIN,
+        "ONJOB_COLLECTOR__BUCKET": bucket_url,
+        "ONJOB_COLLECTOR__BUCKET_ENDPOINT_URL": s3_endpoint,
+        "ONJOB_COLLECTOR__ROTATE_S": "0.3",
+    }
+    (tmp_path / "loader").mkdir()
+    (tmp_path / "a").mkdir()
+    loader = ServerProcess(
+        ["--engine-url", fake_engine_url, "--db", str(tmp_path / "loader" / "onjob.duckdb")],
+        env=env,
+        log=tmp_path / "loader.log",
+    )
+    with loader:
+        db = str(tmp_path / "a" / "onjob.duckdb")
+        host = ServerProcess(
+            ["--engine-url", fake_engine_url, "--db", db, "--primary", loader.base],
+            env={**env, "ONJOB_COLLECTOR__HOST_ID": "host-a"},
+            log=tmp_path / "a.log",
+        )
+        with host:
+            client = OpenAI(base_url=host.url, api_key="unused", max_retries=0, timeout=60)
+            messages = [SYSTEM, {"role": "user", "content": "Where is my order?"}]
+            first = client.chat.completions.create(model="agent", messages=messages)
+            wait_for(loader, {first.id})
+            trajectory = rows_of(
+                loader, f"SELECT trajectory_id FROM exchanges WHERE id = '{first.id}'"
+            )
+            forgot = httpx.post(
+                f"{loader.base}/admin/forget",
+                json={"trajectory": trajectory[0][0]},
+                headers={"Authorization": f"Bearer {ADMIN}"},
+                timeout=60,
+            )
+            assert forgot.status_code == 200, forgot.text
+            assert first.id not in loaded_ids(loader)
+            deadline = time.monotonic() + 30
+            while (
+                httpx.get(f"{host.base}/health", timeout=10).json()["collector"]["forgets_seen"] < 1
+            ):
+                assert time.monotonic() < deadline, "the host never saw the deletion"
+            messages += [
+                {"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "And when will it arrive?"},
+            ]
+            second = client.chat.completions.create(model="agent", messages=messages)
+            wait_for(loader, {second.id})
+
+
+def test_a_loader_whose_bucket_is_down_serves_and_loads_once_it_is_back(tmp_path, fake_engine_url):
+    import boto3
+
+    port = free_port()  # nothing listens there yet
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "0",
+        "ONJOB_PROXY__ADMIN_KEY": ADMIN,
+        "ONJOB_COLLECTOR__BUCKET": "s3://later/onjob",
+        "ONJOB_COLLECTOR__BUCKET_ENDPOINT_URL": endpoint,
+        **CREDENTIALS,
+    }
+    loader = ServerProcess(
+        ["--engine-url", fake_engine_url, "--db", str(tmp_path / "onjob.duckdb")],
+        env=env,
+        log=tmp_path / "loader.log",
+    )
+    moto = None
+    try:
+        loader.start()
+        answered = ask(OpenAI(base_url=loader.url, api_key="unused", max_retries=0), "hello")
+        moto = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                boto3.client("s3", endpoint_url=endpoint, **AWS).create_bucket(Bucket="later")
+                break
+            except Exception:
+                assert time.monotonic() < deadline, "moto did not start"
+                time.sleep(0.1)
+        wait_for(loader, {answered})
+    finally:
+        loader.stop()
+        if moto is not None:
+            moto.terminate()
+            moto.wait()
+    assert "cannot read collector.bucket" in (tmp_path / "loader.log").read_text()
