@@ -1,0 +1,182 @@
+"""Object storage: the small client every part that hands files between hosts uses.
+
+A `Bucket` is one S3-compatible bucket and a key prefix (`s3://name/prefix`), reached with
+boto3 (the optional extra `s3`). Keys given to its methods are relative to the prefix.
+Objects are written whole: `put_bytes` / `put_file` create an object only if no object of
+that key exists (`If-None-Match: *`, which S3 honours since 2024, as do MinIO and moto),
+so two hosts that race to write one key never overwrite each other silently: the loser
+gets `ObjectExists` (moto, the tests' server, checks the header but not atomically
+under concurrent writers). `overwrite=True` is for objects meant to change (a watermark).
+
+One single PUT carries an object (up to S3's 5 GB): enough for a spool segment
+(`collector.max_segment_bytes`) or a LoRA checkpoint, and the conditional header needs no
+multipart bookkeeping. Every botocore error is translated here into `BucketError` and
+its subclasses, once.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+__all__ = ["Bucket", "BucketError", "ObjectExists", "ObjectInfo", "ObjectMissing"]
+
+
+class BucketError(Exception):
+    """The object store refused a request or cannot be reached."""
+
+
+class ObjectExists(BucketError):
+    """A create-only write found an object under its key already."""
+
+
+class ObjectMissing(BucketError):
+    """No object under the key read."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object as a listing shows it; `key` relative to the bucket's prefix."""
+
+    key: str
+    size: int
+    modified: datetime
+
+
+class Bucket:
+    """One bucket and key prefix. Thread-safe (one boto3 client, which is)."""
+
+    def __init__(self, name: str, prefix: str = "", *, client: Any) -> None:
+        self.name = name
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self._client = client
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, endpoint_url: str | None = None, region: str | None = None
+    ) -> Bucket:
+        """`s3://name` or `s3://name/prefix`. Credentials come from boto3's usual chain
+        (environment, `~/.aws`, instance role); `endpoint_url` for MinIO, moto, R2...
+        (boto3 also reads `AWS_ENDPOINT_URL`)."""
+        parts = urlsplit(url)
+        if parts.scheme != "s3" or not parts.netloc:
+            raise BucketError(f"not a bucket URL (want s3://name/prefix): {url!r}")
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError as exc:  # the optional extra
+            raise BucketError("object storage needs boto3: pip install 'onjob[s3]'") from exc
+        client = boto3.session.Session().client(
+            "s3",
+            endpoint_url=endpoint_url,
+            region_name=region,
+            config=Config(retries={"max_attempts": 5, "mode": "standard"}),
+        )
+        return cls(parts.netloc, parts.path, client=client)
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.name}/{self.prefix}"
+
+    def _key(self, key: str) -> str:
+        if not key or key.startswith("/") or ".." in key.split("/"):
+            raise BucketError(f"bad object key: {key!r}")
+        return self.prefix + key
+
+    # -- writing -------------------------------------------------------------------------
+
+    def put_bytes(self, key: str, data: bytes, *, overwrite: bool = False) -> None:
+        """Write `data` as object `key`; `ObjectExists` if one is there and not `overwrite`."""
+        self._put(key, data, overwrite)
+
+    def put_file(self, key: str, path: Path, *, overwrite: bool = False) -> None:
+        """Upload the file at `path` as object `key` (streamed; see `put_bytes`)."""
+        with open(path, "rb") as body:
+            self._put(key, body, overwrite)
+
+    def _put(self, key: str, body: Any, overwrite: bool) -> None:
+        extra = {} if overwrite else {"IfNoneMatch": "*"}
+        try:
+            self._client.put_object(Bucket=self.name, Key=self._key(key), Body=body, **extra)
+        except Exception as exc:
+            raise _translate(exc, key) from exc
+
+    def delete(self, key: str) -> None:
+        """Delete object `key` (no error if it is gone already)."""
+        try:
+            self._client.delete_object(Bucket=self.name, Key=self._key(key))
+        except Exception as exc:
+            raise _translate(exc, key) from exc
+
+    # -- reading -------------------------------------------------------------------------
+
+    def get_bytes(self, key: str) -> bytes:
+        try:
+            answer = self._client.get_object(Bucket=self.name, Key=self._key(key))
+            return answer["Body"].read()
+        except Exception as exc:
+            raise _translate(exc, key) from exc
+
+    def get_file(self, key: str, path: Path) -> Path:
+        """Download object `key` to `path`, atomically (a temporary file renamed): a reader
+        of `path` sees the whole object or nothing."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                self._client.download_fileobj(self.name, self._key(key), out)
+            os.replace(tmp, path)
+        except Exception as exc:
+            Path(tmp).unlink(missing_ok=True)
+            raise _translate(exc, key) from exc
+        return path
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object whose key starts with `prefix`, in key order."""
+        out: list[ObjectInfo] = []
+        pages = self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.name, Prefix=self.prefix + prefix
+        )
+        try:
+            for page in pages:
+                for item in page.get("Contents", ()):
+                    out.append(
+                        ObjectInfo(
+                            item["Key"][len(self.prefix) :], item["Size"], item["LastModified"]
+                        )
+                    )
+        except Exception as exc:
+            raise _translate(exc, prefix) from exc
+        return out
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._client.head_object(Bucket=self.name, Key=self._key(key))
+        except Exception as exc:
+            error = _translate(exc, key)
+            if isinstance(error, ObjectMissing):
+                return False
+            raise error from exc
+        return True
+
+
+def _translate(exc: Exception, key: str) -> BucketError:
+    """botocore's errors as this module's (the one place that knows them)."""
+    if isinstance(exc, BucketError):
+        return exc
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        code = str(response.get("Error", {}).get("Code", ""))
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code in {"PreconditionFailed", "ConditionalRequestConflict"} or status == 412:
+            return ObjectExists(f"object exists: {key}")
+        if code in {"NoSuchKey", "404", "NotFound"}:
+            return ObjectMissing(f"no object: {key}")
+        return BucketError(f"{key}: {code or status}: {exc}")
+    return BucketError(f"{key}: {type(exc).__name__}: {exc}")
