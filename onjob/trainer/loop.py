@@ -234,6 +234,7 @@ def train(
     }
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
+    adapter.name_base(out, s.served_base)
     torch.save(optimizer.state_dict(), out / OPTIMIZER)
     manifest = {
         "name": out.name,

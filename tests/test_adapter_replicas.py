@@ -1,0 +1,153 @@
+"""Checkpoints that reach every replica through object storage, and training as a job.
+
+Real parts: a moto S3 server process, `onjob train` with `trainer.runner = "job"` on a
+real database, `onjob train --jobs` as the training job, and local engine processes
+started after the checkpoint was published, which load it by name on its first request
+(vLLM's LoRA resolver contract) instead of answering 404.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from onjob import published
+from onjob.bucket import Bucket
+from onjob.cli.process import EngineProcess
+
+from .conftest import rows
+from .s3_server import bucket_url, s3_endpoint  # noqa: F401  (fixtures)
+from .test_trainer_rules import Db
+
+ONJOB = str(Path(sys.executable).with_name("onjob"))
+QUESTION = [{"role": "user", "content": "Say yes."}]
+
+
+def _replica(model: Path, cache: Path, bucket: str, endpoint: str) -> EngineProcess:
+    """A local engine with the adapter resolver on: this host's cache, the bucket's
+    checkpoints."""
+    args = ["--model", str(model), "--served-model-name", "tiny", "--threads", "1"]
+    args += ["--adapter-cache-dir", str(cache), "--adapter-bucket", bucket]
+    return EngineProcess(args, env={"AWS_ENDPOINT_URL": endpoint})
+
+
+def checkpoint_name(out: str) -> str:
+    return out.split("recorded as a candidate")[0].rsplit("checkpoint ", 1)[1].strip()
+
+
+def _scored_groups(db_path: Path) -> None:
+    """A database holding two scored groups with a spread of rewards, as the judge leaves
+    them (the logged logprobs are made up: the run below lets any gap through)."""
+    db = Db(db_path)
+    try:
+        for i, prompt in enumerate(([1, 2, 3], [4, 5, 6])):
+            db.exchange(f"a{i}", f"ta{i}", 1, prompt, [10, 11])
+            db.exchange(f"b{i}", f"tb{i}", 1, prompt, [12])
+            db.group(f"g{i}", "trajectory", [(f"a{i}", f"ta{i}", 1.0, "production"),
+                                              (f"b{i}", f"tb{i}", 0.0, "production")])  # fmt: skip
+    finally:
+        db.store.close()
+
+
+def test_a_run_handed_to_a_job_is_served_by_a_replica_started_after_it(
+    tmp_path,
+    engine,
+    tiny_model_dir,
+    bucket_url,  # noqa: F811
+    s3_endpoint,  # noqa: F811
+):
+    db = tmp_path / "onjob.duckdb"
+    _scored_groups(db)
+    # The engines that serve the adapter are started with this path to the model, not the
+    # trainer's: the trainer writes it as the adapter's base, which resolvers compare.
+    served_base = tmp_path / "served-base"
+    served_base.symlink_to(tiny_model_dir)
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "ONJOB_TRAINER__BASE_MODEL": str(tiny_model_dir),
+        "ONJOB_TRAINER__LEARNING_RATE": "0.01",
+        "ONJOB_TRAINER__MAX_LOGPROB_GAP": "100",
+        "ONJOB_TRAINER__KL_OWN_PROMPTS": "0",
+        "ONJOB_TRAINER__RUNNER": "job",
+        "ONJOB_TRAINER__BUCKET": bucket_url,
+        "ONJOB_TRAINER__SERVED_BASE": str(served_base),
+    }
+    # The server's side submits the snapshot and waits; the job, another process that
+    # shares nothing with it but the bucket, takes it, trains and publishes.
+    server = subprocess.Popen(
+        [ONJOB, "train", "--db", str(db)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    elsewhere = tmp_path / "job-host"
+    elsewhere.mkdir()
+    job = subprocess.Popen(
+        [ONJOB, "train", "--jobs", bucket_url, "--once", "--poll-s", "0.2"],
+        cwd=elsewhere,
+        env={k: v for k, v in env.items() if not k.startswith("ONJOB_TRAINER__")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        out = server.communicate(timeout=600)[0].decode()
+        assert server.returncode == 0, out
+        job_out = job.communicate(timeout=60)[0].decode()
+        assert job.returncode == 0, job_out
+    finally:
+        for proc in (server, job):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert f"training job {checkpoint_name(out)}" in job_out
+    assert "submitted to" in out and "recorded as a candidate" in out
+    [checkpoint] = rows(db, "SELECT * FROM checkpoints")
+    name, path = checkpoint["name"], Path(checkpoint["path"])
+    assert checkpoint["status"] == "candidate"
+    assert (path / "adapter_model.safetensors").is_file()
+    assert json.loads((path / "onjob-manifest.json").read_text())["name"] == name
+    assert json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"] == (
+        str(served_base)
+    )
+    checkpoints = f"{bucket_url}/checkpoints"
+    assert published.published(Bucket.from_url(checkpoints, endpoint_url=s3_endpoint), name)
+
+    # A replica started now, which never heard of the checkpoint. Started on the trainer's
+    # path, not the adapter's base, it refuses the adapter (vLLM's resolver checks the same),
+    # as it does names that are no checkpoint or would leave its cache.
+    with _replica(tiny_model_dir, tmp_path / "cache-a", checkpoints, s3_endpoint) as replica:
+        client = OpenAI(base_url=replica.url, api_key="unused", max_retries=0, timeout=120)
+        for model in (name, "ckpt-none", "../served-base", "/etc"):
+            with pytest.raises(openai.NotFoundError):
+                client.chat.completions.create(model=model, messages=QUESTION, max_tokens=4)
+    # On the adapter's base, it serves the checkpoint at its first request, as the trainer
+    # wrote it: the same answer as an engine that had it loaded through the endpoint.
+    with _replica(served_base, tmp_path / "cache-b", checkpoints, s3_endpoint) as replica:
+        client = OpenAI(base_url=replica.url, api_key="unused", max_retries=0, timeout=120)
+        ask = dict(messages=QUESTION, max_tokens=6, temperature=0, logprobs=True)
+        first = client.chat.completions.create(model=name, **ask)
+        assert first.model == name
+        base = client.chat.completions.create(model="tiny", **ask)
+        listed = {m.id: m.model_extra.get("parent") for m in client.models.list().data}
+        assert listed[name] == "tiny"
+        assert (tmp_path / "cache-b" / name / "adapter_config.json").is_file()
+        load = {"lora_name": name, "lora_path": str(path)}
+        assert httpx.post(f"{engine.url}/load_lora_adapter", json=load, timeout=60).is_success
+        try:
+            loaded = OpenAI(base_url=engine.url, api_key="unused", max_retries=0)
+            again = loaded.chat.completions.create(model=name, **ask)
+        finally:
+            httpx.post(f"{engine.url}/unload_lora_adapter", json={"lora_name": name}, timeout=60)
+        logprobs = [t.logprob for t in first.choices[0].logprobs.content]
+        assert logprobs == pytest.approx([t.logprob for t in again.choices[0].logprobs.content])
+        assert logprobs != [t.logprob for t in base.choices[0].logprobs.content]  # not the base
