@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -21,10 +23,13 @@ from openai import OpenAI
 
 from onjob import published
 from onjob.bucket import Bucket
-from onjob.cli.process import EngineProcess
+from onjob.cli.process import EngineProcess, ServerProcess
+from onjob.collector import Store
+from onjob.deploy import registry
 
-from .conftest import rows
+from .conftest import admin_of, rows
 from .s3_server import bucket_url, s3_endpoint  # noqa: F401  (fixtures)
+from .test_engine_restart import adapters_in, ask, make_live
 from .test_trainer_rules import Db
 
 ONJOB = str(Path(sys.executable).with_name("onjob"))
@@ -151,3 +156,60 @@ def test_a_run_handed_to_a_job_is_served_by_a_replica_started_after_it(
         logprobs = [t.logprob for t in first.choices[0].logprobs.content]
         assert logprobs == pytest.approx([t.logprob for t in again.choices[0].logprobs.content])
         assert logprobs != [t.logprob for t in base.choices[0].logprobs.content]  # not the base
+
+
+def test_a_replica_started_after_the_promotion_serves_the_live_checkpoint_at_once(
+    tmp_path,
+    tiny_model_dir,
+    tiny_adapter_dir,
+    bucket_url,  # noqa: F811
+    s3_endpoint,  # noqa: F811
+):
+    """Engine B comes up after the promotion, on a host that cannot read the checkpoint's
+    registered path: no operator can load it there, yet with engine A gone it answers the
+    live alias's first request from the published checkpoint."""
+    checkpoint = "ckpt-live"
+    registered = tmp_path / "server-disk" / checkpoint
+    shutil.copytree(tiny_adapter_dir, registered)
+    checkpoints = f"{bucket_url}/checkpoints"
+    bucket = Bucket.from_url(checkpoints, endpoint_url=s3_endpoint)
+    assert published.publish(bucket, registered, checkpoint)
+    assert not published.publish(bucket, registered, checkpoint)  # published once
+    db = tmp_path / "onjob.duckdb"
+    store = Store(db)
+    registry.add(store, registered, checkpoint, tiny_model_dir)
+    store.close()
+
+    a = _replica(tiny_model_dir, tmp_path / "cache-a", checkpoints, s3_endpoint).start()
+    b = _replica(tiny_model_dir, tmp_path / "cache-b", checkpoints, s3_endpoint)
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "0",
+        "ONJOB_PROXY__ENGINE_URLS": json.dumps([a.url, b.url]),
+        "ONJOB_PROXY__ENGINES_RESOLVE_ADAPTERS": "true",
+        "ONJOB_PROXY__HEALTH_INTERVAL_S": "0.2",
+    }
+    try:
+        with ServerProcess(["--db", str(db)], env=env) as server:
+            make_live(server, checkpoint)
+            client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+            assert ask(client, 0).http_response.status_code == 200  # A, loaded by path
+            shutil.rmtree(registered)  # as on B's host: the path is not there
+            b.start()
+            a.kill()
+            deadline = time.monotonic() + 30
+            while (
+                httpx.get(f"{server.base}/admin/status", headers=admin_of(server)).json()[
+                    "engines"
+                ][1]["state"]
+                != "up"
+            ):
+                assert time.monotonic() < deadline, "B never came up"
+                time.sleep(0.1)
+            for i in range(1, 4):
+                assert ask(client, i).http_response.status_code == 200
+            assert checkpoint in adapters_in(b)
+    finally:
+        a.stop()
+        b.stop()
+    logged = rows(db, "SELECT status, served_model FROM exchanges ORDER BY ts")
+    assert [(r["status"], r["served_model"]) for r in logged] == [(200, checkpoint)] * 4
