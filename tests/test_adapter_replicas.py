@@ -126,6 +126,10 @@ def test_a_run_handed_to_a_job_is_served_by_a_replica_started_after_it(
     )
     checkpoints = f"{bucket_url}/checkpoints"
     assert published.published(Bucket.from_url(checkpoints, endpoint_url=s3_endpoint), name)
+    # The bucket keeps no copy of the groups once the server has the checkpoint (its own
+    # snapshot, beside its checkpoints, is where `onjob forget` looks).
+    left = Bucket.from_url(f"{bucket_url}/snapshots", endpoint_url=s3_endpoint).list(f"{name}/")
+    assert sorted(o.key for o in left) == [f"{name}/job.json", f"{name}/taken"]
 
     # A replica started now, which never heard of the checkpoint. Started on the trainer's
     # path, not the adapter's base, it refuses the adapter (vLLM's resolver checks the same),

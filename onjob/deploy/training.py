@@ -170,8 +170,10 @@ async def _by_job(t, name: str, snap_path: Path, parent, parent_dir, partial: Pa
     while (outcome := await asyncio.to_thread(jobs.outcome, store, name)).state == "waiting":
         if time.monotonic() > deadline:
             jobs.fail(store, name, 1, "the server stopped waiting (trainer.job_timeout_s)")
+            await asyncio.to_thread(jobs.retire, store, name)
             raise RuntimeError(f"no training job published {name} in {t.job_timeout_s:g} s")
         await asyncio.sleep(JOB_POLL_S)
+    await asyncio.to_thread(jobs.retire, store, name)
     if outcome.state == "failed":
         echo(f"run {name}: the training job wrote no checkpoint: {outcome.reason}")
         return outcome.exit

@@ -9,6 +9,8 @@ Under `trainer.bucket`:
                                         written last, so a job is seen whole or not at all
     snapshots/<name>/taken              create-only: one job runs it, however many watch
     snapshots/<name>/failed             {"exit", "reason"}: the run wrote no checkpoint
+                                        (the snapshot itself is deleted once the server
+                                        has the outcome: `retire`)
     checkpoints/<name>/...              the checkpoint (`onjob.published`), parents included
 
 No torch here: the server submits and waits with this module alone.
@@ -95,6 +97,13 @@ def fail(store: Store, name: str, code: int, reason: str) -> None:
     body = json.dumps({"exit": code, "reason": reason[-2000:]}).encode()
     with contextlib.suppress(ObjectExists):
         store.snapshots.put_bytes(f"{name}/{FAILED}", body)
+
+
+def retire(store: Store, name: str) -> None:
+    """Delete a finished job's snapshot from the bucket (its markers stay as the record):
+    the server keeps its own copy beside its checkpoints, where `onjob forget` finds it,
+    and no copy of the groups lingers where forgetting would not reach."""
+    store.snapshots.delete(f"{name}/{SNAPSHOT}")
 
 
 def outcome(store: Store, name: str) -> Outcome:
