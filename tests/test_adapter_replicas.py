@@ -26,6 +26,7 @@ from onjob.bucket import Bucket
 from onjob.cli.process import EngineProcess, ServerProcess
 from onjob.collector import Store
 from onjob.deploy import registry
+from onjob.trainer import TrainSettings, jobs
 
 from .conftest import admin_of, rows
 from .s3_server import bucket_url, s3_endpoint  # noqa: F401  (fixtures)
@@ -217,3 +218,43 @@ def test_a_replica_started_after_the_promotion_serves_the_live_checkpoint_at_onc
         b.stop()
     logged = rows(db, "SELECT status, served_model FROM exchanges ORDER BY ts")
     assert [(r["status"], r["served_model"]) for r in logged] == [(200, checkpoint)] * 4
+
+
+def test_a_job_with_nothing_to_train_on_says_so_in_the_bucket(
+    tmp_path,
+    tiny_model_dir,
+    bucket_url,  # noqa: F811
+    s3_endpoint,  # noqa: F811
+):
+    """Every member of the group scored alike: the job exits 3, leaves `failed` with that
+    exit and the reason, publishes nothing, and a second watcher finds nothing to take."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    snap = tmp_path / "s.parquet"
+    members = [
+        {"group_id": "flat", "kind": "turn", "member_id": f"m{i}", "position": i, "reward": 0.5,
+         "checkpoint": None, "prompt_ids": [[1, 2, 3]], "completion_ids": [[10 + i]],
+         "logprobs": [[-1.0]]}
+        for i in range(3)
+    ]  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(members), snap)
+    store = jobs.Store(
+        Bucket.from_url(f"{bucket_url}/snapshots", endpoint_url=s3_endpoint),
+        Bucket.from_url(f"{bucket_url}/checkpoints", endpoint_url=s3_endpoint),
+    )
+    jobs.submit(store, jobs.Job("ckpt-flat", None, TrainSettings(base_model=tiny_model_dir)), snap)
+    assert (
+        jobs.pending(store) == ["ckpt-flat"] and jobs.outcome(store, "ckpt-flat").state == "waiting"
+    )
+    env = {**os.environ, "AWS_ENDPOINT_URL": s3_endpoint}
+    cmd = [ONJOB, "train", "--snapshot", f"{bucket_url}/snapshots/ckpt-flat"]
+    done = subprocess.run(
+        [*cmd, "--publish", f"{bucket_url}/checkpoints"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stdout + done.stderr
+    outcome = jobs.outcome(store, "ckpt-flat")
+    assert (outcome.state, outcome.exit) == ("failed", 3)
+    assert "1 groups with equal scores" in outcome.reason
+    assert store.checkpoints.list() == [] and jobs.pending(store) == []
