@@ -31,6 +31,7 @@ from onjob.trainer import TrainSettings, jobs
 from .conftest import admin_of, rows
 from .s3_server import bucket_url, s3_endpoint  # noqa: F401  (fixtures)
 from .test_engine_restart import adapters_in, ask, make_live
+from .test_trainer_ranks import four_groups  # noqa: F401  (a fixture)
 from .test_trainer_rules import Db
 
 ONJOB = str(Path(sys.executable).with_name("onjob"))
@@ -258,3 +259,29 @@ def test_a_job_with_nothing_to_train_on_says_so_in_the_bucket(
     assert (outcome.state, outcome.exit) == ("failed", 3)
     assert "1 groups with equal scores" in outcome.reason
     assert store.checkpoints.list() == [] and jobs.pending(store) == []
+
+
+def test_a_job_trains_under_torchrun_with_two_ranks_and_publishes_once(
+    tmp_path,
+    tiny_model_dir,
+    four_groups,  # noqa: F811
+    bucket_url,  # noqa: F811
+    s3_endpoint,  # noqa: F811
+):
+    store = jobs.Store(
+        Bucket.from_url(f"{bucket_url}/snapshots", endpoint_url=s3_endpoint),
+        Bucket.from_url(f"{bucket_url}/checkpoints", endpoint_url=s3_endpoint),
+    )
+    settings = TrainSettings(base_model=tiny_model_dir, groups_per_step=2, kl_own_prompts=0)
+    jobs.submit(store, jobs.Job("ckpt-ranks", None, settings), four_groups)
+    env = {**os.environ, "AWS_ENDPOINT_URL": s3_endpoint, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [ONJOB, "train", "--jobs", bucket_url, "--once", "--ranks", "2", "--poll-s", "0.2"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert jobs.outcome(store, "ckpt-ranks").state == "published"
+    got = published.fetch(store.checkpoints, "ckpt-ranks", tmp_path / "cache")
+    metrics = json.loads((got / "onjob-manifest.json").read_text())["metrics"]
+    assert metrics["ranks"] == 2 and metrics["ranks_weight_gap"] == 0.0
+    assert metrics["steps"] == 2
