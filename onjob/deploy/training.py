@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from .. import published
+from ..bucket import BucketError
 from ..collector import Collector, budgets
 from ..collector.ids import new_id
 from ..trainer import jobs, snapshot
@@ -85,7 +86,8 @@ async def train(
     name = f"ckpt-{time.strftime('%Y%m%d-%H%M%S')}-{new_id('')[:6]}"
     out, partial = t.checkpoints_dir / name, t.checkpoints_dir / f"{name}.partial"
     snap_path = t.checkpoints_dir / ".snapshots" / f"{name}.parquet"
-    for stale in t.checkpoints_dir.glob("*.partial"):  # one run at a time: a killed run's
+    # One run at a time: what a killed run left (its output, a job's checkpoint half fetched).
+    for stale in [*t.checkpoints_dir.glob("*.partial"), *t.checkpoints_dir.glob(".*.fetch")]:
         shutil.rmtree(stale, ignore_errors=True)
     untrained = settings.proxy.untrained_keys
     info = await db.query(
@@ -131,9 +133,13 @@ async def train(
     await db.query(lambda st: record_run(st, new_id("run-"), manifest, out, parent))
     echo(f"checkpoint {name} recorded as a candidate: {out}")
     if t.bucket and t.runner == "local":  # a job published it already
-        store = jobs.Store.at(t.bucket)
-        await asyncio.to_thread(published.publish, store.checkpoints, out, name)
-        echo(f"checkpoint {name} published to {store.checkpoints.url}")
+        try:
+            store = jobs.Store.at(t.bucket)
+            await asyncio.to_thread(published.publish, store.checkpoints, out, name)
+            echo(f"checkpoint {name} published to {store.checkpoints.url}")
+        except BucketError as exc:  # recorded all the same: engines on this host load it
+            echo(f"checkpoint {name} NOT published ({exc}): engines that load adapters by name "
+                 "will not find it")  # fmt: skip
     return manifest
 
 
