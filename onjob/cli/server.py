@@ -71,7 +71,7 @@ def build_pool(settings: ServeSettings, judge_engine: httpx.AsyncClient) -> Pool
     for url in p.replica_urls:
         control = judge_engine if url == p.engine_url else engine_client(settings, url)
         replicas.append(Replica(url, build_upstream(p, url), control, logprobs=p.engine_logprobs))
-    return Pool(replicas, interval_s=p.health_interval_s)
+    return Pool(replicas, interval_s=p.health_interval_s, resolves=p.engines_resolve_adapters)
 
 
 def build_app(settings: ServeSettings, workers: Workers | None = None):

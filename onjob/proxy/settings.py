@@ -43,6 +43,13 @@ class ProxySettings(BaseModel):
         "requests to them (adapter loads, health checks, the judge's samples); with "
         "--start-engine and none set, onjob makes one for its child",
     )
+    engines_resolve_adapters: bool = Field(
+        False,
+        description="the engines load an adapter by name on its first request (started with "
+        "--adapter-cache-dir and --adapter-bucket, checkpoints published to trainer.bucket): "
+        "a replica is not held back, nor loaded into by path, for an adapter it has not "
+        "loaded yet, so a new or restarted replica on another host serves at once",
+    )
     health_interval_s: float = Field(
         1.0,
         gt=0,
