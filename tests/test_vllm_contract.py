@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -93,6 +94,53 @@ def test_every_request_vllm_decodes_under_a_grammar_is_recorded_as_masked(name):
         assert constrained(case["body"])
     else:
         assert constrained(case["body"]) == (name in MASKED_BY_LATER_RELEASES)
+
+
+def _closed(schema):
+    """`schema` with no field allowed beyond those it names (vLLM's models take extra fields,
+    so its own schemas would let any field of the local engine's through)."""
+    if isinstance(schema, dict):
+        closed = {k: _closed(v) for k, v in schema.items()}
+        if "properties" in closed:
+            closed["additionalProperties"] = False
+        return closed
+    if isinstance(schema, list):
+        return [_closed(v) for v in schema]
+    return schema
+
+
+ANSWER = {
+    "model": "tiny",
+    "messages": [{"role": "user", "content": "What time is it?"}],
+    "logprobs": True,
+    "top_logprobs": 2,
+    "return_token_ids": True,
+}
+TIME_TOOL = RECORD["requests"]["tools_auto"]["body"]["tools"][1]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"n": 2, "max_tokens": 4},
+        {"tools": [TIME_TOOL], "tool_choice": "required", "max_tokens": 40, "seed": 1},
+    ],
+    ids=["text", "tool call"],
+)
+def test_the_local_engines_answers_fit_vllms_response_models(engine, extra):
+    """Every field the local engine answers with is one of vLLM's, of vLLM's type
+    (`ChatCompletionResponse`, `ChatCompletionStreamResponse`, recorded as JSON schemas)."""
+    whole = _closed(RECORD["schemas"]["chat.completion"])
+    chunk = _closed(RECORD["schemas"]["chat.completion.chunk"])
+    r = httpx.post(f"{engine.url}/chat/completions", json={**ANSWER, **extra}, timeout=120)
+    assert r.status_code == 200, r.text
+    jsonschema.validate(r.json(), whole)
+    streamed = {**ANSWER, **extra, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{engine.url}/chat/completions", json=streamed, timeout=120) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    for event in events[:-1]:
+        jsonschema.validate(json.loads(event), chunk)
 
 
 def test_allowed_tools_is_a_400_naming_tool_choice(engine):
