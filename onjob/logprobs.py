@@ -54,7 +54,7 @@ def constrained(request: dict) -> bool:
       vLLM's structural-tag tool parsers (hermes, llama3_json; `VLLM_ENFORCE_STRICT_TOOL_
       CALLING`, on by default from 0.25) then constrain the call's arguments. Which release
       and parser run is unknown to the proxy, so these count whichever (0.13 decodes the
-      last two freely: tests/test_vllm_contract.py pins every case 0.13's own code masks;
+      last two freely, 0.33 masks both: tests/test_vllm_contract.py checks it on their code;
       vllm/entrypoints/openai/protocol.py `ChatCompletionRequest.to_sampling_params`,
       vllm/tool_parsers/abstract_tool_parser.py `adjust_request`)."""
     fmt = request.get("response_format")
