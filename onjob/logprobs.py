@@ -32,14 +32,15 @@ def constrained(request: dict) -> bool:
     - `response_format` `json_object`, `json_schema` or `structural_tag`;
     - vLLM's own fields `structured_outputs` and, on 0.11, `guided_json`, `guided_regex`,
       `guided_choice`, `guided_grammar` (counted whatever the release);
-    - with tools: a forced call (`tool_choice` "required", a named function, allowed
-      tools), `parallel_tool_calls: false` (vLLM bounds the calls with a structural tag),
-      and `tool_choice` "auto" (or unset) when any tool is `strict: true`: vLLM's
-      structural-tag tool parsers (hermes, llama3_json; `VLLM_ENFORCE_STRICT_TOOL_CALLING`,
-      on by default in recent releases) then constrain the call's arguments. Which parser
-      runs is the engine's flag, unknown to the proxy, so a strict tool counts whichever
-      (vllm/entrypoints/openai/serving_chat.py, vllm/entrypoints/openai/protocol.py
-      `ChatCompletionRequest.to_sampling_params`)."""
+    - with tools: a forced call (`tool_choice` "required" or any object: a named
+      function), `parallel_tool_calls: false` (vLLM 0.33 bounds the calls with a
+      structural tag), and `tool_choice` "auto" (or unset) when any tool is `strict: true`:
+      vLLM's structural-tag tool parsers (hermes, llama3_json; `VLLM_ENFORCE_STRICT_TOOL_
+      CALLING`, on by default from 0.25) then constrain the call's arguments. Which release
+      and parser run is unknown to the proxy, so these count whichever (0.13 decodes the
+      last two freely, 0.33 masks both: tests/test_vllm_contract.py checks it on their code;
+      vllm/entrypoints/openai/protocol.py `ChatCompletionRequest.to_sampling_params`,
+      vllm/tool_parsers/abstract_tool_parser.py `adjust_request`)."""
     fmt = request.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") in (
         "json_object",

@@ -183,10 +183,16 @@ def translate(body: dict, previous: Previous | None) -> tuple[dict, Call]:
     if not messages:
         raise BadRequest("`input` must not be empty.", param="input")
     chat: dict[str, Any] = {"model": body["model"], "messages": messages}
-    if "tools" in body:
-        chat["tools"] = _tools(body["tools"])
+    # The Agents SDK sends `tools: []` for an agent without tools; chat engines refuse an
+    # empty list (vLLM 0.33, OpenAI) and a `tool_choice` without tools, so "no tools" is
+    # sent as none, with a choice that asks for no call ("auto", "none") left out.
+    tools = _tools(body["tools"]) if "tools" in body else []
+    if tools:
+        chat["tools"] = tools
     if "tool_choice" in body:
-        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+        choice = _tool_choice(body["tool_choice"])
+        if tools or choice not in ("auto", "none"):
+            chat["tool_choice"] = choice
     for key in ("parallel_tool_calls", "temperature", "top_p", "user", "metadata"):
         if key in body:
             chat[key] = body[key]
