@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from ..collector.ids import new_id
+from . import sse
 from .errors import BadRequest
 from .settings import ProxySettings
 
@@ -537,7 +538,7 @@ class Events:
     def event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
-        return b"event: " + kind.encode() + b"\ndata: " + _encode(payload) + b"\n\n"
+        return sse.frame(_encode(payload), kind)
 
     def chunk(self, data: dict) -> list[bytes]:
         out: list[bytes] = []
