@@ -71,7 +71,7 @@ class ResponseEvents:
         self.call = call
         self.events = responses.Events(exchange.id)
 
-    def _response(self, status: str, **fields: Any) -> dict:
+    def _response(self, status: str, **fields: Any) -> responses.ResponseObject:
         exchange = self.exchange
         return responses.response_object(
             self.call, exchange.id, exchange.route.alias, status=status, **fields
@@ -110,7 +110,7 @@ class ResponseEvents:
             finish_reason=events.finish_reason,
         )  # fmt: skip
         exchange.api_object = responses.stored(final, self.call)
-        out.append(events.event(f"response.{final['status']}", response=final))
+        out.append(events.event(f"response.{final.status}", response=final))
         return out
 
     def failure(self, exc: ProxyError) -> bytes:

@@ -11,7 +11,7 @@ from litestar import Request, post
 from ...collector import FeedbackRecord, queries
 from ...collector.ids import new_id
 from ...collector.trajectories import scoped
-from .. import openapi
+from .. import protocol
 from ..auth import caller
 from ..errors import BadRequest, NotFound
 from ..replicas import Forwarder
@@ -41,9 +41,9 @@ def routes(traffic: Traffic, forward: Forwarder | None) -> tuple:
     return (feedback,)
 
 
-def _decode(raw: bytes) -> openapi.Feedback:
+def _decode(raw: bytes) -> protocol.Feedback:
     try:
-        fb = msgspec.json.decode(raw, type=openapi.Feedback)
+        fb = msgspec.json.decode(raw, type=protocol.Feedback)
     except msgspec.ValidationError as exc:
         raise BadRequest(f"Invalid feedback: {exc}") from exc
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
@@ -53,7 +53,7 @@ def _decode(raw: bytes) -> openapi.Feedback:
     return fb
 
 
-async def _owned(traffic: Traffic, fb: openapi.Feedback, api_key_id: str | None) -> str | None:
+async def _owned(traffic: Traffic, fb: protocol.Feedback, api_key_id: str | None) -> str | None:
     """The feedback's trajectory, once both its ids are found to be the key's own. Another
     key's exchange or conversation is answered as missing: its id stays secret. A named
     conversation is the key's own name for it (as when chatting)."""
