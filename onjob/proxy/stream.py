@@ -106,9 +106,11 @@ class ResponseEvents:
             return []
         out = events.close()
         final = self._response(
-            "completed", output=events.output, usage=exchange.usage,
+            "completed",
+            output=events.output,
+            usage=exchange.usage,
             finish_reason=events.finish_reason,
-        )  # fmt: skip
+        )
         exchange.api_object = responses.stored(final, self.call)
         out.append(events.event(f"response.{final.status}", response=final))
         return out
