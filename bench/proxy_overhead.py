@@ -9,8 +9,8 @@ Layout on a 2-core machine: the load generator (this process) on core 0; the fak
 engine(s) and every proxy on core 1, so a proxy's requests/s is what one core
 gives. For each concurrency (1, 16, 64), streaming and not, the same load runs
 direct, then through each proxy in turn; the ratios to onjob are printed at the
-end. Then onjob alone: a 50 ms engine at concurrency 16, the httpx client for
-comparison, and whether loading into DuckDB kept up (the proxy's `/health`
+end. Then onjob alone: a 50 ms engine at concurrency 16, and whether loading into
+DuckDB kept up (the proxy's `/health`
 counters), at the default loader priority (nice 10) and at the proxy's own (0).
 Peers are installed on first use under build/peers/ (bench/peers.py).
 
@@ -21,7 +21,9 @@ the closing table puts onjob beside the aiohttp passthrough on req/s, p99 and bo
 `--no-alone` skips the onjob-alone cases (a quicker side by side). `--apart` adds
 `onjob serve --loader-apart` to the side by side: its one proxy-only worker answers, and
 the primary, which loads DuckDB, is measured apart (`loader_cpu_us_per_request`,
-`loader_rss_peak_mib`); both processes sit on the proxies' core.
+`loader_rss_peak_mib`); both processes sit on the proxies' core. `--baseline DIR` adds
+the `onjob serve` of another checkout (`git worktree add DIR COMMIT`) as `onjob-base`:
+before and after a change in one run.
 
     python bench/proxy_overhead.py                         # ~5 minutes
     python bench/proxy_overhead.py --peers aiohttp litellm portkey
@@ -82,7 +84,12 @@ def body(model: str, stream: bool) -> bytes:
 
 
 def start(
-    cmd: list[str], port: int, core: int, env: dict | None = None, ready: str = "/health"
+    cmd: list[str],
+    port: int,
+    core: int,
+    env: dict | None = None,
+    ready: str = "/health",
+    cwd: Path | None = None,
 ) -> subprocess.Popen:
     # A file, not a pipe nobody reads: a server that logs a lot would block on a full pipe.
     log = tempfile.TemporaryFile()  # noqa: SIM115 (closed when this process exits)
@@ -91,6 +98,7 @@ def start(
         env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=log,
+        cwd=cwd,
         preexec_fn=lambda: os.sched_setaffinity(0, {core}),
     )
     deadline = time.monotonic() + 120
@@ -114,11 +122,15 @@ def fake_engine(core: int, delay_ms: float = 0) -> tuple[subprocess.Popen, int]:
     return start([*cmd, "--delay-ms", str(delay_ms)], port, core), port
 
 
-def proxy(engine_port: int, db: Path, core: int, *flags: str, **env: str):
+def proxy(engine_port: int, db: Path, core: int, *flags: str, tree: Path | None = None, **env: str):
+    """`onjob serve` on a free port; from the checkout `tree` when given (its code, not
+    this one's: a baseline run side by side)."""
     port = free_port()
     cmd = [sys.executable, "-m", "onjob.cli", "serve", "--port", str(port), *flags]
     cmd += ["--engine-url", f"http://127.0.0.1:{engine_port}/v1", "--db", str(db)]
-    proc = start(cmd, port, core, env)
+    if tree is not None:
+        env = {**env, "PYTHONPATH": str(tree)}
+    proc = start(cmd, port, core, env, cwd=tree)
     if "--loader-apart" in flags:  # a worker answers (its pid in /health); the primary loads
         LOADERS[port] = proc.pid
         PIDS[port] = httpx.get(f"http://127.0.0.1:{port}/health").json()["pid"]
@@ -304,7 +316,8 @@ def hot_path(rows: list[dict]) -> list[dict]:
     concurrency, streamed and not (req/s ratio, p99 ratio, CPU µs per request, peak RSS
     under load)."""
     out = []
-    for r, name in ((r, n) for r in rows for n in ("onjob", "onjob-apart")):
+    names = ("onjob", "onjob-apart", "onjob-base", "onjob-base-apart")
+    for r, name in ((r, n) for r in rows for n in names):
         if "aiohttp" not in r or name not in r:
             continue
         o, a = r[name], r["aiohttp"]
@@ -391,6 +404,19 @@ def main() -> int:
         help="earlier turns each request carries (an agent's conversation: 20 makes 42 "
         "messages; default 0: a system prompt and one question)",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a checkout of another commit (`git worktree add DIR COMMIT`): its `onjob serve` "
+        "runs side by side as onjob-base (and onjob-base-apart with --apart)",
+    )
+    parser.add_argument(
+        "--baseline-env",
+        nargs="*",
+        default=[],
+        metavar="NAME=VALUE",
+        help="settings of the baseline's servers, e.g. ONJOB_PROXY__UPSTREAM_CLIENT=aiohttp",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
     global HISTORY
@@ -412,6 +438,18 @@ def main() -> int:
             )
             procs.append(apart)
             targets["onjob-apart"] = (apart_port, "agent", {})
+        if args.baseline is not None:
+            base_env = dict(kv.split("=", 1) for kv in args.baseline_env)
+            variants = [("onjob-base", ())] + (
+                [("onjob-base-apart", ("--loader-apart",))] if args.apart else []
+            )
+            for name, flags in variants:
+                p, port = proxy(
+                    engine_port, tmp / f"{name}.duckdb", server_core, *flags,
+                    tree=args.baseline.resolve(), **base_env,
+                )  # fmt: skip
+                procs.append(p)
+                targets[name] = (port, "agent", {})
         for name in args.peers:
             port = free_port()
             p = peers.peer(name, port, engine_port, tmp)
@@ -446,6 +484,8 @@ def main() -> int:
         "seconds": args.seconds,
         "warmup": args.warmup,
         "history": args.history,
+        "baseline": str(args.baseline) if args.baseline else None,
+        "baseline_env": args.baseline_env,
         "peers": {
             "litellm": peers.LITELLM_VERSION,
             "portkey": peers.PORTKEY_VERSION,
@@ -461,28 +501,23 @@ def main() -> int:
 
 
 def others(engine_port: int, tmp: Path, core: int, procs: list) -> tuple[int, ...]:
-    """The proxies for the onjob-alone cases: a 50 ms engine and its proxy, the httpx
-    client, the loader at nice 0."""
+    """The proxies for the onjob-alone cases: a 50 ms engine and its proxy, the loader at
+    nice 0."""
     slow, slow_port = fake_engine(core, delay_ms=50)
     procs.append(slow)
     slow_proxy, slow_proxy_port = proxy(slow_port, tmp / "slow.duckdb", core)
     procs.append(slow_proxy)
-    httpx_proxy, httpx_port = proxy(
-        engine_port, tmp / "httpx.duckdb", core, ONJOB_PROXY__UPSTREAM_CLIENT="httpx"
-    )
-    procs.append(httpx_proxy)
     eager_proxy, eager_port = proxy(
         engine_port, tmp / "eager.duckdb", core, ONJOB_COLLECTOR__LOADER_NICE="0"
     )
     procs.append(eager_proxy)
-    return slow_port, slow_proxy_port, httpx_port, eager_port
+    return slow_port, slow_proxy_port, eager_port
 
 
 def alone(
     engine_port: int,
     slow_port: int,
     slow_proxy_port: int,
-    httpx_port: int,
     eager_port: int,
     args,
     cases: list,
@@ -500,9 +535,6 @@ def alone(
     row["note"] = "collector.loader_nice = 0: loading at the proxy's own priority"
     cases.append(row)
     logging_rows.append({"loader_nice": 0, **drain(eager_port, before, health(eager_port), False)})
-    httpx_row = compare("httpx", engine_port, httpx_port, False, c, args)
-    httpx_row["note"] = "same proxy with proxy.upstream_client = httpx"
-    cases.append(httpx_row)
 
 
 def drain(port: int, before: dict, after: dict, stream: bool) -> dict:

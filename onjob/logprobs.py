@@ -1,29 +1,13 @@
 """onjob's one logprob definition, shared by the engines, the proxy and the trainer.
 
-The trainer's importance ratio divides the policy's logprob of each sampled token by
-the sampler's. The policy's is always the model's raw distribution: log-softmax of
-the logits, before temperature, top-p or penalties. So the sampler's must be too:
-the local engine returns exactly that, and vLLM does when started with
-`--logprobs-mode raw_logprobs` (its default has changed between releases, so
-`onjob engine --backend vllm` passes it explicitly).
-
-Every logged exchange records the definition its engine used (`exchanges.logprobs_mode`):
-what the engine's model list states (the local engine says it), else what
-`proxy.engine_logprobs` declares (vLLM's model list does not say). The trainer refuses a
-group with a member recorded under another definition.
-
-One more case: a request decoded under a grammar (`constrained`). The local engine still
-records the unmasked logprobs (and says so), but vLLM applies its structured-output mask
-to the logits before its sampler takes its "raw" logprobs, so they are the masked
-distribution's. An engine that does not state its definition is taken to do as vLLM
-does: such an exchange is recorded as `<declared>+grammar`, which is not TRAINED.
-
-And one rule for what may be trained on (`untrainable`): an answer whose recorded
-definition is TRAINED, unmasked, and whose every choice has as many token ids as
-logprobs, adding up to the engine's `usage.completion_tokens`. vLLM 0.11-0.12 drop a
-streamed chunk's token ids and logprobs when a tool or reasoning parser holds its text
-back, so a count that does not add up is a lost token, not a rounding. Anything else is
-kept in the log with its reason, and no judge group or training snapshot takes it.
+The trainer's importance ratio divides the policy's logprob of each sampled token by the
+sampler's, and the policy's is the model's raw distribution (log-softmax of the logits,
+before temperature, top-p or penalties), so the sampler's must be too (`TRAINED`; vLLM's
+`--logprobs-mode raw_logprobs`). Every exchange records the definition its engine used,
+`+grammar` when an engine that does not say may have masked the logits under a grammar
+(`constrained`), and one rule says what may be trained on (`untrainable`).
+docs/engines.md, "`--logprobs-mode raw_logprobs`" and "One rule for what is trained on",
+says why each case is there.
 """
 
 from __future__ import annotations
@@ -48,14 +32,15 @@ def constrained(request: dict) -> bool:
     - `response_format` `json_object`, `json_schema` or `structural_tag`;
     - vLLM's own fields `structured_outputs` and, on 0.11, `guided_json`, `guided_regex`,
       `guided_choice`, `guided_grammar` (counted whatever the release);
-    - with tools: a forced call (`tool_choice` "required", a named function, allowed
-      tools), `parallel_tool_calls: false` (vLLM bounds the calls with a structural tag),
-      and `tool_choice` "auto" (or unset) when any tool is `strict: true`: vLLM's
-      structural-tag tool parsers (hermes, llama3_json; `VLLM_ENFORCE_STRICT_TOOL_CALLING`,
-      on by default in recent releases) then constrain the call's arguments. Which parser
-      runs is the engine's flag, unknown to the proxy, so a strict tool counts whichever
-      (vllm/entrypoints/openai/serving_chat.py, vllm/entrypoints/openai/protocol.py
-      `ChatCompletionRequest.to_sampling_params`)."""
+    - with tools: a forced call (`tool_choice` "required" or any object: a named
+      function), `parallel_tool_calls: false` (vLLM 0.33 bounds the calls with a
+      structural tag), and `tool_choice` "auto" (or unset) when any tool is `strict: true`:
+      vLLM's structural-tag tool parsers (hermes, llama3_json; `VLLM_ENFORCE_STRICT_TOOL_
+      CALLING`, on by default from 0.25) then constrain the call's arguments. Which release
+      and parser run is unknown to the proxy, so these count whichever (0.13 decodes the
+      last two freely, 0.33 masks both: tests/test_vllm_contract.py checks it on their code;
+      vllm/entrypoints/openai/protocol.py `ChatCompletionRequest.to_sampling_params`,
+      vllm/tool_parsers/abstract_tool_parser.py `adjust_request`)."""
     fmt = request.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") in (
         "json_object",

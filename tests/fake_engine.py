@@ -1,8 +1,9 @@
 """Scripted engines for fault tests, at the HTTP boundary only.
 
-`scripted(handler)` is an `HttpxUpstream` over an httpx `MockTransport`; `RawEngine`
-is a real socket server that answers `/health` and `/models` and then misbehaves on purpose
-(goes silent, cuts a stream), for the aiohttp client's own error paths.
+`scripted(handler)` is an `HttpxUpstream` (the proxy's `Upstream` interface over any
+`httpx.AsyncClient`, here a `MockTransport`); `RawEngine` is a real socket server that
+answers `/health` and `/models` and then misbehaves on purpose (goes silent, cuts a
+stream), for the lean client's own error paths.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from __future__ import annotations
 import json
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import httpx
 
-from onjob.proxy import HttpxUpstream
+from onjob.proxy.errors import StreamCut, UpstreamTimeout, UpstreamUnreachable
 
 MODELS = {"object": "list", "data": [{"id": "fake", "object": "model", "parent": None}]}
 
@@ -61,6 +62,69 @@ def chunk(content: str | None = None, *, finish: str | None = None, usage: dict 
     if usage is not None:
         body["usage"] = usage
     return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+class _HttpxResponse:
+    def __init__(self, resp: httpx.Response) -> None:
+        self._resp = resp
+        self.status = resp.status_code
+        self.content_type = resp.headers.get("Content-Type", "")
+
+    async def read(self) -> bytes:
+        try:
+            return await self._resp.aread()
+        except httpx.HTTPError as exc:
+            raise _translate(exc, mid_body=True) from exc
+        finally:
+            await self._resp.aclose()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._resp.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as exc:
+            raise _translate(exc, mid_body=True) from exc
+
+    async def aclose(self) -> None:
+        await self._resp.aclose()
+
+
+def _translate(exc: httpx.HTTPError, *, mid_body: bool) -> Exception:
+    """httpx's errors as the proxy's, as the lean client raises them."""
+    if isinstance(exc, httpx.TimeoutException):
+        return UpstreamTimeout("the engine did not answer in time")
+    if mid_body and isinstance(exc, httpx.TransportError):
+        return StreamCut(f"the engine cut the answer short: {exc!r}")
+    if isinstance(exc, httpx.TransportError):
+        return UpstreamUnreachable(f"cannot reach the engine: {exc!r}")
+    return exc
+
+
+class HttpxUpstream:
+    """The proxy's `Upstream` over a caller's `httpx.AsyncClient` (its base_url is the
+    engine's, e.g. .../v1): the tests' engines at the HTTP boundary."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+        self.base_url = str(client.base_url).rstrip("/")
+
+    async def request(
+        self, method: str, path: str, body: bytes | None = None, headers: Mapping | None = None
+    ) -> _HttpxResponse:
+        req = self.client.build_request(
+            method,
+            self.base_url + path,
+            content=body,
+            headers=headers or {"Content-Type": "application/json"},
+        )
+        try:
+            resp = await self.client.send(req, stream=True)
+        except httpx.HTTPError as exc:
+            raise _translate(exc, mid_body=False) from exc
+        return _HttpxResponse(resp)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
 
 
 def scripted(chat: Callable[[httpx.Request], httpx.Response]) -> HttpxUpstream:

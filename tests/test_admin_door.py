@@ -323,3 +323,43 @@ def test_which_hosts_name_this_server(host, ok):
         assert not ok
     else:
         assert ok
+
+
+def test_admin_bodies_are_checked_and_refused_changes_are_409(keyless):
+    """Each admin body is decoded as its route's type before the handler runs (400 naming
+    what is wrong, nothing changed), and a change the release code refuses is a 409 in
+    OpenAI's shape, whichever route asked."""
+    server, db = keyless
+    mine = admin_of(db)
+    bad = [
+        ("/admin/canary", {"alias": "agent"}),  # no checkpoint
+        ("/admin/canary", {"alias": "agent", "checkpoint": "c", "extra": 1}),  # unknown field
+        ("/admin/promote", {"alias": 3}),  # a number where a name goes
+        ("/admin/loop", {}),
+        ("/admin/sql", {"limit": 3}),
+        ("/admin/forget", {"trajectory": ["t"]}),
+        ("/admin/export", {"table": None}),
+    ]
+    for path, body in bad:
+        reply = httpx.post(f"{server.base}{path}", json=body, headers=mine)
+        assert reply.status_code == 400, (path, body, reply.text)
+        error = reply.json()["error"]
+        assert error["type"] == "invalid_request_error", (path, error)
+        assert error["message"].startswith("Invalid body"), (path, error)
+    garbled = httpx.post(
+        f"{server.base}/admin/canary",
+        content=b'{"alias": "agent",',
+        headers={**mine, "Content-Type": "application/json"},
+    )
+    assert garbled.status_code == 400, garbled.text
+    refused = [
+        ("/admin/canary", {"alias": "agent", "checkpoint": "ckpt-none", "fraction": 0.5}),
+        ("/admin/promote", {"alias": "agent"}),  # no canary to promote
+        ("/admin/rollback", {"alias": "nobody"}),
+    ]
+    for path, body in refused:
+        reply = httpx.post(f"{server.base}{path}", json=body, headers=mine)
+        assert reply.status_code == 409, (path, body, reply.text)
+        assert reply.json()["error"]["code"] == 409, (path, reply.text)
+    status = httpx.get(f"{server.base}/admin/status", headers=mine).json()
+    assert status["aliases"]["agent"]["canary"] is None  # nothing changed

@@ -13,7 +13,7 @@ from litestar.testing import TestClient
 
 from onjob.cli.process import free_port
 from onjob.collector import Collector, CollectorSettings, Store
-from onjob.proxy import AiohttpUpstream, ProxySettings, create_app
+from onjob.proxy import ProxySettings, create_app
 from onjob.proxy.lean import LeanUpstream
 from onjob.proxy.upstream import Upstream
 
@@ -27,8 +27,8 @@ from .fake_engine import (
 )
 
 CHAT = {"model": "agent", "messages": [{"role": "user", "content": "hi"}]}
-# The clients that speak to a real socket: faults read the same through either.
-SOCKET_CLIENTS = pytest.mark.parametrize("client_kind", [LeanUpstream, AiohttpUpstream])
+# The client that speaks to a real socket (the proxy's one engine client).
+SOCKET_CLIENTS = pytest.mark.parametrize("client_kind", [LeanUpstream])
 
 
 def app_for(tmp_path, upstream: Upstream, tracer=None, **proxy):
@@ -196,17 +196,10 @@ def _cut(conn, body):
 
 def cut_by_socket():
     engine = RawEngine(_cut)
-    return AiohttpUpstream(engine.url), engine
-
-
-def cut_by_socket_lean():
-    engine = RawEngine(_cut)
     return LeanUpstream(engine.url), engine
 
 
-@pytest.mark.parametrize(
-    "make", [cut_by_httpx, cut_by_socket, cut_by_socket_lean], ids=["httpx", "aiohttp", "lean"]
-)
+@pytest.mark.parametrize("make", [cut_by_httpx, cut_by_socket], ids=["httpx", "lean"])
 def test_stream_cut_by_engine_returns_error_event_and_logs_partial(tmp_path, make):
     upstream, engine = make()
     try:
@@ -468,10 +461,8 @@ def _two_answers(conn, body: bytes) -> None:
         (LeanUpstream, _dripping, 504, "within 1 s"),
         (LeanUpstream, _oversize, 502, "larger than 100000 bytes"),
         (LeanUpstream, _two_answers, 502, "after its complete answer"),
-        (AiohttpUpstream, _dripping, 504, "within 1 s"),
-        (AiohttpUpstream, _oversize, 502, "larger than 100000 bytes"),
     ],
-    ids=["lean-drip", "lean-oversize", "lean-pipelined", "aiohttp-drip", "aiohttp-oversize"],
+    ids=["lean-drip", "lean-oversize", "lean-pipelined"],
 )
 def test_engine_client_faults_are_openai_errors_and_logged_failures(
     tmp_path, client_kind, behaviour, status, words

@@ -349,3 +349,50 @@ def test_a_keys_store_false_responses_are_logged_but_never_judged_when_its_setti
     finally:
         store.close()
     assert judged and all(sent[i] != ("private", False) for i in judged)
+
+
+def _bounded_fields(schema: dict) -> dict[str, dict]:
+    """The document's numeric bounds per field of a request schema."""
+    out = {}
+    for name, prop in schema["properties"].items():
+        for option in prop.get("anyOf", [prop]):
+            bounds = {k: option[k] for k in option if "imum" in k}
+            if bounds:
+                out[name] = bounds
+    return out
+
+
+@pytest.mark.parametrize(
+    ("path", "schema_name", "base"),
+    [
+        ("/v1/chat/completions", "ChatCompletionRequest", CHAT),
+        ("/v1/completions", "CompletionRequest", {"model": "agent", "prompt": "hi"}),
+    ],
+)
+def test_the_documented_bounds_are_the_bounds_the_proxy_checks(tmp_path, path, schema_name, base):
+    """`/openapi.json` and the hot path's checks are one declaration: every bound the
+    document states is refused one step outside (a 400 naming the field, nothing sent to
+    the engine) and accepted on the bound; a wrong type is refused the same way."""
+    app, seen = recording_app(tmp_path, answer=lambda body: httpx.Response(200, json=completion()))
+    with TestClient(app) as client:
+        doc = client.get("/openapi.json").json()
+        bounds = _bounded_fields(doc["components"]["schemas"][schema_name])
+        assert {"temperature", "top_p", "n", "max_tokens"} <= set(bounds), bounds
+        for field, limits in bounds.items():
+            step = 1 if field in ("n", "max_tokens", "max_completion_tokens", "logprobs",
+                                  "top_logprobs") else 0.25  # fmt: skip
+            for key, value in limits.items():
+                outside = value - step if "inimum" in key else value + step
+                if key == "exclusiveMinimum":
+                    outside = value
+                sent = len(seen)
+                resp = client.post(path, json={**base, field: outside})
+                assert resp.status_code == 400, (field, key, outside, resp.text)
+                assert resp.json()["error"]["param"] == field, resp.text
+                assert len(seen) == sent, (field, "reached the engine")
+                if key != "exclusiveMinimum":
+                    ok = client.post(path, json={**base, field: value})
+                    assert len(seen) == sent + 1, (field, value, ok.text)  # forwarded
+        for field, wrong in (("temperature", "hot"), ("stream", "yes"), ("seed", True)):
+            resp = client.post(path, json={**base, field: wrong})
+            assert resp.status_code == 400 and resp.json()["error"]["param"] == field, resp.text

@@ -16,12 +16,11 @@ from openai import OpenAI
 from onjob.cli.process import EngineProcess, ServerProcess
 from onjob.collector import Store
 from onjob.deploy import registry
-from onjob.proxy import HttpxUpstream
 from onjob.proxy.errors import AdapterUnavailable
 from onjob.proxy.pool import Pool, Replica
 
 from .conftest import admin_of, rows
-from .fake_engine import completion
+from .fake_engine import HttpxUpstream, completion
 from .test_engine_restart import adapters_in, engine_args
 
 LIVE, CANARY = "ckpt-live", "ckpt-canary"

@@ -256,6 +256,18 @@ def test_what_cannot_be_honoured_is_a_400_naming_its_param(extra, param, server_
     assert error["param"] == param and error["type"] == "invalid_request_error"
 
 
+def test_an_agent_without_tools_sends_an_empty_list_and_is_answered(server_on_tiny):
+    """The Agents SDK's Responses model sends `tools: []` (and `tool_choice` when set) for an
+    agent with no tools; chat engines refuse an empty list (vLLM 0.33), so it goes as none."""
+    for choice in ({}, {"tool_choice": "auto"}, {"tool_choice": "none"}):
+        body = {"model": "agent", "input": "hi", "tools": [], "max_output_tokens": 2, **choice}
+        resp = httpx.post(f"{server_on_tiny.url}/responses", json=body, timeout=60)
+        assert resp.status_code == 200, resp.text
+    forced = {"model": "agent", "input": "hi", "tools": [], "tool_choice": "required"}
+    resp = httpx.post(f"{server_on_tiny.url}/responses", json=forced, timeout=60)
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "tool_choice"
+
+
 @pytest.fixture(scope="module")
 def server_on_tiny(tmp_path_factory, engine):
     db = tmp_path_factory.mktemp("refusals") / "onjob.duckdb"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 from openai import OpenAI
 from openai.types.responses import EasyInputMessage, Response
 
@@ -93,9 +94,10 @@ def test_each_client_shape_of_a_resent_history_continues_the_answer_it_got():
         )
         left = continuations(keys(chat["messages"]).prefix_hash, [reply])[0]
         output = responses.output_items(reply, "x")
-        got = Response.model_validate(
-            responses.response_object(call, "resp_x", "agent", status="completed", output=output)
+        built = responses.response_object(
+            call, "resp_x", "agent", status="completed", output=output
         )
+        got = Response.model_validate(msgspec.to_builtins(built))
         history = [*first, *(sent(item) for item in again(got.output))]
         history += [tool_output(shape, c["id"]) for c in reply["tool_calls"]]
         chat, _ = responses.translate(

@@ -422,3 +422,34 @@ def test_a_mistral_hub_id_whose_tokenizer_cannot_be_read_is_refused():
     with pytest.raises(vllm.LaunchError, match="a tokenizer onjob cannot read"):
         vllm.check_mistral_grammar(settings, "mistralai/Mistral-Small-3.2-24B", "0.33.0")
     vllm.check_mistral_grammar(settings, "mistralai/Mistral-Small-3.2-24B", "0.14.1")
+
+
+def test_the_lora_resolver_is_onjobs_to_switch_on_from_its_own_setting(tmp_path):
+    """An inherited VLLM_LORA_RESOLVER_CACHE_DIR is still dropped; --adapter-cache-dir sets
+    onjob's, with the bucket its plugin fetches from, and adds both resolver plugins to a
+    VLLM_PLUGINS list the user set (vLLM would load neither otherwise)."""
+    cache = tmp_path / "adapters"
+    model = str(model_dir(tmp_path, "Qwen2.5-7B-Instruct", QWEN25))
+    out = subprocess.run(
+        [sys.executable, "-m", "onjob.cli", "engine", "--backend", "vllm", "--model", model,
+         "--adapter-cache-dir", str(cache), "--adapter-bucket", "s3://b/onjob/checkpoints"],
+        capture_output=True, text=True, env=_fake_vllm(tmp_path, "0.13.0"), timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    started = dict(
+        line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines() if "=" in line
+    )
+    assert started["VLLM_LORA_RESOLVER_CACHE_DIR"] == str(cache) and cache.is_dir()
+    assert started["ONJOB_ENGINE_ADAPTER_BUCKET"] == "s3://b/onjob/checkpoints"
+    assert started["VLLM_PLUGINS"] == "lora_filesystem_resolver,onjob_adapters"
+    assert started["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"  # vLLM asks resolvers only so
+    assert "not passed to vLLM: VLLM_API_KEY, VLLM_LORA_RESOLVER_CACHE_DIR" in out.stderr
+
+
+def test_without_the_setting_no_resolver_variable_reaches_vllm(tmp_path):
+    settings = EngineSettings(backend="vllm")
+    _, extra = vllm.command(settings, str(model_dir(tmp_path, "Qwen2.5-7B", QWEN25)))
+    env, _ = vllm.environment({"VLLM_PLUGINS": "x"}, extra)
+    assert not [k for k in env if "RESOLVER" in k] and env["VLLM_PLUGINS"] == "x"
+    with pytest.raises(ValidationError, match="adapter_bucket needs adapter_cache_dir"):
+        EngineSettings(backend="vllm", adapter_bucket="s3://b/p")

@@ -62,6 +62,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ..deploy.holdout import held_out
     from ..deploy.training import live_checkpoint, train
 
+    if args.jobs:
+        from .train_job import watch
+
+        return watch(
+            args.jobs,
+            once=args.once,
+            ranks=args.ranks,
+            poll_s=args.poll_s,
+            base_model=args.base_model,
+            echo=lambda line: print(line, flush=True),
+        )
+    if args.snapshot and args.publish:
+        from .train_job import run_one
+
+        return run_one(
+            args.snapshot,
+            args.publish,
+            Path(args.out) if args.out else None,
+            Path(args.settings) if args.settings else None,
+            Path(args.base_model) if args.base_model else None,
+        )
     if args.snapshot:
         if not args.out:
             raise Refused("--snapshot needs --out")
@@ -166,6 +187,23 @@ def add_commands(sub) -> None:
     train.add_argument("--snapshot", help="train on this snapshot only (the child's mode)")
     train.add_argument("--out", help="with --snapshot: the checkpoint directory to write")
     train.add_argument("--settings", help="with --snapshot: trainer settings as JSON")
+    train.add_argument(
+        "--publish",
+        help="with --snapshot: publish the checkpoint under this s3://.../checkpoints prefix; "
+        "--snapshot may then be a submitted job, s3://name/prefix/snapshots/NAME",
+    )
+    train.add_argument(
+        "--jobs",
+        help='s3://name/prefix (trainer.bucket): take the runs servers with trainer.runner = "job" '
+        "submit there, train each and publish its checkpoint",
+    )
+    train.add_argument("--once", action="store_true", help="with --jobs: one run, then exit")
+    train.add_argument(
+        "--ranks", type=int, default=1, help="with --jobs: processes per run (torchrun, DDP)"
+    )
+    train.add_argument(
+        "--poll-s", type=float, default=5.0, help="with --jobs: seconds between looks"
+    )
     train.set_defaults(func=cmd_train)
 
     loop = sub.add_parser(

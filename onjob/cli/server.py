@@ -22,8 +22,6 @@ from ..deploy.loop import PeriodicLoop
 from ..deploy.operator import Operator
 from ..deploy.trust import static_mode
 from ..proxy import (
-    AiohttpUpstream,
-    HttpxUpstream,
     ProxySettings,
     Router,
     Upstream,
@@ -44,17 +42,8 @@ log = logging.getLogger("onjob.serve")
 
 
 def build_upstream(p: ProxySettings, url: str | None = None) -> Upstream:
-    url = url or p.engine_url
-    if p.upstream_client == "httpx":
-        client = httpx.AsyncClient(
-            base_url=url,
-            timeout=httpx.Timeout(p.read_timeout_s, connect=p.connect_timeout_s),
-            limits=httpx.Limits(max_connections=p.max_connections),
-        )
-        return HttpxUpstream(client)
-    kind = LeanUpstream if p.upstream_client == "lean" else AiohttpUpstream
-    return kind(
-        url,
+    return LeanUpstream(
+        url or p.engine_url,
         connect_timeout=p.connect_timeout_s,
         read_timeout=p.read_timeout_s,
         answer_timeout=p.answer_timeout_s,
@@ -71,7 +60,7 @@ def build_pool(settings: ServeSettings, judge_engine: httpx.AsyncClient) -> Pool
     for url in p.replica_urls:
         control = judge_engine if url == p.engine_url else engine_client(settings, url)
         replicas.append(Replica(url, build_upstream(p, url), control, logprobs=p.engine_logprobs))
-    return Pool(replicas, interval_s=p.health_interval_s)
+    return Pool(replicas, interval_s=p.health_interval_s, resolves=p.engines_resolve_adapters)
 
 
 def build_app(settings: ServeSettings, workers: Workers | None = None):

@@ -118,6 +118,16 @@ def _add_engine(sub) -> None:
         metavar="NAME=PATH",
         help="adapters to load at start",
     )
+    engine.add_argument(
+        "--adapter-cache-dir",
+        help="load an adapter a request names from DIR/<name> on first use (vLLM's LoRA "
+        "resolver contract)",
+    )
+    engine.add_argument(
+        "--adapter-bucket",
+        help="with --adapter-cache-dir: fetch published checkpoints from "
+        "s3://name/prefix/checkpoints into it",
+    )
     engine.add_argument("--max-lora-rank", type=int, help="vllm: largest adapter rank (64)")
     engine.add_argument("--max-loras", type=int, help="vllm: adapters resident at once (4)")
     engine.add_argument(

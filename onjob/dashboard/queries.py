@@ -3,16 +3,60 @@ rows, never whole tables, so a page stays fast with millions of exchanges."""
 
 from __future__ import annotations
 
+import datetime as dt
+
+import msgspec
+
 from ..collector import Store
 from ..judge.rollouts import json_value
 
 PAGE = 50
 
 
-def traffic(store: Store, minutes: int) -> list[dict]:
+class Traffic(msgspec.Struct, frozen=True):
+    """One alias and arm over the window (`traffic`)."""
+
+    alias: str
+    arm: str
+    requests: int
+    errors: int
+    p50_ms: float | None  # None: no answer without an error in the window
+    p95_ms: float | None
+    p99_ms: float | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class ScenarioRow(msgspec.Struct, frozen=True):
+    """A scenario with its groups' mean combined score (`scenarios`)."""
+
+    id: str
+    key: str
+    count: int
+    first_seen: dt.datetime | None
+    groups: int
+    mean_score: float | None  # None: no group of it scored yet
+
+
+class GroupRow(msgspec.Struct, frozen=True):
+    """A group as the groups page lists it (`groups`)."""
+
+    id: str
+    kind: str
+    status: str
+    reason: str | None
+    created: dt.datetime | None
+    scenario_id: str | None
+    checkpoints: list[str | None] | None
+    members: int
+    mean_score: float | None
+
+
+def traffic(store: Store, minutes: int) -> list[Traffic]:
     """Per alias and arm over the last `minutes`: requests, errors, latency percentiles,
     tokens (production traffic only)."""
-    return store.query(
+    return store.rows(
+        Traffic,
         """
         SELECT coalesce(model_alias, '') AS alias, coalesce(arm, '') AS arm,
                count(*) AS requests,
@@ -61,9 +105,10 @@ def totals(store: Store) -> dict:
     )[0]
 
 
-def scenarios(store: Store, page: int) -> list[dict]:
+def scenarios(store: Store, page: int) -> list[ScenarioRow]:
     """The busiest scenarios, with their groups' mean combined score."""
-    return store.query(
+    return store.rows(
+        ScenarioRow,
         """
         WITH scored AS (
             SELECT g.scenario_id, count(DISTINCT g.id) AS groups, avg(s.score) AS mean_score
@@ -79,8 +124,9 @@ def scenarios(store: Store, page: int) -> list[dict]:
     )
 
 
-def groups(store: Store, page: int, kind: str | None = None) -> list[dict]:
-    return store.query(
+def groups(store: Store, page: int, kind: str | None = None) -> list[GroupRow]:
+    return store.rows(
+        GroupRow,
         """
         SELECT g.id, g.kind, g.status, g.reason, g.created, g.scenario_id, g.checkpoints,
                (SELECT count(*) FROM members m WHERE m.group_id = g.id) AS members,

@@ -18,14 +18,16 @@ import tempfile
 from pathlib import Path
 
 import msgspec
-from litestar import Request, get, post
+from litestar import Request, Response, get, post
 from litestar import Router as Routes
 from litestar.background_tasks import BackgroundTask
+from litestar.exceptions import ValidationException
 from litestar.response import File
 
 from ..collector import Collector, Forget, ForgetError, readonly
 from ..collector.forget import parse_date
 from ..judge import judge_agreement
+from ..openai_errors import openai_error
 from ..proxy import Router
 from ..proxy.auth import Doors
 from ..proxy.errors import BadRequest, Conflict
@@ -69,6 +71,26 @@ class AliasBody(msgspec.Struct, forbid_unknown_fields=True):
     reason: str = "by hand"
 
 
+def _conflict(request: Request, exc: Exception) -> Response:
+    """A refused change (the checkpoint is not one, the engine would not load it): 409."""
+    return openai_error(request, Conflict(str(exc)))
+
+
+def _invalid_body(request: Request, exc: ValidationException) -> Response:
+    """A body that is not the route's: 400 naming what is wrong, in OpenAI's shape."""
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    why = "; ".join(str(e.get("message", e)) if isinstance(e, dict) else str(e) for e in extra)
+    return openai_error(request, BadRequest(f"Invalid body: {why or exc.detail}"))
+
+
+# Each domain error is mapped to its HTTP answer here, once for every admin route.
+ERRORS = {
+    deployments.DeployError: _conflict,
+    adapters.EngineControlError: _conflict,
+    ValidationException: _invalid_body,
+}
+
+
 def routes(
     settings: DeploySettings,
     collector: Collector,
@@ -76,18 +98,6 @@ def routes(
     operator: Operator,
     loop: PeriodicLoop | None = None,
 ):
-    async def body(request: Request, kind):
-        try:
-            return msgspec.json.decode(await request.body(), type=kind)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            raise BadRequest(f"Invalid body: {exc}") from exc
-
-    async def change(fn):
-        try:
-            return await fn()
-        except (deployments.DeployError, adapters.EngineControlError) as exc:
-            raise Conflict(str(exc)) from exc
-
     @get("/status")
     async def status() -> dict:
         history = await collector.query(lambda st: deployments.history(st, 20))
@@ -111,42 +121,35 @@ def routes(
         return {"checkpoints": await collector.query(registry.checkpoints)}
 
     @post("/canary", status_code=200)
-    async def canary(request: Request) -> dict:
-        b = await body(request, CanaryBody)
-        return await change(
-            lambda: operator.set_canary(
-                b.alias, b.checkpoint, b.fraction, reason=b.reason, actor="admin-api"
-            )
+    async def canary(data: CanaryBody) -> dict:
+        return await operator.set_canary(
+            data.alias, data.checkpoint, data.fraction, reason=data.reason, actor="admin-api"
         )
 
     @post("/promote", status_code=200)
-    async def promote(request: Request) -> dict:
-        b = await body(request, AliasBody)
-        return await change(lambda: operator.promote(b.alias, reason=b.reason, actor="admin-api"))
+    async def promote(data: AliasBody) -> dict:
+        return await operator.promote(data.alias, reason=data.reason, actor="admin-api")
 
     @post("/rollback", status_code=200)
-    async def rollback(request: Request) -> dict:
-        b = await body(request, AliasBody)
-        return await change(lambda: operator.rollback(b.alias, reason=b.reason, actor="admin-api"))
+    async def rollback(data: AliasBody) -> dict:
+        return await operator.rollback(data.alias, reason=data.reason, actor="admin-api")
 
     @post("/loop", status_code=200)
-    async def loop_switch(request: Request) -> dict:
+    async def loop_switch(data: LoopBody) -> dict:
         """Pause (`{"running": false}`) or resume the loop; pausing cancels an iteration
         in flight."""
-        b = await body(request, LoopBody)
         if loop is None or settings.loop.interval_s <= 0:
             raise Conflict("The loop is off in this server (loop.interval_s = 0).")
-        await (loop.resume() if b.running else loop.pause())
+        await (loop.resume() if data.running else loop.pause())
         return loop.state.as_dict()
 
     @post("/forget", status_code=200)
-    async def forget(request: Request) -> dict:
+    async def forget(data: ForgetBody) -> dict:
         """Delete a conversation, a key's traffic, or conversations ended before a date,
         with all derived from them; the answer lists checkpoints already trained on it."""
-        b = await body(request, ForgetBody)
         try:
-            before = parse_date(b.before) if b.before is not None else None
-            what = Forget(trajectory=b.trajectory, api_key=b.api_key, before=before)
+            before = parse_date(data.before) if data.before is not None else None
+            what = Forget(trajectory=data.trajectory, api_key=data.api_key, before=before)
         except ForgetError as exc:
             raise BadRequest(str(exc)) from exc
         out = await collector.forget(what, actor="admin-api")
@@ -167,19 +170,18 @@ def routes(
             raise BadRequest(f"The query ran past {limit:g} s and was interrupted.") from exc
 
     @post("/sql", status_code=200)
-    async def sql(request: Request) -> dict:
+    async def sql(data: SqlBody) -> dict:
         """One read-only SELECT, answered from a cursor of its own (`collector.readonly`)."""
-        b = await body(request, SqlBody)
-        return (await read(lambda con: readonly.query(con, b.query, b.limit))).as_dict()
+        return (await read(lambda con: readonly.query(con, data.query, data.limit))).as_dict()
 
     @get("/tables")
     async def tables() -> dict:
         return {"tables": await read(readonly.tables)}
 
     @post("/export", status_code=200)
-    async def export(request: Request) -> File:
+    async def export(data: ExportBody) -> File:
         """One table as a Parquet file (written to a temporary file, removed once sent)."""
-        b = await body(request, ExportBody)
+        b = data
         fd, name = tempfile.mkstemp(prefix="onjob-export-", suffix=".parquet")
         os.close(fd)
         path = Path(name)
@@ -201,6 +203,7 @@ def routes(
         Routes(
             "/admin",
             guards=[guard],
+            exception_handlers=ERRORS,
             route_handlers=[
                 status,
                 checkpoints,

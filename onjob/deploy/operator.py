@@ -223,6 +223,11 @@ class Operator:
             except adapters.EngineUnreachable as exc:
                 log.warning("%s not loaded into %s (down): %s", name, engine.base_url, exc)
                 unreachable.append(exc)
+            except adapters.AdapterPathUnreadable as exc:
+                if self.pool is None or not self.pool.resolves:
+                    raise
+                # Another host's engine: it loads the published checkpoint by name.
+                log.info("%s not loaded into %s by path: %s", name, engine.base_url, exc)
         if len(unreachable) == len(engines):
             raise unreachable[0]
 

@@ -1,8 +1,12 @@
-"""`onjob train`: export a snapshot, train in a child process, record the checkpoint.
+"""`onjob train`: export a snapshot, train in a child process or a job, record the checkpoint.
 
 The heavy work never runs in the calling process: the child is `onjob train
 --snapshot S --out DIR`, which imports torch, writes the adapter directory and its
-manifest, and exits (0: written, 3: nothing to train, 1: failed or diverged).
+manifest, and exits (0: written, 3: nothing to train, 1: failed or diverged). With
+`trainer.runner = "job"` the snapshot goes to `trainer.bucket` instead, a training job on
+another host (`onjob train --jobs`) runs it and publishes the checkpoint, and this side
+fetches it (`trainer/jobs.py`); either way the same record follows. With `trainer.bucket`
+every checkpoint is published there, for the engines that load adapters by name.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ from pathlib import Path
 
 import httpx
 
+from .. import published
+from ..bucket import BucketError
 from ..collector import Collector, budgets
 from ..collector.ids import new_id
-from ..trainer import snapshot
+from ..trainer import jobs, snapshot
 from ..trainer.records import checkpoint_path, record_run, record_skipped
 from . import deployments
 from .errors import TrainingFailed, UnknownCheckpoint
@@ -81,7 +87,8 @@ async def train(
     name = f"ckpt-{time.strftime('%Y%m%d-%H%M%S')}-{new_id('')[:6]}"
     out, partial = t.checkpoints_dir / name, t.checkpoints_dir / f"{name}.partial"
     snap_path = t.checkpoints_dir / ".snapshots" / f"{name}.parquet"
-    for stale in t.checkpoints_dir.glob("*.partial"):  # one run at a time: a killed run's
+    # One run at a time: what a killed run left (its output, a job's checkpoint half fetched).
+    for stale in [*t.checkpoints_dir.glob("*.partial"), *t.checkpoints_dir.glob(".*.fetch")]:
         shutil.rmtree(stale, ignore_errors=True)
     untrained = settings.proxy.untrained_keys
     info = await db.query(
@@ -101,17 +108,10 @@ async def train(
         return None
     settings_file = snap_path.with_suffix(".json")
     settings_file.write_text(t.model_dump_json())
-    cmd = ["-m", "onjob.cli", "train", "--snapshot", str(snap_path)]
-    cmd += ["--out", str(partial), "--settings", str(settings_file)]
-    if parent_dir:
-        cmd += ["--parent", str(parent_dir)]
-    child = await asyncio.create_subprocess_exec(sys.executable, *cmd)
-    try:
-        code = await child.wait()
-    except asyncio.CancelledError:
-        child.kill()
-        await child.wait()
-        raise
+    if t.runner == "job":
+        code = await _by_job(t, name, snap_path, parent, parent_dir, partial, echo)
+    else:
+        code = await _child(snap_path, partial, settings_file, parent_dir)
     if code == NOTHING_TO_TRAIN:
         reason = "the trainer skipped every group of the snapshot (its output says why)"
         await db.query(
@@ -133,7 +133,62 @@ async def train(
     manifest_file.write_text(json.dumps(manifest, indent=2))
     await db.query(lambda st: record_run(st, new_id("run-"), manifest, out, parent))
     echo(f"checkpoint {name} recorded as a candidate: {out}")
+    if t.bucket and t.runner == "local":  # a job published it already
+        try:
+            store = jobs.Store.at(t.bucket)
+            await asyncio.to_thread(published.publish, store.checkpoints, out, name)
+            echo(f"checkpoint {name} published to {store.checkpoints.url}")
+        except BucketError as exc:  # recorded all the same: engines on this host load it
+            echo(f"checkpoint {name} NOT published ({exc}): engines that load adapters by name "
+                 "will not find it")  # fmt: skip
     return manifest
+
+
+async def _child(snap_path: Path, partial: Path, settings_file: Path, parent_dir) -> int:
+    """The run as a child process of this one (`trainer.runner = "local"`): its exit code."""
+    cmd = ["-m", "onjob.cli", "train", "--snapshot", str(snap_path)]
+    cmd += ["--out", str(partial), "--settings", str(settings_file)]
+    if parent_dir:
+        cmd += ["--parent", str(parent_dir)]
+    child = await asyncio.create_subprocess_exec(sys.executable, *cmd)
+    try:
+        return await child.wait()
+    except asyncio.CancelledError:
+        child.kill()
+        await child.wait()
+        raise
+
+
+JOB_POLL_S = 2.0  # how often the server looks for a submitted run's outcome
+
+
+async def _by_job(t, name: str, snap_path: Path, parent, parent_dir, partial: Path, echo) -> int:
+    """The run handed to a training job through `trainer.bucket` (`trainer.runner = "job"`):
+    the parent published if it is not yet, the snapshot submitted, the checkpoint fetched
+    into `partial` once published. An exit code as the child's: 0, NOTHING_TO_TRAIN, or
+    the job's failure."""
+    store = jobs.Store.at(t.bucket)
+    if parent and parent_dir:
+        await asyncio.to_thread(published.publish, store.checkpoints, parent_dir, parent)
+    job = jobs.Job(name, parent, t)
+    await asyncio.to_thread(jobs.submit, store, job, snap_path)
+    echo(f"run {name} submitted to {t.bucket}: waiting for a training job (onjob train --jobs)")
+    deadline = time.monotonic() + t.job_timeout_s
+    while (outcome := await asyncio.to_thread(jobs.outcome, store, name)).state == "waiting":
+        if time.monotonic() > deadline:
+            jobs.fail(store, name, 1, "the server stopped waiting (trainer.job_timeout_s)")
+            await asyncio.to_thread(jobs.retire, store, name)
+            raise TrainingFailed(f"no training job published {name} in {t.job_timeout_s:g} s")
+        await asyncio.sleep(JOB_POLL_S)
+    await asyncio.to_thread(jobs.retire, store, name)
+    if outcome.state == "failed":
+        echo(f"run {name}: the training job wrote no checkpoint: {outcome.reason}")
+        return outcome.exit
+    cache = partial.parent / f".{name}.fetch"
+    got = await asyncio.to_thread(published.fetch, store.checkpoints, name, cache)
+    got.rename(partial)
+    shutil.rmtree(cache, ignore_errors=True)
+    return 0
 
 
 def drop_snapshots(checkpoints_dir: Path, group_ids: list[str]) -> list[str]:

@@ -23,7 +23,8 @@ from msgspec import Meta
 
 from .answers import sse, usage
 from .batching import Batcher, TokenEvent
-from .errors import BadRequest, EngineError
+from .errors import BadRequest, EngineError, NotFound
+from .resolver import Resolver
 from .sampling import Sampling
 
 
@@ -70,7 +71,7 @@ def _refuse(req: CompletionRequest) -> None:
         raise BadRequest("`logit_bias` is not supported by this engine.", param="logit_bias")
 
 
-def handler(batcher: Batcher, *, default_max_tokens: int):
+def handler(batcher: Batcher, *, default_max_tokens: int, resolver: Resolver | None = None):
     """The route, over the same batcher as chat."""
     loaded = batcher.loaded
 
@@ -113,7 +114,12 @@ def handler(batcher: Batcher, *, default_max_tokens: int):
         except msgspec.DecodeError as exc:
             raise BadRequest(f"Malformed JSON body: {exc}") from exc
         _refuse(req)
-        adapter = loaded.resolve(req.model)
+        try:
+            adapter = loaded.resolve(req.model)
+        except NotFound:
+            if resolver is None or not await resolver.load(batcher, req.model):
+                raise
+            adapter = loaded.resolve(req.model)
         ids = prompt_ids(req.prompt)
         room = loaded.max_model_len - len(ids)
         if room <= 0 or (req.max_tokens is not None and req.max_tokens > room):

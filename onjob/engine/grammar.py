@@ -63,14 +63,18 @@ class Tools:
         tools = list(req.tools or [])
         choice = req.tool_choice if req.tool_choice is not None else "auto"
         parallel = req.parallel_tool_calls is not False
-        # As vLLM's `check_tool_usage` (vllm/entrypoints/openai/protocol.py, 0.13): a
-        # `tool_choice` other than "none" needs `tools`, and an empty list is "none".
+        # As vLLM's `check_tool_usage` (vllm/entrypoints/openai/protocol.py, 0.13 to 0.33):
+        # an empty `tools` is a 400 (0.33, and OpenAI; 0.13 took it as "none"), and a
+        # `tool_choice` other than "none" needs `tools`.
+        if req.tools == []:
+            raise BadRequest(
+                "`tools` must not be an empty array: give at least one tool or leave it out.",
+                param="tools",
+            )
         if choice == "none" or (req.tool_choice is None and not tools):
             return cls([], "none", parallel)
-        if req.tools is None:
+        if not tools:
             raise BadRequest("When using `tool_choice`, `tools` must be set.", param="tool_choice")
-        if not tools and choice in ("auto", "required"):
-            return cls([], "none", parallel)
         if isinstance(choice, str):
             return cls(tools, choice, parallel)
         named = [t for t in tools if t.function.name == choice.function.name]

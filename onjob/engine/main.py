@@ -48,6 +48,7 @@ def serve(settings: EngineSettings) -> None:
         batcher,
         default_max_tokens=settings.default_max_tokens,
         adapter_token=settings.adapter_token,
+        resolver=_resolver(settings, loaded.path),
     )
     print(
         f"onjob engine: {name} on {device} ({time.monotonic() - started:.1f} s to load), "
@@ -59,3 +60,14 @@ def serve(settings: EngineSettings) -> None:
         uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
     finally:
         batcher.stop()
+
+
+def _resolver(settings: EngineSettings, base: str):
+    """Adapters by name from `adapter_cache_dir` (and `adapter_bucket`), None when unset."""
+    if settings.adapter_cache_dir is None:
+        return None
+    from ..bucket import Bucket
+    from .resolver import Resolver
+
+    bucket = Bucket.from_url(settings.adapter_bucket) if settings.adapter_bucket else None
+    return Resolver(settings.adapter_cache_dir, base, bucket)

@@ -33,6 +33,7 @@ from .answers import sse, usage
 from .batching import Batcher, TokenEvent
 from .errors import BadRequest, EngineError, NotFound
 from .protocol import ChatRequest, LoadAdapter, UnloadAdapter
+from .resolver import Resolver
 from .sampling import Sampling
 
 
@@ -56,7 +57,11 @@ class _Prepared:
 
 
 def create_app(
-    batcher: Batcher, *, default_max_tokens: int = 512, adapter_token: str | None = None
+    batcher: Batcher,
+    *,
+    default_max_tokens: int = 512,
+    adapter_token: str | None = None,
+    resolver: Resolver | None = None,
 ) -> Litestar:
     loaded = batcher.loaded
     guards = [control.adapter_guard(adapter_token)]
@@ -120,9 +125,19 @@ def create_app(
         constraint = grammar.constraint(req, tools)
         return _Prepared(req, adapter, prompt_ids, sampling, req.n or 1, tools, constraint)
 
+    async def prepared(body: bytes) -> _Prepared:
+        try:
+            return prepare(body)
+        except NotFound as exc:  # an adapter the resolver may find (the rare path)
+            if resolver is None or exc.param != "model":
+                raise
+            if not await resolver.load(batcher, _decode(body, ChatRequest).model):
+                raise
+            return prepare(body)
+
     @post("/v1/chat/completions", status_code=200)
     async def chat_completions(request: Request) -> Response | Stream:
-        p = prepare(await request.body())
+        p = await prepared(await request.body())
         compiled = None
         if p.constraint is not None:
             compiled = await asyncio.to_thread(grammars.compile, p.constraint)
@@ -292,7 +307,7 @@ def create_app(
     return Litestar(
         route_handlers=[
             chat_completions,
-            completions.handler(batcher, default_max_tokens=default_max_tokens),
+            completions.handler(batcher, default_max_tokens=default_max_tokens, resolver=resolver),
             models,
             model,
             load_lora_adapter,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -43,6 +44,21 @@ class EngineSettings(BaseSettings):
         "(a process's arguments are readable by every local user). `onjob serve "
         "--start-engine` makes one for its child",
     )
+    adapter_cache_dir: Path | None = Field(
+        None,
+        description="load an adapter a request names and the engine does not serve from "
+        "DIR/<name> (vLLM's LoRA resolver contract: its adapter_config.json's "
+        "base_model_name_or_path must equal the engine's model); vllm: "
+        "VLLM_LORA_RESOLVER_CACHE_DIR, set by onjob only from this setting. Unset: unknown "
+        "names are 404 until loaded through /v1/load_lora_adapter",
+    )
+    adapter_bucket: str | None = Field(
+        None,
+        description="with adapter_cache_dir: s3://name/prefix/checkpoints (trainer.bucket + "
+        "/checkpoints), where published checkpoints are fetched from into the cache on a "
+        "name's first request, so a new or restarted replica serves a promoted checkpoint "
+        "at once (AWS_ENDPOINT_URL and credentials as boto3 reads them)",
+    )
     # vLLM only.
     max_lora_rank: int = 64
     max_loras: int = 4
@@ -66,3 +82,9 @@ class EngineSettings(BaseSettings):
         None, description="vllm: --reasoning-parser (e.g. qwen3, deepseek_r1); unset: none"
     )
     vllm_args: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _bucket_needs_a_cache(self) -> EngineSettings:
+        if self.adapter_bucket and not self.adapter_cache_dir:
+            raise ValueError("adapter_bucket needs adapter_cache_dir (where this host keeps them)")
+        return self

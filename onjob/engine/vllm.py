@@ -44,10 +44,17 @@ DEFAULT_MAX_MODEL_LEN = 32768
 
 # Variables vLLM reads that would undo what onjob sets up, removed from its environment:
 # VLLM_API_KEY makes it demand a token onjob never sends (every request 401, the replica
-# DOWN); VLLM_LORA_RESOLVER_* make it load unknown adapter names by itself, bypassing
-# onjob's 404 -> AdapterUnavailable path (vllm/envs.py, vllm/lora/resolver.py).
+# DOWN); an inherited VLLM_LORA_RESOLVER_* makes it load unknown adapter names by itself
+# from a directory onjob knows nothing of (vllm/envs.py, vllm/lora/resolver.py). The
+# resolver is onjob's to switch on, from `adapter_cache_dir` alone (`command`).
 _STRIPPED = ("VLLM_API_KEY",)
 _STRIPPED_PREFIXES = ("VLLM_LORA_RESOLVER_",)
+
+# vLLM's general plugins that resolve adapter names: its filesystem resolver (a directory)
+# and onjob's (`vllm_plugin.py`: that directory filled from the bucket). With VLLM_PLUGINS
+# unset vLLM loads every installed plugin; a list the user set gets these added.
+RESOLVER_PLUGINS = ("lora_filesystem_resolver", "onjob_adapters")
+BUCKET_VARIABLE = "ONJOB_ENGINE_ADAPTER_BUCKET"
 
 
 def environment(base: Mapping[str, str], extra: Mapping[str, str]) -> tuple[dict, list[str]]:
@@ -55,6 +62,10 @@ def environment(base: Mapping[str, str], extra: Mapping[str, str]) -> tuple[dict
     plus `extra`; and the names removed, to say so."""
     removed = sorted(k for k in base if k in _STRIPPED or k.startswith(_STRIPPED_PREFIXES))
     env = {k: v for k, v in base.items() if k not in removed}
+    plugins = env.get("VLLM_PLUGINS")
+    if "VLLM_LORA_RESOLVER_CACHE_DIR" in extra and plugins is not None:
+        named = [p for p in plugins.split(",") if p]
+        env["VLLM_PLUGINS"] = ",".join([*named, *(p for p in RESOLVER_PLUGINS if p not in named)])
     return {**env, **extra}, removed
 
 
@@ -211,6 +222,12 @@ def command(settings: EngineSettings, model: str) -> tuple[list[str], dict[str, 
     _one_api_server(settings.vllm_args)
     argv += settings.vllm_args
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    if settings.adapter_cache_dir is not None:
+        # The resolver, opted into: a name vLLM does not serve is looked up in this
+        # directory (and fetched into it from the bucket) on its first request.
+        env["VLLM_LORA_RESOLVER_CACHE_DIR"] = str(settings.adapter_cache_dir)
+        if settings.adapter_bucket:
+            env[BUCKET_VARIABLE] = settings.adapter_bucket
     return argv, env
 
 
@@ -362,11 +379,13 @@ def run(settings: EngineSettings, model: str) -> int:
     check_mistral_grammar(settings, model, version)
     if (card := _card_bytes()) is not None:
         check_memory(settings, model, *card)
+    if settings.adapter_cache_dir is not None:  # vLLM refuses a resolver directory that is not
+        settings.adapter_cache_dir.mkdir(parents=True, exist_ok=True)
     env, removed = environment(os.environ, extra)
     if removed:
         print(
             f"onjob engine: not passed to vLLM: {', '.join(removed)} (onjob sends no API key "
-            "to its engine, and loads adapters itself)",
+            "to its engine; adapters by name come from --adapter-cache-dir alone)",
             file=sys.stderr,
         )
     sys.stdout.flush()

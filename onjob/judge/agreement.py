@@ -1,26 +1,13 @@
 """Is the judge right? How often each judge orders a group's members as users' feedback does.
 
-Within a group (its members answered the same situation), every pair of members that both
-carry a judge's score and feedback with *different* values is a question the judge and the
-users both answered: which of the two is better. Per judge source (`ruler:<model>`,
-`fn:<name>`) and scenario, and per judge over all scenarios:
-
-- **pairwise accuracy**: the share of those pairs the judge orders as users do (a judge
-  tie counts half, so a judge that cannot tell them apart sits at 0.5), with a Wilson 95%
-  interval. Pairs in one group share members, so the interval is somewhat optimistic.
-- **Kendall's tau-b** between the judge's scores and the feedback, pooled over groups
-  (concordant minus discordant pairs over the tau-b denominator, each summed within
-  groups: members of different groups are never compared), with a 95% percentile
-  interval from a bootstrap over groups (fixed seed: the same data give the same
-  interval). Below `MIN_GROUPS` groups there is no interval: a bootstrap over a few
-  groups sees only how they differ, not how uncertain each one is.
-- a **verdict**: `too few pairs` below `MIN_PAIRS`; `agrees` when the accuracy interval
-  lies above 0.5; `disagrees` when it lies below; otherwise `chance`. The last two are
-  the warning: this judge's rewards do not follow what users say.
-
-Feedback is read as it is now (`tables.MEMBER_FEEDBACK`), so feedback posted after a
-group was scored counts. In practice the pairs come from trajectory groups: in a turn
-group only the logged answer carries feedback.
+Within a group, every pair of members that both carry a judge's score and feedback with
+different values is a question judge and users both answered. Per judge source and
+scenario, and per judge over all scenarios: the **pairwise accuracy** (a judge tie counts
+half) with a Wilson interval, **Kendall's tau-b** pooled within groups with a bootstrap
+interval over groups (none below `MIN_GROUPS`), and a **verdict**: `too few pairs` below
+`MIN_PAIRS`, `agrees` or `disagrees` when the accuracy interval lies above or below 0.5,
+else `chance` (the last two warn). Feedback is read as it is now
+(`tables.MEMBER_FEEDBACK`). docs/judging.md states the definitions in full.
 """
 
 from __future__ import annotations

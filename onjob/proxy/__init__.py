@@ -3,9 +3,8 @@ the engine (logprobs and token ids always on), answers in OpenAI's exact shape, 
 hands the exchange to the collector without waiting on disk.
 
 `create_app(settings, upstream=..., collector=...)` builds the Litestar app;
-`LeanUpstream` is the production client to the engine (`AiohttpUpstream` the one before
-it, still a setting away), `HttpxUpstream` wraps any `httpx.AsyncClient` (tests give it a
-`MockTransport`). `Router` holds each alias's
+`LeanUpstream` is the client to the engine (any object with `Upstream`'s two methods
+will do: the tests hand in one over an httpx `MockTransport`). `Router` holds each alias's
 live and canary arms (`X-Onjob-Arm` pins one for a request).
 """
 
@@ -14,20 +13,19 @@ from .errors import ProxyError
 from .lean import LeanUpstream
 from .routing import Router
 from .settings import Canary, ProxySettings
-from .upstream import AiohttpUpstream, HttpxUpstream, Upstream
+from .upstream import Upstream, UpstreamResponse
 
 __all__ = [
     "ARM_HEADER",
     "EXCHANGE_HEADER",
     "SCENARIO_HEADER",
     "TRAJECTORY_HEADER",
-    "AiohttpUpstream",
     "Canary",
-    "HttpxUpstream",
     "LeanUpstream",
     "ProxyError",
     "ProxySettings",
     "Router",
     "Upstream",
+    "UpstreamResponse",
     "create_app",
 ]

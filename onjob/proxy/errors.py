@@ -1,7 +1,7 @@
 """The proxy's exception tree. Each maps to an OpenAI-shaped error body and status.
 
-The upstream clients' own errors (aiohttp's, httpx's) are translated into
-`UpstreamUnreachable`, `UpstreamTimeout` and `StreamCut` in `upstream`, and nowhere else.
+The engine client's failures are raised as `UpstreamUnreachable`, `UpstreamTimeout`,
+`StreamCut` and `AnswerTooLarge` in `lean.py`, and nowhere else.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from ..collector.linear import WHOLE, Lineage, stored
 from ..collector.records import to_json
 from ..collector.trajectories import Keys, continuations, keys, scoped
 from .errors import BadRequest, MalformedAnswer
+from .protocol import ChatSampling, LegacySampling, check_sampling
 from .routing import Route, Router
 from .settings import ProxySettings
 
@@ -40,40 +41,9 @@ _REASONING = ("reasoning_content", "reasoning")
 # the engine, the stitcher, the judge) recurses, and must never hit Python's limit.
 MAX_DEPTH = 64
 
-# The common fields' JSON types (null is always accepted: OpenAI treats it as absent). The
-# checks compare exact types: msgspec decodes to plain dict/list/str/int/float/bool, and
-# `True` must not pass for an integer.
-_BOOL = ((bool,), "a boolean")
-_NUMBER = ((int, float), "a number")
-_INT = ((int,), "an integer")
-_OBJECT = ((dict,), "an object")
-_TYPES = {
-    "stream": _BOOL,
-    "logprobs": _BOOL,
-    "return_token_ids": _BOOL,
-    "parallel_tool_calls": _BOOL,
-    "temperature": _NUMBER,
-    "top_p": _NUMBER,
-    "presence_penalty": _NUMBER,
-    "frequency_penalty": _NUMBER,
-    "seed": _INT,
-    "top_logprobs": _INT,
-    "n": _INT,
-    "max_tokens": _INT,
-    "max_completion_tokens": _INT,
-    "stop": ((str, list), "a string or an array of strings"),
-    "tools": ((list,), "an array"),
-    "tool_choice": ((str, dict), "a string or an object"),
-    "stream_options": _OBJECT,
-    "response_format": _OBJECT,
-    "logit_bias": _OBJECT,
-    "metadata": _OBJECT,
-    "user": ((str,), "a string"),
-}
-
-
 # The rest of OpenAI's chat request (openai-python's `CompletionCreateParams`), field by
-# field. Fields in `_TYPES` go to the engine (vLLM honours each; `metadata` stays here).
+# field. The sampling fields (`protocol.py`) go to the engine (vLLM honours each;
+# `metadata` stays here).
 # Hints that cannot change the answer are accepted and not forwarded (vLLM does not know
 # them). Fields that would change the answer in a way no engine behind onjob gives are
 # refused with a 400 naming them, never silently ignored; `null` is absent everywhere.
@@ -102,7 +72,8 @@ REFUSED = {
 def parse_request(raw: bytes, settings: ProxySettings) -> dict:
     """The client's body, decoded and checked just enough that nothing downstream trips on
     it: the common fields' types, the bounds on `n` and `max_tokens`, and the message
-    fields the stitcher reads. The engine judges the rest (ranges, tool schemas)."""
+    fields the stitcher reads; the sampling fields' types and bounds are `protocol.py`'s.
+    The engine judges the rest (tool schemas, grammars)."""
     try:
         body = _decode(raw)
     except msgspec.DecodeError as exc:
@@ -129,17 +100,10 @@ def parse_request(raw: bytes, settings: ProxySettings) -> dict:
         )
     for i, message in enumerate(messages):
         _check_message(i, message)
-    for key, (types, what) in _TYPES.items():
-        value = body.get(key)
-        if value is not None and type(value) not in types:
-            raise BadRequest(f"`{key}` must be {what}.", param=key)
+    check_sampling(body, ChatSampling)
     _check_bound(body, "n", settings.max_n)
     _check_bound(body, "max_tokens", settings.max_tokens_limit)
     _check_bound(body, "max_completion_tokens", settings.max_tokens_limit)
-    if type(body.get("stop")) is list and not all(type(s) is str for s in body["stop"]):
-        raise BadRequest("`stop` must be a string or an array of strings.", param="stop")
-    if body.get("tools") and not all(type(t) is dict for t in body["tools"]):
-        raise BadRequest("Each of `tools` must be an object.", param="tools")
     for key, why in REFUSED.items():
         value = body.get(key)
         if value is not None and not (key == "modalities" and value == ["text"]):
@@ -171,17 +135,6 @@ def _check_include_reasoning(body: dict) -> None:
         raise BadRequest("`include_reasoning` must be a boolean.", param="include_reasoning")
 
 
-# A legacy completion's fields (openai-python's `completions.CompletionCreateParams`) that
-# differ from chat's: refused where the answer would not be what the client asked.
-_LEGACY_TYPES = {
-    **{k: v for k, v in _TYPES.items() if k not in ("logprobs", "top_logprobs", "tools")},
-    "logprobs": _INT,
-    "echo": _BOOL,
-    "best_of": _INT,
-    "suffix": ((str,), "a string"),
-}
-
-
 def parse_completion_request(raw: bytes, settings: ProxySettings) -> tuple[dict, str]:
     """A legacy text completion's body, checked like chat's, and its prompt as text (how
     the exchange is placed: one user message, a conversation of its own). One prompt per
@@ -208,10 +161,10 @@ def parse_completion_request(raw: bytes, settings: ProxySettings) -> tuple[dict,
         raise BadRequest(
             "`prompt` must be one non-empty string or one array of token ids.", param="prompt"
         )
-    for key, (types, what) in _LEGACY_TYPES.items():
-        value = body.get(key)
-        if value is not None and type(value) not in types:
-            raise BadRequest(f"`{key}` must be {what}.", param=key)
+    for key in ("messages", "tools", "tool_choice", "response_format", "parallel_tool_calls"):
+        if key in body:
+            raise BadRequest(f"`{key}` is a chat field: use /v1/chat/completions.", param=key)
+    check_sampling(body, LegacySampling)
     _check_bound(body, "n", settings.max_n)
     _check_bound(body, "max_tokens", settings.max_tokens_limit)
     if body.get("echo"):
@@ -222,11 +175,6 @@ def parse_completion_request(raw: bytes, settings: ProxySettings) -> tuple[dict,
         raise BadRequest("`best_of` other than 1 is not supported.", param="best_of")
     if "suffix" in body:
         raise BadRequest("`suffix` (insertion) is not supported.", param="suffix")
-    if not 0 <= body.get("logprobs", 0) <= 20:
-        raise BadRequest("`logprobs` must be between 0 and 20.", param="logprobs")
-    for key in ("messages", "tools", "tool_choice", "response_format", "parallel_tool_calls"):
-        if key in body:
-            raise BadRequest(f"`{key}` is a chat field: use /v1/chat/completions.", param=key)
     body.pop("echo", None)
     body.pop("best_of", None)
     return body, text

@@ -4,16 +4,12 @@ httptools (uvicorn's parser), nothing else.
 The proxy sends one kind of request (a POST of JSON bytes, or a GET) to a few known
 engines and relays what comes back, so most of what a general client does per request
 (cookie jars, header multidicts, payload registries, tracing hooks, redirects) is cost
-without use: aiohttp's client was ~80 µs of the proxy's CPU per request, twice what
-uvicorn costs serving the client (a bare ASGI app on uvicorn: 35 µs per request with a
-canned answer, ~118 relaying through aiohttp's client). This one writes the request in
-one `write()` and hands the body on as it arrives: 16 µs of CPU per request against
-aiohttp's ~140 (64 concurrent clients to bench/fake_upstream.py, the client's process
-alone; 44 against ~136 for a stream of 20 events). It follows no redirects and
-decompresses nothing (the engines' routes do not redirect; aiohttp was set not to
-decompress), and, like aiohttp, reads no proxy settings from the environment.
+without use. This one writes the request in one `write()` and hands the body on as it
+arrives; its A/B against aiohttp's client is in docs/benchmarks.md ("One engine
+client"). It follows no redirects and decompresses nothing (the engines' routes do not
+redirect), and reads no proxy settings from the environment.
 
-Errors are the proxy's, as `upstream.py` translates aiohttp's: no connection, or it
+Errors are the proxy's (`errors.py`): no connection, or it
 dropped before the answer began -> `UpstreamUnreachable`; no connection or no byte within
 the timeouts, or a whole answer not complete within `answer_timeout` of its request ->
 `UpstreamTimeout`; dropped in the middle of a body, a body that is not HTTP, or bytes

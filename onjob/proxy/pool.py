@@ -14,6 +14,12 @@ keeps serving the other models; requests for that adapter go to a replica that h
 and with none they are answered 503 (`AdapterUnavailable`) until it is back, never by the
 base model under the checkpoint's name.
 
+Engines that resolve adapters by name (`resolves`: `proxy.engines_resolve_adapters`, each
+started with an adapter cache filled from the bucket) load one on its first request: for
+them an adapter not listed yet is not missing, and nothing is reloaded; a 404 for it
+(not published yet, the store unreachable) still sends its requests elsewhere until the
+next check.
+
 With no replica UP, requests still go to the others (RELOADING first): the health view
 may be stale, and a lone engine's own error (502, 404) is more useful than a guess.
 """
@@ -92,12 +98,14 @@ class Pool:
         *,
         interval_s: float = 1.0,
         wanted: Callable[[], set[str]] = set,
+        resolves: bool = False,
     ) -> None:
         if not replicas:
             raise ValueError("a pool needs at least one engine")
         self.replicas = replicas
         self.interval_s = interval_s
         self.wanted = wanted
+        self.resolves = resolves
         # The operator's hook: load `names` into a replica's engine (from the registry).
         self.reload: Callable[[Replica, set[str]], Awaitable[None]] | None = None
         self._turn = itertools.count()
@@ -242,7 +250,7 @@ class Pool:
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
             replica.set(ReplicaState.DOWN, f"health check failed: {exc!r}")
             return
-        missing = self.wanted() - loaded
+        missing = set() if self.resolves else self.wanted() - loaded
         if missing and self.reload is not None:
             if replica.state is ReplicaState.DOWN:
                 replica.set(ReplicaState.RELOADING, "healthy again; loading its adapters")

@@ -27,7 +27,9 @@ from typing import Any
 import msgspec
 
 from ..collector.ids import new_id
+from . import sse
 from .errors import BadRequest
+from .protocol import ResponseObject
 from .settings import ProxySettings
 
 RESPONSES = "responses"  # `exchanges.api` of a Responses call
@@ -183,10 +185,16 @@ def translate(body: dict, previous: Previous | None) -> tuple[dict, Call]:
     if not messages:
         raise BadRequest("`input` must not be empty.", param="input")
     chat: dict[str, Any] = {"model": body["model"], "messages": messages}
-    if "tools" in body:
-        chat["tools"] = _tools(body["tools"])
+    # The Agents SDK sends `tools: []` for an agent without tools; chat engines refuse an
+    # empty list (vLLM 0.33, OpenAI) and a `tool_choice` without tools, so "no tools" is
+    # sent as none, with a choice that asks for no call ("auto", "none") left out.
+    tools = _tools(body["tools"]) if "tools" in body else []
+    if tools:
+        chat["tools"] = tools
     if "tool_choice" in body:
-        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+        choice = _tool_choice(body["tool_choice"])
+        if tools or choice not in ("auto", "none"):
+            chat["tool_choice"] = choice
     for key in ("parallel_tool_calls", "temperature", "top_p", "user", "metadata"):
         if key in body:
             chat[key] = body[key]
@@ -477,42 +485,38 @@ def response_object(
     usage: dict | None = None,
     finish_reason: str | None = None,
     error: dict | None = None,
-) -> dict:
-    """The Response object, as openai-python's `Response` reads it."""
+) -> ResponseObject:
+    """The Response object (`protocol.ResponseObject`), echoing what the call asked."""
     body = call.body
     incomplete = None
     if status == "completed" and finish_reason == "length":
         status, incomplete = "incomplete", {"reason": "max_output_tokens"}
     fmt = (body.get("text") or {}).get("format") or {"type": "text"}
-    return {
-        "id": response_id,
-        "object": "response",
-        "created_at": call.created_at,
-        "status": status,
-        "background": False,
-        "error": error,
-        "incomplete_details": incomplete,
-        "instructions": call.instructions,
-        "max_output_tokens": body.get("max_output_tokens"),
-        "metadata": body.get("metadata") or {},
-        "model": model,
-        "output": output,
-        "parallel_tool_calls": body.get("parallel_tool_calls", True),
-        "previous_response_id": call.previous_response_id,
-        "reasoning": None,
-        "store": call.store,
-        "temperature": body.get("temperature", 1.0),
-        "text": {"format": fmt},
-        "tool_choice": body.get("tool_choice", "auto"),
-        "tools": body.get("tools", []),
-        "top_p": body.get("top_p", 1.0),
-        "truncation": "disabled",
-        "usage": usage_of(usage),
-        "user": body.get("user"),
-    }
+    return ResponseObject(
+        id=response_id,
+        created_at=call.created_at,
+        status=status,
+        error=error,
+        incomplete_details=incomplete,
+        instructions=call.instructions,
+        max_output_tokens=body.get("max_output_tokens"),
+        metadata=body.get("metadata") or {},
+        model=model,
+        output=output,
+        parallel_tool_calls=body.get("parallel_tool_calls", True),
+        previous_response_id=call.previous_response_id,
+        store=call.store,
+        temperature=body.get("temperature", 1.0),
+        text={"format": fmt},
+        tool_choice=body.get("tool_choice", "auto"),
+        tools=body.get("tools", []),
+        top_p=body.get("top_p", 1.0),
+        usage=usage_of(usage),
+        user=body.get("user"),
+    )
 
 
-def stored(response: dict, call: Call) -> dict | None:
+def stored(response: ResponseObject, call: Call) -> dict | None:
     """What the exchange row keeps for `GET` (None when the client said `store: false`)."""
     return {"response": response, "input_items": call.items} if call.store else None
 
@@ -537,7 +541,7 @@ class Events:
     def event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
-        return b"event: " + kind.encode() + b"\ndata: " + _encode(payload) + b"\n\n"
+        return sse.frame(_encode(payload), kind)
 
     def chunk(self, data: dict) -> list[bytes]:
         out: list[bytes] = []

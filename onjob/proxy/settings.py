@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -42,6 +41,13 @@ class ProxySettings(BaseModel):
         "ONJOB_ENGINE_ADAPTER_TOKEN), sent as `Authorization: Bearer` with onjob's own "
         "requests to them (adapter loads, health checks, the judge's samples); with "
         "--start-engine and none set, onjob makes one for its child",
+    )
+    engines_resolve_adapters: bool = Field(
+        False,
+        description="the engines load an adapter by name on its first request (started with "
+        "--adapter-cache-dir and --adapter-bucket, checkpoints published to trainer.bucket): "
+        "a replica is not held back, nor loaded into by path, for an adapter it has not "
+        "loaded yet, so a new or restarted replica on another host serves at once",
     )
     health_interval_s: float = Field(
         1.0,
@@ -101,13 +107,13 @@ class ProxySettings(BaseModel):
         gt=0,
         description="longest a whole (non-streamed) answer may take, from the request to its "
         "last byte, however steadily the engine drips it (past it: 504, logged as a failure; "
-        "streams are bounded by read_timeout_s between bytes). The lean and aiohttp clients",
+        "streams are bounded by read_timeout_s between bytes)",
     )
     max_answer_bytes: int = Field(
         256 * 1024 * 1024,
         ge=1024,
         description="largest answer body the engine may send, whole or streamed (past it: 502, "
-        "the connection closed, logged as a failure). The lean and aiohttp clients",
+        "the connection closed, logged as a failure)",
     )
     max_messages: int = Field(
         4096,
@@ -116,11 +122,6 @@ class ProxySettings(BaseModel):
         "400): each is checked and hashed on the event loop before the request is sent",
     )
     max_connections: int = Field(1024, ge=1, description="connections to the engine")
-    upstream_client: Literal["lean", "aiohttp", "httpx"] = Field(
-        "lean",
-        description="HTTP client to the engine (lean: keep-alive HTTP/1.1 over httptools, "
-        "~60 µs less CPU per request than aiohttp's, itself ~3x less than httpx's)",
-    )
     shutdown_grace_s: float = Field(
         30.0,
         ge=0,

@@ -1,4 +1,5 @@
-"""Server-sent events: splitting an upstream byte stream into events, and framing ours."""
+"""Server-sent events: splitting an upstream byte stream into events, and framing ours
+(the one framer for every streamed shape: chat chunks and the Responses API's events)."""
 
 from __future__ import annotations
 
@@ -38,5 +39,8 @@ async def data_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[bytes]
         raise StreamCut("the engine's stream ended in the middle of an event")
 
 
-def frame(payload: bytes) -> bytes:
-    return b"data: " + payload + b"\n\n"
+def frame(payload: bytes, event: str | None = None) -> bytes:
+    """One event: its `data` line, after an `event` line when it is named."""
+    if event is None:
+        return b"data: " + payload + b"\n\n"
+    return b"event: " + event.encode() + b"\ndata: " + payload + b"\n\n"

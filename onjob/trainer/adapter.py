@@ -104,3 +104,16 @@ def without_dropout(model: torch.nn.Module) -> None:
             module.p = 0.0
         if isinstance(getattr(module, "attention_dropout", None), float):
             module.attention_dropout = 0.0
+
+
+def name_base(directory: Path, served_base: str | None) -> None:
+    """Write `served_base` as the saved adapter's `base_model_name_or_path`: the name an
+    engine compares with its own model before it loads an adapter by name (vLLM's LoRA
+    resolver, the local engine's), when the engines were started with another path or
+    name than the trainer's."""
+    if not served_base:
+        return
+    config_file = Path(directory) / "adapter_config.json"
+    config = json.loads(config_file.read_text())
+    config["base_model_name_or_path"] = served_base
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True))

@@ -67,7 +67,6 @@ class Notes:
     unaligned_turns: int = 0
     trained_elsewhere: int = 0  # conversation turns masked: their own turn group trains them
     outside_baseline: int = 0  # members scored against their group's baseline, not in it
-    other_logprobs: int = 0  # groups logged under another logprob definition than TRAINED
 
 
 def sequence(
@@ -109,7 +108,6 @@ def load(path: Path, s: TrainSettings) -> tuple[list[Group], Notes]:
     groups, notes = [], Notes()
     for group_id, members in by_group.items():
         if other := _other_definitions(members):
-            notes.other_logprobs += 1
             _skip(
                 notes,
                 group_id,

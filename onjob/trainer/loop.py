@@ -20,7 +20,10 @@
               sampler's tokens do not show (the guard reads the larger)
     save adapter (PEFT format) + optimizer.pt + onjob-manifest.json
 
-Runs as `onjob train --snapshot S --out DIR` in a child process of the server.
+Runs as `onjob train --snapshot S --out DIR` in a child process of the server, or as a
+job of its own on another host; under `torchrun --nproc-per-node N` each rank computes
+its share of every step's groups and the gradients are summed before the step
+(`ranks.py`: data parallel, the weights equal on every rank), and rank 0 writes.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from .errors import Diverged, NoDevice, NothingToTrain
 from .foreign import translated
 from .forward import Head, chunks, pack_limit, sampled_logprobs
 from .maths import LossParts, k3, policy_loss
+from .ranks import Ranks
 from .settings import TrainSettings
 
 MANIFEST = "onjob-manifest.json"
@@ -75,8 +79,15 @@ def _train(
     started = time.perf_counter()
     torch.set_num_threads(s.threads)
     torch.manual_seed(s.seed)
+    device, dtype = _device(s)
+    ranks = Ranks.from_env(device)
+    if ranks.many and device.type == "cuda":
+        device = torch.device("cuda", ranks.local_rank)
+        torch.cuda.set_device(device)
+    if not ranks.main:
+        echo = _quiet  # one rank speaks for the run
 
-    # --- data
+    # --- data (every rank reads the whole snapshot; each computes its share of a step)
     groups, notes = load(snapshot, s)
     for line in notes.lines:
         echo(line)
@@ -89,7 +100,6 @@ def _train(
     groups.sort(key=lambda g: g.id)  # a fixed order for a given snapshot
 
     # --- model
-    device, dtype = _device(s)
     model, base_dir = adapter.load(s, parent, device, dtype)
     head = Head.of(model.get_base_model())
     head_gap = head.check(model, device, tolerance=1e-3 if dtype == torch.float32 else 0.25)
@@ -105,6 +115,7 @@ def _train(
     # --- optimizer: a lineage's moments carry on (a fresh AdamW's first steps move every
     # parameter by about the learning rate, in the sign of a gradient of a few groups)
     params = [p for p in model.parameters() if p.requires_grad]
+    ranks.same_start(params)
     optimizer = torch.optim.AdamW(params, lr=s.learning_rate, weight_decay=0.0)
     if parent is not None and s.keep_optimizer_state:
         echo(_continue_optimizer(optimizer, Path(parent) / OPTIMIZER, s.learning_rate))
@@ -113,6 +124,7 @@ def _train(
     echo(
         f"training on {len(groups)} groups, {sum(len(g.members) for g in groups)} members, "
         f"{sum(g.loss_tokens for g in groups)} tokens: {steps} steps on {device} ({dtype})"
+        + (f", {ranks.world} ranks" if ranks.many else "")
     )
     # The check that the policy starts where the sampler was: on each group's first
     # forward, folded into training (a separate pass cost a forward per group). With a
@@ -123,14 +135,14 @@ def _train(
         gaps = {g.id: _gap(g, model, head, limit, device) for g in groups}
         for group in groups:
             _check(group, gaps[group.id], s, skipped, echo)
-    wandb = _wandb(s)
+    wandb = _wandb(s) if ranks.main else None
     if s.sft_epochs:
-        sft = _warm_start(model, head, groups, s, device)
+        sft = _warm_start(model, head, groups, s, device, ranks)
         echo(
             f"warm start: {s.sft_epochs} supervised passes on {sft['members']} best members, "
             f"loss {sft['loss_first']:.3f} -> {sft['loss_last']:.3f}"
         )
-    step_done, progress_done = _progress(steps, progress, echo)
+    step_done, progress_done = _progress(steps, progress and ranks.main, echo)
 
     # --- steps
     history, tokens_seen, dropped = [], 0, []
@@ -143,7 +155,7 @@ def _train(
             totals = {"loss": 0.0, "clipped": 0, "ratio": 0.0, "kl": 0.0}
             step_started = time.perf_counter()
             trained = []
-            for group in batch:
+            for group in ranks.share(batch):
                 if group.id in skipped:
                     continue
                 for n, chunk in enumerate(chunks(group, limit)):
@@ -159,9 +171,17 @@ def _train(
                     totals["ratio"] += parts.ratio_sum
                     totals["kl"] += parts.kl_sum
                 else:
-                    trained.append(group)
+                    trained.append(group.id)
+            if ranks.many:  # what every rank did this step, so all decide alike
+                totals = ranks.sum(totals)
+                for theirs in ranks.gather(skipped):
+                    skipped.update(theirs)
+                done = {i for ids in ranks.gather(trained) for i in ids}
+                trained = [g.id for g in batch if g.id in done]
+            trained = [g for g in batch if g.id in set(trained)]
             if not trained:
                 continue  # every group of the step was skipped: no step
+            ranks.sum_gradients(params)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm).item()
             if not (math.isfinite(totals["loss"]) and math.isfinite(grad_norm)):
                 # Not applied, recorded, and the run goes on with the other steps.
@@ -203,6 +223,12 @@ def _train(
             if wandb:
                 wandb.log(record)
     progress_done()
+    for theirs in ranks.gather(gaps):
+        gaps.update(theirs)
+    weight_gap = ranks.largest_difference(params)
+    if not ranks.main:
+        ranks.close()
+        return {}
     groups = [g for g in groups if g.id not in skipped]
     if not groups:
         raise NothingToTrain(f"nothing to train on in {snapshot}: every group was skipped")
@@ -222,9 +248,12 @@ def _train(
         **kl,
         "skipped_groups": len(skipped),
         "dropped_steps": dropped,
+        "ranks": ranks.world,
+        "ranks_weight_gap": weight_gap,
     }
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
+    adapter.name_base(out, s.served_base)
     torch.save(optimizer.state_dict(), out / OPTIMIZER)
     manifest = {
         "name": out.name,
@@ -243,6 +272,7 @@ def _train(
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
     if wandb:
         wandb.finish()
+    ranks.close()
     echo(
         f"wrote {out}: {metrics['steps']} steps, loss {metrics['loss_last']:.4f}, "
         f"{metrics['tokens_per_s']:.0f} tokens/s, {duration:.1f} s"
@@ -393,6 +423,10 @@ def _kl_on_own_samples(model, groups: list[Group], device) -> dict:
     return {"kl_to_base_own": total / max(tokens, 1), "kl_to_base_own_tokens": tokens}
 
 
+def _quiet(_: str) -> None:
+    pass
+
+
 def _pad_id(config) -> int | None:
     """`generate` pads finished rows with this: the end-of-sequence id (a family may list
     several; any of them ends a row)."""
@@ -406,7 +440,9 @@ def _token_logprobs(model, ids: torch.Tensor, target: torch.Tensor) -> torch.Ten
     return logits.log_softmax(-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
 
 
-def _warm_start(model, head: Head, groups: list[Group], s: TrainSettings, device) -> dict:
+def _warm_start(
+    model, head: Head, groups: list[Group], s: TrainSettings, device, ranks: Ranks
+) -> dict:
     """Rejection-sampling fine-tuning: the mean negative logprob of each group's best member,
     one optimizer step per `groups_per_step` groups. GRPO can only reinforce what the
     policy samples; this teaches what it samples rarely."""
@@ -419,10 +455,12 @@ def _warm_start(model, head: Head, groups: list[Group], s: TrainSettings, device
             batch = best[first : first + s.groups_per_step]
             tokens = sum(m.loss_tokens for m in batch)
             total = 0.0
-            for m in batch:
+            for m in ranks.share(batch):
                 loss = -sampled_logprobs(model, head, [m], device).sum() / tokens
                 loss.backward()
                 total += loss.item()
+            total = ranks.sum({"loss": total})["loss"]
+            ranks.sum_gradients(params)
             torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

@@ -122,6 +122,39 @@ class TrainSettings(BaseModel):
 
     wandb_project: str | None = Field(None, description="log to W&B when wandb is installed")
 
+    # Where runs happen and where checkpoints go beyond this host.
+    runner: Literal["local", "job"] = Field(
+        "local",
+        description='"local": each run is a child process of the server; "job": the server '
+        "submits the snapshot to trainer.bucket and waits for a training job on another host "
+        "(`onjob train --jobs s3://...`) to publish the checkpoint",
+    )
+    bucket: str | None = Field(
+        None,
+        description="s3://name/prefix: training jobs' snapshots (snapshots/) and published "
+        "checkpoints (checkpoints/, which engines' adapter_bucket names); with it every "
+        "checkpoint is published, whichever runner trained it. The endpoint and credentials "
+        "come from boto3's usual chain (AWS_ENDPOINT_URL for MinIO or another S3 API)",
+    )
+    job_timeout_s: float = Field(
+        6 * 3600.0,
+        gt=0,
+        description='runner "job": how long the server waits for a submitted run\'s checkpoint',
+    )
+    served_base: str | None = Field(
+        None,
+        description="the model engines are started with (`onjob engine --model`, vLLM's "
+        "`model` argument), written as each adapter's base_model_name_or_path: vLLM's LoRA "
+        "resolver and the local engine's load an adapter by name only when it equals their "
+        "own; unset: the base model's directory as the trainer sees it",
+    )
+
+    @model_validator(mode="after")
+    def _job_needs_a_bucket(self) -> TrainSettings:
+        if self.runner == "job" and not self.bucket:
+            raise ValueError('trainer.runner = "job" needs trainer.bucket (s3://name/prefix)')
+        return self
+
     @model_validator(mode="after")
     def _rank_the_engine_serves(self) -> TrainSettings:
         if self.lora_rank > self.max_lora_rank:

@@ -1,0 +1,393 @@
+"""The proxy's protocol: the typed bodies of chat completions, legacy completions, the
+Responses API and the proxy's own routes, one declaration each.
+
+The request fields every chat and legacy completion shares are declared once
+(`_SAMPLING`): `check_sampling` validates a client's body against them (only those:
+unknown fields pass through as the client sent them, and the log keeps the client's
+bytes), and `chat_request` / `CompletionRequest` document the same types and bounds in
+`GET /openapi.json`. Responses are built as these Structs (`ResponseObject`), so what is
+documented is what is sent.
+
+The bounds are where OpenAI's API and the engines behind onjob agree, so a request the
+proxy forwards is one every backend accepts: `temperature` 0 to 2 (OpenAI's; vLLM takes
+any non-negative, the local engine 0 to 2), `top_p` above 0 up to 1 (vLLM and the local
+engine refuse 0, which OpenAI takes), `top_logprobs` 0 to 20. `n` and `max_tokens` are
+bounded by the server's settings (`proxy.max_n`, `proxy.max_tokens_limit`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+from .errors import BadRequest
+from .settings import ProxySettings
+
+
+class Feedback(msgspec.Struct, forbid_unknown_fields=True):
+    """A signal about one exchange or a whole conversation (one of the ids is needed)."""
+
+    value: float
+    exchange_id: str | None = None
+    trajectory_id: str | None = None
+    comment: str | None = None
+
+
+class FunctionCall(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: Annotated[str, Meta(description="the arguments as a JSON string")]
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    id: str | None = None
+    type: str = "function"
+    function: FunctionCall | UnsetType = UNSET
+
+
+class ContentPart(msgspec.Struct, kw_only=True):
+    type: str
+    text: str | UnsetType = UNSET
+
+
+class Message(msgspec.Struct, kw_only=True):
+    role: Annotated[
+        str, Meta(description="system, developer, user, assistant, tool, or the engine's own")
+    ]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDefinition(msgspec.Struct, kw_only=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct, kw_only=True):
+    type: str = "function"
+    function: FunctionDefinition
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool | None = None
+
+
+class Metadata(msgspec.Struct, kw_only=True):
+    """Other keys are kept with the exchange."""
+
+    trajectory_id: Annotated[str, Meta(description="names the conversation")] | None = None
+    scenario: Annotated[str, Meta(description="names its starting situation")] | None = None
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AnswerMessage(msgspec.Struct, kw_only=True):
+    role: str
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class Choice(msgspec.Struct, kw_only=True):
+    index: int
+    message: AnswerMessage
+    finish_reason: str | None
+    logprobs: dict[str, Any] | None = None
+
+
+class ChatCompletion(msgspec.Struct, kw_only=True):
+    """`id` is the exchange id (also in the `X-Onjob-Exchange-Id` header)."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage | None = None
+
+
+class Delta(msgspec.Struct, kw_only=True):
+    role: str | None = None
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class ChunkChoice(msgspec.Struct, kw_only=True):
+    index: int
+    delta: Delta
+    finish_reason: str | None = None
+    logprobs: dict[str, Any] | None = None
+
+
+class ChatCompletionChunk(msgspec.Struct, kw_only=True):
+    """One server-sent event of a streamed answer; the usage comes last, when asked for."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+class Model(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(msgspec.Struct, kw_only=True):
+    object: Literal["list"]
+    data: list[Model]
+
+
+class FeedbackRecorded(msgspec.Struct, kw_only=True):
+    object: Literal["feedback"]
+    id: str
+    ts: float
+    exchange_id: str | None
+    trajectory_id: str | None
+    api_key_id: str | None
+    value: float
+    comment: str | None
+
+
+class CollectorStats(msgspec.Struct, kw_only=True):
+    spooled: int
+    loaded: int
+    backlog_segments: int
+    failed_segments: int  # set aside in the spool's failed/: DuckDB refused what they hold
+    # Exchanges this process logged that no judge group or snapshot takes, by reason
+    # (`onjob.logprobs.Untrainable`: definition, masked, no_tokens, no_usage, count, ...).
+    untrainable: dict[str, int]
+
+
+class Health(msgspec.Struct, kw_only=True):
+    status: Literal["ok"]
+    pid: int  # which process answered (several answer on one port with `--workers`)
+    collector: CollectorStats
+
+
+class CompletionChoice(msgspec.Struct, kw_only=True):
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: dict[str, Any] | None = None
+
+
+class TextCompletion(msgspec.Struct, kw_only=True):
+    """`id` is the exchange id; streamed, each event has this shape with a piece of text."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class FunctionTool(msgspec.Struct, kw_only=True):
+    """The only tool type served: built-in tools are refused with a 400 naming them."""
+
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponseRequest(msgspec.Struct, kw_only=True):
+    """`POST /v1/responses`, translated into a chat completion. Fields not listed (and
+    `background`, `conversation`, `prompt`, `reasoning` with a value, `truncation: auto`,
+    built-in tools, image and file inputs) are a 400 naming the `param`."""
+
+    model: str
+    input: Annotated[
+        str | list[dict[str, Any]],
+        Meta(description="a string, or messages, `function_call` and `function_call_output`"),
+    ]
+    instructions: str | None = None
+    previous_response_id: (
+        Annotated[str, Meta(description="continues that response's conversation")] | None
+    ) = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    metadata: dict[str, str] | None = None
+    store: Annotated[bool, Meta(description="false: logged, never retrievable")] | None = None
+    stream: bool | None = None
+    user: str | None = None
+
+
+class ResponseObject(msgspec.Struct, kw_only=True):
+    """A Response, as openai-python's `Response` reads it: `id` is the exchange id;
+    `status` completed, incomplete, failed, or in_progress while it streams."""
+
+    id: str
+    object: Literal["response"] = "response"
+    created_at: float
+    status: str
+    background: bool = False
+    error: dict[str, Any] | None = None
+    incomplete_details: dict[str, Any] | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    model: str
+    output: list[dict[str, Any]]
+    parallel_tool_calls: bool = True
+    previous_response_id: str | None = None
+    reasoning: dict[str, Any] | None = None
+    store: bool = True
+    temperature: float = 1.0
+    text: dict[str, Any]
+    tool_choice: str | dict[str, Any] = "auto"
+    tools: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    top_p: float = 1.0
+    truncation: Literal["auto", "disabled"] = "disabled"
+    usage: dict[str, Any] | None = None
+    user: str | None = None
+
+
+class ResponseDeleted(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["response"]
+    deleted: bool
+
+
+class InputItems(msgspec.Struct, kw_only=True):
+    object: Literal["list"]
+    data: list[dict[str, Any]]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class ErrorDetail(msgspec.Struct, kw_only=True):
+    """onjob's own errors carry all four fields; an engine's error is passed on as sent."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: int | str | None = None
+
+
+class Error(msgspec.Struct, kw_only=True):
+    error: ErrorDetail
+
+
+# The sampling fields of chat and legacy completions: (name, type checked on the hot path,
+# type documented). The documented type refines an object the engine checks (a tool's
+# schema); the checked one is what the proxy refuses by itself. `null` is always absent.
+_OBJECT = dict[str, Any]
+_SAMPLING: list[tuple[str, Any, Any]] = [
+    ("stream", bool, bool),
+    ("stream_options", _OBJECT, StreamOptions),
+    ("temperature", Annotated[float, Meta(ge=0, le=2)], None),
+    ("top_p", Annotated[float, Meta(gt=0, le=1)], None),
+    ("presence_penalty", float, float),
+    ("frequency_penalty", float, float),
+    ("seed", int, int),
+    ("stop", str | list[str], None),
+    ("logit_bias", _OBJECT, dict[str, float]),
+    ("user", str, str),
+    ("n", int, None),  # bounded by the settings: `_bounded`
+    ("max_tokens", int, None),
+    ("return_token_ids", bool, bool),
+    ("response_format", _OBJECT, _OBJECT),
+    ("metadata", _OBJECT, Metadata),
+]
+_CHAT_ONLY: list[tuple[str, Any, Any]] = [
+    ("max_completion_tokens", int, None),
+    ("logprobs", bool, bool),
+    ("top_logprobs", Annotated[int, Meta(ge=0, le=20)], None),
+    ("tools", list[_OBJECT], list[Tool]),
+    ("tool_choice", str | _OBJECT, None),
+    ("parallel_tool_calls", bool, bool),
+]
+_LEGACY_ONLY: list[tuple[str, Any, Any]] = [
+    ("logprobs", Annotated[int, Meta(ge=0, le=20)], None),
+    ("echo", bool, bool),
+    ("best_of", int, int),
+    ("suffix", str, str),
+]
+
+
+def _checked(name: str, fields: list[tuple[str, Any, Any]]) -> type[msgspec.Struct]:
+    return msgspec.defstruct(name, [(f, t | None, None) for f, t, _ in fields], kw_only=True)
+
+
+ChatSampling = _checked("ChatSampling", _SAMPLING + _CHAT_ONLY)
+LegacySampling = _checked("LegacySampling", _SAMPLING + _LEGACY_ONLY)
+
+
+def check_sampling(body: dict, kind: type[msgspec.Struct]) -> None:
+    """Refuse a body whose sampling fields are not of their declared type and bounds (a
+    400 naming the field); every other field is left as sent."""
+    try:
+        msgspec.convert(body, kind, strict=True)
+    except msgspec.ValidationError as exc:
+        why, _, where = str(exc).rpartition(" - at `$.")
+        field = where.rstrip("`").split(".")[0].split("[")[0] if where else None
+        if field is None:
+            raise BadRequest(f"Invalid request: {exc}") from None
+        raise BadRequest(f"`{field}`: {why[:1].lower()}{why[1:]}.", param=field) from None
+
+
+def _bounded(settings: ProxySettings, name: str, documented: Any) -> Any:
+    tokens = Annotated[int, Meta(ge=1, le=settings.max_tokens_limit)]
+    bounds = {
+        "n": Annotated[int, Meta(ge=1, le=settings.max_n)],
+        "max_tokens": tokens,
+        "max_completion_tokens": tokens,
+    }
+    return bounds.get(name, documented)
+
+
+def _documented(settings: ProxySettings, fields: list[tuple[str, Any, Any]]) -> list[tuple]:
+    return [
+        (f, _bounded(settings, f, shown if shown is not None else checked) | None, None)
+        for f, checked, shown in fields
+    ]
+
+
+def chat_request(settings: ProxySettings, models: list[str]) -> type[msgspec.Struct]:
+    """The chat request's model, with this server's bounds and model names."""
+    return msgspec.defstruct(
+        "ChatCompletionRequest",
+        [
+            ("model", Literal[tuple(models)] if models else str),
+            ("messages", Annotated[list[Message], Meta(min_length=1)]),
+            *_documented(settings, _SAMPLING + _CHAT_ONLY),
+        ],
+        kw_only=True,
+    )
+
+
+def completion_request(settings: ProxySettings) -> type[msgspec.Struct]:
+    """A legacy text completion: one prompt (text or token ids) per request."""
+    return msgspec.defstruct(
+        "CompletionRequest",
+        [
+            ("model", str),
+            ("prompt", str | list[int]),
+            *_documented(settings, _SAMPLING + _LEGACY_ONLY),
+        ],
+        kw_only=True,
+        namespace={
+            "__doc__": "A legacy text completion: one prompt (text or token ids) per request."
+        },
+    )

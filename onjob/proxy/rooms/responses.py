@@ -1,0 +1,135 @@
+"""The Responses API: `POST /v1/responses` (translated into a chat completion at this edge,
+`proxy/responses.py`), and the stored responses (`GET`, `GET .../input_items`, `DELETE`).
+
+In a proxy-only process (`forward` given) what needs the database (a previous response, a
+stored one) is the primary's: those requests are forwarded to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+from litestar import Request, Response, delete, get, post
+from litestar.params import FromPath, FromQuery
+from litestar.response import Stream
+
+from ...collector import queries
+from .. import responses
+from ..auth import caller
+from ..errors import BadRequest, NotFound
+from ..exchange import Exchange, parse_request
+from ..replicas import Forwarder
+from ..settings import ProxySettings
+from ..stream import ResponseEvents
+from ..traffic import Traffic
+
+
+def routes(settings: ProxySettings, traffic: Traffic, forward: Forwarder | None) -> tuple:
+    @post("/v1/responses", status_code=200)
+    async def create_response(request: Request) -> Response | Stream:
+        who = caller(request)
+        body = responses.parse(await request.body(), settings)
+        chained = "previous_response_id" in body
+        if forward is not None and chained:
+            return await forward(request)  # the previous response is in the primary's database
+        where = traffic.placing(request.headers, who)
+        previous = await _previous(traffic, body, where, who.api_key_id) if chained else None
+        chat, call = responses.translate(body, previous)
+        raw = msgspec.json.encode(chat)
+        exchange = await Exchange.open(
+            parse_request(raw, settings),
+            raw,
+            **where,
+            api=responses.RESPONSES,
+            id_prefix="resp_",
+            after_turn=previous.turn if previous else None,
+        )
+        if not call.store and who.api_key_id in settings.untrained_unstored_keys:
+            exchange.source = "unstored"  # every reader of traffic takes 'production' only
+
+        def whole(exchange: Exchange, answer: bytes) -> bytes:
+            response = _whole(exchange, call)
+            exchange.api_object = responses.stored(response, call)
+            return msgspec.json.encode(response)
+
+        return await traffic.answer(exchange, lambda e: ResponseEvents(e, call), whole)
+
+    @get("/v1/responses/{response_id:str}")
+    async def retrieve_response(request: Request, response_id: FromPath[str]) -> Any:
+        if forward is not None:
+            return await forward(request)
+        return (await _stored(traffic, request, response_id))["response"]
+
+    @get("/v1/responses/{response_id:str}/input_items")
+    async def response_input_items(
+        request: Request,
+        response_id: FromPath[str],
+        limit: FromQuery[int] = 20,
+        order: FromQuery[Literal["asc", "desc"]] = "desc",
+        after: FromQuery[str | None] = None,
+    ) -> Any:
+        if forward is not None:
+            return await forward(request)
+        if not 1 <= limit <= 100:
+            raise BadRequest("`limit` must be between 1 and 100.", param="limit")
+        items = (await _stored(traffic, request, response_id))["input_items"]
+        return responses.input_items_page(items, order=order, limit=limit, after=after)
+
+    @delete("/v1/responses/{response_id:str}", status_code=200)
+    async def delete_response(request: Request, response_id: FromPath[str]) -> Any:
+        """The stored Response goes; the exchange stays in the log, to learn from."""
+        if forward is not None:
+            return await forward(request)
+        await _stored(traffic, request, response_id)
+        forgotten = await traffic.collector.query(lambda store: store.forget_response(response_id))
+        if not forgotten:
+            raise NotFound(f"No response with id '{response_id}'.", param="response_id")
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    return create_response, retrieve_response, response_input_items, delete_response
+
+
+async def _previous(
+    traffic: Traffic, body: dict, where: dict, api_key_id: str | None
+) -> responses.Previous:
+    """The response a chained request continues (the caller's own, still stored); the
+    chain's trajectory and, while that checkpoint still is one, its arm become this one's."""
+    previous_id = body["previous_response_id"]
+    row = await traffic.lookup(queries.exchange, previous_id)
+    previous = None
+    if responses.stored_response(row, api_key_id) is not None:
+        previous = responses.previous_of(row)
+    if previous is None:
+        raise NotFound(
+            f"Previous response with id '{previous_id}' not found.",
+            param="previous_response_id",
+        )
+    where["trajectory_id"] = previous.trajectory_id
+    if where["pin"] is None:
+        where["pin"] = traffic.router.sticky(body["model"], row["checkpoint"])
+    return previous
+
+
+def _whole(exchange: Exchange, call: responses.Call) -> dict:
+    """A whole chat answer as the Response object."""
+    reply = exchange.replies()[0] if exchange.choices else {}
+    choice = exchange.choices.get(0)
+    return responses.response_object(
+        call,
+        exchange.id,
+        exchange.route.alias,
+        status="completed",
+        output=responses.output_items(reply, exchange.id.removeprefix("resp_")),
+        usage=exchange.usage,
+        finish_reason=choice.finish_reason if choice else None,
+    )
+
+
+async def _stored(traffic: Traffic, request: Request, response_id: str) -> dict:
+    """The caller's stored response; another key's is answered as missing."""
+    row = await traffic.lookup(queries.exchange, response_id)
+    found = responses.stored_response(row, caller(request).api_key_id)
+    if found is None:
+        raise NotFound(f"No response with id '{response_id}'.", param="response_id")
+    return found
