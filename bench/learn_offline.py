@@ -100,9 +100,18 @@ def snapshot(url: str, model: str, path: Path, groups: int, size: int) -> None:
             )
         return rows
 
-    with ThreadPoolExecutor(2) as pool:
-        rows = [r for group in pool.map(one, range(groups)) for r in group]
-    pq.write_table(pa.Table.from_pylist(rows), path)
+    # Each group appended as it comes: a run cut short (a busy machine) resumes there.
+    partial = path.with_suffix(".partial.jsonl")
+    done = [json.loads(line) for line in partial.open()] if partial.exists() else []
+    have = {r["group_id"] for r in done}
+    with ThreadPoolExecutor(2) as pool, partial.open("a") as log:
+        todo = [i for i in range(groups) if f"g{i:04d}" not in have]
+        for group in pool.map(one, todo):
+            log.write("".join(json.dumps(r) + "\n" for r in group))
+            log.flush()
+            done.extend(group)
+    pq.write_table(pa.Table.from_pylist(sorted(done, key=lambda r: r["member_id"])), path)
+    partial.unlink()
 
 
 def draw(pool: Path, out: Path, groups: int, seed: int) -> None:
@@ -145,7 +154,7 @@ def heldout(url: str, model: str, samples: int, seed: int) -> dict:
         return sum(task.exact(q, t) for t in texts), sum(rewards)
 
     questions = task.heldout_questions()
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(len(questions)) as pool:  # one batch: the engine's rows fill up
         scored = list(pool.map(one, range(len(questions)), questions))
     n = len(questions) * samples
     return {"exact": sum(e for e, _ in scored) / n, "reward": sum(r for _, r in scored) / n}

@@ -28,10 +28,11 @@ class JudgeSettings(BaseModel):
     max_groups: int = Field(16, ge=0, description="turn groups sampled per pass")
     per_scenario: int = Field(2, ge=1, description="turn groups per scenario per pass")
     settled_after: int = Field(
-        2,
+        0,
         ge=0,
         description="a scenario whose last this many scored groups each had all-equal "
-        "rewards (nothing to learn) is re-sampled after the others; 0 = off",
+        "rewards (nothing to learn) is re-sampled after the others, e.g. 2; 0 = off (not "
+        "yet shown to help by bench/learn_offline.py)",
     )
     tool_turns_per_scenario: int = Field(
         4,
