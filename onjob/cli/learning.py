@@ -142,6 +142,12 @@ def cmd_loop(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
+    _judge_command(sub)
+    _train_command(sub)
+    _loop_command(sub)
+
+
+def _judge_command(sub) -> None:
     judge = sub.add_parser(
         "judge",
         help="re-sample groups from logged traffic and score them (RULER, reward functions)",
@@ -164,6 +170,8 @@ def add_commands(sub) -> None:
     judge.add_argument("--group-size", type=int, help="alternatives sampled per turn (4)")
     judge.set_defaults(func=cmd_judge)
 
+
+def _train_command(sub) -> None:
     train = sub.add_parser(
         "train",
         help="GRPO on scored groups: write a LoRA checkpoint (PEFT format)",
@@ -206,22 +214,23 @@ def add_commands(sub) -> None:
     )
     train.set_defaults(func=cmd_train)
 
+
+def _loop_command(sub) -> None:
     loop = sub.add_parser(
         "loop",
         help="resample, judge, train, canary, compare, decide (what onjob serve runs)",
         description=(
-            "One iteration: if loop.alias has a canary, a paired round (live-arm prompts "
-            "logged since it started, answered by live and canary, judged together by the "
-            "referee, loop.gate or the training reward) and the verdict (guards on errors, "
-            "latency and the answers' shape, then an anytime-valid test of 'better than live' "
-            "at the candidate's share of loop.alpha: promote, roll back or keep collecting); "
-            "then a judge pass; else, with loop.min_new_groups trainable groups and neither "
-            "the training budget nor the back-off in the way, a training run whose checkpoint "
-            "is stopped if its held-out pairs (its test's first) rule it out before it "
-            "becomes the canary. State lives in "
-            "DuckDB, so an "
-            "interrupted iteration is resumed by the next. For a database no server holds; "
-            "`onjob serve` runs it every loop.interval_s. Settings: [loop], [judge], [trainer]."
+            "One iteration: undecided candidates a crashed iteration left are decided or "
+            "retired; if loop.alias has a canary, one canary round (more pairs while its test "
+            "is open, then promote, ready for review, roll back at a tripped guard, a lost "
+            "test or its cap in rounds and wall time, or wait); a judge pass; else, with "
+            "loop.min_new_groups trainable groups and neither the training budget nor the "
+            "back-off in the way, a training run whose candidate takes its offline test at "
+            "the engine's speed (held-out prompts, then prompts logged after its training "
+            "snapshot, judged by the referee: loop.gate or the training reward) and is "
+            "stopped there or becomes the canary. State lives in DuckDB, so an interrupted "
+            "iteration is resumed by the next. For a database no server holds; `onjob serve` "
+            "runs it every loop.interval_s. Settings: [loop], [judge], [trainer]."
         ),
         parents=[CONFIG, DATABASE, ENGINE],
     )

@@ -59,6 +59,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
+    _model_command(sub)
+    _demo_command(sub)
+
+
+def _model_command(sub) -> None:
     model = sub.add_parser("model", help="manage the bundled model")
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
     prepare = model_sub.add_parser(
@@ -73,6 +78,8 @@ def add_commands(sub) -> None:
     prepare.add_argument("--force", action="store_true", help="convert again even if cached")
     prepare.set_defaults(func=cmd_model_prepare)
 
+
+def _demo_command(sub) -> None:
     demo = sub.add_parser(
         "demo",
         help="watch the example agent get better: the whole loop on a CPU (2 decisions)",
@@ -80,9 +87,9 @@ def add_commands(sub) -> None:
             "Start the local engine with the bundled SmolLM2-135M-Instruct, measure its speed "
             "(and size the evaluation and groups to it, with an ETA), start `onjob serve` on "
             "it, print the decision rule with its error rates, measure the base model on the "
-            "arithmetic example's held-out questions, run the example agent through the proxy "
-            "while the loop re-samples, judges, trains, checks each candidate on a held-out "
-            "slice, canaries and decides (the referee: --gate) until --rounds "
+            "example's held-out questions, run the example agent through the proxy while the "
+            "loop re-samples, judges, trains, tests each candidate offline at the engine's "
+            "speed, canaries and decides (the referee: --gate) until --rounds "
             "canary decisions are made, then measure the live checkpoint on the same "
             "questions. Prints each stage, ends with a before/after table; leaves "
             "result.json, learning.png, the database and the checkpoints in --dir. Exit 3: "
@@ -124,8 +131,9 @@ def add_commands(sub) -> None:
     demo.add_argument(
         "--reward",
         metavar="MODULE:FN",
-        help="the reward function (default: the example's; arithmetic: the right sum in "
-        "the answer; calculator: each step on the step it takes)",
+        help="the reward function (default: the example's; arithmetic: 1 for the sum "
+        "alone, 0.5 for the sum among other numbers; calculator: each step on the step it "
+        "takes)",
     )
     demo.add_argument(
         "--gate",

@@ -98,6 +98,25 @@ def routes(
     operator: Operator,
     loop: PeriodicLoop | None = None,
 ):
+    """The admin router: the release's routes and the data's, behind one guard."""
+    # One guard for every route: the admin key, JSON bodies, no page of another site.
+    guard = Doors(settings.proxy).admin_guard
+    return [
+        Routes(
+            "/admin",
+            guards=[guard],
+            exception_handlers=ERRORS,
+            route_handlers=[
+                *_release_routes(settings, collector, router, operator, loop),
+                *_data_routes(settings, collector),
+            ],
+        )
+    ]
+
+
+def _release_routes(settings, collector: Collector, router: Router, operator, loop) -> list:
+    """Status, checkpoints, and the routing changes a person makes."""
+
     @get("/status")
     async def status() -> dict:
         history = await collector.query(lambda st: deployments.history(st, 20))
@@ -142,6 +161,12 @@ def routes(
             raise Conflict("The loop is off in this server (loop.interval_s = 0).")
         await (loop.resume() if data.running else loop.pause())
         return loop.state.as_dict()
+
+    return [status, checkpoints, canary, promote, rollback, loop_switch]
+
+
+def _data_routes(settings: DeploySettings, collector: Collector) -> list:
+    """Forget, read-only SQL, the table list and Parquet exports."""
 
     @post("/forget", status_code=200)
     async def forget(data: ForgetBody) -> dict:
@@ -197,24 +222,4 @@ def routes(
             background=BackgroundTask(path.unlink, missing_ok=True),
         )
 
-    # One guard for every route: the admin key, JSON bodies, no page of another site.
-    guard = Doors(settings.proxy).admin_guard
-    return [
-        Routes(
-            "/admin",
-            guards=[guard],
-            exception_handlers=ERRORS,
-            route_handlers=[
-                status,
-                checkpoints,
-                canary,
-                promote,
-                rollback,
-                loop_switch,
-                forget,
-                sql,
-                tables,
-                export,
-            ],
-        )
-    ]
+    return [forget, sql, tables, export]

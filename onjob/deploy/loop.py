@@ -116,6 +116,12 @@ async def run_once(
         if ready >= loop.min_new_groups:
             echo(f"judge pass skipped while comparing: {ready} groups wait for the next run")
             return
+    await _judge_pass(db, engine, settings, held, echo, state)
+    if loop.train and not comparing and await _may_train(db, settings, trainable, echo, state):
+        await _train_and_release(pipeline, live, held, state)
+
+
+async def _judge_pass(db, engine, settings: DeploySettings, held, echo, state) -> None:
     with state.doing("judge"):
         # Held-out scenarios are never trained on: re-sampling them would spend for nothing.
         report = await run_pass(
@@ -130,31 +136,38 @@ async def run_once(
     echo(f"judge pass: {report.summary()}")
     if report.budget is not None:
         state.budget["judge"] = report.budget.as_dict()
-    if not loop.train or comparing:
-        return
+
+
+async def _may_train(db, settings: DeploySettings, trainable, echo, state) -> bool:
+    """Whether a run may start now: the trainer's daily budget, enough new groups, and the
+    alias's candidate budget and back-off (each candidate spends a share of alpha)."""
+    loop = settings.loop
     budget = await training.budget(db, settings)
     if budget is not None:
         state.budget["train"] = budget.as_dict()
         if budget.spent_out:
             echo(f"train: {budget.status()}; the groups wait")
-            return
+            return False
     ready = await db.query(trainable)
     if ready < loop.min_new_groups:
         echo(f"train: {ready} new trainable groups, waiting for {loop.min_new_groups}")
-        return
-    # Each candidate spends a share of alpha: a daily budget and a back-off after failures.
-    if why := await db.query(lambda st: ledger.waits(st, alias, loop)):
+        return False
+    if why := await db.query(lambda st: ledger.waits(st, loop.alias, loop)):
         echo(f"train: {why}")
-        return
+        return False
+    return True
+
+
+async def _train_and_release(pipeline: release.Release, live, held, state) -> None:
     with state.doing("train"):
         manifest = await training.train(
-            db,
-            settings,
+            pipeline.db,
+            pipeline.settings,
             parent=live,
             held_out=held,
-            engine_sampler=await training.sampler(engine),
+            engine_sampler=await training.sampler(pipeline.engine),
             started_by="loop",
-            echo=echo,
+            echo=pipeline.echo,
         )
     if manifest is None:
         return
