@@ -119,17 +119,7 @@ async def offline_test(r: Release, *, live: str | None, candidate: str) -> Verdi
             verdict = await r.db.query(lambda st: decide(st, r.settings, candidate, live))
             if verdict.decision != "wait":
                 return verdict
-            chosen = await r.db.query(
-                lambda st: prompts.fresh(
-                    st,
-                    r.alias,
-                    since,
-                    loop.pairs_per_round,
-                    lineage=lineage,
-                    tests=tests,
-                    untrained_keys=untrained,
-                )
-            )
+            chosen = await _fresh_round(r, since, lineage, tests)
             if not chosen:
                 break
             await pairs.paired_round(r.db, r.engine, s, fns, chosen, arms, test=tests[1])
@@ -310,19 +300,24 @@ async def _more_pairs(r: Release, routing: dict, s) -> None:
     if not await r.db.query(still_open):
         return
     since = await r.db.query(lambda st: prompts.snapshot_time(st, candidate)) or routing["ts"]
-    chosen = await r.db.query(
+    chosen = await _fresh_round(r, since, [live, candidate], tests)
+    arms = await _arms(r, live, candidate)
+    await pairs.paired_round(r.db, r.engine, s, fns, chosen, arms, test=tests[-1])
+
+
+async def _fresh_round(r: Release, since, lineage: list, tests: list[str]) -> list[dict]:
+    """A round's prompts logged on the live arm after `since`, none the test drew yet."""
+    return await r.db.query(
         lambda st: prompts.fresh(
             st,
             r.alias,
             since,
-            loop.pairs_per_round,
-            lineage=[live, candidate],
+            r.settings.loop.pairs_per_round,
+            lineage=lineage,
             tests=tests,
             untrained_keys=r.settings.proxy.untrained_keys,
         )
     )
-    arms = await _arms(r, live, candidate)
-    await pairs.paired_round(r.db, r.engine, s, fns, chosen, arms, test=tests[-1])
 
 
 async def _arms(r: Release, live: str | None, candidate: str) -> dict:
