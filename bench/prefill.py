@@ -1,17 +1,18 @@
-"""A group's alternatives sent as separate requests over one tool prompt: the local
-engine with its last prefill kept (`prefix_cache`, the default) against without, side
-by side, with the real SmolLM2-135M.
+"""A group's alternatives sent as separate requests over one tool prompt, in the local
+engine's batcher with its last prefill kept (`prefix_cache`, the default) against
+without, side by side, with the real SmolLM2-135M.
 
-A group is `--group` requests of one choice each, sent at once (as an agent's rollouts
-of one scenario, or a client that does not use `n`), over the calculator's question
-with `TOOLS` (about 370 prompt tokens), each forcing one call (`tool_choice:
-"required"`, `parallel_tool_calls: false`) of at most `--tokens` tokens. One request
-with `n = --group` is the reference: its prompt is prefilled once either way. Two
-engine processes (cache on, cache off) run the groups in turn, `--repeats` times
-interleaved, so both see the same neighbours; medians are reported as wall seconds and
-as CPU-seconds of the engine process (what a shared machine's neighbours do not skew).
+A group is `--group` requests of one choice each over the same prompt, queued at once
+(as an agent's rollouts of one scenario, or a client that does not use `n`): the
+calculator's question with its `multiply` tool rendered as the engine renders it (about 370
+prompt tokens), each decoding `--tokens` tokens. One request with `n = --group`, whose
+prompt is prefilled once either way, is the reference. `--lookups N` adds N table
+look-up tools to the prompt (4: about 650 tokens). The batcher runs in this
+process (no HTTP, no grammar: the prefill is what differs), the arms interleaved
+`--repeats` times; medians are reported as wall seconds and as CPU-seconds of this
+process (what a shared machine's neighbours do not skew).
 
-    .venv/bin/python bench/prefill.py [--group 8] [--repeats 3] [--threads 2]
+    .venv/bin/python bench/prefill.py [--group 8] [--tokens 8] [--repeats 3] [--lookups 0]
 
 Prints a table and writes bench/results/prefill-<timestamp>.json.
 """
@@ -28,13 +29,17 @@ import sys
 import time
 from pathlib import Path
 
-from openai import AsyncOpenAI
+import msgspec
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.engine import cpu_seconds
 from examples.calculator import task
 from onjob import bundled
-from onjob.cli.process import EngineProcess
+from onjob.engine import chat
+from onjob.engine.batching import Batcher
+from onjob.engine.model import LoadedModel
+from onjob.engine.protocol import Message, Tool
+from onjob.engine.sampling import Sampling
 
 
 def _lookup(name: str, what: str) -> dict:
@@ -55,9 +60,8 @@ def _lookup(name: str, what: str) -> dict:
     }
 
 
-# The calculator's tool and four table look-ups: a tool agent's usual prompt size.
-TOOLS = [
-    *task.TOOLS,
+# Tools beside the calculator's, for a longer prompt (`--lookups`).
+LOOKUPS = [
     _lookup("price_of", "a product's list price"),
     _lookup("stock_of", "a warehouse's stock level"),
     _lookup("owner_of", "an account's owner"),
@@ -65,31 +69,24 @@ TOOLS = [
 ]
 
 
-async def group(client: AsyncOpenAI, size: int, tokens: int, pid: int, n: bool) -> dict:
-    body = {
-        "model": bundled.MODEL_NAME,
-        "messages": task.messages("What is 23 × 17?"),
-        "tools": TOOLS,
-        "tool_choice": "required",
-        "parallel_tool_calls": False,
-        "max_tokens": tokens,
-        "temperature": 1.0,
-    }
-    started, cpu = time.perf_counter(), cpu_seconds(pid)
+async def group(batcher: Batcher, prompt: list[int], size: int, tokens: int, n: bool) -> dict:
+    def sampling(seed: int) -> Sampling:
+        return Sampling(max_tokens=tokens, temperature=1.0, seed=seed, ignore_eos=True)
+
+    started, cpu = time.perf_counter(), time.process_time()
     if n:
-        answers = [await client.chat.completions.create(**body, n=size, seed=1)]
+        gens = [batcher.submit(prompt, None, size, sampling(1))]
     else:
-        answers = await asyncio.gather(
-            *(client.chat.completions.create(**body, seed=i) for i in range(size))
-        )
-    wall, cpu = time.perf_counter() - started, cpu_seconds(pid) - cpu
-    details = [a.usage.prompt_tokens_details for a in answers]
+        gens = [batcher.submit(prompt, None, 1, sampling(i)) for i in range(size)]
+    generated = 0
+    for gen in gens:
+        async for _ in gen.events():
+            generated += 1
     return {
-        "wall_s": round(wall, 3),
-        "engine_cpu_s": round(cpu, 3),
-        "prompt_tokens": answers[0].usage.prompt_tokens,
-        "completion_tokens": sum(a.usage.completion_tokens for a in answers),
-        "cached_requests": sum(d is not None and d.cached_tokens > 0 for d in details),
+        "wall_s": round(time.perf_counter() - started, 3),
+        "cpu_s": round(time.process_time() - cpu, 3),
+        "generated": generated,
+        "cached_requests": sum(g.cached_tokens > 0 for g in gens),
     }
 
 
@@ -97,48 +94,57 @@ def _median(runs: list[dict]) -> dict:
     return {
         **runs[0],
         "wall_s": statistics.median(r["wall_s"] for r in runs),
-        "engine_cpu_s": statistics.median(r["engine_cpu_s"] for r in runs),
+        "cpu_s": statistics.median(r["cpu_s"] for r in runs),
         "runs_wall_s": [r["wall_s"] for r in runs],
-        "runs_engine_cpu_s": [r["engine_cpu_s"] for r in runs],
+        "runs_cpu_s": [r["cpu_s"] for r in runs],
     }
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--group", type=int, default=8, help="alternatives per group")
-    parser.add_argument("--tokens", type=int, default=32, help="max_tokens of each")
+    parser.add_argument("--tokens", type=int, default=8, help="tokens each decodes")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, help="engine torch threads")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--lookups", type=int, default=0, choices=range(len(LOOKUPS) + 1))
     args = parser.parse_args()
 
-    bundled.prepare()
-    engine_args = ["--threads", str(args.threads)] if args.threads else []
-    shapes = {"separate, cache off": (False, False), "separate, cache on": (True, False)}
-    shapes["one request with n, cache on"] = (True, True)
+    torch.set_num_threads(args.threads)
+    path = bundled.prepare()
+    loaded = LoadedModel.load(path, name=bundled.MODEL_NAME, dtype="float32", device="cpu")
+    messages = msgspec.convert(task.messages("What is 23 × 17?"), list[Message])
+    tools = [*task.TOOLS, *LOOKUPS[: args.lookups]]
+    text = chat.render(loaded.tokenizer, messages, msgspec.convert(tools, list[Tool]))
+    prompt = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+    batchers = {cached: Batcher(loaded, prefix_cache=cached) for cached in (False, True)}
+    shapes = {
+        "separate, cache off": (False, False),
+        "separate, cache on": (True, False),
+        "one request with n": (False, True),
+    }
     runs: dict[str, list[dict]] = {name: [] for name in shapes}
-    off = EngineProcess(engine_args, env={"ONJOB_ENGINE_PREFIX_CACHE": "false"})
-    with off, EngineProcess(engine_args) as on:
-        engines = {False: off, True: on}
-        clients = {
-            cached: AsyncOpenAI(base_url=e.url, api_key="x", max_retries=0, timeout=600)
-            for cached, e in engines.items()
-        }
-        for cached in (False, True):  # warm-up: xgrammar's import, the grammar's compile
-            await group(clients[cached], 2, 8, engines[cached].proc.pid, n=False)
+    for b in batchers.values():
+        b.start()
+    try:
+        for cached in (False, True):  # warm-up
+            await group(batchers[cached], prompt, 2, 2, n=False)
         for _ in range(args.repeats):
             for name, (cached, n) in shapes.items():
-                pid = engines[cached].proc.pid
-                runs[name].append(await group(clients[cached], args.group, args.tokens, pid, n))
+                # A different prompt in between: no arm starts from a kept prefill.
+                await group(batchers[cached], prompt[:8], 1, 1, n=False)
+                runs[name].append(await group(batchers[cached], prompt, args.group, args.tokens, n))
+    finally:
+        for b in batchers.values():
+            b.stop()
     results = {name: _median(r) for name, r in runs.items()}
     base = results["separate, cache off"]
     for name, r in results.items():
         r["wall_vs_cache_off"] = round(r["wall_s"] / base["wall_s"], 2)
-        r["cpu_vs_cache_off"] = round(r["engine_cpu_s"] / base["engine_cpu_s"], 2)
+        r["cpu_vs_cache_off"] = round(r["cpu_s"] / base["cpu_s"], 2)
         print(
-            f"{name:<30} {r['wall_s']:6.2f} s wall ({r['wall_vs_cache_off']:.2f}x), "
-            f"{r['engine_cpu_s']:6.2f} engine CPU-s ({r['cpu_vs_cache_off']:.2f}x), "
-            f"{r['cached_requests']}/{1 if name.startswith('one') else args.group} requests "
-            f"cached, {r['prompt_tokens']} prompt tokens, {r['completion_tokens']} generated",
+            f"{name:<22} {r['wall_s']:6.2f} s wall ({r['wall_vs_cache_off']:.2f}x), "
+            f"{r['cpu_s']:6.2f} CPU-s ({r['cpu_vs_cache_off']:.2f}x); "
+            f"{r['cached_requests']} requests cached, {r['generated']} tokens generated",
             flush=True,
         )
     out = Path(__file__).parent / "results" / f"prefill-{time.strftime('%Y%m%d-%H%M%S')}.json"
@@ -148,8 +154,10 @@ async def main() -> None:
             {
                 "bench": "prefill",
                 "model": bundled.MODEL_NAME,
+                "prompt_tokens": len(prompt),
                 "group": args.group,
-                "max_tokens": args.tokens,
+                "lookups": args.lookups,
+                "tokens": args.tokens,
                 "repeats": args.repeats,
                 "threads": args.threads,
                 "load_at_end": os.getloadavg(),
@@ -159,7 +167,7 @@ async def main() -> None:
             indent=2,
         )
     )
-    print(f"wrote {out}")
+    print(f"{len(prompt)} prompt tokens; wrote {out}")
 
 
 if __name__ == "__main__":

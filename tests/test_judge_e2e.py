@@ -16,6 +16,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from examples.arithmetic.demo import groups_formed
 from onjob.cli.process import ServerProcess, free_port
 from onjob.collector import Store
 from onjob.judge import tables
@@ -166,7 +167,8 @@ def test_tool_call_turns_are_re_sampled_beside_the_scenarios_other_turns(tmp_pat
         SELECT g.id, e.trajectory_id, e.response FROM groups g
         JOIN exchanges e ON e.id = g.prefix_exchange
         WHERE g.kind = 'turn' AND e.trajectory_id IN (
-            SELECT trajectory_id FROM exchanges GROUP BY trajectory_id HAVING count(*) = 2)
+            SELECT trajectory_id FROM exchanges WHERE source = 'production'
+            GROUP BY trajectory_id HAVING count(*) = 2)
         """,
     )
     assert len(turns) == 3
@@ -182,6 +184,13 @@ def test_tool_call_turns_are_re_sampled_beside_the_scenarios_other_turns(tmp_pat
             members = [from_row(r) for r in tables.members_of(store, t["id"])]
             assert len(members) == 4 and all(m.tools == TOOLS for m in members)
             assert any(m.tool_calls for m in members[1:])
+        # What `onjob demo` reports of them.
+        assert groups_formed(store) == {
+            "tool_call_turn_groups": 2,
+            "other_turn_groups": 2,
+            "trajectory_groups": 1,
+            "conversations_in_trajectory_groups": 2,
+        }
     finally:
         store.close()
 

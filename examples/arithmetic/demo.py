@@ -261,6 +261,7 @@ def run(o: Options, echo=say) -> dict:
             groups = progress.group_rewards(store)
             history = list(reversed(deployments.history(store, 1000)))
             runs = store.query("SELECT count(*) AS n FROM train_runs")[0]["n"]
+            formed = groups_formed(store)
             paths = {r["name"]: r["path"] for r in store.query("SELECT * FROM checkpoints")}
         finally:
             store.close()
@@ -280,6 +281,7 @@ def run(o: Options, echo=say) -> dict:
         "wall_s": time.monotonic() - started,
         "stage_s": {**seconds, "loop_stages": status["loop"]["seconds"]},
         "train_runs": runs,
+        "groups_formed": formed,
         **_decisions(history),
         "agent": {"requests": traffic.done, "errors": traffic.errors},
         "rewards": status["rewards"],
@@ -594,6 +596,38 @@ def _pct(r: dict) -> str:
     return f"{r['success']:.1%} [95% CI {low:.1%}, {high:.1%}] of {r['n']}"
 
 
+def groups_formed(store: Store) -> dict:
+    """The groups the judge formed: turn groups on turns whose logged answer called a tool
+    and on other turns, and trajectory groups with the conversations in them."""
+    row = store.query(
+        """
+        SELECT count(*) FILTER (WHERE g.kind = 'turn' AND coalesce(json_array_length(
+                   e.response -> '$.choices[0].message.tool_calls'), 0) > 0) AS tool_call_turns,
+               count(*) FILTER (WHERE g.kind = 'turn') AS turns,
+               count(*) FILTER (WHERE g.kind = 'trajectory') AS trajectories,
+               (SELECT count(*) FROM members m JOIN groups t ON t.id = m.group_id
+                WHERE t.kind = 'trajectory') AS conversations
+        FROM groups g LEFT JOIN exchanges e ON e.id = g.prefix_exchange
+        """
+    )[0]
+    return {
+        "tool_call_turn_groups": row["tool_call_turns"],
+        "other_turn_groups": row["turns"] - row["tool_call_turns"],
+        "trajectory_groups": row["trajectories"],
+        "conversations_in_trajectory_groups": row["conversations"],
+    }
+
+
+def _groups_line(g: dict | None) -> str:
+    if not g:
+        return "judge groups: none recorded"
+    return (
+        f"judge groups: {g['tool_call_turn_groups']} on tool-call turns, "
+        f"{g['other_turn_groups']} on other turns, {g['trajectory_groups']} trajectory groups "
+        f"({g['conversations_in_trajectory_groups']} conversations)"
+    )
+
+
 def _table(r: dict) -> str:
     b, a = r["before"], r["after"]
     width = max(len(b["model"]), len(a["model"]))
@@ -608,6 +642,7 @@ def _table(r: dict) -> str:
             f"  change  {(a['success'] - b['success']) * 100:+.1f} points",
             *r.get("example_lines", ()),
             *_audit_lines(r.get("audit")),
+            _groups_line(r.get("groups_formed")),
             f"{r['train_runs']} training runs, {r['canaries']} canaries, "
             f"{r['promotions']} promoted, {r['rollbacks']} rolled back, {r['stopped']} stopped "
             "on the held-out slice; "

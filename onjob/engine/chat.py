@@ -145,9 +145,11 @@ def parse_tool_calls(
     `cut`: the output was a forced call (a grammar wrote it) cut by `max_tokens`, so
     everything before the cut is a prefix of well-formed calls: the complete calls are
     returned and the unfinished last one dropped, since a forced answer is a tool call
-    (OpenAI's contract for `tool_choice` "required"). vLLM returns such an answer as
-    text (`vllm/entrypoints/openai/chat_completion/serving.py` validates the whole
-    output as a list of calls); the finish reason stays "length" here as there.
+    (OpenAI's contract for `tool_choice` "required"). vLLM parses a "required" answer
+    as one JSON list of calls (`vllm/entrypoints/openai/engine/serving.py`,
+    `TypeAdapter(list[FunctionDefinition]).validate_json` under
+    `contextlib.suppress(ValidationError)`), so a cut one comes back with no calls and
+    no content; the finish reason stays "length" here as there.
 
     Two deliberate differences (tests/test_vllm_contract.py): each call's JSON is read
     with a JSON decoder from its `<tool_call>` on, so an argument string that contains

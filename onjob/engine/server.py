@@ -120,6 +120,9 @@ def create_app(
             logit_bias=_logit_bias(req.logit_bias, loaded.vocab_size),
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
+            # vLLM keeps an answer's first call only (`maybe_filter_parallel_tool_calls`,
+            # `vllm/entrypoints/serve/utils/tool_calls_utils.py`) but decodes on; ending
+            # the answer there keeps its token ids (what a trainer reads) the call's own.
             stop_after_call=tools.mode != "none" and not tools.parallel,
         )
         constraint = grammar.constraint(req, tools)
