@@ -202,3 +202,31 @@ def test_the_audit_measures_each_promotion_against_the_checkpoint_it_replaced(
     assert low < promotion["change"] < high
     assert promotion["significantly_worse"] == (high < 0)
     assert any("ckpt-a:" in line for line in lines)
+
+
+def test_shortened_calculator_demo_runs_the_loop_on_tool_calling_conversations(
+    tmp_path, tiny_model_dir
+):
+    """`--example calculator` on the tiny model: the multi-turn agent's conversations
+    (first call forced) go through the proxy, the judge forms groups on their tool-call
+    turns, and the table reports them and the right-tool-call rate before and after."""
+    done = subprocess.run(
+        demo(tmp_path, tiny_model_dir, "--example", "calculator", "--rounds", "1",
+             "--minutes", "8"),
+        cwd=ROOT,
+        env={**os.environ, **SHORT},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )  # fmt: skip
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "right tool calls (multiply with the question's numbers, first call):" in out, out
+    assert "judge groups:" in out, out
+    result = json.loads((tmp_path / "demo" / "result.json").read_text())
+    assert result["task"].startswith("examples/calculator")
+    assert result["groups_formed"]["tool_call_turn_groups"] >= 1
+    assert 0 <= result["before"]["right_call_rate"] <= 1
+    db = tmp_path / "demo" / "onjob.duckdb"
+    turns = "SELECT max(turn) AS t FROM exchanges WHERE source = 'production'"
+    assert rows(db, turns)[0]["t"] >= 1  # conversations of more than one turn
