@@ -11,7 +11,7 @@ success as the referee, the reward graded: 1 for the sum alone, 0.5 among others
 audit: every promotion's checkpoint and the one it replaced, measured on the held-out
 questions. bench/results/learning-<timestamp>.json holds every run (before/after success
 with 95% intervals, wall time per stage, training runs, canaries, promotions, rollbacks,
-candidates stopped on the held-out slice, the audit) and the summary: the held-out gain's
+candidates stopped before serving anyone, the audit) and the summary: the held-out gain's
 mean and spread over runs, and the promotions to a checkpoint that measured worse than
 the one it replaced (target 0). It is rewritten after each repeat, so a run cut short
 keeps what it finished. Each run's learning.png is copied beside it (the first as
@@ -115,7 +115,7 @@ def main() -> None:
         + f" (each: {', '.join(f'{x:+.1f}' for x in g['each'])}); {s['promotions']} promotions, "
         f"{s['promotions_worse']} to a checkpoint worse on held-out questions "
         f"({s['promotions_significantly_worse']} beyond the 95% interval), {s['rollbacks']} "
-        f"rollbacks, {s['stopped_on_held_out']} stopped on the held-out slice"
+        f"rollbacks, {s['stopped_on_held_out']} stopped before serving anyone"
     )
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)

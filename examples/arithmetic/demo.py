@@ -576,8 +576,8 @@ def _reward_summary(rows: list[dict]) -> str:
 
 
 def _decisions(history: list[dict]) -> dict:
-    """Canaries started, promoted and rolled back, and candidates stopped on the held-out
-    slice before serving anyone, from the deployments in time order."""
+    """Canaries started, promoted and rolled back, and candidates stopped by their offline
+    test before serving anyone, from the deployments in time order."""
     out = {"canaries": 0, "promotions": 0, "rollbacks": 0, "stopped": 0}
     canary = None
     for row in history:
@@ -645,7 +645,7 @@ def _table(r: dict) -> str:
             _groups_line(r.get("groups_formed")),
             f"{r['train_runs']} training runs, {r['canaries']} canaries, "
             f"{r['promotions']} promoted, {r['rollbacks']} rolled back, {r['stopped']} stopped "
-            "on the held-out slice; "
+            "before serving anyone; "
             f"{r['agent']['requests']} agent requests ({r['agent']['errors']} errors)",
             f"wall time {r['wall_s']:.0f} s: start {stages['start']:.0f} s, "
             f"evaluations {stages['eval_before'] + stages['eval_after']:.0f} s, "
