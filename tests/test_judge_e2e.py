@@ -266,7 +266,12 @@ def test_ruler_scores_groups_and_a_cached_judgement_makes_no_call(tmp_path, logg
         return 200, "Scores:\n" + scores_json({i: i / 10 for i in candidates(body)})
 
     with FakeJudge(judge) as fake:
-        config = f'[judge]\ngroup_size = 2\nsettle_s = 0\nbackoff_s = 0\napi_base = "{fake.url}"\n'
+        # Turn groups only (the tool-call quota would add the conversations' other turns
+        # and their trajectory group: tested on its own above).
+        config = (
+            f'[judge]\ngroup_size = 2\nsettle_s = 0\nbackoff_s = 0\napi_base = "{fake.url}"\n'
+            "tool_turns_per_scenario = 0\n"
+        )
         db = workdir(tmp_path, logged, config)
         out = judge_once(tmp_path, logged["engine"], "--model", "openai/judge")
         groups = rows(db, "SELECT id, status FROM groups ORDER BY created")
