@@ -396,3 +396,25 @@ def test_the_documented_bounds_are_the_bounds_the_proxy_checks(tmp_path, path, s
         for field, wrong in (("temperature", "hot"), ("stream", "yes"), ("seed", True)):
             resp = client.post(path, json={**base, field: wrong})
             assert resp.status_code == 400 and resp.json()["error"]["param"] == field, resp.text
+
+
+def test_the_proxy_and_the_engine_check_the_same_sampling_bounds(tmp_path):
+    """One declaration (`onjob.openai_fields`): every bound the proxy documents and checks
+    on a chat request is the engine's bound for that field, so the proxy never forwards a
+    value the engine would refuse, nor refuses one it would take. `n` and `max_tokens` are
+    the server's settings, not the protocol's."""
+    import msgspec
+
+    from onjob.engine.protocol import ChatRequest
+
+    app, _ = recording_app(tmp_path, answer=lambda body: httpx.Response(200, json=completion()))
+    with TestClient(app) as client:
+        proxy = _bounded_fields(
+            client.get("/openapi.json").json()["components"]["schemas"]["ChatCompletionRequest"]
+        )
+    (_, defs) = msgspec.json.schema_components([ChatRequest])
+    engine = _bounded_fields(defs["ChatRequest"])
+    settings = {"n", "max_tokens", "max_completion_tokens"}
+    shared = set(proxy) - settings
+    assert {"temperature", "top_p", "top_logprobs", "presence_penalty"} <= shared, proxy
+    assert {f: proxy[f] for f in shared} == {f: engine[f] for f in shared}

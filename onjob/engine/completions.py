@@ -21,6 +21,7 @@ from litestar import Request, Response, post
 from litestar.response import Stream
 from msgspec import Meta
 
+from ..openai_fields import LogitBias, Penalty, StreamOptions, Temperature, TopLogprobs, TopP
 from .answers import sse, usage
 from .batching import Batcher, TokenEvent
 from .errors import BadRequest, EngineError, NotFound
@@ -28,29 +29,25 @@ from .resolver import Resolver
 from .sampling import Sampling
 
 
-class _StreamOptions(msgspec.Struct, kw_only=True):
-    include_usage: bool | None = None
-
-
 class CompletionRequest(msgspec.Struct, kw_only=True):
     model: str
     prompt: str | list[Any]  # checked in `prompt_ids`: one string or one list of token ids
     n: Annotated[int, Meta(ge=1, le=64)] | None = None
     max_tokens: Annotated[int, Meta(ge=1)] | None = None
-    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
-    logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    logprobs: TopLogprobs | None = None
     stream: bool | None = None
-    stream_options: _StreamOptions | None = None
+    stream_options: StreamOptions | None = None
     # Refused when set: this engine cannot honour them.
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: LogitBias | None = None
     # vLLM extensions.
     return_token_ids: bool | None = None
     ignore_eos: bool | None = None

@@ -6,7 +6,8 @@ one of three groups: honoured, ignored because the answer does not depend on it,
 refused with a 400 naming it (`ChatRequest.refused`). Every field may be `null`,
 meaning absent, as OpenAI allows. Fields outside OpenAI's schema (vLLM's extensions
 and anything newer) are accepted and ignored, as vLLM and OpenAI do; wrong types and
-out-of-range values are a 400 whose `param` is the offending path.
+out-of-range values are a 400 whose `param` is the offending path. The bounds and the
+tool and stream-option shapes are the ones the proxy checks (`onjob.openai_fields`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import msgspec
 from msgspec import Meta
 
 from ..logprobs import GRAMMAR_FIELDS
+from ..openai_fields import LogitBias, Penalty, StreamOptions, Temperature, Tool, TopLogprobs, TopP
 
 
 class Message(msgspec.Struct, kw_only=True):
@@ -25,23 +27,6 @@ class Message(msgspec.Struct, kw_only=True):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
-
-
-class Function(msgspec.Struct, kw_only=True):
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None  # calls forced by tool_choice are always decoded under the schema
-
-
-class Tool(msgspec.Struct, kw_only=True):
-    type: Literal["function"] = "function"
-    function: Function
-
-
-class StreamOptions(msgspec.Struct, kw_only=True):
-    include_usage: bool | None = None
-    include_obfuscation: bool | None = None  # padding against side channels: none to pad
 
 
 class JsonSchema(msgspec.Struct, kw_only=True):
@@ -83,17 +68,17 @@ class ChatRequest(msgspec.Struct, kw_only=True):
 
     # Honoured.
     n: Annotated[int, Meta(ge=1, le=64)] | None = None
-    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     max_tokens: Annotated[int, Meta(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
     logprobs: bool | None = None
-    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
-    logit_bias: dict[str, Annotated[float, Meta(ge=-100, le=100)]] | None = None
-    frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
-    presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+    top_logprobs: TopLogprobs | None = None
+    logit_bias: LogitBias | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     tools: list[Tool] | None = None

@@ -8,10 +8,8 @@ bytes), and `chat_request` / `CompletionRequest` document the same types and bou
 `GET /openapi.json`. Responses are built as these Structs (`ResponseObject`), so what is
 documented is what is sent.
 
-The bounds are where OpenAI's API and the engines behind onjob agree, so a request the
-proxy forwards is one every backend accepts: `temperature` 0 to 2 (OpenAI's; vLLM takes
-any non-negative, the local engine 0 to 2), `top_p` above 0 up to 1 (vLLM and the local
-engine refuse 0, which OpenAI takes), `top_logprobs` 0 to 20. `n` and `max_tokens` are
+The types and bounds the engine checks too are declared once, in `onjob.openai_fields`,
+so a request the proxy forwards is one the engine accepts. `n` and `max_tokens` are
 bounded by the server's settings (`proxy.max_n`, `proxy.max_tokens_limit`).
 """
 
@@ -22,6 +20,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
+from ..openai_fields import LogitBias, Penalty, StreamOptions, Temperature, Tool, TopLogprobs, TopP
 from .errors import BadRequest
 from .settings import ProxySettings
 
@@ -59,22 +58,6 @@ class Message(msgspec.Struct, kw_only=True):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
-
-
-class FunctionDefinition(msgspec.Struct, kw_only=True):
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class Tool(msgspec.Struct, kw_only=True):
-    type: str = "function"
-    function: FunctionDefinition
-
-
-class StreamOptions(msgspec.Struct, kw_only=True):
-    include_usage: bool | None = None
 
 
 class Metadata(msgspec.Struct, kw_only=True):
@@ -296,13 +279,13 @@ _OBJECT = dict[str, Any]
 _SAMPLING: list[tuple[str, Any, Any]] = [
     ("stream", bool, bool),
     ("stream_options", _OBJECT, StreamOptions),
-    ("temperature", Annotated[float, Meta(ge=0, le=2)], None),
-    ("top_p", Annotated[float, Meta(gt=0, le=1)], None),
-    ("presence_penalty", float, float),
-    ("frequency_penalty", float, float),
+    ("temperature", Temperature, None),
+    ("top_p", TopP, None),
+    ("presence_penalty", Penalty, None),
+    ("frequency_penalty", Penalty, None),
     ("seed", int, int),
     ("stop", str | list[str], None),
-    ("logit_bias", _OBJECT, dict[str, float]),
+    ("logit_bias", LogitBias, None),
     ("user", str, str),
     ("n", int, None),  # bounded by the settings: `_bounded`
     ("max_tokens", int, None),
@@ -313,13 +296,13 @@ _SAMPLING: list[tuple[str, Any, Any]] = [
 _CHAT_ONLY: list[tuple[str, Any, Any]] = [
     ("max_completion_tokens", int, None),
     ("logprobs", bool, bool),
-    ("top_logprobs", Annotated[int, Meta(ge=0, le=20)], None),
+    ("top_logprobs", TopLogprobs, None),
     ("tools", list[_OBJECT], list[Tool]),
     ("tool_choice", str | _OBJECT, None),
     ("parallel_tool_calls", bool, bool),
 ]
 _LEGACY_ONLY: list[tuple[str, Any, Any]] = [
-    ("logprobs", Annotated[int, Meta(ge=0, le=20)], None),
+    ("logprobs", TopLogprobs, None),
     ("echo", bool, bool),
     ("best_of", int, int),
     ("suffix", str, str),

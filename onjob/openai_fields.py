@@ -1,0 +1,40 @@
+"""The OpenAI request fields the proxy and the local engine both check, declared once.
+
+The proxy checks a client's sampling fields against these before it forwards a request
+(`proxy/protocol.py`), and the engine declares its request with them
+(`engine/protocol.py`), so the proxy passes exactly what the engine accepts and both
+refuse a bad value with the same 400. The bounds are vLLM's (`vllm/sampling_params.py`
+`_verify_args`: `temperature` 0 to 2, `top_p` above 0 where OpenAI takes 0, penalties
+-2 to 2; older releases took any non-negative temperature) and OpenAI's `logit_bias`
+of -100 to 100, which vLLM clamps.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+Temperature = Annotated[float, Meta(ge=0, le=2)]
+TopP = Annotated[float, Meta(gt=0, le=1)]
+TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
+Penalty = Annotated[float, Meta(ge=-2, le=2)]  # presence and frequency
+LogitBias = dict[str, Annotated[float, Meta(ge=-100, le=100)]]
+
+
+class FunctionDefinition(msgspec.Struct, kw_only=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # calls forced by tool_choice are always decoded under the schema
+
+
+class Tool(msgspec.Struct, kw_only=True):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None  # padding against side channels: none to pad
