@@ -94,6 +94,29 @@ def test_a_key_file_others_can_read_is_a_refusal_not_a_crash(tmp_path):
     assert "onjob serve: " in done.stderr and "can be read by others" in done.stderr
 
 
+def test_a_settings_file_naming_a_setting_onjob_lacks_is_refused_naming_each(tmp_path):
+    """pydantic would ignore an unknown key, and the server would run without what the
+    file asks: a typo is named with the setting it is closest to, a removed setting with
+    what became of it, and nothing starts."""
+    config = tmp_path / "onjob.toml"
+    config.write_text(
+        '[proxy]\nupstream_client = "aiohttp"\nport = 1\n'
+        "[loop]\nintervl_s = 5\n[loop.gate]\nrewardz = {}\n[nosuch]\na = 1\n"
+    )
+    done = onjob("serve", "--config", str(config), "--db", str(tmp_path / "x.duckdb"))
+    assert done.returncode == Exit.REFUSED
+    assert done.stderr.splitlines() == [
+        f"onjob serve: {config}: `proxy.upstream_client` was removed: the proxy has one "
+        "engine client now; delete the line",
+        f"onjob serve: {config}: `loop.intervl_s` is not a setting (did you mean "
+        "`loop.interval_s`?)",
+        f"onjob serve: {config}: `loop.gate.rewardz` is not a setting (did you mean "
+        "`loop.gate.rewards`?)",
+        f"onjob serve: {config}: `nosuch` is not a setting",
+    ]
+    assert not (tmp_path / "x.duckdb").exists()
+
+
 def test_a_check_that_ran_and_failed_exits_1():
     done = onjob("doctor", "--engine-url", f"http://127.0.0.1:{free_port()}/v1", "--timeout", "5")
     assert done.returncode == Exit.FAILED == 1

@@ -32,14 +32,14 @@ def load_settings(args: argparse.Namespace, **sections: dict):
     each invalid field, when they cannot be read."""
     from pydantic import ValidationError
 
-    from .settings import ServeSettings
+    from .settings import ServeSettings, SettingsError
 
     try:
         return ServeSettings.load(args.config, **{k: v for k, v in sections.items() if v})
     except ValidationError as exc:
         lines = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
         raise Refused("\n".join(lines)) from exc
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, SettingsError) as exc:
         raise Refused(str(exc)) from exc
 
 

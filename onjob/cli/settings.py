@@ -7,7 +7,9 @@ Sources, strongest first: command-line flags, `ONJOB_<SECTION>__<FIELD>` variabl
 
 from __future__ import annotations
 
+import difflib
 import os
+import tomllib
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -23,6 +25,15 @@ from ..deploy.settings import DeploySettings
 from .telemetry import TelemetrySettings
 
 DEFAULT_CONFIG = Path("onjob.toml")
+
+# Settings that existed once: a file still setting one is told what became of it.
+REMOVED = {
+    "proxy.upstream_client": "the proxy has one engine client now; delete the line",
+}
+
+
+class SettingsError(ValueError):
+    """The settings file names a setting onjob does not have."""
 
 
 class ChildEngine(BaseModel):
@@ -70,7 +81,40 @@ class ServeSettings(DeploySettings, BaseSettings):
         if path is not None and not Path(path).is_file():
             raise FileNotFoundError(f"config file {path} does not exist")
         cls._toml = Path(path) if path else None
+        if cls._toml is not None:
+            _check_keys(cls, cls._toml)
         try:
             return cls(**overrides)
         finally:
             cls._toml = None
+
+
+def _check_keys(cls: type[BaseModel], path: Path) -> None:
+    """Refuse a file that names a setting onjob lacks (a typo, or one since removed):
+    pydantic would ignore it, and the server would run without what the file asks."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{path}: not TOML: {exc}") from None
+    problems = [f"{path}: {problem}" for problem in _unknown(cls, data, "")]
+    if problems:
+        raise SettingsError("\n".join(problems))
+
+
+def _unknown(model: type[BaseModel], data: dict, prefix: str):
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        field = model.model_fields.get(key)
+        if field is None:
+            if name in REMOVED:
+                yield f"`{name}` was removed: {REMOVED[name]}"
+                continue
+            close = difflib.get_close_matches(key, list(model.model_fields), n=1)
+            hint = f" (did you mean `{prefix}{close[0]}`?)" if close else ""
+            yield f"`{name}` is not a setting{hint}"
+        elif isinstance(value, dict) and _is_model(field.annotation):
+            yield from _unknown(field.annotation, value, f"{name}.")
+
+
+def _is_model(annotation) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
