@@ -19,7 +19,8 @@ how often a question whose last group had all-equal rewards has all-equal reward
 fields (aliases: lr, warmup, clip = eps_low and eps_high); the base is the demo's.
 
     .venv/bin/python bench/learn_offline.py [--snapshot bench/results/learn-snapshot.parquet]
-        [--groups 24] [--seeds 3] [--compare lr=5e-5,2e-4,1e-3] [--set epochs=2]
+        [--groups 24] [--seeds 3] [--compare lr=5e-5,2e-4,1e-3] [--compare epochs=2]
+        [--set warmup=2]
 
 Writes bench/results/learn_offline-<timestamp>.json.
 """
@@ -53,6 +54,9 @@ ALIASES = {"lr": ["learning_rate"], "warmup": ["warmup_steps"], "clip": ["eps_lo
 # off: a guard, not learning, and decoding is most of its cost.
 BASE = {"learning_rate": 2e-4, "groups_per_step": 2, "lora_rank": 16, "kl_own_prompts": 0}
 MAX_TOKENS = 48  # the demo's agent and judge
+# One request is a whole batch (25 questions x --samples): on a busy machine it took past
+# 600 s, and a timeout loses the sweep; the engine is ours, so a hang is a bug to see.
+HTTP_TIMEOUT_S = 3600
 
 
 def snapshot(url: str, model: str, path: Path, groups: int, size: int) -> None:
@@ -80,7 +84,7 @@ def snapshot(url: str, model: str, path: Path, groups: int, size: int) -> None:
             "logprobs": True,
             "return_token_ids": True,
         }
-        data = httpx.post(f"{url}/chat/completions", json=body, timeout=600).json()
+        data = httpx.post(f"{url}/chat/completions", json=body, timeout=HTTP_TIMEOUT_S).json()
         rows = []
         for c in sorted(data["choices"], key=lambda c: c["index"]):
             answer = {"role": "assistant", "content": c["message"]["content"]}
@@ -145,7 +149,7 @@ def heldout(url: str, model: str, samples: int, seed: int) -> dict:
             "max_tokens": MAX_TOKENS,
             "seed": 7919 * seed + 100 * i,
         }
-        data = httpx.post(f"{url}/chat/completions", json=body, timeout=600).json()
+        data = httpx.post(f"{url}/chat/completions", json=body, timeout=HTTP_TIMEOUT_S).json()
         texts = [c["message"]["content"] for c in data["choices"]]
         rewards = [
             task.reward(Rollout("m", [*task.messages(q), {"role": "assistant", "content": t}]))
@@ -178,9 +182,9 @@ def trained(snap: Path, out: Path, overrides: dict, seed: int, threads: int) -> 
     }
 
 
-def settings_of(base: list[str], compare: str | None) -> list[tuple[str, dict]]:
+def settings_of(base: list[str], compare: list[str]) -> list[tuple[str, dict]]:
     """(label, TrainSettings overrides) per setting: `--set`s for all, one per value of
-    `--compare key=v1,v2`."""
+    each `--compare key=v1,v2` (several `--compare`s: their settings one after another)."""
 
     def fields(key: str, value: str) -> dict:
         parsed = json.loads(value) if value not in ("true", "false") else value == "true"
@@ -192,8 +196,11 @@ def settings_of(base: list[str], compare: str | None) -> list[tuple[str, dict]]:
         common |= fields(key, value)
     if not compare:
         return [(" ".join(base) or "default", common)]
-    key, _, values = compare.partition("=")
-    return [(f"{key}={v}", common | fields(key, v)) for v in values.split(",")]
+    out = []
+    for item in compare:
+        key, _, values = item.partition("=")
+        out += [(f"{key}={v}", common | fields(key, v)) for v in values.split(",")]
+    return out
 
 
 # Student's t, 97.5% quantile, by degrees of freedom (no scipy in the environment).
@@ -242,7 +249,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="0: make the snapshot only")
     parser.add_argument("--samples", type=int, default=4, help="answers per held-out question")
     parser.add_argument("--set", action="append", default=[], help="FIELD=VALUE for every run")
-    parser.add_argument("--compare", help="FIELD=V1,V2,...: one setting per value")
+    parser.add_argument("--compare", action="append", default=[],
+                        help="FIELD=V1,V2,...: one setting per value (repeatable)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=2, help="torch threads (engine, trainer)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
