@@ -97,11 +97,12 @@ def test_a_key_file_others_can_read_is_a_refusal_not_a_crash(tmp_path):
 def test_a_settings_file_naming_a_setting_onjob_lacks_is_refused_naming_each(tmp_path):
     """pydantic would ignore an unknown key, and the server would run without what the
     file asks: a typo is named with the setting it is closest to, a removed setting with
-    what became of it, and nothing starts."""
+    what became of it, and nothing starts; an old name still read (`loop.sprt_delta`) is
+    not refused."""
     config = tmp_path / "onjob.toml"
     config.write_text(
         '[proxy]\nupstream_client = "aiohttp"\nport = 1\n'
-        "[loop]\nintervl_s = 5\n[loop.gate]\nrewardz = {}\n[nosuch]\na = 1\n"
+        "[loop]\nsprt_delta = 0.3\nintervl_s = 5\n[loop.gate]\nrewardz = {}\n[nosuch]\na = 1\n"
     )
     done = onjob("serve", "--config", str(config), "--db", str(tmp_path / "x.duckdb"))
     assert done.returncode == Exit.REFUSED

@@ -102,9 +102,10 @@ def _check_keys(cls: type[BaseModel], path: Path) -> None:
 
 
 def _unknown(model: type[BaseModel], data: dict, prefix: str):
+    names = _names(model)
     for key, value in data.items():
         name = f"{prefix}{key}"
-        field = model.model_fields.get(key)
+        field = names.get(key)
         if field is None:
             if name in REMOVED:
                 yield f"`{name}` was removed: {REMOVED[name]}"
@@ -114,6 +115,17 @@ def _unknown(model: type[BaseModel], data: dict, prefix: str):
             yield f"`{name}` is not a setting{hint}"
         elif isinstance(value, dict) and _is_model(field.annotation):
             yield from _unknown(field.annotation, value, f"{name}.")
+
+
+def _names(model: type[BaseModel]) -> dict:
+    """Each field by its name and by every alias it is read under (an old name kept)."""
+    out = {}
+    for name, field in model.model_fields.items():
+        out[name] = field
+        for alias in (field.alias, field.validation_alias):
+            choices = getattr(alias, "choices", [alias])
+            out |= {c: field for c in choices if isinstance(c, str)}
+    return out
 
 
 def _is_model(annotation) -> bool:
