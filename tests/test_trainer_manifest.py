@@ -41,6 +41,7 @@ def test_a_manifest_an_older_version_wrote_loads_and_is_written_back_unchanged(t
     (tmp_path / FILE).write_text(json.dumps(OLD, indent=2))
     manifest = Manifest.read(tmp_path)
     assert manifest.name == OLD["name"] and manifest.parent is None
+    assert (manifest.snapshot_sha256, manifest.config_sha256) == ("ab" * 32, "cd" * 32)
     assert manifest.groups == ["g1", "g2"] and "g3" in manifest.skipped_groups
     assert manifest.config["started_by"] == "loop"
     assert manifest.precision["sampler"] == {"dtype": "x"}
