@@ -172,7 +172,7 @@ def trained(snap: Path, out: Path, overrides: dict, seed: int, threads: int) -> 
     settings = TrainSettings(**{**BASE, **overrides, "seed": seed, "threads": threads})
     cpu = time.process_time()
     manifest = train(snap, out, settings, progress=False, echo=lambda _: None)
-    m = manifest["metrics"]
+    m = manifest.metrics
     return {
         "cpu_s": time.process_time() - cpu,
         "groups": m["groups"],

@@ -101,10 +101,10 @@ def worker(snap: Path, out: Path) -> dict:
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    trained = len(manifest["groups"])
+    trained = len(manifest.groups)
     return {
         "groups_trained": trained,
-        "steps": manifest["metrics"]["steps"],
+        "steps": manifest.steps,
         "cpu_s": cpu,
         "wall_s": wall,
         "cpu_s_per_group": cpu / trained,

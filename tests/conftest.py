@@ -17,6 +17,8 @@ from onjob import bundled
 from onjob.cli import admin_key
 from onjob.cli.process import EngineProcess
 from onjob.collector import Store
+from onjob.trainer.manifest import Manifest
+from onjob.trainer.records import record_run
 
 TOOLS = [
     {
@@ -53,6 +55,33 @@ def admin_of(where) -> dict:
     key = admin_key.read(db)
     assert key, f"no admin key beside {db}"
     return {"Authorization": f"Bearer {key}"}
+
+
+def record_trained(
+    store: Store,
+    name: str,
+    path: Path,
+    base_model,
+    *,
+    groups: list[str] | tuple[str, ...] = (),
+    config: dict | None = None,
+    metrics: dict | None = None,
+    parent: str | None = None,
+) -> None:
+    """A candidate as a finished training run records it (`record_run`, run `run-<name>`),
+    from a manifest holding only what its rows keep; `metrics` beside a duration of 1 s."""
+    manifest = Manifest(
+        name=name,
+        base_model=str(base_model),
+        snapshot_sha256="",
+        config_sha256="",
+        config=config or {},
+        groups=list(groups),
+        metrics={"duration_s": 1.0, **(metrics or {})},
+        history=[],
+        created=0.0,
+    )
+    record_run(store, f"run-{name}", manifest, Path(path), parent)
 
 
 @pytest.fixture(scope="session")

@@ -23,9 +23,8 @@ from onjob.collector import Collector, CollectorSettings, ExchangeRecord, Store,
 from onjob.collector.records import to_json
 from onjob.judge import tables
 from onjob.judge.ruler import Judgement
-from onjob.trainer.records import record_run
 
-from .conftest import rows
+from .conftest import record_trained, rows
 from .fake_judge import FakeJudge, candidates, scores_json
 
 ONJOB = str(Path(sys.executable).with_name("onjob"))
@@ -157,14 +156,8 @@ def test_a_spent_training_budget_pauses_the_loops_training_visibly_until_the_nex
     db = tmp_path / "onjob.duckdb"
     (tmp_path / "onjob.toml").write_text(TRAIN)
     store = Store(db)
-    manifest = {
-        "name": "ckpt-earlier",
-        "groups": [],
-        "config": {},
-        "metrics": {"duration_s": 15 * 60},
-        "base_model": "base",
-    }
-    record_run(store, "run-earlier", manifest, tmp_path / "ckpt-earlier", None)  # 15 minutes
+    earlier = {"duration_s": 15 * 60}  # 15 minutes
+    record_trained(store, "ckpt-earlier", tmp_path / "ckpt-earlier", "base", metrics=earlier)
     store.close()
 
     nowhere = f"http://127.0.0.1:{free_port()}"

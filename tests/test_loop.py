@@ -21,7 +21,7 @@ from onjob.cli.process import ServerProcess, free_port
 from onjob.collector import Store
 from onjob.deploy import registry
 
-from .conftest import TOOL_QUESTION, TOOLS, admin_of, make_adapter, rows
+from .conftest import TOOL_QUESTION, TOOLS, admin_of, make_adapter, record_trained, rows
 
 ONJOB = str(Path(sys.executable).with_name("onjob"))
 TARGETS = ["q_proj", "v_proj", "o_proj"]
@@ -330,8 +330,6 @@ def test_while_comparing_the_loop_samples_no_more_than_the_next_run_needs(
 def test_conversations_the_canary_trained_on_and_compare_runs_never_count_for_it(
     tmp_path, traffic, tool_engine, tool_model_dir, unload
 ):
-    from onjob.trainer.records import record_run
-
     db = workdir(tmp_path, traffic, COMPARE_ONLY)
     env = {"ONJOB_JUDGE__MAX_GROUPS": "4", "ONJOB_JUDGE__PER_SCENARIO": "4"}
     judged = onjob(tmp_path, "judge", "--once", "--engine-url", tool_engine.url, env=env)
@@ -340,9 +338,7 @@ def test_conversations_the_canary_trained_on_and_compare_runs_never_count_for_it
     # mild's parent was trained on the judged groups: their conversations are its lineage's.
     store = Store(db)
     groups = [r["id"] for r in store.query("SELECT id FROM groups WHERE kind = 'turn'")]
-    manifest = {"groups": groups, "config": {}, "metrics": {"duration_s": 1.0}}
-    manifest.update(name="mild-parent", base_model=str(tool_model_dir))
-    record_run(store, "run-parent", manifest, tmp_path / "mild", None)
+    record_trained(store, "mild-parent", tmp_path / "mild", tool_model_dir, groups=groups)
     store.con.execute("UPDATE checkpoints SET parent = 'mild-parent' WHERE name = 'mild'")
     trained = {
         r["trajectory_id"]

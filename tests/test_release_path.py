@@ -18,9 +18,8 @@ from onjob.deploy import deployments, holdout, pairs, prompts, registry, stats
 from onjob.deploy.loop import run_once
 from onjob.judge import JudgeSettings, run_pass, tables
 from onjob.judge.settings import RewardFn
-from onjob.trainer.records import record_run
 
-from .conftest import rows
+from .conftest import record_trained, rows
 from .test_adapter_control import ALIAS, VLLM, checkpoint_path, operator_on
 from .test_adapter_control import db as db
 from .test_reward_hacking import HEDGING, QUESTION, engine, scripted, settings
@@ -191,9 +190,7 @@ def test_held_out_prompts_leave_out_conversations_the_lineage_trained_on(
         store.con.execute(
             "INSERT INTO members VALUES ('m-old', 'g-old', 0, 'h-0', 0, 'ht-0', 'logged')"
         )
-        manifest = {"groups": ["g-old"], "config": {}, "metrics": {"duration_s": 1.0}}
-        manifest.update(name="parent", base_model=str(tiny_model_dir))
-        record_run(store, "run-parent", manifest, tiny_adapter_dir, None)
+        record_trained(store, "parent", tiny_adapter_dir, tiny_model_dir, groups=["g-old"])
         registry.add(store, tiny_adapter_dir, "cand", tiny_model_dir)
         store.con.execute("UPDATE checkpoints SET parent = 'parent' WHERE name = 'cand'")
         chosen = prompts.held_out(store, "agent", ["scn-held"], 10, lineage=[None, "cand"])
@@ -210,9 +207,8 @@ def test_held_out_prompts_leave_out_conversations_the_lineage_trained_on(
 def orphan(store, name: str, parent: str | None, adapter, base, started_by: str = "loop"):
     """A candidate recorded by a training run and never decided (the loop stopped between
     `record_run` and `set_canary`)."""
-    manifest = {"groups": [], "config": {"started_by": started_by}}
-    manifest.update(metrics={"duration_s": 1.0}, name=name, base_model=str(base))
-    record_run(store, f"run-{name}", manifest, adapter, parent)
+    config = {"started_by": started_by}
+    record_trained(store, name, adapter, base, config=config, parent=parent)
 
 
 def iterate(s) -> tuple[dict | None, str]:
@@ -355,9 +351,8 @@ def test_the_kl_guard_reads_the_drift_on_the_candidates_own_answers(
 
     store = Store(tmp_path / "onjob.duckdb")
     try:
-        manifest = {"groups": [], "config": {}, "name": "drifted", "base_model": "b"}
-        manifest["metrics"] = {"duration_s": 1.0, "kl_to_base": 0.01, "kl_to_base_own": 0.9}
-        record_run(store, "run-drifted", manifest, tiny_adapter_dir, None)
+        metrics = {"kl_to_base": 0.01, "kl_to_base_own": 0.9}
+        record_trained(store, "drifted", tiny_adapter_dir, "b", metrics=metrics)
         guard = trust.kl_guard(store, "drifted", LoopSettings(max_kl_to_base=0.5))
     finally:
         store.close()

@@ -14,9 +14,8 @@ from onjob.collector import Store
 from onjob.deploy import deployments, pairs, prompts, release
 from onjob.deploy.settings import GateSettings
 from onjob.judge.settings import RewardFn
-from onjob.trainer.records import record_run
 
-from .conftest import rows
+from .conftest import record_trained, rows
 from .test_reward_hacking import HEDGING, QUESTION, scripted, settings
 
 EXACT = GateSettings(rewards={"exact": RewardFn(fn="tests.hacking_rewards:exact")})
@@ -24,9 +23,7 @@ EXACT = GateSettings(rewards={"exact": RewardFn(fn="tests.hacking_rewards:exact"
 
 def trained_candidate(store, adapter, base) -> None:
     """`ckpt-hack` as the loop records it: a train run, a candidate."""
-    manifest = {"groups": [], "config": {"started_by": "loop"}, "metrics": {"duration_s": 1.0}}
-    manifest.update(name="ckpt-hack", base_model=str(base))
-    record_run(store, "run-hack", manifest, adapter, None)
+    record_trained(store, "ckpt-hack", adapter, base, config={"started_by": "loop"})
 
 
 def log(store, n: int, prefix: str, when: str, arm: str = "live", turns: int = 1) -> None:

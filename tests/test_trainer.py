@@ -20,7 +20,8 @@ from openai import OpenAI
 
 from onjob.cli.process import ServerProcess
 from onjob.trainer import NothingToTrain, TrainSettings
-from onjob.trainer.loop import MANIFEST, train
+from onjob.trainer.loop import train
+from onjob.trainer.manifest import FILE as MANIFEST
 
 from .conftest import TOOL_QUESTION, TOOLS, rows
 
@@ -87,7 +88,7 @@ def test_a_few_steps_raise_the_best_members_logprob_and_lower_the_worsts(
         base_model=tiny_model_dir, learning_rate=2e-3, epochs=6, lora_rank=8, seed=1
     )
     manifest = train(snap, tmp_path / "ckpt", settings, progress=False, echo=lambda _: None)
-    assert manifest["metrics"]["steps"] == 6 and manifest["groups"] == ["g1"]
+    assert manifest.steps == 6 and manifest.groups == ["g1"]
     assert (tmp_path / "ckpt" / "adapter_model.safetensors").exists()
     assert (tmp_path / "ckpt" / "adapter_config.json").exists()
 
@@ -103,7 +104,7 @@ def test_a_few_steps_raise_the_best_members_logprob_and_lower_the_worsts(
     tuned_lp = [lp for c in completions for lp in completion_logprobs(tuned, prompt, c)]
     base_lp = [lp for c in completions for lp in completion_logprobs(model, prompt, c)]
     k3 = [math.exp(b - p) - (b - p) - 1 for p, b in zip(tuned_lp, base_lp, strict=True)]
-    metrics = manifest["metrics"]
+    metrics = manifest.metrics
     assert metrics["kl_to_base_tokens"] == len(k3)
     assert math.isclose(metrics["kl_to_base"], sum(k3) / len(k3), rel_tol=1e-3)
     assert metrics["kl_to_base"] > 1e-3  # six steps at a high rate moved it
@@ -258,9 +259,9 @@ def test_traffic_to_judged_groups_to_a_checkpoint_the_engine_loads_and_serves(
     assert checkpoint[0]["train_run"] == run["id"] and run["groups_used"]
     assert json.loads(run["metrics"])["steps"] >= 1
     path = Path(checkpoint[0]["path"])
-    manifest = json.loads((path / MANIFEST).read_text())
-    assert manifest["base_model"] == str(tool_model_dir)
-    assert manifest["parent"] is None and len(manifest["snapshot_sha256"]) == 64
+    written = json.loads((path / MANIFEST).read_text())
+    assert written["base_model"] == str(tool_model_dir)
+    assert written["parent"] is None and len(written["snapshot_sha256"]) == 64
     # Trained groups are not exported again.
     again = subprocess.run([ONJOB, "train"], cwd=tmp_path, capture_output=True, text=True)
     assert again.returncode == 3 and "nothing to train on" in again.stdout

@@ -25,7 +25,8 @@ from onjob.engine.sampling import Sampling
 from onjob.trainer import BadTargets, TrainSettings
 from onjob.trainer.data import Group, Sequence
 from onjob.trainer.forward import Head, chunks, pack_limit, sampled_logprobs
-from onjob.trainer.loop import MANIFEST, train
+from onjob.trainer.loop import train
+from onjob.trainer.manifest import FILE as MANIFEST
 
 VOCAB = 49152  # the real tokenizer's, so the engine can load it beside each model
 WINDOW = 40  # a sliding window shorter than the long member below
@@ -207,8 +208,8 @@ def test_trained_on_engine_samples_and_served_back_by_the_engine(family, tmp_pat
     pq.write_table(pa.Table.from_pylist(rows), snapshot)
     settings = TrainSettings(base_model=path, lora_rank=8, learning_rate=0.02, epochs=2)
     manifest = train(snapshot, tmp_path / "ckpt", settings, progress=False, echo=lambda _: None)
-    assert manifest["metrics"]["logprob_gap_step0_max"] < 1e-5, name
-    assert manifest["precision"]["head_dtype"] == "torch.float32"
+    assert manifest.metrics["logprob_gap_step0_max"] < 1e-5, name
+    assert manifest.precision["head_dtype"] == "torch.float32"
     written = json.loads((tmp_path / "ckpt" / "adapter_config.json").read_text())
     layers = {n.rsplit(".", 1)[-1] for n, _ in loaded.model.named_modules()}
     assert set(written["target_modules"]) >= {"o_proj", "down_proj"}
@@ -224,9 +225,9 @@ def test_trained_on_engine_samples_and_served_back_by_the_engine(family, tmp_pat
         seq = Sequence("s", prompt + ids, [False] * len(prompt) + [True] * len(ids), [], 0, 0)
         assert torch.allclose(own_forward_logprobs(trained, [seq]), torch.tensor(lps), atol=1e-5)
         assert not torch.allclose(own_forward_logprobs(base, [seq]), torch.tensor(lps), atol=1e-3)
-    assert manifest["metrics"]["steps"] == 2 and json.loads(
-        (tmp_path / "ckpt" / MANIFEST).read_text()
-    )["groups"] == ["g1"]
+    assert manifest.steps == 2 and json.loads((tmp_path / "ckpt" / MANIFEST).read_text())[
+        "groups"
+    ] == ["g1"]
 
 
 def test_a_target_the_family_does_not_have_is_refused(phi3):

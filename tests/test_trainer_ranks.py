@@ -3,7 +3,6 @@ process trains, with the weights equal on both ranks after every step."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from onjob.trainer import TrainSettings
-from onjob.trainer.loop import MANIFEST
+from onjob.trainer.manifest import Manifest
 
 from .test_trainer import write_snapshot
 
@@ -43,11 +42,11 @@ def four_groups(tmp_path, tiny_model_dir, tokenizer):
     return write_snapshot(tmp_path / "s.parquet", groups, model)
 
 
-def _train(cmd: list[str], snap: Path, out: Path, settings: Path) -> dict:
+def _train(cmd: list[str], snap: Path, out: Path, settings: Path) -> Manifest:
     args = ["train", "--snapshot", str(snap), "--out", str(out), "--settings", str(settings)]
     done = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=600, env=_env())
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads((out / MANIFEST).read_text())
+    return Manifest.read(out)
 
 
 def _env() -> dict:
@@ -78,11 +77,11 @@ def test_two_ranks_on_gloo_train_what_one_process_trains(tmp_path, tiny_model_di
 
     # The weights were equal on both ranks after the last step, as every step's update
     # was the same on each (the manifest records the largest difference rank 0 saw).
-    assert two["metrics"]["ranks"] == 2 and one["metrics"]["ranks"] == 1
-    assert two["metrics"]["ranks_weight_gap"] == 0.0
+    assert two.metrics["ranks"] == 2 and one.metrics["ranks"] == 1
+    assert two.metrics["ranks_weight_gap"] == 0.0
     # Each step's loss is one process's on the same groups: the two ranks' halves summed.
-    assert [h["step"] for h in two["history"]] == [1, 2]
-    for a, b in zip(one["history"], two["history"], strict=True):
+    assert [h["step"] for h in two.history] == [1, 2]
+    for a, b in zip(one.history, two.history, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
         assert a["tokens"] == b["tokens"] and a["reward_mean"] == pytest.approx(b["reward_mean"])

@@ -254,11 +254,11 @@ def test_a_group_the_sampler_disagrees_with_is_skipped_and_recorded_and_the_run_
         progress=False,
         echo=lines.append,
     )
-    assert manifest["groups"] == ["good"]
-    assert "differ from the logged ones" in manifest["skipped_groups"]["bad"]
+    assert manifest.groups == ["good"]
+    assert "differ from the logged ones" in manifest.skipped_groups["bad"]
     assert any(line.startswith("group bad:") for line in lines)
-    assert manifest["metrics"]["skipped_groups"] == 1
-    assert manifest["metrics"]["logprob_gap_step0_max"] > 1e3  # the metric shows it
+    assert manifest.metrics["skipped_groups"] == 1
+    assert manifest.metrics["logprob_gap_step0_max"] > 1e3  # the metric shows it
     store = Store(tmp_path / "onjob.duckdb")
     record_run(store, "run-1", manifest, tmp_path / "ckpt", None)
     used = store.query("SELECT groups_used FROM train_runs")[0]["groups_used"]
@@ -319,10 +319,10 @@ def test_the_ratio_starts_at_one_when_continuing_a_parent_written_with_dropout(
         progress=False,
         echo=lambda _: None,
     )
-    first = manifest["history"][0]
+    first = manifest.history[0]
     assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     assert first["clip_fraction"] == 0
-    assert manifest["metrics"]["logprob_gap_step0_max"] < 1e-5
+    assert manifest.metrics["logprob_gap_step0_max"] < 1e-5
 
 
 def test_continuing_a_parent_of_another_rank_is_refused_before_any_step(
@@ -385,10 +385,10 @@ def test_the_sampler_check_costs_no_forward_of_its_own_and_still_skips_a_later_g
         )
     finally:
         hook.remove()
-    assert manifest["groups"] == ["a", "b"]
-    assert "differ from the logged ones" in manifest["skipped_groups"]["z"]
-    assert "after 2 steps" in manifest["skipped_groups"]["z"]
-    assert manifest["metrics"]["steps"] == 2
+    assert manifest.groups == ["a", "b"]
+    assert "differ from the logged ones" in manifest.skipped_groups["z"]
+    assert "after 2 steps" in manifest.skipped_groups["z"]
+    assert manifest.steps == 2
     # One forward per group (a, b, z: one chunk each), two per KL group (policy and base),
     # and the head check's two (`Head.check`).
     assert len(forwards) == 3 + 2 * min(KL_GROUPS, 2) + 2, len(forwards)
@@ -436,13 +436,13 @@ def test_the_learning_rate_warms_up_linearly_and_a_child_warms_up_to_its_own_rat
         kl_own_prompts=0,
     )
     one = train(snap, tmp_path / "one", settings, progress=False, echo=lambda _: None)
-    assert [h["lr"] for h in one["history"]] == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3, 1e-3])
+    assert [h["lr"] for h in one.history] == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3, 1e-3])
 
     child = settings.model_copy(update={"learning_rate": 3e-4, "warmup_steps": 2})
     two = train(
         snap, tmp_path / "two", child, parent=tmp_path / "one", progress=False, echo=lambda _: None
     )
-    assert [h["lr"] for h in two["history"]] == pytest.approx([1.5e-4, 3e-4, 3e-4, 3e-4])
+    assert [h["lr"] for h in two.history] == pytest.approx([1.5e-4, 3e-4, 3e-4, 3e-4])
 
 
 def test_two_epochs_make_two_passes_the_second_off_policy_under_the_clip(
@@ -458,7 +458,7 @@ def test_two_epochs_make_two_passes_the_second_off_policy_under_the_clip(
         snap, tmp_path / "ckpt", settings.model_copy(update={"kl_own_prompts": 0}),
         progress=False, echo=lambda _: None,
     )  # fmt: skip
-    history = manifest["history"]
+    history = manifest.history
     assert [h["epoch"] for h in history] == [0, 0, 1, 1]
     assert history[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     assert all(abs(h["ratio_mean"] - 1.0) > 1e-3 for h in history[2:]), history

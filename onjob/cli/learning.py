@@ -116,7 +116,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise Failed(str(exc)) from exc
     except (StorageError, DeployError, ValueError) as exc:
         raise Refused(str(exc)) from exc
-    return Exit.OK if manifest else Exit.NOTHING
+    return Exit.OK if manifest is not None else Exit.NOTHING
 
 
 def cmd_loop(args: argparse.Namespace) -> int:

@@ -173,7 +173,7 @@ async def _train_and_release(pipeline: release.Release, live, held, state) -> No
         return
     with state.doing("offline test"):
         await release.trained(
-            pipeline, live=live, candidate=manifest["name"], trained_on=len(manifest["groups"])
+            pipeline, live=live, candidate=manifest.name, trained_on=len(manifest.groups)
         )
 
 

@@ -12,19 +12,20 @@ every checkpoint is published there, for the engines that load adapters by name.
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import sys
 import time
 from pathlib import Path
 
 import httpx
+import msgspec
 
 from .. import published
 from ..bucket import BucketError
 from ..collector import Collector, budgets
 from ..collector.ids import new_id
 from ..trainer import jobs, snapshot
+from ..trainer.manifest import Manifest
 from ..trainer.records import checkpoint_path, record_run, record_skipped
 from . import deployments
 from .errors import TrainingFailed, UnknownCheckpoint
@@ -76,7 +77,7 @@ async def train(
     engine_sampler: dict | None = None,
     started_by: str = "onjob train",
     echo=print,
-):
+) -> Manifest | None:
     """One run on the groups not trained on yet; the manifest, or None when there was
     nothing to train on. The child writes into `<name>.partial`, renamed when it is done:
     a run killed half way leaves no directory anyone mistakes for a checkpoint, and no row.
@@ -125,12 +126,13 @@ async def train(
     if code != 0:
         raise TrainingFailed(f"the training run failed (exit {code}); no checkpoint recorded")
     partial.rename(out)
-    manifest_file = out / "onjob-manifest.json"
-    manifest = {**json.loads(manifest_file.read_text()), "name": name}
-    manifest["config"] = {**manifest.get("config", {}), "started_by": started_by}
+    manifest = Manifest.read(out)
+    precision = manifest.precision
     if engine_sampler is not None:
-        manifest["precision"] = {**manifest.get("precision", {}), "sampler": engine_sampler}
-    manifest_file.write_text(json.dumps(manifest, indent=2))
+        precision = {**precision, "sampler": engine_sampler}
+    config = {**manifest.config, "started_by": started_by}
+    manifest = msgspec.structs.replace(manifest, name=name, config=config, precision=precision)
+    manifest.write(out)
     await db.query(lambda st: record_run(st, new_id("run-"), manifest, out, parent))
     echo(f"checkpoint {name} recorded as a candidate: {out}")
     if t.bucket and t.runner == "local":  # a job published it already

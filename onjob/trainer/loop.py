@@ -45,11 +45,11 @@ from .data import Group, Sequence, load
 from .errors import Diverged, NoDevice, NothingToTrain
 from .foreign import translated
 from .forward import Head, chunks, pack_limit, sampled_logprobs
+from .manifest import Manifest
 from .maths import LossParts, k3, policy_loss
 from .ranks import Ranks
 from .settings import TrainSettings
 
-MANIFEST = "onjob-manifest.json"
 OPTIMIZER = "optimizer.pt"  # AdamW's state beside the adapter: the next run of the lineage
 
 
@@ -61,8 +61,9 @@ def train(
     parent: Path | None = None,
     echo: Callable[[str], None] = print,
     progress: bool = True,
-) -> dict:
-    """The run; its manifest. Every failure it expects is a `TrainerError`."""
+) -> Manifest | None:
+    """The run; its manifest (None on a rank other than the first, which writes). Every
+    failure it expects is a `TrainerError`."""
     with translated():
         return _train(snapshot, out, s, parent=parent, echo=echo, progress=progress)
 
@@ -75,7 +76,7 @@ def _train(
     parent: Path | None,
     echo: Callable[[str], None],
     progress: bool,
-) -> dict:
+) -> Manifest | None:
     started = time.perf_counter()
     torch.set_num_threads(s.threads)
     torch.manual_seed(s.seed)
@@ -228,7 +229,7 @@ def _train(
     weight_gap = ranks.largest_difference(params)
     if not ranks.main:
         ranks.close()
-        return {}
+        return None
     groups = [g for g in groups if g.id not in skipped]
     if not groups:
         raise NothingToTrain(f"nothing to train on in {snapshot}: every group was skipped")
@@ -255,21 +256,22 @@ def _train(
     model.save_pretrained(out)
     adapter.name_base(out, s.served_base)
     torch.save(optimizer.state_dict(), out / OPTIMIZER)
-    manifest = {
-        "name": out.name,
-        "parent": str(parent) if parent else None,
-        "base_model": str(base_dir),
-        "snapshot_sha256": hashlib.sha256(Path(snapshot).read_bytes()).hexdigest(),
-        "config_sha256": hashlib.sha256(s.model_dump_json().encode()).hexdigest(),
-        "config": json.loads(s.model_dump_json()),
-        "groups": [g.id for g in groups],
-        "skipped_groups": skipped,
-        "precision": precision,
-        "metrics": metrics,
-        "history": history,
-        "created": time.time(),
-    }
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    config = s.model_dump_json()
+    manifest = Manifest(
+        name=out.name,
+        parent=str(parent) if parent else None,
+        base_model=str(base_dir),
+        snapshot_sha256=hashlib.sha256(Path(snapshot).read_bytes()).hexdigest(),
+        config_sha256=hashlib.sha256(config.encode()).hexdigest(),
+        config=json.loads(config),
+        groups=[g.id for g in groups],
+        skipped_groups=skipped,
+        precision=precision,
+        metrics=metrics,
+        history=history,
+        created=time.time(),
+    )
+    manifest.write(out)
     if wandb:
         wandb.finish()
     ranks.close()

@@ -6,27 +6,30 @@ import json
 from pathlib import Path
 
 from ..collector import Store
+from .manifest import Manifest
 
 
-def record_run(store: Store, run_id: str, manifest: dict, path: Path, parent: str | None) -> None:
+def record_run(
+    store: Store, run_id: str, manifest: Manifest, path: Path, parent: str | None
+) -> None:
     """`groups_used` is every group the run consumed: those it trained on and those it
     skipped with a reason (in the manifest's `skipped_groups`), so that a group the trainer
     cannot use is not exported, and skipped, on every later run."""
-    used = [*manifest["groups"], *manifest.get("skipped_groups", {})]
+    used = [*manifest.groups, *manifest.skipped_groups]
     with store.transaction() as con:
         con.execute(
             "INSERT INTO train_runs VALUES (?, ?, ?, ?, ?, now())",
             [
                 run_id,
                 used,
-                json.dumps(manifest["config"]),
-                json.dumps(manifest["metrics"]),
-                manifest["metrics"]["duration_s"],
+                json.dumps(manifest.config),
+                json.dumps(manifest.metrics),
+                manifest.duration_s,
             ],
         )
         con.execute(
             "INSERT INTO checkpoints VALUES (?, ?, ?, ?, now(), ?, 'candidate')",
-            [manifest["name"], parent, manifest["base_model"], str(path.resolve()), run_id],
+            [manifest.name, parent, manifest.base_model, str(path.resolve()), run_id],
         )
 
 
