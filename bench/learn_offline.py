@@ -179,6 +179,7 @@ def trained(snap: Path, out: Path, overrides: dict, seed: int, threads: int) -> 
         "steps": m["steps"],
         "clip_fraction": m["clip_fraction"],
         "kl_to_base": m["kl_to_base"],
+        "kl_to_base_own": m.get("kl_to_base_own"),  # with kl_own_prompts > 0
     }
 
 
