@@ -100,7 +100,7 @@ def db(tmp_path, tiny_adapter_dir, tiny_model_dir):
 def checkpoint_path(db, name: str) -> str:
     store = Store(db)
     try:
-        return registry.get(store, name)["path"]
+        return registry.get(store, name).path
     finally:
         store.close()
 
@@ -127,7 +127,7 @@ def test_a_load_vllm_answers_already_loaded_is_success(db, legacy):
         op, collector = await operator_on(db, engine)
         try:
             row = await op.set_canary(ALIAS, "ckpt-1", 0.5, reason="r", actor="test")
-            assert row["canary"] == "ckpt-1"
+            assert row.canary == "ckpt-1"
         finally:
             await collector.close()
 
@@ -170,15 +170,15 @@ def test_an_unload_vllm_did_not_do_is_not_taken_as_done(db):
             with pytest.raises(adapters.EngineControlError, match="runtime LoRA loading is off"):
                 await adapters.unload(op.engine, "ckpt-1")
             row = await op.rollback(ALIAS, reason="lost", actor="test")
-            assert row["canary"] is None  # the rollback itself stands
-            [warning] = row["warnings"]
+            assert row.canary is None  # the rollback itself stands
+            [warning] = row.warnings
             assert "ckpt-1" in warning and "still loaded" in warning
             assert op.stranded == {"ckpt-1"}
 
             engine.runtime_updating = True
             await op.set_canary(ALIAS, "ckpt-2", 0.5, reason="r", actor="test")
             row = await op.rollback(ALIAS, reason="lost", actor="test")
-            assert row["warnings"] == []
+            assert row.warnings == []
             assert op.stranded == set() and engine.lora_requests == {}
         finally:
             await collector.close()

@@ -81,11 +81,11 @@ def test_a_decision_about_a_routing_that_has_changed_is_dropped(db):
     with pytest.raises(deployments.RoutingChanged):
         deployments.promote(store, ALIAS, reason="won", expected=evaluated, **kw)
     now = deployments.current(store)[ALIAS]
-    assert (now["live"], now["canary"]) == (None, "ckpt-2")  # nothing promoted
-    assert registry.get(store, "ckpt-2")["status"] == "canary"
+    assert (now.live, now.canary) == (None, "ckpt-2")  # nothing promoted
+    assert registry.get(store, "ckpt-2").status == "canary"
     # On the routing it was evaluated on, the same call goes through.
     deployments.promote(store, ALIAS, reason="won", expected=now, **kw)
-    assert deployments.current(store)[ALIAS]["live"] == "ckpt-2"
+    assert deployments.current(store)[ALIAS].live == "ckpt-2"
     store.close()
 
 
@@ -102,12 +102,12 @@ def test_a_promotion_cut_short_leaves_router_and_database_agreeing(db):
                 await task
             for _ in range(200):  # the database write finishes on its own thread
                 recorded = (await collector.query(deployments.current))[ALIAS]
-                if recorded["live"] == "ckpt-1":
+                if recorded.live == "ckpt-1":
                     break
                 await asyncio.sleep(0.01)
             await asyncio.sleep(0.05)
             arms = op.router.arms[ALIAS]
-            assert (arms.live, arms.canary) == (recorded["live"], recorded["canary"])
+            assert (arms.live, arms.canary) == (recorded.live, recorded.canary)
             assert arms.live == "ckpt-1"
         finally:
             await collector.close()
@@ -123,7 +123,7 @@ def test_the_replaced_live_adapter_stays_loaded_until_the_next_promotion(db):
             for name in ("ckpt-1", "ckpt-2", "ckpt-3"):
                 await op.set_canary(ALIAS, name, 0.5, reason="r", actor="test")
                 row = await op.promote(ALIAS, reason="won", actor="test")
-                assert row["warnings"] == []
+                assert row.warnings == []
             # ckpt-1 left when ckpt-3 was promoted; ckpt-2 (replaced just now) stays for
             # requests in flight on it and for a revert.
             assert engine.unloaded == ["ckpt-1"]
@@ -141,8 +141,8 @@ def test_an_unload_that_fails_is_reported_not_swallowed(db):
         try:
             await op.set_canary(ALIAS, "ckpt-1", 0.5, reason="r", actor="test")
             row = await op.rollback(ALIAS, reason="lost", actor="test")
-            assert row["canary"] is None  # the rollback itself stands
-            [warning] = row["warnings"]
+            assert row.canary is None  # the rollback itself stands
+            [warning] = row.warnings
             assert "ckpt-1" in warning and "500" in warning
         finally:
             await collector.close()

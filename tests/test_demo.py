@@ -175,13 +175,19 @@ def test_the_audit_measures_each_promotion_against_the_checkpoint_it_replaced(
     from datetime import UTC, datetime
 
     from examples.arithmetic.demo import Options, Plan, _audit, _Clock
+    from onjob.deploy.records import Routing
 
-    ts = datetime.now(UTC)
+    def routed(live, canary):
+        return Routing(
+            ts=datetime.now(UTC), model_alias="agent", live=live, canary=canary,
+            fraction=0.5 if canary else 0.0, reason="r", actor="loop", evidence=None,
+        )  # fmt: skip
+
     history = [
-        {"live": None, "canary": "ckpt-a", "ts": ts},
-        {"live": "ckpt-a", "canary": None, "ts": ts},  # promoted
-        {"live": "ckpt-a", "canary": "ckpt-b", "ts": ts},
-        {"live": "ckpt-a", "canary": None, "ts": ts},  # rolled back
+        routed(None, "ckpt-a"),
+        routed("ckpt-a", None),  # promoted
+        routed("ckpt-a", "ckpt-b"),
+        routed("ckpt-a", None),  # rolled back
     ]
     paths = {"ckpt-a": str(tiny_adapter_dir), "ckpt-b": str(tiny_adapter_dir)}
     base = {"success": 0.5, "n": 4, "ci95": [0.15, 0.85], "exact": {"success": 0.5}}

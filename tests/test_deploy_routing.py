@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -18,6 +19,9 @@ from onjob.deploy import registry
 
 from .conftest import rows
 
+# The columns of each table (schema.py), as the admin API has always answered them.
+ROUTING_COLUMNS = ("ts", "model_alias", "live", "canary", "fraction", "reason", "actor", "evidence")
+CHECKPOINT_COLUMNS = ("name", "parent", "base_model", "path", "created", "train_run", "status")
 ONJOB = str(Path(sys.executable).with_name("onjob"))
 ADMIN = {"Authorization": "Bearer adm-secret"}
 
@@ -68,6 +72,16 @@ def test_canary_set_served_restored_after_restart_and_promoted(
         with ServerProcess(args, port=port, env=env) as server:
             status = httpx.get(f"{server.base}/admin/status", headers=ADMIN).json()
             assert status["aliases"]["agent"] == {"live": None, "canary": "cand-1", "fraction": 0.5}
+            # The rows as JSON objects, each column by name, times as ISO strings.
+            [change] = status["deployments"]
+            assert change.keys() == set(ROUTING_COLUMNS)
+            assert (change["canary"], change["actor"]) == ("cand-1", "admin-api")
+            assert datetime.fromisoformat(change["ts"]).tzinfo is not None
+            listed = httpx.get(f"{server.base}/admin/checkpoints", headers=ADMIN).json()
+            [checkpoint] = listed["checkpoints"]
+            assert checkpoint.keys() == set(CHECKPOINT_COLUMNS)
+            assert (checkpoint["name"], checkpoint["status"]) == ("cand-1", "canary")
+            assert datetime.fromisoformat(checkpoint["created"]).tzinfo is not None
             assert "cand-1" in adapters_in(engine)  # reloaded at start
             done = onjob("promote", "agent", "--reason", "it won", *server_flag)
             assert done.returncode == 0, done.stderr

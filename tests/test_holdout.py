@@ -128,9 +128,9 @@ def test_a_candidate_that_loses_on_the_held_out_slice_is_stopped_before_serving_
             reason=f"stopped before canary: {checked.reason}", actor="loop",
             evidence=checked.evidence,
         )  # fmt: skip
-        assert (row["live"], row["canary"]) == (None, None)
-        assert row["reason"].startswith("stopped before canary: lost (not better by")
-        assert registry.get(store, "ckpt-hack")["status"] == "retired"
+        assert (row.live, row.canary) == (None, None)
+        assert row.reason.startswith("stopped before canary: lost (not better by")
+        assert registry.get(store, "ckpt-hack").status == "retired"
     finally:
         store.close()
 

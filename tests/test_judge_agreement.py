@@ -228,6 +228,7 @@ def test_a_judge_that_disagrees_with_users_stops_what_it_trained_and_rolls_back_
     from datetime import UTC, datetime
 
     from onjob.deploy import trust
+    from onjob.deploy.records import Routing
     from onjob.deploy.release import decide
     from onjob.deploy.settings import DeploySettings, LoopSettings
     from onjob.judge import JudgeSettings
@@ -259,12 +260,10 @@ def test_a_judge_that_disagrees_with_users_stops_what_it_trained_and_rolls_back_
         unchecked = decide(store, judged_by("agrees"), "ckpt-x", None)  # no pairs yet
         assert unchecked.decision == "wait", unchecked.reason
 
-        routing = {
-            "model_alias": "agent",
-            "live": None,
-            "canary": "ckpt-x",
-            "ts": datetime.now(UTC),
-        }
+        routing = Routing(
+            ts=datetime.now(UTC), model_alias="agent", live=None, canary="ckpt-x",
+            fraction=0.5, reason="by hand", actor="test", evidence=None,
+        )  # fmt: skip
         verdict = decide(store, judged_by("contrary"), "ckpt-x", None, routing)
         assert verdict.decision == "rollback" and "fn:contrary" in verdict.reason
         assert decide(store, judged_by("agrees"), "ckpt-x", None, routing).decision == "wait"

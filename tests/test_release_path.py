@@ -235,7 +235,7 @@ def test_an_orphaned_candidate_is_decided_at_the_next_loop_start(
     registry.add(store, tiny_adapter_dir, "imported", tiny_model_dir)
     store.close()
     routing, said = iterate(s)
-    assert routing["canary"] == "ckpt-new", said  # the newest goes on to its canary
+    assert routing.canary == "ckpt-new", said  # the newest goes on to its canary
     assert "orphaned candidate ckpt-new: recorded but never decided" in said
     assert "offline test of ckpt-new" in said
     statuses = {r["name"]: r["status"] for r in rows(s.collector.db, "SELECT * FROM checkpoints")}
@@ -268,7 +268,7 @@ def test_an_orphan_trained_from_a_live_that_changed_is_retired(
 
     asyncio.run(make_live())
     routing, said = iterate(s)
-    assert (routing["live"], routing["canary"]) == ("live-now", None), said
+    assert (routing.live, routing.canary) == ("live-now", None), said
     assert "orphaned candidate ckpt-stale retired: its parent base is no longer live" in said
     [row] = rows(s.collector.db, "SELECT status FROM checkpoints WHERE name = 'ckpt-stale'")
     assert row["status"] == "retired"
@@ -314,7 +314,7 @@ def test_a_stranded_adapter_is_unloaded_after_a_restart(db):
             await op.set_canary(ALIAS, "ckpt-1", 0.5, reason="r", actor="test")
             engine.runtime_updating = False
             row = await op.rollback(ALIAS, reason="lost", actor="test")
-            assert "still loaded" in row["warnings"][0]
+            assert "still loaded" in row.warnings[0]
         finally:
             await collector.close()
 

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 from onjob.collector import Store
 from onjob.deploy import deployments, pairs, prompts, release
+from onjob.deploy.records import Routing
 from onjob.deploy.settings import GateSettings
 from onjob.judge.settings import RewardFn
 
@@ -66,7 +67,7 @@ def test_a_trained_candidate_is_decided_at_engine_speed_before_serving_anyone(
     log(store, 40, "new", "now() + INTERVAL 1 SECOND")  # after it: no canary yet
     store.close()
     routing, said = offline(s, "4")
-    assert routing["canary"] == "ckpt-hack", said
+    assert routing.canary == "ckpt-hack", said
     assert "offline test of ckpt-hack against base: passed: won" in said
     drawn = rows(
         s.collector.db,
@@ -92,8 +93,8 @@ def test_a_candidate_that_loses_offline_never_serves_anyone(
     log(store, 40, "new", "now() + INTERVAL 1 SECOND")
     store.close()
     routing, said = offline(s, HEDGING)
-    assert routing["canary"] is None and routing["live"] is None, said
-    assert routing["reason"].startswith("stopped before canary: lost (not better by")
+    assert routing.canary is None and routing.live is None, said
+    assert routing.reason.startswith("stopped before canary: lost (not better by")
     [c] = rows(s.collector.db, "SELECT * FROM candidates")
     assert (c["checkpoint"], c["outcome"]) == ("ckpt-hack", "stopped")
 
@@ -109,7 +110,7 @@ def test_a_canary_whose_test_passed_checks_traffic_only_and_ends_at_its_cap(
     log(store, 40, "new", "now() + INTERVAL 1 SECOND")
     store.close()
     routing, _ = offline(s, "4")
-    assert routing["canary"] == "ckpt-hack"
+    assert routing.canary == "ckpt-hack"
     before = rows(s.collector.db, "SELECT count(*) AS n FROM groups WHERE kind = 'ab'")[0]["n"]
 
     def round_() -> tuple[dict, str]:
@@ -128,14 +129,14 @@ def test_a_canary_whose_test_passed_checks_traffic_only_and_ends_at_its_cap(
 
     # No canary traffic yet: the guards hold the promotion; the test drew no more pairs.
     routing, said = round_()
-    assert routing["canary"] == "ckpt-hack", said
+    assert routing.canary == "ckpt-hack", said
     assert "won the pairs, but the guards need 1 conversations per arm" in said
     after = rows(s.collector.db, "SELECT count(*) AS n FROM groups WHERE kind = 'ab'")[0]["n"]
     assert after == before
     # Still none at the cap: rolled back, with the reason.
     routing, said = round_()
-    assert (routing["live"], routing["canary"]) == (None, None), said
-    assert "undecided after 2 rounds (loop.canary_max_rounds)" in routing["reason"]
+    assert (routing.live, routing.canary) == (None, None), said
+    assert "undecided after 2 rounds (loop.canary_max_rounds)" in routing.reason
 
 
 def test_a_canary_whose_test_passed_is_promoted_once_traffic_clears_its_guards(
@@ -160,7 +161,7 @@ def test_a_canary_whose_test_passed_is_promoted_once_traffic_clears_its_guards(
             return (await collector.query(deployments.current))["agent"]
 
     routing = asyncio.run(run())
-    assert (routing["live"], routing["canary"]) == ("ckpt-hack", None), routing["reason"]
+    assert (routing.live, routing.canary) == ("ckpt-hack", None), routing.reason
     [c] = rows(s.collector.db, "SELECT * FROM candidates")
     assert c["outcome"] == "promoted"
 
@@ -170,7 +171,10 @@ def test_an_open_canary_ends_after_its_wall_time(tmp_path):
     store = Store(s.collector.db)
     try:
         started = datetime.now(UTC) - timedelta(days=2)
-        routing = {"model_alias": "agent", "live": None, "canary": "ckpt-x", "ts": started}
+        routing = Routing(
+            ts=started, model_alias="agent", live=None, canary="ckpt-x", fraction=0.5,
+            reason="by hand", actor="test", evidence=None,
+        )  # fmt: skip
         verdict = release.decide(store, s, "ckpt-x", None, routing, rounds=1)
         assert verdict.decision == "rollback"
         assert "undecided after 48.0 h (loop.canary_max_s)" in verdict.reason

@@ -164,10 +164,10 @@ def test_without_a_referee_the_hedging_canary_is_ready_for_review_not_promoted(
         tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, s, live=36, rounds=3
     )
     assert "canary ckpt-hack against base: ready for review: " in said
-    assert (routing["live"], routing["canary"]) == (None, "ckpt-hack"), said  # unchanged
+    assert (routing.live, routing.canary) == (None, "ckpt-hack"), said  # unchanged
     store = Store(s.collector.db)
     try:
-        assert registry.get(store, "ckpt-hack")["status"] == "review"
+        assert registry.get(store, "ckpt-hack").status == "review"
         release = reviews.status(store, s)
         assert release["mode"]["mode"] == "review" and not release["mode"]["automatic"]
         review = release["reviews"]["agent"]
@@ -188,7 +188,7 @@ def test_without_a_referee_the_hedging_canary_is_ready_for_review_not_promoted(
             return (await collector.query(deployments.current))["agent"], "\n".join(lines)
 
     routing, said = asyncio.run(again())
-    assert (routing["live"], routing["canary"]) == (None, "ckpt-hack")
+    assert (routing.live, routing.canary) == (None, "ckpt-hack")
     assert "ready for review since" in said
     store = Store(s.collector.db)
     try:
@@ -200,7 +200,7 @@ def test_without_a_referee_the_hedging_canary_is_ready_for_review_not_promoted(
     # coach, not by it.
     s.loop.gate = GateSettings(rewards={"exact": RewardFn(fn="tests.hacking_rewards:exact")})
     routing, said = asyncio.run(again())
-    assert (routing["live"], routing["canary"]) == (None, "ckpt-hack"), said
+    assert (routing.live, routing.canary) == (None, "ckpt-hack"), said
     assert "ready for review since" in said
 
 
@@ -214,8 +214,8 @@ def test_with_a_referee_configured_the_loop_promotes_by_itself(
     routing, said = decide(
         tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, s, live=36, rounds=3
     )
-    assert routing["live"] == "ckpt-hack", said
-    assert json.loads(routing["evidence"])["release_mode"]["mode"] == "referee"
+    assert routing.live == "ckpt-hack", said
+    assert json.loads(routing.evidence)["release_mode"]["mode"] == "referee"
 
 
 def test_a_canary_that_learned_to_hedge_loses_under_the_referee(
@@ -224,9 +224,9 @@ def test_a_canary_that_learned_to_hedge_loses_under_the_referee(
     gate = GateSettings(rewards={"exact": RewardFn(fn="tests.hacking_rewards:exact")})
     s = settings(tmp_path / "onjob.duckdb", "partial", gate=gate)
     routing, said = decide(tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, s)
-    assert (routing["live"], routing["canary"]) == (None, None), said  # rolled back
-    assert "canary ckpt-hack lost" in routing["reason"]
-    evidence = json.loads(routing["evidence"])
+    assert (routing.live, routing.canary) == (None, None), said  # rolled back
+    assert "canary ckpt-hack lost" in routing.reason
+    evidence = json.loads(routing.evidence)
     assert evidence["referee"] == ["fn:exact"]
     assert evidence["paired"]["losses"] >= 4
 
@@ -240,7 +240,7 @@ def test_a_canary_that_learned_to_ramble_is_held_by_the_length_guard(
     if ratio == 1000.0:  # without the guard the length reward wins it the pairs: only its
         # coach judged them, so it waits for a person
         assert "ready for review: canary ckpt-hack won" in said
-        assert routing["live"] is None, said
+        assert routing.live is None, said
         return
-    assert routing["live"] is None, said  # not promoted
+    assert routing.live is None, said  # not promoted
     assert "length guard" in said and "paired samples" in said

@@ -33,12 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import msgspec
 
 from onjob import bundled
 from onjob.cli.process import EngineProcess, ServerProcess
 from onjob.collector import Store
-from onjob.deploy import deployments, progress, stats
+from onjob.deploy import deployments, progress, registry, stats
 from onjob.deploy.pairs import rule_of
+from onjob.deploy.records import Routing
 from onjob.deploy.settings import LoopSettings
 
 from ..example import Example
@@ -262,7 +264,7 @@ def run(o: Options, echo=say) -> dict:
             history = list(reversed(deployments.history(store, 1000)))
             runs = store.query("SELECT count(*) AS n FROM train_runs")[0]["n"]
             formed = groups_formed(store)
-            paths = {r["name"]: r["path"] for r in store.query("SELECT * FROM checkpoints")}
+            paths = {c.name: c.path for c in registry.checkpoints(store)}
         finally:
             store.close()
         audit = None
@@ -314,15 +316,17 @@ def _gate(o: Options, ex: Example) -> str:
     return "the training reward" if gate == "reward" else gate
 
 
-def _audit(engine_url, history, paths, measured, o: Options, p: Plan, clock) -> list[dict]:
+def _audit(
+    engine_url, history: list[Routing], paths, measured, o: Options, p: Plan, clock
+) -> list[dict]:
     """Each promotion: the held-out success of the checkpoint it promoted against the one it
     replaced (each measured once, loaded into the engine for it), and whether it is worse:
     by the point estimates, and beyond the 95% interval of the difference."""
     out, live, canary = [], None, None
     for row in history:
-        if row["live"] != live and row["live"] == canary:
-            out.append({"replaced": live, "promoted": row["live"], "ts": str(row["ts"])})
-        live, canary = row["live"], row["canary"]
+        if row.live != live and row.live == canary:
+            out.append({"replaced": live, "promoted": row.live, "ts": str(row.ts)})
+        live, canary = row.live, row.canary
     for promotion in out:
         for name in (promotion["replaced"], promotion["promoted"]):
             if name not in measured:
@@ -533,7 +537,7 @@ def _watch(
         if summary and summary != rewards:
             clock.line(f"reward of re-sampled answers: {summary}")
             rewards = summary
-        decided = _decisions(list(reversed(status["deployments"])))
+        decided = _decisions(msgspec.convert(status["deployments"][::-1], list[Routing]))
         made = decided["promotions"] + decided["rollbacks"] + decided["stopped"]
         if made >= rounds:
             clock.line(f"{rounds} canary decision(s) made: stopping the traffic")
@@ -575,19 +579,19 @@ def _reward_summary(rows: list[dict]) -> str:
     )
 
 
-def _decisions(history: list[dict]) -> dict:
+def _decisions(history: list[Routing]) -> dict:
     """Canaries started, promoted and rolled back, and candidates stopped by their offline
     test before serving anyone, from the deployments in time order."""
     out = {"canaries": 0, "promotions": 0, "rollbacks": 0, "stopped": 0}
     canary = None
     for row in history:
-        if row["canary"] and row["canary"] != canary:
+        if row.canary and row.canary != canary:
             out["canaries"] += 1
-        elif canary and not row["canary"]:
-            out["promotions" if row["live"] == canary else "rollbacks"] += 1
-        elif not canary and not row["canary"] and row["reason"].startswith("stopped before"):
+        elif canary and not row.canary:
+            out["promotions" if row.live == canary else "rollbacks"] += 1
+        elif not canary and not row.canary and (row.reason or "").startswith("stopped before"):
             out["stopped"] += 1
-        canary = row["canary"]
+        canary = row.canary
     return out
 
 
@@ -669,7 +673,7 @@ def _audit_lines(audit: list[dict] | None) -> list[str]:
     return lines
 
 
-def _plot(path: Path, groups: list[dict], history: list[dict], result: dict) -> str:
+def _plot(path: Path, groups: list[dict], history: list[Routing], result: dict) -> str:
     """learning.png; the sentence the demo adds about it."""
     try:
         from .plot import learning_curve

@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt
 
+if TYPE_CHECKING:
+    from onjob.deploy.records import Routing
 
-def learning_curve(path: Path, groups: list[dict], history: list[dict], result: dict) -> None:
+
+def learning_curve(path: Path, groups: list[dict], history: list[Routing], result: dict) -> None:
     start = result["started"]
 
     def minutes(ts) -> float:
@@ -77,25 +81,25 @@ def learning_curve(path: Path, groups: list[dict], history: list[dict], result: 
     plt.close(fig)
 
 
-def _events(history: list[dict], minutes) -> list[tuple[float, str, str]]:
+def _events(history: list[Routing], minutes) -> list[tuple[float, str, str]]:
     """Per routing decision: when (minutes), what, and the reason the loop recorded (the
     held-out check, the paired test, the guard that tripped or held)."""
     lines, live, canary = [], None, None
     for row in history:
-        if row["canary"] and row["canary"] != canary:
-            what = f"canary {_short(row['canary'])}"
-        elif canary and not row["canary"]:
-            what = f"{'promoted' if row['live'] == canary else 'rolled back'} {_short(canary)}"
-        elif row["live"] == live and row["canary"] == canary:
-            stopped = re.search(r"ckpt-\S+?(?=:)", str(row.get("reason")))
+        if row.canary and row.canary != canary:
+            what = f"canary {_short(row.canary)}"
+        elif canary and not row.canary:
+            what = f"{'promoted' if row.live == canary else 'rolled back'} {_short(canary)}"
+        elif row.live == live and row.canary == canary:
+            stopped = re.search(r"ckpt-\S+?(?=:)", str(row.reason))
             what = f"stopped {_short(stopped.group(0)) if stopped else ''}"
         else:
-            what = f"live {_short(row['live'])}"
-        reason = " ".join(str(row.get("reason") or "").split())
+            what = f"live {_short(row.live)}"
+        reason = " ".join(str(row.reason or "").split())
         reason = reason.removeprefix("stopped before canary: ")
         reason = reason if len(reason) <= 100 else reason[:99] + "…"
-        lines.append((minutes(row["ts"]), what, reason))
-        live, canary = row["live"], row["canary"]
+        lines.append((minutes(row.ts), what, reason))
+        live, canary = row.live, row.canary
     return lines
 
 

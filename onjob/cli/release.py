@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from .common import CONFIG, DATABASE, ENGINE, SERVER, ask_admin, given, load_settings, offline
 from .exits import Exit, Failed, Refused
+
+if TYPE_CHECKING:
+    from ..deploy.records import Routing
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
@@ -28,7 +32,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         if args.action == "add":
             base = Path(args.base_model or settings.trainer.base_model or bundled.resolve(None))
             row = registry.add(store, Path(args.path), args.name, base)
-            print(f"{row['name']}: imported as a candidate ({row['path']})")
+            print(f"{row.name}: imported as a candidate ({row.path})")
             return Exit.OK
         rows = registry.checkpoints(store)
     except registry.RegistryError as exc:
@@ -38,8 +42,8 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     if not rows:
         print("no checkpoints yet: `onjob train` writes them, `onjob checkpoints add` imports")
     for r in rows:
-        created = r["created"].strftime("%Y-%m-%d %H:%M") if r["created"] else ""
-        print(f"{r['name']:<40} {r['status']:<10} {created:<17} parent={r['parent'] or '-'}")
+        created = r.created.strftime("%Y-%m-%d %H:%M") if r.created else ""
+        print(f"{r.name:<40} {r.status:<10} {created:<17} parent={r.parent or '-'}")
     return Exit.OK
 
 
@@ -80,24 +84,29 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return Exit.OK
 
 
-def _show_route(row: dict, online: bool) -> None:
-    canary = f", canary {row['canary']} ({row['fraction']:.0%})" if row.get("canary") else ""
-    print(f"{row['model_alias']}: live {row['live'] or 'base'}{canary}")
+def _show_route(row: Routing, online: bool) -> None:
+    canary = f", canary {row.canary} ({row.fraction:.0%})" if row.canary else ""
+    print(f"{row.model_alias}: live {row.live or 'base'}{canary}")
     if not online:
         print("(no server answered: recorded in the database; `onjob serve` routes so at start)")
 
 
 def cmd_route(args: argparse.Namespace) -> int:
+    import msgspec
+
     from ..deploy import deployments
+    from ..deploy.records import Routing
 
     command = args.command
     body = {"alias": args.alias, "reason": args.reason}
     if command == "canary":
         body.update(checkpoint=args.checkpoint, fraction=args.fraction)
     settings = load_settings(args, collector=given(db=args.db))
-    row = ask_admin(args, settings, command, body, timeout=300)
-    online = row is not None
-    if not online:
+    answer = ask_admin(args, settings, command, body, timeout=300)
+    online = answer is not None
+    if online:
+        row = msgspec.convert(answer, Routing)
+    else:
         default = settings.proxy.aliases.get(args.alias)
         common = {"default_live": default, "reason": args.reason, "actor": "cli"}
         if command == "canary":
@@ -115,7 +124,10 @@ def cmd_route(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    import msgspec
+
     from ..deploy import deployments, registry, reviews
+    from ..deploy.records import Arms, Routing
     from ..judge import Agreement, judge_agreement
 
     settings = load_settings(args, collector=given(db=args.db))
@@ -134,24 +146,23 @@ def cmd_status(args: argparse.Namespace) -> int:
         aliases, ckpts, history, agreement, release = offline(settings, read)
         print("no server answered; from the database:")
     else:
-        aliases, history = status["aliases"], status["deployments"]
+        aliases = msgspec.convert(status["aliases"], dict[str, Arms])
+        history = msgspec.convert(status["deployments"], list[Routing])
         agreement = [Agreement.from_dict(a) for a in status.get("judge_agreement", [])]
         release = status.get("release")
         ckpts = None
     if release:
         _show_release(release)
     for alias, a in aliases.items():
-        canary = f", canary {a['canary']} ({a['fraction']:.0%})" if a["canary"] else ""
-        print(f"{alias}: live {a['live'] or 'base'}{canary}")
+        canary = f", canary {a.canary} ({a.fraction:.0%})" if a.canary else ""
+        print(f"{alias}: live {a.live or 'base'}{canary}")
     for h in history[:10]:
         print(
-            f"  {h['ts']}  {h['model_alias']}: live={h['live'] or 'base'} "
-            f"canary={h['canary'] or '-'}  {h['reason']} ({h['actor']})"
+            f"  {h.ts}  {h.model_alias}: live={h.live or 'base'} "
+            f"canary={h.canary or '-'}  {h.reason} ({h.actor})"
         )
     if ckpts is not None:
-        print(
-            f"{len(ckpts)} checkpoints: " + ", ".join(f"{c['name']} ({c['status']})" for c in ckpts)
-        )
+        print(f"{len(ckpts)} checkpoints: " + ", ".join(f"{c.name} ({c.status})" for c in ckpts))
     _show_agreement(agreement)
     return Exit.OK
 

@@ -169,9 +169,9 @@ def routes(
         def read(store):
             routing = deployments.current(store)
             running = {
-                alias: decide(store, settings, r["canary"], r["live"], r)
+                alias: decide(store, settings, r.canary, r.live, r)
                 for alias, r in routing.items()
-                if r["canary"]
+                if r.canary
             }
             return running, deployments.history(store, 100), reviews.status(store, settings)
 

@@ -34,6 +34,7 @@ from ..proxy.errors import BadRequest, Conflict
 from . import adapters, deployments, progress, registry, reviews, training
 from .loop import LoopState, PeriodicLoop
 from .operator import Operator
+from .records import Change
 from .settings import DeploySettings
 
 
@@ -140,17 +141,17 @@ def _release_routes(settings, collector: Collector, router: Router, operator, lo
         return {"checkpoints": await collector.query(registry.checkpoints)}
 
     @post("/canary", status_code=200)
-    async def canary(data: CanaryBody) -> dict:
+    async def canary(data: CanaryBody) -> Change:
         return await operator.set_canary(
             data.alias, data.checkpoint, data.fraction, reason=data.reason, actor="admin-api"
         )
 
     @post("/promote", status_code=200)
-    async def promote(data: AliasBody) -> dict:
+    async def promote(data: AliasBody) -> Change:
         return await operator.promote(data.alias, reason=data.reason, actor="admin-api")
 
     @post("/rollback", status_code=200)
-    async def rollback(data: AliasBody) -> dict:
+    async def rollback(data: AliasBody) -> Change:
         return await operator.rollback(data.alias, reason=data.reason, actor="admin-api")
 
     @post("/loop", status_code=200)

@@ -76,7 +76,7 @@ async def _ensure_loaded(db: Collector, engine: httpx.AsyncClient, name: str, ba
         return base, None
     row = await db.query(lambda st: registry.get(st, name))
     if row is not None:
-        await adapters.ensure_loaded(engine, name, row["path"])
+        await adapters.ensure_loaded(engine, name, row.path)
     elif name not in await adapters.loaded(engine):
         raise UnknownCheckpoint(f"{name!r} is neither in the engine nor in the checkpoints table")
     return name, name

@@ -12,29 +12,30 @@ import json
 from ..collector import Store
 from . import registry
 from .errors import DeployError, RoutingChanged
+from .records import ROUTING_COLUMNS, Arms, Routing
 
 
-def current(store: Store) -> dict[str, dict]:
+def current(store: Store) -> dict[str, Routing]:
     """The latest routing per alias."""
-    rows = store.query(
-        "SELECT * FROM deployments "
-        "QUALIFY row_number() OVER (PARTITION BY model_alias ORDER BY ts DESC) = 1"
+    rows = store.rows(
+        Routing,
+        f"SELECT {ROUTING_COLUMNS} FROM deployments "
+        "QUALIFY row_number() OVER (PARTITION BY model_alias ORDER BY ts DESC) = 1",
     )
-    return {r["model_alias"]: r for r in rows}
+    return {r.model_alias: r for r in rows}
 
 
-def routes(store: Store, defaults: dict[str, str | None]) -> dict[str, dict]:
+def routes(store: Store, defaults: dict[str, str | None]) -> dict[str, Arms]:
     """Every alias's arms: its latest deployment, else its configured live checkpoint."""
-    out = {
-        alias: {"live": live, "canary": None, "fraction": 0.0} for alias, live in defaults.items()
-    }
+    out = {alias: Arms(live=live) for alias, live in defaults.items()}
     for alias, row in current(store).items():
-        out[alias] = {
-            "live": row["live"],
-            "canary": row["canary"],
-            "fraction": row["fraction"] or 0.0,
-        }
+        out[alias] = _arms(row)
     return out
+
+
+def _arms(row: Routing) -> Arms:
+    """Where a `deployments` row sends its alias's traffic."""
+    return Arms(live=row.live, canary=row.canary, fraction=row.fraction or 0.0)
 
 
 def previous(store: Store) -> dict[str, str]:
@@ -57,17 +58,15 @@ def previous(store: Store) -> dict[str, str]:
     return {r["model_alias"]: r["before"] for r in rows if r["before"]}
 
 
-def history(store: Store, limit: int = 100) -> list[dict]:
-    return store.query("SELECT * FROM deployments ORDER BY ts DESC LIMIT ?", [limit])
+def history(store: Store, limit: int = 100) -> list[Routing]:
+    return store.rows(
+        Routing, f"SELECT {ROUTING_COLUMNS} FROM deployments ORDER BY ts DESC LIMIT ?", [limit]
+    )
 
 
-def arms_of(
-    store: Store, alias: str, default_live: str | None
-) -> tuple[str | None, str | None, float]:
+def arms_of(store: Store, alias: str, default_live: str | None) -> Arms:
     row = current(store).get(alias)
-    if row is None:
-        return default_live, None, 0.0
-    return row["live"], row["canary"], row["fraction"] or 0.0
+    return Arms(live=default_live) if row is None else _arms(row)
 
 
 def set_canary(
@@ -80,23 +79,23 @@ def set_canary(
     reason,
     actor,
     evidence=None,
-) -> dict:
+) -> Routing:
     if not 0 < fraction <= 1:
         raise DeployError(f"canary fraction {fraction} is not in (0, 1]")
     with store.transaction():
         if registry.get(store, checkpoint) is None:
             raise DeployError(f"{checkpoint!r} is not in the checkpoints table")
-        live, canary, _ = arms_of(store, alias, default_live)
-        if canary and canary != checkpoint:
+        now = arms_of(store, alias, default_live)
+        if now.canary and now.canary != checkpoint:
             raise DeployError(
-                f"{alias} already has a canary ({canary}): promote or roll it back first"
+                f"{alias} already has a canary ({now.canary}): promote or roll it back first"
             )
-        if checkpoint == live:
+        if checkpoint == now.live:
             raise DeployError(f"{checkpoint} is already live for {alias}")
         _record(
             store,
             alias,
-            live,
+            now.live,
             checkpoint,
             fraction,
             reason,
@@ -108,51 +107,73 @@ def set_canary(
 
 
 def promote(
-    store: Store, alias: str, *, default_live, reason, actor, evidence=None, expected=None
-) -> dict:
+    store: Store,
+    alias: str,
+    *,
+    default_live,
+    reason,
+    actor,
+    evidence=None,
+    expected: Routing | None = None,
+) -> Routing:
     """The canary becomes live. With `expected` (the `deployments` row a decision was made
     on), only if the routing is still that one: checked inside the transaction, so a
     decision never applies to a canary its evidence is not about."""
     with store.transaction():
         _check(store, alias, expected)
-        live, canary, _ = arms_of(store, alias, default_live)
-        if not canary:
+        now = arms_of(store, alias, default_live)
+        if not now.canary:
             raise DeployError(f"{alias} has no canary to promote")
-        statuses = {canary: "live"}
-        if live:
-            statuses[live] = "retired"
-        _record(store, alias, canary, None, 0.0, reason, actor, evidence, statuses=statuses)
+        statuses = {now.canary: "live"}
+        if now.live:
+            statuses[now.live] = "retired"
+        _record(store, alias, now.canary, None, 0.0, reason, actor, evidence, statuses=statuses)
     return current(store)[alias]
 
 
 def rollback(
-    store: Store, alias: str, *, default_live, reason, actor, evidence=None, expected=None
-) -> dict:
+    store: Store,
+    alias: str,
+    *,
+    default_live,
+    reason,
+    actor,
+    evidence=None,
+    expected: Routing | None = None,
+) -> Routing:
     """The canary is retired; `expected` as for `promote`."""
     with store.transaction():
         _check(store, alias, expected)
-        live, canary, _ = arms_of(store, alias, default_live)
-        if not canary:
+        now = arms_of(store, alias, default_live)
+        if not now.canary:
             raise DeployError(f"{alias} has no canary to roll back")
         _record(
-            store, alias, live, None, 0.0, reason, actor, evidence, statuses={canary: "retired"}
+            store,
+            alias,
+            now.live,
+            None,
+            0.0,
+            reason,
+            actor,
+            evidence,
+            statuses={now.canary: "retired"},
         )
     return current(store)[alias]
 
 
 def reject(
     store: Store, alias: str, checkpoint: str, *, default_live, reason, actor, evidence=None
-) -> dict:
+) -> Routing:
     """A candidate stopped before serving anyone: retired, and a `deployments` row with the
     routing unchanged, so the decision and its evidence are in the log like any other."""
     with store.transaction():
-        live, canary, fraction = arms_of(store, alias, default_live)
+        now = arms_of(store, alias, default_live)
         _record(
             store,
             alias,
-            live,
-            canary,
-            fraction if canary else 0.0,
+            now.live,
+            now.canary,
+            now.fraction if now.canary else 0.0,
             reason,
             actor,
             evidence,
@@ -161,13 +182,16 @@ def reject(
     return current(store)[alias]
 
 
-def _check(store: Store, alias: str, expected: dict | None) -> None:
+def _check(store: Store, alias: str, expected: Routing | None) -> None:
     if expected is None:
         return
     now = current(store).get(alias)
-    key = ("live", "canary", "ts")
-    if now is None or any(now[k] != expected[k] for k in key):
-        shown = f"live {now['live'] or 'base'}, canary {now['canary']}" if now else "none"
+    if now is None or (now.live, now.canary, now.ts) != (
+        expected.live,
+        expected.canary,
+        expected.ts,
+    ):
+        shown = f"live {now.live or 'base'}, canary {now.canary}" if now else "none"
         raise RoutingChanged(
             f"{alias}'s routing changed since the evidence was gathered (now {shown}): "
             "the decision is dropped"

@@ -87,18 +87,18 @@ async def run_once(
     loop, alias = settings.loop, settings.loop.alias
     routing = (await db.query(deployments.current)).get(alias)
     pipeline = release.Release(db, engine, operator, settings, echo)
-    if loop.train and not (routing and routing["canary"]):
+    if loop.train and not (routing and routing.canary):
         with state.doing("offline test"):
             await release.orphans(pipeline, routing)
         routing = (await db.query(deployments.current)).get(alias)
-    if loop.train and routing and routing["canary"]:
+    if loop.train and routing and routing.canary:
         # The open comparison before the judge pass (which can take minutes on a CPU):
         # the decision comes as soon as the pairs allow.
         with state.doing("compare"):
             await release.canary_round(pipeline, routing)
         routing = (await db.query(deployments.current)).get(alias)
-    live = routing["live"] if routing else settings.proxy.aliases.get(alias)
-    comparing = loop.train and routing is not None and routing["canary"] is not None
+    live = routing.live if routing else settings.proxy.aliases.get(alias)
+    comparing = loop.train and routing is not None and routing.canary is not None
     held = await db.query(lambda st: holdout.held_out(st, loop.holdout_share))
 
     def trainable(st) -> int:

@@ -14,11 +14,13 @@ import asyncio
 import logging
 
 import httpx
+import msgspec
 
 from ..collector import Collector
 from ..proxy import Router
 from ..proxy.pool import Pool, Replica
 from . import adapters, deployments, registry
+from .records import Change, Routing
 
 log = logging.getLogger("onjob.deploy")
 
@@ -54,12 +56,12 @@ class Operator:
         routing = await self.collector.query(deployments.current)
         self._previous = await self.collector.query(deployments.previous)
         self.stranded = {
-            c["name"]
+            c.name
             for c in await self.collector.query(registry.checkpoints)
-            if c["status"] == "stranded"
+            if c.status == "stranded"
         }
         for alias, row in routing.items():
-            for name in (row["live"], row["canary"]):
+            for name in (row.live, row.canary):
                 if name:
                     await self.load(name)
             if (older := self._previous.get(alias)) and older not in self.stranded:
@@ -67,13 +69,13 @@ class Operator:
                     await self.load(older)
                 except (adapters.EngineControlError, deployments.DeployError) as exc:
                     log.warning("previous live %s of %s not loaded: %s", older, alias, exc)
-            self.router.set(alias, row["live"], row["canary"], row["fraction"] or 0.0)
+            self.router.set(alias, row.live, row.canary, row.fraction or 0.0)
             log.info(
                 "routing %s: live %s, canary %s (%.0f%%)",
                 alias,
-                row["live"] or "base",
-                row["canary"] or "-",
-                100 * (row["fraction"] or 0),
+                row.live or "base",
+                row.canary or "-",
+                100 * (row.fraction or 0),
             )
         if self.stranded:  # retried with the routing set, so none still routed goes
             for warning in await self._unload(sorted(self.stranded)[0]):
@@ -84,9 +86,11 @@ class Operator:
         routing = await self.collector.query(deployments.current)
         for alias, row in routing.items():
             if alias in self.router.arms:
-                self.router.set(alias, row["live"], row["canary"], row["fraction"] or 0.0)
+                self.router.set(alias, row.live, row.canary, row.fraction or 0.0)
 
-    async def set_canary(self, alias, checkpoint, fraction, *, reason, actor, evidence=None):
+    async def set_canary(
+        self, alias, checkpoint, fraction, *, reason, actor, evidence=None
+    ) -> Change:
         await self.load(checkpoint)
         return await self._change(
             alias,
@@ -98,7 +102,9 @@ class Operator:
             evidence=evidence,
         )
 
-    async def promote(self, alias, *, reason, actor, evidence=None, expected=None):
+    async def promote(
+        self, alias, *, reason, actor, evidence=None, expected: Routing | None = None
+    ) -> Change:
         """The canary becomes live. The old live adapter stays loaded: requests in flight on
         it finish, and a revert to it is instant; the one it had replaced leaves the engine.
         `expected`: the routing the decision was made on (see `deployments.promote`)."""
@@ -115,10 +121,12 @@ class Operator:
         if before and before.live:
             self._previous[alias] = before.live
         if older:
-            row["warnings"] += await self._unload(older)
+            row.warnings.extend(await self._unload(older))
         return row
 
-    async def rollback(self, alias, *, reason, actor, evidence=None, expected=None):
+    async def rollback(
+        self, alias, *, reason, actor, evidence=None, expected: Routing | None = None
+    ) -> Change:
         before = self.router.arms.get(alias)
         row = await self._change(
             alias,
@@ -129,22 +137,22 @@ class Operator:
             expected=expected,
         )
         if before and before.canary:
-            row["warnings"] += await self._unload(before.canary)
+            row.warnings.extend(await self._unload(before.canary))
         return row
 
-    async def _change(self, alias: str, change, *args, **kwargs) -> dict:
+    async def _change(self, alias: str, change, *args, **kwargs) -> Change:
         """Record `change` in the database, then route the proxy as it says. Shielded: a
         caller cancelled half way (the loop paused) cannot leave a change recorded in the
         database and missing from the router."""
         self._known(alias)
         default = self.default_live.get(alias)
 
-        async def apply() -> dict:
+        async def apply() -> Change:
             row = await self.collector.query(
                 lambda st: change(st, alias, *args, default_live=default, **kwargs)
             )
-            self.router.set(row["model_alias"], row["live"], row["canary"], row["fraction"] or 0.0)
-            return {**row, "warnings": []}
+            self.router.set(row.model_alias, row.live, row.canary, row.fraction or 0.0)
+            return Change(**msgspec.structs.asdict(row), warnings=[])
 
         return await asyncio.shield(apply())
 
@@ -208,7 +216,7 @@ class Operator:
         row = await self.collector.query(lambda st: registry.get(st, name))
         if row is None:
             raise deployments.DeployError(f"{name!r} is not in the checkpoints table")
-        return row["path"]
+        return row.path
 
     async def load(self, name: str) -> None:
         """Load a registered checkpoint's adapter into every engine (a no-op where it is).

@@ -21,6 +21,7 @@ from ..collector import Collector
 from ..judge import JudgeSettings, SamplingFailed, sampling, tables
 from ..judge.passes import PassReport, score_group
 from . import ledger, stats
+from .records import Routing
 from .settings import DeploySettings, GateSettings, LoopSettings
 
 
@@ -165,16 +166,16 @@ def offline_test_id(candidate: str) -> str:
     return f"offline:{candidate}"
 
 
-def canary_test_id(alias: str, routing: dict) -> str:
+def canary_test_id(alias: str, routing: Routing) -> str:
     """The test of a canary's pairs: its alias, live, canary and start."""
-    since = routing["ts"].isoformat()
-    return f"canary:{alias}:{routing['live'] or ''}:{routing['canary']}:{since}"
+    since = routing.ts.isoformat()
+    return f"canary:{alias}:{routing.live or ''}:{routing.canary}:{since}"
 
 
-def test_ids(alias: str, candidate: str, routing: dict | None = None) -> list[str]:
+def test_ids(alias: str, candidate: str, routing: Routing | None = None) -> list[str]:
     """Every test whose pairs are the candidate's one test, in the order they are drawn."""
     out = [holdout_test_id(candidate), offline_test_id(candidate)]
-    if routing is not None and routing.get("canary") == candidate:
+    if routing is not None and routing.canary == candidate:
         out.append(canary_test_id(alias, routing))
     return out
 

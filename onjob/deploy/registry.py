@@ -15,31 +15,35 @@ import json
 import re
 import struct
 from pathlib import Path
+from typing import get_args
 
 from ..collector import Store
 from .errors import RegistryError
+from .records import CHECKPOINT_COLUMNS, Checkpoint, Status
 
-STATUSES = ("candidate", "canary", "review", "live", "retired", "stranded")
+STATUSES: tuple[Status, ...] = get_args(Status)
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
-def checkpoints(store: Store) -> list[dict]:
-    return store.query("SELECT * FROM checkpoints ORDER BY created")
+def checkpoints(store: Store) -> list[Checkpoint]:
+    return store.rows(Checkpoint, f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints ORDER BY created")
 
 
-def get(store: Store, name: str) -> dict | None:
-    rows = store.query("SELECT * FROM checkpoints WHERE name = ?", [name])
+def get(store: Store, name: str) -> Checkpoint | None:
+    rows = store.rows(
+        Checkpoint, f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE name = ?", [name]
+    )
     return rows[0] if rows else None
 
 
-def set_status(store: Store, name: str, status: str) -> None:
+def set_status(store: Store, name: str, status: Status) -> None:
     if status not in STATUSES:
         raise RegistryError(f"unknown status {status!r} (one of {', '.join(STATUSES)})")
     store.query("UPDATE checkpoints SET status = ? WHERE name = ?", [status, name])
 
 
-def add(store: Store, path: Path, name: str, base_model: Path) -> dict:
+def add(store: Store, path: Path, name: str, base_model: Path) -> Checkpoint:
     """Import an adapter directory as a `candidate` after validating it against the base."""
     if not _NAME.match(name):
         raise RegistryError(

@@ -32,6 +32,7 @@ from ..collector import Collector
 from ..judge import rewards, sampling
 from . import deployments, guards, holdout, ledger, pairs, prompts, reviews, stats, trust
 from .operator import Operator
+from .records import Routing
 from .settings import DeploySettings, LoopSettings
 
 
@@ -84,7 +85,7 @@ async def trained(r: Release, *, live: str | None, candidate: str, trained_on: i
         actor="loop",
         evidence=verdict.evidence,
     )
-    r.echo(f"canary: {row['canary']} serves {row['fraction']:.0%} of {r.alias}")
+    r.echo(f"canary: {row.canary} serves {row.fraction:.0%} of {r.alias}")
 
 
 async def offline_test(r: Release, *, live: str | None, candidate: str) -> Verdict:
@@ -126,13 +127,13 @@ async def offline_test(r: Release, *, live: str | None, candidate: str) -> Verdi
     return await r.db.query(lambda st: decide(st, r.settings, candidate, live))
 
 
-async def canary_round(r: Release, routing: dict) -> None:
+async def canary_round(r: Release, routing: Routing) -> None:
     """One look at the alias's canary: more pairs while its test is open, then the verdict
     acted on (promote, ready for review, roll back, or wait)."""
-    live, candidate = routing["live"], routing["canary"]
+    live, candidate = routing.live, routing.canary
     s = pairs.referee(r.settings.judge, r.settings.loop.gate)
     review = await r.db.query(lambda st: reviews.of(st, r.alias, routing))
-    rounds = await r.db.query(lambda st: ledger.count_round(st, r.alias, candidate, routing["ts"]))
+    rounds = await r.db.query(lambda st: ledger.count_round(st, r.alias, candidate, routing.ts))
     if review is None:
         if not s.scorers:
             r.echo(
@@ -181,7 +182,7 @@ async def canary_round(r: Release, routing: dict) -> None:
         return
     outcome = "promoted" if verdict.decision == "promote" else "rolled_back"
     await r.db.query(lambda st: ledger.settle(st, r.alias, candidate, outcome))
-    for warning in row["warnings"]:
+    for warning in row.warnings:
         r.echo(f"warning: {warning}")
 
 
@@ -190,7 +191,7 @@ def decide(
     settings: DeploySettings,
     candidate: str,
     live: str | None,
-    routing: dict | None = None,
+    routing: Routing | None = None,
     *,
     rounds: int = 0,
     capped: bool = True,
@@ -203,11 +204,11 @@ def decide(
     canary, a passed test promotes once no guard holds, and the caps (`capped`; not while
     a person reviews it) end an open test."""
     loop = settings.loop
-    alias = routing["model_alias"] if routing is not None else loop.alias
+    alias = routing.model_alias if routing is not None else loop.alias
     tests = pairs.test_ids(alias, candidate, routing)
     checks = guards.on_candidate(store, candidate, tests, loop, pairs.judges(settings))
     if routing is not None:
-        checks = guards.on_traffic(store, alias, routing["ts"], loop) + checks
+        checks = guards.on_traffic(store, alias, routing.ts, loop) + checks
     rule, paired, level, missing = pairs.weigh(store, alias, candidate, tests, loop)
     evidence = _evidence(rule, paired, level, missing, checks, tests, live, routing)
     if tripped := next((g.tripped for g in checks if g.tripped), None):
@@ -235,13 +236,13 @@ def decide(
     return Verdict("wait", waiting, evidence)
 
 
-async def orphans(r: Release, routing: dict | None) -> None:
+async def orphans(r: Release, routing: Routing | None) -> None:
     """Decide or retire the candidates the loop recorded and never decided (the iteration
     that trained them stopped before their canary): the newest whose parent is still live
     resumes at its offline test; any other was trained from a live that has since changed,
     or is superseded by a newer one, and is retired with the reason."""
     default = r.settings.proxy.aliases.get(r.alias)
-    live = routing["live"] if routing else default
+    live = routing.live if routing else default
     found = await r.db.query(lambda st: st.query(ORPHANS))
     chosen = found[0] if found and found[0]["parent"] == live else None
     for i, row in enumerate(found):
@@ -284,10 +285,10 @@ def _retire(store, r: Release, name: str, reason: str) -> None:
     )
 
 
-async def _more_pairs(r: Release, routing: dict, s) -> None:
+async def _more_pairs(r: Release, routing: Routing, s) -> None:
     """The canary's round of pairs, while its test is open: live-arm prompts logged since
     its training snapshot (since the canary started, for an adapter added by hand)."""
-    live, candidate = routing["live"], routing["canary"]
+    live, candidate = routing.live, routing.canary
     tests = pairs.test_ids(r.alias, candidate, routing)
     loop = r.settings.loop
 
@@ -299,7 +300,7 @@ async def _more_pairs(r: Release, routing: dict, s) -> None:
     await pairs.rejudge(r.db, s, fns, tests)
     if not await r.db.query(still_open):
         return
-    since = await r.db.query(lambda st: prompts.snapshot_time(st, candidate)) or routing["ts"]
+    since = await r.db.query(lambda st: prompts.snapshot_time(st, candidate)) or routing.ts
     chosen = await _fresh_round(r, since, [live, candidate], tests)
     arms = await _arms(r, live, candidate)
     await pairs.paired_round(r.db, r.engine, s, fns, chosen, arms, test=tests[-1])
@@ -325,11 +326,11 @@ async def _arms(r: Release, live: str | None, candidate: str) -> dict:
     return {"a": (live or base, live), "b": (candidate, candidate)}
 
 
-def _over_cap(loop: LoopSettings, routing: dict, rounds: int, now: datetime | None) -> str:
+def _over_cap(loop: LoopSettings, routing: Routing, rounds: int, now: datetime | None) -> str:
     """Why an open canary must end now ("" while it may go on)."""
     if rounds >= loop.canary_max_rounds:
         return f"undecided after {rounds} rounds (loop.canary_max_rounds)"
-    elapsed = ((now or datetime.now(UTC)) - routing["ts"]).total_seconds()
+    elapsed = ((now or datetime.now(UTC)) - routing.ts).total_seconds()
     if elapsed >= loop.canary_max_s:
         return f"undecided after {elapsed / 3600:.1f} h (loop.canary_max_s)"
     return ""
@@ -347,8 +348,8 @@ def _evidence(rule, paired, level, missing, checks, tests, live, routing) -> dic
         "shape": {k: v for k, v in by_name.items() if k != "service"},
     }
     if routing is not None:
-        since = routing["ts"].isoformat()
-        evidence["routing"] = {"live": live, "canary": routing["canary"], "since": since}
+        since = routing.ts.isoformat()
+        evidence["routing"] = {"live": live, "canary": routing.canary, "since": since}
         evidence["test"] = tests[-1]
         evidence["guards"] = by_name["service"]
     return evidence

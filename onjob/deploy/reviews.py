@@ -17,10 +17,11 @@ import json
 from ..collector import Store
 from . import trust
 from .deployments import current
+from .records import Routing
 from .settings import DeploySettings
 
 
-def mark(store: Store, alias: str, routing: dict, *, reason: str, evidence: dict) -> dict:
+def mark(store: Store, alias: str, routing: Routing, *, reason: str, evidence: dict) -> dict:
     """Record that `routing`'s canary is ready for review (once per routing)."""
     with store.transaction():
         found = _of(store, alias, routing)
@@ -28,26 +29,26 @@ def mark(store: Store, alias: str, routing: dict, *, reason: str, evidence: dict
             store.con.execute(
                 "INSERT INTO reviews (model_alias, checkpoint, routing_ts, ts, reason, "
                 "evidence) VALUES (?, ?, ?, now(), ?, ?)",
-                [alias, routing["canary"], routing["ts"], reason, json.dumps(evidence)],
+                [alias, routing.canary, routing.ts, reason, json.dumps(evidence)],
             )
             store.con.execute(
                 "UPDATE checkpoints SET status = 'review' WHERE name = ? AND status = 'canary'",
-                [routing["canary"]],
+                [routing.canary],
             )
     return _of(store, alias, routing)
 
 
-def of(store: Store, alias: str, routing: dict | None) -> dict | None:
+def of(store: Store, alias: str, routing: Routing | None) -> dict | None:
     """The review of `routing`'s canary, if it is waiting for one."""
-    if not routing or not routing.get("canary"):
+    if not routing or not routing.canary:
         return None
     return _of(store, alias, routing)
 
 
-def _of(store: Store, alias: str, routing: dict) -> dict | None:
+def _of(store: Store, alias: str, routing: Routing) -> dict | None:
     rows = store.query(
         "SELECT * FROM reviews WHERE model_alias = ? AND checkpoint = ? AND routing_ts = ?",
-        [alias, routing["canary"], routing["ts"]],
+        [alias, routing.canary, routing.ts],
     )
     if not rows:
         return None

@@ -38,7 +38,7 @@ def live_checkpoint(store, settings: DeploySettings, alias: str | None = None) -
     """What `alias` (default: the first configured) serves as live today (None: the base
     model): the latest deployment, else the configured alias."""
     alias = alias or next(iter(settings.proxy.aliases), "agent")
-    return deployments.arms_of(store, alias, settings.proxy.aliases.get(alias))[0]
+    return deployments.arms_of(store, alias, settings.proxy.aliases.get(alias)).live
 
 
 async def budget(db: Collector, settings: DeploySettings) -> budgets.Budget | None:
