@@ -11,7 +11,7 @@ import torch
 from onjob.trainer.data import Sequence, sequence
 from onjob.trainer.forward import Head, sampled_logprobs
 from onjob.trainer.loop import _loss
-from onjob.trainer.maths import advantages, policy_loss, token_logprobs
+from onjob.trainer.maths import advantages, k3, k3_of_sampled, policy_loss, token_logprobs
 from onjob.trainer.settings import TrainSettings
 
 
@@ -107,6 +107,25 @@ def test_k3_kl_is_zero_at_the_reference_and_positive_away_from_it():
     d = [0.5, -1.0]
     assert away.kl_sum == pytest.approx(sum(math.exp(x) - x - 1 for x in d))
     assert away.loss.item() == pytest.approx(0.1 * away.kl_sum)
+
+
+def test_kl_on_another_samplers_tokens_stays_bounded_when_the_policy_drops_one():
+    """The sampler (here the reference) chose three tokens; the policy learned to avoid the
+    third. Unweighted, that token's k3 is e^20: the estimate says the policy left the
+    reference entirely. Weighted by policy / sampler, it counts as rarely as the policy
+    would now sample it, and the estimate is the k3 of the tokens the policy keeps."""
+    ref = torch.tensor([-0.5, -1.0, -2.0])
+    logp = torch.tensor([-0.4, -1.1, -40.0])
+    plain = k3(logp, ref).mean().item()
+    total, weight = k3_of_sampled(logp, ref, sampler_logp=ref)
+    assert plain > 1e7
+    kept = k3(logp[:2], ref[:2])
+    w = torch.exp(logp[:2] - ref[:2])
+    assert total / weight == pytest.approx(((w * kept).sum() / w.sum()).item(), rel=1e-4)
+    assert total / weight < 0.01
+    # A token the policy now favours weighs at most MAX_KL_WEIGHT times.
+    total, weight = k3_of_sampled(torch.tensor([-0.01]), torch.tensor([-9.0]), torch.tensor([-9.0]))
+    assert weight == pytest.approx(5.0)
 
 
 def test_token_logprobs_match_a_full_log_softmax():

@@ -155,8 +155,9 @@ class LoopSettings(BaseModel):
         0.5,
         gt=0,
         description="KL to the base model per token (k3, measured by the trainer on its "
-        "snapshot's tokens and on answers the candidate samples itself; the larger) past "
-        "which a candidate is stopped and a canary rolled back (none: unbounded)",
+        "snapshot's tokens, weighted by candidate / sampler, and on answers the candidate "
+        "samples itself; the larger) past which a candidate is stopped and a canary "
+        "rolled back (none: unbounded)",
     )
     min_judge_agreement: float | None = Field(
         0.6,

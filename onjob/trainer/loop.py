@@ -12,9 +12,9 @@
               step 0 the same weights); a group they disagree on is skipped and recorded
             loss = clipped ratio x advantage, summed / the step's tokens; backward
         clip, step (a step whose gradient is not finite is dropped, its groups recorded)
-    kl_to_base = k3(policy ‖ base) per token on a few groups' tokens: how far the
-              checkpoint (its whole lineage) moved from the base model, for the guard
-              `loop.max_kl_to_base`
+    kl_to_base = k3(policy ‖ base) per token on a few groups' tokens, each weighted by
+              policy / sampler: how far the checkpoint (its whole lineage) moved from
+              the base model, for the guard `loop.max_kl_to_base`
     kl_to_base_own = the same on answers the trained policy samples itself from the
               groups' prompts: drift where the candidate now goes, which the old
               sampler's tokens do not show (the guard reads the larger)
@@ -46,7 +46,7 @@ from .errors import Diverged, NoDevice, NothingToTrain
 from .foreign import translated
 from .forward import Head, chunks, pack_limit, sampled_logprobs
 from .manifest import Manifest
-from .maths import LossParts, k3, policy_loss
+from .maths import LossParts, k3, k3_of_sampled, policy_loss
 from .ranks import Ranks
 from .settings import TrainSettings
 
@@ -372,18 +372,20 @@ KL_GROUPS = 2  # groups the KL-to-base estimate reads: enough for a guard, a bou
 
 def _kl_to_base(model, head: Head, groups: list[Group], limit: int, device) -> dict:
     """The trained policy against the base model (the adapter off) on the sampled tokens of
-    up to `KL_GROUPS` groups: k3 per token, its mean and the tokens read. A continued
-    checkpoint measures its whole lineage's drift, which is what a guard must bound."""
-    total, tokens = 0.0, 0
+    up to `KL_GROUPS` groups: k3 per token weighted by policy / sampler (the tokens are
+    the sampler's, not the policy's: `maths.k3_of_sampled`), and the tokens read. A
+    continued checkpoint measures its whole lineage's drift, which is what a guard must
+    bound."""
+    total, weights, tokens = 0.0, 0.0, 0
     with torch.no_grad():
         for group in groups[:KL_GROUPS]:
             for chunk in chunks(group, limit):
                 logp = sampled_logprobs(model, head, chunk, device)
                 with model.disable_adapter():
                     ref = sampled_logprobs(model, head, chunk, device)
-                total += k3(logp, ref).sum().item()
-                tokens += logp.numel()
-    return {"kl_to_base": total / max(tokens, 1), "kl_to_base_tokens": tokens}
+                part, weight = k3_of_sampled(logp, ref, _old(chunk, device))
+                total, weights, tokens = total + part, weights + weight, tokens + logp.numel()
+    return {"kl_to_base": total / weights if weights else 0.0, "kl_to_base_tokens": tokens}
 
 
 # Tokens the policy samples per prompt for `kl_to_base_own`. Its cost, measured on the

@@ -7,6 +7,7 @@ current policy's logprob.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -91,9 +92,25 @@ MAX_LOG_RATIO = 20.0
 def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Per token, Schulman's k3 estimate of KL(policy ‖ reference) at sampled tokens:
     exp(ref - logp) - (ref - logp) - 1, never negative, unbiased when the tokens were
-    sampled from the policy (from a nearby sampler, close enough for a guard)."""
+    sampled from the policy (`k3_of_sampled` for tokens another policy sampled)."""
     diff = (ref_logp - logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     return torch.exp(diff) - diff - 1
+
+
+# The largest weight one token of another sampler's answer gets in `k3_of_sampled`.
+MAX_KL_WEIGHT = 5.0
+
+
+def k3_of_sampled(
+    logp: torch.Tensor, ref_logp: torch.Tensor, sampler_logp: torch.Tensor
+) -> tuple[float, float]:
+    """k3(policy ‖ reference) on tokens another policy sampled: each token's k3 weighted
+    by policy / sampler (capped at `MAX_KL_WEIGHT`); (weighted sum, sum of weights), whose
+    ratio is the per-token estimate. Unweighted, a token the policy learned to avoid
+    counts exp(ref - logp), which grows without bound as the policy drops it, however
+    little probability the policy moved (docs/benchmarks.md: the offline benchmark)."""
+    weight = torch.exp((logp - sampler_logp).clamp(max=math.log(MAX_KL_WEIGHT)))
+    return (weight * k3(logp, ref_logp)).sum().item(), weight.sum().item()
 
 
 def policy_loss(
