@@ -5,9 +5,9 @@ whether the judges that trained and referee it agree with users.
   per token twice (its `train_runs` metrics; a continued checkpoint carries its
   lineage's whole drift): on its snapshot's tokens, sampled by the previous checkpoint,
   each weighted by policy / sampler (`kl_to_base`), and on answers the candidate
-  samples itself from those prompts (`kl_to_base_own`); the guard reads the larger. A policy that moved far to
-  please a reward has usually found a blind spot in it; past the bound the candidate is
-  stopped before any canary, and a canary is rolled back.
+  samples itself from those prompts (`kl_to_base_own`); the guard reads the larger. A
+  policy that moved far to please a reward has usually found a blind spot in it; past
+  the bound the candidate is stopped before any canary, and a canary is rolled back.
 - **The judges against users** (`loop.min_judge_agreement`): where feedback exists,
   `judge.agreement` says how often each judge orders a group's members as users do. When
   the coach (`judge.model`, `judge.rewards`) or the referee (`loop.gate`) is, with 95%
