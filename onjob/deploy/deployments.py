@@ -29,13 +29,8 @@ def routes(store: Store, defaults: dict[str, str | None]) -> dict[str, Arms]:
     """Every alias's arms: its latest deployment, else its configured live checkpoint."""
     out = {alias: Arms(live=live) for alias, live in defaults.items()}
     for alias, row in current(store).items():
-        out[alias] = _arms(row)
+        out[alias] = row.arms
     return out
-
-
-def _arms(row: Routing) -> Arms:
-    """Where a `deployments` row sends its alias's traffic."""
-    return Arms(live=row.live, canary=row.canary, fraction=row.fraction or 0.0)
 
 
 def previous(store: Store) -> dict[str, str]:
@@ -66,7 +61,7 @@ def history(store: Store, limit: int = 100) -> list[Routing]:
 
 def arms_of(store: Store, alias: str, default_live: str | None) -> Arms:
     row = current(store).get(alias)
-    return Arms(live=default_live) if row is None else _arms(row)
+    return Arms(live=default_live) if row is None else row.arms
 
 
 def set_canary(

@@ -69,7 +69,7 @@ class Operator:
                     await self.load(older)
                 except (adapters.EngineControlError, deployments.DeployError) as exc:
                     log.warning("previous live %s of %s not loaded: %s", older, alias, exc)
-            self.router.set(alias, row.live, row.canary, row.fraction or 0.0)
+            self._route(alias, row)
             log.info(
                 "routing %s: live %s, canary %s (%.0f%%)",
                 alias,
@@ -81,12 +81,16 @@ class Operator:
             for warning in await self._unload(sorted(self.stranded)[0]):
                 log.warning("%s", warning)
 
+    def _route(self, alias: str, row: Routing) -> None:
+        arms = row.arms
+        self.router.set(alias, arms.live, arms.canary, arms.fraction)
+
     async def resync(self) -> None:
         """Route as the database says, loading nothing: after a change was interrupted."""
         routing = await self.collector.query(deployments.current)
         for alias, row in routing.items():
             if alias in self.router.arms:
-                self.router.set(alias, row.live, row.canary, row.fraction or 0.0)
+                self._route(alias, row)
 
     async def set_canary(
         self, alias, checkpoint, fraction, *, reason, actor, evidence=None
@@ -151,7 +155,7 @@ class Operator:
             row = await self.collector.query(
                 lambda st: change(st, alias, *args, default_live=default, **kwargs)
             )
-            self.router.set(row.model_alias, row.live, row.canary, row.fraction or 0.0)
+            self._route(row.model_alias, row)
             return Change(**msgspec.structs.asdict(row), warnings=[])
 
         return await asyncio.shield(apply())

@@ -41,6 +41,11 @@ class Routing(msgspec.Struct, frozen=True, kw_only=True):
     actor: str | None
     evidence: str | None
 
+    @property
+    def arms(self) -> Arms:
+        """Where this row sends its alias's traffic."""
+        return Arms(live=self.live, canary=self.canary, fraction=self.fraction or 0.0)
+
 
 class Change(Routing, frozen=True, kw_only=True):
     """A routing change the operator applied, with what went wrong unloading adapters."""
