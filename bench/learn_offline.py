@@ -52,7 +52,7 @@ from examples.arithmetic import task  # noqa: E402
 ALIASES = {"lr": ["learning_rate"], "warmup": ["warmup_steps"], "clip": ["eps_low", "eps_high"]}
 # The demo's trainer (examples/arithmetic/demo.py's config), the KL guard's own samples
 # off: a guard, not learning, and decoding is most of its cost.
-BASE = {"learning_rate": 2e-4, "groups_per_step": 2, "lora_rank": 16, "kl_own_prompts": 0}
+BASE = {"learning_rate": 5e-4, "groups_per_step": 2, "lora_rank": 16, "kl_own_prompts": 0}
 MAX_TOKENS = 48  # the demo's agent and judge
 # One request is a whole batch (25 questions x --samples): on a busy machine it took past
 # 600 s, and a timeout loses the sweep; the engine is ours, so a hang is a bug to see.

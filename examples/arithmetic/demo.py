@@ -163,7 +163,7 @@ args = ["--model", "{model}", "--threads", "2"]
 [trainer]
 base_model = "{model}"
 checkpoints_dir = "{o.dir / "checkpoints"}"
-learning_rate = 0.0002
+learning_rate = 0.0005
 groups_per_step = 2
 max_groups = 16
 threads = {cores()}
