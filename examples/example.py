@@ -19,4 +19,7 @@ class Example:
     first_messages: Callable[[str], list[dict]]  # a question's opening (the speed probe)
     heldout: Callable[[int], list[str]]
     judge: str = ""  # lines added to the demo's [judge] section
+    # What one held-out sample costs the engine, in tokens decoded at its measured speed
+    # (every turn, the prompts' prefill included): the demo sizes its evaluations by it.
+    sample_tokens: int = 25
     table: Callable[[dict, dict], list[str]] = lambda before, after: []
