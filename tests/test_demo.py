@@ -56,6 +56,7 @@ def test_shortened_demo_runs_every_stage_and_leaves_its_rows(tmp_path, tiny_mode
     assert "tokens/s:" in out and "ETA about" in out, out  # sized to the engine's speed
     assert "the rule: promote when the canary beats live" in out, out
     assert "looser than production's rule" in out, out
+    assert "the KL guard stops a candidate 1 nats per token from the base model" in out, out
     # The error of the rule it runs over every candidate, not only one candidate's.
     assert "family-wise error 0.1, the chance that any candidate" in out, out
     assert "held-out success (6 sampled answers" in out and "change" in out, out
