@@ -123,7 +123,7 @@ REFERENCE_TOKENS_PER_S = 100.0
 DECISION_S_AT_REFERENCE = 740.0
 
 
-def plan(o: Options, tokens_per_s: float, sample_tokens: int = 25) -> Plan:
+def plan(o: Options, tokens_per_s: float, sample_tokens: int) -> Plan:
     """Evaluations of about two minutes each (`sample_tokens`: what one held-out sample
     costs the engine, `Example.sample_tokens`) and groups that fit the engine's speed; the
     ETA scales the reference machine's decision time by the speed."""
@@ -421,6 +421,7 @@ def rule_summary(s: LoopSettings) -> dict:
             "better_win_rate": better,
             "promoted_when_no_better": stats.promotion_chance(rule, first, 0.5),
             "promoted_when_better_by_delta": stats.promotion_chance(rule, first, better),
+            "max_kl_to_base": rule_settings.max_kl_to_base,
         }
     return out
 
@@ -429,8 +430,7 @@ def _rule_lines(s: LoopSettings) -> list[str]:
     r = rule_summary(s)
     demo, prod = r["demo"], r["production"]
     looser = demo["alpha"] > prod["alpha"] or demo["delta"] > prod["delta"]
-    kl = (s.max_kl_to_base, LoopSettings().max_kl_to_base)
-    return [
+    lines = [
         f"the rule: promote when the canary beats live on paired prompts (an e-process on "
         f"the referee's score differences, held-out pairs first; candidate k tested at "
         f"6 alpha / (pi^2 k^2)): family-wise error {demo['family_wise_error']:g}, the chance "
@@ -447,16 +447,14 @@ def _rule_lines(s: LoopSettings) -> list[str]:
             if looser
             else "  the same rule as production's"
         ),
-        *(
-            [
-                f"  the KL guard stops a candidate {kl[0]:g} nats per token from the base model "
-                f"(production: {kl[1]:g}); a small model sampled at temperature 1 moves far as it "
-                "learns"
-            ]
-            if kl[0] != kl[1]
-            else []
-        ),
     ]
+    if demo["max_kl_to_base"] != prod["max_kl_to_base"]:
+        lines.append(
+            f"  the KL guard stops a candidate {demo['max_kl_to_base']:g} nats per token from the "
+            f"base model (production: {prod['max_kl_to_base']:g}); a small model sampled at "
+            "temperature 1 moves far as it learns"
+        )
+    return lines
 
 
 def _fresh(path: Path) -> Path:
