@@ -351,3 +351,50 @@ def test_a_loader_whose_bucket_is_down_serves_and_loads_once_it_is_back(tmp_path
             moto.terminate()
             moto.wait()
     assert "cannot read collector.bucket" in (tmp_path / "loader.log").read_text()
+
+
+def test_a_host_stopping_during_a_hand_off_round_still_deletes_its_watermark(
+    tmp_path,
+    bucket_url,  # noqa: F811
+    s3_endpoint,  # noqa: F811
+):
+    """A round's thread outlives the cancelled task that awaited it: the clean stop waits
+    for it, then retires, so the loader is not held back until the host's lease runs out."""
+    import asyncio
+    import threading
+
+    from onjob.collector.settings import CollectorSettings
+    from onjob.collector.writer import Collector
+
+    settings = CollectorSettings(
+        db=tmp_path / "onjob.duckdb",
+        rotate_s=0.05,
+        bucket=bucket_url,
+        bucket_endpoint_url=s3_endpoint,
+        host_id="host-a",
+    )
+    in_round, go_on = threading.Event(), threading.Event()
+
+    def hold_the_first_watermark(request, **_) -> None:
+        # boto3's own hook, at the HTTP boundary: the first watermark's PUT waits.
+        if "/hosts/" in request.url and not go_on.is_set():
+            in_round.set()
+            go_on.wait(30)
+
+    async def scenario() -> bool:
+        collector = Collector(settings, load=False)
+        await collector.start()
+        collector._bucket._client.meta.events.register(
+            "before-send.s3.PutObject", hold_the_first_watermark
+        )
+        assert await asyncio.to_thread(in_round.wait, 30), "no hand-off round started"
+        closing = asyncio.create_task(collector.close())
+        done, _ = await asyncio.wait({closing}, timeout=1)
+        go_on.set()
+        await closing
+        return not done
+
+    waited = asyncio.run(scenario())
+    assert waited  # the stop waited for the round in flight
+    left = Bucket.from_url(bucket_url, endpoint_url=s3_endpoint).list()
+    assert [o.key for o in left if "/hosts/" in f"/{o.key}"] == []

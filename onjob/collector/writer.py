@@ -102,6 +102,10 @@ class Collector:
         self._store: Store | None = None
         self._spool: Spool | None = None
         self._uploader: Uploader | None = None  # a proxy-only process, with a bucket
+        # Hand-off rounds run one at a time on their own thread: a round still in flight
+        # when the process stops (its task cancelled, its thread not) ends before `retire`
+        # starts, which otherwise finds the round's lock held and leaves the watermark.
+        self._handoff = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="onjob-handoff")
         self._fetcher: Fetcher | None = None  # the loader, with a bucket
         self._bucket: Bucket | None = None
         self._remote = Remote(None, (), 0)  # what the last fetch said
@@ -426,7 +430,7 @@ class Collector:
         conversations since the round that read `seen`, forget them here too. Returns
         the deletions' mark as now read."""
         try:
-            if await asyncio.to_thread(self._uploader.upload) is None:
+            if await self._handing(self._uploader.upload) is None:
                 return seen
         except Exception:  # the segments stay on this host's disk: nothing is lost
             log.exception("handing the spool to the bucket failed; will retry")
@@ -435,6 +439,9 @@ class Collector:
         if seen is not FORGOTTEN and now != seen:
             self._forget_memory()
         return now
+
+    def _handing(self, round_: Callable[[], T]) -> asyncio.Future[T]:
+        return asyncio.get_running_loop().run_in_executor(self._handoff, round_)
 
     def _forget_memory(self) -> None:
         """Conversations were deleted: a later turn must not be stored against one."""
@@ -485,9 +492,10 @@ class Collector:
             self._spool.close()
         if self._uploader is not None:
             try:
-                await asyncio.to_thread(self._uploader.retire)
+                await self._handing(self._uploader.retire)
             except Exception:
                 log.exception("uploading the spool at exit failed; the next start uploads it")
+        self._handoff.shutdown(wait=True)
         if self._fetcher is not None:
             self._fetcher.close()
         self._reader.shutdown(wait=True)
