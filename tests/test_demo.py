@@ -143,7 +143,7 @@ def test_the_calculator_example_configures_tool_turns_trajectory_groups_and_its_
     """`onjob demo --example calculator`: its reward and referee (each step scored on the
     step it takes), every tool-call turn re-sampled, and trajectory groups of the
     conversations that ask one question."""
-    from examples.arithmetic.demo import DemoError, Options, config
+    from examples.arithmetic.demo import DemoError, Options, _rule_lines, config, loop_settings
     from examples.calculator.example import EXAMPLE
     from onjob.deploy.settings import LoopSettings
     from onjob.judge import JudgeSettings
@@ -155,6 +155,12 @@ def test_the_calculator_example_configures_tool_turns_trajectory_groups_and_its_
     assert judge.scenario_groups and judge.tool_turns_per_scenario >= 1
     loop = LoopSettings.model_validate(written["loop"])
     assert loop.gate.rewards["exact"].fn == "examples.calculator.task:referee"
+    # Few scenarios a minute: a larger held-out slice, written and said beside the rule.
+    assert loop.holdout_share == EXAMPLE.loop["holdout_share"] > LoopSettings().holdout_share
+    assert loop.max_kl_to_base == 1.0  # the demo's own loop settings stay under the example's
+    said = _rule_lines(loop_settings(Options(example="calculator")))
+    assert any("30% of scenarios are held out from training (production: 10%)" in x for x in said)
+    assert not any("held out" in x for x in _rule_lines(loop_settings(Options())))
     # Each question is asked several times in a row: conversations that share a scenario.
     questions = EXAMPLE.questions(1)
     assert len(set(questions)) < len(questions)

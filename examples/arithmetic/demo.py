@@ -102,8 +102,13 @@ def example_of(o: Options) -> Example:
     return importlib.import_module(f"examples.{o.example}.example").EXAMPLE
 
 
+def demo_loop(o: Options) -> dict:
+    """The demo's `[loop]`: `DEMO_LOOP` with the example's own settings over it."""
+    return {**DEMO_LOOP, **example_of(o).loop}
+
+
 def loop_settings(o: Options) -> LoopSettings:
-    return LoopSettings(**DEMO_LOOP)
+    return LoopSettings(**demo_loop(o))
 
 
 @dataclass(frozen=True)
@@ -141,13 +146,13 @@ def config(o: Options, model: Path, group_size: int = 8) -> str:
     temperature 1 (GRPO needs a spread of rewards), 16 groups per run in 8 steps at a high
     learning rate, judge passes of 8 recent turns (sampled by the checkpoints serving now),
     paired rounds of 6 prompts, half the traffic on the canary and the demo's rule
-    (`DEMO_LOOP`): one round of train, canary and decision fits in a few minutes."""
+    (`demo_loop`): one round of train, canary and decision fits in a few minutes."""
     ex = example_of(o)
     reward, gate = o.reward or ex.reward, o.gate or ex.referee
     judge = (
         f'model = "{o.judge}"' if o.judge else f'[judge.rewards]\ncorrect = {{ fn = "{reward}" }}'
     )
-    loop = "\n".join(f"{k} = {v}" for k, v in DEMO_LOOP.items())
+    loop = "\n".join(f"{k} = {v}" for k, v in demo_loop(o).items())
     if gate != "reward":
         # The referee passes the reward's top grade only (for arithmetic: the sum and
         # nothing else); a hedge earns half a reward and loses the pairs.
@@ -422,6 +427,7 @@ def rule_summary(s: LoopSettings) -> dict:
             "promoted_when_no_better": stats.promotion_chance(rule, first, 0.5),
             "promoted_when_better_by_delta": stats.promotion_chance(rule, first, better),
             "max_kl_to_base": rule_settings.max_kl_to_base,
+            "holdout_share": rule_settings.holdout_share,
         }
     return out
 
@@ -453,6 +459,12 @@ def _rule_lines(s: LoopSettings) -> list[str]:
             f"  the KL guard stops a candidate {demo['max_kl_to_base']:g} nats per token from the "
             f"base model (production: {prod['max_kl_to_base']:g}); a small model sampled at "
             "temperature 1 moves far as it learns"
+        )
+    if demo["holdout_share"] != prod["holdout_share"]:
+        lines.append(
+            f"  {demo['holdout_share']:.0%} of scenarios are held out from training "
+            f"(production: {prod['holdout_share']:.0%}), where a candidate's test takes its "
+            "first pairs before it serves anyone: this agent opens few scenarios a minute"
         )
     return lines
 
