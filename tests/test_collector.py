@@ -396,3 +396,20 @@ def test_a_database_held_by_another_process_is_a_clear_error(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_duckdb_spills_beside_the_database_not_where_onjob_runs(tmp_path, monkeypatch):
+    from onjob.collector.store import Store
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    store = Store(tmp_path / "onjob.duckdb")
+    try:
+        store.con.execute("SET memory_limit = '64MB'; SET threads = 1")
+        # A sort larger than the limit: DuckDB must write temporary files somewhere.
+        store.con.execute("SELECT * FROM range(10000000) t(i) ORDER BY hash(i)").fetchone()
+        assert (tmp_path / "onjob.duckdb.tmp").is_dir()
+    finally:
+        store.close()
+    assert list(cwd.iterdir()) == []

@@ -193,7 +193,11 @@ class Store:
         scan_per_lookup: int = SCAN_PER_LOOKUP,
     ) -> None:
         try:
-            config = {"threads": threads} if threads else {}
+            # Spills beside the file, as DuckDB puts them for a file it opens itself: an
+            # in-memory connection's default is `.tmp` in whatever directory onjob runs in.
+            config: dict = {"temp_directory": f"{path}.tmp"}
+            if threads:
+                config["threads"] = threads
             if memory_limit:
                 config["memory_limit"] = memory_limit
             self.orphaned = 0  # turns the last load dropped: their parent was deleted
