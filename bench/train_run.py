@@ -8,6 +8,7 @@ the policy starts where the sampler was (a forward per group of its own before, 
 into the first training forward now) and the KL-to-base estimate.
 
     .venv/bin/python bench/train_run.py --before <rev> [--groups 16] [--repeats 2]
+        [--set dtype=bfloat16]
 
 Writes bench/results/train_run-<timestamp>.json.
 """
@@ -87,24 +88,29 @@ def snapshot(path: Path, groups: int) -> None:
     pq.write_table(pa.Table.from_pylist(rows), path)
 
 
-def worker(snap: Path, out: Path) -> dict:
+def worker(snap: Path, out: Path, extra: dict | None = None) -> dict:
     import torch
 
     from onjob.trainer.loop import train
     from onjob.trainer.settings import TrainSettings
 
     torch.set_num_threads(1)
-    settings = TrainSettings(threads=1, learning_rate=2e-4, groups_per_step=2, lora_rank=16)
+    settings = TrainSettings(
+        threads=1, learning_rate=2e-4, groups_per_step=2, lora_rank=16, **(extra or {})
+    )
     before = resource.getrusage(resource.RUSAGE_SELF)
     started = time.perf_counter()
     manifest = train(snap, out, settings, progress=False, echo=lambda _: None)
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    trained = len(manifest.groups)
+    if isinstance(manifest, dict):  # a revision from before the typed `Manifest`
+        trained, steps = len(manifest["groups"]), manifest["metrics"]["steps"]
+    else:
+        trained, steps = len(manifest.groups), manifest.steps
     return {
         "groups_trained": trained,
-        "steps": manifest.steps,
+        "steps": steps,
         "cpu_s": cpu,
         "wall_s": wall,
         "cpu_s_per_group": cpu / trained,
@@ -112,12 +118,12 @@ def worker(snap: Path, out: Path) -> dict:
     }
 
 
-def run(tree: Path, snap: Path, out: Path) -> dict:
+def run(tree: Path, snap: Path, out: Path, extra: dict | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     code = (
         f"import sys, json; sys.path.insert(0, {str(HERE)!r}); import train_run; "
         f"print(json.dumps(train_run.worker(__import__('pathlib').Path({str(snap)!r}), "
-        f"__import__('pathlib').Path({str(out)!r}))))"
+        f"__import__('pathlib').Path({str(out)!r}), {extra!r})))"
     )
     done = subprocess.run(  # in the tree: `-c` puts the working directory first on sys.path
         [sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, text=True, check=True
@@ -131,7 +137,15 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a trainer setting for this tree's runs only (e.g. dtype=bfloat16)",
+    )
     args = parser.parse_args()
+    extra = dict(item.split("=", 1) for item in args.set)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         snap = tmp / "snapshot.parquet"
@@ -145,7 +159,12 @@ def main() -> None:
         try:
             for r in range(args.repeats):
                 for name, tree in (("before", old), ("after", ROOT)):
-                    row = {"variant": name, "repeat": r, **run(tree, snap, tmp / f"{name}{r}")}
+                    mine = extra if name == "after" else None
+                    row = {
+                        "variant": name,
+                        "repeat": r,
+                        **run(tree, snap, tmp / f"{name}{r}", mine),
+                    }
                     rows.append(row)
                     print(
                         f"{name:<7} {row['groups_trained']} groups, {row['steps']} steps: "
@@ -167,7 +186,9 @@ def main() -> None:
     ratio = summary["after"]["cpu_s_per_group"] / summary["before"]["cpu_s_per_group"]
     print(f"CPU per trained group: after / before = {ratio:.2f} (before = {args.before})")
     path = results_file.save(
-        "train_run", {"before": args.before, "rows": rows, "summary": summary}, args.out
+        "train_run",
+        {"before": args.before, "after_settings": extra, "rows": rows, "summary": summary},
+        args.out,
     )
     print(f"wrote {path}")
 

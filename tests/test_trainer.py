@@ -310,3 +310,27 @@ def test_a_supervised_warm_start_on_best_members_lowers_their_loss_first(
     warm = next(line for line in lines if line.startswith("warm start"))
     first, last = (float(x) for x in warm.split("loss ")[1].split(" -> "))
     assert "on 1 best members" in warm and last < first - 0.1
+
+
+def test_an_unmoved_policy_reads_no_kl_on_its_own_samples_of_prompts_of_any_length(
+    tmp_path, tiny_model_dir, toy
+):
+    """The policy's own answers are sampled for all prompts at once, left-padded, and the
+    base scores them right-padded: a row placed at the wrong positions on either side
+    reads KL where there is none."""
+    model, prompt, completions = toy
+    groups = [
+        (f"g{n}", [*prompt[:1], *prompt[1:2] * n, *prompt[1:]], completions, [1.0, 0.0, 0.3, 0.1])
+        for n in (0, 5, 11)
+    ]
+    snap = write_snapshot(tmp_path / "snap.parquet", groups, model)
+    settings = TrainSettings(
+        base_model=str(tiny_model_dir),
+        learning_rate=1e-12,  # AdamW moves each weight by about this: the base, to 1e-20
+        groups_per_step=3,
+        kl_own_prompts=3,
+        threads=1,
+    )
+    metrics = train(snap, tmp_path / "ckpt", settings, progress=False, echo=lambda _: None).metrics
+    assert metrics["kl_to_base_own_tokens"] > 32  # more than one prompt's answer
+    assert metrics["kl_to_base_own"] < 1e-6

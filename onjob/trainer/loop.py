@@ -388,10 +388,7 @@ def _kl_to_base(model, head: Head, groups: list[Group], limit: int, device) -> d
     return {"kl_to_base": total / weights if weights else 0.0, "kl_to_base_tokens": tokens}
 
 
-# Tokens the policy samples per prompt for `kl_to_base_own`. Its cost, measured on the
-# bundled SmolLM2-135M with a rank-8 LoRA, 8 prompts, 1 thread, on 2 cores other jobs
-# kept at load ~9: 151 tokens (some answers end early) in 44.9 s, i.e. decoding plus two
-# scoring forwards per prompt; an idle core is several times faster.
+# Tokens the policy samples per prompt for `kl_to_base_own`.
 OWN_TOKENS = 32
 
 
@@ -399,32 +396,65 @@ def _kl_on_own_samples(model, groups: list[Group], device) -> dict:
     """k3(policy ‖ base) per token on answers the trained policy samples itself (one per
     group's prompt, `OWN_TOKENS` tokens, temperature 1): the estimator
     is unbiased only on the policy's own samples, and a candidate that learned a new
-    way to answer (a hedge the old sampler never wrote) moved most there."""
-    total, tokens = 0.0, 0
+    way to answer (a hedge the old sampler never wrote) moved most there.
+
+    The prompts are sampled together, left-padded (`generate` places each row's
+    positions by its mask), and the policy's logprobs are the logits `generate` sampled
+    from; the base scores every answer in one forward, right-padded (a causal model's
+    pads after a row change nothing before them). One prompt at a time, decoding and
+    scoring with the policy again cost 4 prompts ~11 s of a 16-group run's ~57 CPU s
+    (docs/benchmarks.md, "A training run's overhead")."""
+    prompts = [g.members[0].tokens[: g.members[0].first_loss] for g in groups]
+    if not prompts:
+        return {"kl_to_base_own": 0.0, "kl_to_base_own_tokens": 0}
+    pad = _pad_id(model.config)
+    pad = 0 if pad is None else pad
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     with torch.no_grad():
-        for group in groups:
-            member = group.members[0]
-            prompt = torch.tensor([member.tokens[: member.first_loss]], device=device)
-            ids = model.generate(
-                input_ids=prompt,
-                attention_mask=torch.ones_like(prompt),
-                do_sample=True,
-                temperature=1.0,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=OWN_TOKENS,
-                pad_token_id=_pad_id(model.config),
-            )
-            new = ids.shape[1] - prompt.shape[1]
-            if new <= 0:
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=OWN_TOKENS,
+            pad_token_id=pad,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        answers = [_until_end(row.tolist(), model.config) for row in out.sequences[:, width:]]
+        if not any(answers):
+            return {"kl_to_base_own": 0.0, "kl_to_base_own_tokens": 0}
+        sampled = torch.stack(out.logits, 1).float().log_softmax(-1)  # [rows, steps, vocab]
+        rows = [p + a for p, a in zip(prompts, answers, strict=True)]
+        longest = max(len(r) for r in rows)
+        batch = torch.tensor([r + [pad] * (longest - len(r)) for r in rows], device=device)
+        with model.disable_adapter():
+            logits = model(input_ids=batch, use_cache=False).logits.float().log_softmax(-1)
+        total, tokens = 0.0, 0
+        for i, (p, a) in enumerate(zip(prompts, answers, strict=True)):
+            if not a:
                 continue
-            target = ids[:, prompt.shape[1] :]
-            logp = _token_logprobs(model, ids, target)
-            with model.disable_adapter():
-                ref = _token_logprobs(model, ids, target)
+            target = torch.tensor(a, device=device)[:, None]
+            logp = sampled[i, : len(a)].gather(-1, target).squeeze(-1)
+            ref = logits[i, len(p) - 1 : len(p) + len(a) - 1].gather(-1, target).squeeze(-1)
             total += k3(logp, ref).sum().item()
-            tokens += new
+            tokens += len(a)
     return {"kl_to_base_own": total / max(tokens, 1), "kl_to_base_own_tokens": tokens}
+
+
+def _until_end(tokens: list[int], config) -> list[int]:
+    """A sampled row up to and including its first end-of-sequence id (`generate` pads a
+    finished row with it)."""
+    eos = config.eos_token_id
+    ends = set(eos) if isinstance(eos, list | tuple) else {eos}
+    for n, t in enumerate(tokens):
+        if t in ends:
+            return tokens[: n + 1]
+    return tokens
 
 
 def _quiet(_: str) -> None:
@@ -436,12 +466,6 @@ def _pad_id(config) -> int | None:
     several; any of them ends a row)."""
     eos = config.eos_token_id
     return eos[0] if isinstance(eos, list | tuple) and eos else eos
-
-
-def _token_logprobs(model, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """The logprobs of `target` (the last tokens of `ids`) under `model`, in fp32."""
-    logits = model(input_ids=ids).logits[:, -target.shape[1] - 1 : -1].float()
-    return logits.log_softmax(-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
 
 
 def _warm_start(
