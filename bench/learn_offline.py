@@ -188,7 +188,10 @@ def settings_of(base: list[str], compare: list[str]) -> list[tuple[str, dict]]:
     each `--compare key=v1,v2` (several `--compare`s: their settings one after another)."""
 
     def fields(key: str, value: str) -> dict:
-        parsed = json.loads(value) if value not in ("true", "false") else value == "true"
+        try:  # numbers, booleans, lists; anything else is a string (dtype=bfloat16)
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
         return {name: parsed for name in ALIASES.get(key, [key])}
 
     common: dict = {}
