@@ -44,9 +44,9 @@ from . import adapter
 from .data import Group, Sequence, load
 from .errors import Diverged, NoDevice, NothingToTrain
 from .foreign import translated
-from .forward import Head, chunks, pack_limit, sampled_logprobs
+from .forward import Head, chunks, decoder_of, pack_limit, sampled_logprobs
 from .manifest import Manifest
-from .maths import LossParts, k3, k3_of_sampled, policy_loss
+from .maths import LossParts, k3, k3_of_sampled, policy_loss, token_logprobs
 from .ranks import Ranks
 from .settings import TrainSettings
 
@@ -241,7 +241,7 @@ def _train(
 
     # --- checkpoint
     kl = _kl_to_base(model, head, groups, limit, device)
-    kl |= _kl_on_own_samples(model, groups[: s.kl_own_prompts], device)
+    kl |= _kl_on_own_samples(model, head, groups[: s.kl_own_prompts], device)
     duration = time.perf_counter() - started
     metrics = {
         **_summary(history, groups, notes, duration, tokens_seen),
@@ -392,7 +392,7 @@ def _kl_to_base(model, head: Head, groups: list[Group], limit: int, device) -> d
 OWN_TOKENS = 32
 
 
-def _kl_on_own_samples(model, groups: list[Group], device) -> dict:
+def _kl_on_own_samples(model, head: Head, groups: list[Group], device) -> dict:
     """k3(policy ‖ base) per token on answers the trained policy samples itself (one per
     group's prompt, `OWN_TOKENS` tokens, temperature 1): the estimator
     is unbiased only on the policy's own samples, and a candidate that learned a new
@@ -401,7 +401,8 @@ def _kl_on_own_samples(model, groups: list[Group], device) -> dict:
     The prompts are sampled together, left-padded (`generate` places each row's
     positions by its mask), and the policy's logprobs are the logits `generate` sampled
     from; the base scores every answer in one forward, right-padded (a causal model's
-    pads after a row change nothing before them). One prompt at a time, decoding and
+    pads after a row change nothing before them), its head on the answers' rows only.
+    One prompt at a time, decoding and
     scoring with the policy again cost 4 prompts ~11 s of a 16-group run's ~57 CPU s
     (docs/benchmarks.md, "A training run's overhead")."""
     prompts = [g.members[0].tokens[: g.members[0].first_loss] for g in groups]
@@ -433,16 +434,16 @@ def _kl_on_own_samples(model, groups: list[Group], device) -> dict:
         longest = max(len(r) for r in rows)
         batch = torch.tensor([r + [pad] * (longest - len(r)) for r in rows], device=device)
         with model.disable_adapter():
-            logits = model(input_ids=batch, use_cache=False).logits.float().log_softmax(-1)
-        total, tokens = 0.0, 0
-        for i, (p, a) in enumerate(zip(prompts, answers, strict=True)):
-            if not a:
-                continue
-            target = torch.tensor(a, device=device)[:, None]
-            logp = sampled[i, : len(a)].gather(-1, target).squeeze(-1)
-            ref = logits[i, len(p) - 1 : len(p) + len(a) - 1].gather(-1, target).squeeze(-1)
-            total += k3(logp, ref).sum().item()
-            tokens += len(a)
+            hidden = decoder_of(model)(input_ids=batch, use_cache=False).last_hidden_state
+            total, tokens = 0.0, 0
+            for i, (p, a) in enumerate(zip(prompts, answers, strict=True)):
+                if not a:
+                    continue
+                target = torch.tensor(a, device=device)
+                logp = sampled[i, : len(a)].gather(-1, target[:, None]).squeeze(-1)
+                ref = token_logprobs(hidden[i, len(p) - 1 : len(p) + len(a) - 1], head, target)
+                total += k3(logp, ref).sum().item()
+                tokens += len(a)
     return {"kl_to_base_own": total / max(tokens, 1), "kl_to_base_own_tokens": tokens}
 
 
