@@ -402,9 +402,9 @@ def _kl_on_own_samples(model, head: Head, groups: list[Group], device) -> dict:
     positions by its mask), and the policy's logprobs are the logits `generate` sampled
     from; the base scores every answer in one forward, right-padded (a causal model's
     pads after a row change nothing before them), its head on the answers' rows only.
-    One prompt at a time, decoding and
-    scoring with the policy again cost 4 prompts ~11 s of a 16-group run's ~57 CPU s
-    (docs/benchmarks.md, "A training run's overhead")."""
+    One prompt at a time, decoding and scoring with the policy again cost 4 prompts
+    ~11 s of a 16-group run's ~57 CPU s (docs/benchmarks.md, "A training run's
+    overhead")."""
     prompts = [g.members[0].tokens[: g.members[0].first_loss] for g in groups]
     if not prompts:
         return {"kl_to_base_own": 0.0, "kl_to_base_own_tokens": 0}
@@ -427,8 +427,6 @@ def _kl_on_own_samples(model, head: Head, groups: list[Group], device) -> dict:
             return_dict_in_generate=True,
         )
         answers = [_until_end(row.tolist(), model.config) for row in out.sequences[:, width:]]
-        if not any(answers):
-            return {"kl_to_base_own": 0.0, "kl_to_base_own_tokens": 0}
         sampled = torch.stack(out.logits, 1).float().log_softmax(-1)  # [rows, steps, vocab]
         rows = [p + a for p, a in zip(prompts, answers, strict=True)]
         longest = max(len(r) for r in rows)
@@ -449,9 +447,8 @@ def _kl_on_own_samples(model, head: Head, groups: list[Group], device) -> dict:
 
 def _until_end(tokens: list[int], config) -> list[int]:
     """A sampled row up to and including its first end-of-sequence id (`generate` pads a
-    finished row with it)."""
-    eos = config.eos_token_id
-    ends = set(eos) if isinstance(eos, list | tuple) else {eos}
+    finished row with one)."""
+    ends = _eos_ids(config)
     for n, t in enumerate(tokens):
         if t in ends:
             return tokens[: n + 1]
@@ -462,11 +459,15 @@ def _quiet(_: str) -> None:
     pass
 
 
-def _pad_id(config) -> int | None:
-    """`generate` pads finished rows with this: the end-of-sequence id (a family may list
-    several; any of them ends a row)."""
+def _eos_ids(config) -> list:
+    """The end-of-sequence ids: a family may list several; any of them ends a row."""
     eos = config.eos_token_id
-    return eos[0] if isinstance(eos, list | tuple) and eos else eos
+    return list(eos) if isinstance(eos, list | tuple) else [eos]
+
+
+def _pad_id(config) -> int | None:
+    """`generate` pads finished rows with this: the first end-of-sequence id."""
+    return next(iter(_eos_ids(config)), None)
 
 
 def _warm_start(
