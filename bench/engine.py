@@ -1,18 +1,28 @@
-"""Local engine throughput with the real SmolLM2-135M: tokens/s at concurrency 1, 4 and 8,
-free and under a JSON schema, side by side.
+"""The engines side by side on the real SmolLM2-135M: the local engine and vLLM (its CPU
+build here), one after the other in one run, same model, same requests.
 
-Every request decodes exactly `--tokens` tokens, sampled at temperature 1, so levels
-differ only in how many streams share the batch. Free requests use `ignore_eos`;
-schema requests use `response_format` with `SCHEMA`, whose answer cannot be complete
-in fewer than 64 lines, so the grammar never ends one early either. Each level runs
-free, then under the schema, `--repeats` times interleaved, on one engine process
-(exactly as `onjob engine` starts it); the medians are reported, as wall-clock tokens/s
-and as tokens per CPU-second of the engine process (what a shared machine's neighbours
-do not skew).
+For each engine, started exactly as `onjob engine [--backend vllm]` starts it:
 
-    .venv/bin/python bench/engine.py [--tokens 64] [--levels 1 4 8] [--threads N]
+- start time: the process started to its `/health` answering 200;
+- memory: the resident set of the engine's whole process tree, idle after start and at
+  the end (vLLM runs an API server, an engine core and a worker);
+- tokens/s at each concurrency (`--levels`, default 1 8 32): every request decodes
+  exactly `--tokens` tokens at temperature 1 (`ignore_eos`), so levels differ only in how
+  many streams share the batch; also per CPU-second of the engine's processes (what a
+  busy machine's neighbours do not skew);
+- time to first token: streamed requests at concurrency 1 and 8, the first content chunk;
+- adapter load: `POST /v1/load_lora_adapter` of a rank-8 LoRA checkpoint as the trainer
+  writes one, twice (two adapters);
+- mixed-adapter batches: concurrency 8 with the requests spread over the base model and
+  the two adapters, against the same all on the base model;
+- with `--schema`, each level again under a JSON schema (`response_format`).
 
-Prints a table and writes bench/results/engine-<timestamp>.json.
+Each measured level runs `--repeats` times; medians are reported.
+
+    .venv/bin/python bench/engine.py [--engines local vllm] [--levels 1 8 32] [--tokens 64]
+
+Prints a table per engine and the ratios vLLM / local, and writes
+bench/results/engine-<timestamp>.json. Run it on an idle machine: nothing else running.
 """
 
 from __future__ import annotations
@@ -23,9 +33,11 @@ import json
 import os
 import platform
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
+import httpx
 from openai import AsyncOpenAI
 
 from onjob import bundled
@@ -41,7 +53,7 @@ PROMPTS = [
     "Why is the sky blue?",
     "List some uses of a paperclip.",
 ]
-
+NAME = "smol"
 
 # A list of 64 strings at least: more tokens than any `--tokens` this bench uses.
 SCHEMA = {
@@ -54,11 +66,56 @@ SCHEMA = {
 }
 
 
+def tree(pid: int) -> list[int]:
+    """`pid` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(stat[1]), []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far: the engine's cost whatever else the
-    machine runs (wall-clock tokens/s on a shared machine measures the neighbours too)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time of the process tree so far."""
+    total = 0.0
+    for p in tree(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def rss_mib(pid: int) -> float:
+    total = 0
+    for p in tree(pid):
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return round(total / 1024, 1)
+
+
+def shape(schema: bool) -> dict:
+    if schema:
+        return {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "lines", "schema": SCHEMA},
+            }
+        }
+    return {"extra_body": {"ignore_eos": True}}
 
 
 async def level(
@@ -66,31 +123,24 @@ async def level(
     concurrency: int,
     requests_each: int,
     tokens: int,
+    pid: int,
+    *,
     schema: bool = False,
-    pid: int | None = None,
+    models: list[str] = (NAME,),
 ) -> dict:
     latencies: list[float] = []
-    if schema:
-        shape: dict = {
-            "response_format": {
-                "type": "json_schema",
-                "json_schema": {"name": "lines", "schema": SCHEMA},
-            }
-        }
-    else:
-        shape = {"extra_body": {"ignore_eos": True}}
 
     async def worker(w: int) -> int:
         done = 0
         for i in range(requests_each):
             started = time.perf_counter()
             r = await client.chat.completions.create(
-                model=bundled.MODEL_NAME,
+                model=models[(w + i) % len(models)],
                 messages=[{"role": "user", "content": PROMPTS[(w + i) % len(PROMPTS)]}],
                 max_tokens=tokens,
                 temperature=1.0,
                 seed=w * 100 + i,
-                **shape,
+                **shape(schema),
             )
             latencies.append(time.perf_counter() - started)
             assert r.usage.completion_tokens == tokens, r.usage
@@ -98,72 +148,184 @@ async def level(
         return done
 
     started = time.perf_counter()
-    cpu = cpu_seconds(pid) if pid else 0.0
+    cpu = cpu_seconds(pid)
     counts = await asyncio.gather(*(worker(w) for w in range(concurrency)))
     wall = time.perf_counter() - started
-    cpu = cpu_seconds(pid) - cpu if pid else 0.0
+    cpu = cpu_seconds(pid) - cpu
     return {
-        "schema": schema,
         "concurrency": concurrency,
-        "engine_cpu_s": round(cpu, 2),
-        "tokens_per_cpu_s": round(sum(counts) / cpu, 1) if cpu else None,
-        "requests": concurrency * requests_each,
+        "schema": schema,
+        "models": list(models),
         "tokens": sum(counts),
         "wall_s": round(wall, 2),
         "tokens_per_s": round(sum(counts) / wall, 1),
+        "engine_cpu_s": round(cpu, 2),
+        "tokens_per_cpu_s": round(sum(counts) / cpu, 1) if cpu else None,
         "mean_request_s": round(sum(latencies) / len(latencies), 2),
     }
 
 
+async def first_tokens(client: AsyncOpenAI, concurrency: int) -> float:
+    """The median time to the first content chunk of `concurrency` streamed requests."""
+
+    async def one(w: int) -> float:
+        started = time.perf_counter()
+        stream = await client.chat.completions.create(
+            model=NAME,
+            messages=[{"role": "user", "content": PROMPTS[w % len(PROMPTS)]}],
+            max_tokens=16,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        first = None
+        async for chunk in stream:
+            if first is None and chunk.choices and chunk.choices[0].delta.content:
+                first = time.perf_counter() - started
+        return first
+
+    return statistics.median(await asyncio.gather(*(one(w) for w in range(concurrency))))
+
+
+def adapters(model: Path, out: Path) -> list[Path]:
+    """Two rank-8 LoRA checkpoints on `model`, as peft writes the trainer's."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    paths = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        base = AutoModelForCausalLM.from_pretrained(model)
+        config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+        peft_model = get_peft_model(base, config)
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.02)
+        peft_model.save_pretrained(out / f"a{seed}")
+        paths.append(out / f"a{seed}")
+    return paths
+
+
+def median_of(runs: list[dict]) -> dict:
+    ordered = sorted(runs, key=lambda r: r["tokens_per_s"])
+    return {
+        **ordered[len(ordered) // 2],
+        "tokens_per_cpu_s": statistics.median(r["tokens_per_cpu_s"] or 0 for r in runs),
+        "runs_tokens_per_s": [r["tokens_per_s"] for r in runs],
+    }
+
+
+async def measure(backend: str, args, model: Path, adapter_paths: list[Path]) -> dict:
+    flags = ["--model", str(model), "--served-model-name", NAME, "--max-model-len", "2048"]
+    if backend == "vllm":
+        flags += ["--backend", "vllm", "--max-lora-rank", "8"]
+    if args.threads:
+        flags += ["--threads", str(args.threads)]
+    engine = EngineProcess(flags, timeout=900)
+    started = time.perf_counter()
+    with engine:
+        start_s = time.perf_counter() - started
+        pid = engine.proc.pid
+        report: dict = {"backend": backend, "start_s": round(start_s, 1)}
+        report["idle_rss_mib"] = rss_mib(pid)
+        client = AsyncOpenAI(base_url=engine.url, api_key="x", max_retries=0, timeout=1200)
+        await level(client, 1, 1, 8, pid)  # warm-up
+        print(f"{backend}: ready in {start_s:.1f} s, {report['idle_rss_mib']} MiB", flush=True)
+
+        rows = []
+        for c in args.levels:
+            for schema in (False, True) if args.schema else (False,):
+                runs = [
+                    await level(client, c, args.requests_each, args.tokens, pid, schema=schema)
+                    for _ in range(args.repeats)
+                ]
+                row = median_of(runs)
+                rows.append(row)
+                print(
+                    f"{backend}: concurrency {c:>2}{' schema' if schema else ''}: "
+                    f"{row['tokens_per_s']:>6.1f} tokens/s ({row['tokens_per_cpu_s']} per "
+                    f"engine CPU-s), {row['mean_request_s']} s a request",
+                    flush=True,
+                )
+        report["levels"] = rows
+
+        report["ttft_s"] = {}
+        for c in (1, 8):
+            ttft = statistics.median([await first_tokens(client, c) for _ in range(args.repeats)])
+            report["ttft_s"][c] = round(ttft, 3)
+        print(f"{backend}: time to first token {report['ttft_s']}", flush=True)
+
+        loads = []
+        async with httpx.AsyncClient(timeout=120) as http:
+            for i, path in enumerate(adapter_paths):
+                t = time.perf_counter()
+                r = await http.post(
+                    f"{engine.url}/load_lora_adapter",
+                    json={"lora_name": f"a{i + 1}", "lora_path": str(path)},
+                )
+                loads.append(round(time.perf_counter() - t, 3))
+                assert r.status_code == 200, r.text
+        report["adapter_load_s"] = loads
+        await level(client, 2, 1, 8, pid, models=["a1", "a2"])  # warm-up
+        mixed = [NAME, "a1", "a2"]
+        same = median_of(
+            [
+                await level(client, 8, args.requests_each, args.tokens, pid)
+                for _ in range(args.repeats)
+            ]
+        )
+        spread = median_of(
+            [
+                await level(client, 8, args.requests_each, args.tokens, pid, models=mixed)
+                for _ in range(args.repeats)
+            ]
+        )
+        report["mixed_adapters"] = {
+            "base_only_tokens_per_s": same["tokens_per_s"],
+            "base_and_2_adapters_tokens_per_s": spread["tokens_per_s"],
+            "ratio": round(spread["tokens_per_s"] / same["tokens_per_s"], 2),
+        }
+        print(
+            f"{backend}: adapter loads {loads} s; concurrency 8 over base + 2 adapters "
+            f"{spread['tokens_per_s']} tokens/s against {same['tokens_per_s']} on the base "
+            f"alone ({report['mixed_adapters']['ratio']}x)",
+            flush=True,
+        )
+        report["end_rss_mib"] = rss_mib(pid)
+    return report
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engines", nargs="+", default=["local", "vllm"])
     parser.add_argument("--tokens", type=int, default=64, help="tokens per completion")
-    parser.add_argument("--levels", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--levels", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--requests-each", type=int, default=2, help="requests per client")
-    parser.add_argument("--threads", type=int, help="engine torch threads")
-    parser.add_argument(
-        "--repeats", type=int, default=3, help="runs per level and shape (medians reported)"
-    )
+    parser.add_argument("--threads", type=int, help="engine threads (default: each's own)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per measurement (medians)")
+    parser.add_argument("--schema", action="store_true", help="each level under a JSON schema too")
     args = parser.parse_args()
 
-    bundled.prepare()
-    engine_args = ["--threads", str(args.threads)] if args.threads else []
-    results = []
-    with EngineProcess(engine_args) as engine:
-        client = AsyncOpenAI(base_url=engine.url, api_key="x", max_retries=0, timeout=600)
-        pid = engine.proc.pid
-        await level(client, 1, 1, 8)  # warm-up
-        await level(client, 1, 1, 8, schema=True)  # warm-up: xgrammar's import, the compile
-        for c in args.levels:
-            runs: dict[bool, list[dict]] = {False: [], True: []}
-            for _ in range(args.repeats):  # interleaved, so both see the same neighbours
-                for schema in (False, True):
-                    runs[schema].append(
-                        await level(client, c, args.requests_each, args.tokens, schema, pid)
-                    )
-            free, constrained = (_median(runs[False]), _median(runs[True]))
-            for key in ("tokens_per_s", "tokens_per_cpu_s"):
-                constrained[f"{key}_vs_free"] = round(constrained[key] / free[key], 2)
-            results += [free, constrained]
+    model = bundled.prepare()
+    with tempfile.TemporaryDirectory() as tmp:
+        adapter_paths = adapters(model, Path(tmp))
+        reports = [await measure(b, args, model, adapter_paths) for b in args.engines]
+
+    if len(reports) == 2:
+        a, b = reports
+        print(f"\n{b['backend']} / {a['backend']}:")
+        for ra, rb in zip(a["levels"], b["levels"], strict=True):
             print(
-                f"concurrency {c:>2}: free {free['tokens_per_s']:>6.1f} tokens/s "
-                f"({free['tokens_per_cpu_s']} per engine CPU-s), "
-                f"schema {constrained['tokens_per_s']:>6.1f} tokens/s "
-                f"({constrained['tokens_per_cpu_s']} per engine CPU-s): "
-                f"{constrained['tokens_per_s_vs_free']:.0%} of free, "
-                f"{constrained['tokens_per_cpu_s_vs_free']:.0%} per CPU-s",
-                flush=True,
+                f"  concurrency {ra['concurrency']:>2}{' schema' if ra['schema'] else ''}: "
+                f"tokens/s {rb['tokens_per_s'] / ra['tokens_per_s']:.2f}x, "
+                f"per CPU-s {(rb['tokens_per_cpu_s'] or 0) / (ra['tokens_per_cpu_s'] or 1):.2f}x"
             )
-    free_rows = [r for r in results if not r["schema"]]
-    base = free_rows[0]["tokens_per_s"]
-    for row in results:
-        row["speedup_vs_first"] = round(row["tokens_per_s"] / base, 2)
-    print(
-        "speedup over free concurrency",
-        free_rows[0]["concurrency"],
-        ":",
-        ", ".join(f"c={r['concurrency']}: {r['speedup_vs_first']}x" for r in free_rows),
-    )
+        for c in (1, 8):
+            print(f"  time to first token at {c}: {b['ttft_s'][c] / a['ttft_s'][c]:.2f}x")
+        print(
+            f"  start {b['start_s'] / a['start_s']:.1f}x, memory at the end "
+            f"{b['end_rss_mib'] / a['end_rss_mib']:.1f}x"
+        )
     out = Path(__file__).parent / "results" / f"engine-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(
@@ -172,27 +334,16 @@ async def main() -> None:
                 "bench": "engine",
                 "model": bundled.MODEL_NAME,
                 "tokens_per_completion": args.tokens,
-                "schema": SCHEMA,
                 "repeats": args.repeats,
+                "threads": args.threads,
                 "load_at_end": os.getloadavg(),
                 "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-                "levels": results,
+                "engines": reports,
             },
             indent=2,
         )
     )
     print(f"wrote {out}")
-
-
-def _median(runs: list[dict]) -> dict:
-    """The run with the median tokens/s, with every run's figures beside it."""
-    ordered = sorted(runs, key=lambda r: r["tokens_per_s"])
-    return {
-        **ordered[len(ordered) // 2],
-        "tokens_per_cpu_s": statistics.median(r["tokens_per_cpu_s"] for r in runs),
-        "runs_tokens_per_s": [r["tokens_per_s"] for r in runs],
-        "runs_tokens_per_cpu_s": [r["tokens_per_cpu_s"] for r in runs],
-    }
 
 
 if __name__ == "__main__":

@@ -74,6 +74,7 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=25)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--keep", action="store_true", help="keep the work directories")
+    parser.add_argument("--engine", choices=["local", "vllm"], default="local")
     args = parser.parse_args()
     os.chdir(ROOT)  # the demo imports examples/ from the checkout
     out = ROOT / "bench" / "results" / f"learning-{time.strftime('%Y%m%d-%H%M%S')}.json"
@@ -88,6 +89,7 @@ def main() -> None:
             questions=args.questions,
             samples=args.samples,
             audit=True,
+            engine=args.engine,
         )
         try:
             result = run(options)
@@ -104,6 +106,7 @@ def main() -> None:
             "summary": summary(runs),
             "runs": runs,
             "machine": {"cpus": os.cpu_count()},
+            "engine": args.engine,
         }
         out.write_text(json.dumps(record, indent=2, default=str))
         print(f"wrote {out} ({len(runs)} of {args.repeats} runs)", flush=True)

@@ -96,7 +96,8 @@ def tokenizer(bundled_dir):
     return AutoTokenizer.from_pretrained(bundled_dir)
 
 
-def _tiny_model(seed: int = 0):
+def _tiny_model(seed: int = 0, *, heads: int = 4):
+    """`heads` 4: head_dim 16; 1: head_dim 64, the smallest vLLM's CPU attention takes."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -105,8 +106,8 @@ def _tiny_model(seed: int = 0):
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
         max_position_embeddings=1024,
         tie_word_embeddings=True,
         bos_token_id=1,
@@ -120,6 +121,15 @@ def _tiny_model(seed: int = 0):
 def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     path = tmp_path_factory.mktemp("tiny-model")
     _tiny_model().save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm_model_dir(tmp_path_factory, tokenizer) -> Path:
+    """A tiny model vLLM's CPU build can serve (head_dim 64)."""
+    path = tmp_path_factory.mktemp("tiny-vllm-model")
+    _tiny_model(heads=1).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 

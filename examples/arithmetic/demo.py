@@ -66,6 +66,7 @@ class Options:
     samples: int = 8
     agents: int = 1  # conversations in flight
     audit: bool = False  # measure every checkpoint a promotion replaced, as well
+    engine: str = "local"  # "local" or "vllm" (`onjob engine install vllm` first)
 
 
 # The demo's loop. Looser than production's rule (LoopSettings' defaults) so that a CPU
@@ -168,7 +169,7 @@ admin_key = "{ADMIN_KEY}"
 db = "{o.dir / "onjob.duckdb"}"
 
 [engine]
-args = ["--model", "{model}", "--threads", "2"]
+args = {json.dumps(engine_args(o, model))}
 
 [trainer]
 base_model = "{model}"
@@ -194,6 +195,14 @@ concurrency = 2
 """
 
 
+def engine_args(o: Options, model) -> list[str]:
+    """`onjob engine`'s flags: the local engine on both cores, or vLLM as onjob starts it
+    (on CPU it binds its worker to one core and keeps the other for the rest)."""
+    if o.engine == "vllm":
+        return ["--backend", "vllm", "--model", str(model)]
+    return ["--model", str(model), "--threads", "2"]
+
+
 def cores() -> int:
     """The cores this process may run on: the trainer's torch threads. The agent pauses
     while a run trains (`_Traffic.pace`), so the engine idles and the cores are the
@@ -215,10 +224,9 @@ def run(o: Options, echo=say) -> dict:
     clock.stage("preparing the model")
     model = o.model or bundled.prepare()
     seconds: dict[str, float] = {}
-    clock.stage("starting `onjob engine` (its log: engine.log) and measuring its speed")
-    engine = EngineProcess(
-        ["--model", str(model), "--threads", "2"], timeout=900, log=o.dir / "engine.log"
-    )
+    which = "vLLM" if o.engine == "vllm" else "`onjob engine`"
+    clock.stage(f"starting {which} (its log: engine.log) and measuring its speed")
+    engine = EngineProcess(engine_args(o, model), timeout=900, log=o.dir / "engine.log")
     with engine:
         base = _base_model(engine.url)
         p = plan(o, _speed(engine.url, base, ex), ex.sample_tokens)
@@ -286,6 +294,7 @@ def run(o: Options, echo=say) -> dict:
     result = {
         "task": ex.task,
         "model": str(model),
+        "engine": o.engine,
         "judge": o.judge or o.reward or ex.reward,
         "before": {**before, "model": base},
         "after": {**after, "model": live or base},

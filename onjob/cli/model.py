@@ -43,6 +43,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         port=args.port,
         questions=args.questions,
         samples=args.samples,
+        engine=args.engine,
     )
     if args.rounds < 1:
         raise Refused("--rounds must be at least 1")
@@ -144,6 +145,13 @@ def _demo_command(sub) -> None:
     )
     demo.add_argument(
         "--model", type=Path, help="base model directory (default: the bundled SmolLM2-135M)"
+    )
+    demo.add_argument(
+        "--engine",
+        choices=["local", "vllm"],
+        default="local",
+        help="the engine: local (transformers on CPU) or vllm (vLLM's CPU build without a "
+        "GPU: `make vllm` or `onjob engine install vllm` first)",
     )
     demo.add_argument("--port", type=int, default=0, help="the proxy's port (default: free)")
     demo.add_argument(
