@@ -26,6 +26,9 @@ SHORT = {
     "ONJOB_LOOP__PAIRS_PER_ROUND": "2",
     "ONJOB_LOOP__MIN_PAIRS": "2",
     "ONJOB_LOOP__MAX_PAIRS": "2",
+    # One held-out pair before the canary: with the demo's 6 and at most 2 pairs, a
+    # candidate with 2 held-out pairs and no decision is stopped before it serves anyone.
+    "ONJOB_LOOP__HOLDOUT_PAIRS": "1",
     "ONJOB_JUDGE__GROUP_SIZE": "4",
     "ONJOB_JUDGE__MAX_GROUPS": "4",
     "ONJOB_TRAINER__MAX_GROUPS": "4",

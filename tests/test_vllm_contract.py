@@ -2,13 +2,13 @@
 
 `tests/fixtures/vllm/vllm-0.13.0.json` and `vllm-0.33.0.json` hold what vLLM 0.13.0 (the
 oldest release onjob starts) and 0.33.0 (the newest read) answered to each case: whether
-`ChatCompletionRequest` accepts a request and whether it is then decoded under a grammar,
-what `Hermes2ProToolParser.extract_tool_calls` reads from a model's text, and the JSON
-schemas of its answers. `tests/fixtures/vllm/record.py` records them (by hand: vLLM cannot
-be installed here). The local engine accepts what every release accepts, and onjob counts
-as masked what any release masks (the proxy cannot tell the release). Where the local
-engine differs on purpose, the difference is listed here with its reason and pinned.
-"""
+`ChatCompletionRequest` accepts a request and whether it is then decoded under a
+grammar, what `Hermes2ProToolParser.extract_tool_calls` reads from a model's text, and
+the JSON schemas of its answers. `tests/fixtures/vllm/record.py` records them (by hand,
+from each release's wheel; `tests/test_vllm_real.py` runs on vLLM 0.32 itself). The
+local engine accepts what every release accepts, and onjob counts as masked what any
+release masks (the proxy cannot tell the release). Where the local engine differs on
+purpose, the difference is listed here with its reason and pinned."""
 
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import time
+from pathlib import Path
 
 import httpx
 import jsonschema
@@ -355,16 +355,17 @@ def test_serve_start_engine_runs_vllm_and_takes_it_down_when_killed(tmp_path, bu
         client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
         reply = client.chat.completions.create(model="agent", messages=QUESTION, max_tokens=4)
         assert reply.model == "agent" and reply.choices[0].message.content is not None
-        assert port_taken(port)
-        vllm_pids = _listeners(port)
-        assert vllm_pids, "nothing listens on the engine's port"
+        (api_server,) = _listeners(port)
+        vllm_pids = _group(os.getpgid(api_server))
+        assert len(vllm_pids) >= 3, vllm_pids  # the API server, an engine core, a worker
     finally:
-        server.kill()  # SIGKILL: none of the server's shutdown code runs
+        server.proc.kill()  # SIGKILL to the server alone: none of its shutdown code runs
+        server.proc.wait()
     deadline = time.monotonic() + 60
-    while port_taken(port) and time.monotonic() < deadline:
+    while [p for p in vllm_pids if _alive(p)] and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not port_taken(port), "vLLM outlived the server that started it"
-    assert not [pid for pid in vllm_pids if _alive(pid)]
+    assert not [p for p in vllm_pids if _alive(p)], "vLLM outlived the server that started it"
+    assert not port_taken(port)
 
 
 def _listeners(port: int) -> list[int]:
@@ -383,6 +384,19 @@ def _listeners(port: int) -> list[int]:
         except OSError:
             continue
         if any(f"socket:[{inode}]" in links for inode in inodes):
+            pids.append(int(pid))
+    return pids
+
+
+def _group(pgid: int) -> list[int]:
+    """The processes of process group `pgid`."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat[2]) == pgid:
             pids.append(int(pid))
     return pids
 
@@ -411,8 +425,7 @@ def test_a_restarted_vllm_gets_the_live_checkpoint_back_before_serving_it(
             client = OpenAI(base_url=server.url, api_key="unused", max_retries=5, timeout=120)
             ask = {"model": "agent", "messages": QUESTION, "max_tokens": 2}
             assert client.chat.completions.create(**ask).choices
-            engine.proc.send_signal(signal.SIGKILL)
-            engine.proc.wait()
+            engine.kill()  # the API server, its engine core and its worker
             engine = EngineProcess(vllm_args(bundled_dir), port=engine.port, timeout=600).start()
             assert ADAPTER not in adapters_in(engine)  # the restart forgot it
             # The openai client retries the 503s ("not loaded", Retry-After: 1) by itself.

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -132,6 +133,11 @@ class OnjobProcess:
             stderr=subprocess.STDOUT,
             env={**os.environ, **(self.env or {})},
             start_new_session=self.new_session,
+            # Always a process group of its own, which its children join: vLLM's API server
+            # starts an engine core and a worker, which outlive an API server killed alone
+            # (seen here: 2.5 GB each, orphaned under init), so `stop` and `kill` end the
+            # group. A terminal's Ctrl-C reaches the parent alone, which stops the child.
+            process_group=None if self.new_session else 0,
             preexec_fn=_die_with_parent(os.getpid()) if self.die_with_parent else None,
         )
         deadline = time.monotonic() + self.timeout
@@ -165,19 +171,29 @@ class OnjobProcess:
         return text[:end].decode(errors="replace").splitlines()
 
     def kill(self) -> None:
-        """SIGKILL: no shutdown code runs (crash tests)."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
+        """SIGKILL to the child and every process it started: no shutdown code runs
+        (crash tests)."""
+        if self.proc:
+            self._kill_group()
             self.proc.wait()
 
     def stop(self) -> None:
+        """SIGINT, 15 s to finish, then SIGKILL; and whatever the child started and left
+        behind (an engine core, a worker) is killed too."""
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                self._kill_group()
                 self.proc.wait()
+        if self.proc:
+            self._kill_group()
+
+    def _kill_group(self) -> None:
+        """SIGKILL to the child's process group (its pid: it leads one, `start`)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # none left
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
     def __enter__(self) -> OnjobProcess:
         return self.start()
