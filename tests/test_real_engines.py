@@ -1,14 +1,16 @@
-"""onjob on real vLLM: vLLM's CPU build (`make vllm`, `onjob engine install vllm`) serving
-the bundled SmolLM2-135M-Instruct, started by `onjob engine --backend vllm` as a user
-starts it. One vLLM serves the module (the `vllm_engine` fixture, ~1 minute to start);
-the lifecycle and restart tests start their own.
+"""onjob on real engines serving the bundled SmolLM2-135M-Instruct, each started as a
+user starts it: vLLM's CPU build (`make vllm`, `onjob engine install vllm`; `onjob engine
+--backend vllm`), then the local engine, held to the same tests (the `real_engine`
+fixture: one of each for the session, vLLM ~1 minute to start). The lifecycle and restart
+tests start vLLMs of their own.
 
-What is checked here on vLLM itself, not on a copy of its contract: token ids and
-logprobs, whole and streamed, equal to the trainer's forward pass; a checkpoint of
-onjob's trainer hot-loaded, served and unloaded; the prompt vLLM renders with tools equal
-to the local engine's; tool calls and structured outputs through the proxy, logged and
-marked as they must be; the Responses path; the LoRA resolver; `onjob serve
---start-engine --backend vllm` and an engine restart with the live checkpoint restored.
+What is checked on vLLM itself, not on a copy of its contract, and on the local engine
+alike: token ids and logprobs, whole and streamed, equal to the trainer's forward pass; a
+checkpoint of onjob's trainer hot-loaded, served and unloaded; the prompt rendered with
+tools equal to the local engine's; adapters by name from the cache and the bucket; tool
+calls and structured outputs through the proxy, logged and marked as they must be; the
+Responses path; `onjob serve --start-engine --backend vllm` and a vLLM restart with the
+live checkpoint restored.
 """
 
 from __future__ import annotations
@@ -103,10 +105,10 @@ def streamed(url: str, body: dict) -> tuple[list[int], list[int], list[float], s
     return prompt, ids, logprobs, text
 
 
-def test_vllm_token_ids_and_logprobs_whole_and_streamed_equal_the_trainers_forward(
-    vllm_engine, smol_model
+def test_token_ids_and_logprobs_whole_and_streamed_equal_the_trainers_forward(
+    real_engine, smol_model
 ):
-    body = httpx.post(f"{vllm_engine.url}/chat/completions", json=chat_body(), timeout=120)
+    body = httpx.post(f"{real_engine.url}/chat/completions", json=chat_body(), timeout=120)
     assert body.status_code == 200, body.text
     answer = body.json()
     choice = answer["choices"][0]
@@ -116,14 +118,14 @@ def test_vllm_token_ids_and_logprobs_whole_and_streamed_equal_the_trainers_forwa
     mine = trainer_logprobs(smol_model, answer["prompt_token_ids"], ids)
     assert max(abs(a - b) for a, b in zip(logprobs, mine, strict=True)) < 2e-3
 
-    prompt, ids, logprobs, text = streamed(vllm_engine.url, chat_body(max_tokens=16))
+    prompt, ids, logprobs, text = streamed(real_engine.url, chat_body(max_tokens=16))
     assert prompt == answer["prompt_token_ids"] and len(ids) == len(logprobs) > 0
     assert text
     mine = trainer_logprobs(smol_model, prompt, ids)
     assert max(abs(a - b) for a, b in zip(logprobs, mine, strict=True)) < 2e-3
 
 
-def test_vllm_renders_a_request_with_tools_as_the_local_engine_does(vllm_engine, tokenizer):
+def test_a_request_with_tools_renders_as_the_local_engine_renders_it(real_engine, tokenizer):
     """SmolLM2's template ignores `tools`; onjob gives vLLM its own preamble, so the model
     sees the same prompt on either engine, history of calls and results included."""
     messages = [
@@ -143,7 +145,7 @@ def test_vllm_renders_a_request_with_tools_as_the_local_engine_does(vllm_engine,
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     ]
     body = chat_body(messages=messages, tools=TOOLS, max_tokens=1)
-    answer = httpx.post(f"{vllm_engine.url}/chat/completions", json=body, timeout=120)
+    answer = httpx.post(f"{real_engine.url}/chat/completions", json=body, timeout=120)
     assert answer.status_code == 200, answer.text
     local = chat.render(
         tokenizer, msgspec.convert(messages, list[Message]), msgspec.convert(TOOLS, list[Tool])
@@ -154,11 +156,11 @@ def test_vllm_renders_a_request_with_tools_as_the_local_engine_does(vllm_engine,
 
 
 def test_a_trainer_checkpoint_is_hot_loaded_served_and_unloaded(
-    vllm_engine, smol_adapter, smol_model
+    real_engine, smol_adapter, smol_model
 ):
     from peft import PeftModel
 
-    url = vllm_engine.url
+    url = real_engine.url
     body = {"lora_name": ADAPTER, "lora_path": str(smol_adapter)}
     started = time.monotonic()
     assert httpx.post(f"{url}/load_lora_adapter", json=body, timeout=60).status_code == 200
@@ -195,32 +197,54 @@ def test_a_trainer_checkpoint_is_hot_loaded_served_and_unloaded(
 
 
 def test_an_adapter_in_the_cache_directory_is_loaded_by_name_on_its_first_request(
-    vllm_engine, smol_adapter, bundled_dir
+    real_engine, smol_adapter, bundled_dir
 ):
     """vLLM's LoRA resolver, switched on by `--adapter-cache-dir` alone."""
-    cache = vllm_engine.adapter_cache
+    cache = real_engine.adapter_cache
     shutil.copytree(smol_adapter, cache / "ckpt-resolved")
     config = json.loads((cache / "ckpt-resolved" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str(bundled_dir)
     answer = httpx.post(
-        f"{vllm_engine.url}/chat/completions",
+        f"{real_engine.url}/chat/completions",
         json=chat_body(model="ckpt-resolved", max_tokens=4),
         timeout=120,
     )
     assert answer.status_code == 200, answer.text
     assert answer.json()["model"] == "ckpt-resolved"
     unknown = httpx.post(
-        f"{vllm_engine.url}/chat/completions", json=chat_body(model="ckpt-nowhere"), timeout=60
+        f"{real_engine.url}/chat/completions", json=chat_body(model="ckpt-nowhere"), timeout=60
     )
     assert unknown.status_code == 404
 
 
+def test_a_checkpoint_published_to_the_bucket_is_fetched_and_served_by_name(
+    real_engine, smol_adapter
+):
+    """In vLLM, onjob's resolver plugin (`engine/vllm_plugin.py`, loaded from the entry
+    point `onjob engine install vllm` installs); in the local engine, `resolver.py`: a name
+    the engine does not serve is fetched from the bucket into the host's cache, then
+    served."""
+    from onjob import published
+    from onjob.bucket import Bucket
+
+    bucket = Bucket.from_url(real_engine.adapter_bucket, endpoint_url=real_engine.s3)
+    assert published.publish(bucket, smol_adapter, "ckpt-published")
+    answer = httpx.post(
+        f"{real_engine.url}/chat/completions",
+        json=chat_body(model="ckpt-published", max_tokens=4),
+        timeout=120,
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model"] == "ckpt-published"
+    assert (real_engine.adapter_cache / "ckpt-published" / "adapter_config.json").is_file()
+
+
 @pytest.fixture(scope="module")
-def proxy(vllm_engine, tmp_path_factory):
+def proxy(real_engine, tmp_path_factory):
     db = tmp_path_factory.mktemp("vllm-proxy") / "onjob.duckdb"
     env = {"ONJOB_LOOP__INTERVAL_S": "0"}
-    with ServerProcess(["--engine-url", vllm_engine.url, "--db", str(db)], env=env) as server:
-        server.db = db
+    with ServerProcess(["--engine-url", real_engine.url, "--db", str(db)], env=env) as server:
+        server.db, server.backend = db, real_engine.backend
         yield server
 
 
@@ -232,6 +256,13 @@ COLUMNS = (
     "completion_token_ids",
     "completion_logprobs",
 )
+
+
+def masked(server) -> str | None:
+    """How an answer decoded under a grammar is logged: vLLM's logprobs are the masked
+    distribution's, so untrainable; the local engine reports the model's own, and says so
+    (docs/engines.md, "Logprobs under a grammar")."""
+    return "masked" if server.backend == "vllm" else None
 
 
 def logged(server, exchange_id: str) -> dict:
@@ -246,7 +277,7 @@ def logged(server, exchange_id: str) -> dict:
     return dict(zip(COLUMNS, row, strict=True))
 
 
-def test_the_proxy_over_vllm_logs_each_answer_with_the_tokens_the_client_got(proxy):
+def test_the_proxy_logs_each_answer_with_the_tokens_the_client_got(proxy):
     client = OpenAI(base_url=proxy.url, api_key="unused", max_retries=0, timeout=120)
     whole = client.chat.completions.with_raw_response.create(
         model="agent", messages=QUESTION, max_tokens=16
@@ -270,7 +301,7 @@ def test_the_proxy_over_vllm_logs_each_answer_with_the_tokens_the_client_got(pro
     assert len(ids) == len(logprobs) > 0 and text
 
 
-def test_a_forced_tool_call_through_the_proxy_is_a_call_and_logged_as_grammar_masked(proxy):
+def test_a_forced_tool_call_through_the_proxy_is_a_call_logged_by_its_logprobs(proxy):
     """A strict tool: vLLM 0.32's Hermes structural tag holds a forced call's arguments to
     the schema only then (docs/vllm.md); a non-strict one gets the tag and the name."""
     strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
@@ -289,7 +320,7 @@ def test_a_forced_tool_call_through_the_proxy_is_a_call_and_logged_as_grammar_ma
     (call,) = raw.parse().choices[0].message.tool_calls
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments).keys() == {"city"}
-    assert logged(proxy, raw.headers["x-onjob-exchange-id"])["untrainable"] == "masked"
+    assert logged(proxy, raw.headers["x-onjob-exchange-id"])["untrainable"] == masked(proxy)
 
 
 def test_structured_output_through_the_proxy_follows_the_schema(proxy):
@@ -312,10 +343,10 @@ def test_structured_output_through_the_proxy_follows_the_schema(proxy):
     reply = raw.parse()
     assert reply.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
-    assert logged(proxy, raw.headers["x-onjob-exchange-id"])["untrainable"] == "masked"
+    assert logged(proxy, raw.headers["x-onjob-exchange-id"])["untrainable"] == masked(proxy)
 
 
-def test_the_responses_api_over_vllm_answers_and_chains(proxy):
+def test_the_responses_api_answers_and_chains(proxy):
     client = OpenAI(base_url=proxy.url, api_key="unused", max_retries=0, timeout=120)
     first = client.responses.create(model="agent", input="Say hello.", max_output_tokens=12)
     assert first.output_text and first.status in ("completed", "incomplete")
