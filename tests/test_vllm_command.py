@@ -527,3 +527,22 @@ def test_a_model_whose_template_ignores_tools_gets_the_preamble_and_the_hermes_p
         EngineSettings(backend="vllm", tool_call_parser="none"), str(bundled_dir)
     )
     assert "--chat-template" not in argv and "--enable-auto-tool-choice" not in argv
+
+
+def test_on_cpu_vllm_gets_float32_its_kv_cache_and_every_core(bundled_dir):
+    """vLLM's CPU build: the dtype asked for (float32, as the trainer), no GPU share, a KV
+    cache of `cpu_kv_cache_gib`, and its worker bound to all the cores onjob may use (vLLM's
+    own default keeps one back: half the speed on 2 cores), or to `threads` of them."""
+    from onjob.engine import vllm_install
+
+    cpu = vllm_install.Installed("/venv/bin/python", vllm_install.CPU, "0.32.0")
+    argv, env = vllm.command(EngineSettings(backend="vllm"), str(bundled_dir), cpu)
+    assert argv[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert flag(argv, "--dtype") == "float32" and "--gpu-memory-utilization" not in argv
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    cores = sorted(os.sched_getaffinity(0))
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(map(str, cores))
+    settings = EngineSettings(backend="vllm", threads=1, cpu_kv_cache_gib=1)
+    _, env = vllm.command(settings, str(bundled_dir), cpu)
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == str(cores[0])
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"

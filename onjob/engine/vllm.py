@@ -247,10 +247,12 @@ def command(
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     if found.cpu:
         env[CPU_KV_CACHE] = str(settings.cpu_kv_cache_gib)
-        if settings.threads:
-            # vLLM's CPU build binds its OpenMP threads to cores; by default ("auto") to
-            # all but one, which it keeps for its scheduler and onjob's own processes.
-            env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{settings.threads - 1}"
+        # vLLM's CPU build binds its worker's OpenMP threads to cores, by default ("auto")
+        # to all but one, kept for its scheduler: on 2 cores that halves it (10.2 tokens/s
+        # at concurrency 1 against 15.8 on both, 55.6 against 84.8 at 8, 99 against 176
+        # at 32: docs/benchmarks.md). onjob binds it to `threads` of the cores this
+        # process may use, all by default, as the local engine's torch takes them all.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list(settings.threads)
     if settings.adapter_cache_dir is not None:
         # The resolver, opted into: a name vLLM does not serve is looked up in this
         # directory (and fetched into it from the bucket) on its first request.
@@ -424,6 +426,13 @@ def run(settings: EngineSettings, model: str) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvpe(argv[0], argv, env)
+
+
+def cpu_list(threads: int | None) -> str:
+    """The first `threads` of the cores this process may run on (all when None), as
+    VLLM_CPU_OMP_THREADS_BIND reads them: "0,1"."""
+    cores = sorted(os.sched_getaffinity(0))
+    return ",".join(map(str, cores[:threads] if threads else cores))
 
 
 def tool_template(model: str) -> Path | None:
