@@ -125,16 +125,27 @@ def install(
     dist = CPU if build == "cpu" else GPU
     version = version or TESTED[dist][0]
     log = venv.parent / f"{venv.name}-install.log"
-    if (ready := _ready(venv, dist, version)) is not None:
-        say(f"onjob engine install: {dist} {version} is already in {venv}")
-        return ready
     venv.parent.mkdir(parents=True, exist_ok=True)
     python = str(_venv_python(venv))
+    pip = [python, "-m", "pip", "--disable-pip-version-check"]
+    add = [*pip, "install", "--progress-bar", "off"]
+    # onjob itself is installed again each time (seconds): the checkout this command runs
+    # from may not be the one installed there before (CI's clone, a moved checkout).
+    own = []
+    if (source := _source_checkout()) is not None:
+        own.append(
+            (
+                "onjob itself, without its dependencies, for its resolver plugin",
+                [*add, "--no-deps", "--editable", str(source)],
+            )
+        )
+    if (ready := _ready(venv, dist, version)) is not None:
+        say(f"onjob engine install: {dist} {version} is already in {venv}")
+        _run(own, log, say)
+        return ready
     steps: list[tuple[str, list[str]]] = []
     if not Path(python).exists():
         steps.append((f"a virtualenv in {venv}", [_base_python(), "-m", "venv", str(venv)]))
-    pip = [python, "-m", "pip", "--disable-pip-version-check"]
-    add = [*pip, "install", "--progress-bar", "off"]
     if dist == CPU:
         steps.append((f"{CPU_TORCH} (the CPU build)", [*add, CPU_TORCH]))
     steps.append(
@@ -151,13 +162,18 @@ def install(
                 [*pip, "uninstall", "--yes", *MISMATCHED],
             )
         )
-    if (source := _source_checkout()) is not None:
-        steps.append(
-            (
-                "onjob itself, without its dependencies, for its resolver plugin",
-                [*add, "--no-deps", "--editable", str(source)],
-            )
-        )
+    _run([*steps, *own], log, say)
+    found = find(python)
+    say(
+        f"onjob engine install: {found.distribution} {found.version} in {venv} "
+        f"(the log: {log}); `onjob engine --backend vllm` runs it"
+    )
+    return found
+
+
+def _run(steps: list[tuple[str, list[str]]], log: Path, say: Callable[[str], None]) -> None:
+    """Each step's command in turn, its output in `log`; NotInstalled with the log's tail
+    when one fails."""
     with open(log, "w") as out:
         for i, (what, argv) in enumerate(steps, 1):
             say(f"onjob engine install: [{i}/{len(steps)}] {what}")
@@ -168,12 +184,6 @@ def install(
                 tail = log.read_text(errors="replace")[-3000:]
                 raise NotInstalled(f"{shlex.join(argv)} failed ({done.returncode}):\n{tail}")
             say(f"onjob engine install:       done in {time.monotonic() - started:.0f} s")
-    found = find(python)
-    say(
-        f"onjob engine install: {found.distribution} {found.version} in {venv} "
-        f"(the log: {log}); `onjob engine --backend vllm` runs it"
-    )
-    return found
 
 
 def _ready(venv: Path, dist: str, version: str) -> Installed | None:
