@@ -33,6 +33,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +43,9 @@ from openai import AsyncOpenAI
 
 from onjob import bundled
 from onjob.cli.process import EngineProcess
+
+sys.path.insert(0, str(Path(__file__).parent))
+from lora import random_adapter
 
 PROMPTS = [
     "Write a short poem about the sea.",
@@ -186,26 +190,6 @@ async def first_tokens(client: AsyncOpenAI, concurrency: int) -> float:
     return statistics.median(await asyncio.gather(*(one(w) for w in range(concurrency))))
 
 
-def adapters(model: Path, out: Path) -> list[Path]:
-    """Two rank-8 LoRA checkpoints on `model`, as peft writes the trainer's."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    paths = []
-    for seed in (1, 2):
-        torch.manual_seed(seed)
-        base = AutoModelForCausalLM.from_pretrained(model)
-        config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
-        peft_model = get_peft_model(base, config)
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                torch.nn.init.normal_(p, std=0.02)
-        peft_model.save_pretrained(out / f"a{seed}")
-        paths.append(out / f"a{seed}")
-    return paths
-
-
 def median_of(runs: list[dict]) -> dict:
     ordered = sorted(runs, key=lambda r: r["tokens_per_s"])
     return {
@@ -308,7 +292,9 @@ async def main() -> None:
 
     model = bundled.prepare()
     with tempfile.TemporaryDirectory() as tmp:
-        adapter_paths = adapters(model, Path(tmp))
+        adapter_paths = [
+            random_adapter(model, Path(tmp) / f"a{seed}", seed=seed, std=0.02) for seed in (1, 2)
+        ]
         reports = [await measure(b, args, model, adapter_paths) for b in args.engines]
 
     if len(reports) == 2:

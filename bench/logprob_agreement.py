@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,6 +35,9 @@ from onjob import bundled
 from onjob.cli.process import EngineProcess
 from onjob.trainer.data import Sequence
 from onjob.trainer.forward import Head, sampled_logprobs
+
+sys.path.insert(0, str(Path(__file__).parent))
+from lora import random_adapter
 
 PROMPTS = [
     "What is 17 + 25? Answer with the number.",
@@ -55,22 +59,6 @@ PROMPTS = [
 ]
 NAME = "smol"
 ADAPTER = "ckpt"
-
-
-def make_adapter(model: Path, out: Path) -> Path:
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    peft_model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(model),
-        LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
-    )
-    for name, p in peft_model.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(p, std=0.02)
-    peft_model.save_pretrained(out)
-    return out
 
 
 def sample(engine: EngineProcess, adapter: Path, args) -> list[dict]:
@@ -168,7 +156,7 @@ def main() -> None:
     model = bundled.prepare()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        adapter = make_adapter(model, Path(tmp) / "adapter")
+        adapter = random_adapter(model, Path(tmp) / "adapter", seed=0, std=0.02)
         for spec in args.engines:
             backend, _, dtype = spec.partition(":")
             flags = ["--model", str(model), "--served-model-name", NAME, "--dtype", dtype]

@@ -39,6 +39,7 @@ from openai import APIStatusError, AsyncOpenAI
 
 sys.path.insert(0, str(Path(__file__).parent))
 import results_file
+from lora import random_adapter
 
 from onjob import bundled
 from onjob.cli.process import EngineProcess, ServerProcess
@@ -52,22 +53,10 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 def make_adapters(model_dir: Path, work: Path) -> dict[str, Path]:
     """Two small random LoRA adapters for the bundled model (they barely change it)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    out = {}
-    for seed, name in enumerate((LIVE, CANARY), start=1):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_pretrained(model_dir)
-        config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
-        peft_model = get_peft_model(model, config)
-        for param_name, p in peft_model.named_parameters():
-            if "lora_B" in param_name:
-                torch.nn.init.normal_(p, std=0.001)
-        peft_model.save_pretrained(work / name)
-        out[name] = work / name
-    return out
+    return {
+        name: random_adapter(model_dir, work / name, seed=seed, std=0.001)
+        for seed, name in enumerate((LIVE, CANARY), start=1)
+    }
 
 
 async def client_loop(k: int, url: str, max_tokens: int, stop: asyncio.Event, log: list):
