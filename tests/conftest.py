@@ -226,23 +226,24 @@ def engine(tiny_model_dir):
         yield proc
 
 
-def vllm_args(model, name: str = "smol") -> list[str]:
-    """`onjob engine` flags for real vLLM serving `model` small: a 2,048-token context and a
-    1 GiB KV cache on CPU, adapters up to rank 8."""
-    return [
-        "--backend",
-        "vllm",
-        "--model",
-        str(model),
-        "--served-model-name",
-        name,
-        "--max-model-len",
-        "2048",
-        "--max-lora-rank",
-        "8",
-        "--cpu-kv-cache-gib",
-        "1",
-    ]
+# The bundled model served small by either engine: a 2,048-token context, a 1 GiB KV cache
+# on vLLM's CPU build, adapters up to rank 8 (the local engine takes and ignores the last
+# two).
+SMALL = [
+    "--served-model-name",
+    "smol",
+    "--max-model-len",
+    "2048",
+    "--max-lora-rank",
+    "8",
+    "--cpu-kv-cache-gib",
+    "1",
+]
+
+
+def vllm_args(model) -> list[str]:
+    """`onjob engine` flags for real vLLM serving `model` as `smol` (`SMALL`)."""
+    return ["--backend", "vllm", "--model", str(model), *SMALL]
 
 
 @pytest.fixture(scope="session", params=["vllm", "local"])
@@ -258,7 +259,9 @@ def real_engine(request, bundled_dir, tmp_path_factory, s3_endpoint):  # noqa: F
     bucket = f"{request.param}-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
     checkpoints = f"s3://{bucket}/onjob/checkpoints"
-    args = vllm_args(bundled_dir)[2:] if request.param == "local" else vllm_args(bundled_dir)
+    args = (
+        vllm_args(bundled_dir) if request.param == "vllm" else ["--model", str(bundled_dir), *SMALL]
+    )
     args += ["--adapter-cache-dir", str(cache), "--adapter-bucket", checkpoints]
     env = {"AWS_ENDPOINT_URL": s3_endpoint}
     with EngineProcess(args, env=env, timeout=600) as proc:

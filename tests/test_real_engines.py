@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
-from pathlib import Path
 
 import httpx
 import jsonschema
@@ -34,7 +34,7 @@ from onjob.deploy import registry
 from onjob.engine import chat
 from onjob.engine.protocol import Message, Tool
 
-from .conftest import TOOLS, admin_of, make_adapter, rows, vllm_args
+from .conftest import SMALL, TOOLS, admin_of, make_adapter, rows, vllm_args
 from .test_engine_restart import adapters_in, make_live
 
 QUESTION = [{"role": "user", "content": "What is 12 + 30? Answer with the number."}]
@@ -86,6 +86,11 @@ def chat_body(**extra) -> dict:
     }
 
 
+def complete(engine, **extra) -> httpx.Response:
+    """A chat completion straight from `engine`: `chat_body` with `extra` over it."""
+    return httpx.post(f"{engine.url}/chat/completions", json=chat_body(**extra), timeout=120)
+
+
 def streamed(url: str, body: dict) -> tuple[list[int], list[int], list[float], str]:
     """A streamed answer's prompt ids, completion ids, logprobs and text, chunk by chunk."""
     prompt, ids, logprobs, text = [], [], [], ""
@@ -108,7 +113,7 @@ def streamed(url: str, body: dict) -> tuple[list[int], list[int], list[float], s
 def test_token_ids_and_logprobs_whole_and_streamed_equal_the_trainers_forward(
     real_engine, smol_model
 ):
-    body = httpx.post(f"{real_engine.url}/chat/completions", json=chat_body(), timeout=120)
+    body = complete(real_engine)
     assert body.status_code == 200, body.text
     answer = body.json()
     choice = answer["choices"][0]
@@ -144,8 +149,7 @@ def test_a_request_with_tools_renders_as_the_local_engine_renders_it(real_engine
         },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     ]
-    body = chat_body(messages=messages, tools=TOOLS, max_tokens=1)
-    answer = httpx.post(f"{real_engine.url}/chat/completions", json=body, timeout=120)
+    answer = complete(real_engine, messages=messages, tools=TOOLS, max_tokens=1)
     assert answer.status_code == 200, answer.text
     local = chat.render(
         tokenizer, msgspec.convert(messages, list[Message]), msgspec.convert(TOOLS, list[Tool])
@@ -169,10 +173,8 @@ def test_a_trainer_checkpoint_is_hot_loaded_served_and_unloaded(
     assert listed[ADAPTER]["parent"] == "smol"
     try:
         greedy = {"temperature": 0, "max_tokens": 12}
-        base = httpx.post(f"{url}/chat/completions", json=chat_body(**greedy), timeout=120)
-        tuned = httpx.post(
-            f"{url}/chat/completions", json=chat_body(model=ADAPTER, **greedy), timeout=120
-        ).json()
+        base = complete(real_engine, **greedy)
+        tuned = complete(real_engine, model=ADAPTER, **greedy).json()
         assert tuned["model"] == ADAPTER
         before = [t["logprob"] for t in base.json()["choices"][0]["logprobs"]["content"]]
         after = [t["logprob"] for t in tuned["choices"][0]["logprobs"]["content"]]
@@ -191,7 +193,7 @@ def test_a_trainer_checkpoint_is_hot_loaded_served_and_unloaded(
     finally:
         gone = httpx.post(f"{url}/unload_lora_adapter", json={"lora_name": ADAPTER}, timeout=60)
     assert gone.status_code == 200
-    after = httpx.post(f"{url}/chat/completions", json=chat_body(model=ADAPTER), timeout=60)
+    after = complete(real_engine, model=ADAPTER)
     assert after.status_code == 404 and "does not exist" in after.text
     assert load_s < 30
 
@@ -204,16 +206,10 @@ def test_an_adapter_in_the_cache_directory_is_loaded_by_name_on_its_first_reques
     shutil.copytree(smol_adapter, cache / "ckpt-resolved")
     config = json.loads((cache / "ckpt-resolved" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str(bundled_dir)
-    answer = httpx.post(
-        f"{real_engine.url}/chat/completions",
-        json=chat_body(model="ckpt-resolved", max_tokens=4),
-        timeout=120,
-    )
+    answer = complete(real_engine, model="ckpt-resolved", max_tokens=4)
     assert answer.status_code == 200, answer.text
     assert answer.json()["model"] == "ckpt-resolved"
-    unknown = httpx.post(
-        f"{real_engine.url}/chat/completions", json=chat_body(model="ckpt-nowhere"), timeout=60
-    )
+    unknown = complete(real_engine, model="ckpt-nowhere")
     assert unknown.status_code == 404
 
 
@@ -229,11 +225,7 @@ def test_a_checkpoint_published_to_the_bucket_is_fetched_and_served_by_name(
 
     bucket = Bucket.from_url(real_engine.adapter_bucket, endpoint_url=real_engine.s3)
     assert published.publish(bucket, smol_adapter, "ckpt-published")
-    answer = httpx.post(
-        f"{real_engine.url}/chat/completions",
-        json=chat_body(model="ckpt-published", max_tokens=4),
-        timeout=120,
-    )
+    answer = complete(real_engine, model="ckpt-published", max_tokens=4)
     assert answer.status_code == 200, answer.text
     assert answer.json()["model"] == "ckpt-published"
     assert (real_engine.adapter_cache / "ckpt-published" / "adapter_config.json").is_file()
@@ -365,7 +357,7 @@ def test_serve_start_engine_runs_vllm_and_takes_it_down_when_killed(tmp_path, bu
     port = free_port()
     env = {
         "ONJOB_LOOP__INTERVAL_S": "0",
-        "ONJOB_ENGINE__ARGS": json.dumps(vllm_args(bundled_dir)[4:]),
+        "ONJOB_ENGINE__ARGS": json.dumps(SMALL),
     }
     server = ServerProcess(
         [
@@ -421,15 +413,8 @@ def _listeners(port: int) -> list[int]:
 
 def _group(pgid: int) -> list[int]:
     """The processes of process group `pgid`."""
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
-        except OSError:
-            continue
-        if int(stat[2]) == pgid:
-            pids.append(int(pid))
-    return pids
+    found = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True)
+    return [int(pid) for pid in found.stdout.split()]
 
 
 def _alive(pid: int) -> bool:

@@ -57,6 +57,7 @@ def _install(args: argparse.Namespace) -> int:
 
 
 def _dry_run(settings: EngineSettings, build: str) -> int:
+    from .. import bundled
     from ..engine import vllm, vllm_install
 
     if settings.backend != "vllm":
@@ -65,8 +66,6 @@ def _dry_run(settings: EngineSettings, build: str) -> int:
     if build != "gpu":
         with contextlib.suppress(vllm_install.NotInstalled):
             found = vllm_install.find(settings.vllm_python)
-    from .. import bundled
-
     model = settings.model or str(bundled.prepare())
     argv, env = vllm.command(settings, model, found)
     print(" ".join(f"{k}={v}" for k, v in env.items()), shlex.join(argv))
