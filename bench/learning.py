@@ -75,6 +75,11 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--keep", action="store_true", help="keep the work directories")
     parser.add_argument("--engine", choices=["local", "vllm"], default="local")
+    parser.add_argument(
+        "--paused",
+        action="store_true",
+        help="the agent holds its requests while a run trains (not production conditions)",
+    )
     args = parser.parse_args()
     os.chdir(ROOT)  # the demo imports examples/ from the checkout
     out = ROOT / "bench" / "results" / f"learning-{time.strftime('%Y%m%d-%H%M%S')}.json"
@@ -90,6 +95,7 @@ def main() -> None:
             samples=args.samples,
             audit=True,
             engine=args.engine,
+            paused=args.paused,
         )
         try:
             result = run(options)
@@ -107,6 +113,7 @@ def main() -> None:
             "runs": runs,
             "machine": {"cpus": os.cpu_count()},
             "engine": args.engine,
+            "traffic": "paused while training" if args.paused else "never paused",
         }
         out.write_text(json.dumps(record, indent=2, default=str))
         print(f"wrote {out} ({len(runs)} of {args.repeats} runs)", flush=True)

@@ -74,6 +74,7 @@ def test_shortened_demo_runs_every_stage_and_leaves_its_rows(tmp_path, tiny_mode
     assert result["before"]["n"] == result["after"]["n"] == 6
     assert_one_decision(result)
     assert result["agent"]["requests"] > 0
+    assert result["traffic"] == "never paused"
     demo_rule = result["rule"]["demo"]
     assert demo_rule["promoted_when_no_better"] <= demo_rule["first_candidate_alpha"]
     assert demo_rule["family_wise_error"] == demo_rule["alpha"] == 0.1
@@ -94,6 +95,21 @@ def test_shortened_demo_runs_every_stage_and_leaves_its_rows(tmp_path, tiny_mode
         routing = rows(db, "SELECT live, canary, actor FROM deployments ORDER BY ts")
         assert routing[0]["canary"] == checkpoint["name"] and routing[-1]["canary"] is None
         assert {r["actor"] for r in routing} == {"loop"}
+    # The agent's traffic went on while the run trained, on the cores the run left the
+    # engine (deploy/host.py), and the run took the host policy's threads.
+    (run,) = rows(
+        db,
+        "SELECT created - to_seconds(duration_s) AS started, created AS ended, "
+        "config ->> 'threads' AS threads FROM train_runs",
+    )
+    during = rows(
+        db,
+        "SELECT count(*) AS n FROM exchanges WHERE source = 'production' AND ts BETWEEN ? AND ?",
+        [run["started"], run["ended"]],
+    )
+    assert during[0]["n"] > 0
+    assert int(run["threads"]) == max(1, len(os.sched_getaffinity(0)) // 2)
+    assert "the engine serves on" in (work / "serve.log").read_text()
 
 
 def assert_one_decision(result: dict) -> None:
@@ -178,8 +194,8 @@ def test_judge_flag_switches_the_demo_from_the_reward_function_to_ruler(tmp_path
                            ("loop", LoopSettings)):  # fmt: skip
         assert set(default[section]) <= set(model.model_fields), section  # no typo ignored
         model.model_validate(default[section])
-    # The trainer gets every core it may run on (the agent pauses while it trains).
-    assert default["trainer"]["threads"] == len(os.sched_getaffinity(0))
+    # The trainer's threads are the host policy's (deploy/host.py), not the demo's.
+    assert "threads" not in default["trainer"]
     ruler = tomllib.loads(config(Options(dir=tmp_path, judge="openai/gpt-4.1-mini"), tmp_path))
     judge = JudgeSettings.model_validate(ruler["judge"])
     assert judge.model == "openai/gpt-4.1-mini" and not judge.rewards

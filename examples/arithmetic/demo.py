@@ -10,7 +10,9 @@ In `--dir` (default ./onjob-demo, recreated on each run):
    `stats.promotion_chance`), saying where it is looser than production's;
 3. measure the base model on the held-out questions (straight to the engine, unlogged);
 4. run the arithmetic agent, an ordinary `openai` program, through the proxy while the
-   loop re-samples, judges, trains, canaries and decides, printing each stage, until
+   loop re-samples, judges, trains, canaries and decides (the agent never pauses: the
+   engine serves it while the trainer runs beside, as in production; `--paused` holds it
+   while a run trains, the old mode), printing each stage, until
    `--rounds` canary decisions are made (the wall clock, `--minutes`, only a ceiling);
 5. measure the live checkpoint on the same questions, print a before/after table, draw
    learning.png, write result.json; the database, the checkpoints and the logs stay.
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import threading
 import time
@@ -67,6 +68,9 @@ class Options:
     agents: int = 1  # conversations in flight
     audit: bool = False  # measure every checkpoint a promotion replaced, as well
     engine: str = "local"  # "local" or "vllm" (`onjob engine install vllm` first)
+    # The agent holds its requests while a run trains, so the trainer has the cores: not
+    # production conditions (an agent never pauses), kept to compare with.
+    paused: bool = False
 
 
 # The demo's loop. Looser than production's rule (LoopSettings' defaults) so that a CPU
@@ -177,7 +181,6 @@ checkpoints_dir = "{o.dir / "checkpoints"}"
 learning_rate = 0.0005
 groups_per_step = 2
 max_groups = 16
-threads = {cores()}
 
 [loop]
 {loop}
@@ -196,20 +199,11 @@ concurrency = 2
 
 
 def engine_args(o: Options, model) -> list[str]:
-    """`onjob engine`'s flags: either engine on both cores (vLLM's CPU build binds its
-    worker to one by default; on two, 84.8 tokens/s at concurrency 8 against 55.6:
-    docs/benchmarks.md). The agent pauses while a run trains, so they are the trainer's
-    then."""
+    """`onjob engine`'s flags: the engine's defaults, as `onjob serve --start-engine` starts
+    it (every core this process may use; the trainer shares them by `trainer.threads`
+    and `trainer.nice`: docs/training.md, "Sharing the host")."""
     engine = ["--backend", "vllm"] if o.engine == "vllm" else []
-    return [*engine, "--model", str(model), "--threads", "2"]
-
-
-def cores() -> int:
-    """The cores this process may run on: the trainer's torch threads. The agent pauses
-    while a run trains (`_Traffic.pace`), so the engine idles and the cores are the
-    trainer's; with one thread beside a busy agent and engine a demo step of 2 groups
-    took 15-19 s against 4.3 s for 32 completions on the same machine alone."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return [*engine, "--model", str(model)]
 
 
 def say(text: str) -> None:
@@ -265,7 +259,7 @@ def run(o: Options, echo=say) -> dict:
                 f"the agent's traffic through {server.url}; the loop re-samples, judges, "
                 f"trains, canaries and decides, until {o.rounds} decision(s)"
             )
-            with _Traffic(server.url, ex, o.agents) as traffic:
+            with _Traffic(server.url, ex, o.agents, paused=o.paused) as traffic:
                 status = _watch(server, clock, deadline, o.rounds, o.ceiling_s, traffic)
             # The loop stops before the final measurement, which has the engine to itself.
             httpx.post(
@@ -296,6 +290,7 @@ def run(o: Options, echo=say) -> dict:
         "task": ex.task,
         "model": str(model),
         "engine": o.engine,
+        "traffic": "paused while training" if o.paused else "never paused",
         "judge": o.judge or o.reward or ex.reward,
         "before": {**before, "model": base},
         "after": {**after, "model": live or base},
@@ -497,14 +492,15 @@ def _base_model(engine_url: str) -> str:
 
 class _Traffic:
     """The example's agent: `agents` conversations at a time through the proxy, with the
-    official client, until stopped; paused while the loop trains (`pace`). Errors are
-    counted, not fatal (a canary may fail)."""
+    official client, until stopped, as production traffic: it never waits for the loop
+    (with `paused`, the old mode, it holds new requests while the loop trains: `pace`).
+    Errors are counted, not fatal (a canary may fail)."""
 
-    def __init__(self, url: str, example: Example, agents: int):
+    def __init__(self, url: str, example: Example, agents: int, paused: bool = False):
         from openai import OpenAI
 
         self.client = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
-        self.example, self.agents = example, agents
+        self.example, self.agents, self.paused = example, agents, paused
         self.done = self.errors = 0
         self._stop = threading.Event()
         self._go = threading.Event()
@@ -519,8 +515,10 @@ class _Traffic:
         return self
 
     def pace(self, training: bool) -> None:
-        """Hold new requests while a training run has the cores (those in flight finish)."""
-        (self._go.clear if training else self._go.set)()
+        """With `paused`: hold new requests while a training run has the cores (those in
+        flight finish). Without, nothing: the agent's traffic goes on."""
+        if self.paused:
+            (self._go.clear if training else self._go.set)()
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
@@ -558,8 +556,8 @@ def _watch(
     ceiling_s: float,
     traffic: _Traffic,
 ) -> dict:
-    """Relay the loop's progress until `rounds` decisions or the ceiling, the agent paused
-    while the loop trains; the last status."""
+    """Relay the loop's progress until `rounds` decisions or the ceiling (the agent paused
+    while the loop trains only in the `paused` mode); the last status."""
     waiting = rewards = None
     while True:
         for line in server.new_lines():
@@ -685,7 +683,8 @@ def _table(r: dict) -> str:
             f"{r['train_runs']} training runs, {r['canaries']} canaries, "
             f"{r['promotions']} promoted, {r['rollbacks']} rolled back, {r['stopped']} stopped "
             "before serving anyone; "
-            f"{r['agent']['requests']} agent requests ({r['agent']['errors']} errors)",
+            f"{r['agent']['requests']} agent requests ({r['agent']['errors']} errors), "
+            f"traffic {r.get('traffic', 'paused while training')}",
             f"wall time {r['wall_s']:.0f} s: start {stages['start']:.0f} s, "
             f"evaluations {stages['eval_before'] + stages['eval_after']:.0f} s, "
             f"loop {stages['loop']:.0f} s ({loop})",

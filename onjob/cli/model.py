@@ -44,6 +44,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         questions=args.questions,
         samples=args.samples,
         engine=args.engine,
+        paused=args.paused,
     )
     if args.rounds < 1:
         raise Refused("--rounds must be at least 1")
@@ -152,6 +153,12 @@ def _demo_command(sub) -> None:
         default="local",
         help="the engine: local (transformers on CPU) or vllm (vLLM's CPU build without a "
         "GPU: `make vllm` or `onjob engine install vllm` first)",
+    )
+    demo.add_argument(
+        "--paused",
+        action="store_true",
+        help="hold the agent's requests while a run trains, so the trainer has the cores "
+        "(not production conditions; by default the traffic never pauses)",
     )
     demo.add_argument("--port", type=int, default=0, help="the proxy's port (default: free)")
     demo.add_argument(

@@ -33,7 +33,7 @@ from ..collector import Collector
 from ..judge import JudgeError, run_pass
 from ..proxy import Router
 from ..trainer import snapshot
-from . import deployments, holdout, ledger, release, training
+from . import deployments, holdout, host, ledger, release, training
 from .errors import DeployError
 from .judging import engine_client
 from .operator import Operator
@@ -167,6 +167,7 @@ async def _train_and_release(pipeline: release.Release, live, held, state) -> No
             held_out=held,
             engine_sampler=await training.sampler(pipeline.engine),
             started_by="loop",
+            engine=pipeline.engine,
             echo=pipeline.echo,
         )
     if manifest is None:
@@ -190,6 +191,7 @@ class PeriodicLoop:
 
     async def start(self) -> None:
         if self.settings.loop.interval_s > 0:
+            await host.restore(self.operator.engine)  # a run killed with its server
             self._task = asyncio.create_task(self._run(), name="onjob-loop")
 
     async def stop(self) -> None:

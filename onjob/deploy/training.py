@@ -27,7 +27,7 @@ from ..collector.ids import new_id
 from ..trainer import jobs, snapshot
 from ..trainer.manifest import Manifest
 from ..trainer.records import checkpoint_path, record_run, record_skipped
-from . import deployments
+from . import deployments, host
 from .errors import TrainingFailed, UnknownCheckpoint
 from .settings import DeploySettings
 
@@ -76,6 +76,7 @@ async def train(
     held_out: list[str] = (),
     engine_sampler: dict | None = None,
     started_by: str = "onjob train",
+    engine: httpx.AsyncClient | None = None,
     echo=print,
 ) -> Manifest | None:
     """One run on the groups not trained on yet; the manifest, or None when there was
@@ -83,8 +84,11 @@ async def train(
     a run killed half way leaves no directory anyone mistakes for a checkpoint, and no row.
     `engine_sampler` (`sampler()`) goes into the manifest's precision, `started_by` into
     its config: the loop decides its own candidates, even one a crash left undecided
-    (`loop._orphans`), and never a person's."""
+    (`loop._orphans`), and never a person's. A run on this host shares it with `engine`
+    (`host.beside`: the engine serves on the cores the run leaves)."""
     t, started = settings.trainer, time.monotonic()
+    if t.runner == "local":
+        t = t.model_copy(update={"threads": host.trainer_threads(t)})
     name = f"ckpt-{time.strftime('%Y%m%d-%H%M%S')}-{new_id('')[:6]}"
     out, partial = t.checkpoints_dir / name, t.checkpoints_dir / f"{name}.partial"
     snap_path = t.checkpoints_dir / ".snapshots" / f"{name}.parquet"
@@ -112,7 +116,8 @@ async def train(
     if t.runner == "job":
         code = await _by_job(t, name, snap_path, parent, parent_dir, partial, echo)
     else:
-        code = await _child(snap_path, partial, settings_file, parent_dir)
+        async with host.beside(engine, t.threads, echo):
+            code = await _child(snap_path, partial, settings_file, parent_dir)
     if code == NOTHING_TO_TRAIN:
         reason = "the trainer skipped every group of the snapshot (its output says why)"
         await db.query(

@@ -149,6 +149,8 @@ class Batcher:
         self._cache = None
         self._mask: torch.Tensor | None = None  # [rows, cache length], False = left padding
         self._thread = threading.Thread(target=self._run, name="onjob-engine", daemon=True)
+        self.started_threads = torch.get_num_threads()  # what `threads(None)` goes back to
+        self.threads_now = self.started_threads
 
     def start(self) -> None:
         self._thread.start()
@@ -176,6 +178,20 @@ class Batcher:
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._inbox.put(_Call(fn, future))
         return await asyncio.wrap_future(future)
+
+    async def threads(self, n: int | None) -> tuple[int, int]:
+        """Set the forwards' torch threads to `n` (None: as at start); (before, after).
+        Set in the worker: a thread's OpenMP team size is its own, fixed at its first
+        parallel region from the count then, so a call from another thread would not
+        reach the forwards."""
+
+        def change() -> tuple[int, int]:
+            before = torch.get_num_threads()
+            torch.set_num_threads(n or self.started_threads)
+            self.threads_now = torch.get_num_threads()
+            return before, self.threads_now
+
+        return await self.call(change)
 
     def fail_adapter(self, name: str) -> None:
         """Worker side: end every request of adapter `name` (it is about to be unloaded)."""

@@ -166,3 +166,9 @@ class LoadAdapter(msgspec.Struct, kw_only=True):
 class UnloadAdapter(msgspec.Struct, kw_only=True):
     lora_name: Annotated[str, Meta(min_length=1)]
     lora_int_id: int | None = None
+
+
+class Threads(msgspec.Struct, kw_only=True):
+    """`POST /onjob/threads`: the forwards' CPU threads (null: as the engine started)."""
+
+    threads: Annotated[int, Meta(ge=1, le=4096)] | None = None

@@ -2,10 +2,11 @@
 
 Routes: `POST /v1/chat/completions`, `POST /v1/completions` (`completions.py`),
 `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/load_lora_adapter`,
-`POST /v1/unload_lora_adapter` (loopback peers only, with the adapter token when one is
-set: `control.py`), `GET /health`. Responses carry the same fields as
-vLLM's (`logprobs`, `prompt_token_ids` and per-choice `token_ids` with
-`return_token_ids`), and errors use OpenAI's shape. A request's grammar
+`POST /v1/unload_lora_adapter` and onjob's `POST /onjob/threads` (the forwards' CPU
+threads, which `onjob serve` lowers while a training run shares the host) (loopback
+peers only, with the adapter token when one is set: `control.py`), `GET /health`.
+Responses carry the same fields as vLLM's (`logprobs`, `prompt_token_ids` and per-choice
+`token_ids` with `return_token_ids`), and errors use OpenAI's shape. A request's grammar
 (`response_format`, a forced `tool_choice`: `grammar.py`) is compiled before it is
 queued, off the event loop, so a schema that cannot be compiled is a 400 and never
 reaches the batch.
@@ -32,7 +33,7 @@ from . import chat, completions, control, grammar
 from .answers import sse, usage
 from .batching import Batcher, TokenEvent
 from .errors import BadRequest, EngineError, NotFound
-from .protocol import ChatRequest, LoadAdapter, UnloadAdapter
+from .protocol import ChatRequest, LoadAdapter, Threads, UnloadAdapter
 from .resolver import Resolver
 from .sampling import Sampling
 
@@ -273,6 +274,7 @@ def create_app(
             # (log-softmax of the logits, before temperature and top-p), in this dtype.
             "dtype": str(loaded.model.dtype).removeprefix("torch."),
             "logprobs": TRAINED,
+            "threads": batcher.threads_now,  # onjob's: fewer while a training run shares the host
         }
         adapters = [
             {**base, "id": a.name, "root": a.path, "parent": loaded.name}
@@ -303,6 +305,12 @@ def create_app(
             media_type="text/plain",
         )
 
+    @post("/onjob/threads", status_code=200, guards=guards)
+    async def threads(request: Request) -> dict:
+        body = _decode(await request.body(), Threads)
+        before, after = await batcher.threads(body.threads)
+        return {"threads": after, "was": before, "started_with": batcher.started_threads}
+
     @get("/health")
     async def health() -> Response:
         return Response(b"", status_code=200)
@@ -315,6 +323,7 @@ def create_app(
             model,
             load_lora_adapter,
             unload_lora_adapter,
+            threads,
             health,
         ],
         exception_handlers=HANDLERS,

@@ -78,7 +78,10 @@ def _train(
     progress: bool,
 ) -> Manifest | None:
     started = time.perf_counter()
-    torch.set_num_threads(s.threads)
+    if s.nice:  # before torch starts its threads, which inherit it
+        os.nice(s.nice)
+    if s.threads:
+        torch.set_num_threads(s.threads)
     torch.manual_seed(s.seed)
     device, dtype = _device(s)
     ranks = Ranks.from_env(device)

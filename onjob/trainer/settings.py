@@ -97,7 +97,20 @@ class TrainSettings(BaseModel):
     gradient_checkpointing: bool = Field(False, description="less memory, more compute")
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    threads: int = Field(1, ge=1, description="torch CPU threads (1 is kind to a shared host)")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch CPU threads; none: in the loop, half the host's cores (at least "
+        "1), a local engine serving on the others while the run trains (docs/training.md, "
+        '"Sharing the host"); a run of its own (`onjob train`), torch\'s choice',
+    )
+    nice: int = Field(
+        0,
+        ge=0,
+        le=19,
+        description="the run's CPU priority below the server's and the engine's (Unix nice): "
+        "training is batch work, serving is not",
+    )
     seed: int = 0
     max_minutes_per_day: float | None = Field(
         None,

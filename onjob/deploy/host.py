@@ -1,0 +1,92 @@
+"""One host, serving and training at once: while a loop's training run takes
+`trainer.threads` cores, a local engine on the same host serves on the others, and gets
+them back when the run ends. The agent's traffic never waits for training.
+
+Why a split, not a priority: torch's OpenMP threads wait for each other at every
+parallel region, so a thread of either side that loses its core stalls its whole team.
+Measured on 2 cores (bench/sharing.py, one closed-loop agent, a run of 4 groups): both
+on both cores served 0.29x the tokens at 2.9x the p50 latency and trained in 2.9x the
+wall time; the engine on both and the trainer on one, 0.32x; the trainer on one at nice 5,
+0.66x served and 3.9x the training time. A core each kept both at their speed alone, and
+giving the engine its second core back between runs keeps serving at full speed then.
+
+An engine that cannot change its threads (vLLM, an engine on another host) keeps them;
+the run then trains beside it on `trainer.threads` at `trainer.nice`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+
+from ..trainer import TrainSettings
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def trainer_threads(t: TrainSettings) -> int:
+    """A run's torch threads: `trainer.threads`, or half of this host's cores (at least
+    one) when unset."""
+    return t.threads or max(1, cores() // 2)
+
+
+@contextlib.asynccontextmanager
+async def beside(
+    engine: httpx.AsyncClient | None, threads: int, echo: Callable[[str], None]
+) -> AsyncIterator[None]:
+    """While the block runs a training run on `threads` cores, a local engine on this host
+    (its URL on loopback) serves on the cores left; then it has its own count again."""
+    left = max(1, cores() - threads)
+    changed = await _set(engine, left) if _local(engine) else None
+    if changed is None:
+        echo(f"training on {threads} threads beside the engine, which keeps its own")
+    else:
+        echo(
+            f"training on {threads} threads; the engine serves on {changed['threads']} "
+            f"(of {changed['was']}) until the run ends"
+        )
+    try:
+        yield
+    finally:
+        if changed is not None:
+            await _set(engine, None)
+
+
+async def restore(engine: httpx.AsyncClient | None) -> None:
+    """The engine's own thread count back, whatever a run that died left it at (a server
+    killed mid-run): called when the loop starts."""
+    if _local(engine):
+        await _set(engine, None)
+
+
+def _local(engine: httpx.AsyncClient | None) -> bool:
+    if engine is None:
+        return False
+    host = engine.base_url.host
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def _set(engine: httpx.AsyncClient, threads: int | None) -> dict | None:
+    """`POST /onjob/threads` on the engine; its answer, or None where the engine has no
+    such route (vLLM) or did not answer."""
+    root = str(engine.base_url).rstrip("/").removesuffix("/v1")
+    try:
+        resp = await engine.post(f"{root}/onjob/threads", json={"threads": threads}, timeout=30)
+    except httpx.HTTPError:
+        return None
+    if resp.status_code != 200:
+        return None
+    try:
+        return resp.json()
+    except ValueError:
+        return None
