@@ -4,7 +4,7 @@ reward and referee, and the judge settings its conversations want."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,4 @@ class Example:
     # What one held-out sample costs the engine, in tokens decoded at its measured speed
     # (every turn, the prompts' prefill included): the demo sizes its evaluations by it.
     sample_tokens: int = 25
-    # `[loop]` settings over the demo's (`demo.DEMO_LOOP`), for what this traffic needs.
-    loop: dict = field(default_factory=dict)
     table: Callable[[dict, dict], list[str]] = lambda before, after: []

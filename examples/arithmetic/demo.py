@@ -79,7 +79,6 @@ class Options:
 # (no back-off). `run` prints both rules' error rates.
 DEMO_LOOP = {
     "interval_s": 5,
-    "min_new_groups": 16,
     "canary_fraction": 0.5,
     "pairs_per_round": 6,
     "min_pairs": 6,
@@ -108,8 +107,9 @@ def example_of(o: Options) -> Example:
 
 
 def demo_loop(o: Options) -> dict:
-    """The demo's `[loop]`: `DEMO_LOOP` with the example's own settings over it."""
-    return {**DEMO_LOOP, **example_of(o).loop}
+    """The demo's `[loop]`, the same for every example: what a loop fits to the traffic
+    (`deploy/fit.py`: the held-out share, the groups that start a run) is left unset."""
+    return dict(DEMO_LOOP)
 
 
 def loop_settings(o: Options) -> LoopSettings:
@@ -432,7 +432,6 @@ def rule_summary(s: LoopSettings) -> dict:
             "promoted_when_no_better": stats.promotion_chance(rule, first, 0.5),
             "promoted_when_better_by_delta": stats.promotion_chance(rule, first, better),
             "max_kl_to_base": rule_settings.max_kl_to_base,
-            "holdout_share": rule_settings.holdout_share,
         }
     return out
 
@@ -464,12 +463,6 @@ def _rule_lines(s: LoopSettings) -> list[str]:
             f"  the KL guard stops a candidate {demo['max_kl_to_base']:g} nats per token from the "
             f"base model (production: {prod['max_kl_to_base']:g}); a small model sampled at "
             "temperature 1 moves far as it learns"
-        )
-    if demo["holdout_share"] != prod["holdout_share"]:
-        lines.append(
-            f"  {demo['holdout_share']:.0%} of scenarios are held out from training "
-            f"(production: {prod['holdout_share']:.0%}), where a candidate's test takes its "
-            "first pairs before it serves anyone: this agent opens few scenarios a minute"
         )
     return lines
 

@@ -43,11 +43,6 @@ EXAMPLE = Example(
     # question as trajectory groups once they have been idle 10 s.
     judge="scenario_groups = true\nsettle_s = 10\ntool_turns_per_scenario = 4",
     table=_table,
-    # Each question opens one scenario for its 4 conversations, a new one every minute or
-    # so, and all 4 take one canary arm: in a measured 35-minute run (docs/demo.md) the
-    # canary drew 5 live-arm pairs in 8 minutes, and 10% held out held none of 12
-    # scenarios. A third held out gives the offline test pairs once a candidate is trained.
-    loop={"holdout_share": 0.3, "holdout_pairs": 16},
     # 200 conversations took 464 s on an engine measured at 74 tokens/s: two or three
     # turns, each prefilling the ~370-token tool prompt again.
     sample_tokens=170,

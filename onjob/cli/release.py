@@ -126,7 +126,7 @@ def cmd_route(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     import msgspec
 
-    from ..deploy import deployments, registry, reviews
+    from ..deploy import deployments, fit, registry, reviews
     from ..deploy.records import Arms, Routing
     from ..judge import Agreement, judge_agreement
 
@@ -141,18 +141,22 @@ def cmd_status(args: argparse.Namespace) -> int:
                 deployments.history(st, 10),
                 judge_agreement(st),
                 reviews.status(st, settings),
+                fit.current(st, settings).as_dict(),
             )
 
-        aliases, ckpts, history, agreement, release = offline(settings, read)
+        aliases, ckpts, history, agreement, release, fitted = offline(settings, read)
         print("no server answered; from the database:")
     else:
         aliases = msgspec.convert(status["aliases"], dict[str, Arms])
         history = msgspec.convert(status["deployments"], list[Routing])
         agreement = [Agreement.from_dict(a) for a in status.get("judge_agreement", [])]
         release = status.get("release")
+        fitted = status.get("fitted")
         ckpts = None
     if release:
         _show_release(release)
+    if fitted:
+        print(f"loop settings: {fitted['line']}")
     for alias, a in aliases.items():
         canary = f", canary {a.canary} ({a.fraction:.0%})" if a.canary else ""
         print(f"{alias}: live {a.live or 'base'}{canary}")

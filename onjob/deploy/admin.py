@@ -31,7 +31,7 @@ from ..openai_errors import openai_error
 from ..proxy import Router
 from ..proxy.auth import Doors
 from ..proxy.errors import BadRequest, Conflict
-from . import adapters, deployments, progress, registry, reviews, training
+from . import adapters, deployments, fit, progress, registry, reviews, training
 from .loop import LoopState, PeriodicLoop
 from .operator import Operator
 from .records import Change
@@ -134,6 +134,7 @@ def _release_routes(settings, collector: Collector, router: Router, operator, lo
             "rewards": await collector.query(progress.reward_by_checkpoint),
             "judge_agreement": [a.as_dict() for a in await collector.query(judge_agreement)],
             "release": await collector.query(lambda st: reviews.status(st, settings)),
+            "fitted": (await collector.query(lambda st: fit.current(st, settings))).as_dict(),
         }
 
     @get("/checkpoints")

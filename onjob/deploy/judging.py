@@ -9,7 +9,7 @@ import httpx
 
 from ..collector import Collector
 from ..judge import run_pass
-from . import holdout
+from . import fit
 from .settings import DeploySettings
 
 
@@ -34,9 +34,7 @@ async def judge(settings: DeploySettings, *, once: bool, echo: Callable[[str], N
     try:
         async with engine_client(settings) as engine:
             while True:
-                held = await collector.query(
-                    lambda st: holdout.held_out(st, settings.loop.holdout_share)
-                )
+                held = await collector.query(lambda st: fit.held_out(st, settings))
                 report = await run_pass(
                     collector,
                     engine,

@@ -33,7 +33,7 @@ from ..collector import Collector
 from ..judge import JudgeError, run_pass
 from ..proxy import Router
 from ..trainer import snapshot
-from . import deployments, holdout, host, ledger, release, training
+from . import deployments, fit, holdout, host, ledger, release, training
 from .errors import DeployError
 from .judging import engine_client
 from .operator import Operator
@@ -53,6 +53,7 @@ class LoopState:
     iterations: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     budget: dict[str, dict] = field(default_factory=dict)  # stage -> its daily budget, if set
+    fitted: fit.Fitted | None = None  # the settings fitted to the traffic, this iteration
 
     @contextlib.contextmanager
     def doing(self, stage: str):
@@ -71,6 +72,7 @@ class LoopState:
             "iterations": self.iterations,
             "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
             "budget": self.budget,
+            "fitted": self.fitted.as_dict() if self.fitted else None,
         }
 
 
@@ -85,6 +87,10 @@ async def run_once(
     state = state or LoopState()
     state.iterations += 1
     loop, alias = settings.loop, settings.loop.alias
+    fitted = await db.query(lambda st: fit.current(st, settings))
+    if state.fitted is None or _said(state.fitted) != _said(fitted):
+        echo(f"fitted to the traffic: {fitted.line()}")
+    state.fitted = fitted
     routing = (await db.query(deployments.current)).get(alias)
     pipeline = release.Release(db, engine, operator, settings, echo)
     if loop.train and not (routing and routing.canary):
@@ -99,7 +105,7 @@ async def run_once(
         routing = (await db.query(deployments.current)).get(alias)
     live = routing.live if routing else settings.proxy.aliases.get(alias)
     comparing = loop.train and routing is not None and routing.canary is not None
-    held = await db.query(lambda st: holdout.held_out(st, loop.holdout_share))
+    held = await db.query(lambda st: holdout.held_out(st, fitted.holdout_share))
 
     def trainable(st) -> int:
         return snapshot.trainable(
@@ -113,7 +119,7 @@ async def run_once(
     if comparing:
         # While a comparison needs the engine, sample no more than the next run will use.
         ready = await db.query(trainable)
-        if ready >= loop.min_new_groups:
+        if ready >= fitted.min_new_groups:
             echo(f"judge pass skipped while comparing: {ready} groups wait for the next run")
             return
     await _judge_pass(db, engine, settings, held, echo, state)
@@ -148,14 +154,19 @@ async def _may_train(db, settings: DeploySettings, trainable, echo, state) -> bo
         if budget.spent_out:
             echo(f"train: {budget.status()}; the groups wait")
             return False
-    ready = await db.query(trainable)
-    if ready < loop.min_new_groups:
-        echo(f"train: {ready} new trainable groups, waiting for {loop.min_new_groups}")
+    ready, wanted = await db.query(trainable), state.fitted.min_new_groups
+    if ready < wanted:
+        echo(f"train: {ready} new trainable groups, waiting for {wanted}")
         return False
     if why := await db.query(lambda st: ledger.waits(st, loop.alias, loop)):
         echo(f"train: {why}")
         return False
     return True
+
+
+def _said(f: fit.Fitted) -> tuple:
+    """What a change of is logged: the values, not the traffic they came from."""
+    return f.holdout_share, f.min_new_groups
 
 
 async def _train_and_release(pipeline: release.Release, live, held, state) -> None:
@@ -192,6 +203,10 @@ class PeriodicLoop:
     async def start(self) -> None:
         if self.settings.loop.interval_s > 0:
             await host.restore(self.operator.engine)  # a run killed with its server
+            self.state.fitted = await self.collector.query(
+                lambda st: fit.current(st, self.settings)
+            )
+            log.info("fitted to the traffic: %s", self.state.fitted.line())
             self._task = asyncio.create_task(self._run(), name="onjob-loop")
 
     async def stop(self) -> None:

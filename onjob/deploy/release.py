@@ -30,7 +30,7 @@ import httpx
 
 from ..collector import Collector
 from ..judge import rewards, sampling
-from . import deployments, guards, holdout, ledger, pairs, prompts, reviews, stats, trust
+from . import deployments, fit, guards, ledger, pairs, prompts, reviews, stats, trust
 from .operator import Operator
 from .records import Routing
 from .settings import DeploySettings, LoopSettings
@@ -104,7 +104,7 @@ async def offline_test(r: Release, *, live: str | None, candidate: str) -> Verdi
         lineage = [live, candidate]
 
         def held_prompts(st):
-            scenarios = holdout.held_out(st, loop.holdout_share)
+            scenarios = fit.held_out(st, r.settings)
             drawn = st.query(
                 "SELECT count(*) AS n FROM groups WHERE kind = 'ab' AND test = ?", [tests[0]]
             )[0]["n"]

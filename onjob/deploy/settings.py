@@ -40,7 +40,12 @@ class LoopSettings(BaseModel):
     interval_s: float = Field(300.0, ge=0, description="how often the loop runs (0: never)")
     alias: str = Field("agent", description="the alias the loop trains and canaries")
     train: bool = Field(True, description="false: the loop only re-samples and judges")
-    min_new_groups: int = Field(4, ge=1, description="trainable groups that start a run")
+    min_new_groups: int | None = Field(
+        None,
+        ge=1,
+        description="trainable groups that start a run (none: fitted to the traffic, the "
+        "groups scored in the last 10 minutes, at least 4, at most trainer.max_groups)",
+    )
     canary_fraction: float = Field(0.1, gt=0, le=1, description="a new checkpoint's share")
     pairs_per_round: int = Field(
         8,
@@ -127,12 +132,14 @@ class LoopSettings(BaseModel):
         20, ge=1, description="conversations per arm since the canary started before a promotion"
     )
     gate: GateSettings = Field(default_factory=GateSettings)
-    holdout_share: float = Field(
-        0.1,
+    holdout_share: float | None = Field(
+        None,
         ge=0,
         lt=1,
-        description="share of scenarios (by a hash of their id) never trained on, whose "
-        "pairs are the first observations of a candidate's test, before it serves anyone",
+        description="share of scenarios (by a hash of their id, decided at a scenario's "
+        "first sight) never trained on, whose pairs are the first observations of a "
+        "candidate's test, before it serves anyone (none: fitted to the traffic, "
+        "holdout_pairs / scenarios seen, between 10% and 30%)",
     )
     holdout_pairs: int = Field(
         12,

@@ -1,0 +1,99 @@
+"""Loop settings fitted to the traffic: what a deployment leaves unset is chosen from what
+the log shows, so a user's task needs no `[loop]` overrides of its own.
+
+    holdout_share    the held-out slice should hold `holdout_pairs` scenarios soon, where
+                     each decision is made at a scenario's first sight: holdout_pairs /
+                     scenarios seen, between 10% and 30%. An agent that opens few
+                     scenarios (the calculator: 12 in 35 minutes, of which 10% held out
+                     none) holds out 30% of its first 40; one that opens hundreds, 10%.
+    min_new_groups   a run starts on what about ten minutes of traffic gives the judge:
+                     the groups scored in the last 10 minutes, at least 4, at most
+                     `trainer.max_groups`. Slow traffic trains on 4, as before; busy
+                     traffic on a run's worth, not a run per pass.
+
+`Fitted` is read each loop iteration (two small queries), logged when it changes, printed
+when the server starts and shown by `onjob status`. A value set in `[loop]` is used as it
+is, and said so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from . import holdout
+from .settings import DeploySettings
+
+HOLDOUT_RANGE = (0.1, 0.3)
+MIN_GROUPS = 4
+GROUPS_WINDOW_S = 600
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What the log shows: scenarios seen, the conversations in them, and the groups the
+    judge scored in the last `GROUPS_WINDOW_S`."""
+
+    scenarios: int = 0
+    conversations: int = 0
+    recent_groups: int = 0
+
+
+@dataclass(frozen=True)
+class Fitted:
+    holdout_share: float
+    min_new_groups: int
+    traffic: Traffic
+    fitted: tuple[str, ...]  # the names chosen here; the others are the settings'
+
+    def line(self) -> str:
+        def said(name: str, value) -> str:
+            how = "fitted" if name in self.fitted else "set"
+            return f"{name} {value} ({how})"
+
+        t = self.traffic
+        return (
+            f"{said('holdout_share', f'{self.holdout_share:.0%}')}, "
+            f"{said('min_new_groups', self.min_new_groups)}; from {t.scenarios} scenarios, "
+            f"{t.conversations} conversations, {t.recent_groups} groups scored in the last "
+            f"{GROUPS_WINDOW_S // 60} minutes"
+        )
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "fitted": list(self.fitted), "line": self.line()}
+
+
+def observe(store) -> Traffic:
+    row = store.query(
+        f"""
+        SELECT (SELECT count(*) FROM scenarios) AS scenarios,
+               (SELECT coalesce(sum(count), 0) FROM scenarios) AS conversations,
+               (SELECT count(*) FROM groups WHERE status = 'scored'
+                  AND kind IN ('turn', 'trajectory')
+                  AND created > now() - INTERVAL {GROUPS_WINDOW_S} SECOND) AS recent_groups
+        """
+    )[0]
+    return Traffic(int(row["scenarios"]), int(row["conversations"]), int(row["recent_groups"]))
+
+
+def fit(settings: DeploySettings, traffic: Traffic) -> Fitted:
+    loop, fitted = settings.loop, []
+    share = loop.holdout_share
+    if share is None:
+        low, high = HOLDOUT_RANGE
+        share = min(high, max(low, loop.holdout_pairs / max(traffic.scenarios, 1)))
+        fitted.append("holdout_share")
+    groups = loop.min_new_groups
+    if groups is None:
+        most = max(MIN_GROUPS, settings.trainer.max_groups)
+        groups = min(most, max(MIN_GROUPS, traffic.recent_groups))
+        fitted.append("min_new_groups")
+    return Fitted(round(share, 3), groups, traffic, tuple(fitted))
+
+
+def current(store, settings: DeploySettings) -> Fitted:
+    return fit(settings, observe(store))
+
+
+def held_out(store, settings: DeploySettings) -> list[str]:
+    """The held-out scenario ids, new scenarios placed at the share fitted now."""
+    return holdout.held_out(store, current(store, settings).holdout_share)
