@@ -42,7 +42,10 @@ async def beside(
     engine: httpx.AsyncClient | None, threads: int, echo: Callable[[str], None]
 ) -> AsyncIterator[None]:
     """While the block runs a training run on `threads` cores, a local engine on this host
-    (its URL on loopback) serves on the cores left; then it has its own count again."""
+    (its URL on loopback) serves on the cores left; then it has the count it started with
+    again, whatever an earlier run left it at (one killed with its server: `onjob serve
+    --start-engine` starts a new engine then; an engine started apart gets its cores back
+    when the next run ends)."""
     left = max(1, cores() - threads)
     changed = await _set(engine, left) if _local(engine) else None
     if changed is None:
@@ -57,13 +60,6 @@ async def beside(
     finally:
         if changed is not None:
             await _set(engine, None)
-
-
-async def restore(engine: httpx.AsyncClient | None) -> None:
-    """The engine's own thread count back, whatever a run that died left it at (a server
-    killed mid-run): called when the loop starts."""
-    if _local(engine):
-        await _set(engine, None)
 
 
 def _local(engine: httpx.AsyncClient | None) -> bool:

@@ -33,7 +33,7 @@ from ..collector import Collector
 from ..judge import JudgeError, run_pass
 from ..proxy import Router
 from ..trainer import snapshot
-from . import deployments, fit, holdout, host, ledger, release, training
+from . import deployments, fit, holdout, ledger, release, training
 from .errors import DeployError
 from .judging import engine_client
 from .operator import Operator
@@ -202,7 +202,6 @@ class PeriodicLoop:
 
     async def start(self) -> None:
         if self.settings.loop.interval_s > 0:
-            await host.restore(self.operator.engine)  # a run killed with its server
             self.state.fitted = await self.collector.query(
                 lambda st: fit.current(st, self.settings)
             )
