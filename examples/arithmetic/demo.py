@@ -516,8 +516,10 @@ class _Traffic:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._go.set()
+        # A request in flight may take a while on a busy engine; the threads are daemons,
+        # so a Ctrl-C does not wait for it.
         for t in self._threads:
-            t.join(timeout=60)
+            t.join(timeout=5)
 
     def _run(self, seed: int) -> None:
         import openai
