@@ -221,7 +221,12 @@ def run(o: Options, echo=say) -> dict:
     seconds: dict[str, float] = {}
     which = "vLLM" if o.engine == "vllm" else "`onjob engine`"
     clock.stage(f"starting {which} (its log: engine.log) and measuring its speed")
-    engine = EngineProcess(engine_args(o, model), timeout=900, log=o.dir / "engine.log")
+    # Both children die with the demo however it ends (a SIGKILL runs no `with` exit): an
+    # engine and a server left behind keep serving and training on the machine. Started
+    # from the main thread, which the signal follows.
+    engine = EngineProcess(
+        engine_args(o, model), timeout=900, log=o.dir / "engine.log", die_with_parent=True
+    )
     with engine:
         base = _base_model(engine.url)
         p = plan(o, _speed(engine.url, base, ex), ex.sample_tokens)
@@ -241,7 +246,7 @@ def run(o: Options, echo=say) -> dict:
         args = ["--config", str(o.dir / "onjob.toml"), "--engine-url", engine.url]
         server = ServerProcess(
             args, port=o.port, env={"PYTHONPATH": str(Path.cwd())}, timeout=300,
-            log=o.dir / "serve.log",
+            log=o.dir / "serve.log", die_with_parent=True,
         )  # fmt: skip
         seconds["start"] = clock.lap()
         clock.stage("starting onjob serve (its log: serve.log)")
