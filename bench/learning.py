@@ -1,21 +1,23 @@
-"""The learning benchmark: held-out success of the arithmetic agent before and after the
+"""The learning benchmark: held-out success of an example agent before and after the
 whole loop, through the real path (agent -> onjob serve -> judge -> trainer -> held-out
 check -> canary -> paired comparison judged by the gate -> promotion), on the bundled
-SmolLM2-135M, for a fixed number of canary decisions (the wall clock only a ceiling),
-repeated.
+SmolLM2-135M, for a number of canary decisions (the wall clock a ceiling), repeated, per
+task.
 
-    .venv/bin/python bench/learning.py [--repeats 3] [--rounds 2] [--minutes 60]
+    .venv/bin/python bench/learning.py [--example arithmetic] [--repeats 3] [--rounds 2]
+    .venv/bin/python bench/learning.py --suite --repeats 3 --minutes 30   # issue 45's suite
 
-Each repeat is `onjob demo` (same configuration, same stages, the gate on: exact
-success as the referee, the reward graded: 1 for the sum alone, 0.5 among others) plus an
-audit: every promotion's checkpoint and the one it replaced, measured on the held-out
-questions. bench/results/learning-<timestamp>.json holds every run (before/after success
-with 95% intervals, wall time per stage, training runs, canaries, promotions, rollbacks,
-candidates stopped before serving anyone, the audit) and the summary: the held-out gain's
-mean and spread over runs, and the promotions to a checkpoint that measured worse than
-the one it replaced (target 0). It is rewritten after each repeat, so a run cut short
-keeps what it finished. Each run's learning.png is copied beside it (the first as
-learning-<timestamp>.png, the others with -run<N>).
+Each repeat is `onjob demo` (production's settings but for its stated alpha, delta and KL
+bound; the agent's traffic never paused unless `--paused`) plus an audit: every
+promotion's checkpoint and the one it replaced, measured on the held-out questions.
+`--suite` runs every task of `SUITE` with the same settings, each to its ceiling (as many
+decisions as fit). bench/results/learning-<timestamp>.json holds every run (before/after
+success with 95% intervals, wall time per stage, training runs, canaries, promotions,
+rollbacks, candidates stopped before serving anyone, the audit) and, per task, the
+summary: the held-out gain's mean and spread over runs, and the promotions to a
+checkpoint that measured worse than the one it replaced (target 0). It is rewritten after
+each run, so a benchmark cut short keeps what it finished. Each run's learning.png is
+copied beside it (learning-<timestamp>-<task>-run<N>.png).
 """
 
 from __future__ import annotations
@@ -33,14 +35,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from examples.arithmetic.demo import NoDecision, Options, run  # noqa: E402
+from examples.arithmetic.demo import EXAMPLES, NoDecision, Options, run  # noqa: E402
+
+# The learning suite (issue 45 item 4): tasks written for it, none tuned on its own.
+SUITE = tuple(name for name in EXAMPLES if name not in ("arithmetic", "calculator"))
 
 
 def summary(runs: list[dict]) -> dict:
     """Over runs: the held-out gain (points of success, the reward's metric and exact), and
     the promotions, with those whose checkpoint measured worse than the one it replaced."""
     gains = [(r["after"]["success"] - r["before"]["success"]) * 100 for r in runs]
-    exact = [(r["after"]["exact"]["success"] - r["before"]["exact"]["success"]) * 100 for r in runs]
+    exact = [  # arithmetic's stricter measure, where an example reports one
+        (r["after"]["exact"]["success"] - r["before"]["exact"]["success"]) * 100
+        for r in runs
+        if "exact" in r["after"]
+    ]
     audits = [a for r in runs for a in (r.get("audit") or [])]
 
     def spread(xs: list[float]) -> dict:
@@ -54,6 +63,8 @@ def summary(runs: list[dict]) -> dict:
 
     return {
         "runs": len(runs),
+        "before": spread([r["before"]["success"] * 100 for r in runs]),
+        "after": spread([r["after"]["success"] * 100 for r in runs]),
         "gain_points": spread(gains),
         "exact_gain_points": spread(exact),
         "promotions": len(audits),
@@ -68,8 +79,20 @@ def summary(runs: list[dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3, help="independent runs")
-    parser.add_argument("--rounds", type=int, default=2, help="canary decisions per run")
+    parser.add_argument(
+        "--example",
+        action="append",
+        choices=EXAMPLES,
+        help="the task (repeatable; default arithmetic)",
+    )
+    parser.add_argument("--suite", action="store_true", help=f"every task of {', '.join(SUITE)}")
+    parser.add_argument("--repeats", type=int, default=3, help="independent runs per task")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="canary decisions per run (default 2; with --suite, as many as fit the ceiling)",
+    )
     parser.add_argument("--minutes", type=float, default=60, help="each run's wall-clock ceiling")
     parser.add_argument("--questions", type=int, default=25)
     parser.add_argument("--samples", type=int, default=8)
@@ -81,54 +104,69 @@ def main() -> None:
         help="the agent holds its requests while a run trains (not production conditions)",
     )
     args = parser.parse_args()
+    tasks = list(SUITE) if args.suite else (args.example or ["arithmetic"])
+    rounds = args.rounds or (1000 if args.suite else 2)
     os.chdir(ROOT)  # the demo imports examples/ from the checkout
     out = ROOT / "bench" / "results" / f"learning-{time.strftime('%Y%m%d-%H%M%S')}.json"
     work = Path(tempfile.mkdtemp(prefix="onjob-learning-"))
-    runs: list[dict] = []
+    runs: dict[str, list[dict]] = {task: [] for task in tasks}
+    # Round-robin over tasks: a benchmark cut short has runs of every task, not all of one.
     for i in range(args.repeats):
-        print(f"\n=== run {i + 1} of {args.repeats} ===", flush=True)
-        options = Options(
-            dir=work / f"run{i + 1}",
-            rounds=args.rounds,
-            ceiling_s=args.minutes * 60,
-            questions=args.questions,
-            samples=args.samples,
-            audit=True,
-            engine=args.engine,
-            paused=args.paused,
-        )
-        try:
-            result = run(options)
-        except NoDecision:
-            result = {**json.loads((options.dir / "result.json").read_text()), "no_decision": True}
-        runs.append(result)
-        if (options.dir / "learning.png").exists():
-            picture = (
-                out.with_suffix(".png") if i == 0 else out.with_name(f"{out.stem}-run{i + 1}.png")
+        for task in tasks:
+            print(f"\n=== {task}: run {i + 1} of {args.repeats} ===", flush=True)
+            options = Options(
+                dir=work / f"{task}-run{i + 1}",
+                rounds=rounds,
+                ceiling_s=args.minutes * 60,
+                questions=args.questions,
+                samples=args.samples,
+                audit=True,
+                engine=args.engine,
+                paused=args.paused,
+                example=task,
             )
-            shutil.copy(options.dir / "learning.png", picture)
-        record = {
-            "bench": "learning",
-            "summary": summary(runs),
-            "runs": runs,
-            "machine": {"cpus": os.cpu_count()},
-            "engine": args.engine,
-            "traffic": "paused while training" if args.paused else "never paused",
-        }
-        out.write_text(json.dumps(record, indent=2, default=str))
-        print(f"wrote {out} ({len(runs)} of {args.repeats} runs)", flush=True)
-    s = record["summary"]
-    g = s["gain_points"]
-    print(
-        f"\nheld-out gain over {s['runs']} runs: mean {g['mean']:+.1f} points"
+            try:
+                result = run(options)
+            except NoDecision:
+                result = {
+                    **json.loads((options.dir / "result.json").read_text()),
+                    "no_decision": True,
+                }
+            runs[task].append(result)
+            if (options.dir / "learning.png").exists():
+                shutil.copy(
+                    options.dir / "learning.png", out.with_name(f"{out.stem}-{task}-run{i + 1}.png")
+                )
+            record = {
+                "bench": "learning",
+                "tasks": {t: {"summary": summary(r), "runs": r} for t, r in runs.items() if r},
+                "machine": {"cpus": os.cpu_count()},
+                "engine": args.engine,
+                "traffic": "paused while training" if args.paused else "never paused",
+                "minutes": args.minutes,
+                "rounds": rounds,
+            }
+            out.write_text(json.dumps(record, indent=2, default=str))
+            print(f"wrote {out}", flush=True)
+    print()
+    for task, task_runs in runs.items():
+        print(line(task, summary(task_runs)))
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def line(task: str, s: dict) -> str:
+    g, b, a = s["gain_points"], s["before"], s["after"]
+    return (
+        f"{task}: {s['runs']} runs, held-out {b['mean']:.1f}% -> {a['mean']:.1f}%, gain mean "
+        f"{g['mean']:+.1f} points"
         + (f", sd {g['sd']:.1f}" if g["sd"] is not None else "")
         + f" (each: {', '.join(f'{x:+.1f}' for x in g['each'])}); {s['promotions']} promotions, "
         f"{s['promotions_worse']} to a checkpoint worse on held-out questions "
         f"({s['promotions_significantly_worse']} beyond the 95% interval), {s['rollbacks']} "
-        f"rollbacks, {s['stopped_on_held_out']} stopped before serving anyone"
+        f"rollbacks, {s['stopped_on_held_out']} stopped before serving anyone, "
+        f"{s['no_decision']} runs without a decision"
     )
-    if not args.keep:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """What `onjob demo` needs of an example: its agent's traffic, its held-out measure, its
-reward and referee, and the judge settings its conversations want."""
+reward and referee. No settings of its own: the loop fits them to the traffic."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ class Example:
     evaluate: Callable[[str, str, int, int], dict]  # (base_url, model, questions, samples)
     first_messages: Callable[[str], list[dict]]  # a question's opening (the speed probe)
     heldout: Callable[[int], list[str]]
-    judge: str = ""  # lines added to the demo's [judge] section
     # What one held-out sample costs the engine, in tokens decoded at its measured speed
     # (every turn, the prompts' prefill included): the demo sizes its evaluations by it.
     sample_tokens: int = 25

@@ -202,6 +202,23 @@ def test_judge_flag_switches_the_demo_from_the_reward_function_to_ruler(tmp_path
     assert judge.model == "openai/gpt-4.1-mini" and not judge.rewards
 
 
+def test_the_demo_runs_production_settings_but_for_its_stated_rule(tmp_path):
+    """Issue 45: the demo differs from production only in its alpha, delta and KL bound
+    (and the example's reward and referee); everything else is a default or fitted."""
+    from examples.arithmetic.demo import Options, config
+    from onjob.deploy.settings import LoopSettings
+
+    for example in ("arithmetic", "calculator"):
+        written = tomllib.loads(config(Options(dir=tmp_path, example=example), tmp_path))
+        loop, production = LoopSettings.model_validate(written["loop"]), LoopSettings()
+        differs = {
+            k for k in LoopSettings.model_fields if getattr(loop, k) != getattr(production, k)
+        }
+        assert differs == {"alpha", "delta", "max_kl_to_base", "gate"}, example
+        assert set(written["trainer"]) == {"base_model", "checkpoints_dir"}, example
+        assert set(written["judge"]) == {"rewards"}, example
+
+
 def test_the_calculator_example_configures_tool_turns_trajectory_groups_and_its_referee(tmp_path):
     """`onjob demo --example calculator`: its reward and referee (each step scored on the
     step it takes), every tool-call turn re-sampled, and trajectory groups of the
@@ -215,7 +232,7 @@ def test_the_calculator_example_configures_tool_turns_trajectory_groups_and_its_
     judge = JudgeSettings.model_validate(written["judge"])
     assert set(written["judge"]) <= set(JudgeSettings.model_fields)
     assert judge.rewards["correct"].fn == EXAMPLE.reward == "examples.calculator.task:reward"
-    assert judge.scenario_groups and judge.tool_turns_per_scenario >= 1
+    assert judge.scenario_groups and judge.tool_turns_per_scenario >= 1  # the defaults
     loop = LoopSettings.model_validate(written["loop"])
     assert loop.gate.rewards["exact"].fn == "examples.calculator.task:referee"
     # No example carries [loop] settings of its own: the held-out share and the groups that
@@ -265,7 +282,7 @@ def test_the_audit_measures_each_promotion_against_the_checkpoint_it_replaced(
     base = {"success": 0.5, "n": 4, "ci95": [0.15, 0.85], "exact": {"success": 0.5}}
     measured = {None: base}
     lines: list[str] = []
-    options, plan = Options(questions=2, samples=2), Plan(1.0, 2, 4, 0.0)
+    options, plan = Options(questions=2, samples=2), Plan(1.0, 2, 0.0)
     audit = _audit(
         engine.url, history, paths, measured, options, plan, _Clock(time.monotonic(), lines.append)
     )

@@ -281,7 +281,8 @@ def test_a_fresh_database_runs_every_stage_and_a_run_killed_mid_train_resumes_cl
     sampler = manifest["precision"]["sampler"]
     assert sampler == {"model": "toolbot", "dtype": "float32", "logprobs": "raw_logprobs"}
     [deployment] = rows(db, "SELECT * FROM deployments")
-    assert deployment["canary"] == checkpoint["name"] and deployment["fraction"] == 0.1
+    # The canary's share fitted to the traffic (deploy/fit.py): a few conversations, half.
+    assert deployment["canary"] == checkpoint["name"] and deployment["fraction"] == 0.5
     assert deployment["reason"].startswith("trained on")
     groups = rows(db, "SELECT kind, status FROM groups")
     assert groups and all(g["kind"] == "turn" for g in groups)

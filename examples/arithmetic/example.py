@@ -31,6 +31,5 @@ EXAMPLE = Example(
     evaluate=evaluate,
     first_messages=task.messages,
     heldout=task.heldout_questions,
-    judge="scenario_groups = false",
     table=_table,
 )

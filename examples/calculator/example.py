@@ -39,9 +39,6 @@ EXAMPLE = Example(
     evaluate=evaluate,
     first_messages=task.messages,
     heldout=task.heldout_questions,
-    # Every turn of a conversation, tool calls first, and whole conversations of one
-    # question as trajectory groups once they have been idle 10 s.
-    judge="scenario_groups = true\nsettle_s = 10\ntool_turns_per_scenario = 4",
     table=_table,
     # 200 conversations took 464 s on an engine measured at 74 tokens/s: two or three
     # turns, each prefilling the ~370-token tool prompt again.

@@ -10,6 +10,16 @@ the log shows, so a user's task needs no `[loop]` overrides of its own.
                      the groups scored in the last 10 minutes, at least 4, at most
                      `trainer.max_groups`. Slow traffic trains on 4, as before; busy
                      traffic on a run's worth, not a run per pass.
+    canary_fraction  a canary should see its `min_guard_conversations` within about ten
+                     minutes of the traffic's pace (conversations started in the last 10
+                     minutes): that share, between 10% and 50%. A busy agent risks a
+                     tenth of its users on a candidate; a quiet one half, or its guards
+                     would wait hours (the candidate has already won its held-out pairs).
+    judge.settle_s   a conversation counts as finished (and joins its scenario's group)
+                     once idle 4x the 95th percentile of the gaps between a conversation's
+                     turns in the last hour, between 10 s and 300 s: a tool agent's turns
+                     come seconds apart, a person's chat minutes; 120 s with no multi-turn
+                     traffic yet.
 
 `Fitted` is read each loop iteration (two small queries), logged when it changes, printed
 when the server starts and shown by `onjob status`. A value set in `[loop]` is used as it
@@ -20,28 +30,36 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ..judge import JudgeSettings
+from ..judge.settings import SETTLE_S
 from . import holdout
 from .settings import DeploySettings
 
 HOLDOUT_RANGE = (0.1, 0.3)
 MIN_GROUPS = 4
 GROUPS_WINDOW_S = 600
+CANARY_RANGE = (0.1, 0.5)
+SETTLE_RANGE = (10.0, 300.0)
 
 
 @dataclass(frozen=True)
 class Traffic:
     """What the log shows: scenarios seen, the conversations in them, and the groups the
-    judge scored in the last `GROUPS_WINDOW_S`."""
+    judge scored and the conversations started in the last `GROUPS_WINDOW_S`."""
 
     scenarios: int = 0
     conversations: int = 0
     recent_groups: int = 0
+    recent_conversations: int = 0
+    turn_gap_p95_s: float | None = None  # None: no conversation of two turns in the hour
 
 
 @dataclass(frozen=True)
 class Fitted:
     holdout_share: float
     min_new_groups: int
+    canary_fraction: float
+    settle_s: float
     traffic: Traffic
     fitted: tuple[str, ...]  # the names chosen here; the others are the settings'
 
@@ -53,8 +71,11 @@ class Fitted:
         t = self.traffic
         return (
             f"{said('holdout_share', f'{self.holdout_share:.0%}')}, "
-            f"{said('min_new_groups', self.min_new_groups)}; from {t.scenarios} scenarios, "
-            f"{t.conversations} conversations, {t.recent_groups} groups scored in the last "
+            f"{said('min_new_groups', self.min_new_groups)}, "
+            f"{said('canary_fraction', f'{self.canary_fraction:.0%}')}, "
+            f"{said('settle_s', f'{self.settle_s:.0f}')}; from {t.scenarios} "
+            f"scenarios, {t.conversations} conversations, {t.recent_groups} groups scored "
+            f"and {t.recent_conversations} conversations started in the last "
             f"{GROUPS_WINDOW_S // 60} minutes"
         )
 
@@ -69,10 +90,25 @@ def observe(store) -> Traffic:
                (SELECT coalesce(sum(count), 0) FROM scenarios) AS conversations,
                (SELECT count(*) FROM groups WHERE status = 'scored'
                   AND kind IN ('turn', 'trajectory')
-                  AND created > now() - INTERVAL {GROUPS_WINDOW_S} SECOND) AS recent_groups
+                  AND created > now() - INTERVAL {GROUPS_WINDOW_S} SECOND) AS recent_groups,
+               (SELECT count(*) FROM trajectories WHERE source = 'production'
+                  AND first_ts > now() - INTERVAL {GROUPS_WINDOW_S} SECOND)
+                  AS recent_conversations,
+               (SELECT quantile_cont(gap, 0.95) FROM (
+                    SELECT epoch(ts - lag(ts) OVER (PARTITION BY trajectory_id
+                                                    ORDER BY turn, ts)) AS gap
+                    FROM exchanges WHERE source = 'production'
+                      AND ts > now() - INTERVAL 1 HOUR)) AS turn_gap_p95_s
         """
     )[0]
-    return Traffic(int(row["scenarios"]), int(row["conversations"]), int(row["recent_groups"]))
+    gap = row["turn_gap_p95_s"]
+    return Traffic(
+        int(row["scenarios"]),
+        int(row["conversations"]),
+        int(row["recent_groups"]),
+        int(row["recent_conversations"]),
+        None if gap is None else float(gap),
+    )
 
 
 def fit(settings: DeploySettings, traffic: Traffic) -> Fitted:
@@ -87,7 +123,26 @@ def fit(settings: DeploySettings, traffic: Traffic) -> Fitted:
         most = max(MIN_GROUPS, settings.trainer.max_groups)
         groups = min(most, max(MIN_GROUPS, traffic.recent_groups))
         fitted.append("min_new_groups")
-    return Fitted(round(share, 3), groups, traffic, tuple(fitted))
+    canary = loop.canary_fraction
+    if canary is None:
+        low, high = CANARY_RANGE
+        wanted = loop.min_guard_conversations / max(traffic.recent_conversations, 1)
+        canary = min(high, max(low, wanted))
+        fitted.append("canary_fraction")
+    settle = settings.judge.settle_s
+    if settle is None:
+        low, high = SETTLE_RANGE
+        gap = traffic.turn_gap_p95_s
+        settle = SETTLE_S if gap is None else min(high, max(low, 4 * gap))
+        fitted.append("settle_s")
+    return Fitted(
+        round(share, 3), groups, round(canary, 3), round(settle, 1), traffic, tuple(fitted)
+    )
+
+
+def judge_settings(settings: DeploySettings, fitted: Fitted) -> JudgeSettings:
+    """The judge's settings with what was fitted filled in."""
+    return settings.judge.model_copy(update={"settle_s": fitted.settle_s})
 
 
 def current(store, settings: DeploySettings) -> Fitted:

@@ -34,11 +34,12 @@ async def judge(settings: DeploySettings, *, once: bool, echo: Callable[[str], N
     try:
         async with engine_client(settings) as engine:
             while True:
+                fitted = await collector.query(lambda st: fit.current(st, settings))
                 held = await collector.query(lambda st: fit.held_out(st, settings))
                 report = await run_pass(
                     collector,
                     engine,
-                    settings.judge,
+                    fit.judge_settings(settings, fitted),
                     echo=echo,
                     skip_scenarios=held,
                     untrained_keys=settings.proxy.untrained_keys,

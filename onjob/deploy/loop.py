@@ -133,7 +133,7 @@ async def _judge_pass(db, engine, settings: DeploySettings, held, echo, state) -
         report = await run_pass(
             db,
             engine,
-            settings.judge,
+            fit.judge_settings(settings, state.fitted),
             echo=echo,
             skip_scenarios=held,
             untrained_keys=settings.proxy.untrained_keys,
@@ -166,7 +166,7 @@ async def _may_train(db, settings: DeploySettings, trainable, echo, state) -> bo
 
 def _said(f: fit.Fitted) -> tuple:
     """What a change of is logged: the values, not the traffic they came from."""
-    return f.holdout_share, f.min_new_groups
+    return f.holdout_share, f.min_new_groups, f.canary_fraction, f.settle_s
 
 
 async def _train_and_release(pipeline: release.Release, live, held, state) -> None:

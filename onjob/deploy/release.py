@@ -77,10 +77,11 @@ async def trained(r: Release, *, live: str | None, candidate: str, trained_on: i
         )
         await r.operator.unload(candidate)
         return
+    fraction = (await r.db.query(lambda st: fit.current(st, r.settings))).canary_fraction
     row = await r.operator.set_canary(
         r.alias,
         candidate,
-        r.settings.loop.canary_fraction,
+        fraction,
         reason=f"trained on {trained_on} groups; offline test: {verdict.reason}",
         actor="loop",
         evidence=verdict.evidence,

@@ -37,7 +37,9 @@ class GateSettings(BaseModel):
 class LoopSettings(BaseModel):
     """resample -> judge -> train -> canary -> compare -> decide, inside `onjob serve`."""
 
-    interval_s: float = Field(300.0, ge=0, description="how often the loop runs (0: never)")
+    interval_s: float = Field(
+        30.0, ge=0, description="seconds between the loop's iterations (0: never)"
+    )
     alias: str = Field("agent", description="the alias the loop trains and canaries")
     train: bool = Field(True, description="false: the loop only re-samples and judges")
     min_new_groups: int | None = Field(
@@ -46,7 +48,13 @@ class LoopSettings(BaseModel):
         description="trainable groups that start a run (none: fitted to the traffic, the "
         "groups scored in the last 10 minutes, at least 4, at most trainer.max_groups)",
     )
-    canary_fraction: float = Field(0.1, gt=0, le=1, description="a new checkpoint's share")
+    canary_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="a new checkpoint's share of the alias (none: fitted to the traffic, "
+        "the share that brings min_guard_conversations in about 10 minutes, 10% to 50%)",
+    )
     pairs_per_round: int = Field(
         8,
         ge=1,
@@ -54,10 +62,10 @@ class LoopSettings(BaseModel):
         "at the engine's speed) and of each canary round",
     )
     canary_max_rounds: int = Field(
-        288,
+        2880,
         ge=1,
         description="rounds (loop iterations) a canary may run without a promotion before "
-        "it is rolled back with the reason (288: a day at the default interval)",
+        "it is rolled back with the reason (2880: a day at the default interval)",
     )
     canary_max_s: float = Field(
         86400.0,
@@ -111,7 +119,7 @@ class LoopSettings(BaseModel):
         "candidate's loss) that blocks promotion",
     )
     backoff_s: float = Field(
-        1800.0,
+        300.0,
         ge=0,
         description="after a candidate is not promoted, the next training run waits this "
         "long, doubled for each candidate in a row not promoted, up to a day",

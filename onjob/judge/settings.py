@@ -20,9 +20,18 @@ class RewardFn(BaseModel):
         return fn
 
 
+SETTLE_S = 120.0  # `JudgeSettings.settled_s` where the loop fitted no settle_s
+
+
 class JudgeSettings(BaseModel):
     # Turn groups: alternatives re-sampled for logged exchanges.
-    group_size: int = Field(4, ge=1, le=64, description="alternatives sampled per logged turn")
+    group_size: int = Field(
+        8,
+        ge=1,
+        le=64,
+        description="alternatives sampled per logged turn (one request with n: they share "
+        "the prompt's prefill)",
+    )
     temperature: float = Field(1.0, ge=0, le=2, description="sampling temperature for them")
     max_tokens: int = Field(256, ge=1, description="completion cap when the request sets none")
     max_groups: int = Field(16, ge=0, description="turn groups sampled per pass")
@@ -53,9 +62,17 @@ class JudgeSettings(BaseModel):
     scenario_groups: bool = True
     min_trajectories: int = Field(2, ge=2)
     max_trajectories: int = Field(8, ge=2)
-    settle_s: float = Field(
-        120.0, ge=0, description="a conversation idle this long counts as finished"
+    settle_s: float | None = Field(
+        None,
+        ge=0,
+        description="a conversation idle this long counts as finished (none: fitted by the "
+        "loop to the traffic, 4x the 95th percentile of the gaps between a conversation's "
+        "turns in the last hour, 10 s to 300 s; 120 s where nothing is fitted)",
     )
+
+    def settled_s(self) -> float:
+        """`settle_s`, or the loop's fallback where the traffic fitted none."""
+        return SETTLE_S if self.settle_s is None else self.settle_s
 
     # RULER: an LLM ranks a group's members against each other (off unless a model is set).
     model: str | None = Field(

@@ -198,7 +198,7 @@ def scenario_candidates(
         WHERE {_TRAINED_KEY}
         ORDER BY t.last_ts DESC
         """,
-        [s.settle_s, list(skip), list(untrained)],
+        [s.settled_s(), list(skip), list(untrained)],
     )
     by_tenant: dict[tuple[str, str | None], list[dict]] = {}
     for row in rows:

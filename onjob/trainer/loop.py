@@ -120,9 +120,12 @@ def _train(
     # parameter by about the learning rate, in the sign of a gradient of a few groups)
     params = [p for p in model.parameters() if p.requires_grad]
     ranks.same_start(params)
-    optimizer = torch.optim.AdamW(params, lr=s.learning_rate, weight_decay=0.0)
+    rate = s.rate_for(model.config.hidden_size)
+    if s.learning_rate is None:
+        echo(f"learning rate {rate:.2g}, fitted to the model's width {model.config.hidden_size}")
+    optimizer = torch.optim.AdamW(params, lr=rate, weight_decay=0.0)
     if parent is not None and s.keep_optimizer_state:
-        echo(_continue_optimizer(optimizer, Path(parent) / OPTIMIZER, s.learning_rate))
+        echo(_continue_optimizer(optimizer, Path(parent) / OPTIMIZER, rate))
     steps = math.ceil(len(groups) / s.groups_per_step) * s.epochs
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup(s.warmup_steps))
     echo(

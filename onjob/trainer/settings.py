@@ -11,6 +11,10 @@ from pydantic import BaseModel, Field, model_validator
 # projection, under the names the family uses (vLLM serves adapters on these). Phi-3
 # fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj`: the Llama names would
 # silently miss them. Other families fall back to peft's "all-linear".
+# The fitted learning rate (`TrainSettings.rate_for`): bench/learn_offline.py's best for
+# SmolLM2-135M (CISPO, rank 16), scaled by the width it was measured at.
+FITTED_RATE, FITTED_WIDTH = 5e-4, 576
+
 _LLAMA = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 TARGETS = {
     **{
@@ -69,7 +73,13 @@ class TrainSettings(BaseModel):
     )
 
     # The optimisation.
-    learning_rate: float = Field(5e-5, gt=0)
+    learning_rate: float | None = Field(
+        None,
+        gt=0,
+        description="none: fitted to the model's width, 5e-4 x 576 / hidden_size (the rate "
+        "bench/learn_offline.py measured best for SmolLM2-135M, hidden size 576, with a "
+        "rank-16 LoRA; about 7e-5 for a 4096-wide 8B model)",
+    )
     warmup_steps: int = Field(
         0,
         ge=0,
@@ -82,7 +92,7 @@ class TrainSettings(BaseModel):
         "adapter as optimizer.pt) instead of starting each run's optimizer from nothing",
     )
     epochs: int = Field(1, ge=1, description="passes over the snapshot")
-    groups_per_step: int = Field(4, ge=1, description="groups accumulated per optimizer step")
+    groups_per_step: int = Field(2, ge=1, description="groups accumulated per optimizer step")
     max_batch_tokens: int = Field(
         1024,
         ge=64,
@@ -180,3 +190,9 @@ class TrainSettings(BaseModel):
                 "refuse the adapter"
             )
         return self
+
+    def rate_for(self, hidden_size: int) -> float:
+        """The learning rate a run uses: the set one, or the one fitted to the model's width
+        (Adam's steps on a LoRA's matrices move a layer's output in proportion to its width,
+        so wider models take proportionally smaller rates)."""
+        return self.learning_rate or FITTED_RATE * FITTED_WIDTH / hidden_size
