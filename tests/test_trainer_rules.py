@@ -410,7 +410,9 @@ def test_a_lineage_continues_its_optimizer_moments_across_runs(tmp_path, tiny_mo
     second = torch.load(tmp_path / "two" / "optimizer.pt", weights_only=True)
     assert {float(v["step"]) for v in second["state"].values()} == {4.0}
     assert any("moments continued" in line for line in said), said
-    assert second["param_groups"][0]["lr"] == settings.learning_rate
+    # Unset, the rate is fitted to the model's width (the tiny model's 64: 4.5e-3).
+    width = json.loads((tiny_model_dir / "config.json").read_text())["hidden_size"]
+    assert second["param_groups"][0]["lr"] == settings.rate_for(width) == 5e-4 * 576 / width
 
     fresh = settings.model_copy(update={"keep_optimizer_state": False})
     train(
@@ -418,6 +420,14 @@ def test_a_lineage_continues_its_optimizer_moments_across_runs(tmp_path, tiny_mo
     )
     third = torch.load(tmp_path / "three" / "optimizer.pt", weights_only=True)
     assert {float(v["step"]) for v in third["state"].values()} == {2.0}
+
+
+def test_an_unset_learning_rate_is_fitted_to_the_models_width_and_a_set_one_is_kept():
+    fitted = TrainSettings()
+    assert fitted.learning_rate is None
+    assert fitted.rate_for(576) == 5e-4  # SmolLM2-135M, where the rate was measured
+    assert 6.9e-5 < fitted.rate_for(4096) < 7.1e-5  # an 8B model's width
+    assert TrainSettings(learning_rate=1e-5).rate_for(576) == 1e-5
 
 
 def test_the_learning_rate_warms_up_linearly_and_a_child_warms_up_to_its_own_rate(
