@@ -49,7 +49,7 @@ from ..example import Example
 ADMIN_KEY = "demo"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 MARKER = ".onjob-demo"
-EXAMPLES = ("arithmetic", "calculator")
+EXAMPLES = ("arithmetic", "calculator", "antonyms", "capitals", "plurals", "lookup")
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""A single-turn task scored exactly: the capital of a country, named alone."""

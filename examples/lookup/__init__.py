@@ -1,0 +1,1 @@
+"""A multi-turn tool-using task: an item's stock, found with a `lookup` tool."""
