@@ -125,10 +125,12 @@ def _demo_command(sub) -> None:
     )
     demo.add_argument(
         "--example",
-        choices=["arithmetic", "calculator"],
+        choices=["arithmetic", "calculator", "antonyms", "capitals", "plurals", "lookup"],
         default="arithmetic",
-        help="the example agent: arithmetic (one-digit sums, one turn; the default) or "
-        "calculator (two-digit products with a multiply tool, 2-3 turns, tool calls)",
+        help="the example agent: arithmetic (one-digit sums, one turn; the default), "
+        "calculator (two-digit products with a multiply tool, 2-3 turns, tool calls), or a "
+        "task of the learning suite: antonyms, capitals, plurals (one turn), lookup (a "
+        "lookup tool over made-up stock counts, 2-3 turns)",
     )
     demo.add_argument(
         "--reward",
