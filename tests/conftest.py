@@ -8,6 +8,7 @@ tokenizer and chat template are the real ones.
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from pathlib import Path
 
@@ -20,6 +21,12 @@ from onjob.cli.process import EngineProcess
 from onjob.collector import Store
 from onjob.trainer.manifest import Manifest
 from onjob.trainer.records import record_run
+
+# A server a test starts runs its loop at the old default's pace (every 300 s: never
+# within a test) unless the test sets its own `ONJOB_LOOP__INTERVAL_S`: at production's
+# 30 s, a slow test's server would re-sample its logged turns, adding requests to a
+# scripted upstream and rows to the tables the test counts. The loop is tested where set.
+os.environ.setdefault("ONJOB_LOOP__INTERVAL_S", "300")
 
 from .s3_server import s3_endpoint  # noqa: F401  (a fixture: vllm_engine's bucket)
 
