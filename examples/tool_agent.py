@@ -1,0 +1,85 @@
+"""The loop every tool-using example agent runs (examples/calculator, examples/lookup): one
+conversation through the official `openai` client, the tool calls the model makes run for
+real and their results sent back, until the model answers (at most `max_turns` turns).
+The first turn forces one call (`tool_choice: "required"`, `parallel_tool_calls: false`):
+a small model left to choose never calls. Only `base_url` points at onjob; onjob stitches
+the turns into one trajectory by their shared messages.
+
+A task module gives `messages(q)`, `TOOLS`, `right_call(q, call)`, `correct(q, answer)`
+and `training_questions(n, seed)`; `tool(arguments)` runs its tool.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from openai import OpenAI
+
+
+def solve(
+    client: OpenAI,
+    model: str,
+    q: str,
+    task,
+    tool: Callable[[str], str],
+    max_turns: int = 3,
+    temperature: float = 1.0,
+):
+    """One conversation; returns (final answer or None, turns taken, tool calls made,
+    whether the first call was the right one, `task.right_call`)."""
+    messages = task.messages(q)
+    calls, right_first = 0, False
+    for turn in range(1, max_turns + 1):
+        forced = {"tool_choice": "required", "parallel_tool_calls": False} if turn == 1 else {}
+        reply = client.chat.completions.create(
+            model=model,
+            messages=messages,
+            tools=task.TOOLS,
+            max_tokens=64,
+            temperature=temperature,
+            **forced,
+        )
+        message = reply.choices[0].message
+        if not message.tool_calls:
+            return message.content, turn, calls, right_first
+        messages.append(message.model_dump(exclude_none=True))
+        if calls == 0:
+            right_first = task.right_call(q, message.tool_calls[0].model_dump())
+        for call in message.tool_calls:
+            calls += 1
+            messages.append(
+                {"role": "tool", "tool_call_id": call.id, "content": tool(call.function.arguments)}
+            )
+    return None, max_turns, calls, right_first
+
+
+def main(doc: str, task, solve_one) -> None:
+    """An agent's command line: `--questions` conversations of the training split through
+    `--base-url`, progress every 5."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
+    parser.add_argument("--model", default="agent")
+    parser.add_argument("--questions", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--max-turns", type=int, default=3)
+    args = parser.parse_args()
+    client = OpenAI(base_url=args.base_url, api_key="unused")
+    questions = task.training_questions(args.questions, args.seed)
+
+    def run(q: str) -> tuple[bool, int, int]:
+        answer, turns, calls, _ = solve_one(client, args.model, q, args.max_turns)
+        return task.correct(q, answer), turns, calls
+
+    right = turns = calls = 0
+    with ThreadPoolExecutor(args.concurrency) as pool:
+        for i, (ok, t, c) in enumerate(pool.map(run, questions), 1):
+            right, turns, calls = right + ok, turns + t, calls + c
+            if i % 5 == 0 or i == len(questions):
+                print(
+                    f"{i} conversations ({turns} turns, {calls} tool calls), "
+                    f"{right} answered right ({right / i:.0%})",
+                    flush=True,
+                )
