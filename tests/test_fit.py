@@ -155,7 +155,7 @@ def conversations(db: Path, n: int, turns: int = 1, gap_s: float = 0, ago_s: flo
 
 def test_a_quiet_agent_canaries_half_its_traffic_and_a_busy_one_a_tenth(tmp_path):
     settings = DeploySettings()  # min_guard_conversations 20
-    for started, share in ((0, 0.5), (30, 0.5), (100, 0.2), (1000, 0.1)):
+    for started, share in ((0, 0.5), (60, 0.5), (100, 0.4), (160, 0.25), (1000, 0.1)):
         db = tmp_path / f"c{started}.duckdb"
         conversations(db, started)
         conversations(db, 50, ago_s=3600)  # an hour ago: not the traffic's pace now

@@ -10,11 +10,14 @@ the log shows, so a user's task needs no `[loop]` overrides of its own.
                      the groups scored in the last 10 minutes, at least 4, at most
                      `trainer.max_groups`. Slow traffic trains on 4, as before; busy
                      traffic on a run's worth, not a run per pass.
-    canary_fraction  a canary should see its `min_guard_conversations` within about ten
+    canary_fraction  a canary should see its `min_guard_conversations` within about five
                      minutes of the traffic's pace (conversations started in the last 10
-                     minutes): that share, between 10% and 50%. A busy agent risks a
-                     tenth of its users on a candidate; a quiet one half, or its guards
-                     would wait hours (the candidate has already won its held-out pairs).
+                     minutes, halved): that share, between 10% and 50%. The guards decide
+                     on the same conversations whatever the share, so a larger one puts
+                     no more users at risk; it only ends the canary sooner. A busy agent
+                     gives a candidate a tenth of its users; a quiet one half, or its
+                     guards would wait hours (the candidate has already won its held-out
+                     pairs).
     judge.settle_s   a conversation counts as finished (and joins its scenario's group)
                      once idle 4x the 95th percentile of the gaps between a conversation's
                      turns in the last hour, between 10 s and 300 s: a tool agent's turns
@@ -39,6 +42,7 @@ HOLDOUT_RANGE = (0.1, 0.3)
 MIN_GROUPS = 4
 GROUPS_WINDOW_S = 600
 CANARY_RANGE = (0.1, 0.5)
+CANARY_S = 300  # the canary's guards fill in about this long
 SETTLE_RANGE = (10.0, 300.0)
 
 
@@ -126,7 +130,8 @@ def fit(settings: DeploySettings, traffic: Traffic) -> Fitted:
     canary = loop.canary_fraction
     if canary is None:
         low, high = CANARY_RANGE
-        wanted = loop.min_guard_conversations / max(traffic.recent_conversations, 1)
+        pace = traffic.recent_conversations * CANARY_S / GROUPS_WINDOW_S
+        wanted = loop.min_guard_conversations / max(pace, 1)
         canary = min(high, max(low, wanted))
         fitted.append("canary_fraction")
     settle = settings.judge.settle_s

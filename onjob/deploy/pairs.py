@@ -51,7 +51,10 @@ async def paired_round(
     async def one(prefix: dict) -> str:
         async with gate:
             arms = list(models)
-            answers = [await draw(models[arm][0], prefix) for arm in arms]
+            # Both arms at once: the engine decodes them in one batch (adapters mixed). A
+            # prefill cannot be shared between them: a LoRA on the attention projections
+            # changes every layer's keys and values for the prompt too.
+            answers = await asyncio.gather(*(draw(models[arm][0], prefix) for arm in arms))
             failed = [arm for arm, x in zip(arms, answers, strict=True) if isinstance(x, Exception)]
             if failed:
                 arm = failed[0] if len(failed) == 1 else "both"

@@ -53,7 +53,7 @@ class LoopSettings(BaseModel):
         gt=0,
         le=1,
         description="a new checkpoint's share of the alias (none: fitted to the traffic, "
-        "the share that brings min_guard_conversations in about 10 minutes, 10% to 50%)",
+        "the share that brings min_guard_conversations in about 5 minutes, 10% to 50%)",
     )
     pairs_per_round: int = Field(
         8,

@@ -54,7 +54,10 @@ class JudgeSettings(BaseModel):
         64_000, ge=1, description="tokens a pass may ask the engine for (prompt + completions)"
     )
     concurrency: int = Field(
-        2, ge=1, description="sampling requests in flight: live traffic keeps the rest"
+        2,
+        ge=1,
+        description="sampling requests in flight (an offline pair's two answers, drawn "
+        "together, count as one): live traffic keeps the rest",
     )
     request_timeout_s: float = Field(300.0, gt=0)
 
