@@ -186,7 +186,7 @@ def test_the_fuzzed_server_still_serves_and_logs_everything(server, server_dir):
     # Feedback on an id the database does not know makes the server load its spool first.
     missing = {"exchange_id": "chatcmpl-none", "value": 1}
     assert httpx.post(f"{server.url}/feedback", json=missing, headers=AUTH).status_code == 404
-    collector = httpx.get(f"{server.base}/health").json()["collector"]
+    collector = httpx.get(f"{server.base}/health", headers=AUTH).json()["collector"]
     assert collector["spooled"] >= 1 and collector["loaded"] == collector["spooled"]
     assert server.proc.poll() is None
     log = (server_dir / "server.log").read_text(errors="replace")
@@ -498,3 +498,45 @@ def test_deep_nesting_and_bad_encodings_are_refused_not_500(tmp_path, raw, statu
         assert fragment in reply.text
         ok = client.post("/v1/chat/completions", content=nested(MAX_DEPTH - 3, True))
         assert ok.status_code == 200, ok.text
+
+
+def _deep(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+ROUTES_BODIES = {  # route: a body with `deep` placed where the route's own fields can nest
+    "/v1/chat/completions": lambda deep: (
+        b'{"model":"agent","messages":[{"role":"user","content":"x"}],"deep":' + deep + b"}"
+    ),
+    "/v1/completions": lambda deep: b'{"model":"agent","prompt":"x","deep":' + deep + b"}",
+    "/v1/responses": lambda deep: (
+        b'{"model":"agent","input":[{"role":"user","content":"x","deep":' + deep + b"}]}"
+    ),
+}
+
+
+@pytest.mark.parametrize("route", list(ROUTES_BODIES))
+def test_every_openai_route_refuses_the_same_depth(tmp_path, route):
+    def engine(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/chat/completions"):
+            return httpx.Response(200, json=completion())
+        text = {"index": 0, "text": "hi", "finish_reason": "stop", "token_ids": [7]}
+        text["logprobs"] = {"tokens": ["hi"], "token_logprobs": [-0.5]}
+        answer = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "fake"}
+        return httpx.Response(200, json={**answer, "choices": [text], "prompt_token_ids": [1]})
+
+    body = ROUTES_BODIES[route]
+    collector = Collector(CollectorSettings(db=tmp_path / "onjob.duckdb"))
+    app = create_app(ProxySettings(), upstream=scripted(engine), collector=collector)
+    with TestClient(app) as client:
+        for depth in (MAX_DEPTH + 1, 10**5):
+            reply = client.post(route, content=body(_deep(depth)))
+            assert reply.status_code == 400, reply.text
+            assert f"deeper than {MAX_DEPTH}" in reply.json()["error"]["message"]
+        within = client.post(route, content=body(_deep(MAX_DEPTH - 4)))
+        assert within.status_code == 200, within.text
+        # Feedback's and the admin API's bodies are typed: a field they do not know, deep
+        # or not, is refused before it is walked (msgspec's `forbid_unknown_fields`).
+        deep = b'{"exchange_id":"x","deep":' + _deep(10**5) + b"}"
+        reply = client.post("/v1/feedback", content=deep)
+        assert reply.status_code == 400 and "unknown field" in reply.text

@@ -147,6 +147,18 @@ def test_the_openapi_document_needs_an_api_key_as_the_model_list_does(server):
     }
 
 
+def test_health_tells_an_anonymous_caller_only_that_the_server_is_up(server):
+    anonymous = httpx.get(f"{server.base}/health")
+    assert anonymous.status_code == 200 and anonymous.json() == {"status": "ok"}
+    wrong = httpx.get(f"{server.base}/health", headers=bearer(WRONG))
+    assert wrong.json() == {"status": "ok"}  # a wrong key learns no more than none
+    for secret in (KEYS["bob"], ADMIN):
+        keyed = httpx.get(f"{server.base}/health", headers=bearer(secret)).json()
+        assert "spooled" in keyed["collector"] and keyed["pid"] > 0
+    foreign = httpx.get(f"{server.base}/health", headers={"Origin": "https://evil.example"})
+    assert foreign.status_code == 403 and "another site" in foreign.json()["error"]["message"]
+
+
 def test_one_key_cannot_see_delete_or_continue_another_keys_stored_response(server):
     made = httpx.post(
         f"{server.url}/responses",

@@ -18,6 +18,7 @@ from opentelemetry.trace import Tracer
 from ..collector import Collector
 from ..openai_errors import HANDLERS
 from .auth import Doors
+from .errors import Unauthorized
 from .front import ProxyApp
 from .pool import Pool, Replica
 from .replicas import Forwarder
@@ -89,7 +90,7 @@ def create_app(
                     *feedback.routes(traffic, forward),
                 ],
             ),
-            _health(collector),
+            _health(collector, doors),
             *([_forwarded(doors, forward)] if forward is not None else []),
             *routes,
         ],
@@ -110,9 +111,16 @@ def _pool(settings: ProxySettings, upstream: Upstream, router: Router) -> Pool:
     return Pool([replica], wanted=router.adapters)
 
 
-def _health(collector: Collector):
+def _health(collector: Collector, doors: Doors):
     @get("/health")
-    async def health() -> dict:
+    async def health(request: Request) -> dict:
+        # Up or not is anyone's to ask (load balancers, readiness probes); the collector's
+        # counts tell how much traffic flows, so they need what the OpenAI routes need.
+        doors.same_site(request.headers, host=False)
+        try:
+            doors.api(request.headers)
+        except Unauthorized:
+            return {"status": "ok"}
         # The pid tells apart the processes answering on one port (`--workers`).
         return {"status": "ok", "pid": os.getpid(), "collector": collector.stats()}
 

@@ -69,11 +69,9 @@ REFUSED = {
 }
 
 
-def parse_request(raw: bytes, settings: ProxySettings) -> dict:
-    """The client's body, decoded and checked just enough that nothing downstream trips on
-    it: the common fields' types, the bounds on `n` and `max_tokens`, and the message
-    fields the stitcher reads; the sampling fields' types and bounds are `protocol.py`'s.
-    The engine judges the rest (tool schemas, grammars)."""
+def decode_body(raw: bytes) -> dict:
+    """A request body as every OpenAI route reads it: valid UTF-8, JSON, an object, no
+    deeper than `MAX_DEPTH` (the engine and every later reader of the log walk it)."""
     try:
         body = _decode(raw)
     except msgspec.DecodeError as exc:
@@ -84,6 +82,19 @@ def parse_request(raw: bytes, settings: ProxySettings) -> dict:
         raise BadRequest(f"The body is nested deeper than {MAX_DEPTH} levels.") from exc
     if type(body) is not dict:
         raise BadRequest("The request body must be a JSON object.")
+    # The number of opening brackets bounds the depth (counted at C speed, ~0.6 µs per KB);
+    # only a body with more containers than MAX_DEPTH is walked.
+    if raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and not _within_depth(body, MAX_DEPTH):
+        raise BadRequest(f"The body is nested deeper than {MAX_DEPTH} levels.")
+    return body
+
+
+def parse_request(raw: bytes, settings: ProxySettings) -> dict:
+    """The client's body, decoded and checked just enough that nothing downstream trips on
+    it: the common fields' types, the bounds on `n` and `max_tokens`, and the message
+    fields the stitcher reads; the sampling fields' types and bounds are `protocol.py`'s.
+    The engine judges the rest (tool schemas, grammars)."""
+    body = decode_body(raw)
     if type(body.get("model")) is not str or not body["model"]:
         raise BadRequest("`model` is required and must be a string.", param="model")
     messages = body.get("messages")
@@ -110,10 +121,6 @@ def parse_request(raw: bytes, settings: ProxySettings) -> dict:
             raise BadRequest(f"`{key}` is not supported: {why}.", param=key)
     if "include_reasoning" in body:
         _check_include_reasoning(body)
-    # The number of opening brackets bounds the depth (counted at C speed, ~0.6 µs per KB);
-    # only a body with more containers than MAX_DEPTH is walked.
-    if raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and not _within_depth(body, MAX_DEPTH):
-        raise BadRequest(f"The body is nested deeper than {MAX_DEPTH} levels.")
     # null is absent (OpenAI's rule): dropped here, so no engine ever sees a null field.
     return {k: v for k, v in body.items() if v is not None and k not in HINTS and k != "modalities"}
 
@@ -139,14 +146,7 @@ def parse_completion_request(raw: bytes, settings: ProxySettings) -> tuple[dict,
     """A legacy text completion's body, checked like chat's, and its prompt as text (how
     the exchange is placed: one user message, a conversation of its own). One prompt per
     request: a batch of prompts would be several conversations in one exchange."""
-    try:
-        body = _decode(raw)
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"Malformed JSON body: {exc}") from exc
-    except RecursionError as exc:
-        raise BadRequest(f"The body is nested deeper than {MAX_DEPTH} levels.") from exc
-    if type(body) is not dict:
-        raise BadRequest("The request body must be a JSON object.")
+    body = decode_body(raw)
     body = {k: v for k, v in body.items() if v is not None and k not in HINTS}
     if type(body.get("model")) is not str or not body["model"]:
         raise BadRequest("`model` is required and must be a string.", param="model")

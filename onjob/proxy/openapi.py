@@ -297,7 +297,7 @@ def _other_paths(settings: ProxySettings) -> dict:
         },
         "/health": {
             "get": {
-                "summary": "Liveness and the logging counters",
+                "summary": "Liveness; the logging counters to a caller with an API key",
                 "security": [],
                 "responses": {"200": {"description": "serving", "content": _json("Health")}},
             }

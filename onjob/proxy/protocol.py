@@ -156,8 +156,9 @@ class CollectorStats(msgspec.Struct, kw_only=True):
 
 class Health(msgspec.Struct, kw_only=True):
     status: Literal["ok"]
-    pid: int  # which process answered (several answer on one port with `--workers`)
-    collector: CollectorStats
+    # Only to a caller the OpenAI routes would take (any, with no API keys set):
+    pid: int | None = None  # which process answered (several answer on one port, --workers)
+    collector: CollectorStats | None = None
 
 
 class CompletionChoice(msgspec.Struct, kw_only=True):

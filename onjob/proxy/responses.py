@@ -29,6 +29,7 @@ import msgspec
 from ..collector.ids import new_id
 from . import sse
 from .errors import BadRequest
+from .exchange import decode_body
 from .protocol import ResponseObject
 from .settings import ProxySettings
 
@@ -115,14 +116,7 @@ class Previous:
 
 def parse(raw: bytes, settings: ProxySettings) -> dict:
     """The client's body, checked: every field is honoured or refused with its `param`."""
-    try:
-        body = _decode(raw)
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"Malformed JSON body: {exc}") from exc
-    except RecursionError as exc:
-        raise BadRequest("The body is nested too deeply.") from exc
-    if type(body) is not dict:
-        raise BadRequest("The request body must be a JSON object.")
+    body = decode_body(raw)
     body = {k: v for k, v in body.items() if v is not None}  # null is absent
     for key in body:
         if key not in _KNOWN:
