@@ -32,7 +32,7 @@ from schemathesis.checks import (
 from onjob.cli.process import ServerProcess
 from onjob.collector import Collector, CollectorSettings, Store
 from onjob.proxy import ProxySettings, create_app
-from onjob.proxy.exchange import MAX_DEPTH
+from onjob.proxy.body import MAX_DEPTH
 
 from .fake_engine import MODELS, chunk, completion, scripted
 
@@ -540,3 +540,93 @@ def test_every_openai_route_refuses_the_same_depth(tmp_path, route):
         deep = b'{"exchange_id":"x","deep":' + _deep(10**5) + b"}"
         reply = client.post("/v1/feedback", content=deep)
         assert reply.status_code == 400 and "unknown field" in reply.text
+
+
+DUPLICATED = [  # (route, body, the key named)
+    (
+        "/v1/chat/completions",
+        b'{"model":"agent","messages":[{"role":"user","content":"FIRST m"}],'
+        b'"messages":[{"role":"user","content":"SECOND m"}]}',
+        "messages",
+    ),
+    (
+        "/v1/chat/completions",
+        b'{"model":"agent","messages":[{"role":"user","content":"FIRST","content":"SECOND"}]}',
+        "content",
+    ),
+    (
+        "/v1/chat/completions",
+        b'{"model":"agent","messages":[{"role":"user","content":"x"},{"role":"assistant",'
+        b'"tool_calls":[{"id":"c","type":"function","function":{"name":"a","name":"b",'
+        b'"arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"ok"}]}',
+        "name",
+    ),
+    (
+        "/v1/chat/completions",
+        b'{"model":"agent","messages":[{"role":"user","content":"x"}],'
+        b'"metadata":{"trajectory_id":"a" , "trajectory_id"\n:"b"}}',
+        "trajectory_id",
+    ),
+    (  # the second value hidden behind a colon written as an escape
+        "/v1/chat/completions",
+        b'{"model":"agent","messages":[{"role":"user","content":"a\\u003ab"}],"model":"other"}',
+        "model",
+    ),
+    ("/v1/completions", b'{"model":"agent","prompt":"FIRST","prompt":"SECOND"}', "prompt"),
+    ("/v1/responses", b'{"model":"agent","input":"FIRST","input":"SECOND"}', "input"),
+]
+
+
+@pytest.mark.parametrize(("route", "raw", "key"), DUPLICATED)
+def test_a_key_sent_twice_is_refused_naming_it_before_the_engine_sees_anything(
+    tmp_path, route, raw, key
+):
+    seen = []
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json=completion())
+
+    collector = Collector(CollectorSettings(db=tmp_path / "onjob.duckdb"))
+    app = create_app(ProxySettings(), upstream=scripted(engine), collector=collector)
+    with TestClient(app) as client:
+        reply = client.post(route, content=raw)
+    assert reply.status_code == 400, reply.text
+    assert f"The key `{key}` appears twice" in reply.json()["error"]["message"]
+    assert not seen
+
+
+ONE_READING = [  # bodies whose colons mislead a count, each key once: answered as sent
+    b'{"model":"agent","messages":[{"role":"user","content":"a \\u003a b"}]}',
+    b'{"model":"agent","messages":[{"role":"user","content":"x: \\": y","name\\\\":"n"}]}',
+    b'{"model":"agent","messages":[{"role":"user","content":"see http://x.example/a:b"},'
+    b'{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f",'
+    b'"arguments":"{\\"a\\": \\"1:2\\"}"}}]},{"role":"tool","tool_call_id":"c","content":"ok"}]}',
+    b'{\n "model" : "agent",\n "messages" : [ { "role" :\t"user" , "content" : "x" } ]\n}',
+]
+
+
+@pytest.mark.parametrize("raw", ONE_READING)
+def test_what_the_engine_saw_is_what_the_log_shows(tmp_path, raw):
+    seen = []
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json=completion())
+
+    collector = Collector(CollectorSettings(db=tmp_path / "onjob.duckdb"))
+    app = create_app(ProxySettings(), upstream=scripted(engine), collector=collector)
+    with TestClient(app) as client:
+        reply = client.post("/v1/chat/completions", content=raw)
+        assert reply.status_code == 200, reply.text
+    [sent] = seen
+    store = Store(tmp_path / "onjob.duckdb")
+    try:
+        [row] = store.query(
+            "SELECT request->>'$.messages[0].content' AS first, "
+            "json_extract(request, '$.messages') AS messages FROM exchanges_full"
+        )
+    finally:
+        store.close()
+    assert row["first"] == sent["messages"][0]["content"]
+    assert json.loads(row["messages"]) == sent["messages"]

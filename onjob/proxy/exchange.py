@@ -23,6 +23,7 @@ from ..collector.ids import new_id
 from ..collector.linear import WHOLE, Lineage, stored
 from ..collector.records import to_json
 from ..collector.trajectories import Keys, continuations, keys, scoped
+from .body import decode_body
 from .errors import BadRequest, MalformedAnswer
 from .protocol import ChatSampling, LegacySampling, check_sampling
 from .routing import Route, Router
@@ -36,10 +37,6 @@ COMPLETIONS = "completions"  # `exchanges.api` of a legacy text completion
 
 # vLLM's names for a reasoning parser's text in a streamed delta (0.11, then later).
 _REASONING = ("reasoning_content", "reasoning")
-
-# Nesting deeper than this is refused: every later reader of the body (the re-encoding for
-# the engine, the stitcher, the judge) recurses, and must never hit Python's limit.
-MAX_DEPTH = 64
 
 # The rest of OpenAI's chat request (openai-python's `CompletionCreateParams`), field by
 # field. The sampling fields (`protocol.py`) go to the engine (vLLM honours each;
@@ -67,26 +64,6 @@ REFUSED = {
     "functions": "deprecated: send `tools`",
     "function_call": "deprecated: send `tool_choice`",
 }
-
-
-def decode_body(raw: bytes) -> dict:
-    """A request body as every OpenAI route reads it: valid UTF-8, JSON, an object, no
-    deeper than `MAX_DEPTH` (the engine and every later reader of the log walk it)."""
-    try:
-        body = _decode(raw)
-    except msgspec.DecodeError as exc:
-        raise BadRequest(f"Malformed JSON body: {exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise BadRequest(f"The body is not valid UTF-8: {exc}") from exc
-    except RecursionError as exc:
-        raise BadRequest(f"The body is nested deeper than {MAX_DEPTH} levels.") from exc
-    if type(body) is not dict:
-        raise BadRequest("The request body must be a JSON object.")
-    # The number of opening brackets bounds the depth (counted at C speed, ~0.6 µs per KB);
-    # only a body with more containers than MAX_DEPTH is walked.
-    if raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and not _within_depth(body, MAX_DEPTH):
-        raise BadRequest(f"The body is nested deeper than {MAX_DEPTH} levels.")
-    return body
 
 
 def parse_request(raw: bytes, settings: ProxySettings) -> dict:
@@ -230,21 +207,6 @@ def _check_bound(body: dict, key: str, most: int) -> None:
     value = body.get(key)
     if value is not None and not 1 <= value <= most:
         raise BadRequest(f"`{key}` must be between 1 and {most}; got {value}.", param=key)
-
-
-def _within_depth(value: Any, most: int) -> bool:
-    """Whether no container lies deeper than `most` levels (breadth first, no recursion)."""
-    level = [value]
-    for _ in range(most):
-        deeper = []
-        for container in level:
-            for item in container.values() if type(container) is dict else container:
-                if type(item) is dict or type(item) is list:
-                    deeper.append(item)
-        if not deeper:
-            return True
-        level = deeper
-    return False
 
 
 @dataclass

@@ -28,8 +28,8 @@ import msgspec
 
 from ..collector.ids import new_id
 from . import sse
+from .body import decode_body
 from .errors import BadRequest
-from .exchange import decode_body
 from .protocol import ResponseObject
 from .settings import ProxySettings
 
