@@ -10,6 +10,7 @@ CI runs 30 examples per schemathesis case and 300 per hypothesis run (about 15 s
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -630,3 +631,124 @@ def test_what_the_engine_saw_is_what_the_log_shows(tmp_path, raw):
         store.close()
     assert row["first"] == sent["messages"][0]["content"]
     assert json.loads(row["messages"]) == sent["messages"]
+
+
+# -- The engine side: whatever the engine answers, the client gets it or a 502, and the
+# exchange is logged with the status the client got.
+
+ANSWER_PATHS = [  # where a broken engine breaks a whole answer (the proxy reads each)
+    ("choices",),
+    ("choices", 0),
+    ("choices", 0, "index"),
+    ("choices", 0, "message"),
+    ("choices", 0, "message", "content"),
+    ("choices", 0, "message", "role"),
+    ("choices", 0, "message", "tool_calls"),
+    ("choices", 0, "token_ids"),
+    ("choices", 0, "token_ids", 0),
+    ("choices", 0, "logprobs"),
+    ("choices", 0, "logprobs", "content", 0, "logprob"),
+    ("choices", 0, "finish_reason"),
+    ("prompt_token_ids",),
+    ("prompt_token_ids", 0),
+    ("usage",),
+    ("usage", "completion_tokens"),
+    ("model",),
+    ("created",),
+]
+CHUNK_PATHS = [tuple("delta" if p == "message" else p for p in path) for path in ANSWER_PATHS] + [
+    ("choices", 0, "delta", "tool_calls", 0, "function", "arguments")
+]
+engine_values = (
+    json_values
+    | st.sampled_from([2**31, 2**40, -1, -(2**63), 10**30, 1e308, "7", [1, "2"], ["a"]])
+    | st.lists(st.integers(-(2**40), 2**40), max_size=3)
+)
+
+
+def mutated(value: dict, path: tuple, new) -> dict:
+    """`value` with the field at `path` set to `new`; where the path leads through something
+    that is no container of the kind (a list where a key was wanted), that is replaced."""
+    value = json.loads(json.dumps(value))
+    at = value
+    for key, after in itertools.pairwise(path):
+        fresh = {} if isinstance(after, str) else [{}]
+        if isinstance(at, list):
+            at = at[key] if key < len(at) and isinstance(at[key], dict | list) else fresh
+        else:
+            if not isinstance(at.get(key), dict | list):
+                at[key] = fresh
+            at = at[key]
+    last = path[-1]
+    if isinstance(at, list):
+        at[last if last < len(at) else 0 :] = [new]
+    else:
+        at[last] = new
+    return value
+
+
+def test_a_broken_engine_answer_is_relayed_or_a_502_and_always_logged(tmp_path):
+    answers: list[bytes] = []
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        body = answers.pop()
+        if json.loads(request.content).get("stream"):
+
+            async def unread():  # as an engine's stream is: not read yet
+                yield body
+
+            headers = {"Content-Type": "text/event-stream"}
+            return httpx.Response(200, content=unread(), headers=headers)
+        return httpx.Response(200, content=body, headers={"Content-Type": "application/json"})
+
+    collector = Collector(CollectorSettings(db=tmp_path / "onjob.duckdb"))
+    got: dict[str, int] = {}  # exchange id: the status the client got
+    with TestClient(
+        create_app(ProxySettings(), upstream=scripted(engine), collector=collector)
+    ) as client:
+
+        def ask(body: bytes, stream: bool) -> None:
+            answers.append(body)
+            reply = client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
+            assert reply.status_code in (200, 502), reply.text
+            exchange = reply.headers["X-Onjob-Exchange-Id"]
+            if stream:
+                assert reply.status_code == 200
+                events = [e for e in reply.text.split("\n\n") if e]
+                ended = events[-1] == "data: [DONE]"
+                assert ended or '"error"' in events[-1], reply.text
+                got[exchange] = 200 if ended else 502
+            else:
+                if reply.status_code == 502:
+                    assert "engine" in reply.json()["error"]["message"]
+                got[exchange] = reply.status_code
+
+        @IN_PROCESS
+        @given(st.sampled_from(ANSWER_PATHS), engine_values)
+        def whole(path: tuple, value) -> None:
+            ask(json.dumps(mutated(completion(), path, value)).encode(), stream=False)
+
+        @IN_PROCESS
+        @given(st.sampled_from(CHUNK_PATHS), engine_values)
+        def one_event(path: tuple, value) -> None:
+            broken = json.loads(chunk(" there")[len(b"data: ") :])
+            body = chunk("hi") + b"data: " + json.dumps(mutated(broken, path, value)).encode()
+            usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+            ask(body + b"\n\n" + chunk(usage=usage) + b"data: [DONE]\n\n", stream=True)
+
+        @IN_PROCESS
+        @given(st.integers(0, len(json.dumps(completion())) - 1), st.booleans())
+        def truncated(size: int, stream: bool) -> None:
+            whole_ = json.dumps(completion()).encode()
+            ask(stream_body()[: size % len(stream_body())] if stream else whole_[:size], stream)
+
+        whole()
+        one_event()
+        truncated()
+    store = Store(tmp_path / "onjob.duckdb")
+    try:
+        logged = {r["id"]: r["status"] for r in store.query("SELECT id, status FROM exchanges")}
+    finally:
+        store.close()
+    assert logged == got
+    assert 502 in got.values() and 200 in got.values()

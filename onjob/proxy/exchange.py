@@ -25,12 +25,13 @@ from ..collector.records import to_json
 from ..collector.trajectories import Keys, continuations, keys, scoped
 from .body import decode_body
 from .errors import BadRequest, MalformedAnswer
-from .protocol import ChatSampling, LegacySampling, check_sampling
+from .protocol import ChatSampling, EngineAnswer, LegacySampling, check_sampling
 from .routing import Route, Router
 from .settings import ProxySettings
 
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
+_convert = msgspec.convert
 
 
 COMPLETIONS = "completions"  # `exchanges.api` of a legacy text completion
@@ -426,6 +427,7 @@ class Exchange:
         """A whole (non-streamed) answer, shaped for the client."""
         try:
             data = _decode(raw)
+            _convert(data, EngineAnswer)  # ValidationError is a DecodeError
             for choice in data["choices"]:
                 acc = self._take(choice)
                 message = (
@@ -465,6 +467,7 @@ class Exchange:
                 self.fail(code if isinstance(code, int) and code >= 400 else 500, str(error))
                 self.error_body = data
                 return data
+            _convert(data, EngineAnswer)
             self._head(data)
             for choice in data["choices"]:
                 acc = self._take(choice)

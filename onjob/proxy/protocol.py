@@ -375,3 +375,69 @@ def completion_request(settings: ProxySettings) -> type[msgspec.Struct]:
             "__doc__": "A legacy text completion: one prompt (text or token ids) per request."
         },
     )
+
+
+# -- What the proxy reads of an engine's answer (vLLM's chat and legacy completions, whole
+# or one streamed event). Checked once, where the answer arrives (`Exchange.answer`,
+# `Exchange.absorb`): a field the proxy records of the wrong type or out of range is the
+# engine's malformed answer (a 502, logged), never a crash while the exchange is recorded.
+# Other fields pass to the client as the engine sent them.
+
+TokenId = Annotated[int, Meta(ge=0, lt=2**31)]  # stored as int32 (`array("i")`)
+Count = Annotated[int, Meta(ge=0)]
+
+
+class EngineFunction(msgspec.Struct, kw_only=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class EngineToolCall(msgspec.Struct, kw_only=True):
+    index: Annotated[int, Meta(ge=0, lt=1024)] = 0
+    id: str | None = None
+    type: str | None = None
+    function: EngineFunction | None = None
+
+
+class EngineMessage(msgspec.Struct, kw_only=True):
+    """A whole answer's `message` or a streamed `delta`."""
+
+    role: str | None = None
+    content: str | None = None
+    tool_calls: list[EngineToolCall] | None = None
+    reasoning_content: str | None = None  # vLLM's reasoning parser's text (0.11)
+    reasoning: str | None = None  # (later)
+
+
+class EngineTokenLogprob(msgspec.Struct, kw_only=True):
+    logprob: float
+
+
+class EngineLogprobs(msgspec.Struct, kw_only=True):
+    content: list[EngineTokenLogprob] | None = None  # chat
+    token_logprobs: list[float] | None = None  # legacy completions
+
+
+class EngineChoice(msgspec.Struct, kw_only=True):
+    index: Annotated[int, Meta(ge=0, lt=1024)] = 0
+    message: EngineMessage | None = None
+    delta: EngineMessage | None = None
+    text: str | None = None  # legacy completions
+    token_ids: list[TokenId] | None = None
+    prompt_token_ids: list[TokenId] | None = None  # legacy completions, per choice
+    logprobs: EngineLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class EngineUsage(msgspec.Struct, kw_only=True):
+    prompt_tokens: Count | None = None
+    completion_tokens: Count | None = None
+    total_tokens: Count | None = None
+
+
+class EngineAnswer(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    created: Count | None = None
+    choices: list[EngineChoice]
+    prompt_token_ids: list[TokenId] | None = None
+    usage: EngineUsage | None = None
