@@ -218,9 +218,25 @@ def test_reward_functions_are_combined_by_weight_and_feedback_only_some_members_
         if s["exchange_id"] == logged["hello"] and s["origin"] == "logged"
     }
     assert len(feedback_members) == 2  # both logged choices of the question with feedback
+    groups = [g["id"] for g in rows(db, "SELECT id FROM groups")]
+    store = Store(db)
+    try:
+        cut = {
+            r.member_id
+            for g in groups
+            for r in map(from_row, tables.members_of(store, g))
+            if r.finish_reason == "length"
+        }
+    finally:
+        store.close()
+    # "Say hi." in 6 tokens is cut at its cap; the tool calls end on their own.
+    assert cut and len(cut) < n_members
     for member_id, sources in by_member.items():
         assert {"fn:tool", "fn:length", "combined"} <= set(sources)
         weighted = 2 * sources["fn:tool"] + sources["fn:length"]
+        if member_id in cut:  # judge.truncated_reward (0): the coach pays nothing for it
+            assert sources["combined"] == 0.0
+            continue
         # Feedback is kept, but only the logged answers have it: it stays out of the reward,
         # which is on one footing for every member of the group.
         if member_id in feedback_members:

@@ -291,6 +291,8 @@ async def score_group(
     else:
         status, reason = "scored", None
         combined = combine(s, by_member)
+        if group["kind"] != "ab" and s.truncated_reward is not None:
+            combined = cap_truncated(s.truncated_reward, combined, rollouts)
         scores += [(m, "combined", v, None) for m, v in combined.items()]
         report.scored += 1
         echo(
@@ -350,6 +352,16 @@ def combine(
         member: _weighted_mean(s, {k: v for k, (v, _) in sources.items() if k in shared})
         for member, sources in by_member.items()
     }
+
+
+def cap_truncated(cap: float, combined: dict[str, float], rollouts) -> dict[str, float]:
+    """A training group's answers cut at their token cap (`finish_reason: length`) reward at
+    most `cap`. The release path stops a candidate whose answers are cut more often than
+    live's (`deploy/shape.py`), so a reward that pays for a rambling answer that holds
+    the right words (partial credit) trains candidates the guard then refuses; DAPO's
+    overlong shaping, at its simplest. Pairs (`ab` groups) keep the referee's word."""
+    cut = {r.member_id for r in rollouts if r.finish_reason == "length"}
+    return {m: min(v, cap) if m in cut else v for m, v in combined.items()}
 
 
 def _weighted_mean(s: JudgeSettings, values: dict[str, float]) -> float:

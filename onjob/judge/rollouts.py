@@ -26,6 +26,7 @@ class Rollout:
     tools: list[dict] | None = None
     exchange_id: str | None = None
     trajectory_id: str | None = None
+    finish_reason: str | None = None  # of this member's answer: `length` = cut at its cap
 
     @property
     def completion(self) -> dict:
@@ -50,10 +51,8 @@ def from_row(row: dict) -> Rollout:
     request = json_value(row["request"]) or {}
     response = json_value(row["response"]) or {}
     choices = {c.get("index", i): c for i, c in enumerate(response.get("choices") or ())}
-    message = (choices.get(row["choice"]) or {}).get("message") or {
-        "role": "assistant",
-        "content": None,
-    }
+    choice = choices.get(row["choice"]) or {}
+    message = choice.get("message") or {"role": "assistant", "content": None}
     return Rollout(
         member_id=row["member_id"],
         messages=[*request.get("messages", []), _clean(message)],
@@ -63,6 +62,7 @@ def from_row(row: dict) -> Rollout:
         tools=request.get("tools"),
         exchange_id=row["exchange_id"],
         trajectory_id=row.get("trajectory_id"),
+        finish_reason=choice.get("finish_reason"),
     )
 
 
