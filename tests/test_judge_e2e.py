@@ -99,6 +99,7 @@ CONFIG = """
 group_size = 3
 settle_s = 0
 tool_turns_per_scenario = 0
+truncated_reward = 0
 
 [judge.rewards]
 tool = { fn = "my_rewards:calls_weather", weight = 2.0 }
@@ -234,7 +235,7 @@ def test_reward_functions_are_combined_by_weight_and_feedback_only_some_members_
     for member_id, sources in by_member.items():
         assert {"fn:tool", "fn:length", "combined"} <= set(sources)
         weighted = 2 * sources["fn:tool"] + sources["fn:length"]
-        if member_id in cut:  # judge.truncated_reward (0): the coach pays nothing for it
+        if member_id in cut:  # judge.truncated_reward = 0: the coach pays nothing for it
             assert sources["combined"] == 0.0
             continue
         # Feedback is kept, but only the logged answers have it: it stays out of the reward,

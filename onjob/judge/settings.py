@@ -113,13 +113,13 @@ class JudgeSettings(BaseModel):
 
     # How the sources combine into one reward per member (weighted mean).
     truncated_reward: float | None = Field(
-        0.0,
+        None,
         ge=0,
         le=1,
         description="the most a training group's answer cut at its token cap (finish_reason "
-        "length) is rewarded, whatever its scorers said: the release path stops candidates "
-        "whose answers are cut more often than live's, so the coach does not pay for them "
-        "(none: scored as any other)",
+        "length) is rewarded, whatever its scorers said, e.g. 0: the release path stops "
+        "candidates whose answers are cut more often than live's, so the coach need not pay "
+        "for them (none: scored as any other; not yet shown to help by bench/learning.py)",
     )
     ruler_weight: float = Field(1.0, ge=0)
     feedback_weight: float = Field(1.0, ge=0)
