@@ -69,15 +69,15 @@ def _refuse_duplicates(raw: bytes) -> None:
     (Where the colons told nothing, none may be found: the body is then as decoded.)"""
 
     def pairs(items: list[tuple[str, Any]]) -> dict:
-        seen = dict(items)
-        if len(seen) != len(items):
-            names = [k for k, _ in items]
-            key = next(k for i, k in enumerate(names) if k in names[:i])
-            shown = key if len(key) <= 100 else key[:100] + "..."
-            raise BadRequest(
-                f"The key `{shown}` appears twice in one object of the body: send each key "
-                "once (JSON parsers disagree on which of two values counts)."
-            )
+        seen: dict[str, Any] = {}
+        for key, value in items:
+            if key in seen:
+                shown = key if len(key) <= 100 else key[:100] + "..."
+                raise BadRequest(
+                    f"The key `{shown}` appears twice in one object of the body: send each "
+                    "key once (JSON parsers disagree on which of two values counts)."
+                )
+            seen[key] = value
         return seen
 
     json.loads(raw, object_pairs_hook=pairs)

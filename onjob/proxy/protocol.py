@@ -385,6 +385,7 @@ def completion_request(settings: ProxySettings) -> type[msgspec.Struct]:
 
 TokenId = Annotated[int, Meta(ge=0, lt=2**31)]  # stored as int32 (`array("i")`)
 Count = Annotated[int, Meta(ge=0)]
+Index = Annotated[int, Meta(ge=0, lt=1024)]  # a choice's or a tool call's place
 
 
 class EngineFunction(msgspec.Struct, kw_only=True):
@@ -393,7 +394,7 @@ class EngineFunction(msgspec.Struct, kw_only=True):
 
 
 class EngineToolCall(msgspec.Struct, kw_only=True):
-    index: Annotated[int, Meta(ge=0, lt=1024)] = 0
+    index: Index = 0
     id: str | None = None
     type: str | None = None
     function: EngineFunction | None = None
@@ -419,7 +420,7 @@ class EngineLogprobs(msgspec.Struct, kw_only=True):
 
 
 class EngineChoice(msgspec.Struct, kw_only=True):
-    index: Annotated[int, Meta(ge=0, lt=1024)] = 0
+    index: Index = 0
     message: EngineMessage | None = None
     delta: EngineMessage | None = None
     text: str | None = None  # legacy completions
