@@ -54,6 +54,14 @@ async def streamed():
     yield stream_body()  # a body httpx has not read yet, as an engine's stream is
 
 
+def legacy_completion() -> dict:
+    """A legacy text completion as vLLM sends it, token ids and logprobs on."""
+    text = {"index": 0, "text": "hi", "finish_reason": "stop", "token_ids": [7]}
+    text["logprobs"] = {"tokens": ["hi"], "token_logprobs": [-0.5]}
+    answer = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "fake"}
+    return {**answer, "choices": [text], "prompt_token_ids": [1]}
+
+
 class VllmLike(BaseHTTPRequestHandler):
     """A fast engine on loopback that answers as vLLM does: its one model is `fake`, any
     other name (an adapter it has not loaded) is a 404; `n` choices; a stream when asked."""
@@ -73,10 +81,7 @@ class VllmLike(BaseHTTPRequestHandler):
             error = {"message": message, "type": "NotFoundError", "param": "model", "code": 404}
             self.answer(404, "application/json", json.dumps({"error": error}).encode())
         elif not self.path.endswith("/chat/completions"):  # a legacy text completion
-            text = {"index": 0, "text": "hi", "finish_reason": "stop", "token_ids": [7]}
-            text["logprobs"] = {"tokens": ["hi"], "token_logprobs": [-0.5]}
-            answer = {"id": "cmpl-1", "object": "text_completion", "created": 1}
-            answer.update(model="fake", choices=[text], prompt_token_ids=[1])
+            answer = legacy_completion()
             if body.get("stream"):
                 payload = f"data: {json.dumps(answer)}\n\ndata: [DONE]\n\n".encode()
                 self.answer(200, "text/event-stream", payload)
@@ -521,10 +526,7 @@ def test_every_openai_route_refuses_the_same_depth(tmp_path, route):
     def engine(request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/chat/completions"):
             return httpx.Response(200, json=completion())
-        text = {"index": 0, "text": "hi", "finish_reason": "stop", "token_ids": [7]}
-        text["logprobs"] = {"tokens": ["hi"], "token_logprobs": [-0.5]}
-        answer = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "fake"}
-        return httpx.Response(200, json={**answer, "choices": [text], "prompt_token_ids": [1]})
+        return httpx.Response(200, json=legacy_completion())
 
     body = ROUTES_BODIES[route]
     collector = Collector(CollectorSettings(db=tmp_path / "onjob.duckdb"))
