@@ -143,6 +143,56 @@ def test_a_refused_line_is_set_aside_alone_and_the_rest_of_its_segment_loads(tmp
     assert rows(db, "SELECT count(*) FROM loaded_segments WHERE name LIKE '%restored%'") == [(0,)]
 
 
+def test_a_line_one_reader_accepts_and_the_other_refuses_is_set_aside_never_skipped(
+    tmp_path, caplog
+):
+    """Lines onjob's reader (msgspec) reads but DuckDB refuses, and the reverse. With
+    `read_json(ignore_errors = true)` DuckDB loaded the mistyped ones with NULLs in place of
+    their values and skipped the rest in silence: every line must load or be set aside."""
+    db, spool = tmp_path / "db.duckdb", tmp_path / "db.duckdb.spool"
+    good = [unplaced([{"role": "user", "content": f"good {i}"}], i) for i in range(3)]
+    line = json.loads(encode(good[0]))
+    mistyped = {**line, "id": "chatcmpl-mistyped", "latency_ms": "slow"}
+    too_big = {**line, "id": "chatcmpl-toobig", "prompt_token_ids": [2**40]}
+    twice = encode(good[0]).replace(b'"id":', b'"id":"chatcmpl-first","id":', 1)
+    strays = [
+        json.dumps(mistyped).encode(),  # msgspec reads its kind; DuckDB cannot cast "slow"
+        json.dumps(too_big).encode(),  # a token id past DuckDB's INTEGER
+        twice,  # an id given twice: DuckDB refuses it, msgspec keeps the last
+        json.dumps({**line, "id": "chatcmpl-alien", "kind": "alien"}).encode(),
+        b'{"no": "kind"}',  # DuckDB reads it, onjob's reader does not
+    ]
+    lines = [encode(good[0]), *strays[:3], encode(good[1]), *strays[3:], encode(good[2])]
+    name = "0000000000001-0000000000002-w-000001"
+
+    async def main():
+        c = Collector(CollectorSettings(db=db, flush_interval_s=3600))
+        await c.start()
+        (spool / f"{name}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+        await c.flush()
+        loaded = await c.query(lambda s: s.query("SELECT id FROM exchanges"))
+        await c.close()
+        return loaded
+
+    with caplog.at_level(logging.WARNING, logger="onjob.collector"):
+        loaded = asyncio.run(main())
+    assert {r["id"] for r in loaded} == {g.id for g in good}
+    aside = sorted((spool / "failed").glob(f"{name}-line*.jsonl"))
+    assert sorted(int(p.stem.rsplit("line", 1)[1]) for p in aside) == [2, 3, 4, 6, 7]
+    for p in aside:  # each alone, as written, its reason beside it
+        number = int(p.stem.rsplit("line", 1)[1])
+        assert p.read_bytes().rstrip(b"\n") == lines[number - 1]
+        assert p.with_name(p.name + ".error").read_text().strip()
+    reasons = {
+        int(p.stem.rsplit("line", 1)[1]): p.with_name(p.name + ".error").read_text() for p in aside
+    }
+    assert "slow" in reasons[2] and "duplicate key" in reasons[4].lower()
+    assert "not a spool record" in reasons[6] and "not a spool record" in reasons[7]
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 5, errors
+    assert not (spool / f"{name}.jsonl").exists()
+
+
 def test_a_set_aside_line_moved_back_loads(tmp_path):
     db, spool = tmp_path / "db.duckdb", tmp_path / "db.duckdb.spool"
     stitched = Stitcher().place([{"role": "user", "content": "hi"}])

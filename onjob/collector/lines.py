@@ -10,10 +10,12 @@ segment is refused again, the pieces already loaded are skipped by name (the led
 in pieces of their own: a turn stored against one finds it in the database, whichever
 piece the turn is in. The cost is ~2 log2(lines) loads per refused line (~60 ms each).
 
-A line DuckDB cannot read at all counts as torn (`Store.load`). A crash mid-write tears
-only a segment's last line, which then has no line break after it: `unreadable` tells
-that one from a line torn elsewhere, which is corruption (a disk, a copy, a bug), and said
-loudly.
+DuckDB reads a segment strictly (`Store.load`): a line it cannot parse, a field of the
+wrong type, or a line with no `kind` a record has refuses the load, so every line either
+loads or is set aside; none is skipped in silence. A crash mid-write tears only a
+segment's last line, which then has no line break after it: `unreadable` tells that one,
+skipped with a warning, from a line torn elsewhere, which is corruption (a disk, a copy, a
+bug), and said loudly.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
+
+from .records import KINDS
 
 PIECES = ".pieces"  # the spool's subdirectory for the pieces of a refused segment
 
@@ -35,10 +39,12 @@ _kind = msgspec.json.Decoder(_Kind).decode
 
 
 def _kind_of(line: bytes) -> str | None:
+    """The line's `kind`, when it is one a spool record has (`records.KINDS`)."""
     try:
-        return _kind(line).kind
+        kind = _kind(line).kind
     except msgspec.DecodeError:
         return None
+    return kind if kind in KINDS else None
 
 
 @dataclass(frozen=True)
@@ -100,13 +106,14 @@ def pieces_of(path: Path) -> str:
 
 
 def unreadable(path: Path) -> tuple[list[Line], bool]:
-    """The lines of a segment that are no spool record (not JSON, or no `kind`), and
+    """The lines of a segment that are no spool record (not JSON, or no `kind` a record
+    has), and
     whether the last of them is the torn tail a crash mid-write leaves (the segment's last
     line, with no line break after it): that one is expected, any other is corruption."""
     text = path.read_bytes()
     lines = text.splitlines(True)
     bad = [
-        Line(n, line, "not a spool record (not JSON, or no kind)")
+        Line(n, line, "not a spool record (not JSON, or no kind a record has)")
         for n, line in enumerate(lines, 1)
         if line.strip() and _kind_of(line) is None
     ]

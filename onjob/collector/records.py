@@ -96,6 +96,7 @@ class OpeningRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="opening
 
 
 Record = ExchangeRecord | FeedbackRecord | OpeningRecord
+KINDS = ("exchange", "feedback", "opening")  # the tags of `Record`: what a spool line may be
 
 _encode = msgspec.json.Encoder().encode
 # JSON whitespace that ends a line for the spool's readers (DuckDB's `read_json` breaks on

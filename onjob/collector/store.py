@@ -25,6 +25,7 @@ import duckdb
 import msgspec
 
 from .errors import StorageError
+from .records import KINDS
 from .schema import migrate
 
 T = TypeVar("T")
@@ -85,10 +86,13 @@ _LINE = {
     "value": "DOUBLE",
     "comment": "VARCHAR",
 }
+# Read strictly: with `ignore_errors` DuckDB would load a line with a mistyped field (a
+# string for a number, an id given twice) as NULLs, and silently skip one it cannot parse.
+# A line refused here is set aside alone with DuckDB's reason (`lines.load_by_line`).
 _READ = (
     "CREATE OR REPLACE TEMP TABLE segment AS "
     "SELECT * REPLACE (to_timestamp(ts) AS ts) FROM read_json(?, format = 'newline_delimited', "
-    f"ignore_errors = true, columns = {_LINE!r})"
+    f"ignore_errors = false, columns = {_LINE!r})"
 )
 
 
@@ -241,14 +245,16 @@ class Store:
         cursor.execute(self._use)
         return cursor
 
-    def load_segment(self, path: Path, place: Placer | None = None) -> tuple[int, int]:
+    def load_segment(self, path: Path, place: Placer | None = None) -> int:
         """`load([path], place)`."""
         return self.load([path], place)
 
-    def load(self, paths: list[Path], place: Placer | None = None) -> tuple[int, int]:
-        """Load spool segments in one transaction, each exactly once per file name: (exchanges
-        inserted, torn lines skipped). Lines not yet placed in a trajectory are placed by
-        `place`, in the order their requests arrived (without it they must come placed)."""
+    def load(self, paths: list[Path], place: Placer | None = None) -> int:
+        """Load spool segments in one transaction, each exactly once per file name: the
+        exchanges inserted. A line DuckDB cannot read as a spool record (not JSON, a field
+        of the wrong type, no `kind` a record has) refuses the whole load (`StorageError`).
+        Lines not yet placed in a trajectory are placed by `place`, in the order their
+        requests arrived (without it they must come placed)."""
         con = self.con
         con.execute("BEGIN TRANSACTION")
         try:
@@ -262,7 +268,7 @@ class Store:
             paths = [p for p in paths if p.name not in loaded]
             if not paths:
                 con.execute("ROLLBACK")
-                return 0, 0
+                return 0
             con.execute(_READ, [[str(p) for p in paths]])
             unplaced = self.rows(Unplaced, _UNPLACED)
             if unplaced:
@@ -276,10 +282,13 @@ class Store:
             while missing:  # a level of turns a pass: the turns stored against those dropped
                 missing = [i for (i,) in con.execute(_DROP_CHILDREN, [missing]).fetchall()]
                 self.orphaned += len(missing)
-            inserted, torn = con.execute(
-                "SELECT count(*) FILTER (WHERE kind = 'exchange'), count(*) FILTER (WHERE "
-                "kind IS NULL) FROM segment"
+            inserted, strays = con.execute(
+                "SELECT count(*) FILTER (WHERE kind = 'exchange'), "
+                "count(*) FILTER (WHERE kind IS NULL OR NOT list_contains(?, kind)) FROM segment",
+                [list(KINDS)],
             ).fetchone()
+            if strays:  # JSON, but no spool record: refused like a line DuckDB cannot read
+                raise StorageError(f"{strays} lines with no kind a spool record has")
             for p in paths:  # the batch's count on its first name
                 con.execute(
                     "INSERT INTO loaded_segments VALUES (?, ?, now())",
@@ -304,7 +313,7 @@ class Store:
         while len(self._recent) > RECENT_IDS:
             self._recent.popitem(last=False)
         self.release_memory()
-        return inserted, torn
+        return inserted
 
     def _absent(self, parents: list[str]) -> list[str]:
         """Of these parent ids, those neither in `exchanges` nor in `openings`."""

@@ -221,13 +221,13 @@ class Collector:
         return loaded
 
     def _load_by_line(self, segment: Segment, exc: Exception) -> int:
-        """A segment DuckDB refused: load what it can of it, set aside what it cannot."""
+        """A segment DuckDB refused: load what it can of it, set aside what it cannot. Every
+        line either loads or is set aside, but a torn tail, which is skipped with a warning."""
         path = segment.path
-        out = load_by_line(
-            path, lambda piece: self._store.load([piece], self._place)[0], _transient
-        )
-        self._report_unreadable(path)
-        if len(out.refused) == out.lines:
+        out = load_by_line(path, lambda piece: self._store.load([piece], self._place), _transient)
+        reported = self._report_unreadable(path)
+        refused = [line for line in out.refused if line.number not in reported]
+        if refused and len(out.refused) == out.lines:
             where = self._spool.set_aside(segment, f"{type(exc).__name__}: {exc}")
             log.error(
                 "spool segment %s cannot be loaded (%s); moved to %s with the reason beside "
@@ -238,7 +238,7 @@ class Collector:
                 where,
             )
         else:
-            for line in out.refused:
+            for line in refused:
                 where = self._spool.set_aside_line(segment.name, line.number, line.text, line.why)
                 log.error(
                     "line %d of spool segment %s cannot be loaded (%s); moved to %s with the "
@@ -247,21 +247,21 @@ class Collector:
                     segment.name,
                     line.why,
                     where,
-                    out.lines - len(out.refused),
+                    out.lines - len(refused),
                 )
             path.unlink()
         self._store.forget_pieces(pieces_of(path))
         self._store.forget_segment(path.name)
         return out.inserted
 
-    def _report_unreadable(self, path) -> None:
-        """Lines DuckDB could not read at all: a torn tail is what a crash mid-write
-        leaves; any other is corruption, said loudly and copied to `failed/`."""
+    def _report_unreadable(self, path) -> set[int]:
+        """Lines that are no spool record (not JSON, or no `kind`): a torn tail is what a
+        crash mid-write leaves, and is skipped with a warning; any other is corruption, said
+        loudly and copied to `failed/`. Returns the numbers of the lines it reported."""
         bad, tail = unreadable(path)
         if tail:
             log.warning("%s: skipped its torn last line (a crash mid-write)", path.name)
-            bad = bad[:-1]
-        for line in bad:
+        for line in bad[:-1] if tail else bad:
             where = self._spool.set_aside_line(
                 path.name, line.number, line.text, f"corrupt: {line.why}"
             )
@@ -272,6 +272,7 @@ class Collector:
                 line.number,
                 where,
             )
+        return {line.number for line in bad}
 
     async def caught_up(self) -> int:
         """`flush`, and when other processes write the spool too, flush again once each has
@@ -289,11 +290,8 @@ class Collector:
             # Loaded by a flush whose task was cancelled while this thread finished it (a
             # shutdown during a flush): the files are gone and their rows are in.
             return 0
-        inserted, torn = self._store.load(paths, self._place)
+        inserted = self._store.load(paths, self._place)
         names = ", ".join(p.name for p in paths)
-        if torn:
-            for path in paths:
-                self._report_unreadable(path)
         if self._store.orphaned:
             log.warning(
                 "%s: dropped %d turns stored against deleted exchanges (cannot be rebuilt)",
