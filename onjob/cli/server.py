@@ -30,7 +30,7 @@ from ..proxy import (
 )
 from ..proxy.lean import LeanUpstream
 from ..proxy.pool import Pool, Replica
-from . import admin_key
+from . import admin_key, deadlines
 from .exits import Refused
 from .process import EngineProcess
 from .settings import ServeSettings
@@ -230,6 +230,8 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
                 log_level="warning",
                 access_log=False,
                 timeout_graceful_shutdown=p.shutdown_grace_s,
+                http=deadlines.protocol(p.header_timeout_s, p.body_timeout_s),
+                limit_concurrency=p.max_client_connections,
             )
             signals.server = Server(config)
             if workers is not None:

@@ -122,6 +122,24 @@ class ProxySettings(BaseModel):
         "400): each is checked and hashed on the event loop before the request is sent",
     )
     max_connections: int = Field(1024, ge=1, description="connections to the engine")
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="longest a client may take to send a request's headers, from its first "
+        "byte (past it: 408 and the connection closed)",
+    )
+    body_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="longest a client may take to send a request's body once its headers are "
+        "in (past it: the connection closed; nothing was answered, so nothing is logged)",
+    )
+    max_client_connections: int = Field(
+        1024,
+        ge=1,
+        description="connections and requests in flight from clients, per process (past it: "
+        "503); keep it under the process's open-file limit (`ulimit -n`)",
+    )
     shutdown_grace_s: float = Field(
         30.0,
         ge=0,
