@@ -86,14 +86,37 @@ _LINE = {
     "value": "DOUBLE",
     "comment": "VARCHAR",
 }
-# Read strictly: with `ignore_errors` DuckDB would load a line with a mistyped field (a
-# string for a number, an id given twice) as NULLs, and silently skip one it cannot parse.
-# A line refused here is set aside alone with DuckDB's reason (`lines.load_by_line`).
-_READ = (
-    "CREATE OR REPLACE TEMP TABLE segment AS "
-    "SELECT * REPLACE (to_timestamp(ts) AS ts) FROM read_json(?, format = 'newline_delimited', "
-    f"ignore_errors = false, columns = {_LINE!r})"
-)
+# DuckDB's default `maximum_object_size`, 16 MiB, reads lines of up to 32 MiB. A body
+# under `proxy.max_body_bytes` (16 MiB) is stored up to three times (the request, its
+# `metadata`, a Response's input items and echo): such lines of answered exchanges were
+# refused. The reader keeps a buffer of twice that size for every thread whatever the lines
+# hold, counted against `memory_limit`, so each load's size is its longest line's.
+_OBJECT_SIZE = 16 << 20
+
+
+def _read(longest: int) -> str:
+    """The query reading a batch of segments whose longest line is `longest` bytes. Read
+    strictly: with `ignore_errors` DuckDB loaded a line with a mistyped field (a string for
+    a number, an id given twice) with NULLs in place of its values, and skipped a line it
+    could not parse in silence; a line refused here is set aside alone with DuckDB's
+    reason (`lines.load_by_line`)."""
+    return (
+        "CREATE OR REPLACE TEMP TABLE segment AS SELECT * REPLACE (to_timestamp(ts) AS ts) "
+        "FROM read_json(?, format = 'newline_delimited', ignore_errors = false, "
+        f"maximum_object_size = {max(_OBJECT_SIZE, longest + 1)}, columns = {_LINE!r})"
+    )
+
+
+def _longest_line(path: Path) -> int:
+    """The length of `path`'s longest line: no line of a file is longer than the file, so
+    only a file past DuckDB's default is scanned (one `find` per line)."""
+    size = path.stat().st_size
+    if size <= _OBJECT_SIZE:
+        return size
+    data, start, longest = path.read_bytes(), 0, 0
+    while (end := data.find(b"\n", start)) >= 0:
+        longest, start = max(longest, end - start), end + 1
+    return max(longest, len(data) - start)
 
 
 class Unplaced(msgspec.Struct, frozen=True):
@@ -269,7 +292,8 @@ class Store:
             if not paths:
                 con.execute("ROLLBACK")
                 return 0
-            con.execute(_READ, [[str(p) for p in paths]])
+            longest = max(_longest_line(p) for p in paths)
+            con.execute(_read(longest), [[str(p) for p in paths]])
             unplaced = self.rows(Unplaced, _UNPLACED)
             if unplaced:
                 if place is None:
