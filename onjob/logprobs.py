@@ -85,6 +85,7 @@ class Untrainable(StrEnum):
     NO_USAGE = "no_usage"  # no `usage.completion_tokens` to check the counts against
     COUNT = "count"  # token ids, logprobs and usage.completion_tokens do not agree
     NO_LOGPROB = "no_logprob"  # a token came back with vLLM's -9999.0: no logprob at all
+    TOO_LARGE = "too_large"  # stored without its answer: past `collector.max_line_bytes`
 
 
 def untrainable(

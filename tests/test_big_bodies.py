@@ -78,3 +78,31 @@ def test_a_body_at_the_cap_is_answered_and_logged_on_every_route(tmp_path, engin
     assert not (tmp_path / "onjob.duckdb.spool" / "failed").exists() or not any(
         (tmp_path / "onjob.duckdb.spool" / "failed").iterdir()
     )
+
+
+def test_an_exchange_past_the_line_limit_is_logged_without_its_bodies_and_untrainable(
+    tmp_path, engine_url
+):
+    """`collector.max_line_bytes` bounds what the loader must read (DuckDB needs about ten
+    times a line's size in memory; past it a load fails every round). A longer exchange is
+    still logged, with its status, its size in `error`, and kept out of training."""
+    db = tmp_path / "onjob.duckdb"
+    args = ["--engine-url", engine_url, "--db", str(db)]
+    env = {"ONJOB_LOOP__INTERVAL_S": "0", "ONJOB_COLLECTOR__MAX_LINE_BYTES": str(1 << 20)}
+    chat = {"model": "agent", "messages": [{"role": "user", "content": "hi"}]}
+    with ServerProcess(args, env=env, log=tmp_path / "server.log") as s:
+        small = httpx.post(f"{s.url}/chat/completions", json={**chat, "metadata": {"t": "s"}})
+        big_body = {**chat, "metadata": {"t": "big", "pad": "x" * 700_000}}  # stored twice
+        big = httpx.post(f"{s.url}/chat/completions", json=big_body, timeout=60)
+        assert small.status_code == big.status_code == 200
+    con = duckdb.connect(str(db), read_only=True)
+    rows = dict(
+        con.execute(
+            "SELECT id, (status, untrainable, error, request IS NULL) FROM exchanges"
+        ).fetchall()
+    )
+    con.close()
+    assert rows[small.json()["id"]] == (200, None, None, False)
+    status, why, error, no_request = rows[big.json()["id"]]
+    assert (status, why, no_request) == (200, "too_large", True)
+    assert "past collector.max_line_bytes (1048576)" in error

@@ -42,6 +42,15 @@ class CollectorSettings(BaseModel):
         "evicts cached blocks and spills to disk, next to an engine that needs the memory)",
     )
     fsync: bool = Field(False, description="fsync each exchange (survives power loss, slow)")
+    max_line_bytes: int = Field(
+        64 << 20,
+        ge=1 << 20,
+        description="longest spool line of an exchange; a longer one (a huge answer) is "
+        "stored without its answer, then without its request, as untrainable `too_large`, "
+        "with its size in `error`: DuckDB loads a line in about 10 times its size of "
+        "duckdb_memory_limit (a 60 MB line loads in 1GB, a 120 MB one does not), so raise "
+        "both together",
+    )
     max_segment_bytes: int = Field(
         64 << 20,
         ge=1 << 16,

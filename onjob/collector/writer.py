@@ -25,13 +25,14 @@ import duckdb
 import msgspec
 
 from ..bucket import Bucket, BucketError
+from ..logprobs import Untrainable
 from .errors import StorageError
 from .export import export_round
 from .forget import Forget, Forgotten, forget, scrub
 from .handoff import FORGOTTEN, Fetcher, Remote, Uploader
 from .linear import Lineage
 from .lines import load_by_line, pieces_of, unreadable
-from .records import ExchangeRecord, Record, encode
+from .records import NULL, ExchangeRecord, Record, encode
 from .settings import CollectorSettings
 from .spool import Segment, Spool, batches
 from .store import Placed, Store, Unplaced
@@ -162,6 +163,8 @@ class Collector:
         into the segment, the first time that segment needs it: segments stand alone."""
         line = encode(record)
         if isinstance(record, ExchangeRecord):
+            if len(line) > self.settings.max_line_bytes:
+                record, line = self._too_large(record, len(line))
             self.spooled += 1
             if record.untrainable:
                 self.untrainable[record.untrainable] = (
@@ -177,6 +180,28 @@ class Collector:
                     copy = msgspec.structs.replace(opening, ts=record.ts)
                     line = encode(copy) + b"\n" + line  # one write: never split by a rotation
         self._spool.append(line)
+
+    def _too_large(self, record: ExchangeRecord, size: int) -> tuple[ExchangeRecord, bytes]:
+        """An exchange whose line is past `max_line_bytes`, which DuckDB could not load
+        within its memory (the loader would retry it every round): stored without its
+        answer, and if that is not enough without its request, so that it is still logged,
+        with its status, and kept out of training."""
+        limit = self.settings.max_line_bytes
+        note = f"stored without its answer: its spool line was {size} bytes, past "
+        note += f"collector.max_line_bytes ({limit})"
+        answer = dict.fromkeys(("response", "api_object", "usage"), NULL)
+        answer |= dict.fromkeys(("completion_token_ids", "completion_logprobs"))
+        record = msgspec.structs.replace(
+            record, **answer, untrainable=Untrainable.TOO_LARGE, error=note
+        )
+        line = encode(record)
+        if len(line) > limit:
+            note = note.replace("its answer", "its answer or request")
+            request = dict.fromkeys(("request", "metadata"), NULL) | {"prompt_token_ids": None}
+            record = msgspec.structs.replace(record, **request, error=note)
+            line = encode(record)
+        log.warning("exchange %s %s", record.id, note)
+        return record, line
 
     async def flush(self) -> int:
         """Load every loadable spool segment into DuckDB; return how many exchanges were new.
