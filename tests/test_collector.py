@@ -151,9 +151,9 @@ def test_loading_the_same_segment_twice_changes_nothing(tmp_path):
     p = s.place([{"role": "user", "content": "hi"}])
     segment = tmp_path / "000000000001-abc.jsonl"
     segment.write_bytes(encode(record(p, 0)) + b"\n")
-    assert store.load_segment(segment) == (1, 0)
+    assert store.load_segment(segment) == 1
     # A crash between the commit and the file's deletion: the replay loads nothing.
-    assert store.load_segment(segment) == (0, 0)
+    assert store.load_segment(segment) == 0
     assert store.query("SELECT n_turns FROM trajectories") == [{"n_turns": 1}]
     assert store.query("SELECT count FROM scenarios") == [{"count": 1}]
 

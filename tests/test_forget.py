@@ -257,14 +257,14 @@ def test_loading_a_spool_segment_again_never_brings_deleted_rows_back(tmp_path):
     kept.write_bytes(b"\n".join(_lines(bob, 2, "bob", now - 10)) + b"\n")
     store = Store(tmp_path / "db.duckdb")
     try:
-        assert store.load_segment(segment)[0] == 3 and store.load_segment(kept)[0] == 2
+        assert store.load_segment(segment) == 3 and store.load_segment(kept) == 2
         assert forget(store, Forget(api_key="alice")).exchanges == 2
         assert forget(store, Forget(before=_days_ago(30))).exchanges == 1
         # The same lines again: a segment replayed after a crash, or one spooled before the
         # forget and loaded after it.
         for name in ("000000000003-again.jsonl", "000000000004-late.jsonl"):
             shutil.copy(segment, tmp_path / name)
-            assert store.load_segment(tmp_path / name)[0] == 0
+            assert store.load_segment(tmp_path / name) == 0
         ids = {r["id"] for r in store.query("SELECT id FROM exchanges")}
         assert ids == {f"chatcmpl-{bob.trajectory_id}-{i}" for i in range(2)}
         feedback = store.query("SELECT api_key_id FROM feedback")
@@ -273,7 +273,7 @@ def test_loading_a_spool_segment_again_never_brings_deleted_rows_back(tmp_path):
         late = s.place([{"role": "user", "content": "new"}], api_key_id="alice")
         newer = tmp_path / "000000000005-new.jsonl"
         newer.write_bytes(b"\n".join(_lines(late, 1, "alice", time.time() + 1)) + b"\n")
-        assert store.load_segment(newer)[0] == 1
+        assert store.load_segment(newer) == 1
     finally:
         store.close()
 

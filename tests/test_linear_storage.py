@@ -472,7 +472,7 @@ def test_a_turn_whose_parent_was_deleted_is_dropped_not_read_back_wrong(tmp_path
         spool.append(line("other-next", "other", 1))
         spool.rotate()
         (second,) = spool.loadable()
-        assert store.load_segment(second.path) == (2, 0) and store.orphaned == 2
+        assert store.load_segment(second.path) == 2 and store.orphaned == 2
         ids = {r["id"] for r in store.query("SELECT id FROM exchanges_full")}
         assert ids == {"other", "other-next"}
     finally:
@@ -494,7 +494,7 @@ def test_a_turn_whose_parent_an_earlier_run_loaded_is_kept_and_rebuilt(tmp_path)
             spool.append(text)
         spool.rotate()
         (segment,) = spool.loadable()
-        assert store.load_segment(segment.path) == (len(lines), 0)
+        assert store.load_segment(segment.path) == len(lines)
         segment.path.unlink()
         spool.close()
         return store

@@ -53,7 +53,7 @@ def test_many_small_loads_leave_neither_the_file_cached_nor_stale_queue_entries(
     store = Store(tmp_path / "db.duckdb", memory_limit="256MB")
     before = limit(store)
     for n in range(60):
-        assert store.load_segment(segment(tmp_path, n)) == (20, 0)
+        assert store.load_segment(segment(tmp_path, n)) == 20
     # Without release_memory: ~5,400 queue entries (~90 a load, nearly all stale) and the
     # whole file (11 blocks) in BASE_TABLE memory.
     assert queued(store) < 20
@@ -73,7 +73,7 @@ def test_with_nothing_pinned_the_limit_is_set_back_and_loading_goes_on(tmp_path)
     store = Store(tmp_path / "db.duckdb", memory_limit="256MB")  # nothing loaded in it yet
     assert store.release_memory()  # DuckDB accepts one byte here; the limit follows at once
     assert limit(store) == "244.1 MiB"
-    assert store.load_segment(segment(tmp_path, 0)) == (20, 0)
+    assert store.load_segment(segment(tmp_path, 0)) == 20
 
 
 def test_the_default_limit_is_kept_too(tmp_path):
