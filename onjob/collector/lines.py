@@ -107,9 +107,9 @@ def pieces_of(path: Path) -> str:
 
 def unreadable(path: Path) -> tuple[list[Line], bool]:
     """The lines of a segment that are no spool record (not JSON, or no `kind` a record
-    has), and
-    whether the last of them is the torn tail a crash mid-write leaves (the segment's last
-    line, with no line break after it): that one is expected, any other is corruption."""
+    has), and whether the last of them is the torn tail a crash mid-write leaves (the
+    segment's last line, with no line break after it): that one is expected, any other is
+    corruption."""
     text = path.read_bytes()
     lines = text.splitlines(True)
     bad = [

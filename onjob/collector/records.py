@@ -13,7 +13,7 @@ lines (another key's exchange, its feedback) or have its own exchange dropped as
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 
@@ -96,7 +96,8 @@ class OpeningRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="opening
 
 
 Record = ExchangeRecord | FeedbackRecord | OpeningRecord
-KINDS = ("exchange", "feedback", "opening")  # the tags of `Record`: what a spool line may be
+# What a spool line may be: the tags of `Record`.
+KINDS = tuple(r.__struct_config__.tag for r in get_args(Record))
 
 _encode = msgspec.json.Encoder().encode
 # JSON whitespace that ends a line for the spool's readers (DuckDB's `read_json` breaks on

@@ -187,20 +187,23 @@ class Collector:
         answer, and if that is not enough without its request, so that it is still logged,
         with its status, and kept out of training."""
         limit = self.settings.max_line_bytes
-        note = f"stored without its answer: its spool line was {size} bytes, past "
-        note += f"collector.max_line_bytes ({limit})"
+        past = f"its spool line was {size} bytes, past collector.max_line_bytes ({limit})"
         answer = dict.fromkeys(("response", "api_object", "usage"), NULL)
         answer |= dict.fromkeys(("completion_token_ids", "completion_logprobs"))
         record = msgspec.structs.replace(
-            record, **answer, untrainable=Untrainable.TOO_LARGE, error=note
+            record,
+            **answer,
+            untrainable=Untrainable.TOO_LARGE,
+            error=f"stored without its answer: {past}",
         )
         line = encode(record)
         if len(line) > limit:
-            note = note.replace("its answer", "its answer or request")
             request = dict.fromkeys(("request", "metadata"), NULL) | {"prompt_token_ids": None}
-            record = msgspec.structs.replace(record, **request, error=note)
+            record = msgspec.structs.replace(
+                record, **request, error=f"stored without its answer or request: {past}"
+            )
             line = encode(record)
-        log.warning("exchange %s %s", record.id, note)
+        log.warning("exchange %s %s", record.id, record.error)
         return record, line
 
     async def flush(self) -> int:
