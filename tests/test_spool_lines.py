@@ -43,6 +43,22 @@ def rows(db: Path, sql: str) -> list[tuple]:
         con.close()
 
 
+def loaded_ids(db: Path, segment: Path, data: bytes) -> set[str]:
+    """Start a collector on `db`, write `data` as the spool segment `segment`, load it:
+    the ids of the exchanges in DuckDB then."""
+
+    async def main():
+        c = Collector(CollectorSettings(db=db, flush_interval_s=3600))
+        await c.start()
+        segment.write_bytes(data)
+        await c.flush()
+        loaded = await c.query(lambda s: s.query("SELECT id FROM exchanges"))
+        await c.close()
+        return {r["id"] for r in loaded}
+
+    return asyncio.run(main())
+
+
 def test_a_pretty_printed_body_is_answered_and_lands_in_duckdb(tmp_path, fake_engine_url):
     body = {**CHAT, "messages": [{"role": "user", "content": "pretty-4e1a"}]}
     with serve(tmp_path, fake_engine_url) as server:
@@ -165,18 +181,9 @@ def test_a_line_one_reader_accepts_and_the_other_refuses_is_set_aside_never_skip
     lines = [encode(good[0]), *strays[:3], encode(good[1]), *strays[3:], encode(good[2])]
     name = "0000000000001-0000000000002-w-000001"
 
-    async def main():
-        c = Collector(CollectorSettings(db=db, flush_interval_s=3600))
-        await c.start()
-        (spool / f"{name}.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-        await c.flush()
-        loaded = await c.query(lambda s: s.query("SELECT id FROM exchanges"))
-        await c.close()
-        return loaded
-
     with caplog.at_level(logging.WARNING, logger="onjob.collector"):
-        loaded = asyncio.run(main())
-    assert {r["id"] for r in loaded} == {g.id for g in good}
+        loaded = loaded_ids(db, spool / f"{name}.jsonl", b"\n".join(lines) + b"\n")
+    assert loaded == {g.id for g in good}
     aside = sorted((spool / "failed").glob(f"{name}-line*.jsonl"))
     assert sorted(int(p.stem.rsplit("line", 1)[1]) for p in aside) == [2, 3, 4, 6, 7]
     for p in aside:  # each alone, as written, its reason beside it
@@ -225,19 +232,11 @@ def test_a_line_torn_mid_segment_is_reported_as_corruption(tmp_path, caplog):
     p = Stitcher().place([{"role": "user", "content": "hi"}])
     good = [record(p, i) for i in range(3)]
 
-    async def main():
-        c = Collector(CollectorSettings(db=db, flush_interval_s=3600))
-        await c.start()
-        lines = [encode(good[0]), encode(good[1])[:40], encode(good[2])]
-        (spool / "0000000000001-0000000000002-w-000001.jsonl").write_bytes(b"\n".join(lines))
-        await c.flush()
-        loaded = await c.query(lambda s: s.query("SELECT id FROM exchanges"))
-        await c.close()
-        return loaded
-
+    lines = [encode(good[0]), encode(good[1])[:40], encode(good[2])]
+    segment = spool / "0000000000001-0000000000002-w-000001.jsonl"
     with caplog.at_level(logging.WARNING, logger="onjob.collector"):
-        loaded = asyncio.run(main())
-    assert {r["id"] for r in loaded} == {good[0].id, good[2].id}
+        loaded = loaded_ids(db, segment, b"\n".join(lines))
+    assert loaded == {good[0].id, good[2].id}
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("line 2 is torn or corrupt" in m for m in errors), errors
     aside = spool / "failed" / "0000000000001-0000000000002-w-000001-line2.jsonl"
