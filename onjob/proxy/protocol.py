@@ -386,6 +386,8 @@ def completion_request(settings: ProxySettings) -> type[msgspec.Struct]:
 TokenId = Annotated[int, Meta(ge=0, lt=2**31)]  # stored as int32 (`array("i")`)
 Count = Annotated[int, Meta(ge=0)]
 Index = Annotated[int, Meta(ge=0, lt=1024)]  # a choice's or a tool call's place
+# Stored as FLOAT (float32): a value past its range would refuse the whole spool line.
+Logprob = Annotated[float, Meta(ge=-3.4e38, le=3.4e38)]
 
 
 class EngineFunction(msgspec.Struct, kw_only=True):
@@ -411,12 +413,12 @@ class EngineMessage(msgspec.Struct, kw_only=True):
 
 
 class EngineTokenLogprob(msgspec.Struct, kw_only=True):
-    logprob: float
+    logprob: Logprob
 
 
 class EngineLogprobs(msgspec.Struct, kw_only=True):
     content: list[EngineTokenLogprob] | None = None  # chat
-    token_logprobs: list[float] | None = None  # legacy completions
+    token_logprobs: list[Logprob] | None = None  # legacy completions
 
 
 class EngineChoice(msgspec.Struct, kw_only=True):
