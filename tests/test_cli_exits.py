@@ -4,6 +4,8 @@ real `onjob` processes, a real loopback server for the admin API's refusal."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 import threading
@@ -138,3 +140,58 @@ def test_a_snapshot_the_trainer_cannot_read_is_said_in_one_line_with_exit_1(tmp_
     assert done.returncode == Exit.FAILED, done.stderr
     assert "Traceback" not in done.stderr
     assert done.stderr.startswith("onjob train: ") and "parquet" in done.stderr.lower()
+
+
+def test_a_taken_port_is_one_line_with_exit_2_and_nothing_is_made(tmp_path):
+    """Was uvicorn's raw `[Errno 98]` after the banner, a new database and admin key, with
+    exit 3 (the table's "nothing to do")."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = onjob("serve", "--db", str(tmp_path / "x.duckdb"), "--port", str(port))
+    assert done.returncode == Exit.REFUSED
+    assert done.stderr.splitlines() == [
+        f"onjob serve: cannot listen on 127.0.0.1:{port}: Address already in use (another "
+        "server on it? stop that one, or choose another port with --port or [proxy] port)"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_misspelt_environment_variable_is_refused_like_a_file_typo(tmp_path):
+    env = {**os.environ, "ONJOB_PROXY__PORTT": "9000", "ONJOB_LOOPP__INTERVAL_S": "5"}
+    done = subprocess.run(
+        [sys.executable, "-m", "onjob.cli", "serve", "--db", str(tmp_path / "x.duckdb")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == Exit.REFUSED
+    assert done.stderr.splitlines() == [
+        "onjob serve: environment variable ONJOB_LOOPP__INTERVAL_S: `loopp` is not a setting "
+        "(did you mean `loop`?)",
+        "onjob serve: environment variable ONJOB_PROXY__PORTT: `proxy.portt` is not a setting "
+        "(did you mean `proxy.port`?)",
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_version_and_help_say_it_plainly():
+    from onjob import __version__
+
+    version = onjob("--version")
+    assert (version.returncode, version.stdout) == (Exit.OK, f"onjob {__version__}\n")
+    compare = onjob("compare", "--help")
+    assert "95% Wilson interval" in " ".join(compare.stdout.split())
+
+
+def test_status_with_no_server_and_no_database_says_so_and_makes_none(tmp_path):
+    """Was "agent: live base / 0 checkpoints" from a new ./onjob.duckdb it had just made."""
+    done = onjob("status", "--server", f"http://127.0.0.1:{free_port()}", cwd=tmp_path)
+    assert done.returncode == Exit.REFUSED
+    assert done.stderr == (
+        "onjob status: no server answered and there is no database at onjob.duckdb: start "
+        "`onjob serve`, or name yours with --server URL or --db PATH\n"
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -167,6 +167,49 @@ def test_sql_and_export_open_a_database_no_server_holds_read_only(tmp_path, fake
     assert db.stat().st_mtime_ns == before  # opened read-only: the file was not written
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def documented_queries() -> list[str]:
+    """Every query the README and docs/ give for `onjob sql`: its quoted argument, and
+    each ```sql block but those that read the Parquet export with other tools."""
+    found = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text()
+        found += re.findall(r'onjob sql "([^"]+)"', text)
+        found += [q for q in re.findall(r"```sql\n(.*?)```", text, re.S) if "parquet" not in q]
+    return [q for q in found if q != "SELECT ..."]
+
+
+@pytest.mark.parametrize("name", ["onjob.duckdb", "o.duckdb", "my-db.duckdb", "select.duckdb"])
+def test_every_table_view_and_documented_query_is_answered_whatever_the_file_is_called(
+    tmp_path, name
+):
+    """A plan names a table as DuckDB writes SQL (`o.main."groups"`, `"my-db".main.x`): the
+    allow-list once compared it unquoted, and `groups` was refused in every database."""
+    db = tmp_path / name
+    Store(db).close()
+    con = readonly.connect(db)
+    try:
+        relations = [
+            r
+            for (r,) in con.execute(
+                "SELECT table_name FROM duckdb_tables() UNION ALL "
+                "SELECT view_name FROM duckdb_views() WHERE NOT internal"
+            ).fetchall()
+        ]
+        assert {"exchanges", "groups", "members", "scores", "exchanges_full"} <= set(relations)
+        queries = [f'SELECT count(*) FROM "{r}"' for r in relations] + documented_queries()
+        assert len(queries) > len(relations) >= 10
+        for query in queries:
+            readonly.query(con, query)  # QueryRefused fails the test, naming the query
+    finally:
+        con.close()
+    done = onjob("sql", "SELECT count(*) FROM groups", "--db", str(db), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["rows"] == [[0]]
+
+
 def test_help_explains_each_verb():
     for verb, words in (
         ("sql", ["read-only", "--limit", "examples"]),

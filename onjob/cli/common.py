@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any, Literal
 
 from . import admin_key
@@ -107,11 +108,17 @@ def admin_endpoint(settings, args: argparse.Namespace) -> tuple[str, dict]:
 
 
 def offline(settings, fn):
-    """`fn(store)` on the database opened by this process; its storage and deploy errors
-    are refusals."""
+    """`fn(store)` on the database opened by this process (which must exist: a command
+    that found no server makes none); its storage and deploy errors are refusals."""
     from ..collector import StorageError, Store
     from ..deploy.deployments import DeployError
 
+    db = settings.collector.db
+    if not Path(db).exists():
+        raise Refused(
+            f"no server answered and there is no database at {db}: start `onjob serve`, "
+            "or name yours with --server URL or --db PATH"
+        )
     try:
         store = Store(settings.collector.db)
     except StorageError as exc:

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from .. import __version__
 from . import data, doctor, learning, model, release, serving
 from .exits import CliError, Exit, table
 
@@ -17,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=table(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"onjob {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in (serving, learning, release, data, model, doctor):
         group.add_commands(sub)

@@ -234,7 +234,7 @@ def add_commands(sub) -> None:
         description=(
             "Both checkpoints answer the same prompts (recent logged turns, one scenario's, or "
             "the chat requests in a JSONL file); each pair is judged together (RULER and/or "
-            "[judge.rewards]); prints B's win rate against A with a 95%% Wilson interval, per "
+            "[judge.rewards]); prints B's win rate against A with a 95% Wilson interval, per "
             "scenario and overall. `base` names the base model; registry checkpoints are "
             "loaded into the engine if needed. Live routing is not touched."
         ),

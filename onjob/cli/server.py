@@ -205,6 +205,8 @@ def with_admin_key(settings: ServeSettings) -> ServeSettings:
 def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
     """Serve until SIGTERM or SIGINT (`stopping.py` says how it stops). `argv`: this
     command's arguments, which `--workers` starts its workers with."""
+    # The port first: taken, it is one clear line, before a database or a key is made.
+    sockets, workers = _sockets(settings.proxy, argv)
     if not settings.proxy.primary_url:
         # Open (and migrate) the database once up front: a locked or unreadable file is a
         # clear error here rather than a failed start-up hook inside uvicorn.
@@ -213,7 +215,6 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
     settings = with_admin_key(settings)
     p = settings.proxy  # the settings in force (what the app is built with)
     log_to_stderr()
-    sockets, workers = _sockets(p, argv)
     if settings.engine.start and p.engine_token is None:
         # The child's adapter routes answer this process alone, not every local process.
         p.engine_token = secrets.token_urlsafe(32)
@@ -246,20 +247,25 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
                 signals.engine.stop()
 
 
-def _sockets(p, argv: list[str] | None) -> tuple[list | None, Workers | None]:
-    """Several processes on one port: each binds it with SO_REUSEPORT. The primary also
-    listens on a loopback port of its own, where its workers forward what needs it; with
-    `loader_apart`, on that one alone. (None, None): one process, uvicorn binds."""
+def _sockets(p, argv: list[str] | None) -> tuple[list, Workers | None]:
+    """The sockets this process serves. Several processes on one port: each binds it with
+    SO_REUSEPORT. The primary also listens on a loopback port of its own, where its workers
+    forward what needs it; with `loader_apart`, on that one alone."""
     apart = p.loader_apart and not p.primary_url
     started = p.workers if apart else p.workers - 1  # proxy-only workers this one starts
-    sockets, workers = None, None
-    if p.primary_url or started:
-        public = listening_socket(p.host, p.port, reuse_port=True)
-        if apart:
-            # Bound only to fail here, clearly, when the port is taken: a socket kept in the
-            # port's group without being served would be handed connections no one accepts.
-            public.close()
-        sockets = [] if apart else [public]
+    workers = None
+    try:
+        public = listening_socket(p.host, p.port, reuse_port=bool(p.primary_url or started))
+    except OSError as exc:
+        raise Refused(
+            f"cannot listen on {p.host}:{p.port}: {exc.strerror or exc} (another server on "
+            "it? stop that one, or choose another port with --port or [proxy] port)"
+        ) from exc
+    if apart:
+        # Bound only to fail here, clearly, when the port is taken: a socket kept in the
+        # port's group without being served would be handed connections no one accepts.
+        public.close()
+    sockets = [] if apart else [public]
     if started and not p.primary_url:
         internal = listening_socket("127.0.0.1", 0, reuse_port=False)
         sockets.append(internal)

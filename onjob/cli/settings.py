@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,6 +28,8 @@ from .telemetry import TelemetrySettings
 DEFAULT_CONFIG = Path("onjob.toml")
 
 # Settings that existed once: a file still setting one is told what became of it.
+_ENV_PREFIX = "ONJOB_"
+
 REMOVED = {
     "proxy.upstream_client": "the proxy has one engine client now; delete the line",
 }
@@ -48,7 +51,7 @@ class ServeSettings(DeploySettings, BaseSettings):
     plus the process-level ones (telemetry, the child engine)."""
 
     model_config = SettingsConfigDict(
-        env_prefix="ONJOB_",
+        env_prefix=_ENV_PREFIX,
         env_nested_delimiter="__",
         extra="ignore",
         nested_model_default_partial_update=True,
@@ -83,6 +86,7 @@ class ServeSettings(DeploySettings, BaseSettings):
         cls._toml = Path(path) if path else None
         if cls._toml is not None:
             _check_keys(cls, cls._toml)
+        _check_environment(cls, os.environ)
         try:
             return cls(**overrides)
         finally:
@@ -97,6 +101,25 @@ def _check_keys(cls: type[BaseModel], path: Path) -> None:
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"{path}: not TOML: {exc}") from None
     problems = [f"{path}: {problem}" for problem in _unknown(cls, data, "")]
+    if problems:
+        raise SettingsError("\n".join(problems))
+
+
+def _check_environment(cls: type[BaseModel], environ: Mapping[str, str]) -> None:
+    """Refuse an `ONJOB_SECTION__SETTING` variable that names no setting, as a file's typo
+    is refused. Only the nested form is read: `ONJOB_CONFIG`, `ONJOB_CACHE_DIR` and the
+    engine's `ONJOB_ENGINE_<FLAG>` are other readers' variables."""
+    problems = []
+    for var in sorted(environ):
+        if not var.startswith(_ENV_PREFIX) or "__" not in var:
+            continue
+        nested: dict = {}
+        *sections, last = var.removeprefix(_ENV_PREFIX).lower().split("__")
+        at = nested
+        for section in sections:
+            at = at.setdefault(section, {})
+        at[last] = environ[var]
+        problems += [f"environment variable {var}: {p}" for p in _unknown(cls, nested, "")]
     if problems:
         raise SettingsError("\n".join(problems))
 

@@ -210,13 +210,13 @@ def check_plan(con: duckdb.DuckDBPyConnection, statement: duckdb.Statement, own:
         raise QueryRefused(_TOO_DEEP) from exc
     if not operators:
         raise QueryRefused("DuckDB gave no plan for the query")
-    tables = {f"{own.database}.main.{name}" for name in own.relations}
+    tables = {(own.database, "main", name) for name in own.relations}
     for op in operators:
         name = str(op.get("name", "")).strip().upper()
         info = op.get("extra_info") or {}
         if name in TABLE_SCANS:
-            table = fold(info.get("Table")) if isinstance(info, dict) else ""
-            if table not in tables:
+            table = str(info.get("Table") or "") if isinstance(info, dict) else ""
+            if _identifiers(fold(table)) not in tables:
                 raise QueryRefused(f"the query reads {table or 'a table'}, not this database's")
         elif name in SAFE_FUNCTIONS or name in PLAN_ONLY_FUNCTIONS or name in RELATIONAL:
             continue
@@ -262,6 +262,32 @@ def fold(name: Any) -> str:
     would fold more (the Kelvin sign to `k`), so a name DuckDB does not know as a table,
     and would look for as a file, could pass for one of ours."""
     return str(name or "").translate(_ASCII_LOWER)
+
+
+def _identifiers(qualified: str) -> tuple[str, ...]:
+    """`db.main."groups"` as ("db", "main", "groups"): a plan names a table as DuckDB
+    writes SQL, quoting each part that is a keyword or not a plain name (`"my-db"`), with
+    `""` for a quote inside one."""
+    parts, at = [], 0
+    while at <= len(qualified):
+        if qualified.startswith('"', at):
+            end, part = at + 1, []
+            while (close := qualified.find('"', end)) >= 0 and qualified.startswith('""', close):
+                part.append(qualified[end : close + 1])
+                end = close + 2
+            if close < 0:
+                return ()  # not a name DuckDB wrote
+            parts.append("".join(part) + qualified[end:close])
+            at = close + 1
+        else:
+            end = qualified.find(".", at)
+            end = len(qualified) if end < 0 else end
+            parts.append(qualified[at:end])
+            at = end
+        if at < len(qualified) and qualified[at] != ".":
+            return ()
+        at += 1
+    return tuple(parts)
 
 
 def first_line(exc: Exception) -> str:
