@@ -10,6 +10,7 @@ import threading
 import time
 
 import httpx
+import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from onjob.cli.process import ServerProcess
@@ -257,3 +258,23 @@ def test_client_that_hangs_up_mid_stream_is_logged_as_499_with_its_partial_answe
     (row,) = rows(db, "SELECT status, error, response FROM exchanges")
     assert row["status"] == 499 and "client closed" in row["error"]
     assert json.loads(row["response"])["choices"][0]["message"]["content"].startswith("partial")
+
+
+def test_a_base_url_without_v1_is_told_where_the_api_is(tmp_path, fake_engine_url):
+    """Was a bare "Not Found": the openai client's commonest mistake here."""
+    import openai
+
+    args = ["--engine-url", fake_engine_url, "--db", str(tmp_path / "onjob.duckdb")]
+    with ServerProcess(args, env={"ONJOB_LOOP__INTERVAL_S": "0"}) as server:
+        client = OpenAI(base_url=server.base, api_key="unused", max_retries=0, timeout=30)
+        with pytest.raises(openai.NotFoundError) as got:
+            client.chat.completions.create(
+                model="agent", messages=[{"role": "user", "content": "hi"}]
+            )
+        elsewhere = httpx.get(f"{server.base}/v1/nothing", timeout=30)
+    assert got.value.body["message"] == (
+        "no route POST /chat/completions: the OpenAI API is under /v1 (set the client's "
+        f"base_url to {server.base}/v1)"
+    )
+    assert elsewhere.status_code == 404
+    assert elsewhere.json()["error"]["message"] == "no route GET /v1/nothing"

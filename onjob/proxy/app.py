@@ -11,12 +11,13 @@ import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from litestar import Request, get, route
+from litestar import Request, Response, get, route
 from litestar import Router as Routes
+from litestar.exceptions import NotFoundException
 from opentelemetry.trace import Tracer
 
 from ..collector import Collector
-from ..openai_errors import HANDLERS
+from ..openai_errors import HANDLERS, error_body
 from .auth import Doors
 from .errors import Unauthorized
 from .front import ProxyApp
@@ -96,11 +97,22 @@ def create_app(
         ],
         on_startup=[collector.start, *on_startup, pool.start],
         on_shutdown=[shutdown],
-        exception_handlers=HANDLERS,
+        exception_handlers={**HANDLERS, NotFoundException: _no_route},
         request_max_body_size=settings.max_body_bytes,
         openapi_config=None,
         logging_config=None,  # the host application owns logging (and root stays quiet)
     )
+
+
+def _no_route(request: Request, exc: NotFoundException) -> Response:
+    """Litestar found no route: the commonest cause is a client's `base_url` without `/v1`,
+    so a path that is an OpenAI route once `/v1` is put before it says so."""
+    path = request.url.path
+    message = f"no route {request.method} {path}"
+    if not path.startswith("/v1/") and "/v1" + path in {r.path for r in request.app.routes}:
+        base = str(request.base_url).rstrip("/")
+        message += f": the OpenAI API is under /v1 (set the client's base_url to {base}/v1)"
+    return Response(error_body(message, "not_found_error", 404), status_code=404)
 
 
 def _pool(settings: ProxySettings, upstream: Upstream, router: Router) -> Pool:
