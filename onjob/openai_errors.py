@@ -24,6 +24,7 @@ class OpenAIError(Exception):
 
     status = 500
     type = "internal_server_error"
+    retry_after_s: int | None = None  # said as `Retry-After`: the same request may succeed
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -35,7 +36,8 @@ class OpenAIError(Exception):
 
 
 def openai_error(_: Request, exc: OpenAIError) -> Response:
-    return Response(exc.body(), status_code=exc.status)
+    retry = {} if exc.retry_after_s is None else {"Retry-After": str(exc.retry_after_s)}
+    return Response(exc.body(), status_code=exc.status, headers=retry)
 
 
 def error_body(message: str, type_: str, status: int, param: str | None = None) -> dict:

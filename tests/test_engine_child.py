@@ -60,3 +60,56 @@ def test_the_engine_dies_with_a_killed_server_and_a_second_start_on_its_port_ref
         server.kill()
         if engine_pid and alive(engine_pid):
             os.kill(engine_pid, signal.SIGKILL)
+
+
+def test_a_killed_engine_child_is_seen_restarted_and_past_its_limit_the_server_exits_1(
+    tmp_path, tiny_model_dir
+):
+    """Was a zombie child, 502 "cannot reach the engine" with no Retry-After, and /health
+    answering ok for ever."""
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "0",
+        "ONJOB_PROXY__HEALTH_INTERVAL_S": "0.2",
+        "ONJOB_ENGINE__RESTARTS": "1",  # one restart, then the next death ends the server
+        "ONJOB_ENGINE__ARGS": json.dumps(["--model", str(tiny_model_dir), "--threads", "1"]),
+    }
+    args = ["--start-engine", "--engine-url", url, "--db", str(tmp_path / "db")]
+    log = tmp_path / "serve.log"
+    server = ServerProcess(args, env=env, log=log).start()
+    chat = {"model": "agent", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    try:
+        [first] = children(server.proc.pid)
+        assert httpx.post(f"{server.url}/chat/completions", json=chat, timeout=60).is_success
+        os.kill(first, signal.SIGKILL)
+
+        # Seen at once: the next request is a 503 to retry (logged), and /health is not ok.
+        down = httpx.post(f"{server.url}/chat/completions", json=chat, timeout=30)
+        assert down.status_code == 503 and down.headers["Retry-After"] == "2", down.text
+        assert "No engine answers" in down.json()["error"]["message"]
+        assert down.headers["X-Onjob-Exchange-Id"]
+        deadline = time.monotonic() + 10  # the refusal wakes the pool's health check
+        while (health := httpx.get(f"{server.base}/health", timeout=10)).status_code != 503:
+            assert time.monotonic() < deadline, health.text
+            time.sleep(0.05)
+        assert (health.json()["status"], health.json()["engines"]) == ("engine down", ["down"])
+
+        # Started again by the server, and served through once its health check passes.
+        deadline = time.monotonic() + 120
+        while (health := httpx.get(f"{server.base}/health", timeout=10)).status_code != 200:
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        assert (health.json()["status"], health.json()["engines"]) == ("ok", ["up"])
+        [second] = children(server.proc.pid)
+        assert second != first and not alive(first)
+        answered = httpx.post(f"{server.url}/chat/completions", json=chat, timeout=60)
+        assert answered.status_code == 200, answered.text
+        assert "starting it again in 1 s (restart 1 of 1 within 600 s)" in log.read_text()
+
+        # A second death within the window: the server stops, exit 1, saying why.
+        os.kill(second, signal.SIGKILL)
+        assert server.proc.wait(timeout=60) == 1
+        said = log.read_text()
+        assert "onjob serve: the engine child exited with code -9, after 1 restarts" in said
+    finally:
+        server.kill()

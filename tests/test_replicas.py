@@ -162,18 +162,20 @@ def test_a_dead_engine_is_failed_over_and_back_only_with_its_adapters(
 
             with ThreadPoolExecutor(3) as clients:
                 running = [clients.submit(client_loop, k) for k in range(3)]
-                time.sleep(1)
-                for down in (1, 0):  # each engine in turn: the other answers alone
-                    engines[down].kill()
-                    before = len(answered)
-                    time.sleep(2)  # answered by the other alone
-                    assert len(answered) > before
-                    assert status(server)["engines"][down]["state"] == "down"
-                    engines[down] = EngineProcess(
-                        engine_args(tiny_model_dir), port=engines[down].port
-                    ).start()
-                    wait_all_up(server, engines)
-                stop.set()
+                try:  # a failed assertion must stop the clients, or the pool waits on them
+                    time.sleep(1)
+                    for down in (1, 0):  # each engine in turn: the other answers alone
+                        engines[down].kill()
+                        before = len(answered)
+                        time.sleep(2)  # answered by the other alone
+                        assert len(answered) > before
+                        assert status(server)["engines"][down]["state"] == "down"
+                        engines[down] = EngineProcess(
+                            engine_args(tiny_model_dir), port=engines[down].port
+                        ).start()
+                        wait_all_up(server, engines)
+                finally:
+                    stop.set()
                 for r in running:
                     r.result()
     finally:

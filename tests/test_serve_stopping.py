@@ -35,7 +35,10 @@ def alive(pid: int) -> bool:
 
 
 def children(pid: int) -> list[int]:
-    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    """Its child processes, whichever of its threads started them (a restarted engine
+    child is the supervisor thread's)."""
+    tasks = Path(f"/proc/{pid}/task").glob("*/children")
+    return [int(p) for task in tasks for p in task.read_text().split()]
 
 
 def slow_engine(seconds: float) -> tuple[RawEngine, threading.Event]:

@@ -74,6 +74,7 @@ class OnjobProcess:
     """`with EngineProcess(["--model", path]) as engine: engine.url` -> http://127.0.0.1:PORT/v1"""
 
     command = ""
+    ready = frozenset({200})  # `/health` answers that mean the process serves
 
     def __init__(
         self,
@@ -147,7 +148,7 @@ class OnjobProcess:
                     f"{self.command} exited with {self.proc.returncode}:\n{self.output()}"
                 )
             try:
-                if httpx.get(f"{self.base}/health", timeout=1).status_code == 200:
+                if httpx.get(f"{self.base}/health", timeout=1).status_code in self.ready:
                     if self.proc.poll() is None:
                         return self
                     continue  # exited meanwhile: the next round raises with its output
@@ -210,3 +211,4 @@ class ServerProcess(OnjobProcess):
     """`onjob serve`: pass `--engine-url` and `--db` in args."""
 
     command = "serve"
+    ready = frozenset({200, 503})  # 503: serving, while its engine is down

@@ -31,10 +31,11 @@ from ..proxy import (
 from ..proxy.lean import LeanUpstream
 from ..proxy.pool import Pool, Replica
 from . import admin_key, deadlines
-from .exits import Refused
+from .exits import Failed, Refused
 from .process import EngineProcess
 from .settings import ServeSettings
 from .stopping import Interrupted, Server, Signals
+from .supervisor import Supervisor
 from .telemetry import tracer
 from .workers import Workers, listening_socket, worker_argv
 
@@ -219,10 +220,24 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
         # The child's adapter routes answer this process alone, not every local process.
         p.engine_token = secrets.token_urlsafe(32)
     app = build_app(settings, workers)
+    supervisor, gave_up = None, []
     with Signals().installed() as signals:
+
+        def give_up(why: str) -> None:
+            gave_up.append(why)
+            log.error("%s", why)
+            if signals.server is not None:
+                signals.server.should_exit = True
+
         try:
             if settings.engine.start:
                 signals.engine = _start_engine(settings)
+                supervisor = Supervisor(
+                    signals.engine,
+                    restarts=settings.engine.restarts,
+                    window_s=settings.engine.restart_window_s,
+                    give_up=give_up,
+                ).start()
             _say_started(settings, configured_key)
             config = uvicorn.Config(
                 app,
@@ -235,6 +250,7 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
                 limit_concurrency=p.max_client_connections,
             )
             signals.server = Server(config)
+            signals.server.should_exit = bool(gave_up)  # the child died before this
             if workers is not None:
                 workers.start()
             signals.server.run(sockets=sockets)
@@ -243,8 +259,12 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
         finally:
             if workers is not None:
                 workers.stop(timeout=p.shutdown_grace_s + 10)
+            if supervisor is not None:
+                supervisor.stop()
             if signals.engine is not None:
                 signals.engine.stop()
+    if gave_up:
+        raise Failed(gave_up[0])
 
 
 def _sockets(p, argv: list[str] | None) -> tuple[list, Workers | None]:

@@ -44,6 +44,13 @@ class ChildEngine(BaseModel):
     args: list[str] = Field(
         default_factory=list, description='more `onjob engine` flags, e.g. ["--threads", "1"]'
     )
+    restarts: int = Field(
+        5,
+        ge=0,
+        description="a child that dies is started again, at most this many times within "
+        "restart_window_s; one more death and `onjob serve` exits 1",
+    )
+    restart_window_s: float = Field(600.0, gt=0, description="see restarts")
 
 
 class ServeSettings(DeploySettings, BaseSettings):

@@ -91,7 +91,7 @@ def create_app(
                     *feedback.routes(traffic, forward),
                 ],
             ),
-            _health(collector, doors),
+            _health(collector, doors, pool),
             *([_forwarded(doors, forward)] if forward is not None else []),
             *routes,
         ],
@@ -123,18 +123,24 @@ def _pool(settings: ProxySettings, upstream: Upstream, router: Router) -> Pool:
     return Pool([replica], wanted=router.adapters)
 
 
-def _health(collector: Collector, doors: Doors):
+def _health(collector: Collector, doors: Doors, pool: Pool):
     @get("/health")
-    async def health(request: Request) -> dict:
-        # Up or not is anyone's to ask (load balancers, readiness probes); the collector's
-        # counts tell how much traffic flows, so they need what the OpenAI routes need.
+    async def health(request: Request) -> Response:
+        # Up or not is anyone's to ask (load balancers, readiness probes): 503 while every
+        # engine is down, as requests then are. The collector's counts and the engines'
+        # states tell how traffic flows, so they need what the OpenAI routes need.
         doors.same_site(request.headers, host=False)
+        down = pool.down
+        answer: dict[str, Any] = {"status": "engine down" if down else "ok"}
+        status = 503 if down else 200
         try:
             doors.api(request.headers)
         except Unauthorized:
-            return {"status": "ok"}
+            return Response(answer, status_code=status)
         # The pid tells apart the processes answering on one port (`--workers`).
-        return {"status": "ok", "pid": os.getpid(), "collector": collector.stats()}
+        engines = [r.state for r in pool.replicas]  # not their URLs: tenants hold API keys
+        answer |= {"pid": os.getpid(), "engines": engines, "collector": collector.stats()}
+        return Response(answer, status_code=status)
 
     return health
 

@@ -59,6 +59,19 @@ class UpstreamUnreachable(UpstreamError):
     type = "bad_gateway"
 
 
+class NotConnected(UpstreamUnreachable):
+    """No connection to the engine could be made (refused, no route): nothing was sent."""
+
+
+class EngineUnavailable(UpstreamError):
+    """Every engine the pool checks is down (its process died, or is being restarted):
+    the client's retry, after `Retry-After`, finds it back."""
+
+    status = 503
+    type = "service_unavailable"
+    retry_after_s = 2
+
+
 class UpstreamTimeout(UpstreamError):
     status = 504
     type = "gateway_timeout"
@@ -103,3 +116,4 @@ class AdapterUnavailable(UpstreamError):
 
     status = 503
     type = "service_unavailable"
+    retry_after_s = 1  # the openai client waits this long and retries

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from .errors import AnswerTooLarge, StreamCut, UpstreamTimeout, UpstreamUnreachable
+from .errors import AnswerTooLarge, NotConnected, StreamCut, UpstreamTimeout, UpstreamUnreachable
 
 _PAUSE_AT = 1 << 20  # body bytes held unread before the engine's socket stops being read
 
@@ -355,7 +355,7 @@ class LeanUpstream:
             if isinstance(exc, TimeoutError):
                 raise UpstreamTimeout("the engine did not answer in time") from None
             if isinstance(exc, OSError):
-                raise UpstreamUnreachable(f"cannot reach the engine: {exc!r}") from exc
+                raise NotConnected(f"cannot reach the engine: {exc!r}") from exc
             raise
         self._all.add(conn)
         return conn

@@ -39,7 +39,14 @@ from typing import NamedTuple
 import httpx
 
 from ..logprobs import TRAINED
-from .errors import AdapterUnavailable, StreamCut, UpstreamStatus, UpstreamUnreachable
+from .errors import (
+    AdapterUnavailable,
+    EngineUnavailable,
+    NotConnected,
+    StreamCut,
+    UpstreamStatus,
+    UpstreamUnreachable,
+)
 from .upstream import Upstream, UpstreamResponse
 
 log = logging.getLogger("onjob.proxy.pool")
@@ -69,6 +76,7 @@ class Replica:
     # until its model list states one.
     logprobs: str = TRAINED
     stated: bool = False  # its model list stated `logprobs` (else: as declared)
+    healthy: bool = True  # its last health check passed (`Pool.down`, `/health`)
 
     def set(self, state: ReplicaState, why: str) -> None:
         if state is not self.state:
@@ -119,6 +127,11 @@ class Pool:
     @property
     def checked(self) -> bool:
         return any(r.control is not None for r in self.replicas)
+
+    @property
+    def down(self) -> bool:
+        """Every engine failed its last health check (not merely dropped an answer)."""
+        return self.checked and not any(r.healthy for r in self.replicas)
 
     # -- the hot path ------------------------------------------------------------------
 
@@ -178,7 +191,7 @@ class Pool:
             and any(model in r.missing for r in self.replicas)
         ):
             last = AdapterUnavailable(self._unavailable(model, "no engine that has it answers"))
-        raise last
+        raise self._gone(last)
 
     def _lost(self, replica: Replica, model: str, body: bytes) -> AdapterUnavailable:
         """`replica` answered 404 for an adapter it should serve: it restarted and forgot
@@ -213,7 +226,17 @@ class Pool:
             except UpstreamUnreachable as exc:
                 self._down(replica, str(exc))
                 last = exc
-        raise last or UpstreamUnreachable("no engine to ask")
+        raise self._gone(last or UpstreamUnreachable("no engine to ask"))
+
+    def _gone(self, last: Exception) -> Exception:
+        """`last`, or, when no engine could even be connected to (each one tried), the 503
+        that tells the client to come back (a restarting engine is not a bad gateway)."""
+        if isinstance(last, NotConnected) and self.checked:
+            return EngineUnavailable(
+                f"No engine answers ({last}); onjob serves again once one is back. "
+                "Retry in a few seconds."
+            )
+        return last
 
     async def aclose(self) -> None:
         await self.stop()
@@ -248,8 +271,10 @@ class Pool:
         try:
             loaded = await _adapters(replica)
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            replica.healthy = False
             replica.set(ReplicaState.DOWN, f"health check failed: {exc!r}")
             return
+        replica.healthy = True
         missing = set() if self.resolves else self.wanted() - loaded
         if missing and self.reload is not None:
             if replica.state is ReplicaState.DOWN:
@@ -263,6 +288,7 @@ class Pool:
             try:
                 missing = self.wanted() - await _adapters(replica)
             except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+                replica.healthy = False
                 replica.set(ReplicaState.DOWN, f"health check failed: {exc!r}")
                 return
             log.info(

@@ -21,7 +21,7 @@ from ..collector import Collector
 from ..openai_errors import error_body
 from . import telemetry
 from .auth import Caller
-from .errors import AdapterUnavailable, ProxyError, UpstreamStatus
+from .errors import ProxyError, UpstreamStatus
 from .exchange import COMPLETIONS, Exchange
 from .pool import Pool
 from .routing import CANARY, Router
@@ -147,8 +147,8 @@ class Traffic:
         headers = {EXCHANGE_HEADER: exchange.id, ARM_HEADER: exchange.route.arm}
         if isinstance(exc, UpstreamStatus):
             return _passthrough(exc, headers)
-        if isinstance(exc, AdapterUnavailable):
-            headers["Retry-After"] = "1"  # the openai client waits this long and retries
+        if exc.retry_after_s is not None:
+            headers["Retry-After"] = str(exc.retry_after_s)
         return Response(exc.body(), status_code=exc.status, headers=headers)
 
 
