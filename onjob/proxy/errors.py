@@ -1,7 +1,8 @@
 """The proxy's exception tree. Each maps to an OpenAI-shaped error body and status.
 
-The engine client's failures are raised as `UpstreamUnreachable`, `UpstreamTimeout`,
-`StreamCut` and `AnswerTooLarge` in `lean.py`, and nowhere else.
+The engine client's failures are raised as `UpstreamUnreachable` (`NotConnected` when no
+connection was made), `UpstreamTimeout`, `StreamCut` and `AnswerTooLarge` in `lean.py`,
+and nowhere else.
 """
 
 from __future__ import annotations

@@ -21,7 +21,9 @@ them an adapter not listed yet is not missing, and nothing is reloaded; a 404 fo
 next check.
 
 With no replica UP, requests still go to the others (RELOADING first): the health view
-may be stale, and a lone engine's own error (502, 404) is more useful than a guess.
+may be stale, and a lone engine's own error (502, 404) is more useful than a guess. A
+request that no engine could even be connected to is answered 503 with `Retry-After`
+(`EngineUnavailable`): a dead or restarting engine, which the client's retry finds back.
 """
 
 from __future__ import annotations
