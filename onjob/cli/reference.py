@@ -27,8 +27,9 @@ of settings. Sources, strongest first: command-line flags, `ONJOB_<SECTION>__<FI
 environment variables (values of dicts and lists as JSON, e.g.
 `ONJOB_PROXY__API_KEYS='{"app": "sk-..."}'`), the TOML file (`--config`, `$ONJOB_CONFIG`,
 or `./onjob.toml` when present), then the defaults below. Every setting has a working
-default. A file that names a setting not listed here (a typo, or one since removed) is
-refused before anything starts, each such key named.
+default. A file or an `ONJOB_<SECTION>__<FIELD>` variable that names a setting not listed
+here (a typo, or one since removed) is refused before anything starts, each one named with
+the setting it is closest to.
 """
 
 _BOUNDS = {
