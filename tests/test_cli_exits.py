@@ -195,3 +195,22 @@ def test_status_with_no_server_and_no_database_says_so_and_makes_none(tmp_path):
         "`onjob serve`, or name yours with --server URL or --db PATH\n"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_that_is_not_there_is_one_line_from_the_engine_and_from_serve(tmp_path):
+    """Was a 17-line traceback from the engine child before the one line that says why."""
+    why = (
+        "'/no/such/model' is not a local model directory (no config.json); models cannot be "
+        "downloaded here. Use the bundled model (omit --model) or a directory saved with "
+        "save_pretrained."
+    )
+    engine = onjob("engine", "--model", "/no/such/model", "--port", str(free_port()))
+    assert (engine.returncode, engine.stderr) == (Exit.REFUSED, f"onjob engine: {why}\n")
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    serve = onjob(
+        "serve", "--start-engine", "--model", "/no/such/model", "--engine-url", url,
+        "--db", str(tmp_path / "x.duckdb"), "--port", str(free_port()),
+    )  # fmt: skip
+    assert serve.returncode == Exit.REFUSED
+    assert f"onjob serve: onjob engine: {why}" in serve.stderr
+    assert "Traceback" not in serve.stderr

@@ -24,6 +24,7 @@ def _engine_settings(args: argparse.Namespace) -> EngineSettings:
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
+    from ..bundled import ModelUnavailable
     from ..engine import serve
     from ..engine.vllm import LaunchError
 
@@ -36,6 +37,10 @@ def cmd_engine(args: argparse.Namespace) -> int:
         serve(settings)
     except LaunchError as exc:
         raise Failed(str(exc)) from exc
+    except ModelUnavailable as exc:  # one line, not a traceback
+        # A --model that is no model directory is refused; the bundled one failing to
+        # download is a failure (the exit-code table's rows).
+        raise (Refused if settings.model else Failed)(str(exc)) from exc
     return Exit.OK
 
 
