@@ -34,10 +34,12 @@ class OpenAIError(Exception):
     def body(self) -> dict:
         return error_body(self.message, self.type, self.status, self.param)
 
+    def headers(self) -> dict[str, str]:
+        return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
+
 
 def openai_error(_: Request, exc: OpenAIError) -> Response:
-    retry = {} if exc.retry_after_s is None else {"Retry-After": str(exc.retry_after_s)}
-    return Response(exc.body(), status_code=exc.status, headers=retry)
+    return Response(exc.body(), status_code=exc.status, headers=exc.headers())
 
 
 def error_body(message: str, type_: str, status: int, param: str | None = None) -> dict:

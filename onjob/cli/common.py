@@ -120,7 +120,7 @@ def offline(settings, fn):
             "or name yours with --server URL or --db PATH"
         )
     try:
-        store = Store(settings.collector.db)
+        store = Store(db)
     except StorageError as exc:
         raise Refused(str(exc)) from exc
     try:

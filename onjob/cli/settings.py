@@ -27,9 +27,9 @@ from .telemetry import TelemetrySettings
 
 DEFAULT_CONFIG = Path("onjob.toml")
 
-# Settings that existed once: a file still setting one is told what became of it.
 _ENV_PREFIX = "ONJOB_"
 
+# Settings that existed once: a file still setting one is told what became of it.
 REMOVED = {
     "proxy.upstream_client": "the proxy has one engine client now; delete the line",
 }

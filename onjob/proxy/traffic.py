@@ -147,9 +147,7 @@ class Traffic:
         headers = {EXCHANGE_HEADER: exchange.id, ARM_HEADER: exchange.route.arm}
         if isinstance(exc, UpstreamStatus):
             return _passthrough(exc, headers)
-        if exc.retry_after_s is not None:
-            headers["Retry-After"] = str(exc.retry_after_s)
-        return Response(exc.body(), status_code=exc.status, headers=headers)
+        return Response(exc.body(), status_code=exc.status, headers=headers | exc.headers())
 
 
 def _passthrough(exc: UpstreamStatus, headers: dict) -> Response:
