@@ -318,3 +318,23 @@ def test_an_argument_string_holding_the_closing_tag_stays_inside_its_call():
     assert deltas[0]["function"] == {"name": "get_weather", "arguments": ""}
     streamed = "".join(d["function"]["arguments"] for d in deltas)
     assert json.loads(streamed) == {"city": "a</tool_call>b}"}
+
+
+def test_a_forced_call_cut_inside_its_closing_tag_is_still_the_call():
+    """Sampled, the bundled model once closed its arguments and was cut by `max_tokens`
+    one token short of `</tool_call>`: the call was whole, so it is returned; a free
+    answer cut the same way is text, as vLLM's Hermes parser leaves it. Streamed, its
+    arguments are the call's, not the tag's first characters."""
+    from onjob.engine import chat
+
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Hamburg"}}\n</tool_call'
+    _, (call,) = chat.parse_tool_calls(text, cut=True)
+    assert json.loads(call["function"]["arguments"]) == {"city": "Hamburg"}
+    reader = chat.ToolCallStream()
+    deltas = [d for i in range(len(text)) for d in reader.feed(text[i], i == len(text) - 1)[1]]
+    assert json.loads("".join(d["function"]["arguments"] for d in deltas)) == {"city": "Hamburg"}
+    assert chat.parse_tool_calls(text) == (text, [])
+    assert chat.parse_tool_calls(text[: text.index("}}") + 1], cut=True) == (
+        text[: text.index("}}") + 1],
+        [],
+    )

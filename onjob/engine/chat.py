@@ -198,8 +198,9 @@ def parse_tool_calls(
     past it are dropped.
 
     `cut`: the output was a forced call (a grammar wrote it) cut by `max_tokens`, so
-    everything before the cut is a prefix of well-formed calls: the complete calls are
-    returned and the unfinished last one dropped, since a forced answer is a tool call
+    everything before the cut is a prefix of well-formed calls: the complete calls (one
+    whose JSON closed before a cut `</tool_call>` among them) are returned and the
+    unfinished last one dropped, since a forced answer is a tool call
     (OpenAI's contract for `tool_choice` "required"). vLLM parses a "required" answer
     as one JSON list of calls (`vllm/entrypoints/openai/engine/serving.py`,
     `TypeAdapter(list[FunctionDefinition]).validate_json` under
@@ -222,6 +223,8 @@ def parse_tool_calls(
                 break
             return text, []
         rest = text[end:].lstrip()
+        if cut and rest and _CLOSE.startswith(rest):
+            rest = ""  # the cut fell inside the closing tag: the call itself is whole
         if rest and not rest.startswith(_CLOSE):
             return text, []
         pos = len(text) - len(rest) + (len(_CLOSE) if rest else 0)
@@ -355,11 +358,13 @@ class ToolCallStream:
     def _arguments(self, final: bool) -> list[dict]:
         rest = self._text[self._pos :]
         close = _closing(rest)
+        if close is None and final and (k := _partial(rest, _CLOSE)):
+            close = _closing(rest[:-k] + _CLOSE)  # a cut inside the closing tag
         if close is not None or final:
             body = rest if close is None else rest[:close]
             stripped = body.rstrip()
             arguments = stripped[:-1] if stripped.endswith("}") else stripped
-            self._pos += len(rest) if close is None else close + len(_CLOSE)
+            self._pos += len(rest) if close is None else min(close + len(_CLOSE), len(rest))
             self._state = "between"
         else:
             brace = rest.rfind("}")
