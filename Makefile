@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.onjob-installed
 PYTEST_ARGS ?=
 
-.PHONY: install vllm demo test lint format docs bench-engine bench-proxy clean
+.PHONY: install vllm demo test lint format docs docs-site bench-engine bench-proxy clean
 
 install: $(STAMP)
 
@@ -40,6 +40,10 @@ format: install
 docs: install
 	$(PY) -m onjob.cli.reference > docs/settings.md
 
+# The documentation site (MkDocs Material): docs/ into site/; `mkdocs serve` to browse it.
+docs-site: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 bench-engine: install
 	$(PY) bench/engine.py
 
@@ -47,4 +51,4 @@ bench-proxy: install
 	$(PY) bench/proxy_overhead.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site

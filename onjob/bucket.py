@@ -72,7 +72,9 @@ class Bucket:
             import boto3
             from botocore.config import Config
         except ImportError as exc:  # the optional extra
-            raise BucketError("object storage needs boto3: pip install 'onjob[s3]'") from exc
+            raise BucketError(
+                "object storage needs boto3: pip install -e '.[s3]' in onjob's checkout"
+            ) from exc
         client = boto3.session.Session().client(
             "s3",
             endpoint_url=endpoint_url,

@@ -64,6 +64,8 @@ def test_a_keyless_start_makes_a_0600_admin_key_and_admin_calls_need_it(tmp_path
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert key in server.output()  # said once, on stderr
         assert "no API keys: any local process may use the models" in server.output()
+        # Where the dashboard is, in the form a browser opens.
+        assert f"dashboard at {server.base}/dashboard" in server.output()
         for path_, method in [("/admin/status", "GET"), ("/admin/sql", "POST")]:
             for refused in ({}, {"Authorization": "Bearer sk-anything"}):
                 reply = httpx.request(method, server.base + path_, json=SELECT, headers=refused)

@@ -345,6 +345,14 @@ def _say_started(settings: ServeSettings, configured_key: bool) -> None:
         file=sys.stderr,
         flush=True,
     )
+    if not p.primary_url:
+        host = "127.0.0.1" if p.host in ("0.0.0.0", "::") else p.host
+        print(
+            f"onjob serve: dashboard at http://{host}:{p.port}/dashboard "
+            "(its password: the admin key)",
+            file=sys.stderr,
+            flush=True,
+        )
     if not p.primary_url and settings.loop.train and settings.loop.interval_s > 0:
         print(
             f"onjob serve: release mode {static_mode(settings).reason}",

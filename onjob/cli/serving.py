@@ -67,7 +67,7 @@ def _dry_run(settings: EngineSettings, build: str) -> int:
 
     if settings.backend != "vllm":
         raise Refused("--dry-run applies to --backend vllm")
-    found = None  # the command a GPU host's `pip install 'onjob[vllm]'` would run
+    found = None  # the command a GPU host's `pip install -e '.[vllm]'` would run
     if build != "gpu":
         with contextlib.suppress(vllm_install.NotInstalled):
             found = vllm_install.find(settings.vllm_python)

