@@ -93,11 +93,17 @@ def admin_error(resp) -> str:
         return resp.text[:300]
 
 
+def local_url(proxy) -> str:
+    """Where a process on this host reaches the server [proxy] describes: one listening on
+    every address is reached on loopback."""
+    host = proxy.host if proxy.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    return f"http://{host}:{proxy.port}"
+
+
 def admin_endpoint(settings, args: argparse.Namespace) -> tuple[str, dict]:
     """The running server's base URL (`--server`, else [proxy] host and port) and the
     admin key's header: proxy.admin_key, else the key file beside the database."""
-    host = settings.proxy.host if settings.proxy.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    server = (getattr(args, "server", None) or f"http://{host}:{settings.proxy.port}").rstrip("/")
+    server = (getattr(args, "server", None) or local_url(settings.proxy)).rstrip("/")
     key = settings.proxy.admin_key
     if not key:  # the key `onjob serve` made beside the database, if it did
         try:

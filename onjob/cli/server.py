@@ -31,6 +31,7 @@ from ..proxy import (
 from ..proxy.lean import LeanUpstream
 from ..proxy.pool import Pool, Replica
 from . import admin_key, deadlines
+from .common import local_url
 from .exits import Failed, Refused
 from .process import EngineProcess
 from .settings import ServeSettings
@@ -346,10 +347,8 @@ def _say_started(settings: ServeSettings, configured_key: bool) -> None:
         flush=True,
     )
     if not p.primary_url:
-        host = "127.0.0.1" if p.host in ("0.0.0.0", "::") else p.host
         print(
-            f"onjob serve: dashboard at http://{host}:{p.port}/dashboard "
-            "(its password: the admin key)",
+            f"onjob serve: dashboard at {local_url(p)}/dashboard (its password: the admin key)",
             file=sys.stderr,
             flush=True,
         )
