@@ -18,11 +18,14 @@ from onjob.deploy import deployments, holdout, pairs, prompts, registry, stats
 from onjob.deploy.loop import run_once
 from onjob.judge import JudgeSettings, run_pass, tables
 from onjob.judge.settings import RewardFn
+from onjob.proxy.tenants import Lineage
 
 from .conftest import record_trained, rows
 from .test_adapter_control import ALIAS, VLLM, checkpoint_path, operator_on
 from .test_adapter_control import db as db
 from .test_reward_hacking import HEDGING, QUESTION, engine, scripted, settings
+
+AGENT = Lineage("agent")  # the shared lineage of a server with no tenants
 
 
 def logged(db, n: int, scenario: str = "scn", prefix: str = "x") -> list[dict]:
@@ -193,9 +196,9 @@ def test_held_out_prompts_leave_out_conversations_the_lineage_trained_on(
         record_trained(store, "parent", tiny_adapter_dir, tiny_model_dir, groups=["g-old"])
         registry.add(store, tiny_adapter_dir, "cand", tiny_model_dir)
         store.con.execute("UPDATE checkpoints SET parent = 'parent' WHERE name = 'cand'")
-        chosen = prompts.held_out(store, "agent", ["scn-held"], 10, lineage=[None, "cand"])
+        chosen = prompts.held_out(store, AGENT, ["scn-held"], 10, chain=[None, "cand"])
         assert {p["trajectory_id"] for p in chosen} == {"ht-1", "ht-2", "ht-3"}
-        every = prompts.held_out(store, "agent", ["scn-held"], 10)
+        every = prompts.held_out(store, AGENT, ["scn-held"], 10)
         assert len(every) == len(logged_turns)
     finally:
         store.close()

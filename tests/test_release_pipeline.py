@@ -15,11 +15,14 @@ from onjob.deploy import deployments, pairs, prompts, release
 from onjob.deploy.records import Routing
 from onjob.deploy.settings import GateSettings
 from onjob.judge.settings import RewardFn
+from onjob.proxy.tenants import Lineage
 
 from .conftest import record_trained, rows
 from .test_reward_hacking import HEDGING, QUESTION, scripted, settings
 
 EXACT = GateSettings(rewards={"exact": RewardFn(fn="tests.hacking_rewards:exact")})
+
+AGENT = Lineage("agent")  # the shared lineage of a server with no tenants
 
 
 def trained_candidate(store, adapter, base) -> None:
@@ -190,13 +193,13 @@ def test_a_test_draws_one_turn_per_conversation_any_turn(tmp_path):
     try:
         log(store, 30, "c", "now()", turns=3)
         since = datetime.now(UTC) - timedelta(minutes=1)
-        chosen = prompts.fresh(store, "agent", since, 100, tests=["offline:x"])
+        chosen = prompts.fresh(store, AGENT, since, 100, tests=["offline:x"])
         assert len(chosen) == 30
         assert len({p["trajectory_id"] for p in chosen}) == 30
         # Tool-call and other earlier turns are drawn too, not only each conversation's last.
         assert {p["turn"] for p in chosen} == {0, 1, 2}
         # The same test draws the same turns again (a resumed test repeats nothing).
-        again = prompts.fresh(store, "agent", since, 100, tests=["offline:x"])
+        again = prompts.fresh(store, AGENT, since, 100, tests=["offline:x"])
         assert {p["id"] for p in again} == {p["id"] for p in chosen}
     finally:
         store.close()

@@ -18,7 +18,9 @@ from openai import OpenAI
 from pydantic import ValidationError
 
 from onjob.collector import Store
+from onjob.collector.scope import KeyScope
 from onjob.proxy import ProxySettings
+from onjob.proxy.tenants import Lineage
 from onjob.trainer import TrainSettings, snapshot
 
 from .conftest import rows
@@ -97,13 +99,14 @@ def snapshot_keys(db: Path, path: Path, untrained: list[str]) -> set[str]:
     """The API keys of every exchange a training snapshot holds."""
     store = Store(db)
     try:
-        info = snapshot.export(store, path, TrainSettings(min_spread=0.0), untrained_keys=untrained)
+        scope = KeyScope(never=tuple(untrained))
+        info = snapshot.export(store, path, TrainSettings(min_spread=0.0), scope=scope)
         ids = [i for turns in pq.read_table(path).column("exchange_ids").to_pylist() for i in turns]
         assert info["groups"] and ids
         keys = store.query(
             "SELECT DISTINCT api_key_id FROM exchanges WHERE list_contains(?, id)", [ids]
         )
-        assert snapshot.trainable(store, TrainSettings(min_spread=0.0), untrained_keys=untrained)
+        assert snapshot.trainable(store, TrainSettings(min_spread=0.0), scope=scope)
     finally:
         store.close()
     return {r["api_key_id"] for r in keys}
@@ -277,11 +280,10 @@ def test_canary_held_out_and_compare_prompts_leave_untrained_keys_out(tmp_path):
         logged_turns(store, {"alice": "scn_a", "carol": "scn_c"})
         since = datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=1)
         for untrained, keys in (([], {"alice", "carol"}), (["carol"], {"alice"})):
-            picked = prompts.fresh(store, "agent", since, 10, untrained_keys=untrained)
+            agent = Lineage("agent", scope=KeyScope(never=tuple(untrained)))
+            picked = prompts.fresh(store, agent, since, 10)
             assert {p["api_key_id"] for p in picked} == keys
-            held = prompts.held_out(
-                store, "agent", ["scn_a", "scn_c"], 10, untrained_keys=untrained
-            )
+            held = prompts.held_out(store, agent, ["scn_a", "scn_c"], 10)
             assert {p["api_key_id"] for p in held} == keys
     finally:
         store.close()
@@ -290,7 +292,8 @@ def test_canary_held_out_and_compare_prompts_leave_untrained_keys_out(tmp_path):
         collector = Collector(CollectorSettings(db=db))
         await collector.start()
         try:
-            chosen = await compare._prompts(collector, 10, None, None, [], untrained)
+            scope = KeyScope(never=tuple(untrained))
+            chosen = await compare._prompts(collector, 10, None, None, [], scope)
         finally:
             await collector.close()
         return {p["api_key_id"] for p in chosen}

@@ -73,6 +73,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 scenario=args.scenario,
                 file=Path(args.file) if args.file else None,
                 samples=args.samples,
+                tenant=args.tenant,
                 echo=(lambda line: print(line, file=sys.stderr)) if args.json else print,
             )
         )
@@ -96,12 +97,17 @@ def cmd_route(args: argparse.Namespace) -> int:
 
     from ..deploy import deployments
     from ..deploy.records import Routing
+    from ..proxy.tenants import Tenants, UnknownTenant
 
     command = args.command
-    body = {"alias": args.alias, "reason": args.reason}
+    body = {"alias": args.alias, "reason": args.reason, "tenant": args.tenant}
     if command == "canary":
         body.update(checkpoint=args.checkpoint, fraction=args.fraction)
     settings = load_settings(args, collector=given(db=args.db))
+    try:  # the tenant checked here too: with no server, the change is recorded offline
+        lineage = Tenants.of(settings.proxy).routed(args.alias, args.tenant)
+    except UnknownTenant as exc:
+        raise Refused(str(exc)) from exc
     answer = ask_admin(args, settings, command, body, timeout=300)
     online = answer is not None
     if online:
@@ -113,12 +119,12 @@ def cmd_route(args: argparse.Namespace) -> int:
             row = offline(
                 settings,
                 lambda st: deployments.set_canary(
-                    st, args.alias, args.checkpoint, args.fraction, **common
+                    st, lineage, args.checkpoint, args.fraction, **common
                 ),
             )
         else:
             fn = getattr(deployments, command)
-            row = offline(settings, lambda st: fn(st, args.alias, **common))
+            row = offline(settings, lambda st: fn(st, lineage, **common))
     _show_route(row, online)
     return Exit.OK
 
@@ -129,6 +135,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from ..deploy import deployments, fit, registry, reviews
     from ..deploy.records import Arms, Routing
     from ..judge import Agreement, judge_agreement
+    from ..proxy.tenants import Tenants
 
     settings = load_settings(args, collector=given(db=args.db))
     status = ask_admin(args, settings, "status", timeout=30)
@@ -136,7 +143,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
         def read(st):
             return (
-                deployments.routes(st, settings.proxy.aliases),
+                deployments.routes(st, Tenants.of(settings.proxy).defaults(settings.proxy.aliases)),
                 registry.checkpoints(st),
                 deployments.history(st, 10),
                 judge_agreement(st),
@@ -246,6 +253,7 @@ def add_commands(sub) -> None:
     cmp.add_argument("--scenario", help="only this scenario (key or id)")
     cmp.add_argument("--file", help="JSONL of chat requests ({messages, tools, ...}) instead")
     cmp.add_argument("--samples", type=int, default=1, help="answers per checkpoint per prompt")
+    cmp.add_argument("--tenant", help="only prompts of this tenant's keys (proxy.tenants)")
     cmp.add_argument("--json", action="store_true", help="print the result as JSON")
     cmp.add_argument("--model", help="RULER judge (litellm model name)")
     cmp.add_argument("--api-base", help="the judge's OpenAI-compatible base URL")
@@ -253,6 +261,11 @@ def add_commands(sub) -> None:
 
     routing = argparse.ArgumentParser(add_help=False, parents=[SERVER, CONFIG, DATABASE])
     routing.add_argument("--reason", default="by hand", help="recorded with the change")
+    routing.add_argument(
+        "--tenant",
+        help="the tenant's lineage of ALIAS (a name in proxy.tenants; default: the shared one, "
+        "which serves every key no tenant holds)",
+    )
 
     about = (
         "Asks the running `onjob serve` (admin API, proxy.admin_key) so it takes effect at "

@@ -31,6 +31,7 @@ from ..openai_errors import openai_error
 from ..proxy import Router
 from ..proxy.auth import Doors
 from ..proxy.errors import BadRequest, Conflict
+from ..proxy.tenants import UnknownTenant
 from . import adapters, deployments, fit, progress, registry, reviews, training
 from .loop import LoopState, PeriodicLoop
 from .operator import Operator
@@ -43,6 +44,7 @@ class CanaryBody(msgspec.Struct, forbid_unknown_fields=True):
     checkpoint: str
     fraction: float = 0.1
     reason: str = "set by hand"
+    tenant: str | None = None  # the tenant's lineage of the alias (none: the shared one)
 
 
 class ForgetBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -70,6 +72,7 @@ class LoopBody(msgspec.Struct, forbid_unknown_fields=True):
 class AliasBody(msgspec.Struct, forbid_unknown_fields=True):
     alias: str
     reason: str = "by hand"
+    tenant: str | None = None
 
 
 def _conflict(request: Request, exc: Exception) -> Response:
@@ -127,6 +130,7 @@ def _release_routes(settings, collector: Collector, router: Router, operator, lo
                 for alias, a in router.arms.items()
             },
             "base_model": router.base_model,
+            "tenants": {t: list(keys) for t, keys in router.tenants.keys.items()},
             "engines": operator.pool.status() if operator.pool else [],
             "collector": collector.stats(),
             "deployments": history,
@@ -141,19 +145,25 @@ def _release_routes(settings, collector: Collector, router: Router, operator, lo
     async def checkpoints() -> dict:
         return {"checkpoints": await collector.query(registry.checkpoints)}
 
+    def lineage(data: CanaryBody | AliasBody) -> str:
+        try:
+            return router.tenants.routed(data.alias, data.tenant)
+        except UnknownTenant as exc:
+            raise BadRequest(str(exc), param="tenant") from exc
+
     @post("/canary", status_code=200)
     async def canary(data: CanaryBody) -> Change:
         return await operator.set_canary(
-            data.alias, data.checkpoint, data.fraction, reason=data.reason, actor="admin-api"
+            lineage(data), data.checkpoint, data.fraction, reason=data.reason, actor="admin-api"
         )
 
     @post("/promote", status_code=200)
     async def promote(data: AliasBody) -> Change:
-        return await operator.promote(data.alias, reason=data.reason, actor="admin-api")
+        return await operator.promote(lineage(data), reason=data.reason, actor="admin-api")
 
     @post("/rollback", status_code=200)
     async def rollback(data: AliasBody) -> Change:
-        return await operator.rollback(data.alias, reason=data.reason, actor="admin-api")
+        return await operator.rollback(lineage(data), reason=data.reason, actor="admin-api")
 
     @post("/loop", status_code=200)
     async def loop_switch(data: LoopBody) -> dict:

@@ -18,7 +18,9 @@ import httpx
 
 from ..collector import Collector, rebuilt
 from ..collector.ids import new_id
+from ..collector.scope import KeyScope
 from ..judge import rewards, sampling
+from ..proxy.tenants import Tenants
 from . import adapters, registry, stats
 from .errors import NothingToJudge, UnknownCheckpoint
 from .judging import engine_client
@@ -38,8 +40,11 @@ async def compare(
     scenario: str | None = None,
     file: Path | None = None,
     samples: int = 1,
+    tenant: str | None = None,
     echo=print,
 ) -> dict:
+    """`tenant`: logged prompts of its keys alone (none: of every key but
+    `proxy.untrained_keys`)."""
     started = time.perf_counter()
     s = settings.judge.model_copy(update={"group_size": samples})
     fns = rewards.load(s.rewards)
@@ -55,8 +60,14 @@ async def compare(
                 for arm, name in (("a", a), ("b", b))
             }
             trained = [name for name in (a, b) if name not in BASE and name != base]
-            untrained = settings.proxy.untrained_keys
-            chosen = await _prompts(db, prompts, scenario, file, trained, untrained)
+            tenants = Tenants.of(settings.proxy)
+            tenants.routed(settings.loop.alias, tenant)  # an unknown tenant refused by name
+            scope = (
+                tenants.lineage(settings.loop.alias, tenant).scope
+                if tenant
+                else KeyScope(None, tenants.untrained)
+            )
+            chosen = await _prompts(db, prompts, scenario, file, trained, scope)
             echo(
                 f"comparing {a} (A) and {b} (B) on {len(chosen)} prompts, {samples} answer(s) each"
             )
@@ -88,11 +99,11 @@ async def _prompts(
     scenario: str | None,
     file: Path | None,
     trained: list[str],
-    untrained_keys: list[str],
+    scope: KeyScope,
 ) -> list[dict]:
     """The file's requests; or recent production turns (of one scenario), one per
-    conversation, in no conversation either checkpoint's lineage trained on, of no API key
-    in `untrained_keys`."""
+    conversation, in no conversation either checkpoint's lineage trained on, of the keys in
+    `scope`."""
     if file is not None:
         out = []
         for i, line in enumerate(file.read_text().splitlines()):
@@ -112,17 +123,17 @@ async def _prompts(
                     }
                 )
         return out[:n] if n else out
+    mine, keys = scope.sql("e.api_key_id")
     ids = (
         "SELECT e.id, e.ts FROM exchanges e JOIN scenarios s ON s.id = e.scenario_id "
-        "WHERE e.status < 400 AND e.source = 'production' "
-        "AND NOT coalesce(list_contains(?::VARCHAR[], e.api_key_id), false) "
+        f"WHERE e.status < 400 AND e.source = 'production' AND {mine} "
         f"AND e.trajectory_id NOT IN ({TRAINED_CONVERSATIONS}) "
         + ("AND (s.key = ? OR s.id = ?) " if scenario else "")
         + "QUALIFY row_number() OVER (PARTITION BY e.trajectory_id ORDER BY e.ts DESC) = 1 "
         + "ORDER BY e.ts DESC LIMIT ?"
     )
     sql = f"SELECT * FROM {rebuilt(ids)} ORDER BY ts DESC"
-    params = [untrained_keys, trained] + ([scenario, scenario, n] if scenario else [n])
+    params = [*keys, trained] + ([scenario, scenario, n] if scenario else [n])
     return await db.query(lambda st: st.query(sql, params))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..proxy.tenants import Lineage
 from . import shape, stats, trust
 from .settings import LoopSettings
 
@@ -42,16 +43,17 @@ def on_candidate(
     ]
 
 
-def on_traffic(store, alias: str, since, settings: LoopSettings) -> list[Guard]:
-    """The guards on the alias's real traffic since the canary started."""
-    answers = shape.real_traffic(store, alias, since)
+def on_traffic(store, lineage: Lineage, since, settings: LoopSettings) -> list[Guard]:
+    """The guards on the lineage's real traffic (its alias, its keys) since the canary
+    started."""
+    answers = shape.real_traffic(store, lineage, since)
     return [
-        Guard.of("service", _errors_and_latency(store, alias, since, settings)),
+        Guard.of("service", _errors_and_latency(store, lineage, since, settings)),
         Guard.of("traffic", shape.guards(answers, settings, "real traffic")),
     ]
 
 
-def _errors_and_latency(store, alias: str, since, settings: LoopSettings) -> dict:
+def _errors_and_latency(store, lineage: Lineage, since, settings: LoopSettings) -> dict:
     """Errors and latency per conversation on each arm since the canary began; no
     promotion before each arm served `min_guard_conversations` conversations. Errors are
     the engine's and onjob's (a canary whose adapter fails counts), not the client's (400,
@@ -61,16 +63,18 @@ def _errors_and_latency(store, alias: str, since, settings: LoopSettings) -> dic
     `max_error_increase`. Latency: the share of canary conversations slower than
     `max_latency_ratio` times live's median conversation; over one half means the canary's
     median is beyond the ratio."""
+    mine, scope = lineage.scope.sql("api_key_id")
     rows = store.query(
-        """
+        f"""
         SELECT arm, trajectory_id,
                bool_or(status >= 400 AND status NOT IN (400, 401, 413, 499)) AS failed,
                median(latency_ms) FILTER (WHERE status < 400) AS latency_ms
         FROM exchanges
         WHERE model_alias = ? AND ts >= ? AND source = 'production' AND arm IN ('live', 'canary')
+          AND {mine}
         GROUP BY arm, trajectory_id
         """,
-        [alias, since],
+        [lineage.alias, since, *scope],
     )
     arms: dict[str, list[dict]] = {"live": [], "canary": []}
     for r in rows:

@@ -32,11 +32,13 @@ import httpx
 from ..collector import Collector
 from ..judge import JudgeError, run_pass
 from ..proxy import Router
+from ..proxy.tenants import Tenants
 from ..trainer import snapshot
 from . import deployments, fit, holdout, ledger, release, training
 from .errors import DeployError
 from .judging import engine_client
 from .operator import Operator
+from .records import Routing
 from .settings import DeploySettings
 
 log = logging.getLogger("onjob.loop")
@@ -54,6 +56,8 @@ class LoopState:
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     budget: dict[str, dict] = field(default_factory=dict)  # stage -> its daily budget, if set
     fitted: fit.Fitted | None = None  # the settings fitted to the traffic, this iteration
+    lineages: dict[str, dict] = field(default_factory=dict)  # name -> live, canary, groups
+    last_trained: str | None = None  # the lineage that trained last (the trainer's turn)
 
     @contextlib.contextmanager
     def doing(self, stage: str):
@@ -73,6 +77,8 @@ class LoopState:
             "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
             "budget": self.budget,
             "fitted": self.fitted.as_dict() if self.fitted else None,
+            "lineages": self.lineages,
+            "last_trained": self.last_trained,
         }
 
 
@@ -86,45 +92,100 @@ async def run_once(
 ) -> None:
     state = state or LoopState()
     state.iterations += 1
-    loop, alias = settings.loop, settings.loop.alias
     fitted = await db.query(lambda st: fit.current(st, settings))
     if state.fitted is None or _said(state.fitted) != _said(fitted):
         echo(f"fitted to the traffic: {fitted.line()}")
     state.fitted = fitted
-    routing = (await db.query(deployments.current)).get(alias)
-    pipeline = release.Release(db, engine, operator, settings, echo)
-    if loop.train and not (routing and routing.canary):
-        with state.doing("offline test"):
-            await release.orphans(pipeline, routing)
-        routing = (await db.query(deployments.current)).get(alias)
-    if loop.train and routing and routing.canary:
-        # The open comparison before the judge pass (which can take minutes on a CPU):
-        # the decision comes as soon as the pairs allow.
-        with state.doing("compare"):
-            await release.canary_round(pipeline, routing)
-        routing = (await db.query(deployments.current)).get(alias)
-    live = routing.live if routing else settings.proxy.aliases.get(alias)
-    comparing = loop.train and routing is not None and routing.canary is not None
     held = await db.query(lambda st: holdout.held_out(st, fitted.holdout_share))
+    # Each lineage of the alias (the shared one, then each tenant's) decides its own
+    # candidates; one judge pass serves them all (a group is one key's, so one lineage's).
+    lines = [
+        Line(release.Release(db, engine, operator, settings, echo, lineage=lineage))
+        for lineage in Tenants.of(settings.proxy).lineages(settings.loop.alias)
+    ]
+    for line in lines:
+        await line.decide_open(held, state)
+    state.lineages = {line.name: line.as_dict() for line in lines}
+    needs_groups = [line for line in lines if line.ready < fitted.min_new_groups]
+    if any(line.comparing for line in lines) and not needs_groups:
+        # While a comparison needs the engine, sample no more than the next runs will use.
+        waiting = ", ".join(f"{line.name} {line.ready}" for line in lines)
+        echo(f"judge pass skipped while comparing: groups wait for the next runs ({waiting})")
+        return
+    await _judge_pass(db, engine, settings, held, echo, state)
+    if not settings.loop.train:
+        return
+    ready = [line for line in lines if not line.comparing]
+    for line in _round_robin(ready, state.last_trained):
+        await line.count(held)
+        if await _may_train(line, echo, state):
+            state.last_trained = line.name
+            await _train_and_release(line, held, state)
+            return  # one run per iteration: the next lineage's turn comes next time
 
-    def trainable(st) -> int:
-        return snapshot.trainable(
-            st,
-            settings.trainer,
-            live=live,
-            held_out=held,
-            untrained_keys=settings.proxy.untrained_keys,
+
+@dataclass
+class Line:
+    """One lineage in an iteration: its pipeline, its routing, its live checkpoint and how
+    many groups a run of it would take."""
+
+    pipeline: release.Release
+    routing: Routing | None = None
+    ready: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.pipeline.alias
+
+    @property
+    def live(self) -> str | None:
+        return self.routing.live if self.routing else self.pipeline.default_live
+
+    @property
+    def comparing(self) -> bool:
+        return self.pipeline.settings.loop.train and bool(self.routing and self.routing.canary)
+
+    async def decide_open(self, held, state: LoopState) -> None:
+        """Orphaned candidates decided, then a round of the open canary (before the judge
+        pass, which can take minutes on a CPU: the decision comes as soon as the pairs
+        allow); the routing and groups ready as they are after."""
+        r = self.pipeline
+        await self._read()
+        if r.settings.loop.train and not self.comparing:
+            with state.doing("offline test"):
+                await release.orphans(r, self.routing)
+            await self._read()
+        if self.comparing:
+            with state.doing("compare"):
+                await release.canary_round(r, self.routing)
+            await self._read()
+        await self.count(held)
+
+    async def _read(self) -> None:
+        self.routing = (await self.pipeline.db.query(deployments.current)).get(self.name)
+
+    async def count(self, held) -> None:
+        r = self.pipeline
+        self.ready = await r.db.query(
+            lambda st: snapshot.trainable(
+                st, r.settings.trainer, live=self.live, held_out=held, scope=r.lineage.scope
+            )
         )
 
-    if comparing:
-        # While a comparison needs the engine, sample no more than the next run will use.
-        ready = await db.query(trainable)
-        if ready >= fitted.min_new_groups:
-            echo(f"judge pass skipped while comparing: {ready} groups wait for the next run")
-            return
-    await _judge_pass(db, engine, settings, held, echo, state)
-    if loop.train and not comparing and await _may_train(db, settings, trainable, echo, state):
-        await _train_and_release(pipeline, live, held, state)
+    def as_dict(self) -> dict:
+        return {
+            "live": self.live,
+            "canary": self.routing.canary if self.routing else None,
+            "ready_groups": self.ready,
+        }
+
+
+def _round_robin(lines: list[Line], last: str | None) -> list[Line]:
+    """`lines` in turn, starting after the one that trained last: every lineage with
+    groups ready gets the trainer in its turn, however busy the others are."""
+    names = [line.name for line in lines]
+    start = names.index(last) + 1 if last in names else 0
+    return lines[start:] + lines[:start]
 
 
 async def _judge_pass(db, engine, settings: DeploySettings, held, echo, state) -> None:
@@ -144,22 +205,23 @@ async def _judge_pass(db, engine, settings: DeploySettings, held, echo, state) -
         state.budget["judge"] = report.budget.as_dict()
 
 
-async def _may_train(db, settings: DeploySettings, trainable, echo, state) -> bool:
-    """Whether a run may start now: the trainer's daily budget, enough new groups, and the
-    alias's candidate budget and back-off (each candidate spends a share of alpha)."""
-    loop = settings.loop
-    budget = await training.budget(db, settings)
+async def _may_train(line: Line, echo, state) -> bool:
+    """Whether the lineage's run may start now: the trainer's daily budget, enough new
+    groups, and the lineage's candidate budget and back-off (each candidate spends a share
+    of its alpha)."""
+    r = line.pipeline
+    budget = await training.budget(r.db, r.settings)
     if budget is not None:
         state.budget["train"] = budget.as_dict()
         if budget.spent_out:
             echo(f"train: {budget.status()}; the groups wait")
             return False
-    ready, wanted = await db.query(trainable), state.fitted.min_new_groups
-    if ready < wanted:
-        echo(f"train: {ready} new trainable groups, waiting for {wanted}")
+    wanted = state.fitted.min_new_groups
+    if line.ready < wanted:
+        echo(f"train {line.name}: {line.ready} new trainable groups, waiting for {wanted}")
         return False
-    if why := await db.query(lambda st: ledger.waits(st, loop.alias, loop)):
-        echo(f"train: {why}")
+    if why := await r.db.query(lambda st: ledger.waits(st, line.name, r.settings.loop)):
+        echo(f"train {line.name}: {why}")
         return False
     return True
 
@@ -169,23 +231,25 @@ def _said(f: fit.Fitted) -> tuple:
     return f.holdout_share, f.min_new_groups, f.canary_fraction, f.settle_s
 
 
-async def _train_and_release(pipeline: release.Release, live, held, state) -> None:
+async def _train_and_release(line: Line, held, state) -> None:
+    r = line.pipeline
     with state.doing("train"):
         manifest = await training.train(
-            pipeline.db,
-            pipeline.settings,
-            parent=live,
+            r.db,
+            r.settings,
+            parent=line.live,
             held_out=held,
-            engine_sampler=await training.sampler(pipeline.engine),
+            engine_sampler=await training.sampler(r.engine),
             started_by="loop",
-            engine=pipeline.engine,
-            echo=pipeline.echo,
+            engine=r.engine,
+            echo=r.echo,
+            lineage=r.lineage,
         )
     if manifest is None:
         return
     with state.doing("offline test"):
         await release.trained(
-            pipeline, live=live, candidate=manifest.name, trained_on=len(manifest.groups)
+            r, live=line.live, candidate=manifest.name, trained_on=len(manifest.groups)
         )
 
 
@@ -252,7 +316,7 @@ async def run(settings: DeploySettings, *, once: bool, echo) -> None:
     await db.start()
     try:
         async with engine_client(settings) as engine:
-            router = Router(settings.proxy.aliases, upstream=None)
+            router = Router(settings.proxy.aliases, None, Tenants.of(settings.proxy))
             operator = Operator(db, router, engine, settings.proxy.aliases)
             await operator.restore()
             while True:

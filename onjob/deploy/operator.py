@@ -38,7 +38,8 @@ class Operator:
         self.collector = collector
         self.router = router
         self.engine = engine  # the judge's and the trainer's engine (the pool's first)
-        self.default_live = default_live
+        # lineage name -> its live before any decision: its alias's configured checkpoint
+        self.default_live = router.tenants.defaults(default_live)
         # Every engine adapters go to: the pool's replicas, or `engine` alone.
         self.pool = pool
         if pool is not None:

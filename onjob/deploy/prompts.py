@@ -1,11 +1,13 @@
 """Which logged prompts a candidate's test may use: ones it cannot have trained on.
 
-Every source is production turns of the alias, of no API key in `untrained_keys`, in no
-conversation the lineage's training snapshots hold (`TRAINED_CONVERSATIONS`: an answer a
-checkpoint was trained towards is not evidence about it), in no conversation the test
-already drew from (turns of one conversation are not independent evidence), one turn per
-conversation, any turn (tool-call turns included), chosen by a hash of its id and the
-test's name, so a resumed test draws the same ones. Two sources:
+Every source is production turns of the alias, of the lineage's own API keys (its tenant's,
+or for the shared lineage every key no tenant holds; never one in `proxy.untrained_keys`:
+`Lineage.scope`), in no conversation the checkpoints' training snapshots hold
+(`TRAINED_CONVERSATIONS`: an answer a checkpoint was trained towards is not evidence about
+it), in no conversation the test already drew from (turns of one conversation are not
+independent evidence), one turn per conversation, any turn (tool-call turns included),
+chosen by a hash of its id and the test's name, so a resumed test draws the same ones. Two
+sources:
 
 - `held_out`: the held-out slice's scenarios (`holdout`), whenever logged;
 - `fresh`: any scenario, logged on the live arm after `since` (the candidate's training
@@ -17,6 +19,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from ..collector import rebuilt
+from ..proxy.tenants import Lineage
 
 # Conversations in the training snapshot of a checkpoint or any of its ancestors: the
 # lineage's train runs, their groups, and every conversation those groups' members are in.
@@ -37,36 +40,34 @@ WHERE m.trajectory_id IS NOT NULL
 
 def held_out(
     store,
-    alias: str,
+    lineage: Lineage,
     scenarios: list[str],
     n: int,
     *,
-    lineage: list[str | None] | tuple = (),
+    chain: list[str | None] | tuple = (),
     tests: list[str] | tuple = (),
-    untrained_keys: list[str] | tuple = (),
 ) -> list[dict]:
-    """Up to `n` prompts of the held-out `scenarios` for a test of the checkpoints in
-    `lineage` (live and the candidate; their ancestors are followed) that drew from
-    `tests` so far."""
+    """Up to `n` of `lineage`'s prompts of the held-out `scenarios` for a test of the
+    checkpoints in `chain` (live and the candidate; their ancestors are followed) that drew
+    from `tests` so far."""
     if not scenarios:
         return []
     where = "list_contains(?::VARCHAR[], e.scenario_id)"
-    return _choose(store, alias, where, [scenarios], n, lineage, tests, untrained_keys)
+    return _choose(store, lineage, where, [scenarios], n, chain, tests)
 
 
 def fresh(
     store,
-    alias: str,
+    lineage: Lineage,
     since: datetime,
     n: int,
     *,
-    lineage: list[str | None] | tuple = (),
+    chain: list[str | None] | tuple = (),
     tests: list[str] | tuple = (),
-    untrained_keys: list[str] | tuple = (),
 ) -> list[dict]:
-    """Up to `n` prompts logged on the live arm after `since`, any scenario."""
+    """Up to `n` of `lineage`'s prompts logged on the live arm after `since`, any scenario."""
     where = "e.arm = 'live' AND e.ts > ?"
-    return _choose(store, alias, where, [since], n, lineage, tests, untrained_keys)
+    return _choose(store, lineage, where, [since], n, chain, tests)
 
 
 def snapshot_time(store, checkpoint: str) -> datetime | None:
@@ -81,12 +82,13 @@ def snapshot_time(store, checkpoint: str) -> datetime | None:
     return rows[0]["since"] if rows else None
 
 
-def _choose(store, alias, where, params, n, lineage, tests, untrained_keys) -> list[dict]:
+def _choose(store, lineage: Lineage, where, params, n, chain, tests) -> list[dict]:
     key = tests[0] if tests else ""
+    mine, scope = lineage.scope.sql("e.api_key_id")
     ids = f"""
         SELECT e.id, e.ts FROM exchanges e
         WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ? AND {where}
-          AND NOT coalesce(list_contains(?::VARCHAR[], e.api_key_id), false)
+          AND {mine}
           AND e.trajectory_id NOT IN ({TRAINED_CONVERSATIONS})
           AND e.trajectory_id NOT IN (
               SELECT p.trajectory_id FROM groups g JOIN exchanges p ON p.id = g.prefix_exchange
@@ -94,8 +96,8 @@ def _choose(store, alias, where, params, n, lineage, tests, untrained_keys) -> l
         QUALIFY row_number() OVER (PARTITION BY e.trajectory_id ORDER BY hash(e.id, ?)) = 1
         ORDER BY e.ts DESC LIMIT ?
     """
-    lineage = [c for c in lineage if c]
+    chain = [c for c in chain if c]
     return store.query(
         f"SELECT * FROM {rebuilt(ids)} ORDER BY ts DESC",
-        [alias, *params, list(untrained_keys), lineage, list(tests), key, n],
+        [lineage.alias, *params, *scope, chain, list(tests), key, n],
     )

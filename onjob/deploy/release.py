@@ -23,13 +23,14 @@ one killed anywhere is picked up by the next iteration without repeating a pair.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 import httpx
 
 from ..collector import Collector
 from ..judge import rewards, sampling
+from ..proxy.tenants import Lineage, Tenants
 from . import deployments, fit, guards, ledger, pairs, prompts, reviews, stats, trust
 from .operator import Operator
 from .records import Routing
@@ -45,17 +46,34 @@ class Verdict:
 
 @dataclass
 class Release:
-    """What the pipeline works with: the database, the engine, the routing, the settings."""
+    """What the pipeline works with: the database, the engine, the routing, the settings,
+    and the lineage whose candidates it decides (default: `loop.alias`'s shared one)."""
 
     db: Collector
     engine: httpx.AsyncClient
     operator: Operator
     settings: DeploySettings
     echo: Callable[[str], None]
+    lineage: Lineage = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.lineage is None:
+            self.lineage = lineage_of(self.settings)
 
     @property
     def alias(self) -> str:
-        return self.settings.loop.alias
+        """The lineage's name: its key in the routing, the ledger and the decisions."""
+        return self.lineage.name
+
+    @property
+    def default_live(self) -> str | None:
+        """Its live checkpoint before any decision: the alias's configured one."""
+        return self.settings.proxy.aliases.get(self.lineage.alias)
+
+
+def lineage_of(settings: DeploySettings, name: str | None = None) -> Lineage:
+    """The lineage named `name` (`alias` or `alias@tenant`; default: `loop.alias`)."""
+    return Tenants.of(settings.proxy).named(name or settings.loop.alias)
 
 
 async def trained(r: Release, *, live: str | None, candidate: str, trained_on: int) -> None:
@@ -69,7 +87,7 @@ async def trained(r: Release, *, live: str | None, candidate: str, trained_on: i
                 st,
                 r.alias,
                 candidate,
-                default_live=r.settings.proxy.aliases.get(r.alias),
+                default_live=r.default_live,
                 reason=f"stopped before canary: {verdict.reason}",
                 actor="loop",
                 evidence=verdict.evidence,
@@ -101,8 +119,7 @@ async def offline_test(r: Release, *, live: str | None, candidate: str) -> Verdi
         await pairs.rejudge(r.db, s, fns, tests)
         await r.operator.load(candidate)
         arms = await _arms(r, live, candidate)
-        untrained = r.settings.proxy.untrained_keys
-        lineage = [live, candidate]
+        chain = [live, candidate]
 
         def held_prompts(st):
             scenarios = fit.held_out(st, r.settings)
@@ -110,22 +127,22 @@ async def offline_test(r: Release, *, live: str | None, candidate: str) -> Verdi
                 "SELECT count(*) AS n FROM groups WHERE kind = 'ab' AND test = ?", [tests[0]]
             )[0]["n"]
             n = max(0, loop.holdout_pairs - drawn)
-            return prompts.held_out(
-                st, r.alias, scenarios, n, lineage=lineage, tests=tests, untrained_keys=untrained
-            )
+            return prompts.held_out(st, r.lineage, scenarios, n, chain=chain, tests=tests)
 
         chosen = await r.db.query(held_prompts)
         await pairs.paired_round(r.db, r.engine, s, fns, chosen, arms, test=tests[0])
         since = await r.db.query(lambda st: prompts.snapshot_time(st, candidate))
         while since is not None:
-            verdict = await r.db.query(lambda st: decide(st, r.settings, candidate, live))
+            verdict = await r.db.query(
+                lambda st: decide(st, r.settings, candidate, live, lineage=r.lineage)
+            )
             if verdict.decision != "wait":
                 return verdict
-            chosen = await _fresh_round(r, since, lineage, tests)
+            chosen = await _fresh_round(r, since, chain, tests)
             if not chosen:
                 break
             await pairs.paired_round(r.db, r.engine, s, fns, chosen, arms, test=tests[1])
-    return await r.db.query(lambda st: decide(st, r.settings, candidate, live))
+    return await r.db.query(lambda st: decide(st, r.settings, candidate, live, lineage=r.lineage))
 
 
 async def canary_round(r: Release, routing: Routing) -> None:
@@ -145,7 +162,14 @@ async def canary_round(r: Release, routing: Routing) -> None:
         await _more_pairs(r, routing, s)
     verdict = await r.db.query(
         lambda st: decide(
-            st, r.settings, candidate, live, routing, rounds=rounds, capped=review is None
+            st,
+            r.settings,
+            candidate,
+            live,
+            routing,
+            rounds=rounds,
+            capped=review is None,
+            lineage=r.lineage,
         )
     )
     verdict.evidence["referee"] = s.scorers
@@ -197,19 +221,23 @@ def decide(
     rounds: int = 0,
     capped: bool = True,
     now: datetime | None = None,
+    lineage: Lineage | None = None,
 ) -> Verdict:
     """What the evidence so far says about `candidate`: before it serves anyone (no
     `routing`), or as `routing`'s canary after `rounds` looks. A guard that trips, or the
     test ruling out "better by margin + delta", sends it away; offline, a guard that holds
     does too (its own answers are off), and a passed test sends it on to the canary; as a
     canary, a passed test promotes once no guard holds, and the caps (`capped`; not while
-    a person reviews it) end an open test."""
+    a person reviews it) end an open test. `lineage`: whose candidate it is (default: the
+    routing's, else `loop.alias`'s shared one)."""
     loop = settings.loop
-    alias = routing.model_alias if routing is not None else loop.alias
+    if lineage is None:
+        lineage = lineage_of(settings, routing.model_alias if routing is not None else None)
+    alias = lineage.name
     tests = pairs.test_ids(alias, candidate, routing)
     checks = guards.on_candidate(store, candidate, tests, loop, pairs.judges(settings))
     if routing is not None:
-        checks = guards.on_traffic(store, alias, routing.ts, loop) + checks
+        checks = guards.on_traffic(store, lineage, routing.ts, loop) + checks
     rule, paired, level, missing = pairs.weigh(store, alias, candidate, tests, loop)
     evidence = _evidence(rule, paired, level, missing, checks, tests, live, routing)
     if tripped := next((g.tripped for g in checks if g.tripped), None):
@@ -242,9 +270,8 @@ async def orphans(r: Release, routing: Routing | None) -> None:
     that trained them stopped before their canary): the newest whose parent is still live
     resumes at its offline test; any other was trained from a live that has since changed,
     or is superseded by a newer one, and is retired with the reason."""
-    default = r.settings.proxy.aliases.get(r.alias)
-    live = routing.live if routing else default
-    found = await r.db.query(lambda st: st.query(ORPHANS))
+    live = routing.live if routing else r.default_live
+    found = await r.db.query(lambda st: st.query(ORPHANS, [r.settings.loop.alias, r.alias]))
     chosen = found[0] if found and found[0]["parent"] == live else None
     for i, row in enumerate(found):
         if row is chosen:
@@ -264,11 +291,13 @@ async def orphans(r: Release, routing: Routing | None) -> None:
         await trained(r, live=live, candidate=chosen["name"], trained_on=chosen["trained_on"])
 
 
-# Candidates the loop trained (a train run) that nothing routes to and nothing decided.
+# Candidates the loop trained (a train run) for one lineage that nothing routes to and
+# nothing decided. A run recorded before lineages is the loop alias's shared lineage's.
 ORPHANS = """
 SELECT c.name, c.parent, len(t.groups_used) AS trained_on
 FROM checkpoints c JOIN train_runs t ON t.id = c.train_run
 WHERE c.status = 'candidate' AND json_extract_string(t.config, '$.started_by') = 'loop'
+  AND coalesce(json_extract_string(t.config, '$.lineage'), ?) = ?
 ORDER BY c.created DESC, c.name
 """
 
@@ -280,7 +309,7 @@ def _retire(store, r: Release, name: str, reason: str) -> None:
         store,
         r.alias,
         name,
-        default_live=r.settings.proxy.aliases.get(r.alias),
+        default_live=r.default_live,
         reason=reason,
         actor="loop",
     )
@@ -307,17 +336,12 @@ async def _more_pairs(r: Release, routing: Routing, s) -> None:
     await pairs.paired_round(r.db, r.engine, s, fns, chosen, arms, test=tests[-1])
 
 
-async def _fresh_round(r: Release, since, lineage: list, tests: list[str]) -> list[dict]:
-    """A round's prompts logged on the live arm after `since`, none the test drew yet."""
+async def _fresh_round(r: Release, since, chain: list, tests: list[str]) -> list[dict]:
+    """A round's prompts of the lineage's keys logged on the live arm after `since`, none
+    the test drew yet."""
     return await r.db.query(
         lambda st: prompts.fresh(
-            st,
-            r.alias,
-            since,
-            r.settings.loop.pairs_per_round,
-            lineage=lineage,
-            tests=tests,
-            untrained_keys=r.settings.proxy.untrained_keys,
+            st, r.lineage, since, r.settings.loop.pairs_per_round, chain=chain, tests=tests
         )
     )
 

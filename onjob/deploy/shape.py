@@ -32,6 +32,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..judge.rollouts import json_value
+from ..proxy.tenants import Lineage
 from . import stats
 from .settings import LoopSettings
 
@@ -78,15 +79,16 @@ class Shapes:
         }
 
 
-def real_traffic(store, alias: str, since) -> dict[str, Shapes]:
-    """The answered production requests of each arm since `since`."""
+def real_traffic(store, lineage: Lineage, since) -> dict[str, Shapes]:
+    """The lineage's answered production requests of each arm since `since`."""
+    mine, scope = lineage.scope.sql("api_key_id")
     rows = store.query(
-        """
+        f"""
         SELECT arm, request, response, completion_token_ids FROM exchanges
         WHERE model_alias = ? AND ts >= ? AND source = 'production' AND status < 400
-          AND arm IN ('live', 'canary')
+          AND arm IN ('live', 'canary') AND {mine}
         """,
-        [alias, since],
+        [lineage.alias, since, *scope],
     )
     out = {"live": Shapes(), "canary": Shapes()}
     for r in rows:

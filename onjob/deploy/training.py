@@ -24,6 +24,7 @@ from .. import published
 from ..bucket import BucketError
 from ..collector import Collector, budgets
 from ..collector.ids import new_id
+from ..proxy.tenants import Lineage, Tenants
 from ..trainer import jobs, snapshot
 from ..trainer.manifest import Manifest
 from ..trainer.records import checkpoint_path, record_run, record_skipped
@@ -78,6 +79,7 @@ async def train(
     started_by: str = "onjob train",
     engine: httpx.AsyncClient | None = None,
     echo=print,
+    lineage: Lineage | None = None,
 ) -> Manifest | None:
     """One run on the groups not trained on yet; the manifest, or None when there was
     nothing to train on. The child writes into `<name>.partial`, renamed when it is done:
@@ -85,7 +87,8 @@ async def train(
     `engine_sampler` (`sampler()`) goes into the manifest's precision, `started_by` into
     its config: the loop decides its own candidates, even one a crash left undecided
     (`loop._orphans`), and never a person's. A run on this host shares it with `engine`
-    (`host.beside`: the engine serves on the cores the run leaves)."""
+    (`host.beside`: the engine serves on the cores the run leaves). `lineage` (default:
+    `loop.alias`'s shared one) is whose traffic it trains on, recorded in its config."""
     t, started = settings.trainer, time.monotonic()
     if t.runner == "local":
         t = t.model_copy(update={"threads": host.trainer_threads(t)})
@@ -95,10 +98,10 @@ async def train(
     # One run at a time: what a killed run left (its output, a job's checkpoint half fetched).
     for stale in [*t.checkpoints_dir.glob("*.partial"), *t.checkpoints_dir.glob(".*.fetch")]:
         shutil.rmtree(stale, ignore_errors=True)
-    untrained = settings.proxy.untrained_keys
+    lineage = lineage or Tenants.of(settings.proxy).lineage(settings.loop.alias)
     info = await db.query(
         lambda st: snapshot.export(
-            st, snap_path, t, live=parent, held_out=held_out, untrained_keys=untrained
+            st, snap_path, t, live=parent, held_out=held_out, scope=lineage.scope
         )
     )
     parent_dir = await db.query(lambda st: checkpoint_path(st, parent)) if parent else None
@@ -106,7 +109,8 @@ async def train(
         raise UnknownCheckpoint(f"checkpoint {parent!r} is not in the checkpoints table")
     echo(
         f"snapshot {snap_path}: {len(info['groups'])} groups, {info['members']} members "
-        f"(sampled by {parent or 'the base model'} or up to {t.max_staleness} checkpoints back)"
+        f"of {lineage.name} (sampled by {parent or 'the base model'} or up to "
+        f"{t.max_staleness} checkpoints back)"
     )
     if not info["groups"]:
         echo("nothing to train on: no scored group with a spread of rewards not trained on yet")
@@ -135,7 +139,7 @@ async def train(
     precision = manifest.precision
     if engine_sampler is not None:
         precision = {**precision, "sampler": engine_sampler}
-    config = {**manifest.config, "started_by": started_by}
+    config = {**manifest.config, "started_by": started_by, "lineage": lineage.name}
     manifest = msgspec.structs.replace(manifest, name=name, config=config, precision=precision)
     manifest.write(out)
     await db.query(lambda st: record_run(st, new_id("run-"), manifest, out, parent))

@@ -327,7 +327,9 @@ class Exchange:
             named = scoped(named, api_key_id)
         conversation = named or f"{api_key_id or ''}\0{k.opening}"
         where = Where(k, conversation, named, after_turn)
-        route = await router.resolve(body["model"], conversation, pin, any_checkpoint)
+        route = await router.resolve(
+            body["model"], conversation, pin, any_checkpoint, api_key_id=api_key_id
+        )
         return cls(
             new_id(id_prefix), body, raw, route, where, api_key_id, api=api, id_prefix=id_prefix
         )

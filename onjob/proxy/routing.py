@@ -11,6 +11,10 @@ checkpoint for one request: one the alias serves (live or canary), or any with t
 key (a candidate, a rolled-back checkpoint: what no user should get by asking). The base
 model's own name is an alias of itself, so an agent that already names it changes nothing
 but its `base_url`.
+
+With tenants (`proxy.tenants`), an alias has arms per lineage (`tenants.py`): a request is
+routed by its API key to its tenant's live or canary, or to the shared lineage's when no
+tenant holds the key; a pin picks among its own lineage's arms only.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 import msgspec
 
 from .errors import BadRequest, Forbidden, NotFound, UpstreamStatus
+from .tenants import SEPARATOR, Tenants, lineage_name
 from .upstream import Upstream
 
 LIVE = "live"
@@ -35,6 +40,11 @@ class Route:
     model: str  # the engine's model id to send
     checkpoint: str | None  # None: the base model
     arm: str
+    lineage: str = ""  # the lineage whose arm this is (`alias@tenant`); "": the alias's own
+
+    @property
+    def line(self) -> str:
+        return self.lineage or self.alias
 
 
 @dataclass(frozen=True)
@@ -54,8 +64,14 @@ def canary_share(conversation: str, canary: str) -> float:
 
 
 class Router:
-    def __init__(self, aliases: dict[str, str | None], upstream: Upstream) -> None:
-        self.arms = {alias: Arms(live) for alias, live in aliases.items()}
+    def __init__(
+        self, aliases: dict[str, str | None], upstream: Upstream, tenants: Tenants | None = None
+    ) -> None:
+        self.aliases = list(aliases)
+        self.tenants = tenants or Tenants()
+        # lineage name (`alias`, or `alias@tenant`) -> its arms; each starts at the alias's
+        # configured live checkpoint
+        self.arms = {name: Arms(live) for name, live in self.tenants.defaults(aliases).items()}
         self.upstream = upstream
         self.base_model: str | None = None
         self.listeners: list[Callable[[], None]] = []  # called after each change
@@ -63,9 +79,10 @@ class Router:
     @classmethod
     def from_settings(cls, settings, upstream: Upstream) -> Router:
         """Aliases and canaries as `[proxy]` configures them."""
-        router = cls(settings.aliases, upstream)
-        for alias, canary in settings.canaries.items():
-            router.set(alias, settings.aliases.get(alias), canary.checkpoint, canary.fraction)
+        router = cls(settings.aliases, upstream, Tenants.of(settings))
+        for name, canary in settings.canaries.items():
+            live = router.arms[name].live if name in router.arms else None
+            router.set(name, live, canary.checkpoint, canary.fraction)
         return router
 
     def set(
@@ -77,6 +94,8 @@ class Router:
         arms = Arms(live, canary, fraction if canary else 0.0)
         if self.arms.get(alias) == arms:
             return
+        if alias not in self.arms and alias.rpartition(SEPARATOR)[0] not in self.aliases:
+            self.aliases.append(alias)  # an alias the log routes that the settings lack
         self.arms[alias] = arms
         for listener in self.listeners:
             listener()
@@ -94,15 +113,24 @@ class Router:
         return self.base_model
 
     def names(self) -> list[str]:
-        names = list(self.arms)
+        names = list(self.aliases)
         if self.base_model and self.base_model not in names:
             names.append(self.base_model)
         return names
 
-    def sticky(self, name: str, checkpoint: str | None) -> str | None:
+    def lineage_of(self, name: str, api_key_id: str | None) -> str:
+        """The lineage that answers `api_key_id` when it asks for `name`: its tenant's, when
+        the alias has one, else the alias's shared one."""
+        tenant = self.tenants.tenant_of(api_key_id)
+        own = lineage_name(name, tenant)
+        return own if own in self.arms else name
+
+    def sticky(
+        self, name: str, checkpoint: str | None, api_key_id: str | None = None
+    ) -> str | None:
         """The pin that keeps a conversation on `checkpoint`'s arm of `name`, if it still is
         one (None: draw the arm as usual)."""
-        arms = self.arms.get(name)
+        arms = self.arms.get(self.lineage_of(name, api_key_id))
         if arms is None:
             return None
         if arms.canary and checkpoint == arms.canary:
@@ -112,10 +140,16 @@ class Router:
         return None
 
     async def resolve(
-        self, name: str, conversation: str, pin: str | None = None, any_checkpoint: bool = False
+        self,
+        name: str,
+        conversation: str,
+        pin: str | None = None,
+        any_checkpoint: bool = False,
+        api_key_id: str | None = None,
     ) -> Route:
         base = await self.discover()
-        arms = self.arms.get(name)
+        line = self.lineage_of(name, api_key_id)
+        arms = self.arms.get(line) if name in self.aliases else None
         if arms is None:
             if name != base:
                 raise NotFound(
@@ -133,21 +167,21 @@ class Router:
                     + (f" ({served})" if served else "")
                     + ": pin `live` or `canary`; pinning another checkpoint needs the admin key."
                 )
-            return Route(name, pin, pin, PINNED)
+            return Route(name, pin, pin, PINNED, line)
         if pin == CANARY and not arms.canary:
             raise BadRequest(f"`{name}` has no canary to pin (X-Onjob-Arm: canary).")
         canary = pin == CANARY or (
             pin is None and arms.canary and canary_share(conversation, arms.canary) < arms.fraction
         )
         if canary:
-            return Route(name, arms.canary, arms.canary, CANARY)
-        return Route(name, arms.live or base, arms.live, LIVE)
+            return Route(name, arms.canary, arms.canary, CANARY, line)
+        return Route(name, arms.live or base, arms.live, LIVE, line)
 
     def adapters(self) -> set[str]:
         """Every adapter some alias routes to (live or canary): what each engine must serve."""
         return {name for a in self.arms.values() for name in (a.live, a.canary) if name}
 
     def live(self, route: Route) -> Route:
-        """The live arm of `route`'s alias: what answers when a canary fails."""
-        arms = self.arms.get(route.alias, Arms())
-        return Route(route.alias, arms.live or self.base_model, arms.live, LIVE)
+        """The live arm of `route`'s lineage: what answers when a canary fails."""
+        arms = self.arms.get(route.line, Arms())
+        return Route(route.alias, arms.live or self.base_model, arms.live, LIVE, route.lineage)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -79,6 +80,14 @@ class ProxySettings(BaseModel):
         "like any key's) but never re-sampled, grouped, judged, compared or trained on, "
         "whatever they send; also keeps out what they logged before being listed, while "
         "listed (a retired key may stay listed). Needs api_keys",
+    )
+    tenants: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="tenant name -> the API key ids it holds: each tenant gets a lineage per "
+        "alias of its own (live and canary adapters, candidates, tests and release decisions, "
+        "learnt from its keys' traffic alone), starting from the alias's configured live "
+        "checkpoint; a key no tenant holds is served by, and trains, the alias's shared "
+        "lineage. Needs api_keys",
     )
     admin_key: str | None = Field(
         None,
@@ -219,6 +228,39 @@ class ProxySettings(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _tenants_hold_known_keys(self) -> ProxySettings:
+        if not self.tenants:
+            return self
+        if not self.api_keys:
+            raise ValueError("proxy.tenants names API key ids, but proxy.api_keys is empty")
+        held: dict[str, str] = {}
+        for tenant, keys in self.tenants.items():
+            if not TENANT_NAME.fullmatch(tenant):
+                raise ValueError(
+                    f"tenant name {tenant[:60]!r}: use letters, digits, '.', '_' or '-' "
+                    "(it names the tenant's lineage, `alias@tenant`)"
+                )
+            if not keys:
+                raise ValueError(f"tenant {tenant!r} holds no API key")
+            for key_id in keys:
+                if key_id not in self.api_keys:
+                    raise ValueError(f"tenant {tenant!r}: {key_id!r} is not in proxy.api_keys")
+                if key_id in held:
+                    raise ValueError(
+                        f"API key {key_id!r} is in tenants {held[key_id]!r} and {tenant!r}"
+                    )
+                if key_id in self.untrained_keys:
+                    # Its lineage could never learn: the key's traffic is never trained on.
+                    raise ValueError(
+                        f"tenant {tenant!r}: {key_id!r} is in proxy.untrained_keys, so it gets "
+                        "no lineage; leave it out of proxy.tenants"
+                    )
+                held[key_id] = tenant
+        if bad := [a for a in self.aliases if "@" in a]:
+            raise ValueError(f"alias {bad[0]!r} holds '@', which names a tenant's lineage")
+        return self
+
+    @model_validator(mode="after")
     def _keys_beyond_loopback(self) -> ProxySettings:
         if not self.api_keys and not _is_loopback(self.host):
             raise ValueError(
@@ -227,6 +269,9 @@ class ProxySettings(BaseModel):
                 '(e.g. ONJOB_PROXY__API_KEYS=\'{"myapp": "sk-..."}\') or listen on 127.0.0.1.'
             )
         return self
+
+
+TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def _is_loopback(host: str) -> bool:

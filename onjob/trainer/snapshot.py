@@ -15,6 +15,7 @@ import hashlib
 from pathlib import Path
 
 from ..collector import Store
+from ..collector.scope import EVERY_KEY, KeyScope
 from .settings import TrainSettings
 
 # `turn_of`: every exchange a member trains on, in order: a turn group's member, its own
@@ -24,9 +25,10 @@ from .settings import TrainSettings
 # of these exchanges must be sampled by an allowed checkpoint, not only the last. Their
 # prompt token ids are rebuilt whole (`exchanges_rebuilt`: linear storage keeps only what a
 # turn adds); `request`'s top-level fields (temperature, top_p) are stored on every row.
-# No group with a member of an API key in `proxy.untrained_keys`, nor one whose members are
-# of several keys (made before groups were one key's): GRPO's advantage compares a group's
-# members, so one key's answers would train on another's. A re-sampled member logged
+# No group with a member of a key outside the lineage's scope (`KeyScope`: another
+# tenant's, or one in `proxy.untrained_keys`), nor one whose members are of several keys
+# (made before groups were one key's): GRPO's advantage compares a group's members, so one
+# key's answers would train on another's. A re-sampled member logged
 # before samples carried their source's key has none, and counts as its group's logged one.
 _MEMBERS = """
 WITH spread AS (
@@ -40,8 +42,7 @@ WITH spread AS (
       AND NOT EXISTS (
           SELECT 1 FROM members m JOIN exchanges x ON x.id = m.exchange_id
           WHERE m.group_id = g.id GROUP BY m.group_id
-          HAVING count(DISTINCT x.api_key_id) > 1
-              OR bool_or(coalesce(list_contains(?::VARCHAR[], x.api_key_id), false)))
+          HAVING count(DISTINCT x.api_key_id) > 1 OR bool_or(NOT ({scope})))
 ), turn_of AS (
     SELECT m.id AS member_id, m.group_id, e.id AS exchange_id, m.choice, e.turn
     FROM members m JOIN candidates g ON g.id = m.group_id JOIN exchanges e ON e.id = m.exchange_id
@@ -96,23 +97,28 @@ def lineage(store: Store, live: str | None, staleness: int) -> list[str | None]:
     return chain
 
 
+def _members(store: Store, s: TrainSettings, live, held_out, scope: KeyScope) -> tuple[str, list]:
+    """The members query for a lineage (its `live`, its keys' `scope`) and its parameters."""
+    allowed = [name or "" for name in lineage(store, live, s.max_staleness)]
+    condition, keys = scope.sql("x.api_key_id")
+    sql = _MEMBERS.replace("{scope}", condition)
+    return sql, [s.min_spread, list(held_out), *keys, allowed, s.max_groups]
+
+
 def trainable(
     store: Store,
     s: TrainSettings,
     *,
     live: str | None = None,
     held_out: list[str] = (),
-    untrained_keys: list[str] = (),
+    scope: KeyScope = EVERY_KEY,
 ) -> int:
     """How many groups a snapshot would take now (none of the `held_out` scenarios, none
-    with traffic of the `untrained_keys`)."""
-    allowed = [name or "" for name in lineage(store, live, s.max_staleness)]
+    with traffic of a key outside `scope`)."""
+    sql, params = _members(store, s, live, held_out, scope)
     row = (  # fetchall: a DuckDB relation has no fetchone
         store.cursor()
-        .sql(
-            f"SELECT count(DISTINCT group_id) AS n FROM ({_MEMBERS})",
-            params=[s.min_spread, list(held_out), list(untrained_keys), allowed, s.max_groups],
-        )
+        .sql(f"SELECT count(DISTINCT group_id) AS n FROM ({sql})", params=params)
         .fetchall()
     )
     return row[0][0]
@@ -125,16 +131,15 @@ def export(
     *,
     live: str | None = None,
     held_out: list[str] = (),
-    untrained_keys: list[str] = (),
+    scope: KeyScope = EVERY_KEY,
 ) -> dict:
-    """Write the snapshot, no group of a `held_out` scenario in it, none with traffic of the
-    `untrained_keys` (`proxy.untrained_keys`); return what it holds (`groups`, `members`,
-    `sha256`)."""
+    """Write the snapshot, no group of a `held_out` scenario in it, none with traffic of a
+    key outside `scope` (the lineage's keys, never `proxy.untrained_keys`); return what it
+    holds (`groups`, `members`, `sha256`)."""
     import pyarrow.parquet as pq  # here: the server pays its ~40 MiB only when it trains
 
-    allowed = [name or "" for name in lineage(store, live, s.max_staleness)]
-    params = [s.min_spread, list(held_out), list(untrained_keys), allowed, s.max_groups]
-    table = store.cursor().sql(_MEMBERS, params=params).to_arrow_table()
+    sql, params = _members(store, s, live, held_out, scope)
+    table = store.cursor().sql(sql, params=params).to_arrow_table()
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
     groups = sorted(set(table.column("group_id").to_pylist()))

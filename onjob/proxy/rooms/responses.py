@@ -107,7 +107,7 @@ async def _previous(
         )
     where["trajectory_id"] = previous.trajectory_id
     if where["pin"] is None:
-        where["pin"] = traffic.router.sticky(body["model"], row["checkpoint"])
+        where["pin"] = traffic.router.sticky(body["model"], row["checkpoint"], api_key_id)
     return previous
 
 
