@@ -169,7 +169,8 @@ class Router:
                 )
             return Route(name, pin, pin, PINNED, line)
         if pin == CANARY and not arms.canary:
-            raise BadRequest(f"`{name}` has no canary to pin (X-Onjob-Arm: canary).")
+            whose = "" if line == name else " for this key's tenant"
+            raise BadRequest(f"`{name}` has no canary{whose} to pin (X-Onjob-Arm: canary).")
         canary = pin == CANARY or (
             pin is None and arms.canary and canary_share(conversation, arms.canary) < arms.fraction
         )
