@@ -145,6 +145,33 @@ def test_the_ledger_keeps_each_candidates_index_across_restarts(tmp_path):
         store.close()
 
 
+def test_each_lineage_spends_alpha_by_the_stated_split(tmp_path):
+    t0 = datetime(2026, 11, 27, 9, 0, tzinfo=UTC)
+    store = Store(tmp_path / "onjob.duckdb")
+    try:
+        ledger.enter(store, "agent@acme", "a1", t0)
+        ledger.enter(store, "agent", "s1", t0 + timedelta(minutes=1))
+        ledger.enter(store, "agent@acme", "a2", t0 + timedelta(minutes=2))
+        # Per tenant: each lineage's stream is controlled at alpha on its own.
+        assert ledger.level(store, "agent", "s1", 0.05) == ledger.Level(1, stats.spend(0.05, 1))
+        assert ledger.level(store, "agent@acme", "a2", 0.05).alpha == stats.spend(0.05, 2)
+        # Server-wide: lineage j (by its first test) has 6 alpha / (pi^2 j^2) of alpha; a
+        # lineage not tested yet comes next. Every share together stays within alpha.
+        first = stats.spend(0.05, 1)
+        assert ledger.lineage_alpha(store, "agent@acme", 0.05, "server") == first
+        assert ledger.lineage_alpha(store, "agent", 0.05, "server") == stats.spend(0.05, 2)
+        assert ledger.lineage_alpha(store, "agent@beta", 0.05, "server") == stats.spend(0.05, 3)
+        assert ledger.level(store, "agent", "s1", 0.05, "server").alpha == stats.spend(
+            stats.spend(0.05, 2), 1
+        )
+        total = sum(
+            stats.spend(stats.spend(0.05, j), k) for j in range(1, 400) for k in range(1, 400)
+        )
+        assert total <= 0.05
+    finally:
+        store.close()
+
+
 def _held_out_pairs(store, candidate: str, differences: list[float | None]) -> None:
     """Held-out pairs of `candidate` against live as the judge leaves them: scored groups
     (live's score, the candidate's), or failed ones (None: the judge could not score it)."""

@@ -141,6 +141,10 @@ def test_each_tenant_trains_and_is_served_its_own_lineage(workdir: Path, tool_en
     )
     for other in ("agent@beta", "agent"):
         assert (routing[other]["live"], routing[other]["canary"]) == (None, trained[other])
+    shown = onjob(workdir, "status").stdout
+    assert f"agent@acme: live {trained['agent@acme']}  [tenant acme: acme-1, acme-2]" in shown
+    assert f"agent@beta: live base, canary {trained['agent@beta']} (50%)  [tenant beta" in shown
+    assert "agent: live base, canary" in shown and "[shared: every key no tenant holds]" in shown
 
     with serve(workdir, tool_engine.url) as server:
         served = {}

@@ -164,9 +164,27 @@ def cmd_status(args: argparse.Namespace) -> int:
         _show_release(release)
     if fitted:
         print(f"loop settings: {fitted['line']}")
+    tenants = Tenants.of(settings.proxy)
+    lineages = ((status or {}).get("loop") or {}).get("lineages") or {}
+    last = {}
+    for h in reversed(history):
+        last[h.model_alias] = h
     for alias, a in aliases.items():
         canary = f", canary {a.canary} ({a.fraction:.0%})" if a.canary else ""
-        print(f"{alias}: live {a.live or 'base'}{canary}")
+        line = f"{alias}: live {a.live or 'base'}{canary}"
+        if tenants.keys:  # who each lineage serves, what it waits on, its last decision
+            lineage = tenants.named(alias)
+            whose = (
+                f"tenant {lineage.tenant}: {', '.join(tenants.keys[lineage.tenant])}"
+                if lineage.tenant
+                else "shared: every key no tenant holds"
+            )
+            line += f"  [{whose}]"
+            if alias in lineages:
+                line += f"; {lineages[alias]['ready_groups']} groups ready to train"
+            if alias in last:
+                line += f"; last: {(last[alias].reason or '')[:80]} ({last[alias].actor})"
+        print(line)
     for h in history[:10]:
         print(
             f"  {h.ts}  {h.model_alias}: live={h.live or 'base'} "
@@ -197,7 +215,9 @@ def _show_release(release: dict) -> None:
             if isinstance(guard, dict):
                 said = guard.get("tripped") or guard.get("holding") or "clear"
                 print(f"  guard {name}: {said}")
-        print(f"  decide: onjob promote {alias}  or  onjob rollback {alias}")
+        alias, _, tenant = alias.partition("@")
+        which = f"{alias} --tenant {tenant}" if tenant else alias
+        print(f"  decide: onjob promote {which}  or  onjob rollback {which}")
 
 
 def _show_agreement(records) -> None:

@@ -1,5 +1,6 @@
-"""Each alias's stream of release candidates, in the `candidates` table: the index k that
-fixes a candidate's share of `loop.alpha`, and how it ended.
+"""Each lineage's stream of release candidates, in the `candidates` table (`alias` holds
+the lineage's name: the alias, or `alias@tenant`): the index k that fixes a candidate's
+share of `loop.alpha`, and how it ended.
 
 Candidate k is tested at `stats.spend(alpha, k)` = 6 alpha / (pi^2 k^2): the shares of
 every candidate ever tested sum to alpha, so the chance that any candidate no better than
@@ -27,20 +28,37 @@ MAX_BACKOFF_S = 86400.0
 
 @dataclass(frozen=True)
 class Level:
-    """A candidate's place in its alias's stream and the level its test runs at."""
+    """A candidate's place in its lineage's stream and the level its test runs at."""
 
     k: int
     alpha: float  # its share of loop.alpha
 
 
-def level(store, alias: str, checkpoint: str, alpha: float) -> Level:
+def level(store, alias: str, checkpoint: str, alpha: float, split: str = "tenant") -> Level:
     """The candidate's level: from its row, or, before it has one, the index `enter` would
-    give it (read only: the dashboard asks too)."""
+    give it (read only: the dashboard asks too). `alias` is the lineage's name; with
+    `split` "server" its stream has only its lineage's share of `alpha` (`lineage_alpha`)."""
     rows = store.query(
         "SELECT k FROM candidates WHERE alias = ? AND checkpoint = ?", [alias, checkpoint]
     )
     k = rows[0]["k"] if rows else _next(store, alias)
-    return Level(k, stats.spend(alpha, k))
+    return Level(k, stats.spend(lineage_alpha(store, alias, alpha, split), k))
+
+
+def lineage_alpha(store, alias: str, alpha: float, split: str) -> float:
+    """The lineage's alpha (`loop.alpha_split`): all of `alpha` for each lineage
+    ("tenant"), or lineage j's share 6 alpha / (pi^2 j^2), j its place in the order the
+    lineages' first candidates were tested ("server"; one not tested yet comes next).
+    The order lives in the `candidates` rows, so a restart, or a tenant added later, never
+    hands one place to two lineages."""
+    if split != "server":
+        return alpha
+    order = store.query(
+        "SELECT alias FROM candidates GROUP BY alias ORDER BY min(entered), min(k), alias"
+    )
+    names = [r["alias"] for r in order]
+    j = names.index(alias) + 1 if alias in names else len(names) + 1
+    return stats.spend(alpha, j)
 
 
 def enter(store, alias: str, checkpoint: str, now: datetime | None = None) -> int:

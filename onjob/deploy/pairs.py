@@ -203,7 +203,12 @@ def weigh(store, alias: str, candidate: str, tests: list[str], settings: LoopSet
     # counts): counted here, not added a second time.
     paired = rule.weigh([d for ds in outcomes.values() for d in ds])
     paired.unjudged = sum(m["counted"] == "loss" for m in missing)
-    return rule, paired, ledger.level(store, alias, candidate, settings.alpha), missing
+    return (
+        rule,
+        paired,
+        ledger.level(store, alias, candidate, settings.alpha, settings.alpha_split),
+        missing,
+    )
 
 
 def referee(judge: JudgeSettings, gate: GateSettings) -> JudgeSettings:

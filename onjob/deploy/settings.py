@@ -7,6 +7,8 @@ process-level sections and reads it from flags, the environment and the TOML fil
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import AliasChoices, BaseModel, Field
 
 from ..collector import CollectorSettings
@@ -103,6 +105,15 @@ class LoopSettings(BaseModel):
         description="over the alias's whole stream of candidates, the chance that any one no "
         "better than live by the margin is promoted; candidate k is tested at "
         "6 alpha / (pi^2 k^2), however often its test looks",
+    )
+    alpha_split: Literal["tenant", "server"] = Field(
+        "tenant",
+        description="with tenants (proxy.tenants), how loop.alpha is shared between the "
+        "lineages: `tenant`, each lineage's stream of candidates at alpha (each tenant's "
+        "users face at most alpha; the server as a whole at most alpha times the lineages); "
+        "`server`, lineage j (in the order its first candidate was tested) at "
+        "6 alpha / (pi^2 j^2), so over every lineage at most alpha, at less power for "
+        "lineages that come later",
     )
     beta: float = Field(
         0.05,
