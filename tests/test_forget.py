@@ -101,8 +101,8 @@ def judged_and_trained(db: Path, exchange_id: str) -> None:
                 "VALUES ('score-1', 'grp-1', 'member-1', 'ruler', 0.5, now())"
             )
             con.execute(
-                "INSERT INTO train_runs (id, groups_used, created) VALUES "
-                "('run-1', ['grp-1', 'grp-other'], now())"
+                "INSERT INTO train_runs (id, groups_used, created, config) VALUES "
+                "('run-1', ['grp-1', 'grp-other'], now(), '{\"lineage\": \"agent@acme\"}')"
             )
             con.execute(
                 "INSERT INTO checkpoints (name, parent, path, created, train_run, status) "
@@ -191,6 +191,10 @@ def test_forget_a_conversation_in_a_database_no_server_holds(tmp_path, fake_engi
     # The run that used its group, and the checkpoint trained on top of that one.
     listed = done.stdout.split("checkpoints already trained on the deleted data")[1]
     assert "ckpt-a" in listed and "ckpt-b" in listed and "ckpt-other" not in listed
+    # Whose adapter each is, and what taking it out of service takes.
+    assert "lineage=agent@acme" in listed
+    assert "removing it: it is the live adapter of agent@acme: promote another in its " in listed
+    assert "`onjob canary agent --tenant acme CKPT`" in listed
     for table in ("groups", "members", "judgements", "scores"):
         assert count(db, table) == 0, table
     assert count(db, "exchanges", "list_contains(?, id)", [gone]) == 0

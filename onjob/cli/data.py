@@ -117,9 +117,11 @@ def _show_forgotten(out: dict) -> None:
         )
         for c in out["trained_on"]:
             print(
-                f"  {c['name']:<40} {c['status']:<10} run={c['train_run'] or '-'} "
-                f"parent={c['parent'] or '-'} {c['path'] or ''}"
+                f"  {c['name']:<40} {c['status']:<10} lineage={c.get('lineage') or '-'} "
+                f"run={c['train_run'] or '-'} parent={c['parent'] or '-'} {c['path'] or ''}"
             )
+            if c.get("removing"):
+                print(f"    removing it: {c['removing']}")
     else:
         print("no checkpoint was trained on it")
     for path in out.get("snapshots_removed", []):

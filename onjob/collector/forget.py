@@ -245,12 +245,30 @@ def _trained_on(con) -> list[dict]:
             UNION
             SELECT c.name FROM checkpoints c JOIN tainted ON c.parent = tainted.name
         )
-        SELECT c.name, c.status, c.train_run, c.path, c.parent FROM checkpoints c
+        SELECT c.name, c.status, c.train_run, c.path, c.parent,
+               json_extract_string(t.config, '$.lineage') AS lineage
+        FROM checkpoints c LEFT JOIN train_runs t ON t.id = c.train_run
         WHERE c.name IN (SELECT name FROM tainted) ORDER BY c.created, c.name
         """
     )
     names = [d[0] for d in cur.description]
-    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    return [_removing(dict(zip(names, row, strict=True))) for row in cur.fetchall()]
+
+
+def _removing(c: dict) -> dict:
+    """What taking the checkpoint out of service would do, said with the answer: the
+    lineage it was trained for (`alias` or `alias@tenant`; None for a run before
+    lineages or a checkpoint added by hand) and the command that does it."""
+    alias, _, tenant = (c["lineage"] or "ALIAS").partition("@")
+    which = f"{alias} --tenant {tenant}" if tenant else alias
+    c["removing"] = {
+        "canary": f"`onjob rollback {which}` retires it; its lineage's live serves alone",
+        "review": f"`onjob rollback {which}` retires it; its lineage's live serves alone",
+        "live": f"it is the live adapter of {c['lineage'] or 'its alias'}: promote another "
+        f"in its place (`onjob canary {which} CKPT`, then `onjob promote {which}`; its "
+        f"parent is {c['parent'] or 'the base model'})",
+    }.get(c["status"], "it serves no one")
+    return c
 
 
 def _recount_scenarios(con, scenario_ids: list[str]) -> int:
