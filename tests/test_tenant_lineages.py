@@ -22,6 +22,7 @@ from onjob.cli.process import ServerProcess, free_port
 from onjob.proxy import ProxySettings
 
 from .conftest import TOOL_QUESTION, TOOLS, rows
+from .test_loop import REWARDS, TRAIN
 
 ONJOB = str(Path(sys.executable).with_name("onjob"))
 KEYS = {"acme-1": "sk-acme-1-4f0b", "acme-2": "sk-acme-2-9c1e", "beta": "sk-beta-77d2",
@@ -29,30 +30,18 @@ KEYS = {"acme-1": "sk-acme-1-4f0b", "acme-2": "sk-acme-2-9c1e", "beta": "sk-beta
 TENANTS = {"acme": ["acme-1", "acme-2"], "beta": ["beta"]}
 LINEAGE_OF_KEY = {"acme-1": "agent@acme", "acme-2": "agent@acme", "beta": "agent@beta",
                   "solo": "agent"}  # fmt: skip
-REWARDS = (
-    "def tool(r):\n    return any(c['function']['name'] == 'get_weather' for c in r.tool_calls)\n"
-)
-CONFIG = """
+# The training settings of `test_loop` (its [loop] table last), with tenants and keys.
+CONFIG = (
+    """
 [proxy]
 admin_key = "adm-lineages-5e1d"
 api_keys = {keys}
 tenants = {tenants}
-[judge]
-group_size = 6
-temperature = 1.5
-scenario_groups = false
-[judge.rewards]
-tool = {{ fn = "my_rewards:tool" }}
-[trainer]
-base_model = "{model}"
-learning_rate = 0.005
-epochs = 2
-lora_rank = 8
-[loop]
-interval_s = 0
-min_new_groups = 1
-holdout_share = 0  # one scenario per key here: a held-out one would never train
 """
+    + TRAIN
+    + "holdout_share = 0  # one scenario per key here: a held-out one would never train\n"
+    + "interval_s = 0  # the servers here only serve: `onjob loop --once` iterates\n"
+)
 
 
 def onjob(cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -93,7 +82,9 @@ def ask(server: ServerProcess, key: str, name: str, **extra) -> tuple[str, str]:
 def workdir(tmp_path: Path, tool_model_dir: Path) -> Path:
     (tmp_path / "my_rewards.py").write_text(REWARDS)
     (tmp_path / "onjob.toml").write_text(
-        CONFIG.format(keys=_toml(KEYS), tenants=_toml(TENANTS), model=str(tool_model_dir))
+        CONFIG.replace("{keys}", _toml(KEYS))
+        .replace("{tenants}", _toml(TENANTS))
+        .replace("{model}", str(tool_model_dir))
     )
     return tmp_path
 
