@@ -166,9 +166,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"loop settings: {fitted['line']}")
     tenants = Tenants.of(settings.proxy)
     lineages = ((status or {}).get("loop") or {}).get("lineages") or {}
-    last = {}
-    for h in reversed(history):
-        last[h.model_alias] = h
+    last = {h.model_alias: h for h in reversed(history)}  # each lineage's newest change
     for alias, a in aliases.items():
         canary = f", canary {a.canary} ({a.fraction:.0%})" if a.canary else ""
         line = f"{alias}: live {a.live or 'base'}{canary}"
@@ -199,6 +197,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def _show_release(release: dict) -> None:
     """The release mode, then each canary ready for review with its evidence: what a
     person reads before `onjob promote` or `onjob rollback`."""
+    from ..collector.scope import lineage_flags
+
     print(f"release mode {release['mode']['reason']}")
     for alias, r in release["reviews"].items():
         e = r["evidence"] or {}
@@ -215,8 +215,7 @@ def _show_release(release: dict) -> None:
             if isinstance(guard, dict):
                 said = guard.get("tripped") or guard.get("holding") or "clear"
                 print(f"  guard {name}: {said}")
-        alias, _, tenant = alias.partition("@")
-        which = f"{alias} --tenant {tenant}" if tenant else alias
+        which = lineage_flags(alias)
         print(f"  decide: onjob promote {which}  or  onjob rollback {which}")
 
 

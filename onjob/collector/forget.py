@@ -21,6 +21,7 @@ import msgspec
 from .errors import CollectorError
 from .ids import new_id
 from .lines import PIECES
+from .scope import lineage_flags
 from .spool import CLOSED, FAILED
 from .store import Store
 
@@ -259,8 +260,7 @@ def _removing(c: dict) -> dict:
     """What taking the checkpoint out of service would do, said with the answer: the
     lineage it was trained for (`alias` or `alias@tenant`; None for a run before
     lineages or a checkpoint added by hand) and the command that does it."""
-    alias, _, tenant = (c["lineage"] or "ALIAS").partition("@")
-    which = f"{alias} --tenant {tenant}" if tenant else alias
+    which = lineage_flags(c["lineage"] or "ALIAS")
     c["removing"] = {
         "canary": f"`onjob rollback {which}` retires it; its lineage's live serves alone",
         "review": f"`onjob rollback {which}` retires it; its lineage's live serves alone",

@@ -5,6 +5,10 @@ A tenant's lineage learns and is judged only from its tenant's keys (`only`); th
 lineage from every key no tenant holds; neither from `proxy.untrained_keys` (`never`). The
 scope is one SQL condition on an `api_key_id` column, so the snapshot, the test prompts
 and the canary's guards read the same keys.
+
+A lineage is named `alias` (the shared one) or `alias@tenant` wherever it is stored (the
+routing, `deployments`, `candidates`, a train run's config), so the names are spelt here,
+below every package that reads them.
 """
 
 from __future__ import annotations
@@ -36,3 +40,16 @@ class KeyScope:
 
 
 EVERY_KEY = KeyScope()
+
+SEPARATOR = "@"
+
+
+def lineage_name(alias: str, tenant: str | None) -> str:
+    """The name of `alias`'s lineage for `tenant` (None: the shared one)."""
+    return alias if tenant is None else f"{alias}{SEPARATOR}{tenant}"
+
+
+def lineage_flags(name: str) -> str:
+    """How the command line names the lineage `name`: `alias`, or `alias --tenant T`."""
+    alias, sep, tenant = name.rpartition(SEPARATOR)
+    return f"{alias} --tenant {tenant}" if sep else name

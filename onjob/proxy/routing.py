@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 import msgspec
 
+from ..collector.scope import SEPARATOR, lineage_name
 from .errors import BadRequest, Forbidden, NotFound, UpstreamStatus
-from .tenants import SEPARATOR, Tenants, lineage_name
+from .tenants import Tenants
 from .upstream import Upstream
 
 LIVE = "live"
@@ -40,11 +41,7 @@ class Route:
     model: str  # the engine's model id to send
     checkpoint: str | None  # None: the base model
     arm: str
-    lineage: str = ""  # the lineage whose arm this is (`alias@tenant`); "": the alias's own
-
-    @property
-    def line(self) -> str:
-        return self.lineage or self.alias
+    lineage: str  # the lineage whose arm this is: the alias's shared one, or `alias@tenant`
 
 
 @dataclass(frozen=True)
@@ -184,5 +181,5 @@ class Router:
 
     def live(self, route: Route) -> Route:
         """The live arm of `route`'s lineage: what answers when a canary fails."""
-        arms = self.arms.get(route.line, Arms())
+        arms = self.arms.get(route.lineage, Arms())
         return Route(route.alias, arms.live or self.base_model, arms.live, LIVE, route.lineage)

@@ -7,6 +7,7 @@ import re
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from ..collector.scope import SEPARATOR
 from ..logprobs import TRAINED, LogprobsMode
 
 
@@ -256,8 +257,10 @@ class ProxySettings(BaseModel):
                         "no lineage; leave it out of proxy.tenants"
                     )
                 held[key_id] = tenant
-        if bad := [a for a in self.aliases if "@" in a]:
-            raise ValueError(f"alias {bad[0]!r} holds '@', which names a tenant's lineage")
+        if bad := [a for a in self.aliases if SEPARATOR in a]:
+            raise ValueError(
+                f"alias {bad[0]!r} holds {SEPARATOR!r}, which names a tenant's lineage"
+            )
         return self
 
     @model_validator(mode="after")

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..collector.scope import KeyScope
-
-SEPARATOR = "@"
+from ..collector.scope import SEPARATOR, KeyScope, lineage_name
 
 
 class UnknownTenant(ValueError):
@@ -35,14 +33,10 @@ class Lineage:
     @property
     def name(self) -> str:
         """Its key in the routing and the `deployments` log."""
-        return self.alias if self.tenant is None else f"{self.alias}{SEPARATOR}{self.tenant}"
+        return lineage_name(self.alias, self.tenant)
 
     def __str__(self) -> str:
         return self.name
-
-
-def lineage_name(alias: str, tenant: str | None) -> str:
-    return alias if tenant is None else f"{alias}{SEPARATOR}{tenant}"
 
 
 @dataclass(frozen=True)
