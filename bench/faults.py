@@ -33,6 +33,7 @@ import asyncio
 import itertools
 import json
 import random
+import re
 import sys
 import tempfile
 import time
@@ -234,10 +235,18 @@ def exchanges(db: Path) -> dict[str, dict]:
 
 
 def server_problems(log: Path) -> list[str]:
-    """Lines of the server's log that say something went wrong inside it."""
+    """What the server's log says went wrong inside it: each such line with the traceback
+    that follows it (up to the next timestamped line), so a failure names its exception."""
     markers = ("Traceback", "Exception in", "request failed", "could not spool")
-    lines = log.read_text(errors="replace").splitlines()
-    return [line for line in lines if any(m in line for m in markers)]
+    problems: list[str] = []
+    for line in log.read_text(errors="replace").splitlines():
+        if any(m in line for m in markers) and not line.startswith("Traceback"):
+            problems.append(line)
+        elif problems and not re.match(r"\d\d:\d\d:\d\d ", line):
+            problems[-1] += "\n" + line  # the traceback of the line before
+        elif line.startswith("Traceback"):
+            problems.append(line)
+    return problems
 
 
 async def _under_faults(
