@@ -253,13 +253,17 @@ def vllm_args(model) -> list[str]:
     return ["--backend", "vllm", "--model", str(model), *SMALL]
 
 
+REAL_ENGINE_ADAPTERS = 2  # `real_engine`'s --max-cpu-loras
+
+
 @pytest.fixture(scope="session", params=["vllm", "local"])
 def real_engine(request, bundled_dir, tmp_path_factory, s3_endpoint):  # noqa: F811
     """Each engine in turn, as `onjob engine` starts it, serving the bundled model as
     `smol`: real vLLM (its CPU build here: `make vllm`), then the local engine, held to the
     same tests. Adapters by name on: from `adapter_cache` (a directory of the session's),
     filled from `adapter_bucket` (a bucket on a real S3 API server); in vLLM by its
-    filesystem resolver and onjob's plugin. `backend` says which."""
+    filesystem resolver and onjob's plugin. `backend` says which. It holds
+    `REAL_ENGINE_ADAPTERS` adapters' weights at once."""
     import boto3
 
     cache = tmp_path_factory.mktemp(f"{request.param}-adapters")
@@ -270,6 +274,8 @@ def real_engine(request, bundled_dir, tmp_path_factory, s3_endpoint):  # noqa: F
         vllm_args(bundled_dir) if request.param == "vllm" else ["--model", str(bundled_dir), *SMALL]
     )
     args += ["--adapter-cache-dir", str(cache), "--adapter-bucket", checkpoints]
+    # Room for two adapters: a test that serves three sees each taken out and loaded again.
+    args += ["--max-loras", "2", "--max-cpu-loras", str(REAL_ENGINE_ADAPTERS)]
     env = {"AWS_ENDPOINT_URL": s3_endpoint}
     with EngineProcess(args, env=env, timeout=600) as proc:
         proc.backend = request.param

@@ -34,7 +34,7 @@ from onjob.deploy import registry
 from onjob.engine import chat
 from onjob.engine.protocol import Message, Tool
 
-from .conftest import SMALL, TOOLS, admin_of, make_adapter, rows, vllm_args
+from .conftest import REAL_ENGINE_ADAPTERS, SMALL, TOOLS, admin_of, make_adapter, rows, vllm_args
 from .test_engine_restart import adapters_in, make_live
 
 QUESTION = [{"role": "user", "content": "What is 12 + 30? Answer with the number."}]
@@ -196,6 +196,45 @@ def test_a_trainer_checkpoint_is_hot_loaded_served_and_unloaded(
     after = complete(real_engine, model=ADAPTER)
     assert after.status_code == 404 and "does not exist" in after.text
     assert load_s < 30
+
+
+def test_adapters_past_the_engines_cache_are_loaded_again_and_answer_as_themselves(
+    real_engine, bundled_dir, tmp_path
+):
+    """One more adapter than the engine holds (`--max-cpu-loras`), asked for in turn: each
+    request names one taken out for room. Each answer is its own adapter's, named by it:
+    the tokens and logprobs of its first answer, and unlike the others' and the base's."""
+    url = real_engine.url
+    names = [f"ckpt-lru-{i}" for i in range(REAL_ENGINE_ADAPTERS + 1)]
+    for i, name in enumerate(names):
+        path = make_adapter(
+            bundled_dir, tmp_path / name, seed=30 + i, r=8, targets=["q_proj", "v_proj"], std=0.2
+        )
+        body = {"lora_name": name, "lora_path": str(path)}
+        assert httpx.post(f"{url}/load_lora_adapter", json=body, timeout=60).status_code == 200
+    greedy = {"temperature": 0, "max_tokens": 8}
+
+    def answer(model: str) -> tuple[list[int], list[float]]:
+        got = complete(real_engine, model=model, **greedy)
+        assert got.status_code == 200, got.text
+        assert got.json()["model"] == model
+        choice = got.json()["choices"][0]
+        return choice["token_ids"], [t["logprob"] for t in choice["logprobs"]["content"]]
+
+    def close(a, b) -> bool:
+        return a[0] == b[0] and max(abs(x - y) for x, y in zip(a[1], b[1], strict=True)) < 2e-3
+
+    try:
+        first = {name: answer(name) for name in names}
+        for name in names * 2:
+            assert close(answer(name), first[name]), name
+        base = answer("smol")
+        for i, name in enumerate(names):
+            others = [first[n] for n in names[i + 1 :]] + [base]
+            assert not any(close(first[name], other) for other in others), name
+    finally:
+        for name in names:
+            httpx.post(f"{url}/unload_lora_adapter", json={"lora_name": name}, timeout=60)
 
 
 def test_an_adapter_in_the_cache_directory_is_loaded_by_name_on_its_first_request(

@@ -39,7 +39,9 @@ def flag(argv: list[str], name: str) -> str:
 
 
 def test_command_enables_runtime_lora_and_logprobs(tmp_path):
-    settings = EngineSettings(backend="vllm", port=9000, max_lora_rank=16, max_loras=3)
+    settings = EngineSettings(
+        backend="vllm", port=9000, max_lora_rank=16, max_loras=3, max_cpu_loras=5
+    )
     model = str(model_dir(tmp_path, "Qwen2.5-7B-Instruct", QWEN25))
     argv, env = vllm.command(settings, model)
     assert argv[:5] == ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", model]
@@ -47,9 +49,16 @@ def test_command_enables_runtime_lora_and_logprobs(tmp_path):
     assert flag(argv, "--port") == "9000"
     assert flag(argv, "--max-lora-rank") == "16"
     assert flag(argv, "--max-loras") == "3"
+    assert flag(argv, "--max-cpu-loras") == "5"
     assert flag(argv, "--max-logprobs") == "20"
     assert flag(argv, "--host") == "127.0.0.1"
     assert env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+
+def test_an_adapter_cache_smaller_than_a_batch_of_adapters_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"max_cpu_loras \(2\) must be at least max_loras \(3\)"):
+        EngineSettings(backend="vllm", max_loras=3, max_cpu_loras=2)
+    assert EngineSettings(backend="local", max_loras=3, max_cpu_loras=2).max_cpu_loras == 2
 
 
 def test_logprobs_are_the_raw_distribution_and_sampling_defaults_are_not_the_models(tmp_path):

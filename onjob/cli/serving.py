@@ -187,7 +187,13 @@ def _add_engine(sub) -> None:
         "s3://name/prefix/checkpoints into it",
     )
     engine.add_argument("--max-lora-rank", type=int, help="vllm: largest adapter rank (64)")
-    engine.add_argument("--max-loras", type=int, help="vllm: adapters resident at once (4)")
+    engine.add_argument("--max-loras", type=int, help="vllm: adapters in one batch (4)")
+    engine.add_argument(
+        "--max-cpu-loras",
+        type=int,
+        help="adapters held loaded at once, least recently used taken out and loaded "
+        "again on their next request (16; vllm: --max-cpu-loras)",
+    )
     engine.add_argument(
         "--gpu-memory-utilization",
         type=float,

@@ -193,6 +193,10 @@ class Batcher:
 
         return await self.call(change)
 
+    def busy(self) -> set[str]:
+        """Worker side: the adapters of the rows generating now (kept in the model)."""
+        return {r.gen.adapter for r in self._rows if r.gen.adapter is not None}
+
     def fail_adapter(self, name: str) -> None:
         """Worker side: end every request of adapter `name` (it is about to be unloaded)."""
         error = GenerationFailed(f"The lora adapter '{name}' was unloaded during generation.")
@@ -251,9 +255,12 @@ class Batcher:
                 gen._post(NotFound(f"The model `{gen.adapter}` does not exist.", param="model"))
                 continue
             try:
+                if gen.adapter is not None:
+                    self.loaded.use(gen.adapter, self.busy())  # loaded again if taken out
                 self._prefill(gen)
             except Exception as exc:
-                gen._post(GenerationFailed(f"Generation failed: {exc}"))
+                failed = exc if isinstance(exc, EngineError) else None
+                gen._post(failed or GenerationFailed(f"Generation failed: {exc}"))
                 gen.cancel()
                 self._compact()
 

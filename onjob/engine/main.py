@@ -37,7 +37,12 @@ def serve(settings: EngineSettings) -> None:
     )
     started = time.monotonic()
     loaded = LoadedModel.load(
-        path, name=name, dtype=settings.dtype, device=device, max_model_len=settings.max_model_len
+        path,
+        name=name,
+        dtype=settings.dtype,
+        device=device,
+        max_model_len=settings.max_model_len,
+        max_resident=settings.max_cpu_loras,
     )
     for spec in settings.lora_modules:
         adapter, _, adapter_path = spec.partition("=")

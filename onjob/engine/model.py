@@ -3,20 +3,32 @@
 Adapters are loaded with peft under their vLLM names. peft mixes adapters inside
 one batch in eval mode (`adapter_names=[...]` per row, `__base__` for none), so
 requests for different checkpoints share forward passes.
+
+An adapter loaded is served until it is unloaded, but at most `max_resident` have their
+weights in the model (`max_cpu_loras`, vLLM's name for its own cache of the same kind):
+the least recently used idle one is taken out to make room, and loaded again from its
+path when a request next names it (`use`), as vLLM's LRU reloads by path. A request is
+never answered by other weights: an adapter that cannot be loaded again fails its request.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import warnings
+from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from .errors import BadRequest, NotFound
+from .errors import BadRequest, GenerationFailed, NotFound
 
 BASE = "__base__"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -34,7 +46,11 @@ class LoadedModel:
     max_model_len: int
     eos_ids: frozenset[int]
     vocab_size: int  # the logits' width (may exceed the tokenizer's vocabulary)
-    adapters: dict[str, Adapter] = field(default_factory=dict)
+    adapters: dict[str, Adapter] = field(default_factory=dict)  # served: loaded, not unloaded
+    max_resident: int | None = None  # adapters with weights in the model at once (None: all)
+    # Those with weights in the model, least recently used first.
+    resident: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    reloads: int = 0  # adapters loaded again after they were taken out for room
 
     @classmethod
     def load(
@@ -45,6 +61,7 @@ class LoadedModel:
         dtype: str = "float32",
         device: str = "cpu",
         max_model_len: int | None = None,
+        max_resident: int | None = None,
     ) -> LoadedModel:
         torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
@@ -65,6 +82,7 @@ class LoadedModel:
             max_model_len=min(max_model_len or limit, limit),
             eos_ids=frozenset(eos),
             vocab_size=model.get_output_embeddings().weight.shape[0],
+            max_resident=max_resident,
         )
 
     @property
@@ -89,16 +107,16 @@ class LoadedModel:
             use_cache=True,
             logits_to_keep=1,
         )
-        if not self.adapters:
+        if not self.resident:
             return self.model(**kwargs)
         if all(a is None for a in adapters):
             with self.model.disable_adapter():
                 return self.model(**kwargs)
         return self.model(**kwargs, adapter_names=[a or BASE for a in adapters])
 
-    def load_adapter(self, name: str, path: str) -> None:
-        from peft import PeftModel
-
+    def load_adapter(self, name: str, path: str, busy: Collection[str] = ()) -> None:
+        """Serve the adapter at `path` as `name`. `busy`: adapters generating now, which
+        are not taken out to make room."""
         if name in self.adapters:
             raise BadRequest(
                 f"The lora adapter '{name}' has already been loaded.", param="lora_name"
@@ -107,25 +125,68 @@ class LoadedModel:
             raise BadRequest(f"'{name}' is reserved for the base model.", param="lora_name")
         self._validate(Path(path))
         try:
+            self._attach(name, path, busy)
+        except Exception as exc:
+            raise BadRequest(f"Loading the lora adapter '{name}' failed: {exc}") from exc
+        self.adapters[name] = Adapter(name, path)
+
+    def use(self, name: str, busy: Collection[str]) -> None:
+        """Before a request of adapter `name` joins the batch: its weights in the model,
+        loaded again from its path if they were taken out for room."""
+        if name in self.resident:
+            self.resident.move_to_end(name)
+            return
+        path = self.adapters[name].path
+        try:
+            self._attach(name, path, busy)
+        except Exception as exc:
+            raise GenerationFailed(
+                f"The lora adapter '{name}' could not be loaded again from '{path}': {exc}"
+            ) from exc
+        self.reloads += 1
+        log.info("adapter %s loaded again from %s", name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        if name not in self.adapters:
+            raise NotFound(f"The lora adapter '{name}' cannot be found.", param="lora_name")
+        del self.adapters[name]
+        if name in self.resident:
+            self._detach(name)
+
+    def _attach(self, name: str, path: str, busy: Collection[str]) -> None:
+        from peft import PeftModel
+
+        self._make_room(busy)
+        try:
             if isinstance(self.model, PeftModel):
                 self.model.load_adapter(path, adapter_name=name, is_trainable=False)
             else:
                 self.model = PeftModel.from_pretrained(
                     self.model, path, adapter_name=name, is_trainable=False
                 )
-        except Exception as exc:
+        except Exception:
             if isinstance(self.model, PeftModel) and name in self.model.peft_config:
                 self.model.delete_adapter(name)
-            raise BadRequest(f"Loading the lora adapter '{name}' failed: {exc}") from exc
+            raise
         self.model.eval()
-        self.adapters[name] = Adapter(name, path)
+        self.resident[name] = None
 
-    def unload_adapter(self, name: str) -> None:
-        if name not in self.adapters:
-            raise NotFound(f"The lora adapter '{name}' cannot be found.", param="lora_name")
-        del self.adapters[name]
-        if self.adapters:
-            self.model.delete_adapter(name)
+    def _make_room(self, busy: Collection[str]) -> None:
+        """Take out the least recently used idle adapters until one more fits. When every
+        resident adapter is generating, none is: the model holds one more than its size
+        until they finish (a row keeps its weights to its last token)."""
+        while self.max_resident is not None and len(self.resident) >= self.max_resident:
+            idle = next((n for n in self.resident if n not in busy), None)
+            if idle is None:
+                return
+            self._detach(idle)
+
+    def _detach(self, name: str) -> None:
+        del self.resident[name]
+        if self.resident:
+            with warnings.catch_warnings():  # peft names the adapter it makes active: none is
+                warnings.filterwarnings("ignore", "Adapter .* was active which is now deleted")
+                self.model.delete_adapter(name)
         else:
             # With no adapter left, drop the LoRA layers entirely: plain forwards again.
             self.model = self.model.unload()

@@ -69,7 +69,7 @@ class Resolver:
 
             def load() -> None:
                 if name not in batcher.loaded.adapters:
-                    batcher.loaded.load_adapter(name, str(path))
+                    batcher.loaded.load_adapter(name, str(path), batcher.busy())
 
             await batcher.call(load)
             return True

@@ -285,7 +285,9 @@ def create_app(
     @post("/v1/load_lora_adapter", status_code=200, guards=guards)
     async def load_lora_adapter(request: Request) -> Response:
         body = _decode(await request.body(), LoadAdapter)
-        await batcher.call(lambda: loaded.load_adapter(body.lora_name, body.lora_path))
+        await batcher.call(
+            lambda: loaded.load_adapter(body.lora_name, body.lora_path, batcher.busy())
+        )
         return Response(
             f"Success: LoRA adapter '{body.lora_name}' added successfully.", media_type="text/plain"
         )

@@ -73,7 +73,18 @@ class EngineSettings(BaseSettings):
         "(VLLM_CPU_KVCACHE_SPACE); 2 hold ~46,000 tokens of SmolLM2-135M in float32",
     )
     max_lora_rank: int = 64
-    max_loras: int = 4
+    max_loras: int = Field(
+        4, ge=1, description="vllm: adapters in one batch (--max-loras, its GPU slots)"
+    )
+    max_cpu_loras: int = Field(
+        16,
+        ge=1,
+        description="adapters whose weights are held at once, least recently used taken "
+        "out first and loaded again from their path when next asked for (an adapter "
+        "loaded stays served until unloaded). vllm: --max-cpu-loras (at least "
+        "max_loras); local: adapters in the model (one more while every one held is "
+        "generating)",
+    )
     gpu_memory_utilization: float = Field(
         0.5,
         gt=0,
@@ -94,6 +105,15 @@ class EngineSettings(BaseSettings):
         None, description="vllm: --reasoning-parser (e.g. qwen3, deepseek_r1); unset: none"
     )
     vllm_args: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _cpu_loras_hold_a_batch(self) -> EngineSettings:
+        if self.backend == "vllm" and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras "
+                f"({self.max_loras}): vLLM holds every adapter of a batch in its CPU cache"
+            )
+        return self
 
     @model_validator(mode="after")
     def _bucket_needs_a_cache(self) -> EngineSettings:

@@ -198,6 +198,8 @@ def command(
         str(lora_rank(settings.max_lora_rank)),
         "--max-loras",
         str(settings.max_loras),
+        "--max-cpu-loras",
+        str(settings.max_cpu_loras),
         "--max-logprobs",
         "20",
         # onjob's logprobs are the model's own distribution: log-softmax of the logits
