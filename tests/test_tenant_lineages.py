@@ -164,6 +164,9 @@ def test_each_tenant_trains_and_is_served_its_own_lineage(workdir: Path, tool_en
             headers={"Authorization": "Bearer adm-lineages-5e1d"},
             timeout=30,
         ).json()
+        # One tenant's export through the running server (streamed back over HTTP).
+        onjob(workdir, "export", "--parquet", "acme-live", "--tenant", "acme",
+              "--server", server.base)  # fmt: skip
     logged = {r["id"]: r for r in rows(db, "SELECT id, checkpoint, api_key_id FROM exchanges")}
     # acme's keys: its promoted adapter; beta and solo: their live is still the base model.
     assert logged[served["acme-1"]]["checkpoint"] == trained["agent@acme"]
@@ -177,11 +180,43 @@ def test_each_tenant_trains_and_is_served_its_own_lineage(workdir: Path, tool_en
         if row["checkpoint"] is not None:
             owner = next(lin for lin, name in trained.items() if name == row["checkpoint"])
             assert owner == LINEAGE_OF_KEY[row["api_key_id"]], row
+    # One tenant's export, from the database file: its keys' rows and its lineage's, whole.
+    onjob(workdir, "export", "--parquet", "acme", "--tenant", "acme", "--db", str(db))
+    exported_tenant(workdir / "acme", db, trained["agent@acme"])
+    exported_tenant(workdir / "acme-live", db, trained["agent@acme"])
+    refused = subprocess.run(
+        [ONJOB, "export", "--parquet", "zeta", "--tenant", "zeta", "--db", str(db)],
+        cwd=workdir, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "no tenant 'zeta' (tenants: acme, beta)" in refused.stderr
     assert set(status["aliases"]) == {"agent", "agent@acme", "agent@beta"}
     assert status["aliases"]["agent@acme"]["live"] == trained["agent@acme"]
     assert status["tenants"] == TENANTS
     for name in trained.values():
         httpx.post(f"{tool_engine.url}/unload_lora_adapter", json={"lora_name": name}, timeout=60)
+
+
+def exported_tenant(out: Path, db: Path, checkpoint: str) -> None:
+    """`onjob export --tenant acme` wrote acme's rows, all of them, and no other's."""
+    files = {p.stem for p in out.glob("*.parquet")}
+    assert {"exchanges", "groups", "members", "train_runs", "checkpoints"} <= files
+    assert not files & {"loaded_segments", "forgotten", "openings", "export_queue"}, files
+    exchanges = pq.read_table(out / "exchanges.parquet").to_pylist()
+    acme = rows(
+        db,
+        "SELECT id FROM exchanges WHERE trajectory_id IN (SELECT trajectory_id FROM "
+        "exchanges WHERE api_key_id IN ('acme-1', 'acme-2'))",
+    )
+    assert sorted(e["id"] for e in exchanges) == sorted(r["id"] for r in acme)
+    assert {e["api_key_id"] for e in exchanges} <= {"acme-1", "acme-2", None}
+    assert all(json.loads(e["request"])["messages"] for e in exchanges)  # whole requests
+    members = pq.read_table(out / "members.parquet").to_pylist()
+    assert members and {m["exchange_id"] for m in members} <= {e["id"] for e in exchanges}
+    runs = pq.read_table(out / "train_runs.parquet").to_pylist()
+    assert [json.loads(r["config"])["lineage"] for r in runs] == ["agent@acme"]
+    assert pq.read_table(out / "checkpoints.parquet").column("name").to_pylist() == [checkpoint]
+    routed = set(pq.read_table(out / "deployments.parquet").column("model_alias").to_pylist())
+    assert routed == {"agent@acme"}
 
 
 @pytest.mark.parametrize(

@@ -193,16 +193,26 @@ def cmd_export(args: argparse.Namespace) -> int:
     settings = _settings(args)
     out = Path(args.parquet)
     out.mkdir(parents=True, exist_ok=True)
-    listed = _ask(args, settings, "tables", None, timeout=60)
+    listing = "tables?tenant=true" if args.tenant else "tables"
+    listed = _ask(args, settings, listing, None, timeout=60)
     if listed is not None:
         for name in args.table or listed["tables"]:
             print(_export_from(settings, args, name, out / f"{name}.parquet"))
         return Exit.OK
+    whose = None
+    if args.tenant is not None:
+        from ..proxy.tenants import Tenants, UnknownTenant
+
+        try:
+            whose = Tenants.of(settings.proxy).rows(args.tenant, settings.proxy.aliases)
+        except UnknownTenant as exc:
+            raise Refused(str(exc)) from exc
     con = _open_read_only(settings)
     try:
-        for name in args.table or readonly.tables(con):
+        listed = readonly.tenant_tables(con) if whose else readonly.tables(con)
+        for name in args.table or listed:
             path = out / f"{name}.parquet"
-            rows = readonly.export(con, name, path)
+            rows = readonly.export(con, name, path, whose)
             print(f"{path} ({rows} rows)")
     except readonly.QueryRefused as exc:
         raise Refused(str(exc)) from exc
@@ -219,7 +229,8 @@ def _export_from(settings, args: argparse.Namespace, name: str, path: Path) -> P
     server, headers = admin_endpoint(settings, args)
     partial = path.with_suffix(".parquet.partial")
     url = f"{server}/admin/export"
-    with httpx.stream("POST", url, json={"table": name}, headers=headers, timeout=600) as r:
+    body = {"table": name} if args.tenant is None else {"table": name, "tenant": args.tenant}
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=600) as r:
         if r.status_code >= 400:
             r.read()
             raise Refused(f"{server}: {admin_error(r)}")
@@ -331,12 +342,16 @@ def _add_export(sub) -> None:
         description=_wrap(
             "Write each table (or those named with --table) to DIR/<table>.parquet, from "
             "one consistent snapshot of each. Through a running server the files are "
-            "streamed back over HTTP, so DIR is on this machine. " + _WHERE
+            "streamed back over HTTP, so DIR is on this machine. With --tenant, only that "
+            "tenant's rows (proxy.tenants): its keys' conversations and all derived from "
+            "them, and its lineages' routings, candidates, reviews, train runs and "
+            "checkpoints; tables that hold no tenant's rows are left out. " + _WHERE
         ),
         epilog=(
             "examples:\n"
             "  onjob export --parquet dump/                       every table\n"
             "  onjob export --parquet dump/ --table exchanges --table feedback\n"
+            "  onjob export --parquet acme/ --tenant acme         one tenant's rows\n"
             "  duckdb -c \"SELECT count(*) FROM 'dump/exchanges.parquet'\""
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -345,5 +360,8 @@ def _add_export(sub) -> None:
     export.add_argument("--parquet", metavar="DIR", required=True, help="where the files go")
     export.add_argument(
         "--table", action="append", metavar="NAME", help="only this table (repeatable)"
+    )
+    export.add_argument(
+        "--tenant", metavar="NAME", help="only this tenant's rows (a name in proxy.tenants)"
     )
     export.set_defaults(func=cmd_export)

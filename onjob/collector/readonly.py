@@ -19,6 +19,7 @@ from typing import Any
 
 import duckdb
 
+from .scope import TenantRows
 from .sqlguard import (
     Own,
     QueryRefused,
@@ -91,18 +92,70 @@ def tables(con: duckdb.DuckDBPyConnection) -> list[str]:
     ]
 
 
-def export(con: duckdb.DuckDBPyConnection, table: str, path: Path) -> int:
+def export(
+    con: duckdb.DuckDBPyConnection, table: str, path: Path, tenant: TenantRows | None = None
+) -> int:
     """Write one table to a Parquet file (DuckDB's COPY, from a consistent snapshot);
     return its rows. `exchanges` is written as `exchanges_full`: every request and prompt
-    whole (linear storage keeps only what each turn adds), as users expect."""
+    whole (linear storage keeps only what each turn adds), as users expect. With `tenant`,
+    only its rows, of the tables that hold a tenant's rows (`tenant_tables`)."""
     if table not in tables(con):
         raise QueryRefused(f"no table {table!r}; tables: {', '.join(tables(con))}")
     path.parent.mkdir(parents=True, exist_ok=True)
     quoted = "exchanges_full" if table == "exchanges" else '"' + table.replace('"', '""') + '"'
+    rows_of, params = f"SELECT * FROM {quoted}", {}
+    if tenant is not None:
+        if table not in _TENANT_ROWS:
+            raise QueryRefused(
+                f"table {table!r} holds no tenant's rows; a tenant's tables: "
+                + ", ".join(tenant_tables(con))
+            )
+        rows_of = f"SELECT * FROM {quoted} WHERE {_TENANT_ROWS[table]}"
+        given = {"keys": list(tenant.keys), "lineages": list(tenant.lineages)}
+        params = {k: v for k, v in given.items() if f"${k}" in rows_of}  # DuckDB: no extras
     con.execute("BEGIN TRANSACTION")
     try:
-        rows = con.execute(f"SELECT count(*) FROM {quoted}").fetchone()[0]
-        con.execute(f"COPY {quoted} TO ? (FORMAT parquet)", [str(path)])
+        rows = con.execute(f"SELECT count(*) FROM ({rows_of})", params).fetchone()[0]
+        con.execute(f"COPY ({rows_of}) TO $path (FORMAT parquet)", {**params, "path": str(path)})
     finally:
         con.execute("ROLLBACK")
     return rows
+
+
+def tenant_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The tables `export` can write one tenant's rows of."""
+    return [t for t in tables(con) if t in _TENANT_ROWS]
+
+
+# A tenant's rows, table by table: its keys' conversations whole (a resampled exchange
+# carries no key, but its conversation's id), what the judge derived from them, as `onjob
+# forget --api-key` finds them (forget.py), and its lineages' release rows. `$keys` and
+# `$lineages` are the tenant's; every other table (the spool's bookkeeping, deletion
+# rules, another tenant's or the shared lineage's rows) is not the tenant's to take.
+_CONVERSATIONS = "SELECT trajectory_id FROM exchanges WHERE list_contains($keys, api_key_id)"
+_EXCHANGES = f"SELECT id FROM exchanges WHERE trajectory_id IN ({_CONVERSATIONS})"
+_SCENARIOS = f"SELECT scenario_id FROM exchanges WHERE trajectory_id IN ({_CONVERSATIONS})"
+_GROUPS = (
+    f"SELECT id FROM groups WHERE prefix_exchange IN ({_EXCHANGES}) UNION "
+    f"SELECT group_id FROM members WHERE exchange_id IN ({_EXCHANGES}) "
+    f"OR trajectory_id IN ({_CONVERSATIONS})"
+)
+_RUNS = "SELECT id FROM train_runs WHERE list_contains($lineages, config->>'lineage')"
+_TENANT_ROWS = {
+    "exchanges": f"trajectory_id IN ({_CONVERSATIONS})",
+    "trajectories": f"id IN ({_CONVERSATIONS})",
+    "scenarios": f"id IN ({_SCENARIOS})",
+    "holdout_slice": f"scenario_id IN ({_SCENARIOS})",
+    "groups": f"id IN ({_GROUPS})",
+    "members": f"group_id IN ({_GROUPS})",
+    "judgements": f"group_id IN ({_GROUPS})",
+    "scores": f"group_id IN ({_GROUPS}) OR member_id IN "
+    f"(SELECT id FROM members WHERE group_id IN ({_GROUPS}))",
+    "feedback": f"list_contains($keys, api_key_id) OR trajectory_id IN ({_CONVERSATIONS}) "
+    f"OR exchange_id IN ({_EXCHANGES})",
+    "train_runs": f"id IN ({_RUNS})",
+    "checkpoints": f"train_run IN ({_RUNS})",
+    "deployments": "list_contains($lineages, model_alias)",
+    "reviews": "list_contains($lineages, model_alias)",
+    "candidates": "list_contains($lineages, alias)",
+}

@@ -53,3 +53,15 @@ def lineage_flags(name: str) -> str:
     """How the command line names the lineage `name`: `alias`, or `alias --tenant T`."""
     alias, sep, tenant = name.rpartition(SEPARATOR)
     return f"{alias} --tenant {tenant}" if sep else name
+
+
+@dataclass(frozen=True)
+class TenantRows:
+    """What belongs to one tenant, for `onjob export --tenant`: the rows of its `keys`'
+    conversations and all derived from them (as `onjob forget --api-key` finds them), and
+    the release rows of its `lineages` (`alias@tenant`: routings, candidates, reviews,
+    train runs and their checkpoints)."""
+
+    tenant: str
+    keys: tuple[str, ...]
+    lineages: tuple[str, ...]

@@ -31,7 +31,7 @@ from ..openai_errors import openai_error
 from ..proxy import Router
 from ..proxy.auth import Doors
 from ..proxy.errors import BadRequest, Conflict
-from ..proxy.tenants import UnknownTenant
+from ..proxy.tenants import Tenants, UnknownTenant
 from . import adapters, deployments, fit, progress, registry, reviews, training
 from .loop import LoopState, PeriodicLoop
 from .operator import Operator
@@ -63,6 +63,7 @@ class SqlBody(msgspec.Struct, forbid_unknown_fields=True):
 
 class ExportBody(msgspec.Struct, forbid_unknown_fields=True):
     table: str
+    tenant: str | None = None  # only this tenant's rows (`readonly.tenant_tables`)
 
 
 class LoopBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -212,18 +213,25 @@ def _data_routes(settings: DeploySettings, collector: Collector) -> list:
         return (await read(lambda con: readonly.query(con, data.query, data.limit))).as_dict()
 
     @get("/tables")
-    async def tables() -> dict:
-        return {"tables": await read(readonly.tables)}
+    async def tables(tenant: bool = False) -> dict:
+        """The database's tables (`?tenant=true`: those that hold a tenant's rows)."""
+        return {"tables": await read(readonly.tenant_tables if tenant else readonly.tables)}
 
     @post("/export", status_code=200)
     async def export(data: ExportBody) -> File:
         """One table as a Parquet file (written to a temporary file, removed once sent)."""
         b = data
+        whose = None
+        if b.tenant is not None:
+            try:
+                whose = Tenants.of(settings.proxy).rows(b.tenant, settings.proxy.aliases)
+            except UnknownTenant as exc:
+                raise BadRequest(str(exc), param="tenant") from exc
         fd, name = tempfile.mkstemp(prefix="onjob-export-", suffix=".parquet")
         os.close(fd)
         path = Path(name)
         try:
-            await read(lambda con: readonly.export(con, b.table, path))
+            await read(lambda con: readonly.export(con, b.table, path, whose))
         except BaseException:
             path.unlink(missing_ok=True)
             raise

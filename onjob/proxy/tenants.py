@@ -12,9 +12,10 @@ lineage's adapters: no other key's traffic reaches its answers through shared we
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..collector.scope import SEPARATOR, KeyScope, lineage_name
+from ..collector.scope import SEPARATOR, KeyScope, TenantRows, lineage_name
 
 
 class UnknownTenant(ValueError):
@@ -74,10 +75,16 @@ class Tenants:
     def routed(self, name: str, tenant: str | None) -> str:
         """The name of `name`'s lineage for `tenant` as a person gives them (an admin verb's
         `--tenant`); a tenant the settings do not hold is refused by name."""
-        if tenant is not None and tenant not in self.keys:
+        if tenant is not None:
+            self._known(tenant)
+        return lineage_name(name, tenant)
+
+    def _known(self, tenant: str) -> tuple[str, ...]:
+        """The tenant's keys; a tenant the settings do not hold is refused by name."""
+        if tenant not in self.keys:
             known = ", ".join(self.keys) or "none: proxy.tenants is empty"
             raise UnknownTenant(f"no tenant {tenant[:64]!r} (tenants: {known})")
-        return lineage_name(name, tenant)
+        return self.keys[tenant]
 
     def defaults(self, aliases: dict[str, str | None]) -> dict[str, str | None]:
         """Every lineage's name -> its live checkpoint before any decision (its alias's)."""
@@ -86,6 +93,12 @@ class Tenants:
             for alias, live in aliases.items()
             for lineage in self.lineages(alias)
         }
+
+    def rows(self, tenant: str, aliases: Iterable[str]) -> TenantRows:
+        """What `onjob export --tenant` takes of `tenant`: its keys' rows and its lineages of
+        `aliases`; a tenant the settings do not hold is refused by name."""
+        names = tuple(self.routed(alias, tenant) for alias in aliases)
+        return TenantRows(tenant, self._known(tenant), names)
 
     def named(self, name: str) -> Lineage:
         """The lineage whose routing key is `name` (`alias` or `alias@tenant`); an `@` that
