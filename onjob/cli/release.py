@@ -132,7 +132,7 @@ def cmd_route(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     import msgspec
 
-    from ..deploy import deployments, fit, registry, reviews
+    from ..deploy import deployments, fair, fit, registry, reviews
     from ..deploy.records import Arms, Routing
     from ..judge import Agreement, judge_agreement
     from ..proxy.tenants import Tenants
@@ -149,11 +149,13 @@ def cmd_status(args: argparse.Namespace) -> int:
                 judge_agreement(st),
                 reviews.status(st, settings),
                 fit.current(st, settings).as_dict(),
+                {t: share.as_dict() for t, share in fair.shares(st, settings).items()},
             )
 
-        aliases, ckpts, history, agreement, release, fitted = offline(settings, read)
+        aliases, ckpts, history, agreement, release, fitted, shares = offline(settings, read)
         print("no server answered; from the database:")
     else:
+        shares = (status.get("loop") or {}).get("tenant_budgets") or {}
         aliases = msgspec.convert(status["aliases"], dict[str, Arms])
         history = msgspec.convert(status["deployments"], list[Routing])
         agreement = [Agreement.from_dict(a) for a in status.get("judge_agreement", [])]
@@ -183,6 +185,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             if alias in last:
                 line += f"; last: {(last[alias].reason or '')[:80]} ({last[alias].actor})"
         print(line)
+    for tenant, share in shares.items():  # each tenant's share of the trainer and judge
+        said = [share[stage]["status"] for stage in ("train", "judge") if share.get(stage)]
+        if said:
+            print(f"tenant {tenant}: " + "; ".join(said))
     for h in history[:10]:
         print(
             f"  {h.ts}  {h.model_alias}: live={h.live or 'base'} "

@@ -27,6 +27,7 @@ class Budget:
     spent: float
     limit: float
     resumes_at: datetime  # the next 00:00 UTC, when `spent` starts again from 0
+    whose: str | None = None  # one tenant's share ("tenant acme"); None: the server's
 
     @property
     def spent_out(self) -> bool:
@@ -40,12 +41,13 @@ class Budget:
     def status(self) -> str:
         """One line for people: `judge budget spent: $0.28 of $0.25 today; resumes
         2025-01-02 00:00 UTC`, or `judge budget: $0.14 of $0.25 spent today (UTC)`."""
+        name = f"{self.stage} budget" + (f" of {self.whose}" if self.whose else "")
         if self.spent_out:
             return (
-                f"{self.stage} budget spent: {self._spent_of_limit()} today; "
+                f"{name} spent: {self._spent_of_limit()} today; "
                 f"resumes {self.resumes_at:%Y-%m-%d %H:%M} UTC"
             )
-        return f"{self.stage} budget: {self._spent_of_limit()} spent today (UTC)"
+        return f"{name}: {self._spent_of_limit()} spent today (UTC)"
 
     def as_dict(self) -> dict:
         return {
@@ -65,25 +67,48 @@ def day_of(now: datetime | None = None) -> tuple[datetime, datetime]:
     return start, start + timedelta(days=1)
 
 
-def judge(store: Store, limit_usd: float, now: datetime | None = None) -> Budget:
+def judge(
+    store: Store,
+    limit_usd: float,
+    now: datetime | None = None,
+    *,
+    keys: tuple[str, ...] | None = None,
+    whose: str | None = None,
+) -> Budget:
     """The judge's spend today: litellm's cost of every judge call recorded since 00:00 UTC
-    (cache hits and calls litellm could not price record none)."""
+    (cache hits and calls litellm could not price record none). `keys`: only the calls on
+    groups of these API keys' traffic (a group is one key's), `whose` their tenant."""
     start, end = day_of(now)
+    mine = (
+        ""
+        if keys is None
+        else " AND group_id IN (SELECT m.group_id FROM members m JOIN exchanges e "
+        "ON e.id = m.exchange_id WHERE list_contains(?, e.api_key_id))"
+    )
     [row] = store.query(
         "SELECT coalesce(sum(cost_usd), 0) AS spent FROM judgements "
-        "WHERE created >= ? AND created < ?",
-        [start, end],
+        "WHERE created >= ? AND created < ?" + mine,
+        [start, end] + ([] if keys is None else [list(keys)]),
     )
-    return Budget("judge", "usd", float(row["spent"]), limit_usd, end)
+    return Budget("judge", "usd", float(row["spent"]), limit_usd, end, whose)
 
 
-def train(store: Store, limit_minutes: float, now: datetime | None = None) -> Budget:
+def train(
+    store: Store,
+    limit_minutes: float,
+    now: datetime | None = None,
+    *,
+    lineages: tuple[str, ...] | None = None,
+    whose: str | None = None,
+) -> Budget:
     """The trainer's minutes today: the duration of every run recorded since 00:00 UTC (a
-    run counts on the day it finished; a failed run records no row and counts nothing)."""
+    run counts on the day it finished; a failed run records no row and counts nothing).
+    `lineages`: only the runs trained for these (a tenant's), `whose` their tenant."""
     start, end = day_of(now)
+    mine = "" if lineages is None else " AND list_contains(?, config->>'lineage')"
     [row] = store.query(
         "SELECT coalesce(sum(duration_s), 0) / 60 AS spent FROM train_runs "
-        "WHERE created >= ? AND created < ?",
-        [start, end],
+        "WHERE created >= ? AND created < ?" + mine,
+        [start, end] + ([] if lineages is None else [list(lineages)]),
     )
-    return Budget("train", "minutes", float(row["spent"]), limit_minutes, end)
+    return Budget("train", "minutes", float(row["spent"]), limit_minutes, end, whose)

@@ -17,6 +17,7 @@ from litestar.params import FromPath, FromQuery
 from litestar.static_files import create_static_files_router
 
 from ..collector import Collector
+from ..collector.scope import lineage_name
 from ..deploy import deployments, progress, reviews
 from ..deploy.loop import LoopState
 from ..deploy.release import decide
@@ -100,16 +101,19 @@ def routes(
                 "traffic": queries.traffic(store, minutes),
                 "per_minute": queries.per_minute(store, minutes),
                 "totals": queries.totals(store),
+                "decided": deployments.current(store),
             }
 
         data = await collector.query(read)
+        state = (loop or LoopState()).as_dict()
         return render(
             "overview.html",
             refresh=True,
             minutes=minutes,
             arms=router.arms,
             base_model=router.base_model,
-            loop=(loop or LoopState()).as_dict(),
+            tenants=_tenant_rows(router, data.pop("decided"), state["tenant_budgets"]),
+            loop=state,
             chart=_chart_data(data["per_minute"]),
             collector=collector.stats(),
             **data,
@@ -197,6 +201,29 @@ def routes(
             route_handlers=[overview, scenarios, groups, group, trajectory, learning, ab, static],
         )
     ]
+
+
+def _tenant_rows(router: ArmRouter, decided: dict, shares: dict) -> list[dict]:
+    """A row per tenant's lineage: whose keys, live, canary, the last decision, and what is
+    left of the tenant's budgets today."""
+    rows = []
+    for tenant, keys in router.tenants.keys.items():
+        for alias in router.aliases:
+            name = lineage_name(alias, tenant)
+            arms, last = router.arms.get(name), decided.get(name)
+            share = shares.get(tenant) or {}
+            rows.append(
+                {
+                    "tenant": tenant,
+                    "key_ids": ", ".join(keys),
+                    "lineage": name,
+                    "live": arms.live if arms else None,
+                    "canary": arms.canary if arms else None,
+                    "last": last,
+                    "budgets": [share[s] for s in ("train", "judge") if share.get(s)],
+                }
+            )
+    return rows
 
 
 def _ask_password(_: Request, exc: AskPassword) -> Response:

@@ -9,7 +9,7 @@ import httpx
 
 from ..collector import Collector
 from ..judge import run_pass
-from . import fit
+from . import fair, fit
 from .settings import DeploySettings
 
 
@@ -43,6 +43,7 @@ async def judge(settings: DeploySettings, *, once: bool, echo: Callable[[str], N
                     echo=echo,
                     skip_scenarios=held,
                     untrained_keys=settings.proxy.untrained_keys,
+                    key_budgets=fair.judge_shares(settings),
                     engine_logprobs=settings.proxy.engine_logprobs,
                 )
                 echo(f"judge pass: {report.summary()}")

@@ -34,7 +34,7 @@ from ..judge import JudgeError, run_pass
 from ..proxy import Router
 from ..proxy.tenants import Tenants
 from ..trainer import snapshot
-from . import deployments, fit, holdout, ledger, release, training
+from . import deployments, fair, fit, holdout, ledger, release, training
 from .errors import DeployError
 from .judging import engine_client
 from .operator import Operator
@@ -55,6 +55,7 @@ class LoopState:
     iterations: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     budget: dict[str, dict] = field(default_factory=dict)  # stage -> its daily budget, if set
+    tenant_budgets: dict[str, dict] = field(default_factory=dict)  # tenant -> its shares
     fitted: fit.Fitted | None = None  # the settings fitted to the traffic, this iteration
     lineages: dict[str, dict] = field(default_factory=dict)  # name -> live, canary, groups
     last_trained: str | None = None  # the lineage that trained last (the trainer's turn)
@@ -76,6 +77,7 @@ class LoopState:
             "iterations": self.iterations,
             "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
             "budget": self.budget,
+            "tenant_budgets": self.tenant_budgets,
             "fitted": self.fitted.as_dict() if self.fitted else None,
             "lineages": self.lineages,
             "last_trained": self.last_trained,
@@ -106,6 +108,8 @@ async def run_once(
     for line in lines:
         await line.decide_open(held, state)
     state.lineages = {line.name: line.as_dict() for line in lines}
+    shares = await db.query(lambda st: fair.shares(st, settings))
+    state.tenant_budgets = {name: share.as_dict() for name, share in shares.items()}
     needs_groups = [line for line in lines if line.ready < fitted.min_new_groups]
     if any(line.comparing for line in lines) and not needs_groups:
         # While a comparison needs the engine, sample no more than the next runs will use.
@@ -118,7 +122,7 @@ async def run_once(
     ready = [line for line in lines if not line.comparing]
     for line in _round_robin(ready, state.last_trained):
         await line.count(held)
-        if await _may_train(line, echo, state):
+        if await _may_train(line, echo, state, shares.get(line.pipeline.lineage.tenant)):
             state.last_trained = line.name
             await _train_and_release(line, held, state)
             return  # one run per iteration: the next lineage's turn comes next time
@@ -198,6 +202,7 @@ async def _judge_pass(db, engine, settings: DeploySettings, held, echo, state) -
             echo=echo,
             skip_scenarios=held,
             untrained_keys=settings.proxy.untrained_keys,
+            key_budgets=fair.judge_shares(settings),
             engine_logprobs=settings.proxy.engine_logprobs,
         )
     echo(f"judge pass: {report.summary()}")
@@ -205,10 +210,10 @@ async def _judge_pass(db, engine, settings: DeploySettings, held, echo, state) -
         state.budget["judge"] = report.budget.as_dict()
 
 
-async def _may_train(line: Line, echo, state) -> bool:
-    """Whether the lineage's run may start now: the trainer's daily budget, enough new
-    groups, and the lineage's candidate budget and back-off (each candidate spends a share
-    of its alpha)."""
+async def _may_train(line: Line, echo, state, share: fair.Share | None) -> bool:
+    """Whether the lineage's run may start now: the trainer's daily budget and its tenant's
+    share of it, enough new groups, and the lineage's candidate budget and back-off (each
+    candidate spends a share of its alpha)."""
     r = line.pipeline
     budget = await training.budget(r.db, r.settings)
     if budget is not None:
@@ -216,6 +221,9 @@ async def _may_train(line: Line, echo, state) -> bool:
         if budget.spent_out:
             echo(f"train: {budget.status()}; the groups wait")
             return False
+    if share is not None and share.train is not None and share.train.spent_out:
+        echo(f"train {line.name}: {share.train.status()}; its groups wait")
+        return False
     wanted = state.fitted.min_new_groups
     if line.ready < wanted:
         echo(f"train {line.name}: {line.ready} new trainable groups, waiting for {wanted}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from ..collector import CollectorSettings
 from ..judge import JudgeSettings
@@ -34,6 +34,19 @@ class GateSettings(BaseModel):
     @property
     def configured(self) -> bool:
         return bool(self.model or self.rewards)
+
+
+class TenantBudget(BaseModel):
+    """One tenant's daily share of the trainer and the judge (unset: none of its own)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    train_minutes_per_day: float | None = Field(
+        None, gt=0, description="minutes of training runs for the tenant's lineages"
+    )
+    judge_usd_per_day: float | None = Field(
+        None, gt=0, description="dollars of RULER calls on the tenant's groups"
+    )
 
 
 class LoopSettings(BaseModel):
@@ -135,6 +148,13 @@ class LoopSettings(BaseModel):
         description="after a candidate is not promoted, the next training run waits this "
         "long, doubled for each candidate in a row not promoted, up to a day",
     )
+    tenant_budgets: dict[str, TenantBudget] = Field(
+        default_factory=dict,
+        description="each tenant's (proxy.tenants) share of the shared trainer and judge "
+        "per UTC day, e.g. { acme = { train_minutes_per_day = 30, judge_usd_per_day = 2 } }; "
+        "a tenant whose share is spent waits (its groups kept) while the others go on. "
+        "trainer.max_minutes_per_day and judge.max_usd_per_day still cap the server",
+    )
     max_candidates_per_day: int | None = Field(
         6,
         ge=1,
@@ -209,3 +229,13 @@ class DeploySettings(BaseModel):
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
     trainer: TrainSettings = Field(default_factory=TrainSettings)
     loop: LoopSettings = Field(default_factory=LoopSettings)
+
+    @model_validator(mode="after")
+    def _budgets_name_tenants(self) -> DeploySettings:
+        for name in self.loop.tenant_budgets:
+            if name not in self.proxy.tenants:
+                known = ", ".join(self.proxy.tenants) or "none: proxy.tenants is empty"
+                raise ValueError(
+                    f"loop.tenant_budgets names {name!r}, which is not a tenant ({known})"
+                )
+        return self

@@ -20,7 +20,7 @@ from .errors import (
     RewardFnFailed,
     SamplingFailed,
 )
-from .passes import PassReport, run_pass
+from .passes import KeyBudget, PassReport, run_pass
 from .rollouts import Rollout
 from .settings import JudgeSettings, RewardFn
 
@@ -32,6 +32,7 @@ __all__ = [
     "JudgeRefused",
     "JudgeSettings",
     "JudgeUnavailable",
+    "KeyBudget",
     "PassReport",
     "RewardFn",
     "RewardFnFailed",

@@ -21,7 +21,7 @@ import logging
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -36,6 +36,19 @@ from .settings import JudgeSettings
 from .settled import settled_scenarios
 
 log = logging.getLogger("onjob.judge")
+
+
+@dataclass(frozen=True)
+class KeyBudget:
+    """A daily budget for RULER calls on the groups of some API keys (a tenant's share of
+    the judge, `loop.tenant_budgets`): checked before each call, as the server's is."""
+
+    whose: str  # for people: "tenant acme"
+    keys: tuple[str, ...]
+    usd_per_day: float
+
+    def today(self, store) -> budgets.Budget:
+        return budgets.judge(store, self.usd_per_day, keys=self.keys, whose=self.whose)
 
 
 @dataclass
@@ -69,8 +82,10 @@ class PassReport:
         budget = ""
         if self.budget is not None:
             budget = f"; {self.budget.status()}"
-            if self.waiting_for_budget:
-                budget += f" ({self.waiting_for_budget} groups wait for it)"
+        if self.waiting_for_budget:
+            server = self.budget is not None and self.budget.spent_out
+            whose = "it" if server else "their tenant's judge budget"
+            budget += f" ({self.waiting_for_budget} groups wait for {whose})"
         return (
             f"{self.turn_groups} turn groups ({self.sampled_tokens} tokens sampled, "
             f"{self.sampling_failed} failed, {self.over_budget} over budget), "
@@ -88,13 +103,16 @@ async def run_pass(
     rng: random.Random | None = None,
     skip_scenarios: list[str] = (),
     untrained_keys: list[str] = (),
+    key_budgets: Sequence[KeyBudget] = (),
     engine_logprobs: str = TRAINED,
 ) -> PassReport:
     """Sample new groups (none from `skip_scenarios`: the loop's held-out slice, which no
     training run uses; none of the API keys in `untrained_keys`, whose traffic is never
-    judged) and score every group still unscored (but those of several keys or of an
-    untrained one: failed). `engine_logprobs`: the engine's logprob definition when its
-    model list does not state one (vLLM's)."""
+    judged, nor of keys whose `key_budgets` share is spent today) and score every group
+    still unscored (but those of several keys or of an untrained one: failed; those that
+    need a RULER call their share cannot pay for today: left for a later pass).
+    `engine_logprobs`: the engine's logprob definition when its model list does not
+    state one (vLLM's)."""
     started = time.perf_counter()
     fns = rewards.load(settings.rewards)  # a reward function that does not import stops here
     report = PassReport()
@@ -103,14 +121,27 @@ async def run_pass(
     if report.budget is not None and report.budget.spent_out:
         echo(f"{report.budget.status()}: no new groups, and those that need RULER wait")
     else:
-        skip, untrained = list(skip_scenarios), list(untrained_keys)
+        kept_out = list(untrained_keys)
+        for share in key_budgets if settings.model else ():
+            spent = await db.query(share.today)
+            if spent.spent_out:
+                echo(f"{spent.status()}: no new groups of {', '.join(share.keys)}")
+                kept_out += share.keys
+        skip = list(skip_scenarios)
         await _sample_turn_groups(
-            db, engine, settings, report, echo, skip, untrained, engine_logprobs
+            db, engine, settings, report, echo, skip, kept_out, engine_logprobs
         )
         if settings.scenario_groups:
-            await _gather_trajectory_groups(db, settings, report, echo, skip, untrained)
+            await _gather_trajectory_groups(db, settings, report, echo, skip, kept_out)
     await _score_groups(
-        db, settings, fns, report, echo, rng or random.Random(), frozenset(untrained_keys)
+        db,
+        settings,
+        fns,
+        report,
+        echo,
+        rng or random.Random(),
+        frozenset(untrained_keys),
+        tuple(key_budgets),
     )
     report.budget = await judge_budget(db, settings)
     report.seconds = time.perf_counter() - started
@@ -207,7 +238,14 @@ async def _gather_trajectory_groups(
 
 
 async def _score_groups(
-    db, s: JudgeSettings, fns, report: PassReport, echo, rng, untrained: frozenset[str]
+    db,
+    s: JudgeSettings,
+    fns,
+    report: PassReport,
+    echo,
+    rng,
+    untrained: frozenset[str],
+    key_budgets: tuple[KeyBudget, ...] = (),
 ) -> None:
     groups = await db.query(lambda store: tables.groups_to_score(store, 1000))
     if not groups:
@@ -218,7 +256,9 @@ async def _score_groups(
 
     async def one(group: dict) -> None:
         async with gate:
-            await score_group(db, s, fns, group, report, echo, rng, untrained=untrained)
+            await score_group(
+                db, s, fns, group, report, echo, rng, untrained=untrained, key_budgets=key_budgets
+            )
 
     await asyncio.gather(*(one(g) for g in groups))
 
@@ -233,11 +273,13 @@ async def score_group(
     rng,
     *,
     untrained: frozenset[str] = frozenset(),
+    key_budgets: tuple[KeyBudget, ...] = (),
 ) -> None:
     rows = await db.query(lambda store: tables.members_of(store, group["id"]))
     exchanges = [r["exchange_id"] for r in rows]
     owners = await db.query(lambda store: tables.owners(store, exchanges))
-    refused = tenants.refusal(tenants.member_keys(owners), untrained)
+    keys = tenants.member_keys(owners)
+    refused = tenants.refusal(keys, untrained)
     if refused is not None:  # no scorer, RULER's provider least of all, sees it
         report.failed += 1
         echo(f"  group {group['id']}: not scored: {refused}")
@@ -254,7 +296,8 @@ async def score_group(
     started = time.perf_counter()
 
     if s.model:
-        ruled = await _ruler(db, s, rollouts, rng, report)
+        share = next((b for b in key_budgets if keys & set(b.keys)), None)
+        ruled = await _ruler(db, s, rollouts, rng, report, share)
         if ruled is None:
             report.waiting_for_budget += 1
             return
@@ -307,10 +350,12 @@ async def score_group(
     )
 
 
-async def _ruler(db, s: JudgeSettings, rollouts, rng, report: PassReport):
+async def _ruler(
+    db, s: JudgeSettings, rollouts, rng, report: PassReport, share: KeyBudget | None = None
+):
     """A judgement and what the cache should keep of it: from the cache when this judge has
     seen these answers under this rubric before (no call), else from the judge; None when
-    a call is needed and today's budget is spent."""
+    a call is needed and today's budget, or the group's keys' `share` of it, is spent."""
     key = ruler.cache_key(s.model, s.rubric_for(rollouts[0].scenario), rollouts)
     cached = await db.query(lambda store: tables.cached_result(store, key))
     if cached is not None:
@@ -318,6 +363,8 @@ async def _ruler(db, s: JudgeSettings, rollouts, rng, report: PassReport):
         judgement = ruler.Judgement(f"ruler:{s.model}", key, status="cached")
         judgement.scores = ruler.from_cache(cached, rollouts)
         return judgement, None
+    if share is not None and (await db.query(share.today)).spent_out:
+        return None
     budget = await judge_budget(db, s)
     if budget is not None and budget.spent_out:
         return None

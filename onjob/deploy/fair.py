@@ -1,0 +1,67 @@
+"""Fair use of the one trainer and the one judge between tenants: each tenant's daily
+share (`loop.tenant_budgets`), read from the rows as the server's budgets are
+(`collector.budgets`: a UTC day, a restart resets nothing).
+
+The trainer takes the lineages with groups ready in turn (`loop.py`); a tenant whose
+training share is spent is passed over until 00:00 UTC, and its groups wait, whole. A
+tenant whose judge share is spent gets no new groups, and its groups that need a RULER
+call wait (a cached judgement is free and still used), while the other tenants' go on;
+the share is checked before each call (`judge.passes.KeyBudget`), so calls in flight
+(at most `judge.concurrency`) can pass it by their own cost. The paired comparisons of
+a release decision are not charged to a share: they decide, they do not train.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..collector import Store, budgets
+from ..collector.scope import lineage_name
+from ..judge import KeyBudget
+from ..proxy.tenants import Tenants
+from .settings import DeploySettings
+
+
+@dataclass(frozen=True)
+class Share:
+    """One tenant's budgets today (None: no share of its own for that stage)."""
+
+    tenant: str
+    keys: tuple[str, ...]
+    train: budgets.Budget | None
+    judge: budgets.Budget | None
+
+    def as_dict(self) -> dict:
+        return {
+            "keys": list(self.keys),
+            "train": self.train.as_dict() if self.train else None,
+            "judge": self.judge.as_dict() if self.judge else None,
+        }
+
+
+def shares(store: Store, settings: DeploySettings) -> dict[str, Share]:
+    """Each tenant with a budget of its own, and what it has spent of it today. A judge
+    share counts only with a RULER judge: reward functions and feedback cost nothing."""
+    tenants = Tenants.of(settings.proxy)
+    out = {}
+    for name, budget in settings.loop.tenant_budgets.items():
+        keys, whose = tenants.keys[name], f"tenant {name}"
+        lineages = tuple(lineage_name(alias, name) for alias in settings.proxy.aliases)
+        train = judge = None
+        if budget.train_minutes_per_day is not None:
+            limit = budget.train_minutes_per_day
+            train = budgets.train(store, limit, lineages=lineages, whose=whose)
+        if budget.judge_usd_per_day is not None and settings.judge.model is not None:
+            judge = KeyBudget(whose, keys, budget.judge_usd_per_day).today(store)
+        out[name] = Share(name, keys, train, judge)
+    return out
+
+
+def judge_shares(settings: DeploySettings) -> list[KeyBudget]:
+    """Each tenant's judge share as the judge pass checks it, before each RULER call."""
+    tenants = Tenants.of(settings.proxy)
+    return [
+        KeyBudget(f"tenant {name}", tenants.keys[name], budget.judge_usd_per_day)
+        for name, budget in settings.loop.tenant_budgets.items()
+        if budget.judge_usd_per_day is not None
+    ]
