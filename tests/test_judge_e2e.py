@@ -40,6 +40,9 @@ def broken(rollout):
 """
 
 
+SEED = 1
+
+
 @pytest.fixture(scope="module")
 def logged(tmp_path_factory, tool_engine) -> dict:
     """A database of real traffic: two tool-using conversations that share a scenario (two
@@ -56,8 +59,14 @@ def logged(tmp_path_factory, tool_engine) -> dict:
             if reply.get("tool_calls"):
                 tool_result["tool_call_id"] = reply["tool_calls"][0]["id"]
             client.chat.completions.create(messages=[*TOOL_QUESTION, reply, tool_result], **params)
+        # Seeded: the logged answers are the same each run, and one of them is cut at its
+        # 6 tokens (the re-sampled ones draw afresh, and may all end before).
         hello = client.chat.completions.create(
-            model="agent", messages=[{"role": "user", "content": "Say hi."}], max_tokens=6, n=2
+            model="agent",
+            messages=[{"role": "user", "content": "Say hi."}],
+            max_tokens=6,
+            n=2,
+            seed=SEED,
         )
         feedback = {"exchange_id": hello.id, "value": 0.75}
         assert httpx.post(f"{server.base}/v1/feedback", json=feedback).status_code in (200, 201)

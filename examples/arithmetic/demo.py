@@ -468,10 +468,17 @@ class _Traffic:
     (with `paused`, the old mode, it holds new requests while the loop trains: `pace`).
     Errors are counted, not fatal (a canary may fail)."""
 
-    def __init__(self, url: str, example: Example, agents: int, paused: bool = False):
+    def __init__(
+        self,
+        url: str,
+        example: Example,
+        agents: int,
+        paused: bool = False,
+        api_key: str = "unused",
+    ):
         from openai import OpenAI
 
-        self.client = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
+        self.client = OpenAI(base_url=url, api_key=api_key, max_retries=0, timeout=300)
         self.example, self.agents, self.paused = example, agents, paused
         self.done = self.errors = 0
         self._stop = threading.Event()
