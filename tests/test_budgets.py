@@ -54,35 +54,42 @@ def tomorrow() -> str:
     return f"{(datetime.now(UTC) + timedelta(days=1)):%Y-%m-%d} 00:00 UTC"
 
 
-def log_conversations(db: Path) -> None:
-    """Two one-turn conversations per scenario, with different answers, through the
-    collector (spool, then DuckDB) as the proxy logs them."""
+def log_conversations(
+    db: Path, keys: tuple[str | None, ...] = (None,), scenarios: int = SCENARIOS
+) -> None:
+    """Per API key (None: none), `scenarios` scenarios of two one-turn conversations with
+    different answers, through the collector (spool, then DuckDB) as the proxy logs them."""
 
     async def main():
         collector = Collector(CollectorSettings(db=db))
         await collector.start()
-        for s in range(SCENARIOS):
-            for c in range(2):
-                messages = [{"role": "user", "content": f"question {s}"}]
-                placement = collector.stitcher.place(messages, trajectory_id=f"conv-{s}-{c}")
-                answer = {"role": "assistant", "content": f"answer {s}" + " more" * c}
-                collector.log(
-                    ExchangeRecord(
-                        id=f"chatcmpl-{uuid.uuid4().hex}",
-                        ts=time.time() - 60,
-                        trajectory_id=placement.trajectory_id,
-                        turn=placement.turn,
-                        scenario_id=placement.scenario_id,
-                        scenario_key=placement.scenario_key,
-                        scenario_keyed=placement.scenario_keyed,
-                        model_alias="agent",
-                        request=to_json({"model": "agent", "messages": messages}),
-                        response=to_json({"choices": [{"index": 0, "message": answer}]}),
-                        prompt_token_ids=[1, 2, 3],
-                        completion_token_ids=[[4, 5]],
-                        completion_logprobs=[[-0.5, -0.25]],
+        for key in keys:
+            for s in range(scenarios):
+                for c in range(2):
+                    asked = f"{key} question {s}" if key else f"question {s}"
+                    messages = [{"role": "user", "content": asked}]
+                    placement = collector.stitcher.place(
+                        messages, trajectory_id=f"conv-{s}-{c}", api_key_id=key
                     )
-                )
+                    answer = {"role": "assistant", "content": f"answer {s}" + " more" * c}
+                    collector.log(
+                        ExchangeRecord(
+                            id=f"chatcmpl-{uuid.uuid4().hex}",
+                            ts=time.time() - 60,
+                            trajectory_id=placement.trajectory_id,
+                            turn=placement.turn,
+                            scenario_id=placement.scenario_id,
+                            scenario_key=placement.scenario_key,
+                            scenario_keyed=placement.scenario_keyed,
+                            model_alias="agent",
+                            api_key_id=key,
+                            request=to_json({"model": "agent", "messages": messages}),
+                            response=to_json({"choices": [{"index": 0, "message": answer}]}),
+                            prompt_token_ids=[1, 2, 3],
+                            completion_token_ids=[[4, 5]],
+                            completion_logprobs=[[-0.5, -0.25]],
+                        )
+                    )
         await collector.close()
 
     asyncio.run(main())

@@ -7,11 +7,9 @@ the dashboard's row for the tenant. "The next day" is today's rows moved back 24
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import time
-import uuid
 from pathlib import Path
 
 import httpx
@@ -19,13 +17,21 @@ import pytest
 from pydantic import ValidationError
 
 from onjob.cli.process import ServerProcess, free_port
-from onjob.collector import Collector, CollectorSettings, ExchangeRecord, Store
-from onjob.collector.records import to_json
+from onjob.collector import Store
 from onjob.deploy.settings import DeploySettings
 
 from .conftest import record_trained, rows
 from .fake_judge import FakeJudge, candidates, scores_json
-from .test_budgets import ADMIN, JUDGE, ONJOB, REWARDS, onjob, to_yesterday, tomorrow
+from .test_budgets import (
+    ADMIN,
+    JUDGE,
+    ONJOB,
+    REWARDS,
+    log_conversations,
+    onjob,
+    to_yesterday,
+    tomorrow,
+)
 
 KEYS = {"acme-k": "sk-acme-5b1e", "beta-k": "sk-beta-0c9d"}
 TENANTS = """
@@ -34,44 +40,6 @@ admin_key = "adm-secret"
 api_keys = { "acme-k" = "sk-acme-5b1e", "beta-k" = "sk-beta-0c9d" }
 tenants = { acme = ["acme-k"], beta = ["beta-k"] }
 """
-
-
-def log_conversations(db: Path, scenarios: int = 2) -> None:
-    """Per key, `scenarios` scenarios of two one-turn conversations each (one trajectory
-    group each), through the collector as the proxy logs them."""
-
-    async def main():
-        collector = Collector(CollectorSettings(db=db))
-        await collector.start()
-        for key in KEYS:
-            for s in range(scenarios):
-                for c in range(2):
-                    messages = [{"role": "user", "content": f"{key} question {s}"}]
-                    placement = collector.stitcher.place(
-                        messages, trajectory_id=f"conv-{s}-{c}", api_key_id=key
-                    )
-                    answer = {"role": "assistant", "content": f"answer {s}" + " more" * c}
-                    collector.log(
-                        ExchangeRecord(
-                            id=f"chatcmpl-{uuid.uuid4().hex}",
-                            ts=time.time() - 60,
-                            trajectory_id=placement.trajectory_id,
-                            turn=placement.turn,
-                            scenario_id=placement.scenario_id,
-                            scenario_key=placement.scenario_key,
-                            scenario_keyed=placement.scenario_keyed,
-                            model_alias="agent",
-                            api_key_id=key,
-                            request=to_json({"model": "agent", "messages": messages}),
-                            response=to_json({"choices": [{"index": 0, "message": answer}]}),
-                            prompt_token_ids=[1, 2, 3],
-                            completion_token_ids=[[4, 5]],
-                            completion_logprobs=[[-0.5, -0.25]],
-                        )
-                    )
-        await collector.close()
-
-    asyncio.run(main())
 
 
 def statuses_by_key(db: Path) -> dict[str, list[str]]:
@@ -88,7 +56,7 @@ def statuses_by_key(db: Path) -> dict[str, list[str]]:
 
 def test_a_tenant_whose_judge_share_is_spent_waits_while_another_is_judged(tmp_path):
     db = tmp_path / "onjob.duckdb"
-    log_conversations(db)
+    log_conversations(db, tuple(KEYS), scenarios=2)
     (tmp_path / "my_rewards.py").write_text(REWARDS)
     share = "[loop.tenant_budgets]\nacme = { judge_usd_per_day = 0.1 }\n"
     # No server-wide judge budget: only acme's share of it stops calls.
