@@ -146,3 +146,35 @@ def test_a_budget_for_a_tenant_the_settings_do_not_hold_is_refused_by_name():
             }
         ).loop.model_dump_json()
     )["tenant_budgets"]["acme"] == {"train_minutes_per_day": None, "judge_usd_per_day": 1.0}
+
+
+def test_each_lineage_waits_for_the_groups_its_own_traffic_gives(tmp_path):
+    """`min_new_groups` fitted per lineage: a quiet tenant beside a busy one waits for what
+    its own last ten minutes gave the judge, not for the busy one's count."""
+    from onjob.deploy import fit
+    from onjob.proxy import ProxySettings
+    from onjob.proxy.tenants import Tenants
+
+    db = tmp_path / "onjob.duckdb"
+    log_conversations(db, ("acme-k",), scenarios=7)
+    log_conversations(db, ("beta-k",), scenarios=2)
+    (tmp_path / "my_rewards.py").write_text(REWARDS)
+    judge = '[judge]\nsettle_s = 0\n[judge.rewards]\nshort = { fn = "my_rewards:short" }\n'
+    (tmp_path / "onjob.toml").write_text(TENANTS + judge + "[loop]\nholdout_share = 0\n")
+    onjob(tmp_path, "judge", "--once")
+    settings = DeploySettings(
+        proxy=ProxySettings(api_keys=KEYS, tenants={"acme": ["acme-k"], "beta": ["beta-k"]})
+    )
+    tenants = Tenants.of(settings.proxy)
+    store = Store(db)
+    try:
+        recent = {
+            t: fit.recent_groups(store, tenants.lineage("agent", t).scope) for t in ("acme", "beta")
+        }
+        server = fit.current(store, settings).min_new_groups
+    finally:
+        store.close()
+    assert recent == {"acme": 7, "beta": 2}
+    assert server == 9  # the whole server's pace: what beta waited for before
+    assert fit.min_groups(settings, recent["acme"]) == 7
+    assert fit.min_groups(settings, recent["beta"]) == fit.MIN_GROUPS

@@ -9,7 +9,10 @@ the log shows, so a user's task needs no `[loop]` overrides of its own.
     min_new_groups   a run starts on what about ten minutes of traffic gives the judge:
                      the groups scored in the last 10 minutes, at least 4, at most
                      `trainer.max_groups`. Slow traffic trains on 4, as before; busy
-                     traffic on a run's worth, not a run per pass.
+                     traffic on a run's worth, not a run per pass. The loop asks it per
+                     lineage, of the lineage's own keys' groups (`recent_groups`): a
+                     quiet tenant beside a busy one trains on its own pace; `Fitted`
+                     shows the whole server's.
     canary_fraction  a canary should see its `min_guard_conversations` within about five
                      minutes of the traffic's pace (conversations started in the last 10
                      minutes, halved): that share, between 10% and 50%. The guards decide
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ..collector.scope import KeyScope
 from ..judge import JudgeSettings
 from ..judge.settings import SETTLE_S
 from . import holdout
@@ -122,10 +126,8 @@ def fit(settings: DeploySettings, traffic: Traffic) -> Fitted:
         low, high = HOLDOUT_RANGE
         share = min(high, max(low, loop.holdout_pairs / max(traffic.scenarios, 1)))
         fitted.append("holdout_share")
-    groups = loop.min_new_groups
-    if groups is None:
-        most = max(MIN_GROUPS, settings.trainer.max_groups)
-        groups = min(most, max(MIN_GROUPS, traffic.recent_groups))
+    groups = min_groups(settings, traffic.recent_groups)
+    if loop.min_new_groups is None:
         fitted.append("min_new_groups")
     canary = loop.canary_fraction
     if canary is None:
@@ -143,6 +145,31 @@ def fit(settings: DeploySettings, traffic: Traffic) -> Fitted:
     return Fitted(
         round(share, 3), groups, round(canary, 3), round(settle, 1), traffic, tuple(fitted)
     )
+
+
+def min_groups(settings: DeploySettings, recent_groups: int) -> int:
+    """`loop.min_new_groups`, else what `recent_groups` scored in the last ten minutes give,
+    between `MIN_GROUPS` and `trainer.max_groups`."""
+    if settings.loop.min_new_groups is not None:
+        return settings.loop.min_new_groups
+    most = max(MIN_GROUPS, settings.trainer.max_groups)
+    return min(most, max(MIN_GROUPS, recent_groups))
+
+
+def recent_groups(store, scope: KeyScope) -> int:
+    """The turn and trajectory groups of `scope`'s keys scored in the last ten minutes (a
+    group is one key's): a lineage's own pace, so a quiet tenant beside a busy one trains
+    on what its own traffic gives, not on the busy one's threshold."""
+    condition, params = scope.sql("e.api_key_id")
+    return store.query(
+        f"""
+        SELECT count(DISTINCT g.id) AS n FROM groups g
+        JOIN members m ON m.group_id = g.id JOIN exchanges e ON e.id = m.exchange_id
+        WHERE g.status = 'scored' AND g.kind IN ('turn', 'trajectory')
+          AND g.created > now() - INTERVAL {GROUPS_WINDOW_S} SECOND AND {condition}
+        """,
+        params,
+    )[0]["n"]
 
 
 def judge_settings(settings: DeploySettings, fitted: Fitted) -> JudgeSettings:

@@ -110,7 +110,7 @@ async def run_once(
     state.lineages = {line.name: line.as_dict() for line in lines}
     shares = await db.query(lambda st: fair.shares(st, settings))
     state.tenant_budgets = {name: share.as_dict() for name, share in shares.items()}
-    needs_groups = [line for line in lines if line.ready < fitted.min_new_groups]
+    needs_groups = [line for line in lines if line.ready < line.wanted]
     if any(line.comparing for line in lines) and not needs_groups:
         # While a comparison needs the engine, sample no more than the next runs will use.
         waiting = ", ".join(f"{line.name} {line.ready}" for line in lines)
@@ -136,6 +136,7 @@ class Line:
     pipeline: release.Release
     routing: Routing | None = None
     ready: int = 0
+    wanted: int = 0  # the groups a run of this lineage waits for (fit.min_groups, its pace)
 
     @property
     def name(self) -> str:
@@ -175,12 +176,15 @@ class Line:
                 st, r.settings.trainer, live=self.live, held_out=held, scope=r.lineage.scope
             )
         )
+        recent = await r.db.query(lambda st: fit.recent_groups(st, r.lineage.scope))
+        self.wanted = fit.min_groups(r.settings, recent)
 
     def as_dict(self) -> dict:
         return {
             "live": self.live,
             "canary": self.routing.canary if self.routing else None,
             "ready_groups": self.ready,
+            "wanted_groups": self.wanted,
         }
 
 
@@ -224,7 +228,7 @@ async def _may_train(line: Line, echo, state, share: fair.Share | None) -> bool:
     if share is not None and share.train is not None and share.train.spent_out:
         echo(f"train {line.name}: {share.train.status()}; its groups wait")
         return False
-    wanted = state.fitted.min_new_groups
+    wanted = line.wanted
     if line.ready < wanted:
         echo(f"train {line.name}: {line.ready} new trainable groups, waiting for {wanted}")
         return False
