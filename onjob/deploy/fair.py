@@ -43,16 +43,16 @@ def shares(store: Store, settings: DeploySettings) -> dict[str, Share]:
     """Each tenant with a budget of its own, and what it has spent of it today. A judge
     share counts only with a RULER judge: reward functions and feedback cost nothing."""
     tenants = Tenants.of(settings.proxy)
+    judged = {b.whose: b for b in judge_shares(settings)} if settings.judge.model else {}
     out = {}
     for name, budget in settings.loop.tenant_budgets.items():
-        keys, whose = tenants.keys[name], f"tenant {name}"
+        keys, whose = tenants.keys[name], _whose(name)
         lineages = tuple(lineage_name(alias, name) for alias in settings.proxy.aliases)
-        train = judge = None
+        train = None
         if budget.train_minutes_per_day is not None:
             limit = budget.train_minutes_per_day
             train = budgets.train(store, limit, lineages=lineages, whose=whose)
-        if budget.judge_usd_per_day is not None and settings.judge.model is not None:
-            judge = KeyBudget(whose, keys, budget.judge_usd_per_day).today(store)
+        judge = judged[whose].today(store) if whose in judged else None
         out[name] = Share(name, keys, train, judge)
     return out
 
@@ -61,7 +61,11 @@ def judge_shares(settings: DeploySettings) -> list[KeyBudget]:
     """Each tenant's judge share as the judge pass checks it, before each RULER call."""
     tenants = Tenants.of(settings.proxy)
     return [
-        KeyBudget(f"tenant {name}", tenants.keys[name], budget.judge_usd_per_day)
+        KeyBudget(_whose(name), tenants.keys[name], budget.judge_usd_per_day)
         for name, budget in settings.loop.tenant_budgets.items()
         if budget.judge_usd_per_day is not None
     ]
+
+
+def _whose(tenant: str) -> str:
+    return f"tenant {tenant}"
