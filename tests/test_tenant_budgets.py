@@ -148,9 +148,10 @@ def test_a_budget_for_a_tenant_the_settings_do_not_hold_is_refused_by_name():
     )["tenant_budgets"]["acme"] == {"train_minutes_per_day": None, "judge_usd_per_day": 1.0}
 
 
-def test_each_lineage_waits_for_the_groups_its_own_traffic_gives(tmp_path):
-    """`min_new_groups` fitted per lineage: a quiet tenant beside a busy one waits for what
-    its own last ten minutes gave the judge, not for the busy one's count."""
+def test_each_lineage_is_fitted_to_its_own_traffic(tmp_path):
+    """`min_new_groups` and `canary_fraction` fitted per lineage: a quiet tenant beside a
+    busy one waits for what its own last ten minutes gave the judge, not for the busy one's
+    count, and canaries the share its own pace needs."""
     from onjob.deploy import fit
     from onjob.proxy import ProxySettings
     from onjob.proxy.tenants import Tenants
@@ -163,18 +164,25 @@ def test_each_lineage_waits_for_the_groups_its_own_traffic_gives(tmp_path):
     (tmp_path / "onjob.toml").write_text(TENANTS + judge + "[loop]\nholdout_share = 0\n")
     onjob(tmp_path, "judge", "--once")
     settings = DeploySettings(
-        proxy=ProxySettings(api_keys=KEYS, tenants={"acme": ["acme-k"], "beta": ["beta-k"]})
+        proxy=ProxySettings(api_keys=KEYS, tenants={"acme": ["acme-k"], "beta": ["beta-k"]}),
+        loop={"min_guard_conversations": 2},
     )
     tenants = Tenants.of(settings.proxy)
     store = Store(db)
     try:
-        recent = {
-            t: fit.recent_groups(store, tenants.lineage("agent", t).scope) for t in ("acme", "beta")
-        }
-        server = fit.current(store, settings).min_new_groups
+        scopes = {t: tenants.lineage("agent", t).scope for t in ("acme", "beta")}
+        recent = {t: fit.recent_groups(store, scope) for t, scope in scopes.items()}
+        started = {t: fit.recent_conversations(store, scope) for t, scope in scopes.items()}
+        server = fit.current(store, settings)
     finally:
         store.close()
     assert recent == {"acme": 7, "beta": 2}
-    assert server == 9  # the whole server's pace: what beta waited for before
+    assert server.min_new_groups == 9  # the whole server's pace: what beta waited for before
     assert fit.min_groups(settings, recent["acme"]) == 7
     assert fit.min_groups(settings, recent["beta"]) == fit.MIN_GROUPS
+    # The canary's share, likewise: a tenant's canary sees only its own keys' conversations
+    # (2 per scenario), so the quiet one gives its canary more of them to fill its guards.
+    assert started == {"acme": 14, "beta": 4}
+    assert server.canary_fraction == fit.canary_fraction(settings, 18) == round(2 / 9, 3)
+    assert fit.canary_fraction(settings, started["acme"]) == round(2 / 7, 3)
+    assert fit.canary_fraction(settings, started["beta"]) == 0.5  # 2/2, at the ceiling

@@ -20,7 +20,9 @@ the log shows, so a user's task needs no `[loop]` overrides of its own.
                      no more users at risk; it only ends the canary sooner. A busy agent
                      gives a candidate a tenth of its users; a quiet one half, or its
                      guards would wait hours (the candidate has already won its held-out
-                     pairs).
+                     pairs). The release asks it per lineage, of the conversations its
+                     own keys started (`recent_conversations`): a tenant's canary is
+                     routed only that tenant's traffic.
     judge.settle_s   a conversation counts as finished (and joins its scenario's group)
                      once idle 4x the 95th percentile of the gaps between a conversation's
                      turns in the last hour, between 10 s and 300 s: a tool agent's turns
@@ -129,12 +131,8 @@ def fit(settings: DeploySettings, traffic: Traffic) -> Fitted:
     groups = min_groups(settings, traffic.recent_groups)
     if loop.min_new_groups is None:
         fitted.append("min_new_groups")
-    canary = loop.canary_fraction
-    if canary is None:
-        low, high = CANARY_RANGE
-        pace = traffic.recent_conversations * CANARY_S / GROUPS_WINDOW_S
-        wanted = loop.min_guard_conversations / max(pace, 1)
-        canary = min(high, max(low, wanted))
+    canary = canary_fraction(settings, traffic.recent_conversations)
+    if loop.canary_fraction is None:
         fitted.append("canary_fraction")
     settle = settings.judge.settle_s
     if settle is None:
@@ -167,6 +165,32 @@ def recent_groups(store, scope: KeyScope) -> int:
         JOIN members m ON m.group_id = g.id JOIN exchanges e ON e.id = m.exchange_id
         WHERE g.status = 'scored' AND g.kind IN ('turn', 'trajectory')
           AND g.created > now() - INTERVAL {GROUPS_WINDOW_S} SECOND AND {condition}
+        """,
+        params,
+    )[0]["n"]
+
+
+def canary_fraction(settings: DeploySettings, recent_conversations: int) -> float:
+    """`loop.canary_fraction`, else the share that gives a canary its
+    `min_guard_conversations` in about `CANARY_S` at the pace of `recent_conversations`
+    started in the last ten minutes, between 10% and 50%."""
+    if settings.loop.canary_fraction is not None:
+        return settings.loop.canary_fraction
+    low, high = CANARY_RANGE
+    pace = recent_conversations * CANARY_S / GROUPS_WINDOW_S
+    wanted = settings.loop.min_guard_conversations / max(pace, 1)
+    return round(min(high, max(low, wanted)), 3)
+
+
+def recent_conversations(store, scope: KeyScope) -> int:
+    """The production conversations `scope`'s keys started in the last ten minutes: the
+    pace a lineage's canary sees, since only its own keys are routed to it."""
+    condition, params = scope.sql("e.api_key_id")
+    return store.query(
+        f"""
+        SELECT count(*) AS n FROM trajectories t JOIN exchanges e ON e.id = t.first_exchange
+        WHERE t.source = 'production'
+          AND t.first_ts > now() - INTERVAL {GROUPS_WINDOW_S} SECOND AND {condition}
         """,
         params,
     )[0]["n"]

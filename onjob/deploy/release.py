@@ -95,7 +95,8 @@ async def trained(r: Release, *, live: str | None, candidate: str, trained_on: i
         )
         await r.operator.unload(candidate)
         return
-    fraction = (await r.db.query(lambda st: fit.current(st, r.settings))).canary_fraction
+    recent = await r.db.query(lambda st: fit.recent_conversations(st, r.lineage.scope))
+    fraction = fit.canary_fraction(r.settings, recent)  # at its own keys' pace
     row = await r.operator.set_canary(
         r.alias,
         candidate,
