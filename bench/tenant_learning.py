@@ -12,12 +12,12 @@ a tool, the arithmetic's none), as a team hosting both agents would write it.
             is served its own lineage (`agent@arith`, `agent@calc`);
     shared: no tenants: both keys train and are served the one lineage `agent`.
 
-Each mode runs until each of its lineages has made a canary decision (a promotion, a
-rollback, or a candidate stopped before serving), or its ceiling. Then each task's
-held-out success is measured on the adapter its key is served (95% intervals), against
-the base model's, measured once. In `own`, every logged exchange is checked against the
-lineage whose adapter answered it: an answer from another tenant's adapter is counted
-(target 0).
+Each mode runs until each of its lineages has promoted a candidate, or its ceiling (a
+candidate stopped or rolled back does not end it: the next one may still be promoted).
+Then each task's held-out success is measured on the adapter its key is served (95%
+intervals), against the base model's, measured once. In `own`, every logged exchange is
+checked against the lineage whose adapter answered it: an answer from another tenant's
+adapter is counted (target 0).
 
     .venv/bin/python bench/tenant_learning.py                  # both modes, 40 min each
     .venv/bin/python bench/tenant_learning.py --modes own --minutes 30
@@ -152,12 +152,14 @@ def run_mode(mode: str, args, engine: EngineProcess, model: Path, base: str) -> 
                 made = {
                     n: d["promotions"] + d["rollbacks"] + d["stopped"] for n, d in decided.items()
                 }
+                promoted = {n: d["promotions"] for n, d in decided.items()}
                 print(
                     f"{mode}: {(time.monotonic() - started) / 60:.1f} min, decisions {made}, "
+                    f"promotions {promoted}, "
                     f"requests { ({k: t.done for k, t in traffic.items()}) }",
                     flush=True,
                 )
-                if all(made.values()):
+                if all(promoted.values()):
                     break
                 time.sleep(30)
         finally:

@@ -206,7 +206,8 @@ def test_the_running_server_reports_agreement_in_status_and_on_the_dashboard(db,
     rows = dict(
         (m["judge"], m["row"])
         for m in re.finditer(
-            r'<tr data-judge="(?P<judge>[^"]+)" data-scenario="" class="overall">(?P<row>.*?)</tr>',
+            r'<tr data-judge="(?P<judge>[^"]+)" data-metric="" data-scenario="" class="overall">'
+            r"(?P<row>.*?)</tr>",
             html,
             re.S,
         )

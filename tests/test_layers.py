@@ -9,7 +9,14 @@ import pytest
 
 @pytest.mark.parametrize(
     "package",
-    ["onjob.proxy", "onjob.collector", "onjob.judge", "onjob.deploy", "onjob.dashboard"],
+    [
+        "onjob.proxy",
+        "onjob.collector",
+        "onjob.judge",
+        "onjob.deploy",
+        "onjob.dashboard",
+        "onjob.client",
+    ],
 )
 def test_package_imports_without_torch(package):
     # Import every module of the package, not just its __init__, in a fresh interpreter.

@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from . import admin_key
 from .exits import Refused
+
+if TYPE_CHECKING:
+    from ..client import Client
+
+T = TypeVar("T")
 
 
 def _parent() -> argparse.ArgumentParser:
@@ -54,43 +60,31 @@ Offline = Literal["when_down", "with_db"]
 def ask_admin(
     args: argparse.Namespace,
     settings,
-    path: str,
-    body: dict | None = None,
+    call: Callable[[Client], T],
     *,
     timeout: float,
     offline: Offline = "when_down",
-) -> Any:
-    """The running server's JSON answer to `/admin/{path}` (GET when there is no body), or
-    None when the caller opens the database itself. `offline`: "when_down", whenever no
+) -> T | None:
+    """`call`'s answer from the running server, through `onjob.client` with the admin key,
+    or None when the caller opens the database itself. `offline`: "when_down", whenever no
     server answers; "with_db", when --db is given without --server, or no server answered
     and none was named (a named one that does not answer is refused). A server's refusal
     is `Refused` with its message."""
-    import httpx
+    from ..client import Client, Unreachable
+    from ..client import Refused as RefusedThere
 
     if offline == "with_db" and args.db and not args.server:
         return None
-    server, headers = admin_endpoint(settings, args)
-    url = f"{server}/admin/{path}"
+    server, key = admin_endpoint(settings, args)
     try:
-        if body is None:
-            resp = httpx.get(url, headers=headers, timeout=timeout)
-        else:
-            resp = httpx.post(url, json=body, headers=headers, timeout=timeout)
-    except httpx.TransportError as exc:
+        with Client(server, admin_key=key, timeout=timeout) as client:
+            return call(client)
+    except Unreachable as exc:
         if offline == "with_db" and args.server:
-            raise Refused(f"{server} did not answer ({exc})") from exc
+            raise Refused(str(exc)) from exc
         return None
-    if resp.status_code >= 400:
-        raise Refused(f"{server}: {admin_error(resp)}")
-    return resp.json()
-
-
-def admin_error(resp) -> str:
-    """What a refusal of the admin API says: OpenAI's error shape, else the body's start."""
-    try:
-        return resp.json()["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        return resp.text[:300]
+    except RefusedThere as exc:
+        raise Refused(f"{server}: {exc.message}") from exc
 
 
 def local_url(proxy) -> str:
@@ -100,9 +94,9 @@ def local_url(proxy) -> str:
     return f"http://{host}:{proxy.port}"
 
 
-def admin_endpoint(settings, args: argparse.Namespace) -> tuple[str, dict]:
+def admin_endpoint(settings, args: argparse.Namespace) -> tuple[str, str | None]:
     """The running server's base URL (`--server`, else [proxy] host and port) and the
-    admin key's header: proxy.admin_key, else the key file beside the database."""
+    admin key: proxy.admin_key, else the key file beside the database."""
     server = (getattr(args, "server", None) or local_url(settings.proxy)).rstrip("/")
     key = settings.proxy.admin_key
     if not key:  # the key `onjob serve` made beside the database, if it did
@@ -110,7 +104,7 @@ def admin_endpoint(settings, args: argparse.Namespace) -> tuple[str, dict]:
             key = admin_key.read(settings.collector.db)
         except admin_key.KeyFileError as exc:
             print(f"onjob: {exc}", file=sys.stderr)
-    return server, {"Authorization": f"Bearer {key}"} if key else {}
+    return server, key or None
 
 
 def offline(settings, fn):

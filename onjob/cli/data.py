@@ -14,16 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from .common import (
-    CONFIG,
-    DATABASE,
-    SERVER,
-    admin_endpoint,
-    admin_error,
-    ask_admin,
-    given,
-    load_settings,
-)
+from .common import CONFIG, DATABASE, SERVER, ask_admin, given, load_settings
 from .exits import Exit, Refused
 
 
@@ -31,10 +22,10 @@ def _settings(args: argparse.Namespace):
     return load_settings(args, collector=given(db=args.db))
 
 
-def _ask(args: argparse.Namespace, settings, path: str, body: dict | None, timeout: float):
-    """The server's answer, or None when the caller opens the database itself: `--db`
-    given, or no server answered and none was named."""
-    return ask_admin(args, settings, path, body, timeout=timeout, offline="with_db")
+def _ask(args: argparse.Namespace, settings, call, timeout: float):
+    """`call`'s answer from the server (`onjob.client`), or None when the caller opens the
+    database itself: `--db` given, or no server answered and none was named."""
+    return ask_admin(args, settings, call, timeout=timeout, offline="with_db")
 
 
 def _open_read_only(settings, for_queries: bool = False):
@@ -71,8 +62,12 @@ def cmd_forget(args: argparse.Namespace) -> int:
         what = Forget(trajectory=args.trajectory, api_key=args.api_key, before=before)
     except ForgetError as exc:
         raise Refused(str(exc)) from exc
-    body = {"trajectory": args.trajectory, "api_key": args.api_key, "before": args.before}
-    out = _ask(args, settings, "forget", body, timeout=600)
+    out = _ask(
+        args,
+        settings,
+        lambda c: c.forget(trajectory=args.trajectory, api_key=args.api_key, before=args.before),
+        timeout=600,
+    )
     if out is None:
         out = _forget_here(settings, what)
     if args.json:
@@ -147,22 +142,25 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from ..collector import readonly
 
     settings = _settings(args)
-    body = {"query": args.query, "limit": args.limit}
-    answer = _ask(args, settings, "sql", body, timeout=settings.collector.query_timeout_s + 30)
+    answer = _ask(
+        args,
+        settings,
+        lambda c: c.sql(args.query, limit=args.limit),
+        timeout=settings.collector.query_timeout_s + 30,
+    )
     if answer is None:
         con = _open_read_only(settings, for_queries=True)
         try:
-            answer = readonly.query(con, args.query, args.limit).as_dict()
+            answer = readonly.query(con, args.query, args.limit)
         except readonly.QueryRefused as exc:
             raise Refused(str(exc)) from exc
         finally:
             con.close()
-        answer = json.loads(json.dumps(answer, default=str))
     if args.json:
-        print(json.dumps(answer, indent=2))
+        print(json.dumps(answer.as_dict(), indent=2, default=str))
     else:
-        _table(answer["columns"], answer["rows"])
-    if answer["truncated"]:
+        _table(answer.columns, answer.rows)
+    if answer.truncated:
         print(f"(only the first {args.limit} rows: --limit N for more)", file=sys.stderr)
     return Exit.OK
 
@@ -193,11 +191,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     settings = _settings(args)
     out = Path(args.parquet)
     out.mkdir(parents=True, exist_ok=True)
-    listing = "tables?tenant=true" if args.tenant else "tables"
-    listed = _ask(args, settings, listing, None, timeout=60)
-    if listed is not None:
-        for name in args.table or listed["tables"]:
-            print(_export_from(settings, args, name, out / f"{name}.parquet"))
+
+    def from_server(client) -> list[Path]:  # each table streamed into place, whole
+        names = args.table or client.tables(tenant=args.tenant is not None)
+        return [client.export(n, out / f"{n}.parquet", tenant=args.tenant) for n in names]
+
+    written = _ask(args, settings, from_server, timeout=600)
+    if written is not None:
+        for path in written:
+            print(path)
         return Exit.OK
     whose = None
     if args.tenant is not None:
@@ -219,26 +221,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     finally:
         con.close()
     return Exit.OK
-
-
-def _export_from(settings, args: argparse.Namespace, name: str, path: Path) -> Path:
-    """One table streamed from the running server into `path` (renamed into place when
-    whole)."""
-    import httpx
-
-    server, headers = admin_endpoint(settings, args)
-    partial = path.with_suffix(".parquet.partial")
-    url = f"{server}/admin/export"
-    body = {"table": name} if args.tenant is None else {"table": name, "tenant": args.tenant}
-    with httpx.stream("POST", url, json=body, headers=headers, timeout=600) as r:
-        if r.status_code >= 400:
-            r.read()
-            raise Refused(f"{server}: {admin_error(r)}")
-        with partial.open("wb") as f:
-            for chunk in r.iter_bytes():
-                f.write(chunk)
-    partial.rename(path)
-    return path
 
 
 # -- the parser ------------------------------------------------------------------------

@@ -93,26 +93,25 @@ def _show_route(row: Routing, online: bool) -> None:
 
 
 def cmd_route(args: argparse.Namespace) -> int:
-    import msgspec
-
     from ..deploy import deployments
-    from ..deploy.records import Routing
     from ..proxy.tenants import Tenants, UnknownTenant
 
     command = args.command
-    body = {"alias": args.alias, "reason": args.reason, "tenant": args.tenant}
-    if command == "canary":
-        body.update(checkpoint=args.checkpoint, fraction=args.fraction)
+    said = {"alias": args.alias, "reason": args.reason, "tenant": args.tenant}
     settings = load_settings(args, collector=given(db=args.db))
     try:  # the tenant checked here too: with no server, the change is recorded offline
         lineage = Tenants.of(settings.proxy).routed(args.alias, args.tenant)
     except UnknownTenant as exc:
         raise Refused(str(exc)) from exc
-    answer = ask_admin(args, settings, command, body, timeout=300)
-    online = answer is not None
-    if online:
-        row = msgspec.convert(answer, Routing)
-    else:
+
+    def change(client) -> Routing:
+        if command == "canary":
+            return client.canary(args.checkpoint, fraction=args.fraction, **said)
+        return getattr(client, command)(**said)
+
+    row = ask_admin(args, settings, change, timeout=300)
+    online = row is not None
+    if not online:
         default = settings.proxy.aliases.get(args.alias)
         common = {"default_live": default, "reason": args.reason, "actor": "cli"}
         if command == "canary":
@@ -130,15 +129,12 @@ def cmd_route(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    import msgspec
-
     from ..deploy import deployments, fair, fit, registry, reviews
-    from ..deploy.records import Arms, Routing
     from ..judge import Agreement, judge_agreement
     from ..proxy.tenants import Tenants
 
     settings = load_settings(args, collector=given(db=args.db))
-    status = ask_admin(args, settings, "status", timeout=30)
+    status = ask_admin(args, settings, lambda client: client.status(), timeout=30)
     if status is None:
 
         def read(st):
@@ -155,19 +151,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         aliases, ckpts, history, agreement, release, fitted, shares = offline(settings, read)
         print("no server answered; from the database:")
     else:
-        shares = (status.get("loop") or {}).get("tenant_budgets") or {}
-        aliases = msgspec.convert(status["aliases"], dict[str, Arms])
-        history = msgspec.convert(status["deployments"], list[Routing])
-        agreement = [Agreement.from_dict(a) for a in status.get("judge_agreement", [])]
-        release = status.get("release")
-        fitted = status.get("fitted")
-        ckpts = None
+        shares = status.loop.get("tenant_budgets") or {}
+        aliases, history = status.aliases, status.deployments
+        agreement = [Agreement.from_dict(a) for a in status.judge_agreement]
+        release, fitted, ckpts = status.release, status.fitted, None
     if release:
         _show_release(release)
     if fitted:
         print(f"loop settings: {fitted['line']}")
     tenants = Tenants.of(settings.proxy)
-    lineages = ((status or {}).get("loop") or {}).get("lineages") or {}
+    lineages = (status.loop.get("lineages") if status else None) or {}
     last = {h.model_alias: h for h in reversed(history)}  # each lineage's newest change
     for alias, a in aliases.items():
         canary = f", canary {a.canary} ({a.fraction:.0%})" if a.canary else ""
@@ -233,6 +226,7 @@ def _show_agreement(records) -> None:
             print(f"judge {a.summary()}")
         if a.warning:
             where = f" in scenario {a.scenario}" if a.scenario_id else ""
+            where += f" (users' {a.metric})" if a.metric else ""
             print(
                 f"WARNING: judge {a.judge}{where} {_WARNED[a.verdict]} users' feedback "
                 f"({a.agreed:g} of {a.pairs} pairs): its rewards may not be what users want"

@@ -81,6 +81,7 @@ class FeedbackRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="feedba
     api_key_id: str | None = None
     value: float
     comment: str | None = None
+    metric: str | None = None  # its name ("thumbs", "resolved"); None: unnamed
 
 
 class OpeningRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="opening"):

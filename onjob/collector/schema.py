@@ -425,6 +425,13 @@ V17_EXPORT_QUEUE = """
 CREATE TABLE export_queue (id VARCHAR NOT NULL, batch BIGINT);
 """
 
+# Feedback with a name (`metric`: "thumbs", "resolved", ...): each named metric is its own
+# score source (`feedback:<metric>`) and checked against the judges on its own; NULL is
+# the unnamed feedback posted before metrics had names.
+V18_FEEDBACK_METRIC = """
+ALTER TABLE feedback ADD COLUMN metric VARCHAR;
+"""
+
 MIGRATIONS: list[str] = [
     V1,
     V2,
@@ -443,6 +450,7 @@ MIGRATIONS: list[str] = [
     V15_RELEASE,
     V16_CANARY_ROUNDS,
     V17_EXPORT_QUEUE,
+    V18_FEEDBACK_METRIC,
 ]
 
 

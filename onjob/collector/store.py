@@ -85,6 +85,7 @@ _LINE = {
     "exchange_id": "VARCHAR",
     "value": "DOUBLE",
     "comment": "VARCHAR",
+    "metric": "VARCHAR",
 }
 # DuckDB's default `maximum_object_size`, 16 MiB, reads lines of up to 32 MiB. A body
 # under `proxy.max_body_bytes` (16 MiB) is stored up to three times (the request, its
@@ -418,7 +419,7 @@ class Store:
         )
         con.execute(
             "INSERT INTO feedback SELECT id, exchange_id, trajectory_id, api_key_id, value, "
-            "comment, ts FROM segment WHERE kind = 'feedback'"
+            "comment, ts, metric FROM segment WHERE kind = 'feedback'"
         )
 
     def _upsert(self, table: str, rows: str, update: str, most: int) -> None:

@@ -35,7 +35,7 @@ from ..proxy.tenants import Tenants, UnknownTenant
 from . import adapters, deployments, fit, progress, registry, reviews, training
 from .loop import LoopState, PeriodicLoop
 from .operator import Operator
-from .records import Change
+from .records import Change, ServerStatus
 from .settings import DeploySettings
 
 
@@ -123,24 +123,21 @@ def _release_routes(settings, collector: Collector, router: Router, operator, lo
     """Status, checkpoints, and the routing changes a person makes."""
 
     @get("/status")
-    async def status() -> dict:
+    async def status() -> ServerStatus:
         history = await collector.query(lambda st: deployments.history(st, 20))
-        return {
-            "aliases": {
-                alias: {"live": a.live, "canary": a.canary, "fraction": a.fraction}
-                for alias, a in router.arms.items()
-            },
-            "base_model": router.base_model,
-            "tenants": {t: list(keys) for t, keys in router.tenants.keys.items()},
-            "engines": operator.pool.status() if operator.pool else [],
-            "collector": collector.stats(),
-            "deployments": history,
-            "loop": (loop.state if loop else LoopState()).as_dict(),
-            "rewards": await collector.query(progress.reward_by_checkpoint),
-            "judge_agreement": [a.as_dict() for a in await collector.query(judge_agreement)],
-            "release": await collector.query(lambda st: reviews.status(st, settings)),
-            "fitted": (await collector.query(lambda st: fit.current(st, settings))).as_dict(),
-        }
+        return ServerStatus(
+            aliases=dict(router.arms),
+            base_model=router.base_model,
+            tenants={t: list(keys) for t, keys in router.tenants.keys.items()},
+            engines=operator.pool.status() if operator.pool else [],
+            collector=collector.stats(),
+            deployments=history,
+            loop=(loop.state if loop else LoopState()).as_dict(),
+            rewards=await collector.query(progress.reward_by_checkpoint),
+            judge_agreement=[a.as_dict() for a in await collector.query(judge_agreement)],
+            release=await collector.query(lambda st: reviews.status(st, settings)),
+            fitted=(await collector.query(lambda st: fit.current(st, settings))).as_dict(),
+        )
 
     @get("/checkpoints")
     async def checkpoints() -> dict:

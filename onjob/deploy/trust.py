@@ -81,19 +81,26 @@ def release_mode(store, settings: DeploySettings) -> ReleaseMode:
     coach = settings.judge.scorers
     if mode.automatic or not coach:
         return mode
-    records = {
-        r.judge: r for r in agreement.judge_agreement(store, per_scenario=False) if r.judge in coach
-    }
-    unchecked = [j for j in coach if j not in records or records[j].verdict != "agrees"]
+    records: dict[str, list[agreement.Agreement]] = {j: [] for j in coach}
+    for r in agreement.judge_agreement(store, per_scenario=False):
+        if r.judge in records:
+            records[r.judge].append(r)
+
+    def checked(judge: str) -> bool:
+        """It agrees with users on some feedback metric and is warned on none."""
+        verdicts = {r.verdict for r in records[judge]}
+        return "agrees" in verdicts and not verdicts & agreement.WARNED
+
+    unchecked = [j for j in coach if not checked(j)]
     if unchecked:
         said = "; ".join(
-            records[j].summary() if j in records else f"{j}: no rated pairs" for j in unchecked
+            "; ".join(r.summary() for r in records[j]) or f"{j}: no rated pairs" for j in unchecked
         )
         return ReleaseMode("review", f"{mode.reason}; now: {said}")
     return ReleaseMode(
         "users",
         "automatic: users' feedback agrees with the coach ("
-        + "; ".join(records[j].summary() for j in coach)
+        + "; ".join(r.summary() for j in coach for r in records[j])
         + ")",
     )
 
@@ -135,7 +142,8 @@ def agreement_guard(store, judges: list[str], settings: LoopSettings) -> dict:
     for record in agreement.judge_agreement(store, per_scenario=False):
         if record.judge not in judges:
             continue
-        out["judges"][record.judge] = record.as_dict()
+        named = f" ({record.metric})" if record.metric else ""  # one record per metric
+        out["judges"][record.judge + named] = record.as_dict()
         if record.verdict == "too few pairs" or record.accuracy_ci is None:
             continue
         if record.accuracy_ci[1] < bound and out["tripped"] is None:

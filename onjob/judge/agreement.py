@@ -6,8 +6,10 @@ scenario, and per judge over all scenarios: the **pairwise accuracy** (a judge t
 half) with a Wilson interval, **Kendall's tau-b** pooled within groups with a bootstrap
 interval over groups (none below `MIN_GROUPS`), and a **verdict**: `too few pairs` below
 `MIN_PAIRS`, `agrees` or `disagrees` when the accuracy interval lies above or below 0.5,
-else `chance` (the last two warn). Feedback is read as it is now
-(`tables.MEMBER_FEEDBACK`). docs/judging.md states the definitions in full.
+else `chance` (the last two warn). Each feedback metric is a question of its own: a
+judge is checked against the unnamed feedback and against each named metric apart, never
+their mean. Feedback is read as it is now (`tables.MEMBER_FEEDBACK`). docs/judging.md
+states the definitions in full.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from ..collector import Store
-from .tables import MEMBER_FEEDBACK
+from .tables import MEMBER_FEEDBACK, feedback_source
 
 Verdict = Literal["agrees", "chance", "disagrees", "too few pairs"]
 WARNED: frozenset[Verdict] = frozenset({"chance", "disagrees"})
@@ -58,6 +60,12 @@ class Agreement:
     tau: float | None  # Kendall's tau-b, pooled within groups
     tau_ci: tuple[float, float] | None  # bootstrap over groups, 95% (None: too few groups)
     verdict: Verdict
+    metric: str | None = None  # the feedback it is checked against (None: the unnamed)
+
+    @property
+    def against(self) -> str:
+        """The score source of the feedback it is checked against."""
+        return feedback_source(self.metric)
 
     @property
     def warning(self) -> bool:
@@ -77,6 +85,8 @@ class Agreement:
     def summary(self) -> str:
         """One line: `fn:exact: 92.0% of 50 pairs agree with users (95% 81.2%–96.8%), ...`."""
         where = f" in {self.scenario}" if self.scenario_id else ""
+        if self.metric:
+            where += f" (users' {self.metric})"
         if self.verdict == "too few pairs":
             return (
                 f"{self.judge}{where}: too few pairs with feedback to tell "
@@ -93,28 +103,32 @@ class Agreement:
 
 
 def judge_agreement(store: Store, *, per_scenario: bool = True) -> list[Agreement]:
-    """Every judge source that has pairs with feedback: its record over all scenarios first,
-    then (unless `per_scenario` is false) one per scenario, most pairs first; judges in
-    name order."""
-    by_judge: dict[str, dict[tuple[str, str | None], list[PairCounts]]] = defaultdict(
+    """Every judge source that has pairs with feedback, per feedback metric: its record over
+    all scenarios first, then (unless `per_scenario` is false) one per scenario, most pairs
+    first; judges in name order, the unnamed feedback before named metrics."""
+    by_judge: dict[tuple[str, str], dict[tuple[str, str | None], list[PairCounts]]] = defaultdict(
         lambda: defaultdict(list)
     )
     for row in _pair_counts(store):
         key = (row.pop("scenario_id"), row.pop("scenario"))
-        by_judge[row.pop("judge")][key].append(PairCounts(**row))
+        by_judge[row.pop("judge"), row.pop("metric")][key].append(PairCounts(**row))
     out: list[Agreement] = []
-    for judge in sorted(by_judge):
-        every = [c for groups in by_judge[judge].values() for c in groups]
-        out.append(_record(judge, None, None, every))
+    for judge, metric in sorted(by_judge):
+        said = {"judge": judge, "metric": metric or None}
+        every = [c for groups in by_judge[judge, metric].values() for c in groups]
+        out.append(_record(**said, scenario_id=None, scenario=None, groups=every))
         if per_scenario:
-            scenarios = [_record(judge, sid, k, g) for (sid, k), g in by_judge[judge].items()]
+            scenarios = [
+                _record(**said, scenario_id=sid, scenario=k, groups=g)
+                for (sid, k), g in by_judge[judge, metric].items()
+            ]
             out += sorted(scenarios, key=lambda a: (-a.pairs, a.scenario_id or ""))
     return out
 
 
 def _pair_counts(store: Store) -> list[dict]:
-    """Per judge, scenario and group, the pairs of members both judged and rated: one
-    DuckDB query (a self-join within groups)."""
+    """Per judge, feedback metric ('' for the unnamed), scenario and group, the pairs of
+    members both judged and rated: one DuckDB query (a self-join within groups)."""
     return store.query(
         f"""
         WITH judged AS (
@@ -122,19 +136,21 @@ def _pair_counts(store: Store) -> list[dict]:
             FROM scores WHERE source LIKE 'ruler:%' OR source LIKE 'fn:%'
             GROUP BY ALL
         ), rated AS (
-            SELECT j.*, g.scenario_id, {MEMBER_FEEDBACK} AS feedback
-            FROM judged j
-            JOIN members m ON m.id = j.member_id
-            JOIN groups g ON g.id = j.group_id
+            SELECT judge, group_id, member_id, judge_score, scenario_id,
+                   posted.metric AS metric, posted.value AS feedback
+            FROM (SELECT j.*, g.scenario_id, unnest({MEMBER_FEEDBACK}) AS posted
+                  FROM judged j
+                  JOIN members m ON m.id = j.member_id
+                  JOIN groups g ON g.id = j.group_id)
         ), pairs AS (
-            SELECT a.judge, a.scenario_id, a.group_id,
+            SELECT a.judge, a.metric, a.scenario_id, a.group_id,
                    sign(a.judge_score - b.judge_score) AS j,
                    sign(a.feedback - b.feedback) AS f
             FROM rated a JOIN rated b
-              ON a.judge = b.judge AND a.group_id = b.group_id AND a.member_id < b.member_id
-            WHERE a.feedback IS NOT NULL AND b.feedback IS NOT NULL
+              ON a.judge = b.judge AND a.metric = b.metric AND a.group_id = b.group_id
+             AND a.member_id < b.member_id
         )
-        SELECT p.judge, p.scenario_id, sc.key AS scenario,
+        SELECT p.judge, p.metric, p.scenario_id, sc.key AS scenario,
                count(*) AS pairs,
                count(*) FILTER (WHERE j = 0) AS judge_ties,
                count(*) FILTER (WHERE f = 0) AS feedback_ties,
@@ -142,14 +158,19 @@ def _pair_counts(store: Store) -> list[dict]:
                count(*) FILTER (WHERE j * f < 0) AS discordant,
                count(*) FILTER (WHERE j = 0 AND f <> 0) AS judge_ties_rated
         FROM pairs p LEFT JOIN scenarios sc ON sc.id = p.scenario_id
-        GROUP BY p.judge, p.scenario_id, sc.key, p.group_id
-        ORDER BY p.judge, p.scenario_id, p.group_id
+        GROUP BY p.judge, p.metric, p.scenario_id, sc.key, p.group_id
+        ORDER BY p.judge, p.metric, p.scenario_id, p.group_id
         """
     )
 
 
 def _record(
-    judge: str, scenario_id: str | None, scenario: str | None, groups: list[PairCounts]
+    *,
+    judge: str,
+    metric: str | None,
+    scenario_id: str | None,
+    scenario: str | None,
+    groups: list[PairCounts],
 ) -> Agreement:
     rated = sum(c.pairs - c.feedback_ties for c in groups)
     agreed = sum(c.concordant + c.judge_ties_rated / 2 for c in groups)
@@ -165,6 +186,7 @@ def _record(
         verdict = "chance"
     return Agreement(
         judge=judge,
+        metric=metric,
         scenario_id=scenario_id,
         scenario=scenario,
         groups=len(groups),

@@ -316,8 +316,9 @@ async def score_group(
         for r, value in zip(rollouts, values, strict=True):
             by_member[r.member_id][f"fn:{name}"] = (value, None)
     for row in rows:
-        if row["feedback"] is not None:
-            by_member[row["member_id"]]["feedback"] = (row["feedback"], None)
+        for posted in row["feedback"] or ():
+            source = tables.feedback_source(posted["metric"])
+            by_member[row["member_id"]][source] = (posted["value"], None)
 
     if not failures and not s.scorers and len(by_member) < len(rollouts):
         report.waiting += 1
@@ -417,7 +418,8 @@ def _weighted_mean(s: JudgeSettings, values: dict[str, float]) -> float:
             return s.ruler_weight
         if source.startswith("fn:"):
             return s.rewards[source[3:]].weight
-        return s.feedback_weight
+        metric = source.partition(":")[2]  # feedback:<metric>
+        return s.feedback_weights.get(metric, s.feedback_weight)
 
     clipped = {src: min(max(v, 0.0), 1.0) for src, v in values.items()}
     total = sum(weight(src) for src in clipped)

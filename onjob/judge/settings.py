@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, Field, SecretStr, field_validator
 
 from .rubric import DEFAULT_RUBRIC
@@ -122,7 +124,15 @@ class JudgeSettings(BaseModel):
         "for them (none: scored as any other; not yet shown to help by bench/learning.py)",
     )
     ruler_weight: float = Field(1.0, ge=0)
-    feedback_weight: float = Field(1.0, ge=0)
+    feedback_weight: float = Field(
+        1.0, ge=0, description="the weight of posted feedback (each metric's unless named below)"
+    )
+    feedback_weights: dict[str, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict,
+        description="metric name -> the weight of feedback posted with that `metric` "
+        "(e.g. { thumbs = 1.0, resolved = 2.0 }); each metric is a score source of its own, "
+        "`feedback:<metric>`",
+    )
     rewards: dict[str, RewardFn] = Field(
         default_factory=dict, description="name -> reward function and its weight"
     )

@@ -23,12 +23,22 @@ _FRESH = "e.ts > now() - to_seconds(CAST(? AS DOUBLE))"
 # traffic is logged, never re-sampled, grouped or judged.
 _TRAINED_KEY = "NOT coalesce(list_contains(?::VARCHAR[], e.api_key_id), false)"
 
-# The feedback a member carries, as SQL over `m` (members) and `g` (groups): the mean of
-# what was posted on its exchange (a logged answer, never a re-sampled one) or, in a
-# trajectory group, on its whole conversation. The scorer and `agreement` read the same.
-MEMBER_FEEDBACK = """(SELECT avg(f.value) FROM feedback f
-                WHERE (m.origin <> 'sampled' AND f.exchange_id = m.exchange_id)
-                   OR (g.kind = 'trajectory' AND f.trajectory_id = m.trajectory_id))"""
+# The feedback a member carries, as SQL over `m` (members) and `g` (groups): what was
+# posted on its exchange (a logged answer, never a re-sampled one) or, in a trajectory
+# group, on its whole conversation; per metric ('' is the unnamed feedback), the mean of
+# what was posted, as a list of {metric, value} (NULL: none). The scorer and `agreement`
+# read the same.
+MEMBER_FEEDBACK = """(SELECT list({'metric': metric, 'value': value} ORDER BY metric)
+                FROM (SELECT coalesce(f.metric, '') AS metric, avg(f.value) AS value
+                      FROM feedback f
+                      WHERE (m.origin <> 'sampled' AND f.exchange_id = m.exchange_id)
+                         OR (g.kind = 'trajectory' AND f.trajectory_id = m.trajectory_id)
+                      GROUP BY 1))"""
+
+
+def feedback_source(metric: str | None) -> str:
+    """The score source of feedback of `metric`: `feedback`, or `feedback:<metric>`."""
+    return f"feedback:{metric}" if metric else "feedback"
 
 
 def turn_candidates(

@@ -24,14 +24,20 @@ from ..openai_fields import LogitBias, Penalty, StreamOptions, Temperature, Tool
 from .errors import BadRequest
 from .settings import ProxySettings
 
+# A metric's name: a word, as a score source's name and a settings key hold it.
+MetricName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+
 
 class Feedback(msgspec.Struct, forbid_unknown_fields=True):
-    """A signal about one exchange or a whole conversation (one of the ids is needed)."""
+    """A signal about one exchange or a whole conversation (one of the ids is needed),
+    unnamed or of a named metric ("thumbs", "resolved"): each metric is a score source of
+    its own (`feedback:<metric>`), so metrics on different scales are never averaged."""
 
     value: float
     exchange_id: str | None = None
     trajectory_id: str | None = None
     comment: str | None = None
+    metric: MetricName | None = None
 
 
 class FunctionCall(msgspec.Struct, kw_only=True):
@@ -142,6 +148,7 @@ class FeedbackRecorded(msgspec.Struct, kw_only=True):
     api_key_id: str | None
     value: float
     comment: str | None
+    metric: str | None
 
 
 class CollectorStats(msgspec.Struct, kw_only=True):

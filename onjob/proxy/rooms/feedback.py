@@ -34,6 +34,7 @@ def routes(traffic: Traffic, forward: Forwarder | None) -> tuple:
             api_key_id=api_key_id,
             value=fb.value,
             comment=fb.comment,
+            metric=fb.metric,
         )
         traffic.collector.log(record)
         return {"object": "feedback", **msgspec.structs.asdict(record)}
