@@ -17,6 +17,7 @@ import pytest
 from openai import OpenAI
 
 from onjob.cli.process import ServerProcess, free_port
+from onjob.client import Client
 from onjob.collector import Store
 from onjob.deploy import progress, registry
 
@@ -115,6 +116,11 @@ def site(tmp_path_factory, tool_engine, tool_model_dir):
             client.chat.completions.create(
                 model="agent", messages=messages, tools=TOOLS, max_tokens=12, metadata=meta
             )
+            # Users' feedback through onjob's client: a named metric on the first answer,
+            # the unnamed kind on the whole conversation.
+            with Client(server.url) as onjob_client:
+                onjob_client.feedback(i % 2, exchange_id=first.id, metric="thumbs")
+                onjob_client.feedback(i / 5, trajectory_id=f"dash-{i}", comment=f"rated {i}")
     onjob(work, "judge", "--once", "--engine-url", tool_engine.url)  # ./onjob.toml, its DB
     onjob(work, "loop", "--once", "--engine-url", tool_engine.url)
     httpx.post(f"{tool_engine.url}/unload_lora_adapter", json={"lora_name": "mild"}, timeout=60)
@@ -198,6 +204,44 @@ def test_the_dashboard_shows_what_the_database_holds(site, browser):
         assert page.evaluate("Chart.getChart('per-minute') !== undefined")
         shot(page, "overview")
 
+        # The request explorer: every exchange, then filtered by arm and by text.
+        page.click("nav >> text=Requests")
+        page.wait_for_url("**/dashboard/requests")
+        listed = page.locator("#requests tr[data-id]")
+        assert listed.count() == exchanges["n"]
+        assert (
+            page.locator("#requests tr[data-id] .conversation")
+            .first.get_attribute("href")
+            .startswith("/dashboard/trajectories/")
+        )
+        page.select_option("#explore select[name=arm]", "canary")
+        page.click("#explore button[type=submit]")
+        page.wait_for_url("**/dashboard/requests?*arm=canary*")
+        assert listed.count() == per_arm.get("canary", 0) > 0
+        assert set(page.locator("#requests tr[data-id]").evaluate_all(
+            "rows => rows.map(r => r.dataset.arm)")) == {"canary"}  # fmt: skip
+        page.goto(f"{server.base}/dashboard/requests?q=sunny")
+        assert listed.count() == 6  # the second turns: their tool results say "sunny"
+        page.goto(f"{server.base}/dashboard/requests?q=nothing-says-this")
+        assert listed.count() == 0 and "no requests match" in page.inner_text("#requests")
+        page.goto(f"{server.base}/dashboard/requests")
+        shot(page, "requests")
+
+        page.click("nav >> text=Feedback")
+        page.wait_for_url("**/dashboard/feedback")
+        for metric in ("", "thumbs"):
+            row = page.locator(f'#metrics tr[data-metric="{metric}"]')
+            assert row.locator(".count").inner_text() == "6"
+        assert page.locator("#feedback tr[data-id]").count() == 12
+        shot(page, "feedback")
+
+        page.click("nav >> text=Checkpoints")
+        page.wait_for_url("**/dashboard/checkpoints")
+        mild = page.locator('#checkpoints tr[data-name="mild"]')
+        assert mild.locator(".status").inner_text() == "canary"
+        assert mild.locator(".served").inner_text() == str(per_arm["canary"])
+        shot(page, "checkpoints")
+
         page.click("text=Scenarios")
         page.wait_for_url("**/dashboard/scenarios")
         first = page.locator("#scenarios tr[data-id]").first
@@ -211,6 +255,7 @@ def test_the_dashboard_shows_what_the_database_holds(site, browser):
         page.wait_for_url(f"**/dashboard/groups/{turn}")
         shown = page.locator('.member tr[data-source="combined"] .score').all_inner_texts()
         assert shown == [f"{s['score']:.2f}" for s in scores]
+        assert "What is the weather in Paris?" in page.inner_text("#prompt")  # what they answer
         assert page.locator(".member .tool-call").count() > 0  # the tool call, readable
         shot(page, "group")
 
@@ -225,6 +270,13 @@ def test_the_dashboard_shows_what_the_database_holds(site, browser):
         checkpoint = turn.locator("td").nth(2).inner_text()
         served = turn.locator(".served").inner_text()
         assert served == ("toolbot" if checkpoint == "base" else checkpoint)
+        # What users said of it: the thumbs on its first answer, the rating of the whole.
+        said = page.locator("#feedback tr[data-metric]")
+        assert sorted(said.evaluate_all("rows => rows.map(r => r.dataset.metric)")) == [
+            "",
+            "thumbs",
+        ]
+        assert page.locator("#scores tr[data-source]").count() > 0  # its groups' scores
         shot(page, "trajectory")
 
         page.click("text=Learning")
@@ -241,6 +293,55 @@ def test_the_dashboard_shows_what_the_database_holds(site, browser):
         assert section.locator(".decision").inner_text() == "wait"
         assert section.locator(".pairs").inner_text() == str(pairs[0]["n"])
         assert page.locator("#deployments tr").count() == 2  # header + the canary
+        # The test drawn: its e-values after each pair, the outcomes, each arm's latency.
+        assert page.evaluate("Chart.getChart('evalue-1').data.labels.length") == pairs[0]["n"]
+        assert page.evaluate("Chart.getChart('outcomes-1').data.datasets[0].data") == [
+            int(section.locator(".wins").inner_text()),
+            int(section.locator(".ties").inner_text()),
+            int(section.locator(".losses").inner_text()),
+        ]
+        assert page.evaluate("Chart.getChart('latency-1') !== undefined")
         shot(page, "ab")
+
+        # A button asks first; declined, nothing changes.
+        page.evaluate("window.stayed = true")  # gone if the page reloaded
+        page.once("dialog", lambda d: d.dismiss())
+        section.locator('button[data-action="rollback"]').click()
+        assert section.locator(".decision").inner_text() == "wait"
+        # Accepted: the canary is rolled back and the page updated in place.
+        page.once("dialog", lambda d: d.accept())
+        section.locator('button[data-action="rollback"]').click()
+        page.wait_for_selector("#no-canary")
+        assert page.evaluate("window.stayed") is True
+        assert page.locator("#deployments tr").count() == 3
+        assert "dashboard" in page.locator("#deployments tr").nth(1).inner_text()
+
+        # Pause and resume the loop (on in this server: conftest's 300 s), in place.
+        page.goto(f"{server.base}/dashboard")
+        said = []
+
+        def answer(dialog) -> None:
+            said.append(dialog.message)
+            dialog.accept()
+
+        page.on("dialog", answer)
+        page.locator('button[data-action="pause"]').click()
+        page.wait_for_selector('button[data-action="resume"]')
+        assert "paused" in page.inner_text("main")
+        page.locator('button[data-action="resume"]').click()
+        page.wait_for_selector('button[data-action="pause"]')
+        page.remove_listener("dialog", answer)
+        assert ["Pause the loop?" in said[0], "Resume the loop" in said[1]] == [True, True]
+        # A change the routing refuses is said, and changes nothing: no canary is left.
+        refused = page.request.post(
+            f"{server.base}/dashboard/act", data={"action": "promote", "lineage": "agent"}
+        )
+        assert refused.status == 409 and "canary" in refused.json()["error"]["message"]
+        not_json = page.request.post(
+            f"{server.base}/dashboard/act",
+            data="action=pause",
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
+        assert not_json.status == 415  # what another site's form would send
         assert not failed, failed
         context.close()

@@ -100,7 +100,7 @@ def build_app(settings: ServeSettings, workers: Workers | None = None):
         router=router,
         routes=[
             *admin.routes(settings, collector, router, operator, loop),
-            *dashboard.routes(settings, collector, router, loop.state),
+            *dashboard.routes(settings, collector, router, loop, operator),
         ],
         on_startup=[restore_routing, loop.start, settle_gc],
         # The pool closes every engine client, the judge's too.

@@ -519,7 +519,7 @@ class Store:
                 raise StorageError(f"write failed: {exc}") from exc
             raise
 
-    def rows(self, record: type[R], sql: str, params: list | None = None) -> list[R]:
+    def rows(self, record: type[R], sql: str, params: list | dict | None = None) -> list[R]:
         """The rows of `sql` as `record`s (a msgspec Struct or a dataclass), each column
         given by name: a column the record lacks, or a field no column fills, is a
         TypeError here, not a wrong value later."""
@@ -527,7 +527,7 @@ class Store:
         names = [d[0] for d in cur.description]
         return [record(**dict(zip(names, row, strict=True))) for row in cur.fetchall()]
 
-    def query(self, sql: str, params: list | None = None) -> list[dict]:
+    def query(self, sql: str, params: list | dict | None = None) -> list[dict]:
         cur = self.con.execute(sql, params or [])
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]

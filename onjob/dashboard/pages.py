@@ -2,7 +2,9 @@
 already holds, with Chart.js (served by onjob, no CDN) drawing the curves.
 
 Behind the admin key (a browser sends it as Basic auth's password), checked by the
-router's guard before a page runs any query (`proxy/auth.py`)."""
+router's guard before a page runs any query (`proxy/auth.py`). Its buttons (promote, roll
+back, pause and resume the loop, each confirmed first) post JSON to `/dashboard/act`,
+behind the same door: JSON only, so no other site's page can post it."""
 
 from __future__ import annotations
 
@@ -10,22 +12,27 @@ import json
 import math
 from datetime import datetime
 from pathlib import Path
+from typing import Any, Literal
 
 import jinja2
-from litestar import Request, Response, Router, get
+import msgspec
+from litestar import Request, Response, Router, get, post
 from litestar.params import FromPath, FromQuery
 from litestar.static_files import create_static_files_router
 
 from ..collector import Collector
 from ..collector.scope import lineage_name
-from ..deploy import deployments, progress, reviews
-from ..deploy.loop import LoopState
+from ..deploy import deployments, pairs, progress, reviews
+from ..deploy.admin import ERRORS
+from ..deploy.loop import LoopState, PeriodicLoop
+from ..deploy.operator import Operator
 from ..deploy.release import decide
 from ..deploy.settings import DeploySettings
 from ..judge import judge_agreement
 from ..judge.rollouts import json_value
 from ..proxy import Router as ArmRouter
 from ..proxy.auth import AskPassword, Doors
+from ..proxy.errors import BadRequest, Conflict
 from . import queries
 
 HERE = Path(__file__).parent
@@ -75,11 +82,21 @@ def _chart_data(value) -> str:
     return json.dumps(value, default=str).replace("</", "<\\/")
 
 
+class Act(msgspec.Struct, forbid_unknown_fields=True):
+    """A button's request (`POST /dashboard/act`): promote or roll back a lineage's canary
+    (its name as the pages show it: `alias` or `alias@tenant`), pause or resume the loop."""
+
+    action: Literal["promote", "rollback", "pause", "resume"]
+    lineage: str | None = None
+    reason: str = "from the dashboard"
+
+
 def routes(
     settings: DeploySettings,
     collector: Collector,
     router: ArmRouter,
-    loop: LoopState | None = None,
+    loop: PeriodicLoop | None = None,
+    operator: Operator | None = None,
 ) -> list:
     def render(template: str, *, refresh: bool = False, status: int = 200, **context) -> Response:
         html = _env.get_template(template).render(
@@ -105,7 +122,7 @@ def routes(
             }
 
         data = await collector.query(read)
-        state = (loop or LoopState()).as_dict()
+        state = (loop.state if loop else LoopState()).as_dict()
         return render(
             "overview.html",
             refresh=True,
@@ -124,6 +141,48 @@ def routes(
         page = max(page, 0)
         rows = await collector.query(lambda st: queries.scenarios(st, page))
         return render("scenarios.html", rows=rows, page=page, size=queries.PAGE)
+
+    @get("/requests", include_in_schema=False)
+    async def requests(
+        page: FromQuery[int] = 0,
+        api_key: FromQuery[str | None] = None,
+        status: FromQuery[str | None] = None,
+        arm: FromQuery[str | None] = None,
+        scenario: FromQuery[str | None] = None,
+        trajectory: FromQuery[str | None] = None,
+        q: FromQuery[str | None] = None,
+        minutes: FromQuery[str | None] = None,  # the form sends "" for "any"
+    ) -> Response:
+        page = max(page, 0)
+        explore = queries.Explore(
+            api_key=api_key or None,
+            status=status if status in ("ok", "error") else None,
+            arm=arm or None,
+            scenario=scenario or None,
+            trajectory=trajectory or None,
+            q=q or None,
+            minutes=max(1, int(minutes)) if minutes and minutes.isdigit() else None,
+        )
+        rows = await collector.query(lambda st: queries.exchanges(st, explore, page))
+        return render(
+            "requests.html",
+            rows=rows,
+            f=explore,
+            query=explore.params(),
+            page=page,
+            size=queries.PAGE,
+        )
+
+    @get("/feedback", include_in_schema=False)
+    async def feedback(page: FromQuery[int] = 0) -> Response:
+        page = max(page, 0)
+        metrics, rows = await collector.query(lambda st: queries.feedback(st, page))
+        return render("feedback.html", metrics=metrics, rows=rows, page=page, size=queries.PAGE)
+
+    @get("/checkpoints", include_in_schema=False)
+    async def checkpoints() -> Response:
+        rows = await collector.query(queries.checkpoints)
+        return render("checkpoints.html", rows=rows, arms=router.arms)
 
     @get("/groups", include_in_schema=False)
     async def groups(page: FromQuery[int] = 0, kind: FromQuery[str | None] = None) -> Response:
@@ -177,17 +236,41 @@ def routes(
                 for alias, r in routing.items()
                 if r.canary
             }
-            return running, deployments.history(store, 100), reviews.status(store, settings)
+            paths = {
+                alias: pairs.path(store, pairs.test_ids(alias, r.canary, r), settings.loop)
+                for alias, r in routing.items()
+                if r.canary
+            }
+            return running, paths, deployments.history(store, 100), reviews.status(store, settings)
 
-        running, history, release = await collector.query(read)
+        running, paths, history, release = await collector.query(read)
+        charts = {
+            alias: _chart_data(_ab_chart(v.evidence, paths[alias])) for alias, v in running.items()
+        }
         return render(
             "ab.html",
             refresh=True,
             running=running,
+            charts=charts,
             history=history,
             rule=settings.loop,
             release=release,
         )
+
+    @post("/act", status_code=200, include_in_schema=False)
+    async def act(data: Act) -> Any:
+        """What a page's buttons do, each after the person confirmed it; the same changes
+        as `onjob promote`, `rollback` and the admin API's loop switch, recorded with
+        actor `dashboard`."""
+        if data.action in ("pause", "resume"):
+            if loop is None or settings.loop.interval_s <= 0:
+                raise Conflict("The loop is off in this server (loop.interval_s = 0).")
+            await (loop.pause() if data.action == "pause" else loop.resume())
+            return loop.state.as_dict()
+        if operator is None or data.lineage not in router.arms:
+            raise BadRequest(f"No lineage {data.lineage!r} to {data.action}.", param="lineage")
+        change = operator.promote if data.action == "promote" else operator.rollback
+        return await change(data.lineage, reason=data.reason, actor="dashboard")
 
     static = create_static_files_router(
         path="/static", directories=[HERE / "static"], include_in_schema=False
@@ -197,10 +280,37 @@ def routes(
         Router(
             "/dashboard",
             guards=[Doors(settings.proxy).dashboard_guard],
-            exception_handlers={AskPassword: _ask_password},
-            route_handlers=[overview, scenarios, groups, group, trajectory, learning, ab, static],
+            exception_handlers={**ERRORS, AskPassword: _ask_password},
+            route_handlers=[
+                overview,
+                requests,
+                scenarios,
+                groups,
+                group,
+                trajectory,
+                feedback,
+                checkpoints,
+                learning,
+                ab,
+                act,
+                static,
+            ],
         )
     ]
+
+
+def _ab_chart(evidence: dict, path: list[dict]) -> dict:
+    """What the A/B page draws for one canary: the e-values after each pair against the two
+    thresholds, the wins, ties and losses, and each arm's latency on real traffic."""
+    test, paired, guards = evidence["e_process"], evidence["paired"], evidence.get("guards")
+    return {
+        "path": path,
+        "promote_at": test["promote_at"],
+        "rollback_at": test["rollback_at"],
+        "outcomes": {k: paired[k] for k in ("wins", "ties", "losses")},
+        # each arm's median conversation on real traffic since the canary started
+        "latency": {arm: (guards or {}).get(arm, {}).get("p50_ms") for arm in ("live", "canary")},
+    }
 
 
 def _tenant_rows(router: ArmRouter, decided: dict, shares: dict) -> list[dict]:

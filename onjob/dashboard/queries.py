@@ -4,6 +4,7 @@ rows, never whole tables, so a page stays fast with millions of exchanges."""
 from __future__ import annotations
 
 import datetime as dt
+from typing import Literal
 
 import msgspec
 
@@ -52,6 +53,68 @@ class GroupRow(msgspec.Struct, frozen=True):
     mean_score: float | None
 
 
+class ExchangeRow(msgspec.Struct, frozen=True):
+    """One logged exchange as the request explorer lists it (`exchanges`)."""
+
+    id: str
+    ts: dt.datetime
+    trajectory_id: str | None
+    turn: int | None
+    scenario_id: str | None
+    model_alias: str | None
+    api_key_id: str | None
+    arm: str | None
+    checkpoint: str | None
+    status: int
+    latency_ms: float | None
+    asked: str | None  # the request's last message, as text (a turn stores what it adds)
+    feedback: int  # feedback posted on it
+
+
+class Explore(msgspec.Struct, frozen=True, kw_only=True):
+    """The request explorer's filters, each as its query parameter; unset: any."""
+
+    api_key: str | None = None
+    status: Literal["ok", "error"] | None = None
+    arm: str | None = None
+    scenario: str | None = None
+    trajectory: str | None = None
+    q: str | None = None  # text the request's new messages or the answer contain
+    minutes: int | None = None  # only the last N minutes
+
+    def params(self) -> dict[str, str]:
+        """The filters set, for the pager's links."""
+        return {k: str(v) for k, v in msgspec.structs.asdict(self).items() if v not in (None, "")}
+
+
+class FeedbackRow(msgspec.Struct, frozen=True):
+    """A feedback row with the conversation it is about (`feedback`)."""
+
+    id: str
+    ts: dt.datetime
+    metric: str | None
+    value: float
+    comment: str | None
+    api_key_id: str | None
+    exchange_id: str | None
+    trajectory_id: str | None
+
+
+class CheckpointRow(msgspec.Struct, frozen=True):
+    """A checkpoint with its training run and what it served (`checkpoints`)."""
+
+    name: str
+    status: str
+    parent: str | None
+    created: dt.datetime | None
+    lineage: str | None  # the lineage its run trained (`alias` or `alias@tenant`)
+    groups: int | None  # groups it was trained on
+    duration_s: float | None
+    kl_to_base: float | None
+    served: int  # production exchanges it answered
+    errors: int
+
+
 def traffic(store: Store, minutes: int) -> list[Traffic]:
     """Per alias and arm over the last `minutes`: requests, errors, latency percentiles,
     tokens (production traffic only)."""
@@ -76,17 +139,34 @@ def traffic(store: Store, minutes: int) -> list[Traffic]:
 
 
 def per_minute(store: Store, minutes: int) -> list[dict]:
-    """Requests and errors per minute and alias over the last `minutes`."""
+    """Requests and errors per minute and alias over the last `minutes`, every bucket of
+    the window given (a quiet one as 0, so the chart shows the gap), in at most ~240
+    buckets: one minute each up to four hours, wider beyond (still per minute)."""
+    width = max(1, -(-minutes // 240))
     return store.query(
         """
-        SELECT time_bucket(INTERVAL 1 MINUTE, ts) AS minute,
-               coalesce(model_alias, '') AS alias,
-               count(*) AS requests, count(*) FILTER (WHERE status >= 400) AS errors
-        FROM exchanges
-        WHERE source = 'production' AND ts >= now() - to_minutes(CAST(? AS BIGINT))
-        GROUP BY ALL ORDER BY minute
+        WITH counts AS (
+            SELECT time_bucket(to_minutes(CAST($width AS BIGINT)), ts) AS minute,
+                   coalesce(model_alias, '') AS alias,
+                   count(*) AS requests, count(*) FILTER (WHERE status >= 400) AS errors
+            FROM exchanges
+            WHERE source = 'production' AND ts >= now() - to_minutes(CAST($minutes AS BIGINT))
+            GROUP BY ALL
+        ), buckets AS (
+            SELECT unnest(generate_series(
+                time_bucket(to_minutes(CAST($width AS BIGINT)),
+                            now() - to_minutes(CAST($minutes AS BIGINT))),
+                time_bucket(to_minutes(CAST($width AS BIGINT)), now()),
+                to_minutes(CAST($width AS BIGINT)))) AS minute
+        )
+        SELECT b.minute, a.alias,
+               coalesce(c.requests, 0) / $width AS requests,
+               coalesce(c.errors, 0) / $width AS errors
+        FROM buckets b CROSS JOIN (SELECT DISTINCT alias FROM counts) a
+        LEFT JOIN counts c ON c.minute = b.minute AND c.alias = a.alias
+        ORDER BY b.minute, a.alias
         """,
-        [minutes],
+        {"width": width, "minutes": minutes},
     )
 
 
@@ -172,7 +252,25 @@ def group(store: Store, group_id: str) -> dict | None:
         "latency_ms, created FROM judgements WHERE group_id = ? ORDER BY created",
         [group_id],
     )
-    return {**found[0], "members": members, "judgements": judgements}
+    return {
+        **found[0],
+        "members": members,
+        "judgements": judgements,
+        "prompt": _prompt(store, found[0]["kind"], rows),
+    }
+
+
+def _prompt(store: Store, kind: str, members: list[dict]) -> list[dict]:
+    """The messages a turn or pair group's members answer (one prompt, whole: a turn's
+    request rebuilt from what its conversation stored); a trajectory group's members are
+    whole conversations, each on its own page."""
+    if kind == "trajectory" or not members:
+        return []
+    found = store.query(
+        "SELECT request FROM exchanges_rebuilt([?], false)", [members[0]["exchange_id"]]
+    )
+    request = json_value(found[0]["request"]) if found else None
+    return list((request or {}).get("messages") or [])
 
 
 def trajectory(store: Store, trajectory_id: str) -> dict | None:
@@ -198,7 +296,108 @@ def trajectory(store: Store, trajectory_id: str) -> dict | None:
         if choices and choices[0].get("message"):
             messages.append({**choices[0]["message"], "turn": t["turn"]})
         t["tools"] = request.get("tools")
-    return {**found[0], "turns": turns, "messages": messages}
+    # What users said of it, and what the judges said of its logged answers.
+    posted = store.query(
+        """
+        SELECT f.ts, f.metric, f.value, f.comment, e.turn FROM feedback f
+        LEFT JOIN exchanges e ON e.id = f.exchange_id
+        WHERE f.trajectory_id = ? OR e.trajectory_id = ?
+        ORDER BY f.ts
+        """,
+        [trajectory_id, trajectory_id],
+    )
+    scores = store.query(
+        """
+        SELECT g.id AS group_id, g.kind, e.turn, s.source, s.score, s.explanation
+        FROM members m JOIN groups g ON g.id = m.group_id
+        JOIN exchanges e ON e.id = m.exchange_id
+        JOIN scores s ON s.member_id = m.id
+        WHERE m.origin <> 'sampled' AND coalesce(m.trajectory_id, e.trajectory_id) = ?
+        ORDER BY e.turn, g.kind, g.id, s.source
+        """,
+        [trajectory_id],
+    )
+    return {**found[0], "turns": turns, "messages": messages, "feedback": posted, "scores": scores}
+
+
+def exchanges(store: Store, f: Explore, page: int) -> list[ExchangeRow]:
+    """A page of production exchanges, newest first, filtered by `f`."""
+    text = f"%{f.q}%" if f.q else None
+    return store.rows(
+        ExchangeRow,
+        """
+        SELECT e.id, e.ts, e.trajectory_id, e.turn, e.scenario_id, e.model_alias,
+               e.api_key_id, e.arm, e.checkpoint, e.status, e.latency_ms,
+               left(coalesce(json_extract_string(e.request, '$.messages[#-1].content'),
+                             json_extract_string(e.request, '$.prompt')), 200) AS asked,
+               (SELECT count(*) FROM feedback fb WHERE fb.exchange_id = e.id) AS feedback
+        FROM exchanges e
+        WHERE e.source = 'production'
+          AND ($key IS NULL OR e.api_key_id = $key)
+          AND ($status IS NULL OR (e.status < 400) = ($status = 'ok'))
+          AND ($arm IS NULL OR e.arm = $arm)
+          AND ($scenario IS NULL OR e.scenario_id = $scenario)
+          AND ($trajectory IS NULL OR e.trajectory_id = $trajectory)
+          AND ($minutes IS NULL OR e.ts >= now() - to_minutes(CAST($minutes AS BIGINT)))
+          AND ($text IS NULL OR CAST(e.request AS VARCHAR) ILIKE $text
+               OR CAST(e.response AS VARCHAR) ILIKE $text)
+        ORDER BY e.ts DESC, e.id LIMIT $limit OFFSET $offset
+        """,
+        {
+            "key": f.api_key,
+            "status": f.status,
+            "arm": f.arm,
+            "scenario": f.scenario,
+            "trajectory": f.trajectory,
+            "minutes": f.minutes,
+            "text": text,
+            "limit": PAGE,
+            "offset": page * PAGE,
+        },
+    )
+
+
+def feedback(store: Store, page: int) -> tuple[list[dict], list[FeedbackRow]]:
+    """Per metric (None: the unnamed), how much was posted and its mean; then a page of
+    feedback rows, newest first, each with its conversation."""
+    metrics = store.query(
+        "SELECT metric, count(*) AS n, avg(value) AS mean, max(ts) AS last FROM feedback "
+        "GROUP BY metric ORDER BY metric NULLS FIRST"
+    )
+    found = store.rows(
+        FeedbackRow,
+        """
+        SELECT f.id, f.ts, f.metric, f.value, f.comment, f.api_key_id, f.exchange_id,
+               coalesce(f.trajectory_id, e.trajectory_id) AS trajectory_id
+        FROM feedback f LEFT JOIN exchanges e ON e.id = f.exchange_id
+        ORDER BY f.ts DESC, f.id LIMIT ? OFFSET ?
+        """,
+        [PAGE, page * PAGE],
+    )
+    return metrics, found
+
+
+def checkpoints(store: Store) -> list[CheckpointRow]:
+    """Every checkpoint, newest first: its run (lineage, groups, time, KL to the base
+    model) and the production exchanges it answered."""
+    return store.rows(
+        CheckpointRow,
+        """
+        WITH served AS (
+            SELECT checkpoint, count(*) AS served, count(*) FILTER (WHERE status >= 400) AS errors
+            FROM exchanges WHERE source = 'production' AND checkpoint IS NOT NULL
+            GROUP BY checkpoint
+        )
+        SELECT c.name, c.status, c.parent, c.created,
+               r.config->>'lineage' AS lineage, len(r.groups_used) AS groups, r.duration_s,
+               TRY_CAST(r.metrics->>'kl_to_base' AS DOUBLE) AS kl_to_base,
+               coalesce(s.served, 0) AS served, coalesce(s.errors, 0) AS errors
+        FROM checkpoints c
+        LEFT JOIN train_runs r ON r.id = c.train_run
+        LEFT JOIN served s ON s.checkpoint = c.name
+        ORDER BY c.created DESC NULLS LAST, c.name LIMIT 200
+        """,
+    )
 
 
 def train_runs(store: Store) -> list[dict]:

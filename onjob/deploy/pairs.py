@@ -97,6 +97,18 @@ def ab_outcomes(
     `why`: `unjudged` (no usable score), `unsampled` (both arms, or a, could not answer).
     `missing_is_loss=False` (`onjob compare`, a description rather than a decision)
     counts only a pair b alone could not answer, as b's loss."""
+    judged, missing = _judged(store, where, params, missing_is_loss)
+    by_scenario: dict[str, list[float]] = defaultdict(list)
+    for scenario, d in judged:
+        by_scenario[scenario].append(d)
+    return by_scenario, missing
+
+
+def _judged(
+    store, where: str, params: list, missing_is_loss: bool
+) -> tuple[list[tuple[str, float]], list[dict]]:
+    """`ab_outcomes`' pairs as (scenario, difference), in the order they were made (group
+    ids sort by creation), and the pairs without a judged comparison."""
     rows = store.query(
         f"""
         SELECT g.id, g.status, g.reason, g.failed_arm, g.scenario_id, m.origin, s.score
@@ -112,19 +124,19 @@ def ab_outcomes(
         g["scenario"] = r["scenario_id"]
         if r["origin"] is not None:
             g.setdefault(r["origin"], []).append(r["score"])
-    by_scenario: dict[str, list[float]] = defaultdict(list)
+    judged: list[tuple[str, float]] = []
     missing = []
-    for group_id, g in sorted(groups.items()):
+    for group_id, g in sorted(groups.items()):  # ids sort by creation: the pairs' order
         a, b = g.get("a") or [], g.get("b") or []
         usable = all(isinstance(x, int | float) and math.isfinite(x) for x in (*a, *b))
         if g["status"] == "scored" and a and b and usable:
-            by_scenario[g["scenario"]].append(stats.difference(a, b))
+            judged.append((g["scenario"], stats.difference(a, b)))
             continue
         arm = g["failed_arm"]
         loses = arm != "a" if missing_is_loss else arm == "b"
         counted = "loss" if loses else "excluded"
         if counted == "loss":
-            by_scenario[g["scenario"]].append(-1.0)
+            judged.append((g["scenario"], -1.0))
         if arm == "b":
             continue
         why = "unsampled" if arm else "unjudged"
@@ -132,7 +144,7 @@ def ab_outcomes(
         missing.append(
             {"group": group_id, "reason": reason, "arm": arm, "why": why, "counted": counted}
         )
-    return by_scenario, missing
+    return judged, missing
 
 
 def unjudged(missing: list[dict]) -> int:
@@ -209,6 +221,25 @@ def weigh(store, alias: str, candidate: str, tests: list[str], settings: LoopSet
         ledger.level(store, alias, candidate, settings.alpha, settings.alpha_split),
         missing,
     )
+
+
+def path(store, tests: list[str], settings: LoopSettings) -> list[dict]:
+    """The test's e-values after each pair, the pairs in the order they were made (the
+    verdict reads them all at once, and a mixture's e-value does not depend on their
+    order: the path ends where `weigh` is): what the dashboard draws against the two
+    thresholds. Each point: pairs so far, the e-value to promote, the one to roll back."""
+    judged, _ = _judged(store, "list_contains(?::VARCHAR[], g.test)", [tests], True)
+    paired, out = rule_of(settings).start(), []
+    for _, d in judged:
+        paired.add(d)
+        out.append(
+            {
+                "pairs": paired.pairs,
+                "e_value": math.exp(paired.better.log_e),
+                "futility_e_value": math.exp(paired.futile.log_e),
+            }
+        )
+    return out
 
 
 def referee(judge: JudgeSettings, gate: GateSettings) -> JudgeSettings:

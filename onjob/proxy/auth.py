@@ -220,6 +220,8 @@ class Doors:
     def dashboard_guard(self, connection: Any, _: Any) -> None:
         self.same_site(connection.headers, host=True)
         self.admin(connection.headers, browser=True)
+        if connection.scope["method"] != "GET":  # its buttons: JSON, as the admin API's
+            self.json_only(connection.headers)
 
     def forward_guard(self, connection: Any, _: Any) -> None:
         """A proxy-only process, before it forwards to the primary (which sees the
