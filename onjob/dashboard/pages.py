@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import jinja2
+import markupsafe
 import msgspec
 from litestar import Request, Response, Router, get, post
 from litestar.params import FromPath, FromQuery
@@ -74,7 +75,18 @@ def _pretty(value) -> str:
     return json.dumps(parsed, indent=2, ensure_ascii=False, default=str)
 
 
-_env.filters.update(num=_num, pct=_pct, when=_when, pretty=_pretty, jsonvalue=json_value)
+def _code(value) -> markupsafe.Markup:
+    """Prose the loop wrote for a terminal (`onjob promote`), with its backticks shown as
+    code; everything else escaped."""
+    parts = str(markupsafe.escape("" if _missing(value) else value)).split("`")
+    return markupsafe.Markup(
+        "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+    )
+
+
+_env.filters.update(
+    num=_num, pct=_pct, when=_when, pretty=_pretty, jsonvalue=json_value, code=_code
+)
 
 
 def _chart_data(value) -> str:
