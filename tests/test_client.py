@@ -200,3 +200,25 @@ def test_the_cli_asks_through_the_client(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"{nowhere} did not answer" in done.stderr
     assert not (tmp_path / "onjob.duckdb").exists()
+
+
+def test_an_answer_the_client_cannot_read_is_a_client_error_not_a_traceback():
+    """Another version's server, or something else at the address (scripted at the HTTP
+    boundary): the error names the route and what was wrong."""
+    import httpx
+
+    from onjob.client import ClientError
+
+    answers = {
+        "/admin/status": httpx.Response(200, json={"aliases": "not a map"}),
+        "/admin/tables": httpx.Response(200, text="<html>a login page</html>"),
+        "/admin/checkpoints": httpx.Response(502, text="Bad Gateway"),
+    }
+    transport = httpx.MockTransport(lambda request: answers[request.url.path])
+    with Client("http://onjob.test", admin_key="k", transport=transport) as onjob:
+        for call, path in ((onjob.status, "/admin/status"), (onjob.tables, "/admin/tables")):
+            with pytest.raises(ClientError, match=f"{path} answered what this client cannot"):
+                call()
+        with pytest.raises(Refused) as refused:
+            onjob.checkpoints()
+        assert (refused.value.status, refused.value.message) == (502, "Bad Gateway")

@@ -70,7 +70,7 @@ def ask_admin(
     server answers; "with_db", when --db is given without --server, or no server answered
     and none was named (a named one that does not answer is refused). A server's refusal
     is `Refused` with its message."""
-    from ..client import Client, Unreachable
+    from ..client import Client, ClientError, Unreachable
     from ..client import Refused as RefusedThere
 
     if offline == "with_db" and args.db and not args.server:
@@ -85,6 +85,8 @@ def ask_admin(
         return None
     except RefusedThere as exc:
         raise Refused(f"{server}: {exc.message}") from exc
+    except ClientError as exc:  # an answer it cannot read
+        raise Refused(f"{server}: {exc}") from exc
 
 
 def local_url(proxy) -> str:

@@ -11,7 +11,7 @@ from typing import Any, Generic, Literal, TypeVar
 import httpx
 import msgspec
 
-from .errors import Refused
+from .errors import ClientError, Refused
 
 T = TypeVar("T")
 
@@ -34,10 +34,14 @@ def read(call: Call[T], resp: httpx.Response) -> T:
     """The answer of `call`, or `Refused` with the server's message."""
     if resp.status_code >= 400:
         raise Refused(resp.status_code, message_of(resp))
-    data = resp.json()
-    if call.pick is not None:
-        data = data[call.pick]
-    return msgspec.convert(data, call.answer)
+    try:
+        data = resp.json()
+        if call.pick is not None:
+            data = data[call.pick]
+        return msgspec.convert(data, call.answer)
+    except (ValueError, KeyError, TypeError, msgspec.ValidationError) as exc:
+        # another version's server, or not onjob at all at that address
+        raise ClientError(f"{call.path} answered what this client cannot read: {exc}") from exc
 
 
 def partial_of(path: Path) -> Path:
