@@ -365,3 +365,30 @@ def test_admin_bodies_are_checked_and_refused_changes_are_409(keyless):
         assert reply.json()["error"]["code"] == 409, (path, reply.text)
     status = httpx.get(f"{server.base}/admin/status", headers=mine).json()
     assert status["aliases"]["agent"]["canary"] is None  # nothing changed
+
+
+def test_a_loop_that_is_off_refuses_the_pause_button_and_the_admin_switch_alike():
+    """One rule for both doors (`PeriodicLoop.switch`): with `loop.interval_s = 0` the
+    dashboard's Pause and the admin API's loop switch are a 409 saying why, and nothing
+    is paused."""
+    from onjob.deploy import admin
+    from onjob.deploy.loop import OFF, PeriodicLoop
+
+    settings = ServeSettings(proxy=ProxySettings(admin_key="adm-2f9e"), loop={"interval_s": 0})
+    loop = PeriodicLoop(collector=None, operator=None, settings=settings)
+    app = Litestar(
+        route_handlers=[
+            *pages.routes(settings, collector=None, router=None, loop=loop),
+            *admin.routes(settings, None, None, None, loop),
+        ],
+        exception_handlers=HANDLERS,
+    )
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        button = client.post("/dashboard/act", json={"action": "pause"}, headers=basic("adm-2f9e"))
+        switch = client.post(
+            "/admin/loop", json={"running": False}, headers={"Authorization": "Bearer adm-2f9e"}
+        )
+    for reply in (button, switch):
+        assert reply.status_code == 409, reply.text
+        assert reply.json()["error"]["message"] == OFF
+    assert loop.state.paused is False

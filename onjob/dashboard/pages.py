@@ -25,7 +25,7 @@ from ..collector import Collector
 from ..collector.scope import lineage_name
 from ..deploy import deployments, pairs, progress, reviews
 from ..deploy.admin import ERRORS
-from ..deploy.loop import LoopState, PeriodicLoop
+from ..deploy.loop import OFF, LoopState, PeriodicLoop
 from ..deploy.operator import Operator
 from ..deploy.release import decide
 from ..deploy.settings import DeploySettings
@@ -194,7 +194,7 @@ def routes(
     @get("/checkpoints", include_in_schema=False)
     async def checkpoints() -> Response:
         rows = await collector.query(queries.checkpoints)
-        return render("checkpoints.html", rows=rows, arms=router.arms)
+        return render("checkpoints.html", rows=rows)
 
     @get("/groups", include_in_schema=False)
     async def groups(page: FromQuery[int] = 0, kind: FromQuery[str | None] = None) -> Response:
@@ -242,17 +242,12 @@ def routes(
     @get("/ab", include_in_schema=False)
     async def ab() -> Response:
         def read(store):
-            routing = deployments.current(store)
-            running = {
-                alias: decide(store, settings, r.canary, r.live, r)
-                for alias, r in routing.items()
-                if r.canary
-            }
-            paths = {
-                alias: pairs.path(store, pairs.test_ids(alias, r.canary, r), settings.loop)
-                for alias, r in routing.items()
-                if r.canary
-            }
+            running, paths = {}, {}
+            for alias, r in deployments.current(store).items():
+                if r.canary:
+                    running[alias] = decide(store, settings, r.canary, r.live, r)
+                    tests = pairs.test_ids(alias, r.canary, r)
+                    paths[alias] = pairs.path(store, tests, settings.loop)
             return running, paths, deployments.history(store, 100), reviews.status(store, settings)
 
         running, paths, history, release = await collector.query(read)
@@ -275,10 +270,9 @@ def routes(
         as `onjob promote`, `rollback` and the admin API's loop switch, recorded with
         actor `dashboard`."""
         if data.action in ("pause", "resume"):
-            if loop is None or settings.loop.interval_s <= 0:
-                raise Conflict("The loop is off in this server (loop.interval_s = 0).")
-            await (loop.pause() if data.action == "pause" else loop.resume())
-            return loop.state.as_dict()
+            if loop is None:
+                raise Conflict(OFF)
+            return await loop.switch(data.action == "resume")
         if operator is None or data.lineage not in router.arms:
             raise BadRequest(f"No lineage {data.lineage!r} to {data.action}.", param="lineage")
         change = operator.promote if data.action == "promote" else operator.rollback

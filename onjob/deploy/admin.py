@@ -33,7 +33,7 @@ from ..proxy.auth import Doors
 from ..proxy.errors import BadRequest, Conflict
 from ..proxy.tenants import Tenants, UnknownTenant
 from . import adapters, deployments, fit, progress, registry, reviews, training
-from .loop import LoopState, PeriodicLoop
+from .loop import OFF, LoopState, PeriodicLoop
 from .operator import Operator
 from .records import Change, ServerStatus
 from .settings import DeploySettings
@@ -167,10 +167,9 @@ def _release_routes(settings, collector: Collector, router: Router, operator, lo
     async def loop_switch(data: LoopBody) -> dict:
         """Pause (`{"running": false}`) or resume the loop; pausing cancels an iteration
         in flight."""
-        if loop is None or settings.loop.interval_s <= 0:
-            raise Conflict("The loop is off in this server (loop.interval_s = 0).")
-        await (loop.resume() if data.running else loop.pause())
-        return loop.state.as_dict()
+        if loop is None:
+            raise Conflict(OFF)
+        return await loop.switch(data.running)
 
     return [status, checkpoints, canary, promote, rollback, loop_switch]
 

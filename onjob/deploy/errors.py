@@ -28,6 +28,10 @@ class RegistryError(DeployError):
     """A checkpoint that cannot be registered (not a LoRA adapter vLLM serves, a name taken)."""
 
 
+class LoopOff(DeployError):
+    """The loop cannot be paused or resumed: it is off in this server (interval 0)."""
+
+
 class EngineControlError(DeployError):
     """The engine refused or failed an adapter load or unload, or its model list."""
 

@@ -35,7 +35,7 @@ from ..proxy import Router
 from ..proxy.tenants import Tenants
 from ..trainer import snapshot
 from . import deployments, fair, fit, holdout, ledger, release, training
-from .errors import DeployError
+from .errors import DeployError, LoopOff
 from .judging import engine_client
 from .operator import Operator
 from .records import Routing
@@ -265,6 +265,9 @@ async def _train_and_release(line: Line, held, state) -> None:
         )
 
 
+OFF = "The loop is off in this server (loop.interval_s = 0)."
+
+
 class PeriodicLoop:
     """`onjob serve`'s background loop: an iteration every `loop.interval_s`, one at a time;
     one that fails is logged and the next tries again."""
@@ -303,6 +306,14 @@ class PeriodicLoop:
         self.state.paused = False
         if self._task is None:
             await self.start()
+
+    async def switch(self, running: bool) -> dict:
+        """Resume (`running`) or pause, for the admin API and the dashboard's button; the
+        loop's state after. Refused with `LoopOff` where the loop is off (interval 0)."""
+        if self.settings.loop.interval_s <= 0:
+            raise LoopOff(OFF)
+        await (self.resume() if running else self.pause())
+        return self.state.as_dict()
 
     async def _run(self) -> None:
         while True:
