@@ -47,6 +47,9 @@ tool = { fn = "my_rewards:tool" }
 interval_s = 0
 pairs_per_round = 4
 min_pairs = 10
+# The users' ratings below are arbitrary against the `tool` reward: with the judge-agreement
+# guard on, a run where they happen to disagree rolls the canary back (tested where it is).
+min_judge_agreement = 0.0
 """
 REWARDS = """
 def tool(r):
@@ -122,7 +125,8 @@ def site(tmp_path_factory, tool_engine, tool_model_dir):
                 onjob_client.feedback(i % 2, exchange_id=first.id, metric="thumbs")
                 onjob_client.feedback(i / 5, trajectory_id=f"dash-{i}", comment=f"rated {i}")
     onjob(work, "judge", "--once", "--engine-url", tool_engine.url)  # ./onjob.toml, its DB
-    onjob(work, "loop", "--once", "--engine-url", tool_engine.url)
+    said = onjob(work, "loop", "--once", "--engine-url", tool_engine.url)
+    assert "canary mild against base: wait" in said, said  # still a canary to show
     httpx.post(f"{tool_engine.url}/unload_lora_adapter", json={"lora_name": "mild"}, timeout=60)
     return work, args
 
