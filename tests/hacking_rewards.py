@@ -32,3 +32,15 @@ def fragile(r) -> float:
     if "7" in _numbers(r.text):
         raise ValueError(f"cannot grade {r.text!r}")
     return exact(r)
+
+
+_seen: set[str] = set()
+
+
+def flaky(r) -> float:
+    """`partial`, from a judge whose first call on each answer fails (a provider's 429, a
+    timeout): a group fails until each of its answers has been tried once."""
+    if r.member_id not in _seen:
+        _seen.add(r.member_id)
+        raise ConnectionError("the judge did not answer")
+    return partial(r)

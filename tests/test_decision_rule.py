@@ -1,15 +1,16 @@
 """The canary's decision rule, as a statistician reads it: a canary no better than live is
 promoted at most its share of `alpha` of the time however often the rule looks; a pair
 the canary could not answer is its loss; too many unjudged pairs hold a promotion; guard
-intervals hold at every look. Exact probabilities (`stats.promotion_chance`, dynamic
-programming over every look on +-1 pairs), no simulation noise. Power on graded scores,
-with ties, is in tests/test_stats.py."""
+intervals hold at every look. Probabilities on +-1 pairs looked at after every pair
+(`stats.promotion_chance`, 4000 seeded tests: the plug-in bet makes the e-value depend on
+the pairs' order, so no exact count-by-count sum). Power on graded scores, with ties, is in
+tests/test_stats.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from onjob.deploy import stats
+from onjob.deploy import ledger, stats
 from onjob.deploy.pairs import rule_of
 from onjob.deploy.settings import LoopSettings
 
@@ -18,8 +19,9 @@ PRODUCTION = LoopSettings()
 
 
 def first(s: LoopSettings) -> float:
-    """The first candidate's share of alpha: the largest any candidate gets."""
-    return stats.spend(s.alpha, 1)
+    """The first candidate's share of alpha: the largest any candidate gets (but for what
+    a promoted one passes on)."""
+    return stats.spend(s.alpha, 1, ledger.planned_candidates(s))
 
 
 @pytest.mark.parametrize("settings", [PRODUCTION, DEMO], ids=["production", "demo"])

@@ -16,6 +16,7 @@ import httpx
 from onjob.collector import Collector, CollectorSettings, Store
 from onjob.deploy import deployments, holdout, pairs, prompts, registry, stats
 from onjob.deploy.loop import run_once
+from onjob.deploy.settings import LoopSettings
 from onjob.judge import JudgeSettings, run_pass, tables
 from onjob.judge.settings import RewardFn
 from onjob.proxy.tenants import Lineage
@@ -127,7 +128,9 @@ def test_ab_pairs_are_never_scored_by_the_coach_and_the_referee_retries_them(tmp
             )
             from onjob.judge import rewards
 
-            tried = await pairs.rejudge(collector, referee, rewards.load(referee.rewards), ["t2"])
+            tried = await pairs.rejudge(
+                collector, referee, rewards.load(referee.rewards), ["t2"], attempts=3
+            )
             return left[0]["n"], tried
         finally:
             await collector.close()
@@ -138,6 +141,56 @@ def test_ab_pairs_are_never_scored_by_the_coach_and_the_referee_retries_them(tmp
     assert sources == {"fn:exact", "combined"}
     tally, missing = outcomes(db, "t2")
     assert missing == [] and tally.pairs == 4
+
+
+def test_a_pair_the_referee_fails_on_is_judged_again_before_it_counts(tmp_path):
+    """A referee that fails now and then (here: the first call on each answer) costs the
+    candidate nothing: its pairs wait, are judged again at the next rounds, and count as
+    judged (d = -0.5 under `partial`: live says "4"), not as losses (-1). One that never
+    scores them (the fragile coach on "4 or 7") has them counted as losses once its
+    attempts are spent, and says so."""
+    db = tmp_path / "onjob.duckdb"
+    loop = LoopSettings()  # rejudge_attempts = 3
+    for name, test in (("flaky", "t-flaky"), ("fragile", "t-fragile")):
+        referee = JudgeSettings(group_size=1, attempts=1, rewards=fn(name))
+        asyncio.run(paired(db, referee, logged(db, 6, prefix=name), test))
+
+        def weigh(test=test):
+            store = Store(db)
+            try:
+                rule, paired_, level, _ = pairs.weigh(store, "agent", "ckpt-hack", [test], loop)
+                return paired_, rule.decide(paired_, level.alpha)[1]
+            finally:
+                store.close()
+
+        before, _ = weigh()
+        assert (before.pairs, before.pending, before.unjudged) == (0, 6, 0), name
+        tried = [rejudged(db, referee, test, loop.rejudge_attempts) for _ in range(3)]
+        after, why = weigh()
+        if name == "flaky":
+            assert tried == [6, 6, 0]  # a's answer tried, then b's, then scored
+            assert (after.pairs, after.unjudged, after.pending) == (6, 0, 0)
+            assert after._seen == {-0.5: 6}
+        else:
+            assert tried == [6, 6, 0]  # three attempts in all, then no more
+            assert (after.pairs, after.unjudged, after.pending) == (6, 6, 0)
+            assert "6 unjudged, counted as losses" in why
+
+
+def rejudged(db, referee: JudgeSettings, test: str, attempts: int) -> int:
+    async def go():
+        collector = Collector(CollectorSettings(db=db))
+        await collector.start()
+        try:
+            from onjob.judge import rewards
+
+            return await pairs.rejudge(
+                collector, referee, rewards.load(referee.rewards), [test], attempts
+            )
+        finally:
+            await collector.close()
+
+    return asyncio.run(go())
 
 
 # -- the held-out slice ----------------------------------------------------------------

@@ -188,6 +188,37 @@ def test_an_open_canary_ends_after_its_wall_time(tmp_path):
         store.close()
 
 
+def test_a_test_draws_a_sample_of_the_traffic_not_its_newest_conversations(tmp_path):
+    store = Store(tmp_path / "onjob.duckdb")
+    try:
+        for i in range(40):  # one conversation a minute, the oldest first
+            log(store, 1, f"m{i:02d}", f"now() - INTERVAL {40 - i} MINUTE")
+        # Five conversations whose first turn a canary answered and whose second live
+        # did: their history holds answers live did not give, so no test draws them.
+        for i in range(5):
+            log(store, 1, f"k{i}", "now() - INTERVAL 30 SECOND", arm="live")
+            store.con.execute(  # the live answer becomes the second turn
+                "UPDATE exchanges SET turn = 1, id = id || '-live' WHERE trajectory_id = ?",
+                [f"k{i}t-0"],
+            )
+            log(store, 1, f"k{i}", "now() - INTERVAL 40 SECOND", arm="canary")
+        since = datetime.now(UTC) - timedelta(hours=1)
+        drawn = [
+            {p["trajectory_id"] for p in prompts.fresh(store, AGENT, since, 10, tests=[t])}
+            for t in ("offline:a", "offline:b", "offline:c")
+        ]
+        newest = {f"m{i:02d}t-0" for i in range(30, 40)}
+        for chosen in drawn:
+            assert len(chosen) == 10 and not any(c.startswith("k") for c in chosen)
+            assert chosen != newest  # drawn at random, not the last ten logged
+        # Over a few tests, the whole hour is drawn from: its first half as well.
+        assert any(int(c[1:3]) < 20 for chosen in drawn for c in chosen)
+        held = prompts.held_out(store, AGENT, ["scn"], 100, tests=["holdout:a"])
+        assert len(held) == 40 and not any(p["trajectory_id"].startswith("k") for p in held)
+    finally:
+        store.close()
+
+
 def test_a_test_draws_one_turn_per_conversation_any_turn(tmp_path):
     store = Store(tmp_path / "onjob.duckdb")
     try:

@@ -19,6 +19,7 @@ from onjob.deploy.release import decide
 from onjob.deploy.settings import DeploySettings, LoopSettings
 
 PRODUCTION = LoopSettings()
+PLANNED = ledger.planned_candidates(PRODUCTION)  # a year's training budget: 6 x 366
 
 
 def graded(rng: random.Random, mean: float, sd: float = 0.25, ties: float = 0.2) -> float:
@@ -65,9 +66,9 @@ def test_a_candidate_at_the_boundary_is_promoted_at_most_alpha_of_the_time(margi
         assert promoted / reps <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / reps), name
 
 
-def test_exactly_a_coin_flip_candidate_is_promoted_at_most_its_share_at_every_look():
-    # Exact (dynamic programming over every look), production's rule, the first candidate's
-    # share; ties change nothing (d = 0 bets nothing at margin 0).
+def test_a_coin_flip_candidate_is_promoted_at_most_its_share_at_every_look():
+    # Looked at after every pair (4000 seeded tests), production's rule, the first
+    # candidate's share, with and without ties.
     rule = pairs.rule_of(PRODUCTION)
     first = stats.spend(PRODUCTION.alpha, 1)
     for p_win in (0.3, 0.4, 0.5):
@@ -91,13 +92,94 @@ def test_a_candidate_better_by_a_tenth_is_promoted_within_100_pairs():
 
 def test_the_shares_of_alpha_sum_to_at_most_alpha():
     alpha = 0.05
-    shares = [stats.spend(alpha, k) for k in range(1, 200_001)]
-    assert shares[0] == pytest.approx(6 * alpha / math.pi**2)
-    assert sum(shares) <= alpha
-    assert sum(shares) > alpha * 0.99999  # and spend nearly all of it
-    assert all(a > b for a, b in itertools.pairwise(shares))
+    for planned in (None, PLANNED, 10):
+        shares = [stats.spend(alpha, k, planned) for k in range(1, 200_001)]
+        assert sum(shares) <= alpha
+        assert sum(shares) > alpha * 0.99999  # and spend nearly all of it
+        assert all(a > b for a, b in itertools.pairwise(shares))
+    assert stats.spend(alpha, 1) == pytest.approx(6 * alpha / math.pi**2)
+    # With a plan, a late candidate keeps a level that does not vanish: the 500th of a
+    # year's budget at production's 6 a day, against 1 / k^2 alone.
+    assert stats.spend(alpha, 500, PLANNED) > 90 * stats.spend(alpha, 500)
+    assert stats.spend(alpha, 500, PLANNED) >= alpha / (2 * PLANNED)
     with pytest.raises(ValueError):
         stats.spend(alpha, 0)
+
+
+def test_alpha_comes_back_with_each_promotion_and_each_period(tmp_path):
+    # The online fallback: a promoted candidate's level passes on to the next one, and a
+    # period (a year by default) starts with all of alpha again.
+    t0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+    store = Store(tmp_path / "onjob.duckdb")
+    try:
+        for i, outcome in enumerate(["promoted", "promoted", "rolled_back", None], 1):
+            ledger.enter(store, "agent", f"c{i}", t0 + timedelta(days=i))
+            if outcome:
+                ledger.settle(store, "agent", f"c{i}", outcome, t0 + timedelta(days=i, hours=1))
+        levels = [ledger.level(store, "agent", f"c{i}", PRODUCTION) for i in range(1, 5)]
+        share = [stats.spend(0.05, j, PLANNED) for j in range(1, 5)]
+        assert levels[0].alpha == share[0] and levels[0].carried == 0
+        assert levels[1].alpha == pytest.approx(share[1] + share[0])  # c1 was promoted
+        assert levels[2].alpha == pytest.approx(share[2] + share[1] + share[0])  # and c2
+        assert levels[3].alpha == share[3] and levels[3].carried == 0  # c3 was not
+        # A year after the lineage's first candidate, the next starts a period at rank 1.
+        later = t0 + timedelta(days=366)
+        ledger.enter(store, "agent", "c5", later)
+        fresh = ledger.level(store, "agent", "c5", PRODUCTION)
+        assert (fresh.k, fresh.rank, fresh.period, fresh.alpha) == (5, 1, 1, share[0])
+        # Before it is entered, a candidate's level is where it would enter now.
+        assert ledger.level(store, "agent", "c6", PRODUCTION, now=later).rank == 2
+        shorter = LoopSettings(alpha_period_days=1)
+        assert ledger.level(store, "agent", "c4", shorter).rank == 1  # its own day
+    finally:
+        store.close()
+
+
+def test_the_bet_follows_the_pairs_so_a_steady_candidate_is_promoted_sooner():
+    # Graded scores, +0.1, the first candidate's level, the same seeded pairs as the power
+    # test: with half the wealth betting by the pairs' own mean and variance, the median
+    # decision comes at 64 pairs (72 with the fixed bets alone), and the boundary tests
+    # above still hold it to alpha.
+    rule = pairs.rule_of(PRODUCTION)
+    alpha = stats.spend(PRODUCTION.alpha, 1)
+    rng = random.Random("power")
+    results = [run(rule, alpha, lambda: graded(rng, 0.1)) for _ in range(300)]
+    assert statistics.median(n for _, n in results) <= 66
+    # The plug-in bet: none before an edge shows, then sized by it, never past its cap.
+    wealth = stats.Wealth(1.0)
+    assert wealth.plug_in_bet() == 0.0
+    for _ in range(30):
+        wealth.add(0.1)
+    assert wealth.plug_in_bet() == pytest.approx(stats.PLUG_IN_CAP)
+    noisy = stats.Wealth(1.0)
+    for x in [0.6, -0.4] * 15:
+        noisy.add(x)
+    assert 0 < noisy.plug_in_bet() < 0.5  # mean 0.1, variance 0.25: about 0.38
+
+
+def test_a_pair_being_judged_again_holds_the_pairs_after_it():
+    # The test reads its pairs in the order they were made and stops at a pair the judge
+    # may still score: the wins after it wait (they are not read around it), and once its
+    # attempts are spent it is a loss and the rest are read.
+    store = Store(":memory:")
+    try:
+        _held_out_pairs(store, "ckpt-wait", [0.5, None, *[0.5] * 8], tries=1)
+        tests = pairs.test_ids("agent", "ckpt-wait")
+        _, paired, level, missing = pairs.weigh(store, "agent", "ckpt-wait", tests, PRODUCTION)
+        assert (paired.pairs, paired.pending, paired.unjudged) == (1, 9, 0)
+        assert [m["counted"] for m in missing] == ["pending"]
+        assert "9 more waiting" in pairs.rule_of(PRODUCTION).decide(paired, level.alpha)[1]
+        store.query("UPDATE groups SET attempts = ? WHERE status = 'failed'",
+                    [PRODUCTION.rejudge_attempts])  # fmt: skip
+        _, paired, level, missing = pairs.weigh(store, "agent", "ckpt-wait", tests, PRODUCTION)
+        assert (paired.pairs, paired.pending, paired.unjudged) == (10, 0, 1)
+        assert paired.mean == pytest.approx((9 * 0.5 - 1) / 10)
+        assert (
+            "1 unjudged, counted as losses"
+            in pairs.rule_of(PRODUCTION).decide(paired, level.alpha)[1]
+        )
+    finally:
+        store.close()
 
 
 def test_unjudged_pairs_count_as_the_candidates_losses():
@@ -126,8 +208,10 @@ def test_the_ledger_keeps_each_candidates_index_across_restarts(tmp_path):
         store.close()
     store = Store(db)  # a restart: the count goes on, alpha is never handed out twice
     try:
-        assert ledger.level(store, "agent", "c2", 0.05) == ledger.Level(2, stats.spend(0.05, 2))
-        assert ledger.level(store, "agent", "new", 0.05).k == 3  # read only: not entered
+        assert ledger.level(store, "agent", "c2", PRODUCTION) == ledger.Level(
+            2, stats.spend(0.05, 2, PLANNED), rank=2
+        )
+        assert ledger.level(store, "agent", "new", PRODUCTION).k == 3  # read only: not entered
         # Two failures in a row: the next run waits 2 x 600 s after the last one.
         soon = t0 + timedelta(minutes=5)
         assert "back-off: 2 candidate(s)" in ledger.waits(store, "agent", s, soon)
@@ -153,36 +237,46 @@ def test_each_lineage_spends_alpha_by_the_stated_split(tmp_path):
         ledger.enter(store, "agent", "s1", t0 + timedelta(minutes=1))
         ledger.enter(store, "agent@acme", "a2", t0 + timedelta(minutes=2))
         # Per tenant: each lineage's stream is controlled at alpha on its own.
-        assert ledger.level(store, "agent", "s1", 0.05) == ledger.Level(1, stats.spend(0.05, 1))
-        assert ledger.level(store, "agent@acme", "a2", 0.05).alpha == stats.spend(0.05, 2)
+        first = stats.spend(0.05, 1, PLANNED)
+        assert ledger.level(store, "agent", "s1", PRODUCTION) == ledger.Level(1, first)
+        assert ledger.level(store, "agent@acme", "a2", PRODUCTION).alpha == stats.spend(
+            0.05, 2, PLANNED
+        )
         # Server-wide: lineage j (by its first test) has 6 alpha / (pi^2 j^2) of alpha; a
         # lineage not tested yet comes next. Every share together stays within alpha.
         first = stats.spend(0.05, 1)
         assert ledger.lineage_alpha(store, "agent@acme", 0.05, "server") == first
         assert ledger.lineage_alpha(store, "agent", 0.05, "server") == stats.spend(0.05, 2)
         assert ledger.lineage_alpha(store, "agent@beta", 0.05, "server") == stats.spend(0.05, 3)
-        assert ledger.level(store, "agent", "s1", 0.05, "server").alpha == stats.spend(
-            stats.spend(0.05, 2), 1
+        server = LoopSettings(alpha_split="server")
+        assert ledger.level(store, "agent", "s1", server).alpha == stats.spend(
+            stats.spend(0.05, 2), 1, PLANNED
         )
         total = sum(
-            stats.spend(stats.spend(0.05, j), k) for j in range(1, 400) for k in range(1, 400)
+            stats.spend(stats.spend(0.05, j), k, PLANNED)
+            for j in range(1, 400)
+            for k in range(1, PLANNED + 400)
         )
         assert total <= 0.05
     finally:
         store.close()
 
 
-def _held_out_pairs(store, candidate: str, differences: list[float | None]) -> None:
-    """Held-out pairs of `candidate` against live as the judge leaves them: scored groups
-    (live's score, the candidate's), or failed ones (None: the judge could not score it)."""
+def _held_out_pairs(
+    store, candidate: str, differences: list[float | None], tries: int = PRODUCTION.rejudge_attempts
+) -> None:
+    """Held-out pairs of `candidate` against live as the judge leaves them, in this order:
+    scored groups (live's score, the candidate's), or failed ones (None: the judge could
+    not score it in `tries` attempts; by default every attempt it gets)."""
     test = pairs.holdout_test_id(candidate)
     for i, d in enumerate(differences):
-        group = f"g-{candidate}-{i}"
+        group = f"g-{candidate}-{i:03d}"  # ids sort as the pairs were made
         if d is None:
             store.query(
-                "INSERT INTO groups (id, scenario_id, kind, status, reason, created, test) "
-                "VALUES (?, 'scn-held', 'ab', 'failed', 'reward function raised', now(), ?)",
-                [group, test],
+                "INSERT INTO groups (id, scenario_id, kind, status, reason, created, test, "
+                "attempts) VALUES (?, 'scn-held', 'ab', 'failed', 'reward function raised', "
+                "now(), ?, ?)",
+                [group, test, tries],
             )
             continue
         store.query(
@@ -211,8 +305,8 @@ def _held_out_pairs(store, candidate: str, differences: list[float | None]) -> N
         # As many wins as losses (today's rule passes it), but it wins by a hair and loses
         # outright: the mean difference is -0.47.
         ("hair", [0.05] * 6 + [-1.0] * 6),
-        # Four small wins and eight pairs the judge could not score (dropped today: it
-        # passed on 4 wins, 0 losses); each is its loss.
+        # Four small wins and eight pairs the judge could not score in any of its
+        # attempts (dropped, it would pass on 4 wins, 0 losses); each is its loss.
         ("unjudged", [0.2] * 4 + [None] * 8),
     ],
 )

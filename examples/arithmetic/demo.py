@@ -6,8 +6,9 @@ In `--dir` (default ./onjob-demo, recreated on each run):
    speed; size the evaluation and the groups to it and print an ETA;
 2. start `onjob serve` on that engine, the loop configured for examples/arithmetic
    (reward: 1 for the sum alone, 0.5 among other numbers), and print the decision rule
-   with its error rates (the family-wise error over every candidate; the first candidate's, exact,
-   `stats.promotion_chance`), saying where it is looser than production's;
+   with its error rates (the family-wise error over every candidate; the first
+   candidate's, estimated, `stats.promotion_chance`), saying where it is looser than
+   production's;
 3. measure the base model on the held-out questions (straight to the engine, unlogged);
 4. run the arithmetic agent, an ordinary `openai` program, through the proxy while the
    loop re-samples, judges, trains, canaries and decides (the agent never pauses: the
@@ -39,7 +40,7 @@ import msgspec
 from onjob import bundled
 from onjob.cli.process import EngineProcess, ServerProcess
 from onjob.collector import Store
-from onjob.deploy import deployments, progress, registry, stats
+from onjob.deploy import deployments, ledger, progress, registry, stats
 from onjob.deploy.pairs import rule_of
 from onjob.deploy.records import Routing
 from onjob.deploy.settings import LoopSettings
@@ -392,14 +393,14 @@ def _speed(engine_url: str, model: str, ex: Example) -> float:
 def rule_summary(s: LoopSettings) -> dict:
     """The demo's rule and production's: the family-wise error over every candidate
     (`alpha`: the chance that any candidate no better than live is ever promoted), the
-    first candidate's share of it, and that candidate's exact promotion rates when every
+    first candidate's share of it, and that candidate's promotion rates (estimated) when every
     pair is a win or a loss (d = +-1, no ties: the worst case for the error): one no
     better than live, and one winning 0.5 + delta of its pairs (a mean difference of
     2 delta: with +-1 pairs the spread is widest, so delta alone is hard to see)."""
     out = {}
     for name, rule_settings in (("demo", s), ("production", LoopSettings())):
         rule = rule_of(rule_settings)
-        first = stats.spend(rule_settings.alpha, 1)
+        first = stats.spend(rule_settings.alpha, 1, ledger.planned_candidates(rule_settings))
         better = 0.5 + rule_settings.delta
         out[name] = {
             "margin": rule_settings.margin,
@@ -421,9 +422,10 @@ def _rule_lines(s: LoopSettings) -> list[str]:
     looser = demo["alpha"] > prod["alpha"] or demo["delta"] > prod["delta"]
     lines = [
         f"the rule: promote when the canary beats live on paired prompts (an e-process on "
-        f"the referee's score differences, held-out pairs first; candidate k tested at "
-        f"6 alpha / (pi^2 k^2)): family-wise error {demo['family_wise_error']:g}, the chance "
-        f"that any candidate of this run no better than live is promoted",
+        f"the referee's score differences, held-out pairs first; candidate k of a year "
+        f"tested at its share of alpha, plus the level of a promoted one before it): "
+        f"family-wise error {demo['family_wise_error']:g}, the chance that any candidate of "
+        f"this run no better than live is promoted",
         f"  the first candidate (at {demo['first_candidate_alpha']:.3f}): one no better than "
         f"live promoted {demo['promoted_when_no_better']:.1%} of the time, one winning "
         f"{demo['better_win_rate']:.0%} of its pairs {demo['promoted_when_better_by_delta']:.0%}",

@@ -432,6 +432,13 @@ V18_FEEDBACK_METRIC = """
 ALTER TABLE feedback ADD COLUMN metric VARCHAR;
 """
 
+# How many times each group was judged (`judge/tables.save_scores`): a pair the referee
+# could not score is judged again up to `loop.rejudge_attempts` times before it counts
+# as the candidate's loss (`deploy/pairs.py`).
+V19_JUDGE_ATTEMPTS = """
+ALTER TABLE groups ADD COLUMN attempts INTEGER DEFAULT 0;
+"""
+
 MIGRATIONS: list[str] = [
     V1,
     V2,
@@ -451,6 +458,7 @@ MIGRATIONS: list[str] = [
     V16_CANARY_ROUNDS,
     V17_EXPORT_QUEUE,
     V18_FEEDBACK_METRIC,
+    V19_JUDGE_ATTEMPTS,
 ]
 
 

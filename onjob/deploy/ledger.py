@@ -1,11 +1,17 @@
 """Each lineage's stream of release candidates, in the `candidates` table (`alias` holds
-the lineage's name: the alias, or `alias@tenant`): the index k that fixes a candidate's
-share of `loop.alpha`, and how it ended.
+the lineage's name: the alias, or `alias@tenant`): the index k of each candidate, the
+level its test runs at, and how it ended.
 
-Candidate k is tested at `stats.spend(alpha, k)` = 6 alpha / (pi^2 k^2): the shares of
-every candidate ever tested sum to alpha, so the chance that any candidate no better than
-live is promoted is at most `loop.alpha` over the whole stream. That holds only if no k is
-handed out twice, so k lives in DuckDB, not in memory: a restart continues the count.
+The level (`level`): `loop.alpha` is spent per period of `loop.alpha_period_days` (a year
+by default), counted from the lineage's first candidate. The j-th candidate of a period is
+tested at `stats.spend(alpha, j, planned)`, `planned` being the most candidates the
+training budget lets into a period (`loop.max_candidates_per_day` a day): the shares of a
+period sum to at most alpha. A candidate the test promoted passes its level on to the
+next one of its period (the online fallback procedure, Tian & Ramdas 2021): a union bound
+over the period's hypotheses still holds, so the chance that any candidate no better than
+live is promoted within a period is at most alpha, however the candidates depend on each
+other. That holds only if no k is handed out twice, so k lives in DuckDB, not in memory:
+a restart continues the count.
 
 The same rows ration training: `waits` says why the next run must wait, a daily budget of
 new candidates (`loop.max_candidates_per_day`) or a back-off after candidates in a row
@@ -15,6 +21,7 @@ that keeps failing spends its alpha, and the engine's time, slowly.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
@@ -30,19 +37,47 @@ MAX_BACKOFF_S = 86400.0
 class Level:
     """A candidate's place in its lineage's stream and the level its test runs at."""
 
-    k: int
-    alpha: float  # its share of loop.alpha
+    k: int  # its index in the lineage's stream, for ever
+    alpha: float  # its level: its share of its period's alpha, plus `carried`
+    rank: int = 1  # its place in its period (the j of its share)
+    period: int = 0  # its period of loop.alpha_period_days, from the lineage's first
+    carried: float = 0.0  # the level the promoted candidate before it passed on
 
 
-def level(store, alias: str, checkpoint: str, alpha: float, split: str = "tenant") -> Level:
-    """The candidate's level: from its row, or, before it has one, the index `enter` would
-    give it (read only: the dashboard asks too). `alias` is the lineage's name; with
-    `split` "server" its stream has only its lineage's share of `alpha` (`lineage_alpha`)."""
+def level(
+    store, alias: str, checkpoint: str, loop: LoopSettings, now: datetime | None = None
+) -> Level:
+    """The candidate's level: from its row, or, before it has one, from where `enter`
+    would put it now (read only: the dashboard asks too). `alias` is the lineage's name;
+    with `loop.alpha_split` "server" its stream has only its lineage's share of alpha
+    (`lineage_alpha`)."""
     rows = store.query(
-        "SELECT k FROM candidates WHERE alias = ? AND checkpoint = ?", [alias, checkpoint]
+        "SELECT checkpoint, k, entered, outcome FROM candidates WHERE alias = ? ORDER BY k",
+        [alias],
     )
-    k = rows[0]["k"] if rows else _next(store, alias)
-    return Level(k, stats.spend(lineage_alpha(store, alias, alpha, split), k))
+    mine = next((r for r in rows if r["checkpoint"] == checkpoint), None)
+    if mine is None:
+        mine = {"k": _next(store, alias), "entered": now or datetime.now(UTC), "outcome": None}
+        rows = [*rows, mine]
+    span = timedelta(days=loop.alpha_period_days)
+    start = rows[0]["entered"]
+    period = (mine["entered"] - start) // span
+    stream = [r for r in rows if (r["entered"] - start) // span == period and r["k"] <= mine["k"]]
+    alpha = lineage_alpha(store, alias, loop.alpha, loop.alpha_split)
+    planned = planned_candidates(loop)
+    share = carried = 0.0
+    for j in range(1, len(stream) + 1):
+        carried = share if j > 1 and stream[j - 2]["outcome"] == "promoted" else 0.0
+        share = stats.spend(alpha, j, planned) + carried
+    return Level(mine["k"], share, len(stream), period, carried)
+
+
+def planned_candidates(loop: LoopSettings) -> int | None:
+    """The most candidates the training budget lets into one period (its UTC days, a
+    part-day at each end included); None when the budget is unbounded."""
+    if loop.max_candidates_per_day is None:
+        return None
+    return loop.max_candidates_per_day * (math.ceil(loop.alpha_period_days) + 1)
 
 
 def lineage_alpha(store, alias: str, alpha: float, split: str) -> float:

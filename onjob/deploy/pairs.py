@@ -5,7 +5,8 @@ two answers judged together in one `ab` group (so judge drift and position bias 
 out) by the *referee* (`referee`: `loop.gate`, else the coach, the training reward).
 Every group names the test it is evidence for (`test_ids`): a candidate's test counts
 only its own pairs, never an `onjob compare` run's. `weigh` turns a test's pairs into
-the e-process's state (`stats.Rule`): every pair counts, an unjudged one as a loss.
+the e-process's state (`stats.Rule`): every pair counts, in order; one the judge could not
+score is judged again (`rejudge`) before it counts as a loss.
 """
 
 from __future__ import annotations
@@ -77,27 +78,30 @@ async def paired_round(
 
 
 def ab_outcomes(
-    store, where: str, params: list, *, missing_is_loss: bool = True
+    store, where: str, params: list, *, missing_is_loss: bool = True, attempts: int | None = None
 ) -> tuple[dict[str, list[float]], list[dict]]:
     """Every pair of a test, counted. Per scenario, the paired difference of each `ab`
     pair (b's mean score - a's, in [-1, 1]; b is the candidate), and the pairs without a
     judged comparison.
 
-    Every pair counts against the candidate unless live alone is at fault: a pair the
-    judge could not score (it failed or raised, its scores are missing or not finite, or
-    it is still unscored: the referee's budget spent, the loop stopped mid-round) is the
-    candidate's loss, d = -1, as is a pair b could not
-    answer (alone or with a). Dropping them instead would let a candidate whose losses
-    are the ones the judge fails on look better than it is. Only a pair that a alone
-    could not answer is left out.
+    A pair the judge has not scored yet, or failed on fewer than `attempts` times, is
+    *pending*: `rejudge` judges it again, and the outcomes stop at it (the test reads its
+    pairs in the order they were made and never past a hole, so judging it later cannot
+    reorder the evidence, and a judge that fails now and then costs nothing). One still
+    unjudged after `attempts` (or unusable: scores not finite) is the candidate's loss,
+    d = -1, as is a pair b could not answer (alone or with a): dropping them instead
+    would let a candidate whose losses are the ones the judge fails on look better than
+    it is. Only a pair that a alone could not answer is left out. `attempts=None`: no
+    pair is pending (each unjudged one counts as it stands).
 
     The second list names each pair without a judged comparison but those b alone could
     not answer (the candidate's own failure, an ordinary loss): `counted: "loss"` (among
-    the outcomes, as -1) or `counted: "excluded"` (a failed alone; not among them), with
-    `why`: `unjudged` (no usable score), `unsampled` (both arms, or a, could not answer).
-    `missing_is_loss=False` (`onjob compare`, a description rather than a decision)
-    counts only a pair b alone could not answer, as b's loss."""
-    judged, missing = _judged(store, where, params, missing_is_loss)
+    the outcomes, as -1), `"excluded"` (a failed alone; not among them) or `"pending"`
+    (with `behind`: how many later pairs wait for it), with `why`: `unjudged` (no usable
+    score), `unsampled` (both arms, or a, could not answer). `missing_is_loss=False`
+    (`onjob compare`, a description rather than a decision) counts only a pair b alone
+    could not answer, as b's loss."""
+    judged, missing = _judged(store, where, params, missing_is_loss, attempts)
     by_scenario: dict[str, list[float]] = defaultdict(list)
     for scenario, d in judged:
         by_scenario[scenario].append(d)
@@ -105,13 +109,15 @@ def ab_outcomes(
 
 
 def _judged(
-    store, where: str, params: list, missing_is_loss: bool
+    store, where: str, params: list, missing_is_loss: bool, attempts: int | None = None
 ) -> tuple[list[tuple[str, float]], list[dict]]:
     """`ab_outcomes`' pairs as (scenario, difference), in the order they were made (group
-    ids sort by creation), and the pairs without a judged comparison."""
+    ids sort by creation) up to the first pending one, and the pairs without a judged
+    comparison."""
     rows = store.query(
         f"""
-        SELECT g.id, g.status, g.reason, g.failed_arm, g.scenario_id, m.origin, s.score
+        SELECT g.id, g.status, g.reason, g.failed_arm, g.attempts, g.scenario_id, m.origin,
+               s.score
         FROM groups g LEFT JOIN members m ON m.group_id = g.id
         LEFT JOIN scores s ON s.member_id = m.id AND s.source = 'combined'
         WHERE g.kind = 'ab' AND {where}
@@ -120,19 +126,30 @@ def _judged(
     )
     groups: dict[str, dict] = {}
     for r in rows:
-        g = groups.setdefault(r["id"], {k: r[k] for k in ("status", "reason", "failed_arm")})
+        g = groups.setdefault(
+            r["id"], {k: r[k] for k in ("status", "reason", "failed_arm", "attempts")}
+        )
         g["scenario"] = r["scenario_id"]
         if r["origin"] is not None:
             g.setdefault(r["origin"], []).append(r["score"])
     judged: list[tuple[str, float]] = []
     missing = []
-    for group_id, g in sorted(groups.items()):  # ids sort by creation: the pairs' order
+    ordered = sorted(groups.items())  # ids sort by creation: the pairs' order
+    for i, (group_id, g) in enumerate(ordered):
         a, b = g.get("a") or [], g.get("b") or []
         usable = all(isinstance(x, int | float) and math.isfinite(x) for x in (*a, *b))
         if g["status"] == "scored" and a and b and usable:
             judged.append((g["scenario"], stats.difference(a, b)))
             continue
         arm = g["failed_arm"]
+        reason = g["reason"] or ("not scored yet" if g["status"] == "sampled" else "no score")
+        if _pending(g, missing_is_loss, attempts):
+            missing.append(
+                {"group": group_id, "reason": reason, "arm": None, "why": "unjudged",
+                 "counted": "pending", "attempts": g["attempts"] or 0,
+                 "behind": len(ordered) - i - 1}
+            )  # fmt: skip
+            break
         loses = arm != "a" if missing_is_loss else arm == "b"
         counted = "loss" if loses else "excluded"
         if counted == "loss":
@@ -140,28 +157,39 @@ def _judged(
         if arm == "b":
             continue
         why = "unsampled" if arm else "unjudged"
-        reason = g["reason"] or ("not scored yet" if g["status"] == "sampled" else "no score")
         missing.append(
             {"group": group_id, "reason": reason, "arm": arm, "why": why, "counted": counted}
         )
     return judged, missing
 
 
+def _pending(group: dict, missing_is_loss: bool, attempts: int | None) -> bool:
+    """A pair both arms answered that the judge may still score: not scored yet, or
+    failed fewer than `attempts` times (a pair scored but unusable stays as it is)."""
+    if not missing_is_loss or attempts is None or group["failed_arm"] is not None:
+        return False
+    return group["status"] in ("sampled", "failed") and (group["attempts"] or 0) < attempts
+
+
 def unjudged(missing: list[dict]) -> int:
     """How many of `ab_outcomes`' second list are losses for want of a judgement."""
-    return sum(m["why"] == "unjudged" for m in missing)
+    return sum(m["why"] == "unjudged" and m["counted"] == "loss" for m in missing)
 
 
-async def rejudge(db: Collector, s: JudgeSettings, fns: dict, tests: list[str]) -> int:
-    """The referee's retry: the pairs of `tests` sampled but never scored (its budget was
-    spent, the loop stopped mid-round), judged now by the referee `s`. The judge pass
-    never scores `ab` groups (`tables.groups_to_score`), so nothing else will. Returns
-    how many it tried."""
+async def rejudge(
+    db: Collector, s: JudgeSettings, fns: dict, tests: list[str], attempts: int
+) -> int:
+    """The referee's retry: the pairs of `tests` not scored yet (its budget was spent, the
+    loop stopped mid-round) or that it failed on fewer than `attempts` times, judged again
+    now by the referee `s` (RULER shows the answers in a fresh random order each time).
+    The judge pass never scores `ab` groups (`tables.groups_to_score`), so nothing else
+    will. Returns how many it tried."""
     pending = await db.query(
         lambda st: st.query(
-            "SELECT id, kind FROM groups WHERE kind = 'ab' AND status = 'sampled' "
-            "AND list_contains(?::VARCHAR[], test) ORDER BY created",
-            [list(tests)],
+            "SELECT id, kind FROM groups WHERE kind = 'ab' AND failed_arm IS NULL "
+            "AND (status = 'sampled' OR status = 'failed') AND coalesce(attempts, 0) < ? "
+            "AND list_contains(?::VARCHAR[], test) ORDER BY created, id",
+            [attempts, list(tests)],
         )
     )
     report, rng = PassReport(), random.Random()
@@ -209,26 +237,31 @@ def rule_of(settings: LoopSettings) -> stats.Rule:
 def weigh(store, alias: str, candidate: str, tests: list[str], settings: LoopSettings):
     """The candidate's test on the pairs of `tests` (its held-out pairs, then its canary's):
     the rule, the evidence so far, its level in the alias's stream, the unjudged pairs."""
-    outcomes, missing = ab_outcomes(store, "list_contains(?::VARCHAR[], g.test)", [tests])
+    judged, missing = _judged(
+        store, "list_contains(?::VARCHAR[], g.test)", [tests], True, settings.rejudge_attempts
+    )
     rule = rule_of(settings)
-    # The pairs without a judgement are among `outcomes` already, as -1 (every pair
-    # counts): counted here, not added a second time.
-    paired = rule.weigh([d for ds in outcomes.values() for d in ds])
+    # In the order the pairs were made (the plug-in bet reads them so); the pairs without
+    # a judgement are among them already, as -1: counted here, not added a second time.
+    paired = rule.weigh([d for _, d in judged])
     paired.unjudged = sum(m["counted"] == "loss" for m in missing)
+    paired.pending = sum(1 + m["behind"] for m in missing if m["counted"] == "pending")
     return (
         rule,
         paired,
-        ledger.level(store, alias, candidate, settings.alpha, settings.alpha_split),
+        ledger.level(store, alias, candidate, settings),
         missing,
     )
 
 
 def path(store, tests: list[str], settings: LoopSettings) -> list[dict]:
-    """The test's e-values after each pair, the pairs in the order they were made (the
-    verdict reads them all at once, and a mixture's e-value does not depend on their
-    order: the path ends where `weigh` is): what the dashboard draws against the two
-    thresholds. Each point: pairs so far, the e-value to promote, the one to roll back."""
-    judged, _ = _judged(store, "list_contains(?::VARCHAR[], g.test)", [tests], True)
+    """The test's e-values after each pair, the pairs in the order they were made, as the
+    verdict reads them (the path ends where `weigh` is): what the dashboard draws against
+    the two thresholds. Each point: pairs so far, the e-value to promote, the one to roll
+    back."""
+    judged, _ = _judged(
+        store, "list_contains(?::VARCHAR[], g.test)", [tests], True, settings.rejudge_attempts
+    )
     paired, out = rule_of(settings).start(), []
     for _, d in judged:
         paired.add(d)

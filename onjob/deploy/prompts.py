@@ -5,9 +5,12 @@ or for the shared lineage every key no tenant holds; never one in `proxy.untrain
 `Lineage.scope`), in no conversation the checkpoints' training snapshots hold
 (`TRAINED_CONVERSATIONS`: an answer a checkpoint was trained towards is not evidence about
 it), in no conversation the test already drew from (turns of one conversation are not
-independent evidence), one turn per conversation, any turn (tool-call turns included),
-chosen by a hash of its id and the test's name, so a resumed test draws the same ones. Two
-sources:
+independent evidence), in no conversation any turn of which another arm answered (a
+canary's, or a rolled-back sibling's, answers in its history are not live's), one turn per
+conversation, any turn (tool-call turns included). Both the turn and the conversations
+are drawn at random, by a hash of their ids and the test's name, so a resumed test draws
+the same ones: a sample of the traffic the source holds (each scenario, hour and kind of
+turn as often as it was logged), not its newest conversations. Two sources:
 
 - `held_out`: the held-out slice's scenarios (`holdout`), whenever logged;
 - `fresh`: any scenario, logged on the live arm after `since` (the candidate's training
@@ -93,11 +96,14 @@ def _choose(store, lineage: Lineage, where, params, n, chain, tests) -> list[dic
           AND e.trajectory_id NOT IN (
               SELECT p.trajectory_id FROM groups g JOIN exchanges p ON p.id = g.prefix_exchange
               WHERE g.kind = 'ab' AND list_contains(?::VARCHAR[], g.test))
+          AND e.trajectory_id NOT IN (
+              SELECT trajectory_id FROM exchanges
+              WHERE arm <> 'live' AND source = 'production' AND trajectory_id IS NOT NULL)
         QUALIFY row_number() OVER (PARTITION BY e.trajectory_id ORDER BY hash(e.id, ?)) = 1
-        ORDER BY e.ts DESC LIMIT ?
+        ORDER BY hash(e.trajectory_id, ?), e.id LIMIT ?
     """
     chain = [c for c in chain if c]
     return store.query(
         f"SELECT * FROM {rebuilt(ids)} ORDER BY ts DESC",
-        [lineage.alias, *params, *scope, chain, list(tests), key, n],
+        [lineage.alias, *params, *scope, chain, list(tests), key, key, n],
     )

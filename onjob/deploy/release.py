@@ -117,7 +117,7 @@ async def offline_test(r: Release, *, live: str | None, candidate: str) -> Verdi
     tests = pairs.test_ids(r.alias, candidate)
     if s.scorers:
         fns = rewards.load(s.rewards)
-        await pairs.rejudge(r.db, s, fns, tests)
+        await pairs.rejudge(r.db, s, fns, tests, loop.rejudge_attempts)
         await r.operator.load(candidate)
         arms = await _arms(r, live, candidate)
         chain = [live, candidate]
@@ -134,6 +134,8 @@ async def offline_test(r: Release, *, live: str | None, candidate: str) -> Verdi
         await pairs.paired_round(r.db, r.engine, s, fns, chosen, arms, test=tests[0])
         since = await r.db.query(lambda st: prompts.snapshot_time(st, candidate))
         while since is not None:
+            # A pair the referee failed on is judged again before the test reads past it.
+            await pairs.rejudge(r.db, s, fns, tests, loop.rejudge_attempts)
             verdict = await r.db.query(
                 lambda st: decide(st, r.settings, candidate, live, lineage=r.lineage)
             )
@@ -328,7 +330,7 @@ async def _more_pairs(r: Release, routing: Routing, s) -> None:
         return rule.decide(paired, level.alpha)[0] == "wait"
 
     fns = rewards.load(s.rewards)
-    await pairs.rejudge(r.db, s, fns, tests)
+    await pairs.rejudge(r.db, s, fns, tests, loop.rejudge_attempts)
     if not await r.db.query(still_open):
         return
     since = await r.db.query(lambda st: prompts.snapshot_time(st, candidate)) or routing.ts
@@ -369,8 +371,9 @@ def _evidence(rule, paired, level, missing, checks, tests, live, routing) -> dic
         "live": live,
         "tests": tests,
         "paired": paired.tally.as_dict(),
-        "unjudged_pairs": len(missing),
-        "e_process": rule.evidence(paired, level.alpha, level.k),
+        "unjudged_pairs": len(missing),  # every pair without a judged comparison
+        "e_process": rule.evidence(paired, level.alpha, level.k)
+        | {"rank": level.rank, "period": level.period, "carried": level.carried},
         "shape": {k: v for k, v in by_name.items() if k != "service"},
     }
     if routing is not None:

@@ -90,10 +90,12 @@ class LoopSettings(BaseModel):
     )
     min_pairs: int = Field(10, ge=1, description="pairs before any decision")
     max_pairs: int = Field(
-        200,
+        300,
         ge=1,
         description="pairs (ties and unjudged ones included) by which an undecided test "
-        "rolls back and keeps live",
+        "rolls back and keeps live; a candidate late in its period needs more pairs than "
+        "the first (its share of alpha is smaller), and a no-better one is rolled back "
+        "long before by the futility test",
     )
     margin: float = Field(
         0.0,
@@ -115,9 +117,17 @@ class LoopSettings(BaseModel):
         0.05,
         gt=0,
         lt=0.5,
-        description="over the alias's whole stream of candidates, the chance that any one no "
-        "better than live by the margin is promoted; candidate k is tested at "
-        "6 alpha / (pi^2 k^2), however often its test looks",
+        description="in each period (loop.alpha_period_days) of a lineage's stream of "
+        "candidates, the chance that any one no better than live by the margin is promoted; "
+        "candidate k of the period is tested at its share (docs/canary.md), plus the level "
+        "of the candidate before it when that one was promoted, however often its test looks",
+    )
+    alpha_period_days: float = Field(
+        365.0,
+        gt=0,
+        description="the period over which loop.alpha is spent, from the lineage's first "
+        "candidate; each period starts with all of it again (so over N periods the chance of "
+        "any bad promotion is at most N alpha)",
     )
     alpha_split: Literal["tenant", "server"] = Field(
         "tenant",
@@ -139,8 +149,16 @@ class LoopSettings(BaseModel):
         0.2,
         ge=0,
         le=1,
-        description="share of pairs the judge could not score (each counted as the "
-        "candidate's loss) that blocks promotion",
+        description="share of pairs the judge could not score after its attempts (each "
+        "counted as the candidate's loss) that blocks promotion",
+    )
+    rejudge_attempts: int = Field(
+        3,
+        ge=1,
+        description="a pair the referee could not score is judged again, at each round, up "
+        "to this many attempts in all; the test reads its pairs in order and waits at it "
+        "until then (a judge failing only now and then costs no power), and one still "
+        "unjudged after them counts as the candidate's loss",
     )
     backoff_s: float = Field(
         300.0,

@@ -307,6 +307,8 @@ def save_scores(
     """One group's outcome in one transaction: the judge calls (with what a cache hit would
     reuse), a row per (member, source, score, explanation), and the group's status."""
     with store.transaction() as con:
+        # A group judged again (`deploy/pairs.rejudge`) keeps only this attempt's scores.
+        con.execute("DELETE FROM scores WHERE group_id = ?", [group_id])
         judgement_ids = {}
         for j, result in judgements:
             judgement_ids[j.judge] = new_id("judgement-")
@@ -346,7 +348,8 @@ def save_scores(
                 ],
             )
         con.execute(
-            "UPDATE groups SET status = ?, reason = ?, scored_at = now() WHERE id = ?",
+            "UPDATE groups SET status = ?, reason = ?, scored_at = now(), "
+            "attempts = coalesce(attempts, 0) + 1 WHERE id = ?",
             [status, reason, group_id],
         )
 
