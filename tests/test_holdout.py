@@ -12,12 +12,14 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 from openai import OpenAI
 
 from onjob.cli.process import ServerProcess
-from onjob.collector import Store
-from onjob.deploy import deployments, holdout, registry, release
-from onjob.deploy.settings import GateSettings
+from onjob.collector import Collector, CollectorSettings, Store
+from onjob.deploy import deployments, holdout, registry, release, training
+from onjob.deploy.errors import TrainingFailed
+from onjob.deploy.settings import DeploySettings, GateSettings, LoopSettings
 from onjob.judge.settings import RewardFn
 from onjob.trainer import TrainSettings, snapshot
 
@@ -79,6 +81,66 @@ def test_held_out_scenarios_never_enter_a_training_snapshot(tmp_path, engine):
         decided = holdout.held_out(store, 0.1)
         assert holdout.held_out(store, 0.999999) == decided == holdout.held_out(store, 0.0)
         assert len(decided) < len(scenario_of_ids(store))
+    finally:
+        store.close()
+
+
+def test_a_scenario_the_loop_has_not_placed_yet_is_placed_before_a_run_can_train_on_it(
+    tmp_path, engine
+):
+    """The slice is decided in the training snapshot's own step: scenarios first seen since
+    the loop last looked (here: none placed yet) are placed before the snapshot is taken,
+    so one is never trained on now and held out later. The run is made to fail right
+    after its snapshot (no base model), which is all this needs."""
+    db = tmp_path / "onjob.duckdb"
+    (tmp_path / "onjob.toml").write_text(CONFIG)
+    env = {"ONJOB_LOOP__INTERVAL_S": "0"}
+    with ServerProcess(["--engine-url", engine.url, "--db", str(db)], env=env) as server:
+        client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+        for topic in ("apples", "boats", "clouds"):
+            client.chat.completions.create(
+                model="agent", messages=[{"role": "user", "content": f"Tell me about {topic}"}],
+                max_tokens=8,
+            )  # fmt: skip
+    judged = subprocess.run(
+        [ONJOB, "judge", "--once", "--config", str(tmp_path / "onjob.toml"), "--db", str(db),
+         "--engine-url", engine.url],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert judged.returncode == 0, judged.stderr
+    store = Store(db)
+    store.con.execute("DELETE FROM holdout_slice")  # seen since the loop last looked
+    store.close()
+    settings = DeploySettings(
+        collector=CollectorSettings(db=db),
+        trainer=TrainSettings(
+            min_spread=0.0, base_model=tmp_path / "no-model", checkpoints_dir=tmp_path / "ck"
+        ),
+        loop=LoopSettings(holdout_share=0.999999),  # every scenario but the first held out
+    )
+
+    async def run():
+        collector = Collector(settings.collector)
+        await collector.start()
+        try:
+            return await training.train(collector, settings, parent=None, echo=lambda _: None)
+        finally:
+            await collector.close()
+
+    with pytest.raises(TrainingFailed):
+        asyncio.run(run())
+    store = Store(db)
+    try:
+        placed = {r["scenario_id"]: r["held"] for r in store.query("SELECT * FROM holdout_slice")}
+        assert set(placed) == set(scenario_of_ids(store)) and sum(placed.values()) == 2
+        snap = next((tmp_path / "ck" / ".snapshots").glob("*.parquet"))
+        taken = set(pq.read_table(snap).column("group_id").to_pylist())
+        scenario_of = {
+            r["id"]: r["scenario_id"] for r in store.query("SELECT id, scenario_id FROM groups")
+        }
+        assert taken and {scenario_of[g] for g in taken} == {
+            s for s, held in placed.items() if not held
+        }
     finally:
         store.close()
 

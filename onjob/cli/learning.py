@@ -59,7 +59,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from ..collector import Collector, StorageError
     from ..deploy.errors import DeployError, TrainingFailed
-    from ..deploy.fit import held_out
     from ..deploy.training import live_checkpoint, train
 
     if args.jobs:
@@ -105,8 +104,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             parent = args.parent
             if parent is None:
                 parent = await db.query(lambda st: live_checkpoint(st, settings))
-            held = await db.query(lambda st: held_out(st, settings))
-            return await train(db, settings, parent=parent or None, held_out=held)
+            return await train(db, settings, parent=parent or None)
         finally:
             await db.close()
 

@@ -124,7 +124,7 @@ async def run_once(
         await line.count(held)
         if await _may_train(line, echo, state, shares.get(line.pipeline.lineage.tenant)):
             state.last_trained = line.name
-            await _train_and_release(line, held, state)
+            await _train_and_release(line, state)
             return  # one run per iteration: the next lineage's turn comes next time
 
 
@@ -243,14 +243,13 @@ def _said(f: fit.Fitted) -> tuple:
     return f.holdout_share, f.min_new_groups, f.canary_fraction, f.settle_s
 
 
-async def _train_and_release(line: Line, held, state) -> None:
+async def _train_and_release(line: Line, state) -> None:
     r = line.pipeline
     with state.doing("train"):
         manifest = await training.train(
             r.db,
             r.settings,
             parent=line.live,
-            held_out=held,
             engine_sampler=await training.sampler(r.engine),
             started_by="loop",
             engine=r.engine,

@@ -28,7 +28,7 @@ from ..proxy.tenants import Lineage, Tenants
 from ..trainer import jobs, snapshot
 from ..trainer.manifest import Manifest
 from ..trainer.records import checkpoint_path, record_run, record_skipped
-from . import deployments, host
+from . import deployments, fit, host
 from .errors import TrainingFailed, UnknownCheckpoint
 from .settings import DeploySettings
 
@@ -74,7 +74,6 @@ async def train(
     settings: DeploySettings,
     *,
     parent: str | None,
-    held_out: list[str] = (),
     engine_sampler: dict | None = None,
     started_by: str = "onjob train",
     engine: httpx.AsyncClient | None = None,
@@ -88,7 +87,11 @@ async def train(
     its config: the loop decides its own candidates, even one a crash left undecided
     (`loop._orphans`), and never a person's. A run on this host shares it with `engine`
     (`host.beside`: the engine serves on the cores the run leaves). `lineage` (default:
-    `loop.alias`'s shared one) is whose traffic it trains on, recorded in its config."""
+    `loop.alias`'s shared one) is whose traffic it trains on, recorded in its config.
+
+    The held-out slice is decided in the snapshot's own step (`fit.held_out`: every
+    scenario seen so far placed first), so a scenario first seen since the loop last
+    looked cannot be trained on now and held out later."""
     t, started = settings.trainer, time.monotonic()
     if t.runner == "local":
         t = t.model_copy(update={"threads": host.trainer_threads(t)})
@@ -101,9 +104,10 @@ async def train(
     lineage = lineage or Tenants.of(settings.proxy).lineage(settings.loop.alias)
     info = await db.query(
         lambda st: snapshot.export(
-            st, snap_path, t, live=parent, held_out=held_out, scope=lineage.scope
+            st, snap_path, t, live=parent, held_out=fit.held_out(st, settings),
+            scope=lineage.scope,
         )
-    )
+    )  # fmt: skip
     parent_dir = await db.query(lambda st: checkpoint_path(st, parent)) if parent else None
     if parent and parent_dir is None:
         raise UnknownCheckpoint(f"checkpoint {parent!r} is not in the checkpoints table")
