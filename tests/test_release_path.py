@@ -158,8 +158,8 @@ def test_a_pair_the_referee_fails_on_is_judged_again_before_it_counts(tmp_path):
         def weigh(test=test):
             store = Store(db)
             try:
-                rule, paired_, level, _ = pairs.weigh(store, "agent", "ckpt-hack", [test], loop)
-                return paired_, rule.decide(paired_, level.alpha)[1]
+                weighed = pairs.weigh(store, "agent", "ckpt-hack", [test], loop)
+                return weighed.paired, weighed.decide()[1]
             finally:
                 store.close()
 

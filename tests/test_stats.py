@@ -165,19 +165,18 @@ def test_a_pair_being_judged_again_holds_the_pairs_after_it():
     try:
         _held_out_pairs(store, "ckpt-wait", [0.5, None, *[0.5] * 8], tries=1)
         tests = pairs.test_ids("agent", "ckpt-wait")
-        _, paired, level, missing = pairs.weigh(store, "agent", "ckpt-wait", tests, PRODUCTION)
+        weighed = pairs.weigh(store, "agent", "ckpt-wait", tests, PRODUCTION)
+        paired = weighed.paired
         assert (paired.pairs, paired.pending, paired.unjudged) == (1, 9, 0)
-        assert [m["counted"] for m in missing] == ["pending"]
-        assert "9 more waiting" in pairs.rule_of(PRODUCTION).decide(paired, level.alpha)[1]
+        assert [m["counted"] for m in weighed.missing] == ["pending"]
+        assert "9 more waiting" in weighed.decide()[1]
         store.query("UPDATE groups SET attempts = ? WHERE status = 'failed'",
                     [PRODUCTION.rejudge_attempts])  # fmt: skip
-        _, paired, level, missing = pairs.weigh(store, "agent", "ckpt-wait", tests, PRODUCTION)
+        weighed = pairs.weigh(store, "agent", "ckpt-wait", tests, PRODUCTION)
+        paired = weighed.paired
         assert (paired.pairs, paired.pending, paired.unjudged) == (10, 0, 1)
         assert paired.mean == pytest.approx((9 * 0.5 - 1) / 10)
-        assert (
-            "1 unjudged, counted as losses"
-            in pairs.rule_of(PRODUCTION).decide(paired, level.alpha)[1]
-        )
+        assert "1 unjudged, counted as losses" in weighed.decide()[1]
     finally:
         store.close()
 

@@ -135,14 +135,6 @@ def scenario_id(key: str, keyed: str, tenant: str | None = None) -> str:
     return "scn_" + hashlib.blake2b(scope.encode(), digest_size=8).hexdigest()
 
 
-def scenario_of(
-    messages: list[dict], explicit: str | None, tenant: str | None = None
-) -> tuple[str, str, str]:
-    """(scenario id, key, how keyed)."""
-    key, keyed = scenario_key(messages, explicit)
-    return scenario_id(key, keyed, tenant), key, keyed
-
-
 MAX_CANDIDATES = 8  # assistant messages, from the latest, a request may continue from
 
 

@@ -15,6 +15,7 @@ import asyncio
 import math
 import random
 from collections import defaultdict
+from dataclasses import dataclass
 
 import httpx
 
@@ -234,9 +235,31 @@ def rule_of(settings: LoopSettings) -> stats.Rule:
     )
 
 
-def weigh(store, alias: str, candidate: str, tests: list[str], settings: LoopSettings):
-    """The candidate's test on the pairs of `tests` (its held-out pairs, then its canary's):
-    the rule, the evidence so far, its level in the alias's stream, the unjudged pairs."""
+@dataclass(frozen=True)
+class Weighed:
+    """A candidate's test as it stands: the rule, the evidence so far (`paired`), its level
+    in its lineage's stream, and the pairs without a judged comparison."""
+
+    rule: stats.Rule
+    paired: stats.Paired
+    level: ledger.Level
+    missing: list[dict]
+
+    def decide(self) -> tuple[stats.Decision, str]:
+        return self.rule.decide(self.paired, self.level.alpha)
+
+    def evidence(self) -> dict:
+        """The test's part of what the dashboard and the deployments log show."""
+        level = self.level
+        return self.rule.evidence(self.paired, level.alpha, level.k) | {
+            "rank": level.rank,
+            "period": level.period,
+            "carried": level.carried,
+        }
+
+
+def weigh(store, alias: str, candidate: str, tests: list[str], settings: LoopSettings) -> Weighed:
+    """The candidate's test on the pairs of `tests` (its held-out pairs, then its canary's)."""
     judged, missing = _judged(
         store, "list_contains(?::VARCHAR[], g.test)", [tests], True, settings.rejudge_attempts
     )
@@ -246,12 +269,7 @@ def weigh(store, alias: str, candidate: str, tests: list[str], settings: LoopSet
     paired = rule.weigh([d for _, d in judged])
     paired.unjudged = sum(m["counted"] == "loss" for m in missing)
     paired.pending = sum(1 + m["behind"] for m in missing if m["counted"] == "pending")
-    return (
-        rule,
-        paired,
-        ledger.level(store, alias, candidate, settings),
-        missing,
-    )
+    return Weighed(rule, paired, ledger.level(store, alias, candidate, settings), missing)
 
 
 def path(store, tests: list[str], settings: LoopSettings) -> list[dict]:

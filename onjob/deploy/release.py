@@ -241,8 +241,9 @@ def decide(
     checks = guards.on_candidate(store, candidate, tests, loop, pairs.judges(settings))
     if routing is not None:
         checks = guards.on_traffic(store, lineage, routing.ts, loop) + checks
-    rule, paired, level, missing = pairs.weigh(store, alias, candidate, tests, loop)
-    evidence = _evidence(rule, paired, level, missing, checks, tests, live, routing)
+    weighed = pairs.weigh(store, alias, candidate, tests, loop)
+    rule, paired, alpha = weighed.rule, weighed.paired, weighed.level.alpha
+    evidence = _evidence(weighed, checks, tests, live, routing)
     if tripped := next((g.tripped for g in checks if g.tripped), None):
         return Verdict("rollback", f"{candidate}: {tripped}", evidence)
     holding = next((g.holding for g in checks if g.holding), None)
@@ -251,13 +252,13 @@ def decide(
             return Verdict("rollback", f"{candidate}: {holding}", evidence)
         # Offline the test may stop on its first pairs (a candidate this bad should not
         # serve anyone); it passes only with `min_pairs`, as a promotion would need.
-        decision, why = replace(rule, min_pairs=1).decide(paired, level.alpha)
+        decision, why = replace(rule, min_pairs=1).decide(paired, alpha)
         if decision == "promote" and paired.pairs < rule.min_pairs:
             decision = "wait"
         if not paired.pairs:
             why = "no pairs yet (no logged prompt it may be tested on)"
         return Verdict(decision, f"{'passed: ' if decision == 'promote' else ''}{why}", evidence)
-    decision, why = rule.decide(paired, level.alpha)
+    decision, why = weighed.decide()
     if decision == "rollback":
         return Verdict("rollback", f"canary {candidate} {why}", evidence)
     if decision == "promote" and not holding:
@@ -326,8 +327,7 @@ async def _more_pairs(r: Release, routing: Routing, s) -> None:
     loop = r.settings.loop
 
     def still_open(st) -> bool:
-        rule, paired, level, _ = pairs.weigh(st, r.alias, candidate, tests, loop)
-        return rule.decide(paired, level.alpha)[0] == "wait"
+        return pairs.weigh(st, r.alias, candidate, tests, loop).decide()[0] == "wait"
 
     fns = rewards.load(s.rewards)
     await pairs.rejudge(r.db, s, fns, tests, loop.rejudge_attempts)
@@ -364,16 +364,15 @@ def _over_cap(loop: LoopSettings, routing: Routing, rounds: int, now: datetime |
     return ""
 
 
-def _evidence(rule, paired, level, missing, checks, tests, live, routing) -> dict:
+def _evidence(weighed: pairs.Weighed, checks, tests, live, routing) -> dict:
     """What the dashboard, `onjob status` and the deployments log show of a verdict."""
     by_name = {g.name: g.evidence for g in checks}
     evidence = {
         "live": live,
         "tests": tests,
-        "paired": paired.tally.as_dict(),
-        "unjudged_pairs": len(missing),  # every pair without a judged comparison
-        "e_process": rule.evidence(paired, level.alpha, level.k)
-        | {"rank": level.rank, "period": level.period, "carried": level.carried},
+        "paired": weighed.paired.tally.as_dict(),
+        "unjudged_pairs": len(weighed.missing),  # every pair without a judged comparison
+        "e_process": weighed.evidence(),
         "shape": {k: v for k, v in by_name.items() if k != "service"},
     }
     if routing is not None:
