@@ -39,13 +39,15 @@ varied = { fn = "tests.demo_rewards:varied" }
 """
 
 
-def test_held_out_scenarios_never_enter_a_training_snapshot(tmp_path, engine):
+def judged_traffic(tmp_path, engine, topics: list[str]) -> Path:
+    """A database of one request per topic (a scenario each) through `onjob serve`, judged
+    by `onjob judge --once` (which places each scenario in or out of the slice)."""
     db = tmp_path / "onjob.duckdb"
     (tmp_path / "onjob.toml").write_text(CONFIG)
     env = {"ONJOB_LOOP__INTERVAL_S": "0"}
     with ServerProcess(["--engine-url", engine.url, "--db", str(db)], env=env) as server:
         client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
-        for topic in ("apples", "boats", "clouds", "dunes"):  # four scenarios
+        for topic in topics:
             client.chat.completions.create(
                 model="agent", messages=[{"role": "user", "content": f"Tell me about {topic}"}],
                 max_tokens=8,
@@ -56,6 +58,11 @@ def test_held_out_scenarios_never_enter_a_training_snapshot(tmp_path, engine):
         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert judged.returncode == 0, judged.stderr
+    return db
+
+
+def test_held_out_scenarios_never_enter_a_training_snapshot(tmp_path, engine):
+    db = judged_traffic(tmp_path, engine, ["apples", "boats", "clouds", "dunes"])
     store = Store(db)
     try:
         trained_on = {
@@ -92,22 +99,7 @@ def test_a_scenario_the_loop_has_not_placed_yet_is_placed_before_a_run_can_train
     the loop last looked (here: none placed yet) are placed before the snapshot is taken,
     so one is never trained on now and held out later. The run is made to fail right
     after its snapshot (no base model), which is all this needs."""
-    db = tmp_path / "onjob.duckdb"
-    (tmp_path / "onjob.toml").write_text(CONFIG)
-    env = {"ONJOB_LOOP__INTERVAL_S": "0"}
-    with ServerProcess(["--engine-url", engine.url, "--db", str(db)], env=env) as server:
-        client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
-        for topic in ("apples", "boats", "clouds"):
-            client.chat.completions.create(
-                model="agent", messages=[{"role": "user", "content": f"Tell me about {topic}"}],
-                max_tokens=8,
-            )  # fmt: skip
-    judged = subprocess.run(
-        [ONJOB, "judge", "--once", "--config", str(tmp_path / "onjob.toml"), "--db", str(db),
-         "--engine-url", engine.url],
-        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert judged.returncode == 0, judged.stderr
+    db = judged_traffic(tmp_path, engine, ["apples", "boats", "clouds"])
     store = Store(db)
     store.con.execute("DELETE FROM holdout_slice")  # seen since the loop last looked
     store.close()
