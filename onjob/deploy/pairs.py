@@ -260,9 +260,7 @@ class Weighed:
 
 def weigh(store, alias: str, candidate: str, tests: list[str], settings: LoopSettings) -> Weighed:
     """The candidate's test on the pairs of `tests` (its held-out pairs, then its canary's)."""
-    judged, missing = _judged(
-        store, "list_contains(?::VARCHAR[], g.test)", [tests], True, settings.rejudge_attempts
-    )
+    judged, missing = _of_tests(store, tests, settings)
     rule = rule_of(settings)
     # In the order the pairs were made (the plug-in bet reads them so); the pairs without
     # a judgement are among them already, as -1: counted here, not added a second time.
@@ -272,14 +270,19 @@ def weigh(store, alias: str, candidate: str, tests: list[str], settings: LoopSet
     return Weighed(rule, paired, ledger.level(store, alias, candidate, settings), missing)
 
 
+def _of_tests(store, tests: list[str], settings: LoopSettings):
+    """The pairs of a candidate's `tests` as its verdict reads them: in order, up to the
+    first still to be judged again."""
+    where = "list_contains(?::VARCHAR[], g.test)"
+    return _judged(store, where, [tests], True, settings.rejudge_attempts)
+
+
 def path(store, tests: list[str], settings: LoopSettings) -> list[dict]:
     """The test's e-values after each pair, the pairs in the order they were made, as the
     verdict reads them (the path ends where `weigh` is): what the dashboard draws against
     the two thresholds. Each point: pairs so far, the e-value to promote, the one to roll
     back."""
-    judged, _ = _judged(
-        store, "list_contains(?::VARCHAR[], g.test)", [tests], True, settings.rejudge_attempts
-    )
+    judged, _ = _of_tests(store, tests, settings)
     paired, out = rule_of(settings).start(), []
     for _, d in judged:
         paired.add(d)

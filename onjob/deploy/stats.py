@@ -143,6 +143,11 @@ class Wealth:
 
 
 Decision = Literal["promote", "rollback", "wait"]
+# Where a test stands: too few pairs, lost (futility), won, undecided at the cap, open.
+Standing = Literal["few", "lost", "won", "cap", "open"]
+_DECISIONS: dict[Standing, Decision] = {
+    "few": "wait", "lost": "rollback", "won": "promote", "cap": "rollback", "open": "wait",
+}  # fmt: skip
 
 
 @dataclass
@@ -227,16 +232,10 @@ class Rule:
 
     def decision(self, p: Paired, alpha: float) -> Decision:
         """The verdict alone (`decide` says why)."""
-        if p.pairs < self.min_pairs:
-            return "wait"
-        if p.futile.log_e >= math.log(1 / self.beta):
-            return "rollback"
-        if p.better.log_e >= math.log(1 / alpha) and not self._too_unjudged(p):
-            return "promote"
-        return "rollback" if p.pairs >= self.max_pairs else "wait"
+        return _DECISIONS[self._standing(p, alpha)[0]]
 
     def decide(self, p: Paired, alpha: float) -> tuple[Decision, str]:
-        decision = self.decision(p, alpha)
+        standing, held = self._standing(p, alpha)
         t = p.tally
         summary = f"{t.wins} wins, {t.ties} ties, {t.losses} losses in {p.pairs} pairs"
         if p.unjudged:
@@ -249,20 +248,33 @@ class Rule:
                 f"of {1 / alpha:.3g} to promote, {math.exp(p.futile.log_e):.3g} of "
                 f"{1 / self.beta:.3g} to roll back"
             )
-        if p.pairs < self.min_pairs:
-            return decision, f"{summary}: fewer than {self.min_pairs} pairs"
-        if decision == "promote":
-            return decision, f"won: {summary}"
-        if p.futile.log_e >= math.log(1 / self.beta):
-            return decision, f"lost (not better by {self.margin + self.delta:g}): {summary}"
-        if p.better.log_e >= math.log(1 / alpha):  # won, but too many pairs unjudged
+        if held:
             summary += f"; {p.unjudged / p.pairs:.0%} unjudged: too many to promote"
-        if decision == "rollback":
-            return decision, f"no decision after {p.pairs} pairs: keep live ({summary})"
-        return decision, f"{summary}: the test has not decided"
+        match standing:
+            case "few":
+                why = f"{summary}: fewer than {self.min_pairs} pairs"
+            case "won":
+                why = f"won: {summary}"
+            case "lost":
+                why = f"lost (not better by {self.margin + self.delta:g}): {summary}"
+            case "cap":
+                why = f"no decision after {p.pairs} pairs: keep live ({summary})"
+            case "open":
+                why = f"{summary}: the test has not decided"
+        return _DECISIONS[standing], why
 
-    def _too_unjudged(self, p: Paired) -> bool:
-        return p.unjudged / p.pairs > self.max_unjudged_share
+    def _standing(self, p: Paired, alpha: float) -> tuple[Standing, bool]:
+        """Where the test stands, and whether it won with too many pairs unjudged to
+        promote (held)."""
+        if p.pairs < self.min_pairs:
+            return "few", False
+        if p.futile.log_e >= math.log(1 / self.beta):
+            return "lost", False
+        won = p.better.log_e >= math.log(1 / alpha)
+        held = won and p.unjudged / p.pairs > self.max_unjudged_share
+        if won and not held:
+            return "won", False
+        return ("cap" if p.pairs >= self.max_pairs else "open"), held
 
     def first_look(self, p: Paired, alpha: float) -> tuple[Decision, str]:
         """The held-out pairs' verdict, the test's first look: "rollback" (stop the
