@@ -142,10 +142,10 @@ def scenario_of_ids(store) -> list[str]:
 
 
 def candidate_against_live(tmp_path, tiny_adapter_dir, tiny_model_dir, candidate_says, gate):
-    s = settings(tmp_path / "onjob.duckdb", "partial", gate=gate)
+    s = settings(tmp_path / "onjob.duckdb", "partial", gate=gate, holdout_pairs=24)
     store = Store(s.collector.db)
     registry.add(store, tiny_adapter_dir, "ckpt-hack", tiny_model_dir)
-    for i in range(8):
+    for i in range(24):
         store.con.execute(
             "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, model_alias, arm, "
             "stream, request, status, source) VALUES (?, now(), ?, 0, 'scn-held', 'agent', "
@@ -170,10 +170,13 @@ def test_a_candidate_that_loses_on_the_held_out_slice_is_stopped_before_serving_
     gate = GateSettings(rewards={"exact": RewardFn(fn="tests.hacking_rewards:exact")})
     checked, s = candidate_against_live(tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, gate)
     # Every pair lost (live right a quarter of the time, the hedger never, under the
-    # referee): the test's first look already rules out "better by margin + delta".
-    assert checked.decision == "rollback" and "lost (not better by" in checked.reason
-    assert checked.evidence["paired"]["pairs"] == 8
-    assert checked.evidence["e_process"]["futility_e_value"] >= 1 / s.loop.beta
+    # referee): the slice's own test shows it worse than live where nobody trained.
+    assert checked.decision == "rollback", checked.reason
+    assert "worse than live on the held-out slice" in checked.reason
+    held = checked.evidence["held_out"]
+    assert held["pairs"] == 24 and held["losses"] == 24
+    assert held["worse_e_value"] >= 1 / s.loop.beta
+    assert checked.evidence["paired"]["pairs"] == 0  # the release test's own pairs: none
     # What the loop does with it: retired, the routing unchanged, the reason on record.
     store = Store(s.collector.db)
     try:
@@ -183,7 +186,7 @@ def test_a_candidate_that_loses_on_the_held_out_slice_is_stopped_before_serving_
             evidence=checked.evidence,
         )  # fmt: skip
         assert (row.live, row.canary) == (None, None)
-        assert row.reason.startswith("stopped before canary: lost (not better by")
+        assert "worse than live on the held-out slice" in row.reason
         assert registry.get(store, "ckpt-hack").status == "retired"
     finally:
         store.close()
@@ -197,7 +200,7 @@ def test_a_candidate_that_does_not_lose_on_the_held_out_slice_may_become_the_can
         tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, GateSettings()
     )
     assert checked.decision != "rollback", checked.reason
-    assert checked.evidence["paired"]["wins"] == 8
+    assert checked.evidence["held_out"]["wins"] == 24
 
 
 def test_the_judge_spends_nothing_on_held_out_scenarios(tmp_path, engine):

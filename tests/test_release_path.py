@@ -238,7 +238,12 @@ def test_held_out_prompts_leave_out_conversations_the_lineage_trained_on(
     logged_turns = logged(db, 4, scenario="scn-held", prefix="h")
     store = Store(db)
     try:
-        # The candidate's parent trained on a group with a member in conversation ht-0.
+        # The candidate's parent trained on a group with a member in conversation ht-0,
+        # which asked something else (one asking the same would be left out by content).
+        store.con.execute(
+            "UPDATE exchanges SET request = ? WHERE id = 'h-0'",
+            [json.dumps({"model": "agent", "messages": [{"role": "user", "content": "Hi"}]})],
+        )
         store.con.execute(
             "INSERT INTO groups (id, scenario_id, prefix_exchange, kind, status, created) "
             "VALUES ('g-old', 'scn-held', 'h-0', 'turn', 'scored', now())"

@@ -1,5 +1,5 @@
 """The release pipeline (`deploy/release.py`): a trained candidate is decided at the
-engine's speed on prompts logged after its training snapshot, before it serves anyone;
+engine's speed on the last day's prompts it did not train on, before it serves anyone;
 the canary is left to check what only real traffic shows, and ends at its cap. Real
 DuckDB files, the real paired rounds, reward functions and operator; the engine scripted
 at its HTTP boundary (tests/test_reward_hacking's live and candidate)."""
@@ -77,11 +77,13 @@ def test_a_trained_candidate_is_decided_at_engine_speed_before_serving_anyone(
         "SELECT g.test, p.id, p.arm FROM groups g JOIN exchanges p ON p.id = g.prefix_exchange "
         "WHERE g.kind = 'ab'",
     )
-    # Round after round back to back (4 pairs a round) until the test decided; every
-    # prompt logged after the snapshot, one per conversation.
+    # Round after round back to back (4 pairs a round) until the test decided, from the
+    # last day's live traffic it did not train on (before its snapshot too), one turn
+    # per conversation.
     assert len(drawn) > s.loop.pairs_per_round
-    assert {d["test"] for d in drawn} == {pairs.offline_test_id("ckpt-hack")}
-    assert all(d["id"].startswith("new-") for d in drawn)
+    assert {d["test"] for d in drawn} == {pairs.offline_test_id("ckpt-hack", None)}
+    assert len({d["id"].rsplit("-", 1)[0] for d in drawn}) == len(drawn)
+    assert {d["arm"] for d in drawn} == {"live"}
     [started] = rows(s.collector.db, "SELECT * FROM deployments WHERE canary = 'ckpt-hack'")
     assert "offline test: passed: won" in started["reason"]
 
@@ -204,7 +206,7 @@ def test_a_test_draws_a_sample_of_the_traffic_not_its_newest_conversations(tmp_p
             log(store, 1, f"k{i}", "now() - INTERVAL 40 SECOND", arm="canary")
         since = datetime.now(UTC) - timedelta(hours=1)
         drawn = [
-            {p["trajectory_id"] for p in prompts.fresh(store, AGENT, since, 10, tests=[t])}
+            {p["trajectory_id"] for p in prompts.fresh(store, AGENT, since, 10, tests=[t]).prompts}
             for t in ("offline:a", "offline:b", "offline:c")
         ]
         newest = {f"m{i:02d}t-0" for i in range(30, 40)}
@@ -224,13 +226,13 @@ def test_a_test_draws_one_turn_per_conversation_any_turn(tmp_path):
     try:
         log(store, 30, "c", "now()", turns=3)
         since = datetime.now(UTC) - timedelta(minutes=1)
-        chosen = prompts.fresh(store, AGENT, since, 100, tests=["offline:x"])
+        chosen = prompts.fresh(store, AGENT, since, 100, tests=["offline:x"]).prompts
         assert len(chosen) == 30
         assert len({p["trajectory_id"] for p in chosen}) == 30
         # Tool-call and other earlier turns are drawn too, not only each conversation's last.
         assert {p["turn"] for p in chosen} == {0, 1, 2}
         # The same test draws the same turns again (a resumed test repeats nothing).
-        again = prompts.fresh(store, AGENT, since, 100, tests=["offline:x"])
+        again = prompts.fresh(store, AGENT, since, 100, tests=["offline:x"]).prompts
         assert {p["id"] for p in again} == {p["id"] for p in chosen}
     finally:
         store.close()

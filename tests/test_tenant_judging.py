@@ -281,7 +281,7 @@ def test_canary_held_out_and_compare_prompts_leave_untrained_keys_out(tmp_path):
         since = datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=1)
         for untrained, keys in (([], {"alice", "carol"}), (["carol"], {"alice"})):
             agent = Lineage("agent", scope=KeyScope(never=tuple(untrained)))
-            picked = prompts.fresh(store, agent, since, 10)
+            picked = prompts.fresh(store, agent, since, 10).prompts
             assert {p["api_key_id"] for p in picked} == keys
             held = prompts.held_out(store, agent, ["scn_a", "scn_c"], 10)
             assert {p["api_key_id"] for p in held} == keys

@@ -246,7 +246,7 @@ def routes(
             for alias, r in deployments.current(store).items():
                 if r.canary:
                     running[alias] = decide(store, settings, r.canary, r.live, r)
-                    tests = pairs.test_ids(alias, r.canary, r)
+                    tests = running[alias].evidence["tests"]
                     paths[alias] = pairs.path(store, tests, settings.loop)
             return running, paths, deployments.history(store, 100), reviews.status(store, settings)
 

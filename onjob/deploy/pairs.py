@@ -3,10 +3,11 @@
 A *paired round*: each prompt answered by arm `a` (live) and arm `b` (the candidate), the
 two answers judged together in one `ab` group (so judge drift and position bias cancel
 out) by the *referee* (`referee`: `loop.gate`, else the coach, the training reward).
-Every group names the test it is evidence for (`test_ids`): a candidate's test counts
-only its own pairs, never an `onjob compare` run's. `weigh` turns a test's pairs into
-the e-process's state (`stats.Rule`): every pair counts, in order; one the judge could not
-score is judged again (`rejudge`) before it counts as a loss.
+Every group names the test it is evidence for (`test_ids`, which name live too): a
+candidate's release test counts only its own pairs, never an `onjob compare` run's nor the
+held-out slice's. `weigh` turns the release test's pairs into the e-process's state
+(`stats.Rule`), `held_out` the slice's own test's: every pair counts, in order; one the
+judge could not score is judged again (`rejudge`) before it counts as a loss.
 """
 
 from __future__ import annotations
@@ -199,26 +200,30 @@ async def rejudge(
     return len(pending)
 
 
-def holdout_test_id(candidate: str) -> str:
-    """The test of a candidate's held-out pairs: its test's first observations."""
-    return f"holdout:{candidate}"
+def holdout_test_id(candidate: str, live: str | None) -> str:
+    """The held-out slice's own test of a candidate against `live` (`held_out`)."""
+    return f"holdout:{live or ''}:{candidate}"
 
 
-def offline_test_id(candidate: str) -> str:
-    """The test of a candidate's pairs on prompts logged after its training snapshot,
-    sampled at the engine's speed before it serves anyone."""
-    return f"offline:{candidate}"
+def offline_test_id(candidate: str, live: str | None) -> str:
+    """The release test's pairs on prompts of the traffic the candidate cannot have
+    trained on, sampled at the engine's speed before it serves anyone."""
+    return f"offline:{live or ''}:{candidate}"
 
 
 def canary_test_id(alias: str, routing: Routing) -> str:
-    """The test of a canary's pairs: its alias, live, canary and start."""
+    """The release test's pairs of a canary: its alias, live, canary and start."""
     since = routing.ts.isoformat()
     return f"canary:{alias}:{routing.live or ''}:{routing.canary}:{since}"
 
 
-def test_ids(alias: str, candidate: str, routing: Routing | None = None) -> list[str]:
-    """Every test whose pairs are the candidate's one test, in the order they are drawn."""
-    out = [holdout_test_id(candidate), offline_test_id(candidate)]
+def test_ids(
+    alias: str, candidate: str, live: str | None, routing: Routing | None = None
+) -> list[str]:
+    """Every test whose pairs are the candidate's one release test against `live`, in the
+    order they are drawn: the offline pairs, then its canary's. Each names live: a
+    candidate tested again against another live starts again."""
+    out = [offline_test_id(candidate, live)]
     if routing is not None and routing.canary == candidate:
         out.append(canary_test_id(alias, routing))
     return out
@@ -259,15 +264,72 @@ class Weighed:
 
 
 def weigh(store, alias: str, candidate: str, tests: list[str], settings: LoopSettings) -> Weighed:
-    """The candidate's test on the pairs of `tests` (its held-out pairs, then its canary's)."""
+    """The candidate's release test on the pairs of `tests` (its offline pairs, then its
+    canary's)."""
     judged, missing = _of_tests(store, tests, settings)
     rule = rule_of(settings)
     # In the order the pairs were made (the plug-in bet reads them so); the pairs without
     # a judgement are among them already, as -1: counted here, not added a second time.
     paired = rule.weigh([d for _, d in judged])
+    _count_missing(paired, missing)
+    return Weighed(rule, paired, ledger.level(store, alias, candidate, settings), missing)
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """The held-out slice's own test: are the candidate's answers worse than live's on the
+    scenarios no checkpoint trains on? Its pairs are made before the candidate serves
+    anyone and are not the release test's (which samples the traffic it would serve):
+    they ask whether what it learnt carried over, not whether it is better. `paired`'s
+    `futile` e-value tests "no worse than live" (E[d] >= 0); at 1 / beta the candidate is
+    stopped (one no worse is stopped by it with chance at most beta, however often it is
+    looked at)."""
+
+    paired: stats.Paired
+    beta: float
+
+    @property
+    def worse(self) -> bool:
+        return self.paired.futile.log_e >= math.log(1 / self.beta)
+
+    def summary(self) -> str:
+        p, t = self.paired, self.paired.tally
+        out = f"{t.wins} wins, {t.ties} ties, {t.losses} losses in {p.pairs} held-out pairs"
+        if p.unjudged:
+            out += f" ({p.unjudged} unjudged, counted as losses)"
+        if p.pairs:
+            out += (
+                f", mean difference {p.mean:+.3f}; e-value {math.exp(p.futile.log_e):.3g} of "
+                f"{1 / self.beta:.3g} to stop"
+            )
+        return out
+
+    def evidence(self) -> dict:
+        """The slice's part of what the dashboard and the deployments log show."""
+        p = self.paired
+        return p.tally.as_dict() | {
+            "unjudged": p.unjudged,
+            "pending": p.pending,
+            "mean_difference": p.mean if p.pairs else None,
+            "worse_e_value": math.exp(p.futile.log_e),
+            "stop_at": 1 / self.beta,
+            "worse": self.worse,
+        }
+
+
+def held_out(store, candidate: str, live: str | None, settings: LoopSettings) -> HeldOut:
+    """The held-out slice's test of `candidate` against `live` as it stands."""
+    judged, missing = _of_tests(store, [holdout_test_id(candidate, live)], settings)
+    paired = stats.Paired(margin=-settings.delta, delta=settings.delta)  # futile: E[d] >= 0
+    for _, d in judged:
+        paired.add(d)
+    _count_missing(paired, missing)
+    return HeldOut(paired, settings.beta)
+
+
+def _count_missing(paired: stats.Paired, missing: list[dict]) -> None:
     paired.unjudged = sum(m["counted"] == "loss" for m in missing)
     paired.pending = sum(1 + m["behind"] for m in missing if m["counted"] == "pending")
-    return Weighed(rule, paired, ledger.level(store, alias, candidate, settings), missing)
 
 
 def _of_tests(store, tests: list[str], settings: LoopSettings):

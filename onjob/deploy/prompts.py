@@ -1,28 +1,43 @@
-"""Which logged prompts a candidate's test may use: ones it cannot have trained on.
+"""Which logged prompts a candidate's test may use, and in what order: a sample of the
+traffic it would serve, from turns it cannot have trained on.
 
 Every source is production turns of the alias, of the lineage's own API keys (its tenant's,
 or for the shared lineage every key no tenant holds; never one in `proxy.untrained_keys`:
 `Lineage.scope`), in no conversation the checkpoints' training snapshots hold
 (`TRAINED_CONVERSATIONS`: an answer a checkpoint was trained towards is not evidence about
-it), in no conversation the test already drew from (turns of one conversation are not
-independent evidence), in no conversation any turn of which another arm answered (a
-canary's, or a rolled-back sibling's, answers in its history are not live's), one turn per
-conversation, any turn (tool-call turns included). Both the turn and the conversations
-are drawn at random, by a hash of their ids and the test's name, so a resumed test draws
-the same ones: a sample of the traffic the source holds (each scenario, hour and kind of
-turn as often as it was logged), not its newest conversations. Two sources:
+it) nor any whose opening words match one of those (`OPENER`: the same templated request
+in a new conversation is the same evidence), in no conversation the test already drew from
+(turns of one conversation are not independent evidence), in no conversation any turn of
+which another arm answered (a canary's, or a rolled-back sibling's, answers in its history
+are not live's), one turn per conversation, any turn (tool-call turns included).
 
-- `held_out`: the held-out slice's scenarios (`holdout`), whenever logged;
-- `fresh`: any scenario, logged on the live arm after `since` (the candidate's training
-  snapshot), which no snapshot of its lineage can hold and whose answers it did not shape.
+The order is random, and reproducible: a resumed test draws the same turns. Turns are
+ordered by a hash of their id and the test's name, and a conversation is drawn at its
+first turn in that order, so a conversation of ten turns is drawn about ten times as
+often as one of one: the sample is of turns served, not of conversations. Two sources:
+
+- `held_out`: the held-out slice's scenarios (`holdout`), whenever logged; its own test.
+- `fresh`: any scenario, logged on the live arm in the last day (`window_start`). Each draw first
+  picks a *stratum* (`Stratum`: whether live's answer called a tool, and the quarter of the UTC
+  day) in proportion to the lineage's turns of that stratum over the last
+  `PROFILE` (a day: every hour once), then the stratum's next turn. The test's mean is
+  then the mean over the traffic of a whole day, whatever hours and kinds of turn happen
+  to be left to draw from; a stratum with nothing left ends the round there (`Draw.short`),
+  and the test waits for its traffic rather than read a skewed sample. Each draw is
+  independent of the pairs before it, which the e-process's guarantee needs.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+import random
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 from ..collector import rebuilt
 from ..proxy.tenants import Lineage
+
+PROFILE = timedelta(days=1)  # the traffic whose mix a fresh sample reproduces
+PART_HOURS = 6  # the day in quarters: its strata by time
 
 # Conversations in the training snapshot of a checkpoint or any of its ancestors: the
 # lineage's train runs, their groups, and every conversation those groups' members are in.
@@ -40,6 +55,41 @@ SELECT DISTINCT m.trajectory_id FROM members m JOIN trained ON trained.group_id 
 WHERE m.trajectory_id IS NOT NULL
 """
 
+# A conversation's opening words, as near-duplicates share them: the text of the user's
+# messages of its first turn, lower-cased, each run of digits one 0, anything but letters
+# and digits one space ("Order #1234 late?" and "order 98 late" are the same request). `r`
+# is a rebuilt first turn (its full request: linear storage keeps only a delta).
+OPENER = """
+md5(trim(regexp_replace(regexp_replace(lower(CAST(list_transform(
+    list_filter(CAST(json_extract(r.request, '$.messages') AS JSON[]),
+                lambda m: json_extract_string(m, '$.role') = 'user'),
+    lambda m: json_extract(m, '$.content')) AS VARCHAR)), '[0-9]+', '0', 'g'),
+    '[^a-z0-9]+', ' ', 'g')))
+"""
+
+
+@dataclass(frozen=True, order=True)
+class Stratum:
+    """A kind of turn the traffic mix is kept in: whether live's logged answer called a
+    tool, and the quarter of the UTC day it was logged in."""
+
+    called: bool
+    part: int  # 0: 00-06 UTC, 1: 06-12, ...
+
+    def __str__(self) -> str:
+        start = self.part * PART_HOURS
+        kind = "tool-call turns" if self.called else "answer turns"
+        return f"{kind} of {start:02d}-{start + PART_HOURS:02d} UTC"
+
+
+@dataclass
+class Draw:
+    """A round's prompts, in the order drawn, and the stratum it stopped short at (None:
+    all `n` were drawn, or nothing restricts the source by strata)."""
+
+    prompts: list[dict] = field(default_factory=list)
+    short: Stratum | None = None
+
 
 def held_out(
     store,
@@ -56,7 +106,7 @@ def held_out(
     if not scenarios:
         return []
     where = "list_contains(?::VARCHAR[], e.scenario_id)"
-    return _choose(store, lineage, where, [scenarios], n, chain, tests)
+    return _choose(store, lineage, where, [scenarios], n, chain, tests, None).prompts
 
 
 def fresh(
@@ -67,32 +117,60 @@ def fresh(
     *,
     chain: list[str | None] | tuple = (),
     tests: list[str] | tuple = (),
-) -> list[dict]:
-    """Up to `n` of `lineage`'s prompts logged on the live arm after `since`, any scenario."""
+    now: datetime | None = None,
+) -> Draw:
+    """Up to `n` of `lineage`'s prompts logged on the live arm after `since`, any
+    scenario, in the mix of its traffic over the `PROFILE` before `now`."""
     where = "e.arm = 'live' AND e.ts > ?"
-    return _choose(store, lineage, where, [since], n, chain, tests)
+    profile = _profile(store, lineage, (now or datetime.now(UTC)) - PROFILE)
+    return _choose(store, lineage, where, [since], n, chain, tests, profile)
 
 
-def snapshot_time(store, checkpoint: str) -> datetime | None:
-    """When the checkpoint's training snapshot was taken, at the latest: its run's record
-    time less the run's length (a run records after it trains). None: no train run (an
-    adapter added by hand)."""
+def window_start(store, checkpoint: str, now: datetime | None = None) -> datetime | None:
+    """The earliest a fresh prompt of the checkpoint's test may be logged: `PROFILE`
+    before `now` when a train run recorded what it trained on (those conversations and
+    their likes are left out: anything else it never saw), None for an adapter added by
+    hand (nothing says what it saw; its canary draws from its own start)."""
     rows = store.query(
-        "SELECT t.created - to_microseconds(CAST(coalesce(t.duration_s, 0) * 1e6 AS BIGINT)) "
-        "AS since FROM checkpoints c JOIN train_runs t ON t.id = c.train_run WHERE c.name = ?",
+        "SELECT 1 FROM checkpoints c JOIN train_runs t ON t.id = c.train_run WHERE c.name = ?",
         [checkpoint],
     )
-    return rows[0]["since"] if rows else None
+    return (now or datetime.now(UTC)) - PROFILE if rows else None
 
 
-def _choose(store, lineage: Lineage, where, params, n, chain, tests) -> list[dict]:
-    key = tests[0] if tests else ""
+# A turn's stratum, in SQL: live's answer called a tool (as `judge.tables` reads it), and
+# the quarter of the UTC day.
+_CALLED = "coalesce(json_array_length(e.response -> '$.choices[0].message.tool_calls'), 0) > 0"
+_PART = f"CAST(hour(timezone('UTC', e.ts)) // {PART_HOURS} AS INTEGER)"
+
+
+def _profile(store, lineage: Lineage, start: datetime) -> dict[Stratum, int]:
+    """The lineage's answered production turns per stratum since `start`, every arm: the
+    traffic a candidate would serve."""
     mine, scope = lineage.scope.sql("e.api_key_id")
-    ids = f"""
-        SELECT e.id, e.ts FROM exchanges e
+    rows = store.query(
+        f"SELECT {_CALLED} AS called, {_PART} AS part, count(*) AS n FROM exchanges e "
+        "WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ? "
+        f"AND e.ts > ? AND {mine} GROUP BY ALL",
+        [lineage.alias, start, *scope],
+    )
+    return {Stratum(r["called"], r["part"]): r["n"] for r in rows}
+
+
+def _choose(store, lineage, where, params, n, chain, tests, profile) -> Draw:
+    """The turns the source allows, first turn of each conversation in hash order; drawn
+    by stratum when `profile` is given, else in that order."""
+    key = tests[0] if tests else ""
+    chain = [c for c in chain if c]
+    mine, scope = lineage.scope.sql("e.api_key_id")
+    turns = store.query(
+        f"""
+        WITH trained AS ({TRAINED_CONVERSATIONS})
+        SELECT e.id, e.trajectory_id, {_CALLED} AS called, {_PART} AS part
+        FROM exchanges e
         WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ? AND {where}
           AND {mine}
-          AND e.trajectory_id NOT IN ({TRAINED_CONVERSATIONS})
+          AND e.trajectory_id NOT IN (FROM trained)
           AND e.trajectory_id NOT IN (
               SELECT p.trajectory_id FROM groups g JOIN exchanges p ON p.id = g.prefix_exchange
               WHERE g.kind = 'ab' AND list_contains(?::VARCHAR[], g.test))
@@ -100,10 +178,58 @@ def _choose(store, lineage: Lineage, where, params, n, chain, tests) -> list[dic
               SELECT trajectory_id FROM exchanges
               WHERE arm <> 'live' AND source = 'production' AND trajectory_id IS NOT NULL)
         QUALIFY row_number() OVER (PARTITION BY e.trajectory_id ORDER BY hash(e.id, ?)) = 1
-        ORDER BY hash(e.trajectory_id, ?), e.id LIMIT ?
-    """
-    chain = [c for c in chain if c]
-    return store.query(
-        f"SELECT * FROM {rebuilt(ids)} ORDER BY ts DESC",
-        [lineage.alias, *params, *scope, chain, list(tests), key, key, n],
+        ORDER BY hash(e.id, ?), e.id
+        """,
+        [chain, lineage.alias, *params, *scope, list(tests), key, key],
     )
+    if turns:  # conversations that open like a trained one are out (one query for few rows)
+        alike = store.query(
+            f"""
+            WITH trained AS ({TRAINED_CONVERSATIONS})
+            SELECT r.trajectory_id FROM exchanges_rebuilt((
+                SELECT list(id) FROM exchanges WHERE turn = 0
+                  AND list_contains(?::VARCHAR[], trajectory_id)), false) r
+            WHERE {OPENER} IN (
+                SELECT {OPENER} FROM exchanges_rebuilt((
+                    SELECT list(id) FROM exchanges WHERE turn = 0
+                      AND trajectory_id IN (FROM trained)), false) r)
+            """,
+            [chain, [t["trajectory_id"] for t in turns]],
+        )
+        out = {r["trajectory_id"] for r in alike}
+        turns = [t for t in turns if t["trajectory_id"] not in out]
+    draw = _draw(turns, n, profile, f"{key}:{_drawn(store, tests)}")
+    if draw.prompts:
+        ids = [t["id"] for t in draw.prompts]
+        chosen = rebuilt("SELECT unnest(?::VARCHAR[]) AS id")
+        rows = {r["id"]: r for r in store.query(f"SELECT * FROM {chosen}", [ids])}
+        draw.prompts = [rows[i] for i in ids]
+    return draw
+
+
+def _draw(turns: list[dict], n: int, profile: dict[Stratum, int] | None, seed: str) -> Draw:
+    """Up to `n` of `turns` (in their order): the first `n`, or with a `profile`, each
+    draw a stratum picked at the profile's odds and its next turn."""
+    if profile is None:
+        return Draw(turns[:n])
+    queues: dict[Stratum, list[dict]] = {}
+    for t in turns:
+        queues.setdefault(Stratum(t["called"], t["part"]), []).append(t)
+    strata = sorted(profile)
+    rng, out = random.Random(seed), []
+    while len(out) < n and strata:
+        stratum = rng.choices(strata, weights=[profile[s] for s in strata])[0]
+        queue = queues.get(stratum)
+        if not queue:
+            return Draw(out, stratum)
+        out.append(queue.pop(0))
+    return Draw(out)
+
+
+def _drawn(store, tests) -> int:
+    """How many pairs `tests` made so far: a resumed round goes on from there."""
+    rows = store.query(
+        "SELECT count(*) AS n FROM groups WHERE kind = 'ab' AND list_contains(?::VARCHAR[], test)",
+        [list(tests)],
+    )
+    return rows[0]["n"]

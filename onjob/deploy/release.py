@@ -3,15 +3,17 @@
     trained        a train run recorded the candidate (`loop`), or a crash left one
                    undecided (`orphans`)
     offline test   it and live answer logged prompts it cannot have trained on, at the
-                   engine's speed (`prompts`): the held-out slice's first, then prompts
-                   logged after its training snapshot, round after round; the referee
-                   judges each pair (`pairs`); the guards on the candidate (`guards`) and
-                   the test (`stats.Rule`, at its share of alpha, `ledger`) stop it here,
-                   or send it on with the test passed or still open
+                   engine's speed (`prompts`): the held-out slice's (its own test: is it
+                   worse where nobody trained? `pairs.held_out`), then rounds of the last
+                   day's traffic in its mix of kinds and hours (the release test); the
+                   referee judges each pair (`pairs`); the guards on the candidate
+                   (`guards`), the slice and the release test (`stats.Rule`, at its share
+                   of alpha, `ledger`) stop it here, or send it on with the test passed
+                   or still open
     canary         a share of real traffic, for what only it shows: errors, latency, the
-                   answers' shape, users' feedback; the pairs continue the test while it
-                   is open, from live-arm prompts logged since; capped in rounds and in
-                   wall time
+                   answers' shape, users' feedback; the pairs continue the release test
+                   while it is open, from live-arm prompts; capped in rounds and in wall
+                   time
     decision       promoted (`trust.release_mode` automatic), ready for review (judged by
                    its coach alone: a person decides, `reviews`), or rolled back, each with
                    its reason in the `deployments` log
@@ -114,10 +116,12 @@ async def offline_test(r: Release, *, live: str | None, candidate: str) -> Verdi
     the prompts run out. With no referee, nothing is sampled: the guards alone speak."""
     loop, s = r.settings.loop, pairs.referee(r.settings.judge, r.settings.loop.gate)
     await r.db.query(lambda st: ledger.enter(st, r.alias, candidate))  # fixes its alpha_k
-    tests = pairs.test_ids(r.alias, candidate)
+    slice_test = pairs.holdout_test_id(candidate, live)
+    tests = pairs.test_ids(r.alias, candidate, live)
+    drawn_by = [slice_test, *tests]  # no conversation serves both tests
     if s.scorers:
         fns = rewards.load(s.rewards)
-        await pairs.rejudge(r.db, s, fns, tests, loop.rejudge_attempts)
+        await pairs.rejudge(r.db, s, fns, drawn_by, loop.rejudge_attempts)
         await r.operator.load(candidate)
         arms = await _arms(r, live, candidate)
         chain = [live, candidate]
@@ -125,26 +129,26 @@ async def offline_test(r: Release, *, live: str | None, candidate: str) -> Verdi
         def held_prompts(st):
             scenarios = fit.held_out(st, r.settings)
             drawn = st.query(
-                "SELECT count(*) AS n FROM groups WHERE kind = 'ab' AND test = ?", [tests[0]]
+                "SELECT count(*) AS n FROM groups WHERE kind = 'ab' AND test = ?", [slice_test]
             )[0]["n"]
             n = max(0, loop.holdout_pairs - drawn)
-            return prompts.held_out(st, r.lineage, scenarios, n, chain=chain, tests=tests)
+            return prompts.held_out(st, r.lineage, scenarios, n, chain=chain, tests=drawn_by)
 
         chosen = await r.db.query(held_prompts)
-        await pairs.paired_round(r.db, r.engine, s, fns, chosen, arms, test=tests[0])
-        since = await r.db.query(lambda st: prompts.snapshot_time(st, candidate))
+        await pairs.paired_round(r.db, r.engine, s, fns, chosen, arms, test=slice_test)
+        since = await r.db.query(lambda st: prompts.window_start(st, candidate))
         while since is not None:
             # A pair the referee failed on is judged again before the test reads past it.
-            await pairs.rejudge(r.db, s, fns, tests, loop.rejudge_attempts)
+            await pairs.rejudge(r.db, s, fns, drawn_by, loop.rejudge_attempts)
             verdict = await r.db.query(
                 lambda st: decide(st, r.settings, candidate, live, lineage=r.lineage)
             )
             if verdict.decision != "wait":
                 return verdict
-            chosen = await _fresh_round(r, since, chain, tests)
+            chosen = await _fresh_round(r, since, chain, drawn_by)
             if not chosen:
-                break
-            await pairs.paired_round(r.db, r.engine, s, fns, chosen, arms, test=tests[1])
+                break  # on to the canary, its test open: its pairs go on from live's traffic
+            await pairs.paired_round(r.db, r.engine, s, fns, chosen, arms, test=tests[0])
     return await r.db.query(lambda st: decide(st, r.settings, candidate, live, lineage=r.lineage))
 
 
@@ -237,15 +241,23 @@ def decide(
     if lineage is None:
         lineage = lineage_of(settings, routing.model_alias if routing is not None else None)
     alias = lineage.name
-    tests = pairs.test_ids(alias, candidate, routing)
-    checks = guards.on_candidate(store, candidate, tests, loop, pairs.judges(settings))
+    tests = pairs.test_ids(alias, candidate, live, routing)
+    slice_test = pairs.holdout_test_id(candidate, live)
+    checks = guards.on_candidate(
+        store, candidate, [slice_test, *tests], loop, pairs.judges(settings)
+    )
     if routing is not None:
         checks = guards.on_traffic(store, lineage, routing.ts, loop) + checks
     weighed = pairs.weigh(store, alias, candidate, tests, loop)
+    held = pairs.held_out(store, candidate, live, loop)
     rule, paired, alpha = weighed.rule, weighed.paired, weighed.level.alpha
     evidence = _evidence(weighed, checks, tests, live, routing)
+    evidence["held_out"] = held.evidence()
     if tripped := next((g.tripped for g in checks if g.tripped), None):
         return Verdict("rollback", f"{candidate}: {tripped}", evidence)
+    if held.worse:
+        why = "worse than live on the held-out slice (scenarios never trained on): "
+        return Verdict("rollback", f"{candidate}: {why}{held.summary()}", evidence)
     holding = next((g.holding for g in checks if g.holding), None)
     if routing is None:
         if holding:
@@ -320,33 +332,38 @@ def _retire(store, r: Release, name: str, reason: str) -> None:
 
 
 async def _more_pairs(r: Release, routing: Routing, s) -> None:
-    """The canary's round of pairs, while its test is open: live-arm prompts logged since
-    its training snapshot (since the canary started, for an adapter added by hand)."""
+    """The canary's round of pairs, while its test is open: live-arm prompts of the last
+    day it cannot have trained on (since the canary started, for an adapter added by
+    hand: nothing says what it saw)."""
     live, candidate = routing.live, routing.canary
-    tests = pairs.test_ids(r.alias, candidate, routing)
+    tests = pairs.test_ids(r.alias, candidate, live, routing)
+    drawn_by = [pairs.holdout_test_id(candidate, live), *tests]
     loop = r.settings.loop
 
     def still_open(st) -> bool:
         return pairs.weigh(st, r.alias, candidate, tests, loop).decide()[0] == "wait"
 
     fns = rewards.load(s.rewards)
-    await pairs.rejudge(r.db, s, fns, tests, loop.rejudge_attempts)
+    await pairs.rejudge(r.db, s, fns, drawn_by, loop.rejudge_attempts)
     if not await r.db.query(still_open):
         return
-    since = await r.db.query(lambda st: prompts.snapshot_time(st, candidate)) or routing.ts
-    chosen = await _fresh_round(r, since, [live, candidate], tests)
+    since = await r.db.query(lambda st: prompts.window_start(st, candidate)) or routing.ts
+    chosen = await _fresh_round(r, since, [live, candidate], drawn_by)
     arms = await _arms(r, live, candidate)
     await pairs.paired_round(r.db, r.engine, s, fns, chosen, arms, test=tests[-1])
 
 
 async def _fresh_round(r: Release, since, chain: list, tests: list[str]) -> list[dict]:
     """A round's prompts of the lineage's keys logged on the live arm after `since`, none
-    the test drew yet."""
-    return await r.db.query(
+    the test drew yet, in the mix of a day's traffic (`prompts.fresh`)."""
+    draw = await r.db.query(
         lambda st: prompts.fresh(
             st, r.lineage, since, r.settings.loop.pairs_per_round, chain=chain, tests=tests
         )
     )
+    if draw.short is not None:
+        r.echo(f"  the test waits for more {draw.short}: none left to draw")
+    return draw.prompts
 
 
 async def _arms(r: Release, live: str | None, candidate: str) -> dict:

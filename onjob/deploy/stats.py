@@ -9,7 +9,6 @@ e-value reaches 1 / alpha_k, where alpha_k is candidate k's level (`spend`, and
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 from dataclasses import dataclass, field
@@ -199,7 +198,7 @@ class Paired:
 @dataclass(frozen=True)
 class Rule:
     """Is the candidate better than live? One anytime-valid test on its paired differences
-    (the held-out pairs first, then the canary's, one e-process throughout).
+    (its offline pairs first, then its canary's, one e-process throughout).
 
     Promote when the e-value against "E[d] <= margin" reaches 1 / alpha_k (alpha_k: this
     candidate's share, `spend`): a candidate no better than live by the margin is promoted
@@ -275,14 +274,6 @@ class Rule:
         if won and not held:
             return "won", False
         return ("cap" if p.pairs >= self.max_pairs else "open"), held
-
-    def first_look(self, p: Paired, alpha: float) -> tuple[Decision, str]:
-        """The held-out pairs' verdict, the test's first look: "rollback" (stop the
-        candidate before it serves anyone) when they already rule out "better by margin +
-        delta", whatever their number; else "wait" (on to the canary: a promotion needs the
-        canary's guards too)."""
-        decision, why = dataclasses.replace(self, min_pairs=1).decide(p, alpha)
-        return ("rollback", why) if decision == "rollback" else ("wait", why)
 
     def evidence(self, p: Paired, alpha: float, k: int | None = None) -> dict:
         """What the dashboard and the deployments log show of the test."""

@@ -1,0 +1,131 @@
+"""What a candidate's test is tested on (`deploy/prompts.py`): a sample of the traffic it
+would serve. Turns, not conversations, are sampled; each draw keeps a whole day's mix of
+tool-call and answer turns and hours; a conversation that opens like one the candidate
+trained on is not a fresh prompt. Real DuckDB files; the rows as the proxy logs them."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+from onjob.collector import Store
+from onjob.deploy import prompts
+from onjob.proxy.tenants import Lineage
+
+from .conftest import record_trained
+
+AGENT = Lineage("agent")
+CALL = {"choices": [{"message": {"role": "assistant", "tool_calls": [{"id": "c1"}]}}]}
+ANSWER = {"choices": [{"message": {"role": "assistant", "content": "done"}}]}
+
+
+def log(store, conversation: str, *, turns: int = 1, at: datetime, called: bool = False,
+        arm: str = "live", says: str = "What is 2+2?") -> None:  # fmt: skip
+    """One conversation of `turns` answered production turns, logged at `at` on `arm`; live's
+    answers call a tool when `called`."""
+    for turn in range(turns):
+        store.con.execute(
+            "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, model_alias, arm, "
+            "stream, request, response, status, latency_ms, source) "
+            "VALUES (?, ?, ?, ?, 'scn', 'agent', ?, false, ?, ?, 200, 50, 'production')",
+            [f"{conversation}-{turn}", at, conversation, turn, arm,
+             json.dumps({"model": "agent", "messages": [{"role": "user", "content": says}]}),
+             json.dumps(CALL if called else ANSWER)],
+        )  # fmt: skip
+
+
+def test_a_long_conversation_is_drawn_as_often_as_the_turns_it_served(tmp_path):
+    store = Store(tmp_path / "onjob.duckdb")
+    now = datetime.now(UTC)
+    try:
+        for i in range(40):
+            log(store, f"short{i}", at=now - timedelta(minutes=5))
+            log(store, f"long{i}", turns=8, at=now - timedelta(minutes=5))
+        since = now - timedelta(hours=1)
+        drawn = [
+            p["trajectory_id"]
+            for t in ("offline:a", "offline:b", "offline:c", "offline:d")
+            for p in prompts.fresh(store, AGENT, since, 10, tests=[t]).prompts
+        ]
+        assert len(drawn) == 40 and all(len(set(drawn[i : i + 10])) == 10 for i in (0, 10))
+        # The long ones served 8 turns in 9: about 36 of the 40 draws (20 if conversations
+        # were drawn alike).
+        assert sum(c.startswith("long") for c in drawn) >= 30
+    finally:
+        store.close()
+
+
+def test_a_draw_keeps_the_days_mix_of_turns_whatever_is_left_to_draw_from(tmp_path):
+    store = Store(tmp_path / "onjob.duckdb")
+    now = datetime.now(UTC)
+    try:
+        # A day of traffic, half tool-call turns. Most tool-call turns were served by a
+        # canary (not live's answers, so not drawn): live's untrained turns left to draw
+        # from are 60 answers and 6 tool calls.
+        for i in range(60):
+            log(store, f"a{i}", at=now - timedelta(minutes=10))
+        for i in range(6):
+            log(store, f"t{i}", at=now - timedelta(minutes=10), called=True)
+        for i in range(54):
+            log(store, f"c{i}", at=now - timedelta(minutes=10), called=True, arm="canary")
+        since = now - timedelta(days=1)
+        draw = prompts.fresh(store, AGENT, since, 40, tests=["offline:x"])
+        kinds = [p["trajectory_id"][0] for p in draw.prompts]
+        # Each draw is a tool-call turn half the time (as the day served them), so the 6
+        # are drawn among the first dozen or so, and the round stops when a draw asks for
+        # a seventh: the test waits rather than go on on answers alone.
+        assert kinds.count("t") == 6 and len(kinds) < 40
+        assert draw.short == prompts.Stratum(called=True, part=draw.short.part)
+        assert "tool-call turns" in str(draw.short)
+        # The same test's next round asks again and stops at once: nothing new to draw.
+        again = prompts.fresh(store, AGENT, since, 40, tests=["offline:x"])
+        assert {p["id"] for p in again.prompts} == {p["id"] for p in draw.prompts}
+    finally:
+        store.close()
+
+
+def test_a_draw_reaches_every_hour_of_the_day_in_proportion(tmp_path):
+    store = Store(tmp_path / "onjob.duckdb")
+    now = datetime.now(UTC)
+    try:
+        # 40 conversations in the last hour, 40 spread over the day's other three quarters.
+        for i in range(40):
+            log(store, f"n{i}", at=now - timedelta(minutes=30))
+            log(store, f"d{i}", at=now - timedelta(hours=7 + (i % 3) * 6))
+        draw = prompts.fresh(store, AGENT, now - timedelta(days=1), 40, tests=["offline:y"])
+        earlier = sum(p["trajectory_id"].startswith("d") for p in draw.prompts)
+        assert draw.short is None and len(draw.prompts) == 40
+        assert 10 <= earlier <= 30  # about half, as served; not the newest hour alone
+    finally:
+        store.close()
+
+
+def test_a_conversation_that_opens_like_a_trained_one_is_not_a_fresh_prompt(
+    tmp_path, tiny_adapter_dir, tiny_model_dir
+):
+    store = Store(tmp_path / "onjob.duckdb")
+    now = datetime.now(UTC)
+    try:
+        log(store, "trained", at=now - timedelta(hours=2), says="Order #1234 is late. Why?")
+        store.con.execute(
+            "INSERT INTO groups (id, scenario_id, prefix_exchange, kind, status, created) "
+            "VALUES ('g1', 'scn', 'trained-0', 'turn', 'scored', now())"
+        )
+        store.con.execute(
+            "INSERT INTO members VALUES ('m1', 'g1', 0, 'trained-0', 0, 'trained', 'logged')"
+        )
+        record_trained(store, "cand", tiny_adapter_dir, tiny_model_dir, groups=["g1"])
+        # The same template with another order number and other spacing and case.
+        log(store, "alike", turns=2, at=now - timedelta(minutes=5), says="order 98  is LATE why")
+        log(store, "other", turns=2, at=now - timedelta(minutes=5), says="Where is my refund?")
+        since = prompts.window_start(store, "cand", now)
+        assert since == now - prompts.PROFILE
+        chosen = prompts.fresh(store, AGENT, since, 10, chain=[None, "cand"]).prompts
+        assert {p["trajectory_id"] for p in chosen} == {"other"}
+        # Without the candidate's chain nothing is trained, so nothing is alike.
+        every = prompts.fresh(store, AGENT, since, 10).prompts
+        assert {p["trajectory_id"] for p in every} == {"trained", "alike", "other"}
+        # An adapter added by hand has no record of what it saw: no window of its own.
+        assert prompts.window_start(store, "hand-made") is None
+    finally:
+        store.close()
