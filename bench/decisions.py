@@ -21,12 +21,16 @@ random (a provider's 429, a timeout); the loop judges a failed pair again, up to
 candidate's loss. `--stuck` (0 by default) adds a share of pairs the judge can never score.
 
 A year: the loop trains a candidate (`TRAIN_S`), tests it on `holdout_pairs` held-out
-pairs, then on rounds of `pairs_per_round` pairs until the rule decides; then the next
-one as the budget and the back-off allow. Candidates are drawn from `MIX`: no better
-(E[d] = 0), worse (-0.1) and better (+0.1, +0.2); a promoted one becomes live, so the
-next are drawn against it the same way. Each stream runs `--years` years, so the second
-year starts a new period of alpha. The guards (errors, latency, shape, KL, agreement)
-are not simulated: they only stop more.
+pairs (their own test: stopped when shown worse than live), then on rounds of
+`pairs_per_round` pairs of the release test until the rule decides, at the engine's
+measured speed (`PAIRS_PER_S`); then the next one as the budget and the back-off allow.
+Candidates are drawn from `MIX`: no better (E[d] = 0), worse (-0.1) and better (+0.1,
++0.2); a promoted one becomes live, so the next are drawn against it the same way. Each
+stream runs `--years` years, so the second year starts a new period of alpha. Pairs
+here are independent draws of the candidate's mean over the traffic: what
+`prompts.fresh` makes of real strata is bench/drift.py's. Not simulated: the guards
+(errors, latency, shape, KL, agreement: they only stop more) and the canary's caps (a
+test open at the end of its offline rounds goes on on the canary's prompts).
 
 Reported per settings: P(any bad promotion in a year) (bad: E[d] <= 0), good promotions
 per month, candidates per year, per kind of candidate the share promoted and the pairs
@@ -60,7 +64,7 @@ import results_file
 
 from examples.arithmetic.demo import Options, loop_settings
 from onjob.collector import Store
-from onjob.deploy import ledger, stats
+from onjob.deploy import ledger, pairs, stats
 from onjob.deploy.pairs import rule_of
 from onjob.deploy.settings import LoopSettings
 
@@ -75,10 +79,11 @@ MIX = {  # kind: (share of candidates, true E[d] on judged pairs)
 DAY = 86400.0
 YEAR = 365 * DAY
 START = datetime(2026, 1, 1, tzinfo=UTC)
-# Stated, not measured here: a training run's wall time, and pairs per second when pairs
-# are sampled at the engine's speed (2 answers and a judgement each).
+# A training run's wall time (stated), and pairs per second at the engine's speed (2
+# answers and a judgement each), as measured on this 2-core machine with vLLM's CPU build
+# and the bundled model judging (docs/benchmarks.md, "Learning": 44 pairs in 451 s).
 TRAIN_S = {"production": 600.0, "demo": 300.0}
-PAIRS_PER_S = {"production": 2.0, "demo": 0.5}
+PAIRS_PER_S = {"production": 0.1, "demo": 0.1}
 
 
 @dataclass
@@ -124,11 +129,12 @@ def draw(rng: random.Random, mean: float, scores: str, judge: Judge) -> float:
 def test_one(
     rule: stats.Rule, s: LoopSettings, alpha: float, sample, year: int, kind: str, mean: float
 ) -> Decided:
-    """One candidate through the loop's test: held-out pairs (the first look), then rounds
-    until the rule decides."""
-    paired = rule.start()
+    """One candidate through the loop's tests: the held-out slice's own (`pairs.held_out`:
+    stopped when shown worse than live there; its pairs drawn like the others, the
+    candidate as good on the slice as elsewhere), then rounds of the release test until
+    the rule decides."""
 
-    def add(n: int) -> None:
+    def add(paired: stats.Paired, n: int) -> None:
         for _ in range(n):
             d = sample()
             if d != d:  # nan: unjudged
@@ -136,16 +142,17 @@ def test_one(
             else:
                 paired.add(d)
 
-    add(s.holdout_pairs)
-    if rule.first_look(paired, alpha)[0] == "rollback":
-        return Decided(kind, mean, year, "stopped", paired.pairs, 0)
-    rounds = 0
+    held = stats.Paired(margin=-s.delta, delta=s.delta)
+    add(held, s.holdout_pairs)
+    if pairs.HeldOut(held, s.beta).worse:
+        return Decided(kind, mean, year, "stopped", held.pairs, 0)
+    paired, rounds = rule.start(), 0
     while True:
-        add(s.pairs_per_round)
+        add(paired, s.pairs_per_round)
         rounds += 1
         decision = rule.decision(paired, alpha)
         if decision != "wait":
-            return Decided(kind, mean, year, decision, paired.pairs, rounds)
+            return Decided(kind, mean, year, decision, held.pairs + paired.pairs, rounds)
 
 
 def stream(

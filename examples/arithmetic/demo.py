@@ -422,8 +422,9 @@ def _rule_lines(s: LoopSettings) -> list[str]:
     looser = demo["alpha"] > prod["alpha"] or demo["delta"] > prod["delta"]
     lines = [
         f"the rule: promote when the canary beats live on paired prompts (an e-process on "
-        f"the referee's score differences, held-out pairs first; candidate k of a year "
-        f"tested at its share of alpha, plus the level of a promoted one before it): "
+        f"the referee's score differences, on a day's traffic it did not train on; "
+        f"candidate k of a year tested at its share of alpha, plus the level of a promoted "
+        f"one before it): "
         f"family-wise error {demo['family_wise_error']:g}, the chance that any candidate of "
         f"this run no better than live is promoted",
         f"  the first candidate (at {demo['first_candidate_alpha']:.3f}): one no better than "

@@ -1,10 +1,10 @@
-"""The held-out slice: scenarios no checkpoint trains on, where a candidate's test takes
-its first pairs before it may serve anyone (`release.offline_test`).
+"""The held-out slice: scenarios no checkpoint trains on, where a candidate is tested
+before it may serve anyone (`release.offline_test`): is it worse than live there?
 
 A fixed share of scenarios (`loop.holdout_share`, by a hash of the scenario id, so the
 slice is the same on every run and every host) never enters a training snapshot nor a
 judge pass; its prompts (`prompts.held_out`) are answered by the candidate and live and
-judged by the referee, the first observations of the candidate's one test.
+judged by the referee: a test of their own (`pairs.held_out`), not the release test's.
 """
 
 from __future__ import annotations

@@ -111,9 +111,10 @@ async def trained(r: Release, *, live: str | None, candidate: str, trained_on: i
 
 
 async def offline_test(r: Release, *, live: str | None, candidate: str) -> Verdict:
-    """The candidate against live before it serves anyone: held-out pairs, then rounds of
-    prompts logged after its training snapshot, back to back until the test decides or
-    the prompts run out. With no referee, nothing is sampled: the guards alone speak."""
+    """The candidate against live before it serves anyone: the held-out slice's pairs (its
+    own test), then rounds of the release test's prompts (`prompts.fresh`), back to back
+    until the test decides or a round runs short. With no referee, nothing is sampled:
+    the guards alone speak."""
     loop, s = r.settings.loop, pairs.referee(r.settings.judge, r.settings.loop.gate)
     await r.db.query(lambda st: ledger.enter(st, r.alias, candidate))  # fixes its alpha_k
     slice_test = pairs.holdout_test_id(candidate, live)

@@ -194,15 +194,16 @@ class LoopSettings(BaseModel):
         ge=0,
         lt=1,
         description="share of scenarios (by a hash of their id, decided at a scenario's "
-        "first sight) never trained on, whose pairs are the first observations of a "
-        "candidate's test, before it serves anyone (none: fitted to the traffic, "
+        "first sight) never trained on, whose pairs test whether a candidate is worse than "
+        "live there, before it serves anyone (their own test, not the release test's; "
+        "none: fitted to the traffic, "
         "holdout_pairs / scenarios seen, between 10% and 30%)",
     )
     holdout_pairs: int = Field(
         12,
         ge=1,
         description="held-out prompts a candidate and live answer before a canary: the "
-        "test's first pairs",
+        "held-out slice's own test (is it worse than live there?)",
     )
     # Reward hacking shows in the answers' shape before it shows in the reward: each guard
     # compares the canary's answers with live's, on real traffic and on the paired samples.
