@@ -63,6 +63,34 @@ def test_scores_in_prose_map_back_to_members_through_shuffled_orders():
     assert results[0].prompt_tokens == 100 and results[0].completion_tokens == 20
 
 
+def position_biased(call: int, body: dict) -> tuple[int, str]:
+    """A judge that reads each candidate's value but pulls toward the first shown: +0.1 for
+    the first of the three, 0 for the second, -0.1 for the third."""
+    shown = candidates(body)
+    values = {
+        i: float(re.search(r"value=([\d.]+)", text).group(1)) + 0.1 - 0.1 * (i - 1)
+        for i, text in shown.items()
+    }
+    return 200, scores_json(values)
+
+
+def test_a_second_reading_in_the_reverse_order_cancels_a_judges_pull_toward_a_position():
+    with FakeJudge(position_biased) as fake:
+        once = run(judge(settings(fake.url), rollouts(), rng=random.Random(3)))
+        twice = run(judge(settings(fake.url, ruler_orders=2), rollouts(), rng=random.Random(3)))
+    # One reading: each score is off by where the member happened to be shown.
+    assert {m: s for m, (s, _) in once.scores.items()} != pytest.approx(VALUES)
+    # Two: the second call showed the first's order reversed, and the mean is the value.
+    assert twice.status == "ok" and len(fake.calls) == 3
+    first, second = (list(candidates(body).values()) for body in fake.calls[1:])
+    assert second == first[::-1]
+    assert {m: s for m, (s, _) in twice.scores.items()} == pytest.approx(VALUES)
+    assert sorted(twice.order) == sorted(VALUES)
+    assert twice.prompt_tokens == 200  # both calls paid for
+    # The cache keeps the readings apart: two orders are not one.
+    assert twice.cache_key != once.cache_key
+
+
 def test_the_common_prefix_goes_once_as_context_and_candidates_hold_only_answers():
     with FakeJudge(by_content) as fake:
         run(judge(settings(fake.url), rollouts()))

@@ -50,13 +50,19 @@ def fn(name: str) -> dict[str, RewardFn]:
     return {name: RewardFn(fn=f"tests.hacking_rewards:{name}")}
 
 
-async def paired(db, judge: JudgeSettings, prompts: list[dict], test: str) -> None:
-    """A paired round: live (the base model) against `ckpt-hack`, which hedges."""
+async def paired(db, judge: JudgeSettings, prompts: list[dict], test: str, seen=None) -> None:
+    """A paired round: live (the base model) against `ckpt-hack`, which hedges. `seen`: a
+    list the engine's request bodies are added to."""
     collector = Collector(CollectorSettings(db=db))
     await collector.start()
-    client = httpx.AsyncClient(
-        transport=httpx.MockTransport(engine(HEDGING)), base_url="http://e/v1"
-    )
+    handle = engine(HEDGING)
+
+    def recording(request: httpx.Request) -> httpx.Response:
+        if seen is not None and request.url.path.endswith("/chat/completions"):
+            seen.append(json.loads(request.content))
+        return handle(request)
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(recording), base_url="http://e/v1")
     try:
         from onjob.judge import rewards
 
@@ -79,6 +85,26 @@ def outcomes(db, test: str):
 
 
 # -- every pair counts ---------------------------------------------------------------
+
+
+def test_both_arms_of_a_pair_sample_on_one_seed_fixed_by_the_test_and_the_prompt(tmp_path):
+    # Common random numbers: where the two checkpoints agree they draw alike, so a pair's
+    # difference is theirs, not the sampler's. A resumed round draws the same answers.
+    db = tmp_path / "onjob.duckdb"
+    prompts = logged(db, 3)
+    judge = JudgeSettings(group_size=2, rewards=fn("exact"))
+    runs = {}
+    for test in ("t1", "t1", "t2"):
+        seen: list[dict] = []
+        asyncio.run(paired(db, judge, prompts, test, seen))
+        by_seed: dict[int, set[str]] = {}
+        for body in seen:
+            by_seed.setdefault(body["seed"], set()).add(body["model"])
+        assert len(by_seed) == 3  # a seed per prompt
+        assert all(models == {"base", "ckpt-hack"} for models in by_seed.values())
+        runs.setdefault(test, []).append(set(by_seed))
+    assert runs["t1"][0] == runs["t1"][1]  # the same test and prompts: the same seeds
+    assert not runs["t1"][0] & runs["t2"][0]  # another test: others
 
 
 def test_a_pair_the_judge_cannot_score_is_the_candidates_loss(tmp_path):

@@ -13,6 +13,7 @@ judge could not score is judged again (`rejudge`) before it counts as a loss.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import random
 from collections import defaultdict
@@ -46,8 +47,12 @@ async def paired_round(
     report, rng = PassReport(), random.Random()
 
     async def draw(model: str, prefix: dict):
+        # Both arms on one seed (common random numbers): where the two checkpoints'
+        # distributions agree they draw alike, so the pair's difference is theirs, not
+        # the sampler's luck. Each arm's answers are still a fair sample of it.
+        body = sampling.request_for(prefix, model, s) | {"seed": pair_seed(test, prefix)}
         try:
-            return await sampling.sample(engine, sampling.request_for(prefix, model, s))
+            return await sampling.sample(engine, body)
         except SamplingFailed as exc:
             return exc
 
@@ -77,6 +82,13 @@ async def paired_round(
             return group_id
 
     return list(await asyncio.gather(*(one(p) for p in prefixes)))
+
+
+def pair_seed(test: str, prefix: dict) -> int:
+    """The seed both arms of a pair sample with: fixed by the test and the prompt, so a
+    resumed round draws the same answers."""
+    name = f"{test}\x00{prefix.get('id') or prefix.get('trajectory_id')}"
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), "big") >> 1
 
 
 def ab_outcomes(
@@ -362,13 +374,14 @@ def referee(judge: JudgeSettings, gate: GateSettings) -> JudgeSettings:
     """Who judges the pairs: the gate's scorers when `loop.gate` names any, else the
     training reward's (the judge's model and reward functions)."""
     if not gate.configured:
-        return judge
+        return judge.model_copy(update={"ruler_orders": gate.orders})
     return judge.model_copy(
         update={
             "model": gate.model,
             "rubric": gate.rubric or judge.rubric,
             "rubrics": {} if gate.rubric else judge.rubrics,
             "rewards": gate.rewards,
+            "ruler_orders": gate.orders,
         }
     )
 

@@ -30,6 +30,14 @@ class GateSettings(BaseModel):
     rewards: dict[str, RewardFn] = Field(
         default_factory=dict, description="name -> reward function judging the pairs"
     )
+    orders: int = Field(
+        1,
+        ge=1,
+        le=4,
+        description="RULER readings of each pair (the judge.model's when no gate model is "
+        "set): 2 reads it again in the reverse order, so a judge's pull toward a position "
+        "cancels, for twice the calls",
+    )
 
     @property
     def configured(self) -> bool:

@@ -357,7 +357,7 @@ async def _ruler(
     """A judgement and what the cache should keep of it: from the cache when this judge has
     seen these answers under this rubric before (no call), else from the judge; None when
     a call is needed and today's budget, or the group's keys' `share` of it, is spent."""
-    key = ruler.cache_key(s.model, s.rubric_for(rollouts[0].scenario), rollouts)
+    key = ruler.cache_key(s.model, s.rubric_for(rollouts[0].scenario), rollouts, s.ruler_orders)
     cached = await db.query(lambda store: tables.cached_result(store, key))
     if cached is not None:
         report.cache_hits += 1

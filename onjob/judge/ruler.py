@@ -44,13 +44,15 @@ class Judgement:
     answer: str | None = None
 
 
-def cache_key(judge: str, rubric: str, rollouts: list[Rollout]) -> str:
-    """Same judge, same rubric, same prefix and the same set of answers: same judgement."""
+def cache_key(judge: str, rubric: str, rollouts: list[Rollout], orders: int = 1) -> str:
+    """Same judge, same rubric, same prefix, the same set of answers and as many orders
+    read: same judgement."""
     n = common_prefix(rollouts)
     context = content_hash(rollouts[0].messages[:n]) if rollouts else ""
     members = sorted(content_hash(r.messages[n:]) for r in rollouts)
     tools = content_hash(rollouts[0].tools or []) if rollouts else ""
-    blob = json.dumps([judge, rubric, context, tools, members])
+    parts = [judge, rubric, context, tools, members] + ([orders] if orders > 1 else [])
+    blob = json.dumps(parts)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -73,19 +75,61 @@ def from_cache(result: dict, rollouts: list[Rollout]) -> dict[str, tuple[float, 
 async def judge(
     settings: JudgeSettings, rollouts: list[Rollout], *, rng: random.Random | None = None
 ) -> Judgement:
-    """Score one group; never raises for the judge's failures (they are in the result)."""
+    """Score one group; never raises for the judge's failures (they are in the result).
+    With `settings.ruler_orders` above 1 the group is judged that many times, the second
+    in the first's order reversed (the rest shuffled afresh), and each member's score is
+    the mean: a judge's pull toward a position moves an answer one way in one order and
+    the other way in the reverse, and cancels."""
     rng = rng or random.Random()
     rubric = settings.rubric_for(rollouts[0].scenario)
-    result = Judgement(f"ruler:{settings.model}", cache_key(settings.model, rubric, rollouts))
+    orders = settings.ruler_orders
+    key = cache_key(settings.model, rubric, rollouts, orders)
+    result = Judgement(f"ruler:{settings.model}", key)
     n = common_prefix(rollouts)
     await _litellm()  # its import takes seconds: not the judge's latency
     started = time.perf_counter()
+    readings: list[dict[str, tuple[float, str]]] = []
+    for k in range(orders):
+        fixed = list(reversed(result.order)) if k == 1 else None
+        read = await _judged_in_order(settings, rollouts, rubric, n, result, rng, fixed)
+        if read is None:
+            break
+        scores, order = read
+        if k == 0:
+            result.order = order  # the order the first reading saw (the second reverses it)
+        readings.append(scores)
+    if len(readings) == orders:
+        result.scores = {
+            m: (sum(r[m][0] for r in readings) / orders, readings[0][m][1]) for m in readings[0]
+        }
+        result.status, result.error = "ok", None
+    result.latency_ms = (time.perf_counter() - started) * 1000
+    if result.status != "ok":
+        result.error = f"{result.error} (after {result.attempts} attempts)"
+    return result
+
+
+async def _judged_in_order(
+    settings: JudgeSettings,
+    rollouts: list[Rollout],
+    rubric: str,
+    n: int,
+    result: Judgement,
+    rng: random.Random,
+    order_ids: list[str] | None,
+) -> tuple[dict[str, tuple[float, str]], list[str]] | None:
+    """One reading of the group, its scores and the order it was shown in: `order_ids`,
+    or a fresh shuffle at each attempt (None), tried up to `settings.attempts` times.
+    None when every attempt failed or the judge refused (the error is in `result`)."""
+    by_id = {r.member_id: r for r in rollouts}
     delay = settings.backoff_s
     for attempt in range(1, settings.attempts + 1):
-        result.attempts = attempt
-        order = list(rollouts)
-        rng.shuffle(order)
-        result.order = [r.member_id for r in order]
+        result.attempts += 1
+        if order_ids is None:
+            order = list(rollouts)
+            rng.shuffle(order)
+        else:
+            order = [by_id[m] for m in order_ids]
         messages = prompts.prompt(
             rubric, rollouts[0].messages[:n], rollouts[0].tools, [r.messages[n:] for r in order]
         )
@@ -93,23 +137,17 @@ async def judge(
             text = await _call(settings, messages, result)
             result.answer = text
             by_position = parse(text, len(order))
-            result.scores = _same_answer_same_score(
-                {order[i - 1].member_id: by_position[i] for i in by_position}, rollouts, n
-            )
-            result.status, result.error = "ok", None
-            break
+            scores = {order[i - 1].member_id: by_position[i] for i in by_position}
+            return _same_answer_same_score(scores, rollouts, n), [r.member_id for r in order]
         except JudgeRefused as exc:
             result.error = str(exc)
-            break
+            return None
         except JudgeError as exc:
             result.error = str(exc)
         if attempt < settings.attempts:
             await asyncio.sleep(delay)
             delay *= 2
-    result.latency_ms = (time.perf_counter() - started) * 1000
-    if result.status != "ok":
-        result.error = f"{result.error} (after {result.attempts} attempts)"
-    return result
+    return None
 
 
 def _same_answer_same_score(

@@ -89,6 +89,14 @@ class JudgeSettings(BaseModel):
     rubrics: dict[str, str] = Field(
         default_factory=dict, description="scenario key -> rubric, overriding `rubric`"
     )
+    ruler_orders: int = Field(
+        1,
+        ge=1,
+        le=4,
+        description="RULER readings of each group, the second in the first's order "
+        "reversed, each member scored by their mean: a judge's pull toward a position "
+        "cancels, for as many calls (the referee's is loop.gate.orders)",
+    )
     judge_temperature: float = Field(0.0, ge=0, le=2)
     judge_max_tokens: int = Field(2048, ge=1)
     timeout_s: float = Field(120.0, gt=0, description="one judge call")
