@@ -294,3 +294,34 @@ def test_users_who_agree_with_the_coach_let_the_loop_promote_by_itself(db):
             assert f"fn:{name}" in review.reason
     finally:
         store.close()
+
+
+def test_for_a_canary_only_users_ratings_of_its_own_answers_check_its_coach(db, tmp_path):
+    """The coach agreeing with users on live's answers says nothing yet about a candidate
+    that may have learnt to please it: a canary is promoted by itself only once users'
+    ratings of its own answers agree with its coach."""
+    import shutil
+
+    from onjob.deploy import trust
+    from onjob.deploy.settings import DeploySettings
+
+    copy = tmp_path / "onjob.duckdb"
+    shutil.copy(db, copy)
+    coach = DeploySettings(
+        judge=JudgeSettings(rewards={"agrees": RewardFn(fn=f"{__name__}:agrees")})
+    )
+    store = Store(copy)
+    try:
+        unrated = trust.release_mode(store, coach, candidate="ckpt-x")
+        assert unrated.mode == "review", unrated.reason
+        assert "no rated pairs on ckpt-x's answers" in unrated.reason
+        # The canary answered the first conversations of every scenario; users rated them.
+        store.query(
+            "UPDATE exchanges SET checkpoint = 'ckpt-x', arm = 'canary' "
+            "WHERE json_extract_string(metadata, '$.k') IN ('0', '1', '2')"
+        )
+        rated = trust.release_mode(store, coach, candidate="ckpt-x")
+        assert rated.mode == "users", rated.reason
+        assert "on ckpt-x's answers" in rated.reason
+    finally:
+        store.close()

@@ -181,7 +181,7 @@ async def canary_round(r: Release, routing: Routing) -> None:
         )
     )
     verdict.evidence["referee"] = s.scorers
-    mode = await r.db.query(lambda st: trust.release_mode(st, r.settings))
+    mode = await r.db.query(lambda st: trust.release_mode(st, r.settings, candidate))
     verdict.evidence["release_mode"] = mode.as_dict()
     against = f"canary {candidate} against {live or 'base'}"
     # Under review, only a rollback (a guard tripped since) or a promotion that has become

@@ -20,7 +20,8 @@ Each returns `{"tripped": reason or None, ...the figures}`, like `shape.guards`.
 And who may promote (`release_mode`): the loop promotes a canary by itself only when
 something other than its coach judges it. Either a referee (`loop.gate`) scores the
 pairs, or users' feedback checks the coach (every coach judge agrees with users, with
-`agreement.MIN_PAIRS` rated pairs or more). Otherwise a canary that wins its pairs is
+`agreement.MIN_PAIRS` rated pairs or more, each with one of the canary's own answers).
+Otherwise a canary that wins its pairs is
 only *ready for review*: its coach says it is better, which is what a candidate that
 learned to game that coach would also make it say, so a person decides (`onjob promote`
 or `onjob rollback`).
@@ -69,20 +70,23 @@ def static_mode(settings: DeploySettings) -> ReleaseMode:
         "review",
         f"review: no loop.gate, so canaries are judged by their coach ({coach}); one that "
         "wins its pairs waits for `onjob promote` (automatic once users' feedback agrees "
-        f"with the coach on {agreement.MIN_PAIRS}+ rated pairs per judge)",
+        f"with the coach on {agreement.MIN_PAIRS}+ rated pairs per judge, with the "
+        "canary's own answers in each)",
     )
 
 
-def release_mode(store, settings: DeploySettings) -> ReleaseMode:
+def release_mode(store, settings: DeploySettings, candidate: str | None = None) -> ReleaseMode:
     """`static_mode`, with users' feedback read: every coach judge that `agrees` with users
     (`judge.agreement`: its 95% interval above chance, over `agreement.MIN_PAIRS` rated
-    pairs or more) makes a `review` server automatic."""
+    pairs or more) makes a `review` server automatic. With a `candidate`, only the rated
+    pairs one of whose answers it gave count: a coach users trusted on older answers says
+    nothing yet about a candidate that may have learnt to please it."""
     mode = static_mode(settings)
     coach = settings.judge.scorers
     if mode.automatic or not coach:
         return mode
     records: dict[str, list[agreement.Agreement]] = {j: [] for j in coach}
-    for r in agreement.judge_agreement(store, per_scenario=False):
+    for r in agreement.judge_agreement(store, per_scenario=False, checkpoint=candidate):
         if r.judge in records:
             records[r.judge].append(r)
 
@@ -92,14 +96,16 @@ def release_mode(store, settings: DeploySettings) -> ReleaseMode:
         return "agrees" in verdicts and not verdicts & agreement.WARNED
 
     unchecked = [j for j in coach if not checked(j)]
+    on = f" on {candidate}'s answers" if candidate else ""
     if unchecked:
         said = "; ".join(
-            "; ".join(r.summary() for r in records[j]) or f"{j}: no rated pairs" for j in unchecked
+            "; ".join(r.summary() for r in records[j]) or f"{j}: no rated pairs{on}"
+            for j in unchecked
         )
         return ReleaseMode("review", f"{mode.reason}; now: {said}")
     return ReleaseMode(
         "users",
-        "automatic: users' feedback agrees with the coach ("
+        f"automatic: users' feedback{on} agrees with the coach ("
         + "; ".join(r.summary() for j in coach for r in records[j])
         + ")",
     )

@@ -102,14 +102,18 @@ class Agreement:
         )
 
 
-def judge_agreement(store: Store, *, per_scenario: bool = True) -> list[Agreement]:
+def judge_agreement(
+    store: Store, *, per_scenario: bool = True, checkpoint: str | None = None
+) -> list[Agreement]:
     """Every judge source that has pairs with feedback, per feedback metric: its record over
     all scenarios first, then (unless `per_scenario` is false) one per scenario, most pairs
-    first; judges in name order, the unnamed feedback before named metrics."""
+    first; judges in name order, the unnamed feedback before named metrics. `checkpoint`:
+    only the pairs one of whose answers it gave (does the judge agree with users on what
+    it says?)."""
     by_judge: dict[tuple[str, str], dict[tuple[str, str | None], list[PairCounts]]] = defaultdict(
         lambda: defaultdict(list)
     )
-    for row in _pair_counts(store):
+    for row in _pair_counts(store, checkpoint):
         key = (row.pop("scenario_id"), row.pop("scenario"))
         by_judge[row.pop("judge"), row.pop("metric")][key].append(PairCounts(**row))
     out: list[Agreement] = []
@@ -126,9 +130,10 @@ def judge_agreement(store: Store, *, per_scenario: bool = True) -> list[Agreemen
     return out
 
 
-def _pair_counts(store: Store) -> list[dict]:
+def _pair_counts(store: Store, checkpoint: str | None = None) -> list[dict]:
     """Per judge, feedback metric ('' for the unnamed), scenario and group, the pairs of
-    members both judged and rated: one DuckDB query (a self-join within groups)."""
+    members both judged and rated (one of whose answers `checkpoint` gave, when set): one
+    DuckDB query (a self-join within groups)."""
     return store.query(
         f"""
         WITH judged AS (
@@ -136,12 +141,14 @@ def _pair_counts(store: Store) -> list[dict]:
             FROM scores WHERE source LIKE 'ruler:%' OR source LIKE 'fn:%'
             GROUP BY ALL
         ), rated AS (
-            SELECT judge, group_id, member_id, judge_score, scenario_id,
+            SELECT judge, group_id, member_id, judge_score, scenario_id, checkpoint,
                    posted.metric AS metric, posted.value AS feedback
-            FROM (SELECT j.*, g.scenario_id, unnest({MEMBER_FEEDBACK}) AS posted
+            FROM (SELECT j.*, g.scenario_id, e.checkpoint,
+                         unnest({MEMBER_FEEDBACK}) AS posted
                   FROM judged j
                   JOIN members m ON m.id = j.member_id
-                  JOIN groups g ON g.id = j.group_id)
+                  JOIN groups g ON g.id = j.group_id
+                  LEFT JOIN exchanges e ON e.id = m.exchange_id)
         ), pairs AS (
             SELECT a.judge, a.metric, a.scenario_id, a.group_id,
                    sign(a.judge_score - b.judge_score) AS j,
@@ -149,6 +156,7 @@ def _pair_counts(store: Store) -> list[dict]:
             FROM rated a JOIN rated b
               ON a.judge = b.judge AND a.metric = b.metric AND a.group_id = b.group_id
              AND a.member_id < b.member_id
+            WHERE ?::VARCHAR IS NULL OR ? IN (a.checkpoint, b.checkpoint)
         )
         SELECT p.judge, p.metric, p.scenario_id, sc.key AS scenario,
                count(*) AS pairs,
@@ -160,7 +168,8 @@ def _pair_counts(store: Store) -> list[dict]:
         FROM pairs p LEFT JOIN scenarios sc ON sc.id = p.scenario_id
         GROUP BY p.judge, p.metric, p.scenario_id, sc.key, p.group_id
         ORDER BY p.judge, p.metric, p.scenario_id, p.group_id
-        """
+        """,
+        [checkpoint, checkpoint],
     )
 
 
