@@ -32,10 +32,11 @@ here are independent draws of the candidate's mean over the traffic: what
 (errors, latency, shape, KL, agreement: they only stop more) and the canary's caps (a
 test open at the end of its offline rounds goes on on the canary's prompts).
 
-Reported per settings: P(any bad promotion in a year) (bad: E[d] <= 0), good promotions
-per month, candidates per year, per kind of candidate the share promoted and the pairs
-to a decision; then a +0.1 candidate at the levels of the 1st, 500th and 2000th candidate
-of a period (promoted share, median pairs), with and without judge failures; and the
+Reported per settings: P(any bad promotion in a year, and in a month) (bad: E[d] <= 0),
+good promotions per month and in each month of a year, candidates per year, per kind of
+candidate the share promoted, the pairs to a decision and its time at the engine's
+speed; then a +0.1 candidate at the levels of the 1st, 500th and 2000th candidate of a
+period (promoted share, median pairs), with and without judge failures; and the
 hedging candidate of issue 33 judged by a referee that pays for exact answers, and by
 its coach (half credit for a hedge).
 
@@ -78,22 +79,36 @@ MIX = {  # kind: (share of candidates, true E[d] on judged pairs)
 }
 DAY = 86400.0
 YEAR = 365 * DAY
+MONTH = YEAR / 12
 START = datetime(2026, 1, 1, tzinfo=UTC)
 # A training run's wall time (stated), and pairs per second at the engine's speed (2
 # answers and a judgement each), as measured on this 2-core machine with vLLM's CPU build
 # and the bundled model judging (docs/benchmarks.md, "Learning": 44 pairs in 451 s).
 TRAIN_S = {"production": 600.0, "demo": 300.0}
-PAIRS_PER_S = {"production": 0.1, "demo": 0.1}
+PAIRS_PER_S = 0.1
 
 
 @dataclass
 class Decided:
     kind: str
     mean: float
-    year: int
+    at: float  # seconds into the stream when its test started
     decision: str  # promote | rollback | stopped
     pairs: int
     rounds: int
+
+    @property
+    def year(self) -> int:
+        return int(self.at // YEAR)
+
+    @property
+    def month(self) -> int:
+        return int(self.at // MONTH)
+
+    @property
+    def wall_s(self) -> float:
+        """Its test's time at the engine's speed (pairs, each sampled and judged)."""
+        return self.pairs / PAIRS_PER_S
 
 
 @dataclass(frozen=True)
@@ -127,7 +142,7 @@ def draw(rng: random.Random, mean: float, scores: str, judge: Judge) -> float:
 
 
 def test_one(
-    rule: stats.Rule, s: LoopSettings, alpha: float, sample, year: int, kind: str, mean: float
+    rule: stats.Rule, s: LoopSettings, alpha: float, sample, at: float, kind: str, mean: float
 ) -> Decided:
     """One candidate through the loop's tests: the held-out slice's own (`pairs.held_out`:
     stopped when shown worse than live there; its pairs drawn like the others, the
@@ -145,14 +160,14 @@ def test_one(
     held = stats.Paired(margin=-s.delta, delta=s.delta)
     add(held, s.holdout_pairs)
     if pairs.HeldOut(held, s.beta).worse:
-        return Decided(kind, mean, year, "stopped", held.pairs, 0)
+        return Decided(kind, mean, at, "stopped", held.pairs, 0)
     paired, rounds = rule.start(), 0
     while True:
         add(paired, s.pairs_per_round)
         rounds += 1
         decision = rule.decision(paired, alpha)
         if decision != "wait":
-            return Decided(kind, mean, year, decision, held.pairs + paired.pairs, rounds)
+            return Decided(kind, mean, at, decision, held.pairs + paired.pairs, rounds)
 
 
 def stream(
@@ -187,9 +202,9 @@ def stream(
             kind = rng.choices(kinds, weights)[0]
             mean = MIX[kind][1]
             sample = lambda m=mean: draw(rng, m, scores, judge)  # noqa: E731
-            d = test_one(rule, s, level.alpha, sample, int(t // YEAR), kind, mean)
+            d = test_one(rule, s, level.alpha, sample, t, kind, mean)
             out.append(d)
-            t += d.rounds * s.interval_s + d.pairs / PAIRS_PER_S[name]
+            t += d.pairs / PAIRS_PER_S  # offline rounds run back to back
             outcome = {"promote": "promoted", "rollback": "rolled_back"}.get(d.decision, "stopped")
             ledger.settle(store, "agent", name_k, outcome, START + timedelta(seconds=t))
             failures = 0 if d.decision == "promote" else failures + 1
@@ -203,8 +218,20 @@ def measure(
     rng = random.Random(f"{seed}-{name}-{scores}")
     runs = [stream(name, s, scores, judge, years, rng) for _ in range(streams)]
     by_year = [[d for d in r if d.year == y] for r, _ in runs for y in range(years)]
+    months = [[d for d in r if d.month == m] for r, _ in runs for m in range(12 * years)]
     bad = sum(any(d.decision == "promote" and d.mean <= 0 for d in y) for y in by_year)
+    bad_months = sum(any(d.decision == "promote" and d.mean <= 0 for d in m) for m in months)
     good = [sum(d.decision == "promote" and d.mean > 0 for d in y) for y in by_year]
+    # Good promotions in each month of a year, over every stream and year: does it learn
+    # in month 12 as in month 1?
+    month_of_year = [
+        statistics.mean(
+            sum(d.decision == "promote" and d.mean > 0 for d in months[i])
+            for i in range(len(months))
+            if i % 12 == m
+        )
+        for m in range(12)
+    ]
     per_kind = {}
     for kind in MIX:
         ds = [d for y in by_year for d in y if d.kind == kind]
@@ -216,7 +243,8 @@ def measure(
             "promoted": round(sum(d.decision == "promote" for d in ds) / len(ds), 4),
             "stopped_on_held_out": round(sum(d.decision == "stopped" for d in ds) / len(ds), 4),
             "median_pairs": statistics.median(pairs),
-            "median_wall_s_at_engine_speed": statistics.median(pairs) / PAIRS_PER_S[name],
+            "median_wall_s_at_engine_speed": statistics.median(d.wall_s for d in ds),
+            "p90_wall_s_at_engine_speed": statistics.quantiles([d.wall_s for d in ds], n=10)[-1],
         }
     later = [d for y in by_year for d in y[len(y) // 2 :] if d.kind == "better"]
     return {
@@ -239,11 +267,13 @@ def measure(
             )
         },
         "train_s": TRAIN_S[name],
-        "pairs_per_s": PAIRS_PER_S[name],
+        "pairs_per_s": PAIRS_PER_S,
         "years": len(by_year),
         "any_bad_promotion_in_a_year": bad / len(by_year),
+        "any_bad_promotion_in_a_month": bad_months / len(months),
         "target_met": bad / len(by_year) <= s.alpha,
         "good_promotions_per_month": round(statistics.mean(good) / 12, 3),
+        "good_promotions_by_month_of_year": [round(x, 2) for x in month_of_year],
         "candidates_per_year": round(statistics.mean(len(y) for y in by_year), 1),
         "highest_rank": max(max(ranks) for _, ranks in runs),
         "by_kind": per_kind,
@@ -318,15 +348,18 @@ def main() -> None:
             f"P(any bad promotion in a year) {r['any_bad_promotion_in_a_year']:.3f} "
             f"(target <= {s.alpha}: {met}); good promotions per month "
             f"{r['good_promotions_per_month']:.2f}; {r['candidates_per_year']:.0f} "
-            f"candidates per year (the highest rank in a period: {r['highest_rank']})"
+            f"candidates per year (the highest rank in a period: {r['highest_rank']})\n"
+            f"P(any bad promotion in a month) {r['any_bad_promotion_in_a_month']:.4f}; good "
+            f"promotions in months 1..12 of a year: {r['good_promotions_by_month_of_year']}"
         )
         print(f"{'kind':>12} {'n':>6} {'promoted':>8} {'stopped':>8} {'pairs':>6} "
-              f"{'at engine':>9}")  # fmt: skip
+              f"{'time to decide, median / p90':>30}")  # fmt: skip
         for kind, row in r["by_kind"].items():
             print(
                 f"{kind:>12} {row['candidates']:>6} {row['promoted']:>8.3f} "
                 f"{row['stopped_on_held_out']:>8.3f} {row['median_pairs']:>6} "
-                f"{row['median_wall_s_at_engine_speed']:>7.0f} s"
+                f"{row['median_wall_s_at_engine_speed'] / 60:>18.1f} / "
+                f"{row['p90_wall_s_at_engine_speed'] / 60:.1f} min"
             )
         print(
             "a +0.1 candidate in the second half of a year's candidates: promoted "
