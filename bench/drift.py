@@ -118,7 +118,7 @@ def before_issue_50(store: Store, rng: random.Random, n: int) -> list[str]:
 
 def now_drawn(store: Store, test: str, n: int) -> list[str]:
     """Today's sampling: `prompts.fresh` over the last day, in its mix of strata."""
-    picked = prompts.fresh(store, AGENT, NOW - prompts.PROFILE, n, tests=[test], now=NOW)
+    picked = prompts.fresh(store, AGENT, NOW - prompts.PROFILE, n, tests=[test])
     return [p["id"].rsplit("-", 1)[1] for p in picked.prompts]
 
 

@@ -32,6 +32,7 @@ REWARDS = (
 
 
 ROUTING = {"canary", "promote", "rollback", "status"}
+ROME = [{"role": "user", "content": "What is the weather in Rome?"}]
 
 
 def onjob(cwd: Path, *args: str, env: dict | None = None, timeout: float = 600):
@@ -46,7 +47,9 @@ def onjob(cwd: Path, *args: str, env: dict | None = None, timeout: float = 600):
     )
 
 
-def converse(db: Path, engine_url: str, n: int, name: str, **request) -> None:
+def converse(
+    db: Path, engine_url: str, n: int, name: str, messages=TOOL_QUESTION, **request
+) -> None:
     """`n` one-turn tool-question conversations through a real `onjob serve` on `db`
     (routing restored from its deployments, adapters loaded), named `name-<i>`; `request`
     adds to each request (sampling, `extra_headers`)."""
@@ -56,7 +59,7 @@ def converse(db: Path, engine_url: str, n: int, name: str, **request) -> None:
         for i in range(n):
             client.chat.completions.create(
                 model="agent",
-                messages=TOOL_QUESTION,
+                messages=messages,
                 tools=TOOLS,
                 max_tokens=24,
                 metadata={"trajectory_id": f"{name}-{i}"},
@@ -290,7 +293,9 @@ def test_a_fresh_database_runs_every_stage_and_a_run_killed_mid_train_resumes_cl
     # The next iteration compares the canary with live on prompts logged since it started.
     # Pinned live: a test draws fresh prompts from the live arm only, and six conversations
     # hashed at a fitted 50% all fall to the canary about once in 64 runs.
-    converse(db, tool_engine.url, 6, "after", extra_headers={"X-Onjob-Arm": "live"})
+    # Another question: the candidate trained on the first one (a test draws no prompt in
+    # the words of one it trained on).
+    converse(db, tool_engine.url, 6, "after", ROME, extra_headers={"X-Onjob-Arm": "live"})
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"canary {checkpoint['name']} against base" in done.stdout
@@ -354,7 +359,8 @@ def test_conversations_the_canary_trained_on_and_compare_runs_never_count_for_it
     store.close()
     assert trained
     converse(db, tool_engine.url, 12, "conv")  # the same conversations go on...
-    converse(db, tool_engine.url, 12, "after")  # ...and new ones start
+    converse(db, tool_engine.url, 12, "after", ROME)  # ...and new ones start, on another
+    # question: the lineage trained on the first (its words are not fresh prompts)
     cmp = onjob(tmp_path, "compare", "scrambled", "mild", "--prompts", "4",
                 "--engine-url", tool_engine.url)  # fmt: skip
     assert cmp.returncode == 0, cmp.stderr

@@ -17,6 +17,8 @@ from .conftest import record_trained
 AGENT = Lineage("agent")
 CALL = {"choices": [{"message": {"role": "assistant", "tool_calls": [{"id": "c1"}]}}]}
 ANSWER = {"choices": [{"message": {"role": "assistant", "content": "done"}}]}
+CALL_MESSAGE = {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "track", "arguments": "{}"}}]}  # fmt: skip
 
 
 def log(store, conversation: str, *, turns: int = 1, at: datetime, called: bool = False,
@@ -32,6 +34,11 @@ def log(store, conversation: str, *, turns: int = 1, at: datetime, called: bool 
              json.dumps({"model": "agent", "messages": [{"role": "user", "content": says}]}),
              json.dumps(CALL if called else ANSWER)],
         )  # fmt: skip
+
+
+def words(i: int) -> str:
+    """A request's own words (numbers would not tell two requests apart: `OPENER`)."""
+    return f"{chr(97 + i % 26)}{chr(97 + i // 26)}"
 
 
 def test_a_long_conversation_is_drawn_as_often_as_the_turns_it_served(tmp_path):
@@ -55,21 +62,34 @@ def test_a_long_conversation_is_drawn_as_often_as_the_turns_it_served(tmp_path):
         store.close()
 
 
-def test_a_draw_keeps_the_days_mix_of_turns_whatever_is_left_to_draw_from(tmp_path):
+def test_a_draw_keeps_the_days_mix_of_turns_whatever_is_left_to_draw_from(
+    tmp_path, tiny_adapter_dir, tiny_model_dir
+):
     store = Store(tmp_path / "onjob.duckdb")
     now = datetime.now(UTC)
     try:
-        # A day of traffic, half tool-call turns. Most tool-call turns were served by a
-        # canary (not live's answers, so not drawn): live's untrained turns left to draw
-        # from are 60 answers and 6 tool calls.
+        # A day of live traffic, half tool-call turns. Training took most of the tool-call
+        # turns (the judge keeps a quota of them): the untrained turns left to draw from
+        # are 60 answers and 6 tool calls.
         for i in range(60):
-            log(store, f"a{i}", at=now - timedelta(minutes=10))
-        for i in range(6):
-            log(store, f"t{i}", at=now - timedelta(minutes=10), called=True)
-        for i in range(54):
-            log(store, f"c{i}", at=now - timedelta(minutes=10), called=True, arm="canary")
-        since = now - timedelta(days=1)
-        draw = prompts.fresh(store, AGENT, since, 40, tests=["offline:x"])
+            log(store, f"a{i}", at=now - timedelta(minutes=10), says=f"answer {words(i)}?")
+        for i in range(60):
+            log(store, f"t{i}", at=now - timedelta(minutes=10), called=True,
+                says=f"tool {words(i)}?")  # fmt: skip
+        for i in range(6, 60):
+            store.con.execute(
+                "INSERT INTO groups (id, scenario_id, prefix_exchange, kind, status, created) "
+                "VALUES (?, 'scn', ?, 'turn', 'scored', now())",
+                [f"g{i}", f"t{i}-0"],
+            )
+            store.con.execute(
+                "INSERT INTO members VALUES (?, ?, 0, ?, 0, ?, 'logged')",
+                [f"m{i}", f"g{i}", f"t{i}-0", f"t{i}"],
+            )
+        record_trained(store, "cand", tiny_adapter_dir, tiny_model_dir,
+                       groups=[f"g{i}" for i in range(6, 60)])  # fmt: skip
+        since = prompts.window_start(store, "cand")
+        draw = prompts.fresh(store, AGENT, since, 40, chain=[None, "cand"], tests=["offline:x"])
         kinds = [p["trajectory_id"][0] for p in draw.prompts]
         # Each draw is a tool-call turn half the time (as the day served them), so the 6
         # are drawn among the first dozen or so, and the round stops when a draw asks for
@@ -78,7 +98,7 @@ def test_a_draw_keeps_the_days_mix_of_turns_whatever_is_left_to_draw_from(tmp_pa
         assert draw.short == prompts.Stratum(called=True, part=draw.short.part)
         assert "tool-call turns" in str(draw.short)
         # The same test's next round asks again and stops at once: nothing new to draw.
-        again = prompts.fresh(store, AGENT, since, 40, tests=["offline:x"])
+        again = prompts.fresh(store, AGENT, since, 40, chain=[None, "cand"], tests=["offline:x"])
         assert {p["id"] for p in again.prompts} == {p["id"] for p in draw.prompts}
     finally:
         store.close()
@@ -100,7 +120,7 @@ def test_a_draw_reaches_every_hour_of_the_day_in_proportion(tmp_path):
         store.close()
 
 
-def test_a_conversation_that_opens_like_a_trained_one_is_not_a_fresh_prompt(
+def test_a_prompt_in_the_words_of_a_trained_one_is_not_a_fresh_prompt(
     tmp_path, tiny_adapter_dir, tiny_model_dir
 ):
     store = Store(tmp_path / "onjob.duckdb")
@@ -118,13 +138,24 @@ def test_a_conversation_that_opens_like_a_trained_one_is_not_a_fresh_prompt(
         # The same template with another order number and other spacing and case.
         log(store, "alike", turns=2, at=now - timedelta(minutes=5), says="order 98  is LATE why")
         log(store, "other", turns=2, at=now - timedelta(minutes=5), says="Where is my refund?")
+        # An agent whose conversations all open alike, then get their own tool results:
+        # its first turn is the trained one's, its second is not.
+        opening = {"role": "user", "content": "Order #1234 is late. Why?"}
+        result = {"role": "tool", "tool_call_id": "c1", "content": "courier lost parcel 77"}
+        log(store, "ticket", turns=2, at=now - timedelta(minutes=5))
+        for turn, messages in enumerate(([opening], [opening, CALL_MESSAGE, result])):
+            store.con.execute(
+                "UPDATE exchanges SET request = ? WHERE id = ?",
+                [json.dumps({"model": "agent", "messages": messages}), f"ticket-{turn}"],
+            )
         since = prompts.window_start(store, "cand", now)
         assert since == now - prompts.PROFILE
         chosen = prompts.fresh(store, AGENT, since, 10, chain=[None, "cand"]).prompts
-        assert {p["trajectory_id"] for p in chosen} == {"other"}
+        assert {p["trajectory_id"] for p in chosen} == {"other", "ticket"}
+        assert next(p["turn"] for p in chosen if p["trajectory_id"] == "ticket") == 1
         # Without the candidate's chain nothing is trained, so nothing is alike.
         every = prompts.fresh(store, AGENT, since, 10).prompts
-        assert {p["trajectory_id"] for p in every} == {"trained", "alike", "other"}
+        assert {p["trajectory_id"] for p in every} == {"trained", "alike", "other", "ticket"}
         # An adapter added by hand has no record of what it saw: no window of its own.
         assert prompts.window_start(store, "hand-made") is None
     finally:

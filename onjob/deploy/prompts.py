@@ -5,11 +5,12 @@ Every source is production turns of the alias, of the lineage's own API keys (it
 or for the shared lineage every key no tenant holds; never one in `proxy.untrained_keys`:
 `Lineage.scope`), in no conversation the checkpoints' training snapshots hold
 (`TRAINED_CONVERSATIONS`: an answer a checkpoint was trained towards is not evidence about
-it) nor any whose opening words match one of those (`OPENER`: the same templated request
-in a new conversation is the same evidence), in no conversation the test already drew from
-(turns of one conversation are not independent evidence), in no conversation any turn of
-which another arm answered (a canary's, or a rolled-back sibling's, answers in its history
-are not live's), one turn per conversation, any turn (tool-call turns included).
+it), no turn whose prompt has the words of one of theirs (`PROMPT_WORDS`: the same
+templated request in a new conversation is the same evidence; its later turns, given
+other tool results, are not), in no conversation the test already drew from (turns of
+one conversation are not independent evidence), in no conversation any turn of which
+another arm answered (a canary's, or a rolled-back sibling's, answers in its history are
+not live's), one turn per conversation, any turn (tool-call turns included).
 
 The order is random, and reproducible: a resumed test draws the same turns. Turns are
 ordered by a hash of their id and the test's name, and a conversation is drawn at its
@@ -17,14 +18,18 @@ first turn in that order, so a conversation of ten turns is drawn about ten time
 often as one of one: the sample is of turns served, not of conversations. Two sources:
 
 - `held_out`: the held-out slice's scenarios (`holdout`), whenever logged; its own test.
-- `fresh`: any scenario, logged on the live arm in the last day (`window_start`). Each draw first
-  picks a *stratum* (`Stratum`: whether live's answer called a tool, and the quarter of the UTC
-  day) in proportion to the lineage's turns of that stratum over the last
-  `PROFILE` (a day: every hour once), then the stratum's next turn. The test's mean is
-  then the mean over the traffic of a whole day, whatever hours and kinds of turn happen
-  to be left to draw from; a stratum with nothing left ends the round there (`Draw.short`),
-  and the test waits for its traffic rather than read a skewed sample. Each draw is
-  independent of the pairs before it, which the e-process's guarantee needs.
+- `fresh`: any scenario, logged on the live arm since `since`: the last day (`PROFILE`,
+  every hour once: `window_start`) for a candidate whose training is on record. Each draw
+  first picks a *stratum* (`Stratum`: whether live's answer called a tool, and the
+  quarter of the UTC day) in proportion to the lineage's live turns of that stratum in
+  the same window, then the stratum's next turn. What the exclusions above take away
+  (training picks tool-call turns; a canary's conversations; the test's own draws) is so
+  put back, and the test's mean is the mean over the window's traffic; a stratum with
+  nothing left ends the round there (`Draw.short`), and the test waits for its traffic
+  rather than read a skewed sample. Each draw is independent of the pairs before it,
+  which the e-process's guarantee needs. Live's turns stand for all the traffic: a canary
+  serves a random share of conversations, and live's answers are the ones a stratum is
+  read from.
 """
 
 from __future__ import annotations
@@ -55,14 +60,15 @@ SELECT DISTINCT m.trajectory_id FROM members m JOIN trained ON trained.group_id 
 WHERE m.trajectory_id IS NOT NULL
 """
 
-# A conversation's opening words, as near-duplicates share them: the text of the user's
-# messages of its first turn, lower-cased, each run of digits one 0, anything but letters
-# and digits one space ("Order #1234 late?" and "order 98 late" are the same request). `r`
-# is a rebuilt first turn (its full request: linear storage keeps only a delta).
-OPENER = """
+# A prompt's words, which near-duplicates share: the text of its user messages and tool
+# results (what the agent was given, not its own answers or the system prompt), lower-cased,
+# each run of digits one 0, anything but letters and digits one space ("Order #1234 late?"
+# and "order 98 LATE" are the same request). `r` is a rebuilt row (its full request:
+# linear storage keeps only a delta). NULL for a row without chat messages.
+PROMPT_WORDS = """
 md5(trim(regexp_replace(regexp_replace(lower(CAST(list_transform(
     list_filter(CAST(json_extract(r.request, '$.messages') AS JSON[]),
-                lambda m: json_extract_string(m, '$.role') = 'user'),
+                lambda m: json_extract_string(m, '$.role') IN ('user', 'tool')),
     lambda m: json_extract(m, '$.content')) AS VARCHAR)), '[0-9]+', '0', 'g'),
     '[^a-z0-9]+', ' ', 'g')))
 """
@@ -117,12 +123,11 @@ def fresh(
     *,
     chain: list[str | None] | tuple = (),
     tests: list[str] | tuple = (),
-    now: datetime | None = None,
 ) -> Draw:
     """Up to `n` of `lineage`'s prompts logged on the live arm after `since`, any
-    scenario, in the mix of its traffic over the `PROFILE` before `now`."""
+    scenario, in the mix of that window's traffic."""
     where = "e.arm = 'live' AND e.ts > ?"
-    profile = _profile(store, lineage, (now or datetime.now(UTC)) - PROFILE)
+    profile = _profile(store, lineage, since)
     return _choose(store, lineage, where, [since], n, chain, tests, profile)
 
 
@@ -145,13 +150,13 @@ _PART = f"CAST(hour(timezone('UTC', e.ts)) // {PART_HOURS} AS INTEGER)"
 
 
 def _profile(store, lineage: Lineage, start: datetime) -> dict[Stratum, int]:
-    """The lineage's answered production turns per stratum since `start`, every arm: the
-    traffic a candidate would serve."""
+    """The lineage's answered production turns on the live arm per stratum since `start`:
+    the traffic a candidate would serve."""
     mine, scope = lineage.scope.sql("e.api_key_id")
     rows = store.query(
         f"SELECT {_CALLED} AS called, {_PART} AS part, count(*) AS n FROM exchanges e "
         "WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ? "
-        f"AND e.ts > ? AND {mine} GROUP BY ALL",
+        f"AND e.arm = 'live' AND e.ts > ? AND {mine} GROUP BY ALL",
         [lineage.alias, start, *scope],
     )
     return {Stratum(r["called"], r["part"]): r["n"] for r in rows}
@@ -165,39 +170,34 @@ def _choose(store, lineage, where, params, n, chain, tests, profile) -> Draw:
     mine, scope = lineage.scope.sql("e.api_key_id")
     turns = store.query(
         f"""
-        WITH trained AS ({TRAINED_CONVERSATIONS})
-        SELECT e.id, e.trajectory_id, {_CALLED} AS called, {_PART} AS part
-        FROM exchanges e
-        WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ? AND {where}
-          AND {mine}
-          AND e.trajectory_id NOT IN (FROM trained)
-          AND e.trajectory_id NOT IN (
-              SELECT p.trajectory_id FROM groups g JOIN exchanges p ON p.id = g.prefix_exchange
-              WHERE g.kind = 'ab' AND list_contains(?::VARCHAR[], g.test))
-          AND e.trajectory_id NOT IN (
-              SELECT trajectory_id FROM exchanges
-              WHERE arm <> 'live' AND source = 'production' AND trajectory_id IS NOT NULL)
-        QUALIFY row_number() OVER (PARTITION BY e.trajectory_id ORDER BY hash(e.id, ?)) = 1
-        ORDER BY hash(e.id, ?), e.id
+        WITH trained AS ({TRAINED_CONVERSATIONS}),
+        seen AS (  -- every prompt of a trained conversation, by its words
+            SELECT DISTINCT {PROMPT_WORDS} AS words
+            FROM exchanges_rebuilt((SELECT list(id) FROM exchanges
+                                    WHERE trajectory_id IN (FROM trained)), false) r
+        ), source AS (
+            SELECT e.id, e.trajectory_id, {_CALLED} AS called, {_PART} AS part
+            FROM exchanges e
+            WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ?
+              AND {where} AND {mine}
+              AND e.trajectory_id NOT IN (FROM trained)
+              AND e.trajectory_id NOT IN (
+                  SELECT p.trajectory_id FROM groups g
+                  JOIN exchanges p ON p.id = g.prefix_exchange
+                  WHERE g.kind = 'ab' AND list_contains(?::VARCHAR[], g.test))
+              AND e.trajectory_id NOT IN (
+                  SELECT trajectory_id FROM exchanges
+                  WHERE arm <> 'live' AND source = 'production' AND trajectory_id IS NOT NULL)
+        )
+        SELECT s.* FROM source s
+        JOIN exchanges_rebuilt((SELECT list(id) FROM source), false) r ON r.id = s.id
+        WHERE {PROMPT_WORDS} IS NULL
+           OR {PROMPT_WORDS} NOT IN (SELECT words FROM seen WHERE words IS NOT NULL)
+        QUALIFY row_number() OVER (PARTITION BY s.trajectory_id ORDER BY hash(s.id, ?)) = 1
+        ORDER BY hash(s.id, ?), s.id
         """,
         [chain, lineage.alias, *params, *scope, list(tests), key, key],
     )
-    if turns:  # conversations that open like a trained one are out (one query for few rows)
-        alike = store.query(
-            f"""
-            WITH trained AS ({TRAINED_CONVERSATIONS})
-            SELECT r.trajectory_id FROM exchanges_rebuilt((
-                SELECT list(id) FROM exchanges WHERE turn = 0
-                  AND list_contains(?::VARCHAR[], trajectory_id)), false) r
-            WHERE {OPENER} IN (
-                SELECT {OPENER} FROM exchanges_rebuilt((
-                    SELECT list(id) FROM exchanges WHERE turn = 0
-                      AND trajectory_id IN (FROM trained)), false) r)
-            """,
-            [chain, [t["trajectory_id"] for t in turns]],
-        )
-        out = {r["trajectory_id"] for r in alike}
-        turns = [t for t in turns if t["trajectory_id"] not in out]
     draw = _draw(turns, n, profile, f"{key}:{_drawn(store, tests)}")
     if draw.prompts:
         ids = [t["id"] for t in draw.prompts]
