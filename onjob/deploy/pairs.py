@@ -319,7 +319,10 @@ class HeldOut:
     def evidence(self) -> dict:
         """The slice's part of what the dashboard and the deployments log show."""
         p = self.paired
-        return p.tally.as_dict() | {
+        tally = p.tally.as_dict()
+        if not p.pairs:  # no rate to show (nan is not JSON)
+            tally["win_rate"] = None
+        return tally | {
             "unjudged": p.unjudged,
             "pending": p.pending,
             "mean_difference": p.mean if p.pairs else None,

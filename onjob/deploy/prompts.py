@@ -22,14 +22,16 @@ often as one of one: the sample is of turns served, not of conversations. Two so
   every hour once: `window_start`) for a candidate whose training is on record. Each draw
   first picks a *stratum* (`Stratum`: whether live's answer called a tool, and the
   quarter of the UTC day) in proportion to the lineage's live turns of that stratum in
-  the same window, then the stratum's next turn. What the exclusions above take away
+  the same window that the test has not drawn (a sample without putting back), then the
+  stratum's next turn. What the exclusions above take away
   (training picks tool-call turns; a canary's conversations; the test's own draws) is so
-  put back, and the test's mean is the mean over the window's traffic; a stratum with
-  nothing left ends the round there (`Draw.short`), and the test waits for its traffic
-  rather than read a skewed sample. Each draw is independent of the pairs before it,
-  which the e-process's guarantee needs. Live's turns stand for all the traffic: a canary
-  serves a random share of conversations, and live's answers are the ones a stratum is
-  read from.
+  put back, and the test's mean is the mean over the window's traffic; a stratum whose
+  undrawn turns are all ones the test may not use ends the round there (`Draw.short`),
+  and the test waits for its traffic rather than read a skewed sample. The e-process's
+  guarantee asks each pair's expected difference to be the traffic's, whatever came
+  before: a draw depends on the pairs before it only through the turns they used up.
+  Live's turns stand for all the traffic: a canary serves a random share of
+  conversations, and live's answers are the ones a stratum is read from.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ def fresh(
     """Up to `n` of `lineage`'s prompts logged on the live arm after `since`, any
     scenario, in the mix of that window's traffic."""
     where = "e.arm = 'live' AND e.ts > ?"
-    profile = _profile(store, lineage, since)
+    profile = _profile(store, lineage, since, tests)
     return _choose(store, lineage, where, [since], n, chain, tests, profile)
 
 
@@ -149,15 +151,19 @@ _CALLED = "coalesce(json_array_length(e.response -> '$.choices[0].message.tool_c
 _PART = f"CAST(hour(timezone('UTC', e.ts)) // {PART_HOURS} AS INTEGER)"
 
 
-def _profile(store, lineage: Lineage, start: datetime) -> dict[Stratum, int]:
-    """The lineage's answered production turns on the live arm per stratum since `start`:
-    the traffic a candidate would serve."""
+def _profile(store, lineage: Lineage, start: datetime, tests) -> dict[Stratum, int]:
+    """The lineage's answered production turns on the live arm per stratum since `start`
+    (the traffic a candidate would serve), but those of conversations `tests` drew: the
+    test samples that traffic without putting back."""
     mine, scope = lineage.scope.sql("e.api_key_id")
     rows = store.query(
         f"SELECT {_CALLED} AS called, {_PART} AS part, count(*) AS n FROM exchanges e "
         "WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ? "
-        f"AND e.arm = 'live' AND e.ts > ? AND {mine} GROUP BY ALL",
-        [lineage.alias, start, *scope],
+        f"AND e.arm = 'live' AND e.ts > ? AND {mine} "
+        "AND e.trajectory_id NOT IN (SELECT p.trajectory_id FROM groups g "
+        "JOIN exchanges p ON p.id = g.prefix_exchange "
+        "WHERE g.kind = 'ab' AND list_contains(?::VARCHAR[], g.test)) GROUP BY ALL",
+        [lineage.alias, start, *scope, list(tests)],
     )
     return {Stratum(r["called"], r["part"]): r["n"] for r in rows}
 
@@ -215,14 +221,16 @@ def _draw(turns: list[dict], n: int, profile: dict[Stratum, int] | None, seed: s
     queues: dict[Stratum, list[dict]] = {}
     for t in turns:
         queues.setdefault(Stratum(t["called"], t["part"]), []).append(t)
-    strata = sorted(profile)
+    left = dict(profile)  # the window's turns not drawn yet, per stratum
+    strata = sorted(left)
     rng, out = random.Random(seed), []
-    while len(out) < n and strata:
-        stratum = rng.choices(strata, weights=[profile[s] for s in strata])[0]
+    while len(out) < n and any(left.values()):
+        stratum = rng.choices(strata, weights=[left[s] for s in strata])[0]
         queue = queues.get(stratum)
-        if not queue:
+        if not queue:  # its turns not drawn yet are all ones the test may not use
             return Draw(out, stratum)
         out.append(queue.pop(0))
+        left[stratum] -= 1
     return Draw(out)
 
 
