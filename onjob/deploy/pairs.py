@@ -375,16 +375,18 @@ def path(store, tests: list[str], settings: LoopSettings) -> list[dict]:
 
 def referee(judge: JudgeSettings, gate: GateSettings) -> JudgeSettings:
     """Who judges the pairs: the gate's scorers when `loop.gate` names any, else the
-    training reward's (the judge's model and reward functions)."""
+    training reward's (the judge's model and reward functions); each arm answering
+    `gate.samples` times, read `gate.orders` times by a RULER judge."""
+    paired = {"group_size": gate.samples or judge.group_size, "ruler_orders": gate.orders}
     if not gate.configured:
-        return judge.model_copy(update={"ruler_orders": gate.orders})
+        return judge.model_copy(update=paired)
     return judge.model_copy(
         update={
             "model": gate.model,
             "rubric": gate.rubric or judge.rubric,
             "rubrics": {} if gate.rubric else judge.rubrics,
             "rewards": gate.rewards,
-            "ruler_orders": gate.orders,
+            **paired,
         }
     )
 
