@@ -36,6 +36,21 @@ def log(store, conversation: str, *, turns: int = 1, at: datetime, called: bool 
         )  # fmt: skip
 
 
+def trained(store, conversations: list[str], adapter, model) -> None:
+    """`cand`, a candidate trained on a turn group of each conversation's first turn."""
+    for c in conversations:
+        store.con.execute(
+            "INSERT INTO groups (id, scenario_id, prefix_exchange, kind, status, created) "
+            "VALUES (?, 'scn', ?, 'turn', 'scored', now())",
+            [f"g-{c}", f"{c}-0"],
+        )
+        store.con.execute(
+            "INSERT INTO members VALUES (?, ?, 0, ?, 0, ?, 'logged')",
+            [f"m-{c}", f"g-{c}", f"{c}-0", c],
+        )
+    record_trained(store, "cand", adapter, model, groups=[f"g-{c}" for c in conversations])
+
+
 def words(i: int) -> str:
     """A request's own words (numbers would not tell two requests apart: `OPENER`)."""
     return f"{chr(97 + i % 26)}{chr(97 + i // 26)}"
@@ -76,18 +91,7 @@ def test_a_draw_keeps_the_days_mix_of_turns_whatever_is_left_to_draw_from(
         for i in range(60):
             log(store, f"t{i}", at=now - timedelta(minutes=10), called=True,
                 says=f"tool {words(i)}?")  # fmt: skip
-        for i in range(6, 60):
-            store.con.execute(
-                "INSERT INTO groups (id, scenario_id, prefix_exchange, kind, status, created) "
-                "VALUES (?, 'scn', ?, 'turn', 'scored', now())",
-                [f"g{i}", f"t{i}-0"],
-            )
-            store.con.execute(
-                "INSERT INTO members VALUES (?, ?, 0, ?, 0, ?, 'logged')",
-                [f"m{i}", f"g{i}", f"t{i}-0", f"t{i}"],
-            )
-        record_trained(store, "cand", tiny_adapter_dir, tiny_model_dir,
-                       groups=[f"g{i}" for i in range(6, 60)])  # fmt: skip
+        trained(store, [f"t{i}" for i in range(6, 60)], tiny_adapter_dir, tiny_model_dir)
         since = prompts.window_start(store, "cand")
         draw = prompts.fresh(store, AGENT, since, 40, chain=[None, "cand"], tests=["offline:x"])
         kinds = [p["trajectory_id"][0] for p in draw.prompts]
@@ -127,14 +131,7 @@ def test_a_prompt_in_the_words_of_a_trained_one_is_not_a_fresh_prompt(
     now = datetime.now(UTC)
     try:
         log(store, "trained", at=now - timedelta(hours=2), says="Order #1234 is late. Why?")
-        store.con.execute(
-            "INSERT INTO groups (id, scenario_id, prefix_exchange, kind, status, created) "
-            "VALUES ('g1', 'scn', 'trained-0', 'turn', 'scored', now())"
-        )
-        store.con.execute(
-            "INSERT INTO members VALUES ('m1', 'g1', 0, 'trained-0', 0, 'trained', 'logged')"
-        )
-        record_trained(store, "cand", tiny_adapter_dir, tiny_model_dir, groups=["g1"])
+        trained(store, ["trained"], tiny_adapter_dir, tiny_model_dir)
         # The same template with another order number and other spacing and case.
         log(store, "alike", turns=2, at=now - timedelta(minutes=5), says="order 98  is LATE why")
         log(store, "other", turns=2, at=now - timedelta(minutes=5), says="Where is my refund?")
