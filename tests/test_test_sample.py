@@ -130,10 +130,11 @@ def test_a_prompt_in_the_words_of_a_trained_one_is_not_a_fresh_prompt(
     store = Store(tmp_path / "onjob.duckdb")
     now = datetime.now(UTC)
     try:
-        log(store, "trained", at=now - timedelta(hours=2), says="Order #1234 is late. Why?")
+        log(store, "trained", at=now - timedelta(minutes=5), says="Order #1234 is late. Why?")
+        log(store, "number", at=now - timedelta(minutes=5), says="Order #98 is late. Why?")
         trained(store, ["trained"], tiny_adapter_dir, tiny_model_dir)
-        # The same template with another order number and other spacing and case.
-        log(store, "alike", turns=2, at=now - timedelta(minutes=5), says="order 98  is LATE why")
+        # The same request in other spacing, case and punctuation.
+        log(store, "alike", turns=2, at=now - timedelta(minutes=5), says="order 1234  is LATE why")
         log(store, "other", turns=2, at=now - timedelta(minutes=5), says="Where is my refund?")
         # An agent whose conversations all open alike, then get their own tool results:
         # its first turn is the trained one's, its second is not.
@@ -148,11 +149,17 @@ def test_a_prompt_in_the_words_of_a_trained_one_is_not_a_fresh_prompt(
         since = prompts.window_start(store, "cand", now)
         assert since == now - prompts.PROFILE
         chosen = prompts.fresh(store, AGENT, since, 10, chain=[None, "cand"]).prompts
-        assert {p["trajectory_id"] for p in chosen} == {"other", "ticket"}
+        assert {p["trajectory_id"] for p in chosen} == {"other", "ticket", "number"}
         assert next(p["turn"] for p in chosen if p["trajectory_id"] == "ticket") == 1
         # Without the candidate's chain nothing is trained, so nothing is alike.
         every = prompts.fresh(store, AGENT, since, 10).prompts
-        assert {p["trajectory_id"] for p in every} == {"trained", "alike", "other", "ticket"}
+        assert {p["trajectory_id"] for p in every} == {
+            "trained",
+            "alike",
+            "other",
+            "ticket",
+            "number",
+        }
         # An adapter added by hand has no record of what it saw: no window of its own.
         assert prompts.window_start(store, "hand-made") is None
     finally:

@@ -64,15 +64,15 @@ WHERE m.trajectory_id IS NOT NULL
 
 # A prompt's words, which near-duplicates share: the text of its user messages and tool
 # results (what the agent was given, not its own answers or the system prompt), lower-cased,
-# each run of digits one 0, anything but letters and digits one space ("Order #1234 late?"
-# and "order 98 LATE" are the same request). `r` is a rebuilt row (its full request:
-# linear storage keeps only a delta). NULL for a row without chat messages.
+# anything but letters and digits one space ("Order #1234: late?" and "order 1234 LATE" are
+# the same request). Numbers are kept: "What is 3 + 4?" and "What is 5 + 2?" are two
+# questions. `r` is a rebuilt row (its full request: linear storage keeps only a delta).
+# NULL for a row without chat messages.
 PROMPT_WORDS = """
-md5(trim(regexp_replace(regexp_replace(lower(CAST(list_transform(
+md5(trim(regexp_replace(lower(CAST(list_transform(
     list_filter(CAST(json_extract(r.request, '$.messages') AS JSON[]),
                 lambda m: json_extract_string(m, '$.role') IN ('user', 'tool')),
-    lambda m: json_extract(m, '$.content')) AS VARCHAR)), '[0-9]+', '0', 'g'),
-    '[^a-z0-9]+', ' ', 'g')))
+    lambda m: json_extract(m, '$.content')) AS VARCHAR)), '[^a-z0-9]+', ' ', 'g')))
 """
 
 
