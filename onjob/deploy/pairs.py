@@ -241,6 +241,14 @@ def test_ids(
     return out
 
 
+def every_test_id(
+    alias: str, candidate: str, live: str | None, routing: Routing | None = None
+) -> list[str]:
+    """The held-out slice's test and the release test's: every pair made for the
+    candidate against `live` (no conversation serves two of them; each is judged again)."""
+    return [holdout_test_id(candidate, live), *test_ids(alias, candidate, live, routing)]
+
+
 def rule_of(settings: LoopSettings) -> stats.Rule:
     return stats.Rule(
         margin=settings.margin,

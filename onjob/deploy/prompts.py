@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from ..collector import rebuilt
+from ..judge.tables import CALLED
 from ..proxy.tenants import Lineage
 
 PROFILE = timedelta(days=1)  # the traffic whose mix a fresh sample reproduces
@@ -145,10 +146,14 @@ def window_start(store, checkpoint: str, now: datetime | None = None) -> datetim
     return (now or datetime.now(UTC)) - PROFILE if rows else None
 
 
-# A turn's stratum, in SQL: live's answer called a tool (as `judge.tables` reads it), and
-# the quarter of the UTC day.
-_CALLED = "coalesce(json_array_length(e.response -> '$.choices[0].message.tool_calls'), 0) > 0"
+# A turn's stratum, in SQL: live's answer called a tool (`judge.tables.CALLED`), and the
+# quarter of the UTC day.
 _PART = f"CAST(hour(timezone('UTC', e.ts)) // {PART_HOURS} AS INTEGER)"
+# The conversations `tests` (a parameter) drew a pair from.
+_DRAWN = """
+SELECT p.trajectory_id FROM groups g JOIN exchanges p ON p.id = g.prefix_exchange
+WHERE g.kind = 'ab' AND list_contains(?::VARCHAR[], g.test)
+"""
 
 
 def _profile(store, lineage: Lineage, start: datetime, tests) -> dict[Stratum, int]:
@@ -157,12 +162,10 @@ def _profile(store, lineage: Lineage, start: datetime, tests) -> dict[Stratum, i
     test samples that traffic without putting back."""
     mine, scope = lineage.scope.sql("e.api_key_id")
     rows = store.query(
-        f"SELECT {_CALLED} AS called, {_PART} AS part, count(*) AS n FROM exchanges e "
+        f"SELECT {CALLED} AS called, {_PART} AS part, count(*) AS n FROM exchanges e "
         "WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ? "
         f"AND e.arm = 'live' AND e.ts > ? AND {mine} "
-        "AND e.trajectory_id NOT IN (SELECT p.trajectory_id FROM groups g "
-        "JOIN exchanges p ON p.id = g.prefix_exchange "
-        "WHERE g.kind = 'ab' AND list_contains(?::VARCHAR[], g.test)) GROUP BY ALL",
+        f"AND e.trajectory_id NOT IN ({_DRAWN}) GROUP BY ALL",
         [lineage.alias, start, *scope, list(tests)],
     )
     return {Stratum(r["called"], r["part"]): r["n"] for r in rows}
@@ -182,29 +185,27 @@ def _choose(store, lineage, where, params, n, chain, tests, profile) -> Draw:
             FROM exchanges_rebuilt((SELECT list(id) FROM exchanges
                                     WHERE trajectory_id IN (FROM trained)), false) r
         ), source AS (
-            SELECT e.id, e.trajectory_id, {_CALLED} AS called, {_PART} AS part
+            SELECT e.id, e.trajectory_id, {CALLED} AS called, {_PART} AS part
             FROM exchanges e
             WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ?
               AND {where} AND {mine}
               AND e.trajectory_id NOT IN (FROM trained)
-              AND e.trajectory_id NOT IN (
-                  SELECT p.trajectory_id FROM groups g
-                  JOIN exchanges p ON p.id = g.prefix_exchange
-                  WHERE g.kind = 'ab' AND list_contains(?::VARCHAR[], g.test))
+              AND e.trajectory_id NOT IN ({_DRAWN})
               AND e.trajectory_id NOT IN (
                   SELECT trajectory_id FROM exchanges
                   WHERE arm <> 'live' AND source = 'production' AND trajectory_id IS NOT NULL)
+        ), worded AS (
+            SELECT s.*, {PROMPT_WORDS} AS words FROM source s
+            JOIN exchanges_rebuilt((SELECT list(id) FROM source), false) r ON r.id = s.id
         )
-        SELECT s.* FROM source s
-        JOIN exchanges_rebuilt((SELECT list(id) FROM source), false) r ON r.id = s.id
-        WHERE {PROMPT_WORDS} IS NULL
-           OR {PROMPT_WORDS} NOT IN (SELECT words FROM seen WHERE words IS NOT NULL)
-        QUALIFY row_number() OVER (PARTITION BY s.trajectory_id ORDER BY hash(s.id, ?)) = 1
-        ORDER BY hash(s.id, ?), s.id
+        SELECT id, trajectory_id, called, part FROM worded
+        WHERE words IS NULL OR words NOT IN (SELECT words FROM seen WHERE words IS NOT NULL)
+        QUALIFY row_number() OVER (PARTITION BY trajectory_id ORDER BY hash(id, ?)) = 1
+        ORDER BY hash(id, ?), id
         """,
         [chain, lineage.alias, *params, *scope, list(tests), key, key],
     )
-    draw = _draw(turns, n, profile, f"{key}:{_drawn(store, tests)}")
+    draw = _draw(turns, n, profile, f"{key}:{pairs_made(store, tests)}")
     if draw.prompts:
         ids = [t["id"] for t in draw.prompts]
         chosen = rebuilt("SELECT unnest(?::VARCHAR[]) AS id")
@@ -234,8 +235,8 @@ def _draw(turns: list[dict], n: int, profile: dict[Stratum, int] | None, seed: s
     return Draw(out)
 
 
-def _drawn(store, tests) -> int:
-    """How many pairs `tests` made so far: a resumed round goes on from there."""
+def pairs_made(store, tests) -> int:
+    """How many pairs `tests` made so far (a resumed round goes on from there)."""
     rows = store.query(
         "SELECT count(*) AS n FROM groups WHERE kind = 'ab' AND list_contains(?::VARCHAR[], test)",
         [list(tests)],

@@ -117,9 +117,8 @@ async def offline_test(r: Release, *, live: str | None, candidate: str) -> Verdi
     the guards alone speak."""
     loop, s = r.settings.loop, pairs.referee(r.settings.judge, r.settings.loop.gate)
     await r.db.query(lambda st: ledger.enter(st, r.alias, candidate))  # fixes its alpha_k
-    slice_test = pairs.holdout_test_id(candidate, live)
-    tests = pairs.test_ids(r.alias, candidate, live)
-    drawn_by = [slice_test, *tests]  # no conversation serves both tests
+    drawn_by = pairs.every_test_id(r.alias, candidate, live)
+    slice_test, tests = drawn_by[0], drawn_by[1:]
     if s.scorers:
         fns = rewards.load(s.rewards)
         await pairs.rejudge(r.db, s, fns, drawn_by, loop.rejudge_attempts)
@@ -129,10 +128,7 @@ async def offline_test(r: Release, *, live: str | None, candidate: str) -> Verdi
 
         def held_prompts(st):
             scenarios = fit.held_out(st, r.settings)
-            drawn = st.query(
-                "SELECT count(*) AS n FROM groups WHERE kind = 'ab' AND test = ?", [slice_test]
-            )[0]["n"]
-            n = max(0, loop.holdout_pairs - drawn)
+            n = max(0, loop.holdout_pairs - prompts.pairs_made(st, [slice_test]))
             return prompts.held_out(st, r.lineage, scenarios, n, chain=chain, tests=drawn_by)
 
         chosen = await r.db.query(held_prompts)
@@ -242,11 +238,9 @@ def decide(
     if lineage is None:
         lineage = lineage_of(settings, routing.model_alias if routing is not None else None)
     alias = lineage.name
-    tests = pairs.test_ids(alias, candidate, live, routing)
-    slice_test = pairs.holdout_test_id(candidate, live)
-    checks = guards.on_candidate(
-        store, candidate, [slice_test, *tests], loop, pairs.judges(settings)
-    )
+    every = pairs.every_test_id(alias, candidate, live, routing)
+    tests = every[1:]  # the release test's: the slice's is its own (`pairs.held_out`)
+    checks = guards.on_candidate(store, candidate, every, loop, pairs.judges(settings))
     if routing is not None:
         checks = guards.on_traffic(store, lineage, routing.ts, loop) + checks
     weighed = pairs.weigh(store, alias, candidate, tests, loop)
@@ -337,8 +331,8 @@ async def _more_pairs(r: Release, routing: Routing, s) -> None:
     day it cannot have trained on (since the canary started, for an adapter added by
     hand: nothing says what it saw)."""
     live, candidate = routing.live, routing.canary
-    tests = pairs.test_ids(r.alias, candidate, live, routing)
-    drawn_by = [pairs.holdout_test_id(candidate, live), *tests]
+    drawn_by = pairs.every_test_id(r.alias, candidate, live, routing)
+    tests = drawn_by[1:]
     loop = r.settings.loop
 
     def still_open(st) -> bool:

@@ -28,6 +28,9 @@ _TRAINED_KEY = "NOT coalesce(list_contains(?::VARCHAR[], e.api_key_id), false)"
 # group, on its whole conversation; per metric ('' is the unnamed feedback), the mean of
 # what was posted, as a list of {metric, value} (NULL: none). The scorer and `agreement`
 # read the same.
+# Whether an exchange's logged answer (`e`) called a tool.
+CALLED = "coalesce(json_array_length(e.response -> '$.choices[0].message.tool_calls'), 0) > 0"
+
 MEMBER_FEEDBACK = """(SELECT list({'metric': metric, 'value': value} ORDER BY metric)
                 FROM (SELECT coalesce(f.metric, '') AS metric, avg(f.value) AS value
                       FROM feedback f
@@ -62,9 +65,7 @@ def turn_candidates(
     return store.query(
         f"""
         WITH t AS (
-            SELECT e.id, e.scenario_id, e.ts,
-                   coalesce(json_array_length(
-                       e.response -> '$.choices[0].message.tool_calls'), 0) > 0 AS called
+            SELECT e.id, e.scenario_id, e.ts, {CALLED} AS called
             FROM exchanges e
             WHERE e.status < 400 AND e.source = 'production' AND {_FRESH}
               AND e.untrainable IS NULL  -- `onjob.logprobs.untrainable`: nothing to learn from
