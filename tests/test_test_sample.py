@@ -1,12 +1,14 @@
 """What a candidate's test is tested on (`deploy/prompts.py`): a sample of the traffic it
 would serve. Turns, not conversations, are sampled; each draw keeps a whole day's mix of
-tool-call and answer turns and hours; a conversation that opens like one the candidate
-trained on is not a fresh prompt. Real DuckDB files; the rows as the proxy logs them."""
+tool-call and answer turns and hours; a prompt in the words of one the candidate trained
+on is not a fresh prompt. Real DuckDB files; the rows as the proxy logs them."""
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+
+import pytest
 
 from onjob.collector import Store
 from onjob.deploy import prompts
@@ -15,6 +17,15 @@ from onjob.proxy.tenants import Lineage
 from .conftest import record_trained
 
 AGENT = Lineage("agent")
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = Store(tmp_path / "onjob.duckdb")
+    yield store
+    store.close()
+
+
 CALL = {"choices": [{"message": {"role": "assistant", "tool_calls": [{"id": "c1"}]}}]}
 ANSWER = {"choices": [{"message": {"role": "assistant", "content": "done"}}]}
 CALL_MESSAGE = {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
@@ -56,111 +67,95 @@ def words(i: int) -> str:
     return f"{chr(97 + i % 26)}{chr(97 + i // 26)}"
 
 
-def test_a_long_conversation_is_drawn_as_often_as_the_turns_it_served(tmp_path):
-    store = Store(tmp_path / "onjob.duckdb")
+def test_a_long_conversation_is_drawn_as_often_as_the_turns_it_served(store):
     now = datetime.now(UTC)
-    try:
-        for i in range(40):
-            log(store, f"short{i}", at=now - timedelta(minutes=5))
-            log(store, f"long{i}", turns=8, at=now - timedelta(minutes=5))
-        since = now - timedelta(hours=1)
-        drawn = [
-            p["trajectory_id"]
-            for t in ("offline:a", "offline:b", "offline:c", "offline:d")
-            for p in prompts.fresh(store, AGENT, since, 10, tests=[t]).prompts
-        ]
-        assert len(drawn) == 40 and all(len(set(drawn[i : i + 10])) == 10 for i in (0, 10))
-        # The long ones served 8 turns in 9: about 36 of the 40 draws (20 if conversations
-        # were drawn alike).
-        assert sum(c.startswith("long") for c in drawn) >= 30
-    finally:
-        store.close()
+    for i in range(40):
+        log(store, f"short{i}", at=now - timedelta(minutes=5))
+        log(store, f"long{i}", turns=8, at=now - timedelta(minutes=5))
+    since = now - timedelta(hours=1)
+    drawn = [
+        p["trajectory_id"]
+        for t in ("offline:a", "offline:b", "offline:c", "offline:d")
+        for p in prompts.fresh(store, AGENT, since, 10, tests=[t]).prompts
+    ]
+    assert len(drawn) == 40 and all(len(set(drawn[i : i + 10])) == 10 for i in (0, 10))
+    # The long ones served 8 turns in 9: about 36 of the 40 draws (20 if conversations
+    # were drawn alike).
+    assert sum(c.startswith("long") for c in drawn) >= 30
 
 
 def test_a_draw_keeps_the_days_mix_of_turns_whatever_is_left_to_draw_from(
-    tmp_path, tiny_adapter_dir, tiny_model_dir
+    store, tiny_adapter_dir, tiny_model_dir
 ):
-    store = Store(tmp_path / "onjob.duckdb")
     now = datetime.now(UTC)
-    try:
-        # A day of live traffic, half tool-call turns. Training took most of the tool-call
-        # turns (the judge keeps a quota of them): the untrained turns left to draw from
-        # are 60 answers and 6 tool calls.
-        for i in range(60):
-            log(store, f"a{i}", at=now - timedelta(minutes=10), says=f"answer {words(i)}?")
-        for i in range(60):
-            log(store, f"t{i}", at=now - timedelta(minutes=10), called=True,
-                says=f"tool {words(i)}?")  # fmt: skip
-        trained(store, [f"t{i}" for i in range(6, 60)], tiny_adapter_dir, tiny_model_dir)
-        since = prompts.window_start(store, "cand")
-        draw = prompts.fresh(store, AGENT, since, 40, chain=[None, "cand"], tests=["offline:x"])
-        kinds = [p["trajectory_id"][0] for p in draw.prompts]
-        # Each draw is a tool-call turn half the time (as the day served them), so the 6
-        # are drawn among the first dozen or so, and the round stops when a draw asks for
-        # a seventh: the test waits rather than go on on answers alone.
-        assert kinds.count("t") == 6 and len(kinds) < 40
-        assert draw.short == prompts.Stratum(called=True, part=draw.short.part)
-        assert "tool-call turns" in str(draw.short)
-        # The same test's next round asks again and stops at once: nothing new to draw.
-        again = prompts.fresh(store, AGENT, since, 40, chain=[None, "cand"], tests=["offline:x"])
-        assert {p["id"] for p in again.prompts} == {p["id"] for p in draw.prompts}
-    finally:
-        store.close()
+    # A day of live traffic, half tool-call turns. Training took most of the tool-call
+    # turns (the judge keeps a quota of them): the untrained turns left to draw from
+    # are 60 answers and 6 tool calls.
+    for i in range(60):
+        log(store, f"a{i}", at=now - timedelta(minutes=10), says=f"answer {words(i)}?")
+    for i in range(60):
+        log(store, f"t{i}", at=now - timedelta(minutes=10), called=True,
+            says=f"tool {words(i)}?")  # fmt: skip
+    trained(store, [f"t{i}" for i in range(6, 60)], tiny_adapter_dir, tiny_model_dir)
+    since = prompts.window_start(store, "cand")
+    draw = prompts.fresh(store, AGENT, since, 40, chain=[None, "cand"], tests=["offline:x"])
+    kinds = [p["trajectory_id"][0] for p in draw.prompts]
+    # Each draw is a tool-call turn half the time (as the day served them), so the 6
+    # are drawn among the first dozen or so, and the round stops when a draw asks for
+    # a seventh: the test waits rather than go on on answers alone.
+    assert kinds.count("t") == 6 and len(kinds) < 40
+    assert draw.short == prompts.Stratum(called=True, part=draw.short.part)
+    assert "tool-call turns" in str(draw.short)
+    # The same test's next round asks again and stops at once: nothing new to draw.
+    again = prompts.fresh(store, AGENT, since, 40, chain=[None, "cand"], tests=["offline:x"])
+    assert {p["id"] for p in again.prompts} == {p["id"] for p in draw.prompts}
 
 
-def test_a_draw_reaches_every_hour_of_the_day_in_proportion(tmp_path):
-    store = Store(tmp_path / "onjob.duckdb")
+def test_a_draw_reaches_every_hour_of_the_day_in_proportion(store):
     now = datetime.now(UTC)
-    try:
-        # 40 conversations in the last hour, 40 spread over the day's other three quarters.
-        for i in range(40):
-            log(store, f"n{i}", at=now - timedelta(minutes=30))
-            log(store, f"d{i}", at=now - timedelta(hours=7 + (i % 3) * 6))
-        draw = prompts.fresh(store, AGENT, now - timedelta(days=1), 40, tests=["offline:y"])
-        earlier = sum(p["trajectory_id"].startswith("d") for p in draw.prompts)
-        assert draw.short is None and len(draw.prompts) == 40
-        assert 10 <= earlier <= 30  # about half, as served; not the newest hour alone
-    finally:
-        store.close()
+    # 40 conversations in the last hour, 40 spread over the day's other three quarters.
+    for i in range(40):
+        log(store, f"n{i}", at=now - timedelta(minutes=30))
+        log(store, f"d{i}", at=now - timedelta(hours=7 + (i % 3) * 6))
+    draw = prompts.fresh(store, AGENT, now - timedelta(days=1), 40, tests=["offline:y"])
+    earlier = sum(p["trajectory_id"].startswith("d") for p in draw.prompts)
+    assert draw.short is None and len(draw.prompts) == 40
+    assert 10 <= earlier <= 30  # about half, as served; not the newest hour alone
 
 
 def test_a_prompt_in_the_words_of_a_trained_one_is_not_a_fresh_prompt(
-    tmp_path, tiny_adapter_dir, tiny_model_dir
+    store, tiny_adapter_dir, tiny_model_dir
 ):
-    store = Store(tmp_path / "onjob.duckdb")
     now = datetime.now(UTC)
-    try:
-        log(store, "trained", at=now - timedelta(minutes=5), says="Order #1234 is late. Why?")
-        log(store, "number", at=now - timedelta(minutes=5), says="Order #98 is late. Why?")
-        trained(store, ["trained"], tiny_adapter_dir, tiny_model_dir)
-        # The same request in other spacing, case and punctuation.
-        log(store, "alike", turns=2, at=now - timedelta(minutes=5), says="order 1234  is LATE why")
-        log(store, "other", turns=2, at=now - timedelta(minutes=5), says="Where is my refund?")
-        # An agent whose conversations all open alike, then get their own tool results:
-        # its first turn is the trained one's, its second is not.
-        opening = {"role": "user", "content": "Order #1234 is late. Why?"}
-        result = {"role": "tool", "tool_call_id": "c1", "content": "courier lost parcel 77"}
-        log(store, "ticket", turns=2, at=now - timedelta(minutes=5))
-        for turn, messages in enumerate(([opening], [opening, CALL_MESSAGE, result])):
-            store.con.execute(
-                "UPDATE exchanges SET request = ? WHERE id = ?",
-                [json.dumps({"model": "agent", "messages": messages}), f"ticket-{turn}"],
-            )
-        since = prompts.window_start(store, "cand", now)
-        assert since == now - prompts.PROFILE
-        chosen = prompts.fresh(store, AGENT, since, 10, chain=[None, "cand"]).prompts
-        assert {p["trajectory_id"] for p in chosen} == {"other", "ticket", "number"}
-        assert next(p["turn"] for p in chosen if p["trajectory_id"] == "ticket") == 1
-        # Without the candidate's chain nothing is trained, so nothing is alike.
-        every = prompts.fresh(store, AGENT, since, 10).prompts
-        assert {p["trajectory_id"] for p in every} == {
-            "trained",
-            "alike",
-            "other",
-            "ticket",
-            "number",
-        }
-        # An adapter added by hand has no record of what it saw: no window of its own.
-        assert prompts.window_start(store, "hand-made") is None
-    finally:
-        store.close()
+    log(store, "trained", at=now - timedelta(minutes=5), says="Order #1234 is late. Why?")
+    log(store, "number", at=now - timedelta(minutes=5), says="Order #98 is late. Why?")
+    trained(store, ["trained"], tiny_adapter_dir, tiny_model_dir)
+    # The same request in other spacing, case and punctuation.
+    log(store, "alike", turns=2, at=now - timedelta(minutes=5), says="order 1234  is LATE why")
+    log(store, "other", turns=2, at=now - timedelta(minutes=5), says="Where is my refund?")
+    # An agent whose conversations all open alike, then get their own tool results:
+    # its first turn is the trained one's, its second is not.
+    opening = {"role": "user", "content": "Order #1234 is late. Why?"}
+    result = {"role": "tool", "tool_call_id": "c1", "content": "courier lost parcel 77"}
+    log(store, "ticket", turns=2, at=now - timedelta(minutes=5))
+    for turn, messages in enumerate(([opening], [opening, CALL_MESSAGE, result])):
+        store.con.execute(
+            "UPDATE exchanges SET request = ? WHERE id = ?",
+            [json.dumps({"model": "agent", "messages": messages}), f"ticket-{turn}"],
+        )
+    since = prompts.window_start(store, "cand", now)
+    assert since == now - prompts.PROFILE
+    chosen = prompts.fresh(store, AGENT, since, 10, chain=[None, "cand"]).prompts
+    assert {p["trajectory_id"] for p in chosen} == {"other", "ticket", "number"}
+    assert next(p["turn"] for p in chosen if p["trajectory_id"] == "ticket") == 1
+    # Without the candidate's chain nothing is trained, so nothing is alike.
+    every = prompts.fresh(store, AGENT, since, 10).prompts
+    assert {p["trajectory_id"] for p in every} == {
+        "trained",
+        "alike",
+        "other",
+        "ticket",
+        "number",
+    }
+    # An adapter added by hand has no record of what it saw: no window of its own.
+    assert prompts.window_start(store, "hand-made") is None
