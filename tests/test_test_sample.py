@@ -32,11 +32,13 @@ CALL_MESSAGE = {"role": "assistant", "tool_calls": [{"id": "c1", "type": "functi
                 "function": {"name": "track", "arguments": "{}"}}]}  # fmt: skip
 
 
-def log(store, conversation: str, *, turns: int = 1, at: datetime, called: bool = False,
-        arm: str = "live", says: str = "What is 2+2?") -> None:  # fmt: skip
+def log(store, conversation: str, *, turns: int = 1, at: datetime,
+        called: bool | list[bool] = False, arm: str = "live",
+        says: str = "What is 2+2?") -> None:  # fmt: skip
     """One conversation of `turns` answered production turns, logged at `at` on `arm`; live's
-    answers call a tool when `called`."""
-    for turn in range(turns):
+    answers call a tool when `called` (per turn, when a list)."""
+    calls = called if isinstance(called, list) else [called] * turns
+    for turn, called in zip(range(turns), calls, strict=True):
         store.con.execute(
             "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, model_alias, arm, "
             "stream, request, response, status, latency_ms, source) "
@@ -109,6 +111,20 @@ def test_a_draw_keeps_the_days_mix_of_turns_whatever_is_left_to_draw_from(
     # The same test's next round asks again and stops at once: nothing new to draw.
     again = prompts.fresh(store, AGENT, since, 40, chain=[None, "cand"], tests=["offline:x"])
     assert {p["id"] for p in again.prompts} == {p["id"] for p in draw.prompts}
+
+
+def test_a_conversation_of_both_kinds_of_turn_is_drawn_by_either(store):
+    now = datetime.now(UTC)
+    # Every conversation calls a tool, then answers: the day's mix is half and half, and
+    # every conversation can stand for either kind. Drawing one takes both out.
+    for i in range(20):
+        log(store, f"c{i}", turns=2, called=[True, False], at=now - timedelta(minutes=5),
+            says=f"track {words(i)}")  # fmt: skip
+    draw = prompts.fresh(store, AGENT, now - timedelta(hours=1), 20, tests=["offline:z"])
+    assert draw.short is None
+    assert sorted(p["trajectory_id"] for p in draw.prompts) == sorted(f"c{i}" for i in range(20))
+    turns = [p["turn"] for p in draw.prompts]
+    assert 4 <= turns.count(0) <= 16  # either turn, about as often
 
 
 def test_a_draw_reaches_every_hour_of_the_day_in_proportion(store):

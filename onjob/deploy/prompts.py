@@ -13,24 +13,25 @@ another arm answered (a canary's, or a rolled-back sibling's, answers in its his
 not live's), one turn per conversation, any turn (tool-call turns included).
 
 The order is random, and reproducible: a resumed test draws the same turns. Turns are
-ordered by a hash of their id and the test's name, and a conversation is drawn at its
-first turn in that order, so a conversation of ten turns is drawn about ten times as
-often as one of one: the sample is of turns served, not of conversations. Two sources:
+ordered by a hash of their id and the test's name, and a draw takes the next turn in
+that order (of its stratum, below) of a conversation the test has not drawn from, so a
+conversation of ten turns is drawn about ten times as often as one of one: the sample is
+of turns served, not of conversations. Two sources:
 
 - `held_out`: the held-out slice's scenarios (`holdout`), whenever logged; its own test.
 - `fresh`: any scenario, logged on the live arm since `since`: the last day (`PROFILE`,
   every hour once: `window_start`) for a candidate whose training is on record. Each draw
-  first picks a *stratum* (`Stratum`: whether live's answer called a tool, and the
-  quarter of the UTC day) in proportion to the lineage's live turns of that stratum in
-  the same window that the test has not drawn (a sample without putting back), then the
-  stratum's next turn. What the exclusions above take away
-  (training picks tool-call turns; a canary's conversations; the test's own draws) is so
-  put back, and the test's mean is the mean over the window's traffic; a stratum whose
-  undrawn turns are all ones the test may not use ends the round there (`Draw.short`),
-  and the test waits for its traffic rather than read a skewed sample. The e-process's
-  guarantee asks each pair's expected difference to be the traffic's, whatever came
-  before: a draw depends on the pairs before it only through the turns they used up.
-  Live's turns stand for all the traffic: a canary serves a random share of
+  first picks a *stratum* (`Stratum`: whether live's answer called a tool, and the quarter
+  of the UTC day) in proportion to the lineage's live turns of that stratum in the same
+  window in conversations the test has not drawn (a sample without putting back: a
+  conversation drawn takes all its turns out), then the stratum's next turn. What the
+  exclusions above take away (training picks tool-call turns; a canary's conversations; the
+  test's own draws) is so put back, and the test's mean is the mean over the window's
+  traffic; a stratum whose undrawn turns are all ones the test may not use ends the round
+  there (`Draw.short`), and the test waits for its traffic rather than read a skewed sample.
+  The e-process's guarantee asks each pair's expected difference to be the traffic's,
+  whatever came before: a draw depends on the pairs before it only through the turns they
+  used up. Live's turns stand for all the traffic: a canary serves a random share of
   conversations, and live's answers are the ones a stratum is read from.
 """
 
@@ -172,8 +173,8 @@ def _profile(store, lineage: Lineage, start: datetime, tests) -> dict[Stratum, i
 
 
 def _choose(store, lineage, where, params, n, chain, tests, profile) -> Draw:
-    """The turns the source allows, first turn of each conversation in hash order; drawn
-    by stratum when `profile` is given, else in that order."""
+    """The turns the source allows, in hash order, one per conversation; drawn by stratum
+    when `profile` is given, else in that order."""
     key = tests[0] if tests else ""
     chain = [c for c in chain if c]
     mine, scope = lineage.scope.sql("e.api_key_id")
@@ -198,12 +199,12 @@ def _choose(store, lineage, where, params, n, chain, tests, profile) -> Draw:
             SELECT s.*, {PROMPT_WORDS} AS words FROM source s
             JOIN exchanges_rebuilt((SELECT list(id) FROM source), false) r ON r.id = s.id
         )
-        SELECT id, trajectory_id, called, part FROM worded
-        WHERE words IS NULL OR words NOT IN (SELECT words FROM seen WHERE words IS NOT NULL)
-        QUALIFY row_number() OVER (PARTITION BY trajectory_id ORDER BY hash(id, ?)) = 1
-        ORDER BY hash(id, ?), id
+        SELECT id, trajectory_id, called, part,
+               words IS NULL OR words NOT IN (SELECT words FROM seen WHERE words IS NOT NULL)
+                   AS usable
+        FROM worded ORDER BY hash(id, ?), id
         """,
-        [chain, lineage.alias, *params, *scope, list(tests), key, key],
+        [chain, lineage.alias, *params, *scope, list(tests), key],
     )
     draw = _draw(turns, n, profile, f"{key}:{pairs_made(store, tests)}")
     if draw.prompts:
@@ -215,23 +216,38 @@ def _choose(store, lineage, where, params, n, chain, tests, profile) -> Draw:
 
 
 def _draw(turns: list[dict], n: int, profile: dict[Stratum, int] | None, seed: str) -> Draw:
-    """Up to `n` of `turns` (in their order): the first `n`, or with a `profile`, each
-    draw a stratum picked at the profile's odds and its next turn."""
+    """Up to `n` of the usable `turns` (in their order), one per conversation: the first
+    `n`, or with a `profile`, each draw a stratum picked at the odds of the profile's turns
+    not drawn yet and that stratum's next turn. A conversation drawn takes all its turns
+    out of the profile (the test will not draw them), as a later round's profile does."""
+    usable = [t for t in turns if t["usable"]]
     if profile is None:
-        return Draw(turns[:n])
+        firsts = {}  # each conversation's first usable turn, in order
+        for t in usable:
+            firsts.setdefault(t["trajectory_id"], t)
+        return Draw(list(firsts.values())[:n])
     queues: dict[Stratum, list[dict]] = {}
-    for t in turns:
+    for t in usable:
         queues.setdefault(Stratum(t["called"], t["part"]), []).append(t)
-    left = dict(profile)  # the window's turns not drawn yet, per stratum
+    strata_of: dict[str, list[Stratum]] = {}  # each conversation's turns, usable or not
+    for t in turns:
+        strata_of.setdefault(t["trajectory_id"], []).append(Stratum(t["called"], t["part"]))
+    left = dict(profile)
     strata = sorted(left)
-    rng, out = random.Random(seed), []
+    rng, out, used = random.Random(seed), [], set()
     while len(out) < n and any(left.values()):
         stratum = rng.choices(strata, weights=[left[s] for s in strata])[0]
-        queue = queues.get(stratum)
+        queue = queues.get(stratum, [])
+        while queue and queue[0]["trajectory_id"] in used:
+            queue.pop(0)
         if not queue:  # its turns not drawn yet are all ones the test may not use
             return Draw(out, stratum)
-        out.append(queue.pop(0))
-        left[stratum] -= 1
+        turn = queue.pop(0)
+        out.append(turn)
+        used.add(turn["trajectory_id"])
+        for s in strata_of[turn["trajectory_id"]]:
+            if s in left:  # a turn logged since the profile was read is not in it
+                left[s] = max(0, left[s] - 1)
     return Draw(out)
 
 
