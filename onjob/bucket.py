@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from datetime import datetime
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["Bucket", "BucketError", "ObjectExists", "ObjectInfo", "ObjectMissing"]
+__all__ = ["Bucket", "BucketError", "ObjectChanged", "ObjectExists", "ObjectInfo", "ObjectMissing"]
 
 
 class BucketError(Exception):
@@ -39,15 +41,27 @@ class ObjectMissing(BucketError):
     """No object under the key read."""
 
 
+class ObjectChanged(BucketError):
+    """A conditional write (`if_match`) found the object written anew since that ETag."""
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     """One object as a listing shows it; `key` relative to the bucket's prefix. `etag`
-    changes whenever the object is written anew (`modified` has whole seconds only)."""
+    changes whenever the object is written with other content (`modified` has whole
+    seconds only). `seen` is the bucket's clock when it answered (its `Date`, whole
+    seconds): `seen - modified` is the object's age on one clock, whatever the hosts'."""
 
     key: str
     size: int
     modified: datetime
     etag: str = ""
+    seen: datetime | None = None
+
+    @property
+    def age_s(self) -> float:
+        """Seconds since the object was written, on the bucket's clock (0 if unknown)."""
+        return max(0.0, (self.seen - self.modified).total_seconds()) if self.seen else 0.0
 
 
 class Bucket:
@@ -94,21 +108,34 @@ class Bucket:
 
     # -- writing -------------------------------------------------------------------------
 
-    def put_bytes(self, key: str, data: bytes, *, overwrite: bool = False) -> None:
-        """Write `data` as object `key`; `ObjectExists` if one is there and not `overwrite`."""
-        self._put(key, data, overwrite)
+    def put_bytes(
+        self, key: str, data: bytes, *, overwrite: bool = False, if_match: str | None = None
+    ) -> str:
+        """Write `data` as object `key`; its new ETag. `ObjectExists` if one is there and not
+        `overwrite`; with `if_match`, it replaces the object only while that is its ETag
+        (`ObjectChanged` if it was written anew since, `ObjectMissing` if it is gone)."""
+        return self._put(key, data, overwrite, if_match)
 
-    def put_file(self, key: str, path: Path, *, overwrite: bool = False) -> None:
+    def put_file(self, key: str, path: Path, *, overwrite: bool = False) -> str:
         """Upload the file at `path` as object `key` (streamed; see `put_bytes`)."""
         with open(path, "rb") as body:
-            self._put(key, body, overwrite)
+            return self._put(key, body, overwrite, None)
 
-    def _put(self, key: str, body: Any, overwrite: bool) -> None:
-        extra = {} if overwrite else {"IfNoneMatch": "*"}
+    def _put(self, key: str, body: Any, overwrite: bool, if_match: str | None) -> str:
+        if if_match is not None:
+            extra = {"IfMatch": if_match}
+        else:
+            extra = {} if overwrite else {"IfNoneMatch": "*"}
         try:
-            self._client.put_object(Bucket=self.name, Key=self._key(key), Body=body, **extra)
+            answer = self._client.put_object(
+                Bucket=self.name, Key=self._key(key), Body=body, **extra
+            )
         except Exception as exc:
-            raise _translate(exc, key) from exc
+            error = _translate(exc, key)
+            if if_match is not None and isinstance(error, ObjectExists):
+                error = ObjectChanged(f"object written anew: {key}")
+            raise error from exc
+        return answer.get("ETag", "")
 
     def delete(self, key: str) -> None:
         """Delete object `key` (no error if it is gone already)."""
@@ -149,11 +176,11 @@ class Bucket:
         )
         try:
             for page in pages:
+                seen = _date(page)
                 for item in page.get("Contents", ()):
                     key = item["Key"][len(self.prefix) :]
-                    out.append(
-                        ObjectInfo(key, item["Size"], item["LastModified"], item.get("ETag", ""))
-                    )
+                    etag = item.get("ETag", "")
+                    out.append(ObjectInfo(key, item["Size"], item["LastModified"], etag, seen))
         except Exception as exc:
             raise _translate(exc, prefix) from exc
         return out
@@ -167,10 +194,35 @@ class Bucket:
             if isinstance(error, ObjectMissing):
                 return None
             raise error from exc
-        return ObjectInfo(key, head["ContentLength"], head["LastModified"], head.get("ETag", ""))
+        return ObjectInfo(
+            key, head["ContentLength"], head["LastModified"], head.get("ETag", ""), _date(head)
+        )
 
     def exists(self, key: str) -> bool:
         return self.stat(key) is not None
+
+    def clock_offset_ms(self) -> int:
+        """The bucket's clock minus this host's, in ms, from one request's `Date` (whole
+        seconds: within half a second and half the round trip)."""
+        sent = time.time()
+        try:
+            answer = self._client.head_bucket(Bucket=self.name)
+        except Exception as exc:
+            raise _translate(exc, "") from exc
+        back = time.time()
+        date = _date(answer)
+        if date is None:
+            return 0  # a store that states no time: this host's is all there is
+        return round((date.timestamp() + 0.5 - (sent + back) / 2) * 1000)
+
+
+def _date(answer: dict) -> datetime | None:
+    """The bucket's clock when it answered: the HTTP `Date` of a boto3 answer."""
+    date = answer.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    try:
+        return parsedate_to_datetime(date) if date else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _translate(exc: Exception, key: str) -> BucketError:

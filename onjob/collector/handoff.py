@@ -6,9 +6,10 @@ objects, then publishes the host's watermark; the one loader's `Fetcher` moves t
 its own spool directory, where they load like any other closed segment:
 
     segments/<segment name>     a closed segment, uploaded create-only, fetched once
-    fetched/<segment name>      an empty tombstone: the loader has it (uploads skip it);
-                                deleted by the loader after `TOMBSTONE_S`
+    fetched/<segment name>      a tombstone naming the loader that has it (uploads skip
+                                it); deleted by the loader after `TOMBSTONE_S`
     hosts/<host id>.json        the host's watermark (`Watermark`), rewritten each round
+    loader.lease                which server loads (`lease.py`)
     forgotten.mark              rewritten by the loader at each deletion (`onjob forget`)
     routing.json                the primary's routing, mirrored to every host's spool
 
@@ -21,6 +22,12 @@ the loader cannot see yet opened at or after its host's watermark. The loader th
 back a segment that closed after the lowest live watermark (`Spool.loadable(before=)`),
 exactly as it holds back a segment that closed after a local writer's open segment
 opened: a conversation alternating between hosts is stitched in order.
+
+Clocks: a watermark's age is read on the bucket's clock (its `LastModified` against the
+bucket's `Date`: `ObjectInfo.age_s`), and its `holds_from` is put on the bucket's clock
+with the host's own measure of its offset (`Bucket.clock_offset_ms`), then on the
+loader's, less `CLOCK_ERROR_MS`. Segment names stay on their host's clock: a host far off
+is said in the log.
 
 A host whose watermark is older than `collector.host_lease_s` is taken for dead and holds
 nothing back (else one dead host would stop all loading). What it answered is in its
@@ -39,12 +46,14 @@ primary's spool directory and follows in a proxy's) is uploaded when it changes 
 downloaded into each host's spool directory: a canary, a promotion or a rollback reaches
 every host within a round or two.
 
-Exactly once: the loader downloads a segment, writes its tombstone, deletes the object,
-and only then loads; a round that cannot finish that raises before anything loads, and
-the next round finds the local copy and finishes it. An upload interrupted after its PUT
-(a crash before the local file is deleted) is skipped on restart if the tombstone is
-there; were the object fetched between that check and the PUT, its lines are refused as
-already loaded and set aside (`lines.py`), never stored twice.
+Exactly once: the loader downloads a segment, writes its tombstone (create-only, naming
+the loader: one whose tombstone names another loader is that one's, and is left to it),
+deletes the object, and only then loads; a round that cannot finish that raises before
+anything loads, and the next round finds the local copy and finishes it. An upload
+interrupted after its PUT (a crash before the local file is deleted) is skipped on
+restart if the tombstone is there; were the object fetched between that check and the
+PUT, its lines are refused as already loaded and set aside (`lines.py`), never stored
+twice.
 """
 
 from __future__ import annotations
@@ -80,25 +89,32 @@ HOST_ID = re.compile(r"[0-9A-Za-z_.-]{1,64}")
 # one's lines are refused as loaded already (`lines.py`), never stored twice.
 TOMBSTONE_S = 86_400
 PRUNE_EVERY_S = 3_600
+# How far apart two hosts' measures of their offset to the bucket's clock may be (each is
+# within half a second and half a round trip): a watermark is read that much earlier.
+CLOCK_ERROR_MS = 1_500
 
 
 class Watermark(msgspec.Struct, frozen=True):
     """A host's promise: every segment of it not yet in the bucket opened at or after
-    `holds_from` (ms, the host's clock); written at `at` (ms)."""
+    `holds_from` (ms, the host's clock); written at `at` (ms). `offset` is the bucket's
+    clock minus the host's (ms), as the host measured it that round."""
 
     host: str
     holds_from: int
     at: int
+    offset: int = 0
 
 
 @dataclass(frozen=True)
 class Remote:
-    """What the bucket said in one fetch round: the lowest live watermark (None: no live
-    host), the live hosts, and how many segments came in."""
+    """What the bucket said in one fetch round: the lowest live watermark on the loader's
+    clock (None: no live host), the live hosts, how many segments came in, and the hosts
+    whose watermark is past its lease (taken for dead)."""
 
     before: int | None
     live: tuple[str, ...]
     fetched: int
+    dropped: tuple[str, ...] = ()
 
 
 def _ms() -> int:
@@ -108,12 +124,18 @@ def _ms() -> int:
 class Uploader:
     """Moves one host's closed spool segments into the bucket and keeps its watermark."""
 
-    def __init__(self, directory: Path, bucket: Bucket, host: str) -> None:
+    def __init__(
+        self, directory: Path, bucket: Bucket, host: str, *, standby: str | None = None
+    ) -> None:
         if not HOST_ID.fullmatch(host):
             raise BucketError(f"collector.host_id must match {HOST_ID.pattern}: {host!r}")
         self.directory = Path(directory)
         self.bucket = bucket
         self.host = host
+        # A loader waiting for the loader's lease (`lease.py`), by its name: it uploads its
+        # directory's segments itself, though it holds the directory's loader lock, and
+        # hands back those it fetched when it loaded and had not loaded yet.
+        self.standby = standby
         self.forgotten: object = None  # the loader's last deletion (its mark's etag)
         self._mirrored: dict[str, str] = {}  # etags of what was downloaded
 
@@ -121,11 +143,12 @@ class Uploader:
         """One round: claim dead writers' segments, upload every closed one, publish the
         watermark. None when another process of this host holds the round, or a loader
         loads this directory itself."""
-        if _locked(self.directory / LOADER_LOCK):
+        if not self.standby and _locked(self.directory / LOADER_LOCK):
             return None
         with _exclusive(self.directory / UPLOAD_LOCK) as mine:
             if not mine:
                 return None
+            offset = self.bucket.clock_offset_ms()
             start = _ms() - SLACK_MS
             held = [start]
             for path in self.directory.glob(f"*{OPEN}"):
@@ -137,7 +160,7 @@ class Uploader:
                 except BucketError:
                     log.exception("uploading spool segment %s failed; will retry", path.name)
                     held.append(_closed(path).opened)
-            mark = Watermark(self.host, min(held), _ms())
+            mark = Watermark(self.host, min(held), _ms(), offset)
             self.bucket.put_bytes(
                 f"{HOSTS}{self.host}.json", msgspec.json.encode(mark), overwrite=True
             )
@@ -151,7 +174,14 @@ class Uploader:
             return mark
 
     def _upload(self, path: Path) -> None:
-        if not self.bucket.exists(FETCHED + path.name):
+        try:
+            owner = self.bucket.get_bytes(FETCHED + path.name).decode(errors="replace")
+        except ObjectMissing:
+            owner = None
+        if owner is not None and owner == self.standby:  # fetched, not loaded: handed back
+            self.bucket.delete(FETCHED + path.name)
+            owner = None
+        if owner is None:
             with contextlib.suppress(ObjectExists):  # uploaded before a crash: it stands
                 self.bucket.put_file(SEGMENTS + path.name, path)
         path.unlink()
@@ -166,14 +196,18 @@ class Uploader:
 
 
 class Fetcher:
-    """The loader's side: moves uploaded segments into its spool directory."""
+    """The loader's side: moves uploaded segments into its spool directory. `holder` names
+    this loader in the tombstones it writes (`lease.py`); the same across its restarts."""
 
-    def __init__(self, directory: Path, bucket: Bucket, lease_s: float) -> None:
+    def __init__(self, directory: Path, bucket: Bucket, lease_s: float, holder: str) -> None:
         self.directory = Path(directory)
         self.bucket = bucket
-        self.lease_ms = int(lease_s * 1000)
+        self.lease_s = lease_s
+        self.holder = holder
         self._mirrored: dict[str, int] = {}  # mtimes of what was uploaded
         self._pruned = 0.0  # monotonic time of the last pruning of tombstones
+        self._live: set[str] = set()  # hosts live at the last round
+        self._skewed: dict[str, int] = {}  # hosts said to be off the bucket's clock
         self._lock = os.open(self.directory / LOADER_LOCK, os.O_WRONLY | os.O_CREAT, 0o600)
         with contextlib.suppress(BlockingIOError):  # DuckDB's own lock refuses a second
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -190,8 +224,27 @@ class Fetcher:
                 if self._mirrored.get(name) != stamp:
                     self.bucket.put_file(name, self.directory / name, overwrite=True)
                     self._mirrored[name] = stamp
-        now = _ms()
+        offset = self.bucket.clock_offset_ms()  # the bucket's clock minus this host's
+        live, dropped = self._watermarks()
+        fetched = 0
+        for info in self.bucket.list(SEGMENTS):
+            name = info.key.removeprefix(SEGMENTS)
+            if not SEGMENT_NAME.fullmatch(name):
+                log.error("%s is not a spool segment's name; left in the bucket", info.key)
+                continue
+            fetched += self._fetch_one(info.key, name)
+        if time.monotonic() - self._pruned >= PRUNE_EVERY_S:
+            self.prune(TOMBSTONE_S)
+        # On the bucket's clock, less the error of two hosts' offsets; then on this one's.
+        before = min(live.values()) - offset - CLOCK_ERROR_MS if live else None
+        return Remote(before, tuple(sorted(live)), fetched, dropped)
+
+    def _watermarks(self) -> tuple[dict[str, int], tuple[str, ...]]:
+        """Each live host's `holds_from` on the bucket's clock, and the hosts past their
+        lease. A lease is judged on the bucket's clock alone (the watermark's age there),
+        so no host's clock makes a live host dead or a dead one live."""
         live: dict[str, int] = {}
+        dropped = []
         for info in self.bucket.list(HOSTS):
             try:
                 mark = msgspec.json.decode(self.bucket.get_bytes(info.key), type=Watermark)
@@ -200,28 +253,56 @@ class Fetcher:
             except msgspec.DecodeError:
                 log.error("%s is not a watermark; ignored", info.key)
                 continue
-            if now - mark.at <= self.lease_ms:
-                live[mark.host] = mark.holds_from
-            else:
-                log.debug("host %s is past its lease; holds nothing back", mark.host)
-        fetched = 0
-        for info in self.bucket.list(SEGMENTS):
-            name = info.key.removeprefix(SEGMENTS)
-            if not SEGMENT_NAME.fullmatch(name):
-                log.error("%s is not a spool segment's name; left in the bucket", info.key)
+            if info.age_s > self.lease_s:
+                dropped.append(mark.host)
+                if mark.host in self._live:
+                    log.warning(
+                        "host %s has not handed over for %.0f s (collector.host_lease_s = "
+                        "%g): taken for dead, it holds nothing back; what it answered loads "
+                        "when it comes back",
+                        mark.host,
+                        info.age_s,
+                        self.lease_s,
+                    )
                 continue
-            local = self.directory / name
-            if not local.exists():
-                self.bucket.get_file(info.key, local)
-                fetched += 1
-            # Once these two are done the object is this spool's alone.
-            with contextlib.suppress(ObjectExists):
-                self.bucket.put_bytes(FETCHED + name, b"")
-            self.bucket.delete(info.key)
-        if time.monotonic() - self._pruned >= PRUNE_EVERY_S:
-            self.prune(TOMBSTONE_S)
-        before = min(live.values()) if live else None
-        return Remote(before, tuple(sorted(live)), fetched)
+            live[mark.host] = mark.holds_from + mark.offset
+            if abs(mark.offset) > CLOCK_ERROR_MS and self._skewed.get(mark.host) != mark.offset:
+                log.warning(
+                    "host %s's clock is %+.1f s off the bucket's: its watermark is read on "
+                    "the bucket's clock, but its segments are named on its own (keep hosts' "
+                    "clocks in step: NTP)",
+                    mark.host,
+                    mark.offset / 1000,
+                )
+            self._skewed[mark.host] = mark.offset
+        self._live = set(live)
+        return live, tuple(sorted(dropped))
+
+    def _fetch_one(self, key: str, name: str) -> int:
+        """Move one segment here; 1 if it was downloaded. The tombstone, create-only, names
+        this loader: a segment whose tombstone names another was fetched by that loader
+        (two servers that each took themselves for the loader), and is its alone."""
+        local = self.directory / name
+        downloaded = 0
+        if not local.exists():
+            try:
+                self.bucket.get_file(key, local)
+            except ObjectMissing:
+                return 0  # another loader fetched it meanwhile
+            downloaded = 1
+        try:
+            self.bucket.put_bytes(FETCHED + name, self.holder.encode())
+        except ObjectExists:
+            # Written by this loader before a crash (or by one from before loaders were
+            # named: empty), it stands; another loader's, the segment is that one's.
+            owner = self.bucket.get_bytes(FETCHED + name).decode(errors="replace")
+            if owner not in ("", self.holder):
+                local.unlink(missing_ok=True)
+                log.error("segment %s was fetched by loader %s too; left to it", name, owner)
+                return 0
+        # Once these two are done the object is this spool's alone.
+        self.bucket.delete(key)
+        return downloaded
 
     def prune(self, older_than_s: float) -> int:
         """Delete tombstones older than `older_than_s`; how many went."""

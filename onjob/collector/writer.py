@@ -29,7 +29,8 @@ from ..logprobs import Untrainable
 from .errors import StorageError
 from .export import export_round
 from .forget import Forget, Forgotten, forget, scrub
-from .handoff import FORGOTTEN, Fetcher, Remote, Uploader
+from .handoff import FORGOTTEN, HOSTS, Fetcher, Remote, Uploader
+from .lease import LoaderLease, loader_id
 from .linear import Lineage
 from .lines import load_by_line, pieces_of, unreadable
 from .records import NULL, ExchangeRecord, Record, encode
@@ -108,6 +109,9 @@ class Collector:
         # starts, which otherwise finds the round's lock held and leaves the watermark.
         self._handoff = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="onjob-handoff")
         self._fetcher: Fetcher | None = None  # the loader, with a bucket
+        self._lease: LoaderLease | None = None  # its claim to be the one loader
+        self._standby: Uploader | None = None  # its traffic's way while another loads
+        self._loading = True  # False while a standby (the hand-off's thread decides)
         self._bucket: Bucket | None = None
         self._remote = Remote(None, (), 0)  # what the last fetch said
         self._task: asyncio.Task | None = None
@@ -134,7 +138,12 @@ class Collector:
             )
             self._bucket = bucket
             if self.loads:
-                self._fetcher = Fetcher(self.settings.spool, bucket, self.settings.host_lease_s)
+                spool, lease_s = self.settings.spool, self.settings.host_lease_s
+                holder = loader_id(spool, self.settings.host)
+                self._fetcher = Fetcher(spool, bucket, lease_s, holder)
+                self._lease = LoaderLease(bucket, holder, lease_s)
+                self._standby = Uploader(spool, bucket, self.settings.host, standby=holder)
+                await self._handing(self._lease.start)
             else:
                 self._uploader = Uploader(self.settings.spool, bucket, self.settings.host)
         if not self.loads:
@@ -220,6 +229,8 @@ class Collector:
         total = 0
         self._spool.rotate()
         if self._fetcher is not None:
+            if not await self._leading():
+                return 0
             # Raises before anything loads when the bucket cannot be read: retried.
             self._remote = await asyncio.to_thread(self._fetcher.fetch)
         loadable = self._spool.loadable(before=self._remote.before)
@@ -227,6 +238,27 @@ class Collector:
             total += await self._load_or_set_aside(batch)
         self.loaded += total
         return total
+
+    @property
+    def standby(self) -> bool:
+        """Whether another server holds the loader's lease (`lease.py`): this one loads
+        nothing and hands its traffic to the bucket until that lease ends."""
+        return self._lease is not None and not self._lease.held
+
+    async def _leading(self) -> bool:
+        """Whether this server loads now. A standby hands its directory's segments to the
+        bucket as a proxy host does; on taking the lease it drops its watermark (its
+        segments are its own to load now)."""
+        if self.standby:
+            self._loading = False
+            self._remote = Remote(None, (), 0)
+            await self._handing(self._standby.upload)
+            return False
+        if not self._loading:
+            self._loading = True
+            await self._handing(self._bucket.delete, f"{HOSTS}{self.settings.host}.json")
+            log.warning("this server loads now (the loader's lease is its own)")
+        return True
 
     async def _load_or_set_aside(self, batch: list[Segment]) -> int:
         """Load a batch. When DuckDB refuses it for what it holds, not for want of disk or
@@ -409,7 +441,19 @@ class Collector:
             "untrainable": dict(self.untrainable),
             "forgets_seen": self.forgets_seen,
             "hosts_live": list(self._remote.live),  # the loader: hosts whose watermark counts
+            "hosts_dropped": list(self._remote.dropped),  # and those past their lease
+            "loader": self._loader_state(),
         }
+
+    def _loader_state(self) -> str | None:
+        """Who loads, for `/health` and `onjob status` (None without a bucket or in a
+        proxy-only process)."""
+        if self._lease is None:
+            return None
+        if self._lease.held:
+            return f"this server (lease token {self._lease.body.token})"
+        other = self._lease.other
+        return f"standby: {other.holder} loads" if other else "standby: the bucket is unread"
 
     async def query(self, fn: Callable[[Store], T]) -> T:
         """Run `fn(store)` on the database thread."""
@@ -466,8 +510,8 @@ class Collector:
             self._forget_memory()
         return now
 
-    def _handing(self, round_: Callable[[], T]) -> asyncio.Future[T]:
-        return asyncio.get_running_loop().run_in_executor(self._handoff, round_)
+    def _handing(self, round_: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        return asyncio.get_running_loop().run_in_executor(self._handoff, round_, *args)
 
     def _forget_memory(self) -> None:
         """Conversations were deleted: a later turn must not be stored against one."""
@@ -521,6 +565,13 @@ class Collector:
                 await self._handing(self._uploader.retire)
             except Exception:
                 log.exception("uploading the spool at exit failed; the next start uploads it")
+        if self._lease is not None:  # a standby takes over at once
+            if self.standby:  # what it answered goes to the bucket, its watermark goes
+                try:
+                    await self._handing(self._standby.retire)
+                except Exception:
+                    log.exception("uploading the spool at exit failed; the next start does")
+            await self._handing(self._lease.release)
         self._handoff.shutdown(wait=True)
         if self._fetcher is not None:
             self._fetcher.close()

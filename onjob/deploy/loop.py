@@ -317,6 +317,9 @@ class PeriodicLoop:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.settings.loop.interval_s)
+            if self.collector.standby:  # the loader's database is the one to learn from
+                self.state.stage = "standby"
+                continue
             try:
                 await run_once(
                     self.collector,

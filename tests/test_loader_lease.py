@@ -1,0 +1,217 @@
+"""One loader at a time (`collector/lease.py`), segments fetched by one loader only, and
+hosts' leases judged on the bucket's clock (`collector/handoff.py`): a real S3 API
+server (moto's), and real `onjob serve` processes for two loaders started at once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import msgspec
+import pytest
+from openai import OpenAI
+
+from onjob.bucket import Bucket
+from onjob.cli.process import ServerProcess
+from onjob.collector.handoff import CLOCK_ERROR_MS, Fetcher, Uploader, Watermark
+from onjob.collector.lease import LEASE, LeaseBody, LoaderLease
+from onjob.collector.spool import Spool
+
+from .conftest import rows
+from .s3_server import bucket_url, s3_endpoint  # noqa: F401  (fixtures)
+
+ADMIN = "admin-secret"
+
+
+@pytest.fixture
+def bucket(bucket_url, s3_endpoint) -> Bucket:  # noqa: F811
+    return Bucket.from_url(bucket_url, endpoint_url=s3_endpoint)
+
+
+def until(check, timeout_s: float = 30, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.1)
+
+
+def test_a_second_loader_waits_until_the_first_ones_lease_ends_then_takes_it(bucket):
+    first, second = LoaderLease(bucket, "a", 2), LoaderLease(bucket, "b", 2)
+    assert first.renew() and first.body.token == 1
+    assert not second.renew() and second.other.holder == "a"
+    assert first.renew() and first.renew()  # renewals: the holder keeps it
+    assert not second.renew()
+    # The first stops renewing (paused, or dead): after its lease on the bucket's clock
+    # the second takes over, with the next fencing token.
+    until(second.renew, what="the second loader took the lease")
+    assert second.body.token == 2
+    # The first comes back: its renewal is refused (the object is not the one it wrote),
+    # and it stops loading.
+    assert not first.renew() and not first.held and first.other is None
+    assert not first.renew() and first.other.holder == "b"
+    held = msgspec.json.decode(bucket.get_bytes(LEASE), type=LeaseBody)
+    assert (held.holder, held.token) == ("b", 2)
+
+
+def test_a_loader_that_stops_cleanly_hands_its_lease_over_at_once(bucket):
+    first, second = LoaderLease(bucket, "a", 60), LoaderLease(bucket, "b", 60)
+    assert first.renew() and not second.renew()
+    first.release()
+    assert second.renew() and second.body.token == 2  # no wait for the lease to run out
+    # A loader restarting on its own lease takes it back at once too.
+    again = LoaderLease(bucket, "b", 60)
+    assert again.renew() and again.body.token == 3
+
+
+def test_a_holder_counts_its_lease_lost_a_lease_after_its_last_renewal_whatever_the_bucket(
+    bucket,
+    s3_endpoint,  # noqa: F811
+):
+    lease = LoaderLease(bucket, "a", 0.5)
+    assert lease.renew() and lease.held
+    # The bucket stops answering: the holder cannot know whether another took over.
+    lease.bucket = Bucket.from_url("s3://nowhere", endpoint_url="http://127.0.0.1:9")
+    lease.bucket._client.meta.config.retries = {"max_attempts": 1}
+    until(lambda: not lease.renew(), what="the lease counted lost")
+
+
+def test_a_segment_fetched_by_another_loader_is_left_to_it(bucket, tmp_path):
+    spool = Spool(tmp_path / "host")
+    for line in (b'{"kind": "x"}', b'{"kind": "y"}'):
+        spool.append(line)
+        spool.rotate()
+    Uploader(spool.directory, bucket, "host-a").upload()
+    names = sorted(o.key.removeprefix("segments/") for o in bucket.list("segments/"))
+    # Loader b fetched the first one (its tombstone written) and died before deleting it.
+    bucket.put_bytes(f"fetched/{names[0]}", b"loader-b")
+    (tmp_path / "a").mkdir()
+    fetcher = Fetcher(tmp_path / "a", bucket, lease_s=60, holder="loader-a")
+    try:
+        assert fetcher.fetch().fetched == 1
+    finally:
+        fetcher.close()
+    assert sorted(p.name for p in (tmp_path / "a").glob("*.jsonl")) == names[1:]
+    assert bucket.get_bytes(f"fetched/{names[1]}") == b"loader-a"
+    assert [o.key for o in bucket.list("segments/")] == [f"segments/{names[0]}"]  # b's
+
+
+def test_hosts_leases_are_judged_on_the_buckets_clock_not_theirs(bucket, tmp_path):
+    now = int(time.time() * 1000)
+    # Host "behind" runs a minute slow and is live; host "ahead" runs an hour fast and
+    # stopped writing (no clean stop): each wrote its watermark in its own clock.
+    behind = Watermark("behind", now - 60_000 - 500, now - 60_000, offset=60_000)
+    ahead = Watermark("ahead", now + 3_600_000, now + 3_600_000, offset=-3_600_000)
+    bucket.put_bytes("hosts/ahead.json", msgspec.json.encode(ahead))
+    fetcher = Fetcher(tmp_path, bucket, lease_s=2, holder="loader-a")
+    try:
+        bucket.put_bytes("hosts/behind.json", msgspec.json.encode(behind), overwrite=True)
+        remote = fetcher.fetch()
+        assert remote.live == ("ahead", "behind")
+        # The slow host holds back from its own promise, not a minute earlier.
+        assert abs(remote.before - (now - 500 - CLOCK_ERROR_MS)) <= 1_100
+
+        def ahead_dropped() -> bool:
+            bucket.put_bytes("hosts/behind.json", msgspec.json.encode(behind), overwrite=True)
+            return fetcher.fetch().dropped == ("ahead",)
+
+        # The fast one is taken for dead two seconds after it stopped, not in an hour.
+        until(ahead_dropped, what="the stopped host dropped")
+        assert fetcher.fetch().live == ("behind",)
+    finally:
+        fetcher.close()
+
+
+def test_two_loaders_started_at_once_load_each_exchange_into_one_database_and_fail_over(
+    tmp_path,
+    fake_engine_url,
+    bucket_url,  # noqa: F811
+    s3_endpoint,  # noqa: F811
+):
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "0",
+        "ONJOB_PROXY__ADMIN_KEY": ADMIN,
+        "ONJOB_COLLECTOR__BUCKET": bucket_url,
+        "ONJOB_COLLECTOR__BUCKET_ENDPOINT_URL": s3_endpoint,
+        "ONJOB_COLLECTOR__ROTATE_S": "0.5",
+        "ONJOB_COLLECTOR__HOST_LEASE_S": "6",
+    }
+
+    def server(name: str) -> ServerProcess:
+        (tmp_path / name).mkdir(exist_ok=True)
+        db = str(tmp_path / name / "onjob.duckdb")
+        return ServerProcess(
+            ["--engine-url", fake_engine_url, "--db", db],
+            env={**env, "ONJOB_COLLECTOR__HOST_ID": f"host-{name}"},
+            log=tmp_path / f"{name}.log",
+        )
+
+    def loader_of(p: ServerProcess) -> str:
+        return httpx.get(f"{p.base}/health", timeout=30).json()["collector"]["loader"]
+
+    def ask(p: ServerProcess, n: int, what: str) -> list[str]:
+        client = OpenAI(base_url=p.url, api_key="unused", max_retries=0, timeout=60)
+        return [
+            client.chat.completions.create(
+                model="agent", messages=[{"role": "user", "content": f"{what} {i}"}], max_tokens=3
+            ).id
+            for i in range(n)
+        ]
+
+    a, b = server("a"), server("b")
+    procs = {"a": a, "b": b}
+    try:
+        with ThreadPoolExecutor(2) as both:  # at once: neither is up when the other starts
+            list(both.map(ServerProcess.start, (a, b)))
+        states = {name: loader_of(p) for name, p in procs.items()}
+        leader = next(n for n, s in states.items() if s.startswith("this server"))
+        standby = "b" if leader == "a" else "a"
+        assert states[standby].startswith("standby"), states
+        answered = ask(procs[leader], 5, "to the loader") + ask(procs[standby], 5, "to the other")
+        until(lambda: set(answered) <= ids(procs[leader]), 60, "everything in the loader's db")
+        assert ids(procs[standby]) == set()  # the standby loads nothing
+
+        # The loader dies (kill -9) with the standby's traffic going on: the standby takes
+        # over within about a lease and loads what comes after.
+        procs[leader].kill()
+        later = ask(procs[standby], 5, "after the death")
+        until(lambda: loader_of(procs[standby]).startswith("this server"), 60, "fail-over")
+        until(lambda: set(later) <= ids(procs[standby]), 60, "the new loader loads")
+        # The old loader comes back: a standby now, it hands over what it had not loaded.
+        procs[leader] = server(leader).start()
+        assert loader_of(procs[leader]).startswith("standby")
+        back = ask(procs[leader], 3, "back again")
+        until(lambda: set(back) <= ids(procs[standby]), 60, "its traffic reaches the loader")
+        said = subprocess.run(
+            [sys.executable, "-m", "onjob.cli", "status", "--server", procs[leader].base],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert said.returncode == 0, said.stderr
+        assert f"loader: standby: host-{standby}." in said.stdout, said.stdout
+    finally:
+        for p in procs.values():
+            p.stop()
+
+    first = {r["id"] for r in rows(tmp_path / leader / "onjob.duckdb", "SELECT id FROM exchanges")}
+    second = {
+        r["id"] for r in rows(tmp_path / standby / "onjob.duckdb", "SELECT id FROM exchanges")
+    }
+    assert first.isdisjoint(second)  # no exchange in both databases
+    assert first | second == set(answered + later + back)  # and none lost
+
+
+def ids(p: ServerProcess) -> set[str]:
+    answer = httpx.post(
+        f"{p.base}/admin/sql",
+        json={"query": "SELECT id FROM exchanges"},
+        headers={"Authorization": f"Bearer {ADMIN}"},
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    return {r[0] for r in answer.json()["rows"]}
