@@ -16,6 +16,7 @@ its subclasses, once.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -201,9 +202,10 @@ class Bucket:
     def exists(self, key: str) -> bool:
         return self.stat(key) is not None
 
-    def clock_offset_ms(self) -> int:
-        """The bucket's clock minus this host's, in ms, from one request's `Date` (whole
-        seconds: within half a second and half the round trip)."""
+    def clock_bounds_ms(self) -> tuple[int, int]:
+        """Bounds on the bucket's clock minus this host's, in ms, from one request's `Date`
+        (whole seconds): a second and a round trip wide (`handoff.Clock` narrows them).
+        (-inf, inf) for a store that states no time."""
         sent = time.time()
         try:
             answer = self._client.head_bucket(Bucket=self.name)
@@ -212,8 +214,9 @@ class Bucket:
         back = time.time()
         date = _date(answer)
         if date is None:
-            return 0  # a store that states no time: this host's is all there is
-        return round((date.timestamp() + 0.5 - (sent + back) / 2) * 1000)
+            return -math.inf, math.inf
+        at = date.timestamp()
+        return math.floor((at - back) * 1000), math.ceil((at + 1 - sent) * 1000)
 
 
 def _date(answer: dict) -> datetime | None:

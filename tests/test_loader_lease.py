@@ -17,7 +17,7 @@ from openai import OpenAI
 
 from onjob.bucket import Bucket
 from onjob.cli.process import ServerProcess
-from onjob.collector.handoff import CLOCK_ERROR_MS, Fetcher, Uploader, Watermark
+from onjob.collector.handoff import Clock, Fetcher, Uploader, Watermark
 from onjob.collector.lease import LEASE, LeaseBody, LoaderLease
 from onjob.collector.spool import Spool
 
@@ -112,7 +112,7 @@ def test_hosts_leases_are_judged_on_the_buckets_clock_not_theirs(bucket, tmp_pat
         remote = fetcher.fetch()
         assert remote.live == ("ahead", "behind")
         # The slow host holds back from its own promise, not a minute earlier.
-        assert abs(remote.before - (now - 500 - CLOCK_ERROR_MS)) <= 1_100
+        assert now - 500 - 1_100 <= remote.before <= now - 500 + 600
 
         def ahead_dropped() -> bool:
             bucket.put_bytes("hosts/behind.json", msgspec.json.encode(behind), overwrite=True)
@@ -123,6 +123,18 @@ def test_hosts_leases_are_judged_on_the_buckets_clock_not_theirs(bucket, tmp_pat
         assert fetcher.fetch().live == ("behind",)
     finally:
         fetcher.close()
+
+
+def test_a_hosts_offset_to_the_buckets_clock_narrows_to_about_a_round_trip(bucket):
+    clock = Clock()
+    clock.measure(bucket)
+    first = clock.error
+    assert 400 <= first <= 700  # one Date: half a second, and half a round trip
+    deadline = time.monotonic() + 5
+    while clock.error > 100 and time.monotonic() < deadline:
+        time.sleep(0.13)  # measures at other phases of the bucket's second
+        clock.measure(bucket)
+    assert clock.error <= 100 and abs(clock.offset) <= 100  # one machine: no offset
 
 
 def test_two_loaders_started_at_once_load_each_exchange_into_one_database_and_fail_over(

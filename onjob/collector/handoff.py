@@ -25,8 +25,8 @@ opened: a conversation alternating between hosts is stitched in order.
 
 Clocks: a watermark's age is read on the bucket's clock (its `LastModified` against the
 bucket's `Date`: `ObjectInfo.age_s`), and its `holds_from` is put on the bucket's clock
-with the host's own measure of its offset (`Bucket.clock_offset_ms`), then on the
-loader's, less `CLOCK_ERROR_MS`. Segment names stay on their host's clock: a host far off
+with the host's own measure of its offset (`Clock`), then on the loader's, at the
+earliest either measure allows. Segment names stay on their host's clock: a host far off
 is said in the log.
 
 A host whose watermark is older than `collector.host_lease_s` is taken for dead and holds
@@ -58,9 +58,11 @@ twice.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import logging
+import math
 import os
 import re
 import time
@@ -89,20 +91,24 @@ HOST_ID = re.compile(r"[0-9A-Za-z_.-]{1,64}")
 # one's lines are refused as loaded already (`lines.py`), never stored twice.
 TOMBSTONE_S = 86_400
 PRUNE_EVERY_S = 3_600
-# How far apart two hosts' measures of their offset to the bucket's clock may be (each is
-# within half a second and half a round trip): a watermark is read that much earlier.
-CLOCK_ERROR_MS = 1_500
+SKEWED_MS = 1_000  # a host whose clock is further off the bucket's is said in the log
 
 
 class Watermark(msgspec.Struct, frozen=True):
     """A host's promise: every segment of it not yet in the bucket opened at or after
     `holds_from` (ms, the host's clock); written at `at` (ms). `offset` is the bucket's
-    clock minus the host's (ms), as the host measured it that round."""
+    clock minus the host's (ms), as the host measured it, give or take `error`."""
 
     host: str
     holds_from: int
     at: int
     offset: int = 0
+    error: int = 0
+
+    @property
+    def earliest(self) -> int:
+        """`holds_from` on the bucket's clock, at the earliest it can be."""
+        return self.holds_from + self.offset - self.error
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,43 @@ def _ms() -> int:
     return int(time.time() * 1000)
 
 
+class Clock:
+    """This host's offset to the bucket's clock. One request's `Date` (whole seconds)
+    bounds it within a second and a round trip (`Bucket.clock_bounds_ms`); the
+    intersection of the last `keep` bounds is about a round trip wide. Bounds that no
+    longer meet (the host's clock was stepped) start it again."""
+
+    def __init__(self, keep: int = 60) -> None:
+        self._bounds: collections.deque[tuple[float, float]] = collections.deque(maxlen=keep)
+
+    def measure(self, bucket: Bucket) -> None:
+        low, high = bucket.clock_bounds_ms()
+        if math.isinf(low):
+            return  # a store that states no time
+        self._bounds.append((low, high))
+        if self._low > self._high:
+            self._bounds.clear()
+            self._bounds.append((low, high))
+
+    @property
+    def _low(self) -> float:
+        return max(b[0] for b in self._bounds)
+
+    @property
+    def _high(self) -> float:
+        return min(b[1] for b in self._bounds)
+
+    @property
+    def offset(self) -> int:
+        """The bucket's clock minus this host's, in ms (0 before any measure)."""
+        return round((self._low + self._high) / 2) if self._bounds else 0
+
+    @property
+    def error(self) -> int:
+        """How far `offset` may be off, in ms."""
+        return math.ceil((self._high - self._low) / 2) if self._bounds else 0
+
+
 class Uploader:
     """Moves one host's closed spool segments into the bucket and keeps its watermark."""
 
@@ -136,6 +179,7 @@ class Uploader:
         # directory's segments itself, though it holds the directory's loader lock, and
         # hands back those it fetched when it loaded and had not loaded yet.
         self.standby = standby
+        self.clock = Clock()
         self.forgotten: object = None  # the loader's last deletion (its mark's etag)
         self._mirrored: dict[str, str] = {}  # etags of what was downloaded
 
@@ -148,7 +192,7 @@ class Uploader:
         with _exclusive(self.directory / UPLOAD_LOCK) as mine:
             if not mine:
                 return None
-            offset = self.bucket.clock_offset_ms()
+            self.clock.measure(self.bucket)
             start = _ms() - SLACK_MS
             held = [start]
             for path in self.directory.glob(f"*{OPEN}"):
@@ -160,7 +204,7 @@ class Uploader:
                 except BucketError:
                     log.exception("uploading spool segment %s failed; will retry", path.name)
                     held.append(_closed(path).opened)
-            mark = Watermark(self.host, min(held), _ms(), offset)
+            mark = Watermark(self.host, min(held), _ms(), self.clock.offset, self.clock.error)
             self.bucket.put_bytes(
                 f"{HOSTS}{self.host}.json", msgspec.json.encode(mark), overwrite=True
             )
@@ -206,6 +250,7 @@ class Fetcher:
         self.holder = holder
         self._mirrored: dict[str, int] = {}  # mtimes of what was uploaded
         self._pruned = 0.0  # monotonic time of the last pruning of tombstones
+        self.clock = Clock()
         self._live: set[str] = set()  # hosts live at the last round
         self._skewed: dict[str, int] = {}  # hosts said to be off the bucket's clock
         self._lock = os.open(self.directory / LOADER_LOCK, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -224,7 +269,7 @@ class Fetcher:
                 if self._mirrored.get(name) != stamp:
                     self.bucket.put_file(name, self.directory / name, overwrite=True)
                     self._mirrored[name] = stamp
-        offset = self.bucket.clock_offset_ms()  # the bucket's clock minus this host's
+        self.clock.measure(self.bucket)
         live, dropped = self._watermarks()
         fetched = 0
         for info in self.bucket.list(SEGMENTS):
@@ -235,8 +280,8 @@ class Fetcher:
             fetched += self._fetch_one(info.key, name)
         if time.monotonic() - self._pruned >= PRUNE_EVERY_S:
             self.prune(TOMBSTONE_S)
-        # On the bucket's clock, less the error of two hosts' offsets; then on this one's.
-        before = min(live.values()) - offset - CLOCK_ERROR_MS if live else None
+        # The earliest on the bucket's clock, then on this host's, at the earliest.
+        before = min(live.values()) - self.clock.offset - self.clock.error if live else None
         return Remote(before, tuple(sorted(live)), fetched, dropped)
 
     def _watermarks(self) -> tuple[dict[str, int], tuple[str, ...]]:
@@ -265,8 +310,9 @@ class Fetcher:
                         self.lease_s,
                     )
                 continue
-            live[mark.host] = mark.holds_from + mark.offset
-            if abs(mark.offset) > CLOCK_ERROR_MS and self._skewed.get(mark.host) != mark.offset:
+            live[mark.host] = mark.earliest
+            skewed = abs(mark.offset) > SKEWED_MS
+            if skewed and abs(self._skewed.get(mark.host, 0) - mark.offset) > SKEWED_MS:
                 log.warning(
                     "host %s's clock is %+.1f s off the bucket's: its watermark is read on "
                     "the bucket's clock, but its segments are named on its own (keep hosts' "
