@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -400,3 +401,85 @@ def test_a_host_stopping_during_a_hand_off_round_still_deletes_its_watermark(
     assert waited  # the stop waited for the round in flight
     left = Bucket.from_url(bucket_url, endpoint_url=s3_endpoint).list()
     assert [o.key for o in left if "/hosts/" in f"/{o.key}"] == []
+
+
+def test_chains_and_feedback_sent_at_once_through_other_hosts_reach_the_loader(
+    tmp_path,
+    fake_engine_url,
+    bucket_url,  # noqa: F811
+    s3_endpoint,  # noqa: F811
+):
+    """At default settings (a hand-off round a second), a chained Responses call and
+    feedback sent the moment the answer came back, to the host that answered or to the
+    other: the loader waits for the exact answer they name (`proxy.lookup_wait_s`)."""
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "0",
+        "ONJOB_PROXY__ADMIN_KEY": ADMIN,
+        "ONJOB_COLLECTOR__BUCKET": bucket_url,
+        "ONJOB_COLLECTOR__BUCKET_ENDPOINT_URL": s3_endpoint,
+    }
+    (tmp_path / "loader").mkdir()
+    loader = ServerProcess(
+        ["--engine-url", fake_engine_url, "--db", str(tmp_path / "loader" / "onjob.duckdb")],
+        env=env,
+        log=tmp_path / "loader.log",
+    )
+
+    def host(name: str) -> ServerProcess:
+        (tmp_path / name).mkdir(exist_ok=True)
+        return ServerProcess(
+            ["--engine-url", fake_engine_url, "--db", str(tmp_path / name / "onjob.duckdb"),
+             "--primary", loader.base],
+            env={**env, "ONJOB_COLLECTOR__HOST_ID": f"host-{name}"},
+            log=tmp_path / f"{name}.log",
+        )  # fmt: skip
+
+    procs = [loader.start()]
+    try:
+        a, b = host("a").start(), host("b").start()
+        procs += [a, b]
+        clients = [
+            OpenAI(base_url=p.url, api_key="unused", max_retries=0, timeout=60) for p in (a, b)
+        ]
+
+        def chain(c: int) -> tuple[list[float], list[str]]:
+            """One conversation of 11 answers, 10 chained; each chained call and each
+            feedback sent at once, half to the other host."""
+            took, errors = [], []
+            reply = clients[c % 2].responses.create(model="agent", input=f"start {c}")
+            for turn in range(10):
+                there = clients[(c + turn) % 2]  # the host that answered, or the other
+                start = time.monotonic()
+                try:
+                    reply = there.responses.create(
+                        model="agent",
+                        input=f"and then {turn}?",
+                        previous_response_id=reply.id,
+                        max_output_tokens=3,
+                    )
+                except Exception as exc:  # counted, not raised: the test says how many
+                    errors.append(f"{type(exc).__name__}: {exc}")
+                    break
+                took.append(time.monotonic() - start)
+                answer = httpx.post(
+                    f"{clients[(c + turn + 1) % 2].base_url}feedback",
+                    json={"exchange_id": reply.id, "value": 1.0},
+                    timeout=60,
+                )
+                if answer.status_code != 200:
+                    errors.append(f"feedback: {answer.status_code} {answer.text}")
+            return took, errors
+
+        with ThreadPoolExecutor(10) as pool:
+            results = list(pool.map(chain, range(10)))
+    finally:
+        for p in reversed(procs):
+            p.stop()
+    took = sorted(t for r in results for t in r[0])
+    errors = [e for r in results for e in r[1]]
+    assert errors == [] and len(took) == 100
+    print(f"chained calls: median {took[50]:.2f} s, p90 {took[90]:.2f} s, max {took[-1]:.2f} s")
+    db = tmp_path / "loader" / "onjob.duckdb"
+    chains = rows(db, "SELECT count(DISTINCT trajectory_id) AS n, count(*) AS turns FROM exchanges")
+    assert chains == [{"n": 10, "turns": 110}]  # each conversation one trajectory
+    assert rows(db, "SELECT count(*) AS n FROM feedback") == [{"n": 100}]

@@ -44,3 +44,12 @@ def random_hex() -> str:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}{time.time_ns() // 1_000_000:012x}{random_hex()}"
+
+
+def created_ms(value: str) -> int | None:
+    """When an id of `new_id`'s making was made (ms, its host's clock), whatever its
+    prefix; None for any other string (a client's own trajectory id, say)."""
+    tail = value[-32:]
+    if len(tail) < 32 or any(c not in "0123456789abcdef" for c in tail):
+        return None
+    return int(tail[:12], 16)

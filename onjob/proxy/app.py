@@ -54,7 +54,7 @@ def create_app(
     if router is None:
         router = Router.from_settings(settings, upstream)
     pool = _pool(settings, upstream, router)
-    traffic = Traffic(router, pool, collector, tracer)
+    traffic = Traffic(router, pool, collector, tracer, settings.lookup_wait_s)
     # Who may call: checked before any handler runs (`auth.py`), by the front for the hot
     # routes and by a guard for the rest; handlers read the `Caller` it found.
     doors = Doors(settings)

@@ -150,6 +150,14 @@ class ProxySettings(BaseModel):
         description="connections and requests in flight from clients, per process (past it: "
         "503); keep it under the process's open-file limit (`ulimit -n`)",
     )
+    lookup_wait_s: float = Field(
+        10.0,
+        ge=0,
+        description="how long a request naming an answer given just now (previous_response_id, "
+        "feedback, a stored Response) waits for it to reach the database: with "
+        "collector.bucket, another host's answer arrives within a hand-off round or two; an "
+        "id older than this is looked up once",
+    )
     shutdown_grace_s: float = Field(
         30.0,
         ge=0,

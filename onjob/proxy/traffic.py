@@ -6,7 +6,9 @@ end leaves, so a crash after that loses nothing.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +20,7 @@ from opentelemetry.trace import Tracer
 
 from .. import logprobs
 from ..collector import Collector
+from ..collector.ids import created_ms
 from ..openai_errors import error_body
 from . import telemetry
 from .auth import Caller
@@ -51,6 +54,7 @@ class Traffic:
     pool: Pool
     collector: Collector
     tracer: Tracer | None = None
+    lookup_wait_s: float = 10.0  # `proxy.lookup_wait_s`
 
     def finish(self, exchange: Exchange) -> None:
         """Hand the exchange to the collector: its spool line is written before the answer
@@ -73,12 +77,25 @@ class Traffic:
 
     async def lookup(self, query: Callable, key: str) -> Any:
         """Ask the database; if it does not know `key` yet, load the spool (what other proxy
-        processes hold too) and ask again."""
+        processes hold too) and ask again. An id made less than `lookup_wait_s` ago (an
+        answer another host gave just now, on its way through the bucket) is waited for
+        until then, asked again each time the loader loads."""
         collector = self.collector
-        found = await collector.query(lambda store: query(store, key))
-        if not found:
+
+        async def ask() -> Any:
+            return await collector.query(lambda store: query(store, key))
+
+        if found := await ask():
+            return found
+        born = created_ms(key)
+        left_s = (born - time.time() * 1000) / 1000 + self.lookup_wait_s if born else 0.0
+        if left_s <= 0:  # not an id of ours, or made long ago: one look at the spool
             await collector.caught_up()
-            found = await collector.query(lambda store: query(store, key))
+            return await ask()
+        deadline = time.monotonic() + left_s
+        await collector.flush()
+        while not (found := await ask()) and time.monotonic() < deadline:
+            await asyncio.sleep(collector.settings.flush_interval_s)
         return found
 
     async def answer(
