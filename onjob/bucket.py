@@ -94,7 +94,14 @@ class Bucket:
             "s3",
             endpoint_url=endpoint_url,
             region_name=region,
-            config=Config(retries={"max_attempts": 5, "mode": "standard"}),
+            # A store that hangs (no refusal, no answer) costs a round at most
+            # 3 x (5 + 30) s, not botocore's 5 x (60 + 60) s: what waits on it gives up
+            # and tries again later (`collector/writer.py` backs off).
+            config=Config(
+                connect_timeout=5,
+                read_timeout=30,
+                retries={"max_attempts": 3, "mode": "standard"},
+            ),
         )
         return cls(parts.netloc, parts.path, client=client)
 

@@ -168,7 +168,13 @@ class Uploader:
     """Moves one host's closed spool segments into the bucket and keeps its watermark."""
 
     def __init__(
-        self, directory: Path, bucket: Bucket, host: str, *, standby: str | None = None
+        self,
+        directory: Path,
+        bucket: Bucket,
+        host: str,
+        *,
+        standby: str | None = None,
+        lease_s: float = 30.0,
     ) -> None:
         if not HOST_ID.fullmatch(host):
             raise BucketError(f"collector.host_id must match {HOST_ID.pattern}: {host!r}")
@@ -180,6 +186,7 @@ class Uploader:
         # hands back those it fetched when it loaded and had not loaded yet.
         self.standby = standby
         self.clock = Clock()
+        self.refresh_s = lease_s / 3  # the watermark rewritten this often in a long round
         self.forgotten: object = None  # the loader's last deletion (its mark's etag)
         self._mirrored: dict[str, str] = {}  # etags of what was downloaded
 
@@ -198,16 +205,22 @@ class Uploader:
             for path in self.directory.glob(f"*{OPEN}"):
                 if not _claim(path):  # a live writer's: not in the bucket yet
                     held.append(_opened(path))
-            for path in sorted(self.directory.glob(f"*{CLOSED}")):
+            backlog = sorted(self.directory.glob(f"*{CLOSED}"))
+            written = time.monotonic()
+            for i, path in enumerate(backlog):
                 try:
                     self._upload(path)
                 except BucketError:
                     log.exception("uploading spool segment %s failed; will retry", path.name)
                     held.append(_closed(path).opened)
-            mark = Watermark(self.host, min(held), _ms(), self.clock.offset, self.clock.error)
-            self.bucket.put_bytes(
-                f"{HOSTS}{self.host}.json", msgspec.json.encode(mark), overwrite=True
-            )
+                if time.monotonic() - written > self.refresh_s and i + 1 < len(backlog):
+                    # A long backlog (catching up after an outage): the watermark is kept
+                    # fresh, promising no more than the segments still to go, so the host
+                    # stays live and its conversations stay whole.
+                    rest = [_closed(p).opened for p in backlog[i + 1 :]]
+                    self._mark(min(held + rest))
+                    written = time.monotonic()
+            mark = self._mark(min(held))
             info = self.bucket.stat(FORGOTTEN)
             self.forgotten = info and info.etag
             for name in MIRRORED:
@@ -216,6 +229,11 @@ class Uploader:
                     self.bucket.get_file(name, self.directory / name)
                     self._mirrored[name] = info.etag
             return mark
+
+    def _mark(self, holds_from: int) -> Watermark:
+        mark = Watermark(self.host, holds_from, _ms(), self.clock.offset, self.clock.error)
+        self.bucket.put_bytes(f"{HOSTS}{self.host}.json", msgspec.json.encode(mark), overwrite=True)
+        return mark
 
     def _upload(self, path: Path) -> None:
         try:

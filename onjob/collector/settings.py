@@ -42,6 +42,15 @@ class CollectorSettings(BaseModel):
         "evicts cached blocks and spills to disk, next to an engine that needs the memory)",
     )
     fsync: bool = Field(False, description="fsync each exchange (survives power loss, slow)")
+    max_spool_bytes: int | None = Field(
+        8 << 30,
+        ge=1 << 20,
+        description="most bytes a host's spool directory may hold waiting to be loaded or "
+        "handed over (an outage of the bucket or the loader): past it, the proxy goes on "
+        "answering but logs no more exchanges until there is room again, counted in "
+        "/health as collector.unlogged and said at error level each minute (an agent in "
+        "production is never stopped for want of its log); None: no cap",
+    )
     max_line_bytes: int = Field(
         64 << 20,
         ge=1 << 20,

@@ -184,6 +184,14 @@ class Spool:
         """How many segments (or single lines of one) lie in `failed/`."""
         return sum(1 for _ in (self.directory / FAILED).glob(f"*{CLOSED}"))
 
+    def bytes_held(self) -> int:
+        """What the directory's segments, open and closed, hold (set-aside ones apart)."""
+        total = 0
+        for path in self.segments():
+            with contextlib.suppress(FileNotFoundError):  # loaded or uploaded meanwhile
+                total += path.stat().st_size
+        return total
+
     def segments(self) -> list[Path]:
         """Every segment on disk, open and closed."""
         return sorted(

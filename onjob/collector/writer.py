@@ -114,6 +114,11 @@ class Collector:
         self._loading = True  # False while a standby (the hand-off's thread decides)
         self._bucket: Bucket | None = None
         self._remote = Remote(None, (), 0)  # what the last fetch said
+        self._seen_remote: object = FORGOTTEN  # deletions' mark (not read yet: no change)
+        self._backoff = self._retry_at = 0.0  # after a failed hand-off round
+        self._full = False  # the spool directory holds `max_spool_bytes`: nothing logged
+        self._roomed = self._said_full = -math.inf  # monotonic: last look, last error
+        self.unlogged = 0  # exchanges and feedback answered but not logged (`_full`)
         self._task: asyncio.Task | None = None
         self._flushing = asyncio.Lock()
         self._openings_in: tuple[int, set[str]] = (0, set())  # a segment's openings spooled
@@ -142,10 +147,17 @@ class Collector:
                 holder = loader_id(spool, self.settings.host)
                 self._fetcher = Fetcher(spool, bucket, lease_s, holder)
                 self._lease = LoaderLease(bucket, holder, lease_s)
-                self._standby = Uploader(spool, bucket, self.settings.host, standby=holder)
+                self._standby = Uploader(
+                    spool, bucket, self.settings.host, standby=holder, lease_s=lease_s
+                )
                 await self._handing(self._lease.start)
             else:
-                self._uploader = Uploader(self.settings.spool, bucket, self.settings.host)
+                self._uploader = Uploader(
+                    self.settings.spool,
+                    bucket,
+                    self.settings.host,
+                    lease_s=self.settings.host_lease_s,
+                )
         if not self.loads:
             self._task = asyncio.create_task(self._rotating(), name="onjob-spool")
             return
@@ -170,6 +182,9 @@ class Collector:
         """Durably hand over one exchange or feedback (one append to the spool); never waits
         on DuckDB. An exchange stored against an opening (`linear.py`) takes a copy of it
         into the segment, the first time that segment needs it: segments stand alone."""
+        if self._full:
+            self._unlogged()
+            return
         line = encode(record)
         if isinstance(record, ExchangeRecord):
             if len(line) > self.settings.max_line_bytes:
@@ -189,6 +204,29 @@ class Collector:
                     copy = msgspec.structs.replace(opening, ts=record.ts)
                     line = encode(copy) + b"\n" + line  # one write: never split by a rotation
         self._spool.append(line)
+
+    def _unlogged(self) -> None:
+        self.unlogged += 1
+        if time.monotonic() - self._said_full >= 60:
+            self._said_full = time.monotonic()
+            log.error(
+                "the spool directory holds collector.max_spool_bytes (%d): answering without "
+                "logging (%d unlogged so far) until the loader or the bucket takes some",
+                self.settings.max_spool_bytes,
+                self.unlogged,
+            )
+
+    def _check_room(self) -> None:
+        """Whether the spool directory is past `max_spool_bytes` (looked at once a second
+        at most)."""
+        cap = self.settings.max_spool_bytes
+        if cap is None or time.monotonic() - self._roomed < 1.0:
+            return
+        self._roomed = time.monotonic()
+        full = self._spool.bytes_held() >= cap
+        if self._full and not full:
+            log.warning("the spool directory has room again: logging goes on")
+        self._full = full
 
     def _too_large(self, record: ExchangeRecord, size: int) -> tuple[ExchangeRecord, bytes]:
         """An exchange whose line is past `max_line_bytes`, which DuckDB could not load
@@ -440,6 +478,7 @@ class Collector:
             "failed_segments": self._spool.set_aside_count() if self._spool else 0,
             "untrainable": dict(self.untrainable),
             "forgets_seen": self.forgets_seen,
+            "unlogged": self.unlogged,  # answered while the spool directory was full
             "hosts_live": list(self._remote.live),  # the loader: hosts whose watermark counts
             "hosts_dropped": list(self._remote.dropped),  # and those past their lease
             "loader": self._loader_state(),
@@ -479,36 +518,48 @@ class Collector:
 
     async def _rotating(self) -> None:
         """A proxy-only process closes its segment every `rotate_s`: the loader may load it.
-        When the primary has deleted conversations, the memory of them goes too."""
+        With a bucket, a hand-off round starts whenever none is running: a bucket that
+        hangs holds up the hand-off, never the rotation. When the primary has deleted
+        conversations, the memory of them goes too."""
         mark = self.settings.spool / FORGOTTEN_MARK
         seen = _stamp(mark)
-        seen_remote: object = FORGOTTEN  # not read yet: the first round's is no change
-        while True:
-            await asyncio.sleep(self.settings.rotate_s)
-            try:
-                self._spool.rotate()
-            except OSError:
-                log.exception("closing a spool segment failed; will retry")
-            if self._uploader is not None:
-                seen_remote = await self._hand_over(seen_remote)
-            if (stamp := _stamp(mark)) != seen:
-                seen = stamp
-                self._forget_memory()
+        handing: asyncio.Task | None = None
+        try:
+            while True:
+                await asyncio.sleep(self.settings.rotate_s)
+                try:
+                    self._spool.rotate()
+                except OSError:
+                    log.exception("closing a spool segment failed; will retry")
+                self._check_room()
+                if self._uploader is not None and (handing is None or handing.done()):
+                    handing = asyncio.create_task(self._hand_over())
+                if (stamp := _stamp(mark)) != seen:
+                    seen = stamp
+                    self._forget_memory()
+        finally:
+            if handing is not None:
+                handing.cancel()
 
-    async def _hand_over(self, seen: object) -> object:
+    async def _hand_over(self) -> None:
         """Upload this host's closed segments (`handoff.py`); when the loader has deleted
-        conversations since the round that read `seen`, forget them here too. Returns
-        the deletions' mark as now read."""
+        conversations since the last round, forget them here too. A failed round waits
+        twice as long as the one before it to try again (up to a minute)."""
+        if time.monotonic() < self._retry_at:
+            return
         try:
             if await self._handing(self._uploader.upload) is None:
-                return seen
+                return
         except Exception:  # the segments stay on this host's disk: nothing is lost
-            log.exception("handing the spool to the bucket failed; will retry")
-            return seen
+            self._backoff = min(60.0, max(self.settings.rotate_s, self._backoff * 2))
+            self._retry_at = time.monotonic() + self._backoff
+            log.exception("handing the spool to the bucket failed; retried in %g s", self._backoff)
+            return
+        self._backoff, self._retry_at = 0.0, 0.0
         now = self._uploader.forgotten
-        if seen is not FORGOTTEN and now != seen:
+        if self._seen_remote is not FORGOTTEN and now != self._seen_remote:
             self._forget_memory()
-        return now
+        self._seen_remote = now
 
     def _handing(self, round_: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         return asyncio.get_running_loop().run_in_executor(self._handoff, round_, *args)
@@ -530,6 +581,7 @@ class Collector:
         exported = time.monotonic()
         while True:
             await asyncio.sleep(self.settings.flush_interval_s)
+            self._check_room()
             try:
                 await self.flush()
             except Exception:
