@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -325,3 +327,18 @@ def fake_engine_url():
     yield url
     proc.terminate()
     proc.wait()
+
+
+def debian_program(path: str, package: str) -> str:
+    """The program at `path`, its Debian package installed here if it is missing (a fresh
+    CI machine runs as root with apt-get)."""
+    if not Path(path).exists():
+        if os.geteuid() != 0 or not shutil.which("apt-get"):
+            pytest.fail(f"{path} is missing: install Debian's {package} package")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package],
+            check=True, env=env, timeout=1200,
+        )  # fmt: skip
+    return path

@@ -7,7 +7,6 @@ against the database; a group leads to its conversation; every page is screensho
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from onjob.client import Client
 from onjob.collector import Store
 from onjob.deploy import progress, registry
 
-from .conftest import TOOL_QUESTION, TOOLS, make_adapter, rows
+from .conftest import TOOL_QUESTION, TOOLS, debian_program, make_adapter, rows
 
 ROOT = Path(__file__).resolve().parents[1]
 ONJOB = str(Path(sys.executable).with_name("onjob"))
@@ -61,16 +60,7 @@ def tool(r):
 def chromium() -> str:
     """Debian's Chromium, installed here if missing (Playwright's own download cannot work
     on these machines)."""
-    if not Path(CHROMIUM).exists():
-        if os.geteuid() != 0 or not shutil.which("apt-get"):
-            pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=600)
-        subprocess.run(
-            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"],
-            check=True, env=env, timeout=1200,
-        )  # fmt: skip
-    return CHROMIUM
+    return debian_program(CHROMIUM, "chromium")
 
 
 def onjob(cwd: Path, *args: str) -> str:

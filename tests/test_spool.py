@@ -10,7 +10,11 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from onjob.collector.spool import Segment, Spool, batches
+
+from .conftest import debian_program
 
 
 def lines(segments) -> list[bytes]:
@@ -117,3 +121,45 @@ def test_a_batch_stays_within_its_budget_unless_one_segment_alone_is_larger(tmp_
     segments = [seg("a", 60, 0), seg("b", 60, 10), seg("c", 30, 20), seg("d", 250, 30)]
     out = batches(segments, budget_bytes=100)
     assert [[s.name for s in b] for b in out] == [["a"], ["b", "c"], ["d"]]
+
+
+TWO_SEGMENTS = """
+import sys
+from onjob.collector.spool import Spool
+spool = Spool(sys.argv[1], fsync=sys.argv[2])
+for segment in range(2):
+    for i in range(5):
+        spool.append(b'{"kind": "x", "i": %d}' % i)
+    spool.rotate()
+"""
+
+
+@pytest.mark.parametrize(
+    ("policy", "fsyncs"),
+    # segment: each closed file and its rename; always: each line, and each rename
+    [("never", 0), ("segment", 4), ("always", 12)],
+)
+def test_each_fsync_policy_flushes_what_it_says(tmp_path, policy, fsyncs):
+    strace = debian_program("/usr/bin/strace", "strace")
+    trace = tmp_path / "trace"
+    subprocess.run(
+        [strace, "-f", "-e", "trace=fsync,fdatasync", "-o", str(trace),
+         sys.executable, "-c", TWO_SEGMENTS, str(tmp_path / "spool"), policy],
+        check=True, timeout=120,
+    )  # fmt: skip
+    calls = [line for line in trace.read_text().splitlines() if "fsync(" in line]
+    assert len(calls) == fsyncs, calls
+    assert len(list((tmp_path / "spool").glob("*.jsonl"))) == 2
+
+
+def test_the_fsync_setting_names_a_policy_and_takes_the_old_switch():
+    from pydantic import ValidationError
+
+    from onjob.collector.settings import CollectorSettings
+
+    assert CollectorSettings().fsync == "segment"
+    assert [CollectorSettings(fsync=v).fsync for v in (True, "false", "always")] == [
+        "always", "never", "always",
+    ]  # fmt: skip
+    with pytest.raises(ValidationError, match="'never', 'segment' or 'always'"):
+        CollectorSettings(fsync="sometimes")

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+Fsync = Literal["never", "segment", "always"]  # when a spool line reaches the disk
 
 
 class CollectorSettings(BaseModel):
@@ -41,7 +44,23 @@ class CollectorSettings(BaseModel):
         description="DuckDB's buffer memory (its default is 80% of RAM; beyond this it "
         "evicts cached blocks and spills to disk, next to an engine that needs the memory)",
     )
-    fsync: bool = Field(False, description="fsync each exchange (survives power loss, slow)")
+    fsync: Fsync = Field(
+        "segment",
+        description="when the spool reaches the disk itself, not only the kernel (a killed "
+        "process loses nothing either way): `never` (a power loss or a lost VM can take the "
+        "last ~30 s the kernel had not written back), `segment` (each closed segment, every "
+        "rotate_s: it can take the open segment's lines), `always` (each exchange before "
+        "its answer leaves: nothing; the slowest). docs/scaling.md gives each one's cost; "
+        "true/false mean always/never",
+    )
+
+    @field_validator("fsync", mode="before")
+    @classmethod
+    def _fsync_was_a_switch(cls, value: object) -> object:
+        switch = {"true": "always", "1": "always", "false": "never", "0": "never"}
+        if isinstance(value, bool):
+            return "always" if value else "never"
+        return switch.get(value.lower(), value) if isinstance(value, str) else value
     max_spool_bytes: int | None = Field(
         8 << 30,
         ge=1 << 20,

@@ -55,6 +55,14 @@ def _closed(path: Path) -> Segment:
     return Segment(path, opened, closed)
 
 
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _opened(path: Path) -> int:
     try:
         return int(path.stem.split("-")[0])
@@ -67,14 +75,14 @@ class Spool:
         self,
         directory: Path,
         *,
-        fsync: bool = False,
+        fsync: str = "never",
         max_segment_bytes: int = 64 << 20,
         writer: str | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.directory.chmod(0o700)  # users' traffic: its owner's alone, however made
-        self.fsync = fsync
+        self.fsync = fsync  # "never", "segment" (at each close) or "always" (each line)
         self.max_segment_bytes = max_segment_bytes
         # Unique across processes, hosts and restarts: the database remembers loaded
         # names until their file is gone.
@@ -93,7 +101,7 @@ class Spool:
         view = memoryview(line + b"\n")
         while view:
             view = view[os.write(self._fd, view) :]
-        if self.fsync:
+        if self.fsync == "always":
             os.fsync(self._fd)
         self._bytes += len(line) + 1
         if self._bytes >= self.max_segment_bytes:
@@ -123,7 +131,11 @@ class Spool:
             return
         path, fd = self._current, self._fd
         self._fd, self._current = -1, None
+        if self.fsync == "segment":
+            os.fsync(fd)
         _close(path, self._opened)
+        if self.fsync != "never":  # the rename too: a closed segment stays closed
+            _fsync_directory(self.directory)
         os.close(fd)  # after the rename: the lock is held until the segment is closed
 
     def close(self) -> None:
