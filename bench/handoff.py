@@ -152,7 +152,7 @@ def main() -> None:
         loader.mkdir()
         uploader = Uploader(work / "host", bucket, "host-a")
         (work / "host").mkdir()
-        fetcher = Fetcher(loader, bucket, lease_s=60)
+        fetcher = Fetcher(loader, bucket, lease_s=60, holder="bench-loader")
         idle_upload = timed(uploader.upload, 20)
         idle_fetch = timed(fetcher.fetch, 20)
 
