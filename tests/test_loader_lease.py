@@ -16,7 +16,7 @@ import pytest
 from openai import OpenAI
 
 from onjob.bucket import Bucket
-from onjob.cli.process import ServerProcess
+from onjob.cli.process import ServerProcess, free_port
 from onjob.collector.handoff import Clock, Fetcher, Uploader, Watermark
 from onjob.collector.lease import LEASE, LeaseBody, LoaderLease
 from onjob.collector.spool import Spool
@@ -152,12 +152,19 @@ def test_two_loaders_started_at_once_load_each_exchange_into_one_database_and_fa
         "ONJOB_COLLECTOR__HOST_LEASE_S": "6",
     }
 
-    def server(name: str) -> ServerProcess:
+    ports = {"a": free_port(), "b": free_port()}
+
+    def server(name: str, *primary: str) -> ServerProcess:
+        """A loader (a or b: each says where it answers, for proxy hosts to find the one
+        that loads), or with `primary`, a proxy host."""
         (tmp_path / name).mkdir(exist_ok=True)
         db = str(tmp_path / name / "onjob.duckdb")
+        port = ports.get(name, 0)
+        here = {"ONJOB_COLLECTOR__ADVERTISE_URL": f"http://127.0.0.1:{port}"} if port else {}
         return ServerProcess(
-            ["--engine-url", fake_engine_url, "--db", db],
-            env={**env, "ONJOB_COLLECTOR__HOST_ID": f"host-{name}"},
+            ["--engine-url", fake_engine_url, "--db", db, *primary],
+            port=port,
+            env={**env, **here, "ONJOB_COLLECTOR__HOST_ID": f"host-{name}"},
             log=tmp_path / f"{name}.log",
         )
 
@@ -185,6 +192,9 @@ def test_two_loaders_started_at_once_load_each_exchange_into_one_database_and_fa
         answered = ask(procs[leader], 5, "to the loader") + ask(procs[standby], 5, "to the other")
         until(lambda: set(answered) <= ids(procs[leader]), 60, "everything in the loader's db")
         assert ids(procs[standby]) == set()  # the standby loads nothing
+        # A proxy host started with the loader as its --primary.
+        procs["p"] = server("p", "--primary", procs[leader].base).start()
+        proxied = ask(procs["p"], 2, "through the proxy host")
 
         # The loader dies (kill -9) with the standby's traffic going on: the standby takes
         # over within about a lease and loads what comes after.
@@ -192,6 +202,16 @@ def test_two_loaders_started_at_once_load_each_exchange_into_one_database_and_fa
         later = ask(procs[standby], 5, "after the death")
         until(lambda: loader_of(procs[standby]).startswith("this server"), 60, "fail-over")
         until(lambda: set(later) <= ids(procs[standby]), 60, "the new loader loads")
+
+        # The proxy host finds it through the bucket: feedback it forwards reaches it.
+        def feedback() -> int:
+            return httpx.post(
+                f"{procs['p'].url}/feedback",
+                json={"exchange_id": proxied[0], "value": 1.0},
+                timeout=60,
+            ).status_code
+
+        until(lambda: feedback() == 200, 30, "the proxy host forwards to the new loader")
         # The old loader comes back: a standby now, it hands over what it had not loaded.
         procs[leader] = server(leader).start()
         assert loader_of(procs[leader]).startswith("standby")
@@ -215,7 +235,7 @@ def test_two_loaders_started_at_once_load_each_exchange_into_one_database_and_fa
         r["id"] for r in rows(tmp_path / standby / "onjob.duckdb", "SELECT id FROM exchanges")
     }
     assert first.isdisjoint(second)  # no exchange in both databases
-    assert first | second == set(answered + later + back)  # and none lost
+    assert first | second == set(answered + proxied + later + back)  # and none lost
 
 
 def ids(p: ServerProcess) -> set[str]:

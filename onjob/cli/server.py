@@ -135,7 +135,9 @@ def build_proxy_app(settings: ServeSettings):
         on_startup=[follow, settle_gc],
         on_shutdown=[stop_following, unfreeze_gc],
         forward=replicas.Forwarder(
-            settings.proxy.primary_url, timeout_s=settings.proxy.read_timeout_s
+            settings.proxy.primary_url,
+            timeout_s=settings.proxy.read_timeout_s,
+            follow=lambda: collector.loader_url,
         ),
     )
 

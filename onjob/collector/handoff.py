@@ -72,6 +72,7 @@ from pathlib import Path
 import msgspec
 
 from ..bucket import Bucket, BucketError, ObjectExists, ObjectMissing
+from .lease import read_lease
 from .spool import CLOSED, OPEN, _claim, _closed, _locked, _opened
 
 log = logging.getLogger("onjob.collector")
@@ -186,6 +187,7 @@ class Uploader:
         # hands back those it fetched when it loaded and had not loaded yet.
         self.standby = standby
         self.clock = Clock()
+        self.loader_url: str | None = None  # where the loader answers, as its lease says
         self.refresh_s = lease_s / 3  # the watermark rewritten this often in a long round
         self.forgotten: object = None  # the loader's last deletion (its mark's etag)
         self._mirrored: dict[str, str] = {}  # etags of what was downloaded
@@ -223,6 +225,9 @@ class Uploader:
             mark = self._mark(min(held))
             info = self.bucket.stat(FORGOTTEN)
             self.forgotten = info and info.etag
+            lease = read_lease(self.bucket)
+            if lease is not None and lease.holder and lease.url:
+                self.loader_url = lease.url
             for name in MIRRORED:
                 info = self.bucket.stat(name)
                 if info is not None and self._mirrored.get(name) != info.etag:

@@ -60,16 +60,26 @@ class LeaseBody(msgspec.Struct, frozen=True):
     holder: str
     token: int
     beat: int = 0
+    url: str | None = None  # where the holder answers (`collector.advertise_url`)
+
+
+def read_lease(bucket: Bucket) -> LeaseBody | None:
+    """The lease as it stands (None: none, or not one)."""
+    try:
+        return msgspec.json.decode(bucket.get_bytes(LEASE), type=LeaseBody)
+    except (ObjectMissing, msgspec.DecodeError):
+        return None
 
 
 class LoaderLease:
     """This server's claim on `loader.lease`: `renew()` each third of the lease (a thread
     of its own: `start`), `held` before each load."""
 
-    def __init__(self, bucket: Bucket, holder: str, lease_s: float) -> None:
+    def __init__(self, bucket: Bucket, holder: str, lease_s: float, url: str | None = None) -> None:
         self.bucket = bucket
         self.holder = holder
         self.lease_s = lease_s
+        self.url = url
         self.body: LeaseBody | None = None  # what this server last wrote, while it holds
         self.other: LeaseBody | None = None  # the holder this server waits on
         self._etag: str | None = None
@@ -105,7 +115,7 @@ class LoaderLease:
     def _take(self) -> None:
         info = self.bucket.stat(LEASE)
         if info is None:
-            self._write(LeaseBody(self.holder, 1), if_match=None)
+            self._write(LeaseBody(self.holder, 1, url=self.url), if_match=None)
             return
         try:
             current = msgspec.json.decode(self.bucket.get_bytes(LEASE), type=LeaseBody)
@@ -123,7 +133,7 @@ class LoaderLease:
                 )
             self.other = current
             return
-        self._write(LeaseBody(self.holder, current.token + 1), if_match=info.etag)
+        self._write(LeaseBody(self.holder, current.token + 1, url=self.url), if_match=info.etag)
         log.warning(
             "took the loader's lease (token %d) from %s, %.0f s after its last renewal",
             current.token + 1,

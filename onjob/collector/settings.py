@@ -61,6 +61,7 @@ class CollectorSettings(BaseModel):
         if isinstance(value, bool):
             return "always" if value else "never"
         return switch.get(value.lower(), value) if isinstance(value, str) else value
+
     max_spool_bytes: int | None = Field(
         8 << 30,
         ge=1 << 20,
@@ -111,6 +112,13 @@ class CollectorSettings(BaseModel):
         pattern=r"^[0-9A-Za-z_.-]{1,64}$",
         description="this host's name in the bucket (its watermark), unique among the "
         "hosts and the same across its restarts; default: the host name",
+    )
+    advertise_url: str | None = Field(
+        None,
+        description="with collector.bucket: the URL other hosts reach this server at, "
+        "written into the loader's lease while this server loads, so proxy hosts "
+        "(`--primary`) forward to whichever server loads now, after a fail-over too; "
+        "default: proxy hosts forward to their --primary alone",
     )
     host_lease_s: float = Field(
         30,

@@ -146,7 +146,7 @@ class Collector:
                 spool, lease_s = self.settings.spool, self.settings.host_lease_s
                 holder = loader_id(spool, self.settings.host)
                 self._fetcher = Fetcher(spool, bucket, lease_s, holder)
-                self._lease = LoaderLease(bucket, holder, lease_s)
+                self._lease = LoaderLease(bucket, holder, lease_s, self.settings.advertise_url)
                 self._standby = Uploader(
                     spool, bucket, self.settings.host, standby=holder, lease_s=lease_s
                 )
@@ -276,6 +276,12 @@ class Collector:
             total += await self._load_or_set_aside(batch)
         self.loaded += total
         return total
+
+    @property
+    def loader_url(self) -> str | None:
+        """A proxy host: where the server that loads answers, as its lease in the bucket
+        says (None: not said)."""
+        return self._uploader.loader_url if self._uploader is not None else None
 
     @property
     def standby(self) -> bool:

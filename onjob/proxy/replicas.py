@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -89,13 +90,29 @@ async def follow(router: Router, directory: Path, poll_s: float = 0.5) -> None:
 class Forwarder:
     """Relays a request to the primary server as it came, and its answer back as it comes."""
 
-    def __init__(self, url: str, *, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 300.0,
+        follow: Callable[[], str | None] = lambda: None,
+    ) -> None:
+        self.timeout = httpx.Timeout(timeout_s, connect=5.0)
+        self.follow = follow  # where the primary is now, when the bucket says (fail-over)
         self.url = url.rstrip("/")
-        self.client = httpx.AsyncClient(
-            base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=5.0)
-        )
+        self.client = httpx.AsyncClient(base_url=self.url, timeout=self.timeout)
+        self._old: list[httpx.AsyncClient] = []
+
+    def _retarget(self) -> None:
+        url = (self.follow() or "").rstrip("/")
+        if url and url != self.url:
+            log.warning("forwarding to the server that loads now: %s (was %s)", url, self.url)
+            self._old.append(self.client)  # requests in flight finish on it
+            self.url = url
+            self.client = httpx.AsyncClient(base_url=url, timeout=self.timeout)
 
     async def __call__(self, request: Request) -> Response:
+        self._retarget()
         body = await request.body()
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _NOT_SENT]
         outgoing = self.client.build_request(
@@ -121,5 +138,6 @@ class Forwarder:
         )
 
     async def aclose(self) -> None:
-        with contextlib.suppress(Exception):
-            await self.client.aclose()
+        for client in (*self._old, self.client):
+            with contextlib.suppress(Exception):
+                await client.aclose()
