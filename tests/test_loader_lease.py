@@ -137,7 +137,7 @@ def test_a_hosts_offset_to_the_buckets_clock_narrows_to_about_a_round_trip(bucke
     assert clock.error <= 100 and abs(clock.offset) <= 100  # one machine: no offset
 
 
-def test_two_loaders_started_at_once_load_each_exchange_into_one_database_and_fail_over(
+def test_two_loaders_started_at_once_one_loads_and_the_other_takes_over_its_database(
     tmp_path,
     fake_engine_url,
     bucket_url,  # noqa: F811
@@ -150,6 +150,7 @@ def test_two_loaders_started_at_once_load_each_exchange_into_one_database_and_fa
         "ONJOB_COLLECTOR__BUCKET_ENDPOINT_URL": s3_endpoint,
         "ONJOB_COLLECTOR__ROTATE_S": "0.5",
         "ONJOB_COLLECTOR__HOST_LEASE_S": "6",
+        "ONJOB_COLLECTOR__SNAPSHOT_S": "2",  # the database copied to the bucket often
     }
 
     ports = {"a": free_port(), "b": free_port()}
@@ -195,6 +196,16 @@ def test_two_loaders_started_at_once_load_each_exchange_into_one_database_and_fa
         # A proxy host started with the loader as its --primary.
         procs["p"] = server("p", "--primary", procs[leader].base).start()
         proxied = ask(procs["p"], 2, "through the proxy host")
+        bucket = Bucket.from_url(bucket_url, endpoint_url=s3_endpoint)
+        until(lambda: bucket.list("db/"), 30, "a copy of the loader's database")
+        # Answers loaded after a copy: they reach a standby as archived segments.
+        mid = ask(procs[leader], 3, "after the copy")
+        archive = tmp_path / leader / "onjob.duckdb.spool" / "archive"
+        until(
+            lambda: set(mid + proxied) <= ids(procs[leader]) and not list(archive.iterdir()),
+            60,
+            "loaded and archived",
+        )
 
         # The loader dies (kill -9) with the standby's traffic going on: the standby takes
         # over within about a lease and loads what comes after.
@@ -230,12 +241,14 @@ def test_two_loaders_started_at_once_load_each_exchange_into_one_database_and_fa
         for p in procs.values():
             p.stop()
 
-    first = {r["id"] for r in rows(tmp_path / leader / "onjob.duckdb", "SELECT id FROM exchanges")}
-    second = {
-        r["id"] for r in rows(tmp_path / standby / "onjob.duckdb", "SELECT id FROM exchanges")
-    }
-    assert first.isdisjoint(second)  # no exchange in both databases
-    assert first | second == set(answered + proxied + later + back)  # and none lost
+    # The new loader went on from the old one's copy and the segments it loaded since:
+    # every exchange, each once; the old loader's own file stopped at its death.
+    query = "SELECT id, count(*) AS n FROM exchanges GROUP BY id"
+    first = {r["id"]: r["n"] for r in rows(tmp_path / leader / "onjob.duckdb", query)}
+    second = {r["id"]: r["n"] for r in rows(tmp_path / standby / "onjob.duckdb", query)}
+    assert set(second) == set(answered + proxied + mid + later + back)
+    assert set(second.values()) == {1}
+    assert set(first) == set(answered + proxied + mid)
 
 
 def ids(p: ServerProcess) -> set[str]:
@@ -247,3 +260,59 @@ def ids(p: ServerProcess) -> set[str]:
     )
     assert answer.status_code == 200, answer.text
     return {r[0] for r in answer.json()["rows"]}
+
+
+def test_a_conversation_forgotten_on_the_loader_does_not_come_back_through_a_fail_over(
+    tmp_path,
+    fake_engine_url,
+    bucket_url,  # noqa: F811
+    s3_endpoint,  # noqa: F811
+):
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "0",
+        "ONJOB_PROXY__ADMIN_KEY": ADMIN,
+        "ONJOB_COLLECTOR__BUCKET": bucket_url,
+        "ONJOB_COLLECTOR__BUCKET_ENDPOINT_URL": s3_endpoint,
+        "ONJOB_COLLECTOR__ROTATE_S": "0.5",
+        "ONJOB_COLLECTOR__HOST_LEASE_S": "4",
+    }  # the default snapshot_s (an hour): only the deletion makes a copy
+
+    def server(name: str) -> ServerProcess:
+        (tmp_path / name).mkdir(exist_ok=True)
+        return ServerProcess(
+            ["--engine-url", fake_engine_url, "--db", str(tmp_path / name / "onjob.duckdb")],
+            env={**env, "ONJOB_COLLECTOR__HOST_ID": f"host-{name}"},
+            log=tmp_path / f"{name}.log",
+        )
+
+    loader = server("a").start()
+    standby = server("b").start()
+    try:
+        client = OpenAI(base_url=loader.url, api_key="unused", max_retries=0, timeout=60)
+        kept, gone = [], []
+        for name, into in (("kept", kept), ("gone", gone)):
+            for turn in range(2):
+                into.append(
+                    client.chat.completions.create(
+                        model="agent",
+                        messages=[{"role": "user", "content": f"{name} {turn}"}],
+                        max_tokens=3,
+                        metadata={"trajectory_id": name},
+                    ).id
+                )
+        until(lambda: set(kept + gone) <= ids(loader), 60, "loaded")
+        answer = httpx.post(
+            f"{loader.base}/admin/forget",
+            json={"trajectory": "gone"},
+            headers={"Authorization": f"Bearer {ADMIN}"},
+            timeout=60,
+        )
+        assert answer.status_code == 200 and answer.json()["exchanges"] == 2, answer.text
+        loader.kill()
+        until(lambda: set(kept) <= ids(standby), 60, "the standby took over")
+        assert ids(standby) == set(kept)  # the deleted conversation stayed deleted
+    finally:
+        for p in (loader, standby):
+            p.stop()
+    left = Bucket.from_url(bucket_url, endpoint_url=s3_endpoint).list("archive/")
+    assert left == []  # the copy holds the deletion; no segment holding "gone" is left

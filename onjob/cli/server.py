@@ -83,14 +83,20 @@ def build_app(settings: ServeSettings, workers: Workers | None = None):
     async def stop_workers() -> None:
         await asyncio.to_thread(workers.stop, settings.proxy.shutdown_grace_s + 10)
 
-    async def restore_routing() -> None:
+    async def routing_from_database() -> None:
         try:
             await operator.restore()
         except Exception as exc:  # serve anyway: the proxy's errors will say what is missing
             log.error("could not restore routing from the deployments table: %s", exc)
         # Proxy-only processes (`--workers`, `--primary`) route as this one does.
         replicas.publish(router, spool)
+
+    async def restore_routing() -> None:
+        await routing_from_database()
         router.listeners.append(lambda: replicas.publish(router, spool))
+
+    # A standby that takes over with the old loader's database routes as it did.
+    collector.on_takeover.append(routing_from_database)
 
     return create_app(
         settings.proxy,

@@ -61,6 +61,7 @@ class LeaseBody(msgspec.Struct, frozen=True):
     token: int
     beat: int = 0
     url: str | None = None  # where the holder answers (`collector.advertise_url`)
+    last: str = ""  # a lease given back: who gave it
 
 
 def read_lease(bucket: Bucket) -> LeaseBody | None:
@@ -82,6 +83,7 @@ class LoaderLease:
         self.url = url
         self.body: LeaseBody | None = None  # what this server last wrote, while it holds
         self.other: LeaseBody | None = None  # the holder this server waits on
+        self.previous: str | None = None  # who held the lease before this server took it
         self._etag: str | None = None
         self._until = 0.0  # monotonic: the lease is ours until then at the latest
         self._stop = threading.Event()
@@ -116,6 +118,7 @@ class LoaderLease:
         info = self.bucket.stat(LEASE)
         if info is None:
             self._write(LeaseBody(self.holder, 1, url=self.url), if_match=None)
+            self.previous = None
             return
         try:
             current = msgspec.json.decode(self.bucket.get_bytes(LEASE), type=LeaseBody)
@@ -134,6 +137,7 @@ class LoaderLease:
             self.other = current
             return
         self._write(LeaseBody(self.holder, current.token + 1, url=self.url), if_match=info.etag)
+        self.previous = current.holder or current.last or None
         log.warning(
             "took the loader's lease (token %d) from %s, %.0f s after its last renewal",
             current.token + 1,
@@ -164,7 +168,7 @@ class LoaderLease:
         if self._thread is not None:
             self._thread.join(timeout=self.lease_s)
         if self.held:
-            given_back = LeaseBody("", self.body.token, self.body.beat + 1)
+            given_back = LeaseBody("", self.body.token, self.body.beat + 1, last=self.holder)
             try:  # refused if it is not ours any more
                 self.bucket.put_bytes(LEASE, msgspec.json.encode(given_back), if_match=self._etag)
             except BucketError as exc:

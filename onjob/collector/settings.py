@@ -120,6 +120,14 @@ class CollectorSettings(BaseModel):
         "(`--primary`) forward to whichever server loads now, after a fail-over too; "
         "default: proxy hosts forward to their --primary alone",
     )
+    snapshot_s: float | None = Field(
+        3600,
+        gt=0,
+        description="with collector.bucket: how often the loader copies its database to the "
+        "bucket, keeping there every segment it loads in between, so a standby that takes "
+        "over goes on from it (docs/scaling.md, 'Fail-over'); None: no copy, a standby "
+        "starts from its own database",
+    )
     host_lease_s: float = Field(
         30,
         gt=0,

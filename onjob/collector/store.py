@@ -463,6 +463,10 @@ class Store:
             ).fetchall()
         ]
 
+    def newest_exchange_ms(self) -> int | None:
+        """When the newest exchange here was logged (ms; None: none)."""
+        return self.con.execute("SELECT epoch_ms(max(ts)) FROM exchanges").fetchone()[0]
+
     def forget_segment(self, segment: str) -> None:
         """The segment file is deleted: its ledger row is no longer needed."""
         self.con.execute("DELETE FROM loaded_segments WHERE name = ?", [segment])

@@ -18,7 +18,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import duckdb
@@ -35,6 +35,7 @@ from .linear import Lineage
 from .lines import load_by_line, pieces_of, unreadable
 from .records import NULL, ExchangeRecord, Record, encode
 from .settings import CollectorSettings
+from .snapshots import Archive
 from .spool import Segment, Spool, batches
 from .store import Placed, Store, Unplaced
 from .trajectories import Keys, Stitcher
@@ -111,7 +112,10 @@ class Collector:
         self._fetcher: Fetcher | None = None  # the loader, with a bucket
         self._lease: LoaderLease | None = None  # its claim to be the one loader
         self._standby: Uploader | None = None  # its traffic's way while another loads
-        self._loading = True  # False while a standby (the hand-off's thread decides)
+        self._loading: bool | None = None  # False while a standby; None: not known yet
+        self._archive: Archive | None = None  # the database's way to a standby (`snapshots`)
+        self._snapped = time.monotonic()  # the last copy of the database to the bucket
+        self.on_takeover: list[Callable[[], Awaitable[None]]] = []  # after a restore
         self._bucket: Bucket | None = None
         self._remote = Remote(None, (), 0)  # what the last fetch said
         self._seen_remote: object = FORGOTTEN  # deletions' mark (not read yet: no change)
@@ -150,6 +154,8 @@ class Collector:
                 self._standby = Uploader(
                     spool, bucket, self.settings.host, standby=holder, lease_s=lease_s
                 )
+                if self.settings.snapshot_s is not None:
+                    self._archive = Archive(spool, bucket, holder)
                 await self._handing(self._lease.start)
             else:
                 self._uploader = Uploader(
@@ -161,10 +167,7 @@ class Collector:
         if not self.loads:
             self._task = asyncio.create_task(self._rotating(), name="onjob-spool")
             return
-        self._store = await self._run(
-            Store, self.settings.db, self.settings.duckdb_threads, self.settings.duckdb_memory_limit
-        )
-        self._store.exporting = self.settings.export_s is not None
+        self._store = await self._run(self._open_store)
         if not self._store.exporting:  # queued by a run that exported: not wanted now
             await self._run(self._store.con.execute, "DELETE FROM export_queue")
         rows = await self._run(lambda: self._store.warm_rows(self.settings.warm_exchanges))
@@ -299,10 +302,59 @@ class Collector:
             await self._handing(self._standby.upload)
             return False
         if not self._loading:
+            await self._take_over()
             self._loading = True
-            await self._handing(self._bucket.delete, f"{HOSTS}{self.settings.host}.json")
-            log.warning("this server loads now (the loader's lease is its own)")
         return True
+
+    async def _take_over(self) -> None:
+        """This server has just taken the loader's lease: its watermark goes, and when
+        another loader held it last, that one's database copy (when newer than this one's)
+        and the segments it loaded since come from the bucket (`snapshots.py`)."""
+        await self._handing(self._bucket.delete, f"{HOSTS}{self.settings.host}.json")
+        previous = self._lease.previous
+        if self._archive is not None and previous not in (None, self._lease.holder):
+            newest = await self._run(self._store.newest_exchange_ms)
+            copy = await self._handing(self._archive.newest_of_another, newest)
+            if copy is not None:
+                target = self.settings.spool / ".restore.duckdb"
+                await self._handing(self._bucket.get_file, copy.key, target)
+                await self._run(self._swap_database, target)
+                log.warning("restored the database from %s", copy.key)
+            came = await self._handing(self._archive.fetch_archived)
+            log.warning("fetched %d segments %s loaded since its last copy", came, previous)
+            if self._task is not None:  # serving already: the routing and the loop follow
+                for hook in self.on_takeover:
+                    await hook()
+        if self._loading is False or previous not in (None, self._lease.holder):
+            log.warning("this server loads now (the loader's lease is its own)")
+
+    def _swap_database(self, restored) -> None:
+        """On the database thread: this server's database replaced by a restored copy."""
+        if self._cursor is not None:
+            self._cursor.close()
+            self._cursor = None
+        self._store.close()
+        db = self.settings.db
+        os.replace(restored, db)
+        db.with_name(db.name + ".wal").unlink(missing_ok=True)
+        self._store = self._open_store()
+        self.stitcher = Stitcher(self.settings.stitch_capacity)
+        self.stitcher.warm(self._store.warm_rows(self.settings.warm_exchanges))
+
+    def _open_store(self) -> Store:
+        s = self.settings
+        store = Store(s.db, s.duckdb_threads, s.duckdb_memory_limit)
+        store.exporting = s.export_s is not None
+        return store
+
+    async def snapshot(self) -> None:
+        """Copy the database to the bucket (`snapshots.py`), and let go of what it holds."""
+        target = self.settings.spool / ".snapshot.duckdb"
+        held = await self._run(self._archive.copy, self._store, self.settings.db, target)
+        await self._handing(self._archive.upload)
+        await self._handing(self._archive.publish, target, held)
+        await self._run(lambda: [self._store.forget_segment(name) for name in held])
+        self._snapped = time.monotonic()
 
     async def _load_or_set_aside(self, batch: list[Segment]) -> int:
         """Load a batch. When DuckDB refuses it for what it holds, not for want of disk or
@@ -353,7 +405,10 @@ class Collector:
                     where,
                     out.lines - len(refused),
                 )
-            path.unlink()
+            if self._archive is not None:
+                self._archive.keep(path)
+            else:
+                path.unlink()
         self._store.forget_pieces(pieces_of(path))
         self._store.forget_segment(path.name)
         return out.inserted
@@ -403,8 +458,11 @@ class Collector:
                 self._store.orphaned,
             )
         for path in paths:
-            path.unlink()
-            self._store.forget_segment(path.name)
+            if self._archive is not None:  # its ledger row stays until a copy holds it
+                self._archive.keep(path)
+            else:
+                path.unlink()
+                self._store.forget_segment(path.name)
         return inserted
 
     def _place(self, lines: list[Unplaced]) -> list[Placed]:
@@ -447,6 +505,10 @@ class Collector:
             await self._load_ready()  # what came in meanwhile, in the same hold of the lock
             out = await self._run(lambda: forget(self._store, what, actor=actor))
             await self._run(scrub, self.settings.spool, what, out)
+            if self._archive is not None and not self.standby:
+                # A copy now, with the deletion and its rule in it: the segments archived
+                # before it, which hold what was deleted, go from the bucket.
+                await self.snapshot()
         self.stitcher.forget(out.trajectory_ids)
         # A later turn must not be stored against a deleted exchange: this process's memory
         # of conversations goes, and proxy-only processes' when they see the mark change.
@@ -593,6 +655,14 @@ class Collector:
             except Exception:
                 # The segments stay on disk and are retried next round: nothing is dropped.
                 log.exception("loading the spool into DuckDB failed; will retry")
+            if self._archive is not None and not self.standby:
+                try:
+                    await self._handing(self._archive.upload)
+                    if time.monotonic() - self._snapped >= self.settings.snapshot_s:
+                        await self.snapshot()
+                except Exception:  # kept on this disk: the next round tries again
+                    log.exception("copying to the bucket for a standby failed; will retry")
+                    self._snapped = time.monotonic()
             if time.monotonic() - retained >= self.settings.retention_check_s:
                 retained = time.monotonic()
                 try:
@@ -623,6 +693,11 @@ class Collector:
                 await self._handing(self._uploader.retire)
             except Exception:
                 log.exception("uploading the spool at exit failed; the next start uploads it")
+        if self._archive is not None and not self.standby:
+            try:
+                await self._handing(self._archive.upload)
+            except Exception:
+                log.exception("archiving the last segments failed; they wait on this disk")
         if self._lease is not None:  # a standby takes over at once
             if self.standby:  # what it answered goes to the bucket, its watermark goes
                 try:
