@@ -63,3 +63,27 @@ def bucket_url(s3_endpoint) -> str:
     name = f"test-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
     return f"s3://{name}/onjob"
+
+
+def bucket_env(bucket_url: str, endpoint: str, **settings: object) -> dict[str, str]:
+    """The environment of an `onjob serve` handing over through the bucket: the loop off,
+    and `settings` by their environment names (`proxy__admin_key="..."`)."""
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "0",
+        "ONJOB_COLLECTOR__BUCKET": bucket_url,
+        "ONJOB_COLLECTOR__BUCKET_ENDPOINT_URL": endpoint,
+    }
+    return env | {f"ONJOB_{name.upper()}": str(value) for name, value in settings.items()}
+
+
+def server_in(work, name: str, engine_url: str, env: dict, *args: str, port: int = 0):
+    """`onjob serve` as host `host-<name>`, its database and log in `work/<name>`."""
+    from onjob.cli.process import ServerProcess
+
+    (work / name).mkdir(exist_ok=True)
+    return ServerProcess(
+        ["--engine-url", engine_url, "--db", str(work / name / "onjob.duckdb"), *args],
+        port=port,
+        env={**env, "ONJOB_COLLECTOR__HOST_ID": f"host-{name}"},
+        log=work / f"{name}.log",
+    )

@@ -18,7 +18,13 @@ from onjob.bucket import Bucket
 from onjob.cli.process import ServerProcess, free_port
 
 from .conftest import rows
-from .s3_server import CREDENTIALS, bucket_url, s3_endpoint  # noqa: F401  (fixtures)
+from .s3_server import (  # noqa: F401  (fixtures)
+    CREDENTIALS,
+    bucket_env,
+    bucket_url,
+    s3_endpoint,
+    server_in,
+)
 
 ADMIN = "admin-secret"
 AWS = {
@@ -169,7 +175,10 @@ def test_two_hosts_hand_their_spools_to_one_loader_through_a_bucket_and_a_dead_h
     # Nothing set aside; no segment or watermark left once every host stopped cleanly.
     assert not list((tmp_path / "loader" / "onjob.duckdb.spool" / "failed").glob("*"))
     left = Bucket.from_url(bucket_url, endpoint_url=s3_endpoint).list()
-    assert {o.key.split("/")[0] for o in left} == {"fetched", "routing.json", "loader.lease"}
+    # The loader's copy of its database, made at its clean stop, holds every segment it
+    # loaded: none is left archived.
+    kinds = {o.key.split("/")[0] for o in left}
+    assert kinds == {"fetched", "routing.json", "loader.lease", "db"}
     assert len(left) == len({o.key for o in left})
 
 
@@ -412,27 +421,11 @@ def test_chains_and_feedback_sent_at_once_through_other_hosts_reach_the_loader(
     """At default settings (a hand-off round a second), a chained Responses call and
     feedback sent the moment the answer came back, to the host that answered or to the
     other: the loader waits for the exact answer they name (`proxy.lookup_wait_s`)."""
-    env = {
-        "ONJOB_LOOP__INTERVAL_S": "0",
-        "ONJOB_PROXY__ADMIN_KEY": ADMIN,
-        "ONJOB_COLLECTOR__BUCKET": bucket_url,
-        "ONJOB_COLLECTOR__BUCKET_ENDPOINT_URL": s3_endpoint,
-    }
-    (tmp_path / "loader").mkdir()
-    loader = ServerProcess(
-        ["--engine-url", fake_engine_url, "--db", str(tmp_path / "loader" / "onjob.duckdb")],
-        env=env,
-        log=tmp_path / "loader.log",
-    )
+    env = bucket_env(bucket_url, s3_endpoint, proxy__admin_key=ADMIN)  # else the defaults
+    loader = server_in(tmp_path, "loader", fake_engine_url, env)
 
     def host(name: str) -> ServerProcess:
-        (tmp_path / name).mkdir(exist_ok=True)
-        return ServerProcess(
-            ["--engine-url", fake_engine_url, "--db", str(tmp_path / name / "onjob.duckdb"),
-             "--primary", loader.base],
-            env={**env, "ONJOB_COLLECTOR__HOST_ID": f"host-{name}"},
-            log=tmp_path / f"{name}.log",
-        )  # fmt: skip
+        return server_in(tmp_path, name, fake_engine_url, env, "--primary", loader.base)
 
     procs = [loader.start()]
     try:

@@ -22,7 +22,7 @@ from onjob.collector.lease import LEASE, LeaseBody, LoaderLease
 from onjob.collector.spool import Spool
 
 from .conftest import rows
-from .s3_server import bucket_url, s3_endpoint  # noqa: F401  (fixtures)
+from .s3_server import bucket_env, bucket_url, s3_endpoint, server_in  # noqa: F401
 
 ADMIN = "admin-secret"
 
@@ -143,31 +143,23 @@ def test_two_loaders_started_at_once_one_loads_and_the_other_takes_over_its_data
     bucket_url,  # noqa: F811
     s3_endpoint,  # noqa: F811
 ):
-    env = {
-        "ONJOB_LOOP__INTERVAL_S": "0",
-        "ONJOB_PROXY__ADMIN_KEY": ADMIN,
-        "ONJOB_COLLECTOR__BUCKET": bucket_url,
-        "ONJOB_COLLECTOR__BUCKET_ENDPOINT_URL": s3_endpoint,
-        "ONJOB_COLLECTOR__ROTATE_S": "0.5",
-        "ONJOB_COLLECTOR__HOST_LEASE_S": "6",
-        "ONJOB_COLLECTOR__SNAPSHOT_S": "2",  # the database copied to the bucket often
-    }
+    env = bucket_env(
+        bucket_url,
+        s3_endpoint,
+        proxy__admin_key=ADMIN,
+        collector__rotate_s=0.5,
+        collector__host_lease_s=6,
+        collector__snapshot_s=2,  # the database copied to the bucket often
+    )
 
     ports = {"a": free_port(), "b": free_port()}
 
     def server(name: str, *primary: str) -> ServerProcess:
         """A loader (a or b: each says where it answers, for proxy hosts to find the one
         that loads), or with `primary`, a proxy host."""
-        (tmp_path / name).mkdir(exist_ok=True)
-        db = str(tmp_path / name / "onjob.duckdb")
         port = ports.get(name, 0)
         here = {"ONJOB_COLLECTOR__ADVERTISE_URL": f"http://127.0.0.1:{port}"} if port else {}
-        return ServerProcess(
-            ["--engine-url", fake_engine_url, "--db", db, *primary],
-            port=port,
-            env={**env, **here, "ONJOB_COLLECTOR__HOST_ID": f"host-{name}"},
-            log=tmp_path / f"{name}.log",
-        )
+        return server_in(tmp_path, name, fake_engine_url, env | here, *primary, port=port)
 
     def loader_of(p: ServerProcess) -> str:
         return httpx.get(f"{p.base}/health", timeout=30).json()["collector"]["loader"]
@@ -268,25 +260,16 @@ def test_a_conversation_forgotten_on_the_loader_does_not_come_back_through_a_fai
     bucket_url,  # noqa: F811
     s3_endpoint,  # noqa: F811
 ):
-    env = {
-        "ONJOB_LOOP__INTERVAL_S": "0",
-        "ONJOB_PROXY__ADMIN_KEY": ADMIN,
-        "ONJOB_COLLECTOR__BUCKET": bucket_url,
-        "ONJOB_COLLECTOR__BUCKET_ENDPOINT_URL": s3_endpoint,
-        "ONJOB_COLLECTOR__ROTATE_S": "0.5",
-        "ONJOB_COLLECTOR__HOST_LEASE_S": "4",
-    }  # the default snapshot_s (an hour): only the deletion makes a copy
-
-    def server(name: str) -> ServerProcess:
-        (tmp_path / name).mkdir(exist_ok=True)
-        return ServerProcess(
-            ["--engine-url", fake_engine_url, "--db", str(tmp_path / name / "onjob.duckdb")],
-            env={**env, "ONJOB_COLLECTOR__HOST_ID": f"host-{name}"},
-            log=tmp_path / f"{name}.log",
-        )
-
-    loader = server("a").start()
-    standby = server("b").start()
+    # The default snapshot_s (an hour): only the deletion makes a copy.
+    env = bucket_env(
+        bucket_url,
+        s3_endpoint,
+        proxy__admin_key=ADMIN,
+        collector__rotate_s=0.5,
+        collector__host_lease_s=4,
+    )
+    loader = server_in(tmp_path, "a", fake_engine_url, env).start()
+    standby = server_in(tmp_path, "b", fake_engine_url, env).start()
     try:
         client = OpenAI(base_url=loader.url, api_key="unused", max_retries=0, timeout=60)
         kept, gone = [], []

@@ -115,6 +115,7 @@ class Collector:
         self._loading: bool | None = None  # False while a standby; None: not known yet
         self._archive: Archive | None = None  # the database's way to a standby (`snapshots`)
         self._snapped = time.monotonic()  # the last copy of the database to the bucket
+        self._copying = asyncio.Lock()  # one copy at a time (the loop's, a deletion's)
         self.on_takeover: list[Callable[[], Awaitable[None]]] = []  # after a restore
         self._bucket: Bucket | None = None
         self._remote = Remote(None, (), 0)  # what the last fetch said
@@ -350,11 +351,12 @@ class Collector:
     async def snapshot(self) -> None:
         """Copy the database to the bucket (`snapshots.py`), and let go of what it holds."""
         target = self.settings.spool / ".snapshot.duckdb"
-        held = await self._run(self._archive.copy, self._store, self.settings.db, target)
-        await self._handing(self._archive.upload)
-        await self._handing(self._archive.publish, target, held)
-        await self._run(lambda: [self._store.forget_segment(name) for name in held])
-        self._snapped = time.monotonic()
+        async with self._copying:
+            held = await self._run(self._archive.copy, self._store, self.settings.db, target)
+            await self._handing(self._archive.upload)
+            await self._handing(self._archive.publish, target, held)
+            await self._run(lambda: [self._store.forget_segment(name) for name in held])
+            self._snapped = time.monotonic()
 
     async def _load_or_set_aside(self, batch: list[Segment]) -> int:
         """Load a batch. When DuckDB refuses it for what it holds, not for want of disk or
@@ -694,16 +696,15 @@ class Collector:
             except Exception:
                 log.exception("uploading the spool at exit failed; the next start uploads it")
         if self._archive is not None and not self.standby:
-            try:
-                await self._handing(self._archive.upload)
+            try:  # a standby taking over later loses nothing of a clean stop
+                await self.snapshot()
             except Exception:
-                log.exception("archiving the last segments failed; they wait on this disk")
+                log.exception("copying the database at exit failed; the archive stands")
         if self._lease is not None:  # a standby takes over at once
-            if self.standby:  # what it answered goes to the bucket, its watermark goes
-                try:
-                    await self._handing(self._standby.retire)
-                except Exception:
-                    log.exception("uploading the spool at exit failed; the next start does")
+            try:  # what is not loaded (held back, or a standby's) goes to the bucket
+                await self._handing(self._standby.retire)
+            except Exception:
+                log.exception("uploading the spool at exit failed; the next start does")
             await self._handing(self._lease.release)
         self._handoff.shutdown(wait=True)
         if self._fetcher is not None:
