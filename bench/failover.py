@@ -6,8 +6,10 @@ sending to the standby, and the clock runs until the standby loads.
 Reported, per repeat: the seconds from the kill until the standby holds the lease
 (expected: the rest of the dead loader's lease on the bucket's clock, plus up to a
 third of a lease until the standby's next try), and until the first exchange answered
-after the kill is in the new loader's database. And for a clean stop (SIGINT), the same:
-the lease is given back, and the standby takes it at its next try.
+after the kill is in the new loader's database (it first restores the dead loader's
+copy of its database and the segments it archived since: `collector/snapshots.py`). And
+for a clean stop (SIGINT), the same: the lease is given back, and the standby takes it at
+its next try.
 
     .venv/bin/python bench/failover.py                 # ~3 minutes at the default lease
     .venv/bin/python bench/failover.py --lease 6 --repeats 3
