@@ -27,7 +27,6 @@ import contextlib
 import logging
 import os
 import re
-import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -79,13 +78,12 @@ class Archive:
             sent += 1
         return sent
 
-    def copy(self, store, db: Path, target: Path) -> set[str]:
-        """On the database thread: the database file copied whole to `target` (its WAL
-        written in first); the archived segments the copy holds."""
+    def copy(self, store, target: Path) -> set[str]:
+        """On the database thread: the database file copied whole to `target`
+        (`Store.copy_file`); the archived segments the copy holds."""
         with self._lock:
             held = set(self._since)
-        store.checkpoint()
-        shutil.copyfile(db, target)
+        store.copy_file(target)
         return held
 
     def publish(self, copy: Path, held: set[str]) -> Snapshot:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -228,6 +229,7 @@ class Store:
                 config["threads"] = threads
             if memory_limit:
                 config["memory_limit"] = memory_limit
+            self.path = Path(path)
             self.orphaned = 0  # turns the last load dropped: their parent was deleted
             self.exporting = False  # True: each load queues its exchanges (`export.py`)
             self.scan_per_lookup = scan_per_lookup  # `_upsert`'s choice
@@ -462,6 +464,17 @@ class Store:
                 f"SELECT id FROM {table} WHERE id IN ({_constants(ids)})"
             ).fetchall()
         ]
+
+    def copy_file(self, target: Path) -> None:
+        """The database file copied whole to `target`, its WAL written in first; no user's
+        query runs meanwhile (one in a transaction would keep the checkpoint from taking
+        it all). Raises `StorageError` when DuckDB cannot checkpoint: no partial copy."""
+        with self._reading:
+            try:
+                self.con.execute("CHECKPOINT")
+            except duckdb.Error as exc:
+                raise StorageError(f"cannot checkpoint {self.path} to copy it: {exc}") from exc
+            shutil.copyfile(self.path, target)
 
     def newest_exchange_ms(self) -> int | None:
         """When the newest exchange here was logged (ms; None: none)."""

@@ -116,6 +116,7 @@ class Collector:
         self._archive: Archive | None = None  # the database's way to a standby (`snapshots`)
         self._snapped = time.monotonic()  # the last copy of the database to the bucket
         self._copying = asyncio.Lock()  # one copy at a time (the loop's, a deletion's)
+        self._handed = -math.inf  # a standby's last hand-off round (monotonic)
         self.on_takeover: list[Callable[[], Awaitable[None]]] = []  # after a restore
         self._bucket: Bucket | None = None
         self._remote = Remote(None, (), 0)  # what the last fetch said
@@ -269,10 +270,10 @@ class Collector:
     async def _load_ready(self) -> int:
         """Close this process's segment and load what may be loaded (`_flushing` held)."""
         total = 0
+        if self._fetcher is not None and not await self._leading():
+            return 0
         self._spool.rotate()
         if self._fetcher is not None:
-            if not await self._leading():
-                return 0
             # Raises before anything loads when the bucket cannot be read: retried.
             self._remote = await asyncio.to_thread(self._fetcher.fetch)
         loadable = self._spool.loadable(before=self._remote.before)
@@ -295,12 +296,15 @@ class Collector:
 
     async def _leading(self) -> bool:
         """Whether this server loads now. A standby hands its directory's segments to the
-        bucket as a proxy host does; on taking the lease it drops its watermark (its
-        segments are its own to load now)."""
+        bucket every `rotate_s`, as a proxy host does; on taking the lease it takes over
+        (`_take_over`)."""
         if self.standby:
             self._loading = False
             self._remote = Remote(None, (), 0)
-            await self._handing(self._standby.upload)
+            if time.monotonic() - self._handed >= self.settings.rotate_s:
+                self._handed = time.monotonic()
+                self._spool.rotate()
+                await self._handing(self._standby.upload)
             return False
         if not self._loading:
             await self._take_over()
@@ -352,7 +356,7 @@ class Collector:
         """Copy the database to the bucket (`snapshots.py`), and let go of what it holds."""
         target = self.settings.spool / ".snapshot.duckdb"
         async with self._copying:
-            held = await self._run(self._archive.copy, self._store, self.settings.db, target)
+            held = await self._run(self._archive.copy, self._store, target)
             await self._handing(self._archive.upload)
             await self._handing(self._archive.publish, target, held)
             await self._run(lambda: [self._store.forget_segment(name) for name in held])
