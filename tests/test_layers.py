@@ -42,3 +42,26 @@ def test_cli_help_loads_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_every_exception_onjob_defines_hangs_under_one_root():
+    # Every module imported (the engine's and the trainer's too: torch is there), then
+    # each exception class defined in onjob checked against the root.
+    code = (
+        "import importlib, inspect, pkgutil, onjob\n"
+        "from onjob.errors import OnjobError\n"
+        "outside = []\n"
+        "for m in pkgutil.walk_packages(onjob.__path__, 'onjob.'):\n"
+        "    if m.name.endswith(('vllm_plugin', '__main__')):\n"
+        "        continue  # runs inside vLLM's process; runs the CLI\n"
+        "    module = importlib.import_module(m.name)\n"
+        "    for name, cls in inspect.getmembers(module, inspect.isclass):\n"
+        "        if cls.__module__ == m.name and issubclass(cls, BaseException) \\\n"
+        "                and not issubclass(cls, OnjobError):\n"
+        "            outside.append(f'{m.name}.{name}')\n"
+        "print(','.join(sorted(outside)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out.split(",") == ["onjob.cli.stopping.Interrupted"]  # a signal, not an error

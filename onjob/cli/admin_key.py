@@ -15,10 +15,12 @@ import os
 import secrets
 from pathlib import Path
 
+from ..errors import OnjobError
+
 PREFIX = "onjob-admin-"
 
 
-class KeyFileError(Exception):
+class KeyFileError(OnjobError):
     """The key file exists but cannot be used (unreadable, empty, or open to others)."""
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import textwrap
 from enum import IntEnum
 
+from ..errors import OnjobError
+
 
 class Exit(IntEnum):
     OK = 0
@@ -40,7 +42,7 @@ def table() -> str:
     return "exit codes:\n" + "\n".join(rows)
 
 
-class CliError(Exception):
+class CliError(OnjobError):
     """Said on stderr as `onjob COMMAND: message` (each line), then exit `code`."""
 
     code = Exit.REFUSED

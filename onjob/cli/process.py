@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from ..errors import OnjobError
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -24,7 +26,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class PortTaken(RuntimeError):
+class PortTaken(OnjobError, RuntimeError):
     """The port a child is to listen on already answers: refused before starting it."""
 
 

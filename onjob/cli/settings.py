@@ -23,6 +23,7 @@ from pydantic_settings import (
 )
 
 from ..deploy.settings import DeploySettings
+from ..errors import OnjobError
 from .telemetry import TelemetrySettings
 
 DEFAULT_CONFIG = Path("onjob.toml")
@@ -35,7 +36,7 @@ REMOVED = {
 }
 
 
-class SettingsError(ValueError):
+class SettingsError(OnjobError, ValueError):
     """The settings file names a setting onjob does not have."""
 
 

@@ -3,8 +3,10 @@ server's own message where it answered."""
 
 from __future__ import annotations
 
+from ..errors import OnjobError
 
-class ClientError(Exception):
+
+class ClientError(OnjobError):
     """Talking to an onjob server failed."""
 
 

@@ -1,7 +1,9 @@
 """The collector's exception tree; DuckDB's errors are translated here and in `store`."""
 
+from ..errors import OnjobError
 
-class CollectorError(Exception):
+
+class CollectorError(OnjobError):
     pass
 
 

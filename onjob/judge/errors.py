@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import httpx
 
+from ..errors import OnjobError
 
-class JudgeError(Exception):
+
+class JudgeError(OnjobError):
     pass
 
 

@@ -16,9 +16,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..collector.scope import SEPARATOR, KeyScope, TenantRows, lineage_name
+from ..errors import OnjobError
 
 
-class UnknownTenant(ValueError):
+class UnknownTenant(OnjobError, ValueError):
     """A tenant the settings do not name."""
 
 

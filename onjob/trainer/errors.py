@@ -1,8 +1,10 @@
 """The trainer's exception tree (torch's, pyarrow's and the file system's errors become
 these in `foreign.py`, once: this module stays importable without torch)."""
 
+from ..errors import OnjobError
 
-class TrainerError(Exception):
+
+class TrainerError(OnjobError):
     pass
 
 
