@@ -99,6 +99,12 @@ def _demo_command(sub) -> None:
             "checkout (it uses examples/arithmetic). Ctrl-C stops everything."
         ),
     )
+    _demo_run_flags(demo.add_argument_group("the run"))
+    _demo_learning_flags(demo.add_argument_group("what it learns and how it is judged"))
+    demo.set_defaults(func=cmd_demo)
+
+
+def _demo_run_flags(demo) -> None:
     demo.add_argument(
         "--dir",
         type=Path,
@@ -117,6 +123,26 @@ def _demo_command(sub) -> None:
         default=2,
         help="canary decisions (promotions or rollbacks) to make (default: 2)",
     )
+    demo.add_argument(
+        "--model", type=Path, help="base model directory (default: the bundled SmolLM2-135M)"
+    )
+    demo.add_argument(
+        "--engine",
+        choices=["local", "vllm"],
+        default="local",
+        help="the engine: local (transformers on CPU) or vllm (vLLM's CPU build without a "
+        "GPU: `make vllm` or `onjob engine install vllm` first)",
+    )
+    demo.add_argument(
+        "--paused",
+        action="store_true",
+        help="hold the agent's requests while a run trains, so the trainer has the cores "
+        "(not production conditions; by default the traffic never pauses)",
+    )
+    demo.add_argument("--port", type=int, default=0, help="the proxy's port (default: free)")
+
+
+def _demo_learning_flags(demo) -> None:
     demo.add_argument(
         "--judge",
         metavar="MODEL",
@@ -147,26 +173,8 @@ def _demo_command(sub) -> None:
         "step); 'reward': the training reward",
     )
     demo.add_argument(
-        "--model", type=Path, help="base model directory (default: the bundled SmolLM2-135M)"
-    )
-    demo.add_argument(
-        "--engine",
-        choices=["local", "vllm"],
-        default="local",
-        help="the engine: local (transformers on CPU) or vllm (vLLM's CPU build without a "
-        "GPU: `make vllm` or `onjob engine install vllm` first)",
-    )
-    demo.add_argument(
-        "--paused",
-        action="store_true",
-        help="hold the agent's requests while a run trains, so the trainer has the cores "
-        "(not production conditions; by default the traffic never pauses)",
-    )
-    demo.add_argument("--port", type=int, default=0, help="the proxy's port (default: free)")
-    demo.add_argument(
         "--questions", type=int, default=25, help="held-out questions measured (default: 25)"
     )
     demo.add_argument(
         "--samples", type=int, default=8, help="answers sampled per question (default: 8)"
     )
-    demo.set_defaults(func=cmd_demo)

