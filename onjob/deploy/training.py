@@ -127,14 +127,7 @@ async def train(
         async with host.beside(engine, t.threads, echo):
             code = await _child(snap_path, partial, settings_file, parent_dir)
     if code == NOTHING_TO_TRAIN:
-        reason = "the trainer skipped every group of the snapshot (its output says why)"
-        await db.query(
-            lambda st: record_skipped(
-                st, new_id("run-"), info["groups"], t.model_dump(mode="json"), reason,
-                time.monotonic() - started,
-            )
-        )  # fmt: skip
-        echo(f"{reason}: {len(info['groups'])} groups recorded as used, no checkpoint")
+        await _skipped(db, t, info["groups"], time.monotonic() - started, echo)
         return None
     if code != 0:
         raise TrainingFailed(f"the training run failed (exit {code}); no checkpoint recorded")
@@ -149,14 +142,30 @@ async def train(
     await db.query(lambda st: record_run(st, new_id("run-"), manifest, out, parent))
     echo(f"checkpoint {name} recorded as a candidate: {out}")
     if t.bucket and t.runner == "local":  # a job published it already
-        try:
-            store = jobs.Store.at(t.bucket)
-            await asyncio.to_thread(published.publish, store.checkpoints, out, name)
-            echo(f"checkpoint {name} published to {store.checkpoints.url}")
-        except BucketError as exc:  # recorded all the same: engines on this host load it
-            echo(f"checkpoint {name} NOT published ({exc}): engines that load adapters by name "
-                 "will not find it")  # fmt: skip
+        await _publish(t, out, name, echo)
     return manifest
+
+
+async def _publish(t, out: Path, name: str, echo) -> None:
+    """A checkpoint trained here, to `trainer.bucket` for engines that load by name."""
+    try:
+        store = jobs.Store.at(t.bucket)
+        await asyncio.to_thread(published.publish, store.checkpoints, out, name)
+        echo(f"checkpoint {name} published to {store.checkpoints.url}")
+    except BucketError as exc:  # recorded all the same: engines on this host load it
+        echo(f"checkpoint {name} NOT published ({exc}): engines that load adapters by name "
+             "will not find it")  # fmt: skip
+
+
+async def _skipped(db: Collector, t, groups: list, took_s: float, echo) -> None:
+    """A run whose trainer skipped every group: the groups recorded as used, no checkpoint."""
+    reason = "the trainer skipped every group of the snapshot (its output says why)"
+    await db.query(
+        lambda st: record_skipped(
+            st, new_id("run-"), groups, t.model_dump(mode="json"), reason, took_s
+        )
+    )
+    echo(f"{reason}: {len(groups)} groups recorded as used, no checkpoint")
 
 
 async def _child(snap_path: Path, partial: Path, settings_file: Path, parent_dir) -> int:

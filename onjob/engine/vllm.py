@@ -225,20 +225,7 @@ def command(
             "--dtype",
             "auto" if settings.dtype == "float32" else settings.dtype,
         ]
-    template = tool_template(model) if settings.tool_call_parser is None else None
-    if template is not None:
-        # A model whose chat template ignores `tools` (SmolLM2): the local engine's way,
-        # the schemas in the system prompt and Hermes `<tool_call>`s (engine/chat.py), so
-        # both engines render the same prompt and read calls with the same parser.
-        argv += ["--chat-template", str(template), "--chat-template-content-format", "string"]
-        parser = tool_parsers.QWEN.parser
-    else:
-        try:
-            parser = tool_parsers.choose(model, settings.tool_call_parser)
-        except tool_parsers.UnknownFamily as exc:
-            raise LaunchError(str(exc)) from exc
-    if parser is not None:
-        argv += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
+    argv += _tool_flags(settings, model)
     if settings.reasoning_parser:
         argv += ["--reasoning-parser", settings.reasoning_parser]
     if length := max_model_len(settings, model):
@@ -247,6 +234,32 @@ def command(
         argv += ["--lora-modules", *settings.lora_modules]
     _one_api_server(settings.vllm_args)
     argv += settings.vllm_args
+    return argv, _environment(settings, found)
+
+
+def _tool_flags(settings: EngineSettings, model: str) -> list[str]:
+    """The chat template and tool-call parser vLLM serves `model`'s tools with."""
+    flags = []
+    template = tool_template(model) if settings.tool_call_parser is None else None
+    if template is not None:
+        # A model whose chat template ignores `tools` (SmolLM2): the local engine's way,
+        # the schemas in the system prompt and Hermes `<tool_call>`s (engine/chat.py), so
+        # both engines render the same prompt and read calls with the same parser.
+        flags += ["--chat-template", str(template), "--chat-template-content-format", "string"]
+        parser = tool_parsers.QWEN.parser
+    else:
+        try:
+            parser = tool_parsers.choose(model, settings.tool_call_parser)
+        except tool_parsers.UnknownFamily as exc:
+            raise LaunchError(str(exc)) from exc
+    if parser is not None:
+        flags += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
+    return flags
+
+
+def _environment(settings: EngineSettings, found: vllm_install.Installed) -> dict[str, str]:
+    """The variables vLLM's server starts with: runtime LoRA loading, the CPU build's KV
+    cache and thread binding, the resolver's directory and bucket."""
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     if found.cpu:
         env[CPU_KV_CACHE] = str(settings.cpu_kv_cache_gib)
@@ -262,7 +275,7 @@ def command(
         env["VLLM_LORA_RESOLVER_CACHE_DIR"] = str(settings.adapter_cache_dir)
         if settings.adapter_bucket:
             env[BUCKET_VARIABLE] = settings.adapter_bucket
-    return argv, env
+    return env
 
 
 # vllm serve's flags for API server processes and data-parallel replicas, with aliases.

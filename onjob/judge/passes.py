@@ -307,19 +307,7 @@ async def score_group(
             failures.append(f"{judgement.judge}: {judgement.error}")
         for member_id, scored in judgement.scores.items():
             by_member[member_id][judgement.judge] = scored
-    for name, fn in fns.items():
-        try:
-            values = [await rewards.score(name, fn, r) for r in rollouts]
-        except RewardFnFailed as exc:
-            failures.append(str(exc))
-            continue
-        for r, value in zip(rollouts, values, strict=True):
-            by_member[r.member_id][f"fn:{name}"] = (value, None)
-    for row in rows:
-        for posted in row["feedback"] or ():
-            source = tables.feedback_source(posted["metric"])
-            by_member[row["member_id"]][source] = (posted["value"], None)
-
+    await _functions_and_feedback(fns, rollouts, rows, by_member, failures)
     if not failures and not s.scorers and len(by_member) < len(rollouts):
         report.waiting += 1
         return
@@ -349,6 +337,23 @@ async def score_group(
             store, group["id"], status=status, reason=reason, judgements=judgements, scores=scores
         )
     )
+
+
+async def _functions_and_feedback(fns, rollouts, rows, by_member, failures: list[str]) -> None:
+    """Beside RULER's: each reward function's score of each member (a function that fails
+    is a failure of the group), and the feedback users posted on it, per metric."""
+    for name, fn in fns.items():
+        try:
+            values = [await rewards.score(name, fn, r) for r in rollouts]
+        except RewardFnFailed as exc:
+            failures.append(str(exc))
+            continue
+        for r, value in zip(rollouts, values, strict=True):
+            by_member[r.member_id][f"fn:{name}"] = (value, None)
+    for row in rows:
+        for posted in row["feedback"] or ():
+            source = tables.feedback_source(posted["metric"])
+            by_member[row["member_id"]][source] = (posted["value"], None)
 
 
 async def _ruler(
