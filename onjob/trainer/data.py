@@ -162,6 +162,12 @@ def load(path: Path, s: TrainSettings) -> tuple[list[Group], Notes]:
             groups.append(group)
         else:
             _skip(notes, group_id, "no member left to train (see the lines above)")
+    _summarise(notes)
+    return groups, notes
+
+
+def _summarise(notes: Notes) -> None:
+    """The counts of what was masked or left out, each a line of the run's notes."""
     if notes.zero_advantage:
         notes.lines.append(f"{notes.zero_advantage} members at their group's mean: no gradient")
     if notes.unaligned_turns:
@@ -179,7 +185,6 @@ def load(path: Path, s: TrainSettings) -> tuple[list[Group], Notes]:
             f"{notes.outside_baseline} logged answers sampled under other settings than their "
             "re-sampled rivals: scored against the rivals' mean, not part of it"
         )
-    return groups, notes
 
 
 def _skip(notes: Notes, group_id: str, why: str) -> None:

@@ -37,11 +37,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from . import adapter
-from .data import Group, Sequence, load
+from .data import Group, Notes, Sequence, load
 from .errors import Diverged, NoDevice, NothingToTrain
 from .foreign import translated
 from .forward import Head, chunks, decoder_of, pack_limit, sampled_logprobs
@@ -78,54 +79,24 @@ def _train(
     progress: bool,
 ) -> Manifest | None:
     started = time.perf_counter()
-    if s.nice:  # before torch starts its threads, which inherit it
-        os.nice(s.nice)
-    if s.threads:
-        torch.set_num_threads(s.threads)
-    torch.manual_seed(s.seed)
-    device, dtype = _device(s)
-    ranks = Ranks.from_env(device)
-    if ranks.many and device.type == "cuda":
-        device = torch.device("cuda", ranks.local_rank)
-        torch.cuda.set_device(device)
+    device, dtype, ranks = _machine(s)
     if not ranks.main:
         echo = _quiet  # one rank speaks for the run
 
     # --- data (every rank reads the whole snapshot; each computes its share of a step)
-    groups, notes = load(snapshot, s)
-    for line in notes.lines:
-        echo(line)
-    if not groups:
-        raise NothingToTrain(
-            f"nothing to train on in {snapshot}: {notes.equal_groups} groups with equal "
-            f"scores, {notes.zero_advantage} members at their group's mean, "
-            f"{notes.unusable} without token ids, {notes.too_long} too long"
-        )
-    groups.sort(key=lambda g: g.id)  # a fixed order for a given snapshot
+    groups, notes = _groups(snapshot, s, echo)
 
     # --- model
     model, base_dir = adapter.load(s, parent, device, dtype)
     head = Head.of(model.get_base_model())
-    head_gap = head.check(model, device, tolerance=1e-3 if dtype == torch.float32 else 0.25)
-    limit = pack_limit(model, s.max_batch_tokens)
-    precision = {
-        "device": str(device),
-        "model_dtype": str(dtype),
-        "head_dtype": str(torch.float32),
-        "attention": model.config._attn_implementation,
-        "head_check_gap": head_gap,
-    }
+    policy = Policy(model, head, pack_limit(model, s.max_batch_tokens), device)
+    precision = _precision(model, head, device, dtype)
 
     # --- optimizer: a lineage's moments carry on (a fresh AdamW's first steps move every
     # parameter by about the learning rate, in the sign of a gradient of a few groups)
     params = [p for p in model.parameters() if p.requires_grad]
     ranks.same_start(params)
-    rate = s.rate_for(model.config.hidden_size)
-    if s.learning_rate is None:
-        echo(f"learning rate {rate:.2g}, fitted to the model's width {model.config.hidden_size}")
-    optimizer = torch.optim.AdamW(params, lr=rate, weight_decay=0.0)
-    if parent is not None and s.keep_optimizer_state:
-        echo(_continue_optimizer(optimizer, Path(parent) / OPTIMIZER, rate))
+    optimizer = _optimizer(model, params, s, parent, echo)
     steps = math.ceil(len(groups) / s.groups_per_step) * s.epochs
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup(s.warmup_steps))
     echo(
@@ -133,103 +104,12 @@ def _train(
         f"{sum(g.loss_tokens for g in groups)} tokens: {steps} steps on {device} ({dtype})"
         + (f", {ranks.world} ranks" if ranks.many else "")
     )
-    # The check that the policy starts where the sampler was: on each group's first
-    # forward, folded into training (a separate pass cost a forward per group). With a
-    # warm start the policy moves first, so the check runs before it, on its own.
-    skipped = dict(notes.skipped)
-    gaps: dict[str, Gap] = {}
-    if s.sft_epochs:
-        gaps = {g.id: _gap(g, model, head, limit, device) for g in groups}
-        for group in groups:
-            _check(group, gaps[group.id], s, skipped, echo)
+    skipped, gaps = _before_steps(policy, groups, notes, s, ranks, echo)
     wandb = _wandb(s) if ranks.main else None
-    if s.sft_epochs:
-        sft = _warm_start(model, head, groups, s, device, ranks)
-        echo(
-            f"warm start: {s.sft_epochs} supervised passes on {sft['members']} best members, "
-            f"loss {sft['loss_first']:.3f} -> {sft['loss_last']:.3f}"
-        )
-    step_done, progress_done = _progress(steps, progress and ranks.main, echo)
-
-    # --- steps
-    history, tokens_seen, dropped = [], 0, []
-    for epoch in range(s.epochs):
-        for first in range(0, len(groups), s.groups_per_step):
-            batch = groups[first : first + s.groups_per_step]
-            # (A group the check skips during this step keeps its tokens here: rare, and
-            # the others' gradient is then a little smaller.)
-            step_tokens = sum(g.loss_tokens for g in batch if g.id not in skipped)
-            totals = {"loss": 0.0, "clipped": 0, "ratio": 0.0, "kl": 0.0}
-            step_started = time.perf_counter()
-            trained = []
-            for group in ranks.share(batch):
-                if group.id in skipped:
-                    continue
-                for n, chunk in enumerate(chunks(group, limit)):
-                    checking = n == 0 and group.id not in gaps  # its first forward
-                    parts, gap = _loss(model, head, chunk, s, device, checking, len(history))
-                    if gap is not None:
-                        gaps[group.id] = gap
-                        if not _check(group, gap, s, skipped, echo):
-                            break  # nothing of it backpropagated (the check is on chunk 0)
-                    (parts.loss / step_tokens).backward()
-                    totals["loss"] += parts.loss.item() / step_tokens
-                    totals["clipped"] += parts.clipped
-                    totals["ratio"] += parts.ratio_sum
-                    totals["kl"] += parts.kl_sum
-                else:
-                    trained.append(group.id)
-            if ranks.many:  # what every rank did this step, so all decide alike
-                totals = ranks.sum(totals)
-                for theirs in ranks.gather(skipped):
-                    skipped.update(theirs)
-                done = {i for ids in ranks.gather(trained) for i in ids}
-                trained = [g.id for g in batch if g.id in done]
-            trained = [g for g in batch if g.id in set(trained)]
-            if not trained:
-                continue  # every group of the step was skipped: no step
-            ranks.sum_gradients(params)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm).item()
-            if not (math.isfinite(totals["loss"]) and math.isfinite(grad_norm)):
-                # Not applied, recorded, and the run goes on with the other steps.
-                optimizer.zero_grad(set_to_none=True)
-                dropped.append(
-                    {
-                        "epoch": epoch,
-                        "groups": [g.id for g in batch],
-                        "loss": totals["loss"],
-                        "grad_norm": grad_norm,
-                    }
-                )
-                echo(
-                    f"a step of epoch {epoch}: loss {totals['loss']}, gradient norm "
-                    f"{grad_norm}: not applied (groups {', '.join(g.id for g in batch)})"
-                )
-                continue
-            lr = optimizer.param_groups[0]["lr"]
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            schedule.step()
-            tokens_seen += step_tokens
-            rewards = [m.reward for g in trained for m in g.members]
-            record = {
-                "step": len(history) + 1,
-                "epoch": epoch,
-                "loss": totals["loss"],
-                "grad_norm": grad_norm,
-                "lr": lr,
-                "clip_fraction": totals["clipped"] / step_tokens,
-                "ratio_mean": totals["ratio"] / step_tokens,
-                "kl": totals["kl"] / step_tokens,
-                "reward_mean": sum(rewards) / len(rewards),
-                "tokens": step_tokens,
-                "tokens_per_s": step_tokens / (time.perf_counter() - step_started),
-            }
-            history.append(record)
-            step_done(record)
-            if wandb:
-                wandb.log(record)
-    progress_done()
+    history, tokens_seen, dropped = _steps(
+        policy, groups, s, ranks, (params, optimizer, schedule), skipped, gaps,
+        _progress(steps, progress and ranks.main, echo), wandb, echo,
+    )  # fmt: skip
     for theirs in ranks.gather(gaps):
         gaps.update(theirs)
     weight_gap = ranks.largest_difference(params)
@@ -246,7 +126,7 @@ def _train(
         )
 
     # --- checkpoint
-    kl = _kl_to_base(model, head, groups, limit, device)
+    kl = _kl_to_base(model, head, groups, policy.limit, device)
     kl |= _kl_on_own_samples(model, head, groups[: s.kl_own_prompts], device)
     duration = time.perf_counter() - started
     metrics = {
@@ -258,6 +138,249 @@ def _train(
         "ranks": ranks.world,
         "ranks_weight_gap": weight_gap,
     }
+    manifest = _write(out, model, optimizer, s, parent, base_dir, snapshot, groups, skipped,
+                      precision, metrics, history)  # fmt: skip
+    if wandb:
+        wandb.finish()
+    ranks.close()
+    echo(
+        f"wrote {out}: {metrics['steps']} steps, loss {metrics['loss_last']:.4f}, "
+        f"{metrics['tokens_per_s']:.0f} tokens/s, {duration:.1f} s"
+    )
+    return manifest
+
+
+def _precision(model, head: Head, device, dtype) -> dict:
+    """How the run computes, for the manifest; the head checked against the model's own."""
+    return {
+        "device": str(device),
+        "model_dtype": str(dtype),
+        "head_dtype": str(torch.float32),
+        "attention": model.config._attn_implementation,
+        "head_check_gap": head.check(
+            model, device, tolerance=1e-3 if dtype == torch.float32 else 0.25
+        ),
+    }
+
+
+def _before_steps(
+    policy: Policy, groups: list[Group], notes: Notes, s: TrainSettings, ranks: Ranks, echo
+) -> tuple[dict, dict[str, Gap]]:
+    """The groups skipped so far and the gaps measured so far. The check that the policy
+    starts where the sampler was runs on each group's first forward, folded into
+    training (a separate pass cost a forward per group); with a warm start the policy
+    moves first, so the check runs before it, on its own."""
+    skipped = dict(notes.skipped)
+    gaps: dict[str, Gap] = {}
+    if s.sft_epochs:
+        model, head = policy.model, policy.head
+        gaps = {g.id: _gap(g, model, head, policy.limit, policy.device) for g in groups}
+        for group in groups:
+            _check(group, gaps[group.id], s, skipped, echo)
+        sft = _warm_start(model, head, groups, s, policy.device, ranks)
+        echo(
+            f"warm start: {s.sft_epochs} supervised passes on {sft['members']} best members, "
+            f"loss {sft['loss_first']:.3f} -> {sft['loss_last']:.3f}"
+        )
+    return skipped, gaps
+
+
+def _steps(
+    policy: Policy,
+    groups: list[Group],
+    s: TrainSettings,
+    ranks: Ranks,
+    optimizing: tuple,
+    skipped: dict,
+    gaps: dict[str, Gap],
+    progress: tuple,
+    wandb,
+    echo,
+) -> tuple[list[dict], int, list[dict]]:
+    """The run's steps, `groups_per_step` groups each, every epoch: the history of the
+    steps applied, the tokens they trained on, and the steps dropped."""
+    params, optimizer, schedule = optimizing
+    step_done, progress_done = progress
+    history, tokens_seen, dropped = [], 0, []
+    for epoch in range(s.epochs):
+        for first in range(0, len(groups), s.groups_per_step):
+            batch = groups[first : first + s.groups_per_step]
+            # (A group the check skips during this step keeps its tokens here: rare, and
+            # the others' gradient is then a little smaller.)
+            step_tokens = sum(g.loss_tokens for g in batch if g.id not in skipped)
+            step_started = time.perf_counter()
+            totals, trained = _backward(policy, batch, s, ranks, step_tokens, skipped, gaps,
+                                        len(history), echo)  # fmt: skip
+            if not trained:
+                continue  # every group of the step was skipped: no step
+            ranks.sum_gradients(params)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm).item()
+            if not (math.isfinite(totals["loss"]) and math.isfinite(grad_norm)):
+                # Not applied, recorded, and the run goes on with the other steps.
+                optimizer.zero_grad(set_to_none=True)
+                dropped.append(_dropped(epoch, batch, totals["loss"], grad_norm, echo))
+                continue
+            lr = optimizer.param_groups[0]["lr"]
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            schedule.step()
+            tokens_seen += step_tokens
+            record = _record(len(history) + 1, epoch, totals, grad_norm, lr, trained,
+                             step_tokens, time.perf_counter() - step_started)  # fmt: skip
+            history.append(record)
+            step_done(record)
+            if wandb:
+                wandb.log(record)
+    progress_done()
+    return history, tokens_seen, dropped
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a forward pass needs: the model being trained, its head in float32, the
+    tokens packed into one forward at most, the device."""
+
+    model: Any
+    head: Head
+    limit: int
+    device: Any
+
+
+def _machine(s: TrainSettings) -> tuple[Any, Any, Ranks]:
+    """The process set up for the run (priority, threads, seed) and where it trains:
+    the device, the dtype, this rank among the ranks."""
+    if s.nice:  # before torch starts its threads, which inherit it
+        os.nice(s.nice)
+    if s.threads:
+        torch.set_num_threads(s.threads)
+    torch.manual_seed(s.seed)
+    device, dtype = _device(s)
+    ranks = Ranks.from_env(device)
+    if ranks.many and device.type == "cuda":
+        device = torch.device("cuda", ranks.local_rank)
+        torch.cuda.set_device(device)
+    return device, dtype, ranks
+
+
+def _groups(snapshot: Path, s: TrainSettings, echo) -> tuple[list[Group], Notes]:
+    """The snapshot's groups to train on, in a fixed order; what was left out, said."""
+    groups, notes = load(snapshot, s)
+    for line in notes.lines:
+        echo(line)
+    if not groups:
+        raise NothingToTrain(
+            f"nothing to train on in {snapshot}: {notes.equal_groups} groups with equal "
+            f"scores, {notes.zero_advantage} members at their group's mean, "
+            f"{notes.unusable} without token ids, {notes.too_long} too long"
+        )
+    groups.sort(key=lambda g: g.id)  # a fixed order for a given snapshot
+    return groups, notes
+
+
+def _optimizer(model, params: list, s: TrainSettings, parent: Path | None, echo):
+    """AdamW at the run's learning rate, its moments the parent's where kept."""
+    rate = s.rate_for(model.config.hidden_size)
+    if s.learning_rate is None:
+        echo(f"learning rate {rate:.2g}, fitted to the model's width {model.config.hidden_size}")
+    optimizer = torch.optim.AdamW(params, lr=rate, weight_decay=0.0)
+    if parent is not None and s.keep_optimizer_state:
+        echo(_continue_optimizer(optimizer, Path(parent) / OPTIMIZER, rate))
+    return optimizer
+
+
+def _backward(
+    policy: Policy,
+    batch: list[Group],
+    s: TrainSettings,
+    ranks: Ranks,
+    step_tokens: int,
+    skipped: dict,
+    gaps: dict[str, Gap],
+    step: int,
+    echo,
+) -> tuple[dict, list[Group]]:
+    """One step's gradient, accumulated over this rank's share of `batch` chunk by chunk;
+    the step's totals and the groups trained (every rank's, so all decide alike). A
+    group's first forward checks its gap; one the check skips is not backpropagated."""
+    totals = {"loss": 0.0, "clipped": 0, "ratio": 0.0, "kl": 0.0}
+    trained = []
+    for group in ranks.share(batch):
+        if group.id in skipped:
+            continue
+        for n, chunk in enumerate(chunks(group, policy.limit)):
+            checking = n == 0 and group.id not in gaps  # its first forward
+            parts, gap = _loss(policy.model, policy.head, chunk, s, policy.device, checking, step)
+            if gap is not None:
+                gaps[group.id] = gap
+                if not _check(group, gap, s, skipped, echo):
+                    break  # nothing of it backpropagated (the check is on chunk 0)
+            (parts.loss / step_tokens).backward()
+            totals["loss"] += parts.loss.item() / step_tokens
+            totals["clipped"] += parts.clipped
+            totals["ratio"] += parts.ratio_sum
+            totals["kl"] += parts.kl_sum
+        else:
+            trained.append(group.id)
+    if ranks.many:  # what every rank did this step, so all decide alike
+        totals = ranks.sum(totals)
+        for theirs in ranks.gather(skipped):
+            skipped.update(theirs)
+        done = {i for ids in ranks.gather(trained) for i in ids}
+        trained = [g.id for g in batch if g.id in done]
+    return totals, [g for g in batch if g.id in set(trained)]
+
+
+def _dropped(epoch: int, batch: list[Group], loss: float, grad_norm: float, echo) -> dict:
+    """A step whose loss or gradient is not finite: not applied, said, recorded."""
+    echo(
+        f"a step of epoch {epoch}: loss {loss}, gradient norm "
+        f"{grad_norm}: not applied (groups {', '.join(g.id for g in batch)})"
+    )
+    return {"epoch": epoch, "groups": [g.id for g in batch], "loss": loss, "grad_norm": grad_norm}
+
+
+def _record(
+    step: int,
+    epoch: int,
+    totals: dict,
+    grad_norm: float,
+    lr: float,
+    trained: list[Group],
+    tokens: int,
+    took_s: float,
+) -> dict:
+    """A step applied, as the manifest's history and the progress line show it."""
+    rewards = [m.reward for g in trained for m in g.members]
+    return {
+        "step": step,
+        "epoch": epoch,
+        "loss": totals["loss"],
+        "grad_norm": grad_norm,
+        "lr": lr,
+        "clip_fraction": totals["clipped"] / tokens,
+        "ratio_mean": totals["ratio"] / tokens,
+        "kl": totals["kl"] / tokens,
+        "reward_mean": sum(rewards) / len(rewards),
+        "tokens": tokens,
+        "tokens_per_s": tokens / took_s,
+    }
+
+
+def _write(
+    out: Path,
+    model,
+    optimizer,
+    s: TrainSettings,
+    parent: Path | None,
+    base_dir,
+    snapshot: Path,
+    groups: list[Group],
+    skipped: dict,
+    precision: dict,
+    metrics: dict,
+    history: list[dict],
+) -> Manifest:
+    """The checkpoint: the adapter, the optimizer's moments and the manifest beside them."""
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     adapter.name_base(out, s.served_base)
@@ -278,13 +401,6 @@ def _train(
         created=time.time(),
     )
     manifest.write(out)
-    if wandb:
-        wandb.finish()
-    ranks.close()
-    echo(
-        f"wrote {out}: {metrics['steps']} steps, loss {metrics['loss_last']:.4f}, "
-        f"{metrics['tokens_per_s']:.0f} tokens/s, {duration:.1f} s"
-    )
     return manifest
 
 
