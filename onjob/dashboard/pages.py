@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +19,7 @@ import jinja2
 import markupsafe
 import msgspec
 from litestar import Request, Response, Router, get, post
+from litestar.di import Provide
 from litestar.params import FromPath, FromQuery
 from litestar.static_files import create_static_files_router
 
@@ -103,6 +105,18 @@ class Act(msgspec.Struct, forbid_unknown_fields=True):
     reason: str = "from the dashboard"
 
 
+@dataclass(frozen=True)
+class Site:
+    """What the pages read and act on, handed to each handler (Litestar's dependency
+    `site`): the settings, the database, the routing, the loop and the operator."""
+
+    settings: DeploySettings
+    collector: Collector
+    router: ArmRouter
+    loop: PeriodicLoop | None = None
+    operator: Operator | None = None
+
+
 def routes(
     settings: DeploySettings,
     collector: Collector,
@@ -110,174 +124,8 @@ def routes(
     loop: PeriodicLoop | None = None,
     operator: Operator | None = None,
 ) -> list:
-    def render(template: str, *, refresh: bool = False, status: int = 200, **context) -> Response:
-        html = _env.get_template(template).render(
-            refresh=REFRESH_S if refresh else None,
-            page_name=template.removesuffix(".html"),
-            **context,
-        )
-        return Response(html, status_code=status, media_type="text/html")
-
-    def not_found(what: str) -> Response:
-        return render("missing.html", status=404, what=what)
-
-    @get("/", include_in_schema=False)
-    async def overview(minutes: FromQuery[int] = 60) -> Response:
-        minutes = max(1, min(minutes, 7 * 24 * 60))
-
-        def read(store):
-            return {
-                "traffic": queries.traffic(store, minutes),
-                "per_minute": queries.per_minute(store, minutes),
-                "totals": queries.totals(store),
-                "decided": deployments.current(store),
-            }
-
-        data = await collector.query(read)
-        state = (loop.state if loop else LoopState()).as_dict()
-        return render(
-            "overview.html",
-            refresh=True,
-            minutes=minutes,
-            arms=router.arms,
-            base_model=router.base_model,
-            tenants=_tenant_rows(router, data.pop("decided"), state["tenant_budgets"]),
-            loop=state,
-            chart=_chart_data(data["per_minute"]),
-            collector=collector.stats(),
-            **data,
-        )
-
-    @get("/scenarios", include_in_schema=False)
-    async def scenarios(page: FromQuery[int] = 0) -> Response:
-        page = max(page, 0)
-        rows = await collector.query(lambda st: queries.scenarios(st, page))
-        return render("scenarios.html", rows=rows, page=page, size=queries.PAGE)
-
-    @get("/requests", include_in_schema=False)
-    async def requests(
-        page: FromQuery[int] = 0,
-        api_key: FromQuery[str | None] = None,
-        status: FromQuery[str | None] = None,
-        arm: FromQuery[str | None] = None,
-        scenario: FromQuery[str | None] = None,
-        trajectory: FromQuery[str | None] = None,
-        q: FromQuery[str | None] = None,
-        minutes: FromQuery[str | None] = None,  # the form sends "" for "any"
-    ) -> Response:
-        page = max(page, 0)
-        explore = queries.Explore(
-            api_key=api_key or None,
-            status=status if status in ("ok", "error") else None,
-            arm=arm or None,
-            scenario=scenario or None,
-            trajectory=trajectory or None,
-            q=q or None,
-            minutes=max(1, int(minutes)) if minutes and minutes.isdigit() else None,
-        )
-        rows = await collector.query(lambda st: queries.exchanges(st, explore, page))
-        return render(
-            "requests.html",
-            rows=rows,
-            f=explore,
-            query=explore.params(),
-            page=page,
-            size=queries.PAGE,
-        )
-
-    @get("/feedback", include_in_schema=False)
-    async def feedback(page: FromQuery[int] = 0) -> Response:
-        page = max(page, 0)
-        metrics, rows = await collector.query(lambda st: queries.feedback(st, page))
-        return render("feedback.html", metrics=metrics, rows=rows, page=page, size=queries.PAGE)
-
-    @get("/checkpoints", include_in_schema=False)
-    async def checkpoints() -> Response:
-        rows = await collector.query(queries.checkpoints)
-        return render("checkpoints.html", rows=rows)
-
-    @get("/groups", include_in_schema=False)
-    async def groups(page: FromQuery[int] = 0, kind: FromQuery[str | None] = None) -> Response:
-        page = max(page, 0)
-
-        def read(store):
-            return queries.groups(store, page, kind or None), judge_agreement(store)
-
-        rows, agreement = await collector.query(read)
-        return render(
-            "groups.html",
-            rows=rows,
-            agreement=agreement,
-            page=page,
-            kind=kind or "",
-            size=queries.PAGE,
-        )
-
-    @get("/groups/{group_id:str}", include_in_schema=False)
-    async def group(group_id: FromPath[str]) -> Response:
-        found = await collector.query(lambda st: queries.group(st, group_id))
-        if found is None:
-            return not_found(f"group {group_id}")
-        return render("group.html", group=found)
-
-    @get("/trajectories/{trajectory_id:str}", include_in_schema=False)
-    async def trajectory(trajectory_id: FromPath[str]) -> Response:
-        found = await collector.query(lambda st: queries.trajectory(st, trajectory_id))
-        if found is None:
-            return not_found(f"trajectory {trajectory_id}")
-        return render("trajectory.html", t=found)
-
-    @get("/learning", include_in_schema=False)
-    async def learning() -> Response:
-        def read(store):
-            return {
-                "curve": queries.reward_curve(store),
-                "by_checkpoint": progress.reward_by_checkpoint(store),
-                "runs": queries.train_runs(store),
-            }
-
-        data = await collector.query(read)
-        return render("learning.html", refresh=True, chart=_chart_data(data["curve"]), **data)
-
-    @get("/ab", include_in_schema=False)
-    async def ab() -> Response:
-        def read(store):
-            running, paths = {}, {}
-            for alias, r in deployments.current(store).items():
-                if r.canary:
-                    running[alias] = decide(store, settings, r.canary, r.live, r)
-                    tests = running[alias].evidence["tests"]
-                    paths[alias] = pairs.path(store, tests, settings.loop)
-            return running, paths, deployments.history(store, 100), reviews.status(store, settings)
-
-        running, paths, history, release = await collector.query(read)
-        charts = {
-            alias: _chart_data(_ab_chart(v.evidence, paths[alias])) for alias, v in running.items()
-        }
-        return render(
-            "ab.html",
-            refresh=True,
-            running=running,
-            charts=charts,
-            history=history,
-            rule=settings.loop,
-            release=release,
-        )
-
-    @post("/act", status_code=200, include_in_schema=False)
-    async def act(data: Act) -> Any:
-        """What a page's buttons do, each after the person confirmed it; the same changes
-        as `onjob promote`, `rollback` and the admin API's loop switch, recorded with
-        actor `dashboard`."""
-        if data.action in ("pause", "resume"):
-            if loop is None:
-                raise Conflict(OFF)
-            return await loop.switch(data.action == "resume")
-        if operator is None or data.lineage not in router.arms:
-            raise BadRequest(f"No lineage {data.lineage!r} to {data.action}.", param="lineage")
-        change = operator.promote if data.action == "promote" else operator.rollback
-        return await change(data.lineage, reason=data.reason, actor="dashboard")
-
+    """The dashboard's pages, its one action route and its assets, under `/dashboard`."""
+    site = Site(settings, collector, router, loop, operator)
     static = create_static_files_router(
         path="/static", directories=[HERE / "static"], include_in_schema=False
     )
@@ -287,6 +135,7 @@ def routes(
             "/dashboard",
             guards=[Doors(settings.proxy).dashboard_guard],
             exception_handlers={**ERRORS, AskPassword: _ask_password},
+            dependencies={"site": Provide(lambda: site, use_cache=True, sync_to_thread=False)},
             route_handlers=[
                 overview,
                 requests,
@@ -303,6 +152,192 @@ def routes(
             ],
         )
     ]
+
+
+def render(template: str, *, refresh: bool = False, status: int = 200, **context) -> Response:
+    html = _env.get_template(template).render(
+        refresh=REFRESH_S if refresh else None,
+        page_name=template.removesuffix(".html"),
+        **context,
+    )
+    return Response(html, status_code=status, media_type="text/html")
+
+
+def not_found(what: str) -> Response:
+    return render("missing.html", status=404, what=what)
+
+
+@get("/", include_in_schema=False)
+async def overview(site: Site, minutes: FromQuery[int] = 60) -> Response:
+    minutes = max(1, min(minutes, 7 * 24 * 60))
+
+    def read(store):
+        return {
+            "traffic": queries.traffic(store, minutes),
+            "per_minute": queries.per_minute(store, minutes),
+            "totals": queries.totals(store),
+            "decided": deployments.current(store),
+        }
+
+    data = await site.collector.query(read)
+    state = (site.loop.state if site.loop else LoopState()).as_dict()
+    return render(
+        "overview.html",
+        refresh=True,
+        minutes=minutes,
+        arms=site.router.arms,
+        base_model=site.router.base_model,
+        tenants=_tenant_rows(site.router, data.pop("decided"), state["tenant_budgets"]),
+        loop=state,
+        chart=_chart_data(data["per_minute"]),
+        collector=site.collector.stats(),
+        **data,
+    )
+
+
+@get("/scenarios", include_in_schema=False)
+async def scenarios(site: Site, page: FromQuery[int] = 0) -> Response:
+    page = max(page, 0)
+    rows = await site.collector.query(lambda st: queries.scenarios(st, page))
+    return render("scenarios.html", rows=rows, page=page, size=queries.PAGE)
+
+
+@get("/requests", include_in_schema=False)
+async def requests(
+    site: Site,
+    page: FromQuery[int] = 0,
+    api_key: FromQuery[str | None] = None,
+    status: FromQuery[str | None] = None,
+    arm: FromQuery[str | None] = None,
+    scenario: FromQuery[str | None] = None,
+    trajectory: FromQuery[str | None] = None,
+    q: FromQuery[str | None] = None,
+    minutes: FromQuery[str | None] = None,  # the form sends "" for "any"
+) -> Response:
+    page = max(page, 0)
+    explore = queries.Explore(
+        api_key=api_key or None,
+        status=status if status in ("ok", "error") else None,
+        arm=arm or None,
+        scenario=scenario or None,
+        trajectory=trajectory or None,
+        q=q or None,
+        minutes=max(1, int(minutes)) if minutes and minutes.isdigit() else None,
+    )
+    rows = await site.collector.query(lambda st: queries.exchanges(st, explore, page))
+    return render(
+        "requests.html",
+        rows=rows,
+        f=explore,
+        query=explore.params(),
+        page=page,
+        size=queries.PAGE,
+    )
+
+
+@get("/feedback", include_in_schema=False)
+async def feedback(site: Site, page: FromQuery[int] = 0) -> Response:
+    page = max(page, 0)
+    metrics, rows = await site.collector.query(lambda st: queries.feedback(st, page))
+    return render("feedback.html", metrics=metrics, rows=rows, page=page, size=queries.PAGE)
+
+
+@get("/checkpoints", include_in_schema=False)
+async def checkpoints(site: Site) -> Response:
+    rows = await site.collector.query(queries.checkpoints)
+    return render("checkpoints.html", rows=rows)
+
+
+@get("/groups", include_in_schema=False)
+async def groups(
+    site: Site, page: FromQuery[int] = 0, kind: FromQuery[str | None] = None
+) -> Response:
+    page = max(page, 0)
+
+    def read(store):
+        return queries.groups(store, page, kind or None), judge_agreement(store)
+
+    rows, agreement = await site.collector.query(read)
+    return render(
+        "groups.html",
+        rows=rows,
+        agreement=agreement,
+        page=page,
+        kind=kind or "",
+        size=queries.PAGE,
+    )
+
+
+@get("/groups/{group_id:str}", include_in_schema=False)
+async def group(site: Site, group_id: FromPath[str]) -> Response:
+    found = await site.collector.query(lambda st: queries.group(st, group_id))
+    if found is None:
+        return not_found(f"group {group_id}")
+    return render("group.html", group=found)
+
+
+@get("/trajectories/{trajectory_id:str}", include_in_schema=False)
+async def trajectory(site: Site, trajectory_id: FromPath[str]) -> Response:
+    found = await site.collector.query(lambda st: queries.trajectory(st, trajectory_id))
+    if found is None:
+        return not_found(f"trajectory {trajectory_id}")
+    return render("trajectory.html", t=found)
+
+
+@get("/learning", include_in_schema=False)
+async def learning(site: Site) -> Response:
+    def read(store):
+        return {
+            "curve": queries.reward_curve(store),
+            "by_checkpoint": progress.reward_by_checkpoint(store),
+            "runs": queries.train_runs(store),
+        }
+
+    data = await site.collector.query(read)
+    return render("learning.html", refresh=True, chart=_chart_data(data["curve"]), **data)
+
+
+@get("/ab", include_in_schema=False)
+async def ab(site: Site) -> Response:
+    settings = site.settings
+
+    def read(store):
+        running, paths = {}, {}
+        for alias, r in deployments.current(store).items():
+            if r.canary:
+                running[alias] = decide(store, settings, r.canary, r.live, r)
+                tests = running[alias].evidence["tests"]
+                paths[alias] = pairs.path(store, tests, settings.loop)
+        return running, paths, deployments.history(store, 100), reviews.status(store, settings)
+
+    running, paths, history, release = await site.collector.query(read)
+    charts = {
+        alias: _chart_data(_ab_chart(v.evidence, paths[alias])) for alias, v in running.items()
+    }
+    return render(
+        "ab.html",
+        refresh=True,
+        running=running,
+        charts=charts,
+        history=history,
+        rule=settings.loop,
+        release=release,
+    )
+
+
+@post("/act", status_code=200, include_in_schema=False)
+async def act(site: Site, data: Act) -> Any:
+    """What a page's buttons do, each after the person confirmed it; the same changes
+    as `onjob promote`, `rollback` and the admin API's loop switch, recorded with
+    actor `dashboard`."""
+    if data.action in ("pause", "resume"):
+        if site.loop is None:
+            raise Conflict(OFF)
+        return await site.loop.switch(data.action == "resume")
+    if site.operator is None or data.lineage not in site.router.arms:
+        raise BadRequest(f"No lineage {data.lineage!r} to {data.action}.", param="lineage")
+    change = site.operator.promote if data.action == "promote" else site.operator.rollback
+    return await change(data.lineage, reason=data.reason, actor="dashboard")
 
 
 def _ab_chart(evidence: dict, path: list[dict]) -> dict:
