@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import msgspec
-from litestar import Litestar, Request, Response, get, post
+from litestar import Litestar, Request, Response, Router, get, post
+from litestar.di import Provide
 from litestar.params import FromPath
 from litestar.response import Stream
 
@@ -57,35 +58,44 @@ class _Prepared:
         return None if self.tools.parallel else 1
 
 
-def create_app(
-    batcher: Batcher,
-    *,
-    default_max_tokens: int = 512,
-    adapter_token: str | None = None,
-    resolver: Resolver | None = None,
-) -> Litestar:
-    loaded = batcher.loaded
-    guards = [control.adapter_guard(adapter_token)]
-    created = int(time.time())
-    grammars = grammar.Grammars(loaded.tokenizer, loaded.vocab_size, loaded.eos_ids)
+class Engine:
+    """What every route of the engine shares: the batcher and its model, the grammars
+    compiled for it, and how a request becomes a batch's work and an answer."""
 
-    @lru_cache(maxsize=65536)
-    def token_text(token_id: int) -> str:
-        return loaded.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+    def __init__(
+        self, batcher: Batcher, default_max_tokens: int, resolver: Resolver | None
+    ) -> None:
+        self.batcher = batcher
+        self.loaded = batcher.loaded
+        self.default_max_tokens = default_max_tokens
+        self.resolver = resolver
+        self.created = int(time.time())
+        self.grammars = grammar.Grammars(
+            self.loaded.tokenizer, self.loaded.vocab_size, self.loaded.eos_ids
+        )
+        self.token_text = lru_cache(maxsize=65536)(self._token_text)
 
-    def logprob_entry(token_id: int, logprob: float, top: list[tuple[int, float]]) -> dict:
-        text = token_text(token_id)
+    def _token_text(self, token_id: int) -> str:
+        return self.loaded.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+
+    def logprob_entry(self, token_id: int, logprob: float, top: list[tuple[int, float]]) -> dict:
+        text = self.token_text(token_id)
         return {
             "token": text,
             "logprob": logprob,
             "bytes": list(text.encode()),
             "top_logprobs": [
-                {"token": token_text(t), "logprob": lp, "bytes": list(token_text(t).encode())}
+                {
+                    "token": self.token_text(t),
+                    "logprob": lp,
+                    "bytes": list(self.token_text(t).encode()),
+                }
                 for t, lp in top
             ],
         }
 
-    def prepare(body: bytes) -> _Prepared:
+    def prepare(self, body: bytes) -> _Prepared:
+        loaded = self.loaded
         req = _decode(body, ChatRequest)
         if refused := req.refused():
             raise BadRequest(refused[1], param=refused[0])
@@ -110,7 +120,7 @@ def create_app(
             raise BadRequest("top_logprobs requires logprobs=true.", param="top_logprobs")
         stop = (req.stop,) if isinstance(req.stop, str) else tuple(s for s in req.stop or () if s)
         sampling = Sampling(
-            max_tokens=asked or min(default_max_tokens, room),
+            max_tokens=asked or min(self.default_max_tokens, room),
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
             seed=req.seed,
@@ -129,35 +139,17 @@ def create_app(
         constraint = grammar.constraint(req, tools)
         return _Prepared(req, adapter, prompt_ids, sampling, req.n or 1, tools, constraint)
 
-    async def prepared(body: bytes) -> _Prepared:
+    async def prepared(self, body: bytes) -> _Prepared:
         try:
-            return prepare(body)
+            return self.prepare(body)
         except NotFound as exc:  # an adapter the resolver may find (the rare path)
-            if resolver is None or exc.param != "model":
+            if self.resolver is None or exc.param != "model":
                 raise
-            if not await resolver.load(batcher, _decode(body, ChatRequest).model):
+            if not await self.resolver.load(self.batcher, _decode(body, ChatRequest).model):
                 raise
-            return prepare(body)
+            return self.prepare(body)
 
-    @post("/v1/chat/completions", status_code=200)
-    async def chat_completions(request: Request) -> Response | Stream:
-        p = await prepared(await request.body())
-        compiled = None
-        if p.constraint is not None:
-            compiled = await asyncio.to_thread(grammars.compile, p.constraint)
-        gen = batcher.submit(p.prompt_ids, p.adapter, p.n, p.sampling, compiled)
-        if p.request.stream:
-            return Stream(
-                sse(stream_chunks(p, gen)),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
-            )
-        try:
-            return Response(await complete(p, gen), media_type="application/json")
-        finally:
-            gen.cancel()
-
-    async def complete(p: _Prepared, gen) -> bytes:
+    async def complete(self, p: _Prepared, gen) -> bytes:
         n = p.n
         tokens: list[list[TokenEvent]] = [[] for _ in range(n)]
         texts = [""] * n
@@ -179,7 +171,7 @@ def create_app(
             choice = {"index": i, "message": message, "logprobs": None, "finish_reason": reason}
             if p.request.logprobs:
                 choice["logprobs"] = {
-                    "content": [logprob_entry(e.token_id, e.logprob, e.top) for e in tokens[i]]
+                    "content": [self.logprob_entry(e.token_id, e.logprob, e.top) for e in tokens[i]]
                 }
             if p.request.return_token_ids:
                 choice["token_ids"] = [e.token_id for e in tokens[i]]
@@ -197,7 +189,7 @@ def create_app(
             body["prompt_token_ids"] = p.prompt_ids
         return msgspec.json.encode(body)
 
-    async def stream_chunks(p: _Prepared, gen) -> AsyncIterator[dict]:
+    async def stream_chunks(self, p: _Prepared, gen) -> AsyncIterator[dict]:
         req = p.request
         head = {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -225,7 +217,7 @@ def create_app(
                 extra: dict = {}
                 if req.logprobs:
                     extra["logprobs"] = {
-                        "content": [logprob_entry(ev.token_id, ev.logprob, ev.top)]
+                        "content": [self.logprob_entry(ev.token_id, ev.logprob, ev.top)]
                     }
                 if req.return_token_ids:
                     extra["token_ids"] = [ev.token_id]
@@ -249,23 +241,12 @@ def create_app(
         finally:
             gen.cancel()
 
-    @get("/v1/models")
-    async def models() -> dict:
-        return {"object": "list", "data": listing()}
-
-    @get("/v1/models/{model:path}")
-    async def model(model: FromPath[str]) -> dict:
-        name = model.lstrip("/")
-        for entry in listing():
-            if entry["id"] == name:
-                return entry
-        raise NotFound(f"The model `{name}` does not exist.", param="model")
-
-    def listing() -> list[dict]:
+    def listing(self) -> list[dict]:
+        loaded = self.loaded
         base = {
             "id": loaded.name,
             "object": "model",
-            "created": created,
+            "created": self.created,
             "owned_by": "onjob",
             "root": loaded.path,
             "parent": None,
@@ -274,7 +255,8 @@ def create_app(
             # (log-softmax of the logits, before temperature and top-p), in this dtype.
             "dtype": str(loaded.model.dtype).removeprefix("torch."),
             "logprobs": TRAINED,
-            "threads": batcher.threads_now,  # onjob's: fewer while a training run shares the host
+            # onjob's: fewer while a training run shares the host
+            "threads": self.batcher.threads_now,
         }
         adapters = [
             {**base, "id": a.name, "root": a.path, "parent": loaded.name}
@@ -282,56 +264,107 @@ def create_app(
         ]
         return [base, *adapters]
 
-    @post("/v1/load_lora_adapter", status_code=200, guards=guards)
-    async def load_lora_adapter(request: Request) -> Response:
-        body = _decode(await request.body(), LoadAdapter)
-        await batcher.call(
-            lambda: loaded.load_adapter(body.lora_name, body.lora_path, batcher.busy())
-        )
-        return Response(
-            f"Success: LoRA adapter '{body.lora_name}' added successfully.", media_type="text/plain"
-        )
 
-    @post("/v1/unload_lora_adapter", status_code=200, guards=guards)
-    async def unload_lora_adapter(request: Request) -> Response:
-        body = _decode(await request.body(), UnloadAdapter)
-
-        def unload() -> None:
-            if body.lora_name in loaded.adapters:
-                batcher.fail_adapter(body.lora_name)
-            loaded.unload_adapter(body.lora_name)
-
-        await batcher.call(unload)
-        return Response(
-            f"Success: LoRA adapter '{body.lora_name}' removed successfully.",
-            media_type="text/plain",
-        )
-
-    @post("/onjob/threads", status_code=200, guards=guards)
-    async def threads(request: Request) -> dict:
-        body = _decode(await request.body(), Threads)
-        before, after = await batcher.threads(body.threads)
-        return {"threads": after, "was": before, "started_with": batcher.started_threads}
-
-    @get("/health")
-    async def health() -> Response:
-        return Response(b"", status_code=200)
-
+def create_app(
+    batcher: Batcher,
+    *,
+    default_max_tokens: int = 512,
+    adapter_token: str | None = None,
+    resolver: Resolver | None = None,
+) -> Litestar:
+    engine = Engine(batcher, default_max_tokens, resolver)
+    # The adapter routes answer loopback peers, with the adapter token when one is set.
+    control_routes = Router(
+        "/",
+        guards=[control.adapter_guard(adapter_token)],
+        route_handlers=[load_lora_adapter, unload_lora_adapter, threads],
+    )
     return Litestar(
         route_handlers=[
             chat_completions,
             completions.handler(batcher, default_max_tokens=default_max_tokens, resolver=resolver),
             models,
             model,
-            load_lora_adapter,
-            unload_lora_adapter,
-            threads,
+            control_routes,
             health,
         ],
+        dependencies={"engine": Provide(lambda: engine, use_cache=True, sync_to_thread=False)},
         exception_handlers=HANDLERS,
         request_max_body_size=16 * 1024 * 1024,
         openapi_config=None,
     )
+
+
+@post("/v1/chat/completions", status_code=200)
+async def chat_completions(engine: Engine, request: Request) -> Response | Stream:
+    p = await engine.prepared(await request.body())
+    compiled = None
+    if p.constraint is not None:
+        compiled = await asyncio.to_thread(engine.grammars.compile, p.constraint)
+    gen = engine.batcher.submit(p.prompt_ids, p.adapter, p.n, p.sampling, compiled)
+    if p.request.stream:
+        return Stream(
+            sse(engine.stream_chunks(p, gen)),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+    try:
+        return Response(await engine.complete(p, gen), media_type="application/json")
+    finally:
+        gen.cancel()
+
+
+@get("/v1/models")
+async def models(engine: Engine) -> dict:
+    return {"object": "list", "data": engine.listing()}
+
+
+@get("/v1/models/{model:path}")
+async def model(engine: Engine, model: FromPath[str]) -> dict:
+    name = model.lstrip("/")
+    for entry in engine.listing():
+        if entry["id"] == name:
+            return entry
+    raise NotFound(f"The model `{name}` does not exist.", param="model")
+
+
+@post("/v1/load_lora_adapter", status_code=200)
+async def load_lora_adapter(engine: Engine, request: Request) -> Response:
+    body = _decode(await request.body(), LoadAdapter)
+    batcher, loaded = engine.batcher, engine.loaded
+    await batcher.call(lambda: loaded.load_adapter(body.lora_name, body.lora_path, batcher.busy()))
+    return Response(
+        f"Success: LoRA adapter '{body.lora_name}' added successfully.", media_type="text/plain"
+    )
+
+
+@post("/v1/unload_lora_adapter", status_code=200)
+async def unload_lora_adapter(engine: Engine, request: Request) -> Response:
+    body = _decode(await request.body(), UnloadAdapter)
+    batcher, loaded = engine.batcher, engine.loaded
+
+    def unload() -> None:
+        if body.lora_name in loaded.adapters:
+            batcher.fail_adapter(body.lora_name)
+        loaded.unload_adapter(body.lora_name)
+
+    await batcher.call(unload)
+    return Response(
+        f"Success: LoRA adapter '{body.lora_name}' removed successfully.",
+        media_type="text/plain",
+    )
+
+
+@post("/onjob/threads", status_code=200)
+async def threads(engine: Engine, request: Request) -> dict:
+    body = _decode(await request.body(), Threads)
+    before, after = await engine.batcher.threads(body.threads)
+    return {"threads": after, "was": before, "started_with": engine.batcher.started_threads}
+
+
+@get("/health")
+async def health() -> Response:
+    return Response(b"", status_code=200)
 
 
 def _decode(body: bytes, type_):
