@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from functools import lru_cache
 from typing import Annotated, Any
 
 import msgspec
@@ -23,9 +22,8 @@ from msgspec import Meta
 
 from ..openai_fields import LogitBias, Penalty, StreamOptions, Temperature, TopLogprobs, TopP
 from .answers import sse, usage
-from .batching import Batcher, TokenEvent
+from .batching import TokenEvent
 from .errors import BadRequest, EngineError, NotFound
-from .resolver import Resolver
 from .sampling import Sampling
 
 
@@ -68,146 +66,146 @@ def _refuse(req: CompletionRequest) -> None:
         raise BadRequest("`logit_bias` is not supported by this engine.", param="logit_bias")
 
 
-def handler(batcher: Batcher, *, default_max_tokens: int, resolver: Resolver | None = None):
-    """The route, over the same batcher as chat."""
-    loaded = batcher.loaded
+def prompt_ids(loaded, prompt: Any) -> list[int]:
+    """One prompt's token ids: a string tokenized as it is, or the ids given."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str) and prompt:
+        return loaded.tokenizer(prompt)["input_ids"]
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return prompt
+    raise BadRequest(
+        "`prompt` must be one non-empty string or one array of token ids.", param="prompt"
+    )
 
-    @lru_cache(maxsize=65536)
-    def token_text(token_id: int) -> str:
-        return loaded.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
 
-    def prompt_ids(prompt: Any) -> list[int]:
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-            prompt = prompt[0]
-        if isinstance(prompt, str) and prompt:
-            return loaded.tokenizer(prompt)["input_ids"]
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            return prompt
+def logprobs_of(token_text, events: list[TokenEvent], offset: int) -> dict:
+    """The legacy logprobs of `events`, their text starting at `offset`."""
+    tokens, top, offsets = [], [], []
+    for e in events:
+        text = token_text(e.token_id)
+        tokens.append(text)
+        offsets.append(offset)
+        offset += len(e.text)
+        top.append({token_text(t): lp for t, lp in e.top} or None)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e.logprob for e in events],
+        "top_logprobs": top,
+        "text_offset": offsets,
+    }
+
+
+@post("/v1/completions", status_code=200)
+async def completions(engine: Any, request: Request) -> Response | Stream:
+    """The route, over the same batcher as chat (`engine`: the server's `Engine`)."""
+    loaded, batcher, resolver = engine.loaded, engine.batcher, engine.resolver
+    try:
+        req = msgspec.json.decode(await request.body(), type=CompletionRequest)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"Invalid request: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"Malformed JSON body: {exc}") from exc
+    _refuse(req)
+    try:
+        adapter = loaded.resolve(req.model)
+    except NotFound:
+        if resolver is None or not await resolver.load(batcher, req.model):
+            raise
+        adapter = loaded.resolve(req.model)
+    ids = prompt_ids(loaded, req.prompt)
+    room = loaded.max_model_len - len(ids)
+    if room <= 0 or (req.max_tokens is not None and req.max_tokens > room):
         raise BadRequest(
-            "`prompt` must be one non-empty string or one array of token ids.", param="prompt"
+            f"This model's maximum context length is {loaded.max_model_len} tokens; the "
+            f"prompt has {len(ids)} and {req.max_tokens or 0} more were asked for.",
+            param="prompt",
         )
-
-    def logprobs_of(events: list[TokenEvent], offset: int) -> dict:
-        tokens, top, offsets = [], [], []
-        for e in events:
-            text = token_text(e.token_id)
-            tokens.append(text)
-            offsets.append(offset)
-            offset += len(e.text)
-            top.append({token_text(t): lp for t, lp in e.top} or None)
-        return {
-            "tokens": tokens,
-            "token_logprobs": [e.logprob for e in events],
-            "top_logprobs": top,
-            "text_offset": offsets,
-        }
-
-    @post("/v1/completions", status_code=200)
-    async def completions(request: Request) -> Response | Stream:
-        try:
-            req = msgspec.json.decode(await request.body(), type=CompletionRequest)
-        except msgspec.ValidationError as exc:
-            raise BadRequest(f"Invalid request: {exc}") from exc
-        except msgspec.DecodeError as exc:
-            raise BadRequest(f"Malformed JSON body: {exc}") from exc
-        _refuse(req)
-        try:
-            adapter = loaded.resolve(req.model)
-        except NotFound:
-            if resolver is None or not await resolver.load(batcher, req.model):
-                raise
-            adapter = loaded.resolve(req.model)
-        ids = prompt_ids(req.prompt)
-        room = loaded.max_model_len - len(ids)
-        if room <= 0 or (req.max_tokens is not None and req.max_tokens > room):
-            raise BadRequest(
-                f"This model's maximum context length is {loaded.max_model_len} tokens; the "
-                f"prompt has {len(ids)} and {req.max_tokens or 0} more were asked for.",
-                param="prompt",
-            )
-        stop = (req.stop,) if isinstance(req.stop, str) else tuple(s for s in req.stop or () if s)
-        sampling = Sampling(
-            max_tokens=req.max_tokens or min(default_max_tokens, room),
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            seed=req.seed,
-            stop=stop,
-            top_logprobs=req.logprobs or 0,
-            min_tokens=req.min_tokens or 0,
-            ignore_eos=bool(req.ignore_eos),
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(s for s in req.stop or () if s)
+    sampling = Sampling(
+        max_tokens=req.max_tokens or min(engine.default_max_tokens, room),
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        seed=req.seed,
+        stop=stop,
+        top_logprobs=req.logprobs or 0,
+        min_tokens=req.min_tokens or 0,
+        ignore_eos=bool(req.ignore_eos),
+    )
+    n = req.n or 1
+    gen = batcher.submit(ids, adapter, n, sampling)
+    head = {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": req.model,
+    }
+    if req.stream:
+        return Stream(
+            sse(_streamed(engine.token_text, req, head, ids, gen, n)),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
         )
-        n = req.n or 1
-        gen = batcher.submit(ids, adapter, n, sampling)
-        head = {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": req.model,
-        }
-        if req.stream:
-            return Stream(
-                sse(streamed(req, head, ids, gen, n)),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
-            )
-        try:
-            return Response(await whole(req, head, ids, gen, n), media_type="application/json")
-        finally:
-            gen.cancel()
+    try:
+        answer = await _whole(engine.token_text, req, head, ids, gen, n)
+        return Response(answer, media_type="application/json")
+    finally:
+        gen.cancel()
 
-    async def whole(req: CompletionRequest, head: dict, ids: list[int], gen, n: int) -> bytes:
-        events: list[list[TokenEvent]] = [[] for _ in range(n)]
-        finish: list[str | None] = [None] * n
+
+async def _whole(
+    token_text, req: CompletionRequest, head: dict, ids: list[int], gen, n: int
+) -> bytes:
+    events: list[list[TokenEvent]] = [[] for _ in range(n)]
+    finish: list[str | None] = [None] * n
+    async for ev in gen.events():
+        events[ev.index].append(ev)
+        finish[ev.index] = ev.finish_reason or finish[ev.index]
+    choices = []
+    for i in range(n):
+        choice: dict = {
+            "index": i,
+            "text": "".join(e.text for e in events[i]),
+            "logprobs": None if req.logprobs is None else logprobs_of(token_text, events[i], 0),
+            "finish_reason": finish[i],
+            "stop_reason": None,
+        }
+        if req.return_token_ids:
+            choice["token_ids"] = [e.token_id for e in events[i]]
+            choice["prompt_token_ids"] = ids
+        choices.append(choice)
+    completion = sum(len(e) for e in events)
+    return msgspec.json.encode({**head, "choices": choices, "usage": usage(len(ids), completion)})
+
+
+async def _streamed(
+    token_text, req: CompletionRequest, head: dict, ids: list[int], gen, n: int
+) -> AsyncIterator[dict]:
+    offsets = [0] * n
+    first = [True] * n
+    completion = 0
+    try:
         async for ev in gen.events():
-            events[ev.index].append(ev)
-            finish[ev.index] = ev.finish_reason or finish[ev.index]
-        choices = []
-        for i in range(n):
+            completion += 1
+            i = ev.index
+            logprobs = None if req.logprobs is None else logprobs_of(token_text, [ev], offsets[i])
             choice: dict = {
                 "index": i,
-                "text": "".join(e.text for e in events[i]),
-                "logprobs": None if req.logprobs is None else logprobs_of(events[i], 0),
-                "finish_reason": finish[i],
+                "text": ev.text,
+                "logprobs": logprobs,
+                "finish_reason": ev.finish_reason,
                 "stop_reason": None,
             }
+            offsets[i] += len(ev.text)
             if req.return_token_ids:
-                choice["token_ids"] = [e.token_id for e in events[i]]
-                choice["prompt_token_ids"] = ids
-            choices.append(choice)
-        completion = sum(len(e) for e in events)
-        return msgspec.json.encode(
-            {**head, "choices": choices, "usage": usage(len(ids), completion)}
-        )
-
-    async def streamed(
-        req: CompletionRequest, head: dict, ids: list[int], gen, n: int
-    ) -> AsyncIterator[dict]:
-        offsets = [0] * n
-        first = [True] * n
-        completion = 0
-        try:
-            async for ev in gen.events():
-                completion += 1
-                i = ev.index
-                choice: dict = {
-                    "index": i,
-                    "text": ev.text,
-                    "logprobs": None if req.logprobs is None else logprobs_of([ev], offsets[i]),
-                    "finish_reason": ev.finish_reason,
-                    "stop_reason": None,
-                }
-                offsets[i] += len(ev.text)
-                if req.return_token_ids:
-                    choice["token_ids"] = [ev.token_id]
-                    if first[i]:
-                        choice["prompt_token_ids"] = ids
-                first[i] = False
-                yield {**head, "choices": [choice]}
-            if req.stream_options and req.stream_options.include_usage:
-                yield {**head, "choices": [], "usage": usage(len(ids), completion)}
-        except EngineError as exc:
-            yield exc.body()
-        finally:
-            gen.cancel()
-
-    return completions
+                choice["token_ids"] = [ev.token_id]
+                if first[i]:
+                    choice["prompt_token_ids"] = ids
+            first[i] = False
+            yield {**head, "choices": [choice]}
+        if req.stream_options and req.stream_options.include_usage:
+            yield {**head, "choices": [], "usage": usage(len(ids), completion)}
+    except EngineError as exc:
+        yield exc.body()
+    finally:
+        gen.cancel()

@@ -282,7 +282,7 @@ def create_app(
     return Litestar(
         route_handlers=[
             chat_completions,
-            completions.handler(batcher, default_max_tokens=default_max_tokens, resolver=resolver),
+            completions.completions,
             models,
             model,
             control_routes,
