@@ -73,7 +73,7 @@ import msgspec
 
 from ..bucket import Bucket, BucketError, ObjectExists, ObjectMissing
 from .lease import read_lease
-from .spool import CLOSED, OPEN, _claim, _closed, _locked, _opened
+from .spool import CLOSED, OPEN, _claim, _closed, _locked, _ms, _opened
 
 log = logging.getLogger("onjob.collector")
 
@@ -122,10 +122,6 @@ class Remote:
     live: tuple[str, ...]
     fetched: int
     dropped: tuple[str, ...] = ()
-
-
-def _ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Clock:
