@@ -175,6 +175,7 @@ def test_two_loaders_started_at_once_one_loads_and_the_other_takes_over_its_data
 
     a, b = server("a"), server("b")
     procs = {"a": a, "b": b}
+    leader, standby = "a", "b"  # until the lease says which
     try:
         with ThreadPoolExecutor(2) as both:  # at once: neither is up when the other starts
             list(both.map(ServerProcess.start, (a, b)))
@@ -230,8 +231,11 @@ def test_two_loaders_started_at_once_one_loads_and_the_other_takes_over_its_data
         assert said.returncode == 0, said.stderr
         assert f"loader: standby: host-{standby}." in said.stdout, said.stdout
     finally:
-        for p in procs.values():
-            p.stop()
+        # The standbys first: a loader that stops cleanly gives the lease back, and a
+        # standby still running would take it, and the database with it.
+        for name in ("p", leader, standby):
+            if name in procs:
+                procs[name].stop()
 
     # The new loader went on from the old one's copy and the segments it loaded since:
     # every exchange, each once; the old loader's own file stopped at its death.

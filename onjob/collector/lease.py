@@ -138,12 +138,19 @@ class LoaderLease:
             return
         self._write(LeaseBody(self.holder, current.token + 1, url=self.url), if_match=info.etag)
         self.previous = current.holder or current.last or None
-        log.warning(
-            "took the loader's lease (token %d) from %s, %.0f s after its last renewal",
-            current.token + 1,
-            current.holder,
-            info.age_s,
-        )
+        if current.holder:
+            log.warning(
+                "took the loader's lease (token %d) from %s, %.0f s after its last renewal",
+                current.token + 1,
+                current.holder,
+                info.age_s,
+            )
+        else:
+            log.warning(
+                "took the loader's lease (token %d), given back by %s",
+                current.token + 1,
+                current.last or "a loader",
+            )
 
     def _write(self, body: LeaseBody, *, if_match: str | None) -> None:
         data = msgspec.json.encode(body)
