@@ -237,10 +237,7 @@ class Uploader:
         return mark
 
     def _upload(self, path: Path) -> None:
-        try:
-            owner = self.bucket.get_bytes(FETCHED + path.name).decode(errors="replace")
-        except ObjectMissing:
-            owner = None
+        owner = _fetched_by(self.bucket, path.name)
         if owner is not None and owner == self.standby:  # fetched, not loaded: handed back
             self.bucket.delete(FETCHED + path.name)
             owner = None
@@ -360,8 +357,8 @@ class Fetcher:
         except ObjectExists:
             # Written by this loader before a crash (or by one from before loaders were
             # named: empty), it stands; another loader's, the segment is that one's.
-            owner = self.bucket.get_bytes(FETCHED + name).decode(errors="replace")
-            if owner not in ("", self.holder):
+            owner = _fetched_by(self.bucket, name)
+            if owner not in (None, "", self.holder):
                 local.unlink(missing_ok=True)
                 log.error("segment %s was fetched by loader %s too; left to it", name, owner)
                 return 0
@@ -377,6 +374,15 @@ class Fetcher:
         for info in old:
             self.bucket.delete(info.key)
         return len(old)
+
+
+def _fetched_by(bucket: Bucket, name: str) -> str | None:
+    """The loader a segment's tombstone names ("": one from before loaders were named);
+    None when it has no tombstone."""
+    try:
+        return bucket.get_bytes(FETCHED + name).decode(errors="replace")
+    except ObjectMissing:
+        return None
 
 
 @contextlib.contextmanager

@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..bucket import Bucket, ObjectExists
+from .handoff import SEGMENT_NAME
 
 log = logging.getLogger("onjob.collector")
 
 ARCHIVE, SNAPSHOTS = "archive/", "db/"
 SNAPSHOT_NAME = re.compile(r"(\d{13})-([0-9A-Za-z_.-]{1,80})\.duckdb")
-SEGMENT_NAME = re.compile(r"\d{13}-\d{13}-[0-9A-Za-z_]+-\d{6}\.jsonl")
 
 
 @dataclass(frozen=True)
