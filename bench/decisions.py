@@ -65,8 +65,8 @@ import results_file
 
 from examples.arithmetic.demo import Options, loop_settings
 from onjob.collector import Store
-from onjob.deploy import ledger, pairs, stats
-from onjob.deploy.pairs import rule_of
+from onjob.deploy.decide import ledger, pairs, stats
+from onjob.deploy.decide.pairs import rule_of
 from onjob.deploy.settings import LoopSettings
 
 TIES = 0.2  # pairs the referee scores alike

@@ -44,8 +44,8 @@ import results_file
 from decisions import Judge, draw
 
 from onjob.collector import Store
-from onjob.deploy import ledger, prompts, stats
-from onjob.deploy.pairs import rule_of
+from onjob.deploy.decide import ledger, prompts, stats
+from onjob.deploy.decide.pairs import rule_of
 from onjob.deploy.settings import LoopSettings
 from onjob.proxy.tenants import Lineage
 

@@ -41,8 +41,9 @@ import results_file
 from examples.arithmetic import task
 from onjob import bundled
 from onjob.cli.process import EngineProcess
-from onjob.deploy import adapters, ledger, stats
-from onjob.deploy.pairs import pair_seed, rule_of
+from onjob.deploy.act import adapters
+from onjob.deploy.decide import ledger, stats
+from onjob.deploy.decide.pairs import pair_seed, rule_of
 from onjob.deploy.settings import LoopSettings
 from onjob.judge import JudgeSettings, sampling
 

@@ -44,7 +44,7 @@ from lora import random_adapter
 from onjob import bundled
 from onjob.cli.process import EngineProcess, ServerProcess
 from onjob.collector import Store
-from onjob.deploy import registry
+from onjob.deploy.act import registry
 
 LIVE, CANARY = "pool-live", "pool-canary"
 ADMIN_KEY = "bench-admin"

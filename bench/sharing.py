@@ -3,7 +3,7 @@ requests, and what the requests cost the run, under each way of sharing the core
 
 For each policy (`--policies`, each `name=E:T:N[:beside]`: the engine's torch threads,
 the trainer's, the trainer's nice, and `beside` for onjob's own policy: the engine
-serves on the cores the run leaves while it trains, through `deploy.host.beside` and the
+serves on the cores the run leaves while it trains, through `deploy.act.host.beside` and the
 engine's `POST /onjob/threads`, as `onjob serve` does), on the bundled SmolLM2-135M and
 the local engine:
 
@@ -145,7 +145,7 @@ def beside(url: str, threads: int, run):
 
     import httpx
 
-    from onjob.deploy import host
+    from onjob.deploy.act import host
 
     async def go():
         async with (

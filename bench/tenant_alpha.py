@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import decisions
 import results_file
 
-from onjob.deploy import stats
+from onjob.deploy.decide import stats
 from onjob.deploy.settings import LoopSettings
 
 

@@ -17,8 +17,8 @@ import pytest
 
 from onjob.cli.process import ServerProcess
 from onjob.collector import Collector, CollectorSettings, Store
-from onjob.deploy import adapters, deployments, registry
-from onjob.deploy.operator import Operator
+from onjob.deploy.act import adapters, deployments, registry
+from onjob.deploy.act.operator import Operator
 from onjob.proxy import Router
 
 ALIAS = "agent"

@@ -25,7 +25,7 @@ from onjob import published
 from onjob.bucket import Bucket
 from onjob.cli.process import EngineProcess, ServerProcess
 from onjob.collector import Store
-from onjob.deploy import registry
+from onjob.deploy.act import registry
 from onjob.trainer import TrainSettings, jobs
 
 from .conftest import admin_of, rows

@@ -25,7 +25,7 @@ from onjob.cli.process import ServerProcess, free_port
 from onjob.cli.settings import ServeSettings
 from onjob.collector import Store
 from onjob.dashboard import pages
-from onjob.deploy import registry
+from onjob.deploy.act import registry
 from onjob.openai_errors import HANDLERS
 from onjob.proxy import ProxySettings
 from onjob.proxy.auth import Doors

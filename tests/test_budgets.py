@@ -45,7 +45,7 @@ output_cost_per_token = 0.002
 short = {{ fn = "my_rewards:short" }}
 """
 # Every scenario judged: these tests count the groups a budget lets through, and a fitted
-# held-out share (deploy/fit.py: 30% of a few scenarios) would take one of them away.
+# held-out share (deploy/decide/fit.py: 30% of a few scenarios) would take one of them away.
 JUDGE += "[loop]\nholdout_share = 0\n"
 REWARDS = "def short(rollout):\n    return 1.0 if len(rollout.text) < 12 else 0.0\n"
 

@@ -127,7 +127,7 @@ def test_a_check_that_ran_and_failed_exits_1():
 
 
 def test_nothing_to_train_is_the_code_the_server_reads_from_its_trainer_child():
-    from onjob.deploy.training import NOTHING_TO_TRAIN
+    from onjob.deploy.act.training import NOTHING_TO_TRAIN
 
     assert Exit.NOTHING == NOTHING_TO_TRAIN == 3
 

@@ -15,7 +15,7 @@ from openai import OpenAI
 from onjob.cli.process import ServerProcess, free_port
 from onjob.client import AsyncClient, Client, Refused, Unreachable
 from onjob.collector import Store
-from onjob.deploy import registry
+from onjob.deploy.act import registry
 from onjob.judge import JudgeSettings, RewardFn, judge_agreement
 
 from .conftest import rows

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 from onjob.collector import Store
-from onjob.deploy import registry
+from onjob.deploy.act import registry
 
 from .conftest import TOOL_QUESTION, TOOLS, make_adapter, rows
 

@@ -18,7 +18,8 @@ from openai import OpenAI
 from onjob.cli.process import ServerProcess, free_port
 from onjob.client import Client
 from onjob.collector import Store
-from onjob.deploy import progress, registry
+from onjob.deploy import progress
+from onjob.deploy.act import registry
 
 from .conftest import TOOL_QUESTION, TOOLS, debian_program, make_adapter, rows
 

@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from onjob.collector import Collector, CollectorSettings, Store
-from onjob.deploy import deployments, pairs, registry, stats
-from onjob.deploy.operator import Operator
+from onjob.deploy.act import deployments, registry
+from onjob.deploy.act.operator import Operator
+from onjob.deploy.decide import pairs, stats
 from onjob.judge import JudgeSettings
 from onjob.proxy import Router
 from onjob.proxy.routing import canary_share

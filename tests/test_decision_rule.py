@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from onjob.deploy import ledger, stats
-from onjob.deploy.pairs import rule_of
+from onjob.deploy.decide import ledger, stats
+from onjob.deploy.decide.pairs import rule_of
 from onjob.deploy.settings import LoopSettings
 
 DEMO = LoopSettings(min_pairs=6, max_pairs=48, delta=0.2, alpha=0.1, beta=0.1)

@@ -96,7 +96,7 @@ def test_shortened_demo_runs_every_stage_and_leaves_its_rows(tmp_path, tiny_mode
         assert routing[0]["canary"] == checkpoint["name"] and routing[-1]["canary"] is None
         assert {r["actor"] for r in routing} == {"loop"}
     # The agent's traffic went on while the run trained, on the cores the run left the
-    # engine (deploy/host.py), and the run took the host policy's threads.
+    # engine (deploy/act/host.py), and the run took the host policy's threads.
     (run,) = rows(
         db,
         "SELECT created - to_seconds(duration_s) AS started, created AS ended, "
@@ -195,7 +195,7 @@ def test_judge_flag_switches_the_demo_from_the_reward_function_to_ruler(tmp_path
                            ("loop", LoopSettings)):  # fmt: skip
         assert set(default[section]) <= set(model.model_fields), section  # no typo ignored
         model.model_validate(default[section])
-    # The trainer's threads are the host policy's (deploy/host.py), not the demo's.
+    # The trainer's threads are the host policy's (deploy/act/host.py), not the demo's.
     assert "threads" not in default["trainer"]
     ruler = tomllib.loads(config(Options(dir=tmp_path, judge="openai/gpt-4.1-mini"), tmp_path))
     judge = JudgeSettings.model_validate(ruler["judge"])
@@ -236,7 +236,7 @@ def test_the_calculator_example_configures_tool_turns_trajectory_groups_and_its_
     loop = LoopSettings.model_validate(written["loop"])
     assert loop.gate.rewards["exact"].fn == "examples.calculator.task:referee"
     # No example carries [loop] settings of its own: the held-out share and the groups that
-    # start a run are fitted to the traffic (deploy/fit.py), the same loop for each.
+    # start a run are fitted to the traffic (deploy/decide/fit.py), the same loop for each.
     assert loop.holdout_share is None and loop.min_new_groups is None
     same = loop.model_copy(update={"gate": LoopSettings().gate})  # the referee is its own
     assert same == loop_settings(Options()) and loop.max_kl_to_base == 1.0

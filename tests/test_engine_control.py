@@ -11,8 +11,8 @@ import pytest
 
 from onjob.cli.process import EngineProcess
 from onjob.cli.settings import ServeSettings
-from onjob.deploy import adapters
-from onjob.deploy.judging import engine_client
+from onjob.deploy.act import adapters
+from onjob.deploy.act.engine import engine_client
 
 TOKEN = "engine-secret-for-tests"
 

@@ -12,7 +12,7 @@ from openai import APIStatusError, OpenAI
 
 from onjob.cli.process import EngineProcess, ServerProcess
 from onjob.collector import Store
-from onjob.deploy import registry
+from onjob.deploy.act import registry
 
 from .conftest import admin_of, rows
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from onjob.collector import Store
-from onjob.deploy import fit, holdout
+from onjob.deploy.decide import fit, holdout
 from onjob.deploy.settings import DeploySettings
 
 ONJOB = str(Path(sys.executable).with_name("onjob"))

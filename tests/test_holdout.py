@@ -17,7 +17,9 @@ from openai import OpenAI
 
 from onjob.cli.process import ServerProcess
 from onjob.collector import Collector, CollectorSettings, Store
-from onjob.deploy import deployments, holdout, registry, release, training
+from onjob.deploy import release
+from onjob.deploy.act import deployments, registry, training
+from onjob.deploy.decide import holdout
 from onjob.deploy.errors import TrainingFailed
 from onjob.deploy.settings import DeploySettings, GateSettings, LoopSettings
 from onjob.judge.settings import RewardFn

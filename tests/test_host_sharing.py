@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from onjob.cli.process import EngineProcess
-from onjob.deploy import host
+from onjob.deploy.act import host
 from onjob.trainer import TrainSettings
 
 TOKEN = "engine-secret-for-host-tests"

@@ -228,9 +228,9 @@ def test_a_judge_that_disagrees_with_users_stops_what_it_trained_and_rolls_back_
     back, with the reason recorded; one that agrees, or has too little evidence, does not."""
     from datetime import UTC, datetime
 
-    from onjob.deploy import trust
+    from onjob.deploy.decide import trust
+    from onjob.deploy.decide.verdict import decide
     from onjob.deploy.records import Routing
-    from onjob.deploy.release import decide
     from onjob.deploy.settings import DeploySettings, LoopSettings
     from onjob.judge import JudgeSettings
     from onjob.judge.settings import RewardFn
@@ -276,7 +276,7 @@ def test_users_who_agree_with_the_coach_let_the_loop_promote_by_itself(db):
     """Release mode (issue 33): with no `loop.gate`, the loop promotes by itself only when
     users' feedback checks the coach; a coach users contradict, or one unrelated to what
     they say, leaves a winning canary for a person to review."""
-    from onjob.deploy import trust
+    from onjob.deploy.decide import trust
     from onjob.deploy.settings import DeploySettings
 
     def mode(name: str) -> trust.ReleaseMode:
@@ -302,7 +302,7 @@ def test_for_a_canary_only_users_ratings_of_its_own_answers_check_its_coach(db, 
     ratings of its own answers agree with its coach."""
     import shutil
 
-    from onjob.deploy import trust
+    from onjob.deploy.decide import trust
     from onjob.deploy.settings import DeploySettings
 
     copy = tmp_path / "onjob.duckdb"

@@ -19,7 +19,7 @@ from openai import OpenAI
 
 from onjob.cli.process import ServerProcess, free_port
 from onjob.collector import Store
-from onjob.deploy import registry
+from onjob.deploy.act import registry
 
 from .conftest import TOOL_QUESTION, TOOLS, admin_of, make_adapter, record_trained, rows
 
@@ -285,7 +285,7 @@ def test_a_fresh_database_runs_every_stage_and_a_run_killed_mid_train_resumes_cl
     sampler = manifest["precision"]["sampler"]
     assert sampler == {"model": "toolbot", "dtype": "float32", "logprobs": "raw_logprobs"}
     [deployment] = rows(db, "SELECT * FROM deployments")
-    # The canary's share fitted to the traffic (deploy/fit.py): a few conversations, half.
+    # The canary's share fitted to the traffic (deploy/decide/fit.py): a few conversations, half.
     assert deployment["canary"] == checkpoint["name"] and deployment["fraction"] == 0.5
     assert deployment["reason"].startswith("trained on")
     groups = rows(db, "SELECT kind, status FROM groups")

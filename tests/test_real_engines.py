@@ -30,7 +30,7 @@ from openai import OpenAI
 
 from onjob.cli.process import EngineProcess, ServerProcess, free_port, port_taken
 from onjob.collector import Store
-from onjob.deploy import registry
+from onjob.deploy.act import registry
 from onjob.engine import chat
 from onjob.engine.protocol import Message, Tool
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from onjob.collector import Store
-from onjob.deploy import registry
+from onjob.deploy.act import registry
 
 from .conftest import rows
 

@@ -14,7 +14,8 @@ import json
 import httpx
 
 from onjob.collector import Collector, CollectorSettings, Store
-from onjob.deploy import deployments, holdout, pairs, prompts, registry, stats
+from onjob.deploy.act import deployments, registry
+from onjob.deploy.decide import holdout, pairs, prompts, stats
 from onjob.deploy.loop import run_once
 from onjob.deploy.settings import LoopSettings
 from onjob.judge import JudgeSettings, run_pass, tables
@@ -433,7 +434,7 @@ def test_the_kl_guard_reads_the_drift_on_the_candidates_own_answers(
 ):
     """Small on the old sampler's tokens, large on the candidate's own answers: the guard
     trips on the larger."""
-    from onjob.deploy import trust
+    from onjob.deploy.decide import trust
     from onjob.deploy.settings import LoopSettings
 
     store = Store(tmp_path / "onjob.duckdb")

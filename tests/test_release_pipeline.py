@@ -11,7 +11,9 @@ import json
 from datetime import UTC, datetime, timedelta
 
 from onjob.collector import Store
-from onjob.deploy import deployments, pairs, prompts, release
+from onjob.deploy import release
+from onjob.deploy.act import deployments
+from onjob.deploy.decide import pairs, prompts, verdict
 from onjob.deploy.records import Routing
 from onjob.deploy.settings import GateSettings
 from onjob.judge.settings import RewardFn
@@ -180,11 +182,11 @@ def test_an_open_canary_ends_after_its_wall_time(tmp_path):
             ts=started, model_alias="agent", live=None, canary="ckpt-x", fraction=0.5,
             reason="by hand", actor="test", evidence=None,
         )  # fmt: skip
-        verdict = release.decide(store, s, "ckpt-x", None, routing, rounds=1)
-        assert verdict.decision == "rollback"
-        assert "undecided after 48.0 h (loop.canary_max_s)" in verdict.reason
+        found = verdict.decide(store, s, "ckpt-x", None, routing, rounds=1)
+        assert found.decision == "rollback"
+        assert "undecided after 48.0 h (loop.canary_max_s)" in found.reason
         # A person reviewing it is not rushed by the clock.
-        waiting = release.decide(store, s, "ckpt-x", None, routing, rounds=1, capped=False)
+        waiting = verdict.decide(store, s, "ckpt-x", None, routing, rounds=1, capped=False)
         assert waiting.decision == "wait"
     finally:
         store.close()

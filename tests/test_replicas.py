@@ -15,7 +15,7 @@ from openai import OpenAI
 
 from onjob.cli.process import EngineProcess, ServerProcess
 from onjob.collector import Store
-from onjob.deploy import registry
+from onjob.deploy.act import registry
 from onjob.proxy.errors import AdapterUnavailable
 from onjob.proxy.pool import Pool, Replica
 

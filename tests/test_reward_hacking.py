@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from onjob.collector import Collector, CollectorSettings, Store
-from onjob.deploy import deployments, registry, reviews
+from onjob.deploy.act import deployments, registry, reviews
+from onjob.deploy.act.operator import Operator
 from onjob.deploy.loop import run_once
-from onjob.deploy.operator import Operator
 from onjob.deploy.settings import DeploySettings, GateSettings, LoopSettings
 from onjob.judge import JudgeSettings
 from onjob.judge.settings import RewardFn

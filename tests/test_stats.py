@@ -14,8 +14,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from onjob.collector import Store
-from onjob.deploy import ledger, pairs, stats
-from onjob.deploy.release import decide
+from onjob.deploy.decide import ledger, pairs, stats
+from onjob.deploy.decide.verdict import decide
 from onjob.deploy.settings import DeploySettings, LoopSettings
 
 PRODUCTION = LoopSettings()

@@ -152,7 +152,7 @@ def test_each_lineage_is_fitted_to_its_own_traffic(tmp_path):
     """`min_new_groups` and `canary_fraction` fitted per lineage: a quiet tenant beside a
     busy one waits for what its own last ten minutes gave the judge, not for the busy one's
     count, and canaries the share its own pace needs."""
-    from onjob.deploy import fit
+    from onjob.deploy.decide import fit
     from onjob.proxy import ProxySettings
     from onjob.proxy.tenants import Tenants
 

@@ -272,7 +272,8 @@ def test_canary_held_out_and_compare_prompts_leave_untrained_keys_out(tmp_path):
     import datetime
 
     from onjob.collector import Collector, CollectorSettings
-    from onjob.deploy import compare, prompts
+    from onjob.deploy import compare
+    from onjob.deploy.decide import prompts
 
     db = tmp_path / "onjob.duckdb"
     store = Store(db)

@@ -1,4 +1,4 @@
-"""What a candidate's test is tested on (`deploy/prompts.py`): a sample of the traffic it
+"""What a candidate's test is tested on (`deploy/decide/prompts.py`): a sample of the traffic it
 would serve. Turns, not conversations, are sampled; each draw keeps a whole day's mix of
 tool-call and answer turns and hours; a prompt in the words of one the candidate trained
 on is not a fresh prompt. Real DuckDB files; the rows as the proxy logs them."""
@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from onjob.collector import Store
-from onjob.deploy import prompts
+from onjob.deploy.decide import prompts
 from onjob.proxy.tenants import Lineage
 
 from .conftest import record_trained

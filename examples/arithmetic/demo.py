@@ -40,8 +40,10 @@ import msgspec
 from onjob import bundled
 from onjob.cli.process import EngineProcess, ServerProcess
 from onjob.collector import Store
-from onjob.deploy import deployments, ledger, progress, registry, stats
-from onjob.deploy.pairs import rule_of
+from onjob.deploy import progress
+from onjob.deploy.act import deployments, registry
+from onjob.deploy.decide import ledger, stats
+from onjob.deploy.decide.pairs import rule_of
 from onjob.deploy.records import Routing
 from onjob.deploy.settings import LoopSettings
 
@@ -99,7 +101,7 @@ def example_of(o: Options) -> Example:
 
 def demo_loop(o: Options) -> dict:
     """The demo's `[loop]`, the same for every example: what a loop fits to the traffic
-    (`deploy/fit.py`: the held-out share, the groups that start a run) is left unset."""
+    (`deploy/decide/fit.py`: the held-out share, the groups that start a run) is left unset."""
     return dict(DEMO_LOOP)
 
 

@@ -113,7 +113,7 @@ def offline(settings, fn):
     """`fn(store)` on the database opened by this process (which must exist: a command
     that found no server makes none); its storage and deploy errors are refusals."""
     from ..collector import StorageError, Store
-    from ..deploy.deployments import DeployError
+    from ..deploy.act.deployments import DeployError
 
     db = settings.collector.db
     if not Path(db).exists():

@@ -81,7 +81,7 @@ def _forget_here(settings, what) -> dict:
     """`onjob forget` on the database file, the spool and the snapshots, by this process."""
     from ..collector import StorageError, Store
     from ..collector.forget import forget, scrub
-    from ..deploy.training import drop_snapshots
+    from ..deploy.act.training import drop_snapshots
 
     if not Path(settings.collector.db).exists():
         raise Refused(f"no database at {settings.collector.db}")

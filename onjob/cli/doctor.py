@@ -5,7 +5,7 @@ engine as it runs (its flags, its version, its environment), not for how it was 
 be started:
 
 - runtime LoRA loading: an unload of a name no engine has must be answered "cannot be
-  found", which only the route that exists gives (`deploy/adapters.py` reads the answer);
+  found", which only the route that exists gives (`deploy/act/adapters.py` reads the answer);
   with `--adapter DIR`, a real adapter is also loaded, asked and unloaded;
 - the sampler's logprobs and token ids on a chat completion (the trainer needs both), and
   their definition where the engine states it (`onjob.logprobs`: vLLM's model list does
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import httpx
 
-from ..deploy import adapters
+from ..deploy.act import adapters
 from ..logprobs import TRAINED
 from .common import CONFIG, load_settings
 from .exits import Exit, Failed

@@ -34,7 +34,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
 
 
 def train_child(snapshot_path: Path, out: Path, settings_file: Path | None, parent: Path | None):
-    """The child's side of `deploy.training.train` (`onjob train --snapshot`): torch is
+    """The child's side of `deploy.act.training.train` (`onjob train --snapshot`): torch is
     imported here and only here, in a process of its own."""
     from ..trainer import NothingToTrain, TrainerError, TrainSettings
     from ..trainer.loop import train as run
@@ -58,8 +58,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..collector import Collector, StorageError
+    from ..deploy.act.training import live_checkpoint, train
     from ..deploy.errors import DeployError, TrainingFailed
-    from ..deploy.training import live_checkpoint, train
 
     if args.jobs:
         from .train_job import watch

@@ -19,7 +19,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
     from .. import bundled
     from ..collector import StorageError, Store
-    from ..deploy import registry
+    from ..deploy.act import registry
 
     settings = load_settings(args, collector=given(db=args.db))
     if args.action == "add" and not (args.path and args.name):
@@ -93,7 +93,7 @@ def _show_route(row: Routing, online: bool) -> None:
 
 
 def cmd_route(args: argparse.Namespace) -> int:
-    from ..deploy import deployments
+    from ..deploy.act import deployments
     from ..proxy.tenants import Tenants, UnknownTenant
 
     command = args.command
@@ -129,7 +129,8 @@ def cmd_route(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from ..deploy import deployments, fair, fit, registry, reviews
+    from ..deploy.act import deployments, registry, reviews
+    from ..deploy.decide import fair, fit
     from ..judge import Agreement, judge_agreement
     from ..proxy.tenants import Tenants
 

@@ -17,10 +17,10 @@ import uvicorn
 from .. import dashboard
 from ..collector import Collector, Store
 from ..deploy import admin
-from ..deploy.judging import engine_client
+from ..deploy.act.engine import engine_client
+from ..deploy.act.operator import Operator
+from ..deploy.decide.trust import static_mode
 from ..deploy.loop import PeriodicLoop
-from ..deploy.operator import Operator
-from ..deploy.trust import static_mode
 from ..proxy import (
     ProxySettings,
     Router,

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..deploy.training import NOTHING_TO_TRAIN
+from ..deploy.act.training import NOTHING_TO_TRAIN
 
 SNAPSHOTS = "/snapshots/"
 

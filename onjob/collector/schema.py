@@ -371,7 +371,7 @@ WHERE status < 400;
     + _REBUILT_WITH_OPENINGS
 )
 
-# Each alias's stream of release candidates (`deploy/ledger.py`): candidate k is tested at
+# Each alias's stream of release candidates (`deploy/decide/ledger.py`): candidate k is tested at
 # its share of `loop.alpha` (6 alpha / (pi^2 k^2)), so k must survive restarts, or a
 # restarted server would hand out alpha again; outcomes drive the back-off after
 # rollbacks and the daily training budget.
@@ -410,7 +410,7 @@ CREATE TABLE reviews (
 );
 """
 
-# A canary's rounds (`deploy/ledger.py`): the loop's looks at the canary of one routing
+# A canary's rounds (`deploy/decide/ledger.py`): the loop's looks at the canary of one routing
 # (`rounds_of`, the `deployments` row's ts), so its cap in rounds survives a restart.
 V16_CANARY_ROUNDS = """
 ALTER TABLE candidates ADD COLUMN rounds INTEGER DEFAULT 0;
@@ -434,7 +434,7 @@ ALTER TABLE feedback ADD COLUMN metric VARCHAR;
 
 # How many times each group was judged (`judge/tables.save_scores`): a pair the referee
 # could not score is judged again up to `loop.rejudge_attempts` times before it counts
-# as the candidate's loss (`deploy/pairs.py`).
+# as the candidate's loss (`deploy/decide/pairs.py`).
 V19_JUDGE_ATTEMPTS = """
 ALTER TABLE groups ADD COLUMN attempts INTEGER DEFAULT 0;
 """

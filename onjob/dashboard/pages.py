@@ -25,11 +25,13 @@ from litestar.static_files import create_static_files_router
 
 from ..collector import Collector
 from ..collector.scope import lineage_name
-from ..deploy import deployments, pairs, progress, reviews
+from ..deploy import progress
+from ..deploy.act import deployments, reviews
+from ..deploy.act.operator import Operator
 from ..deploy.admin import ERRORS
+from ..deploy.decide import pairs
+from ..deploy.decide.verdict import decide
 from ..deploy.loop import OFF, LoopState, PeriodicLoop
-from ..deploy.operator import Operator
-from ..deploy.release import decide
 from ..deploy.settings import DeploySettings
 from ..judge import judge_agreement
 from ..judge.rollouts import json_value

@@ -32,9 +32,11 @@ from ..proxy import Router
 from ..proxy.auth import Doors
 from ..proxy.errors import BadRequest, Conflict
 from ..proxy.tenants import Tenants, UnknownTenant
-from . import adapters, deployments, fit, progress, registry, reviews, training
+from . import progress
+from .act import adapters, deployments, registry, reviews, training
+from .act.operator import Operator
+from .decide import fit
 from .loop import OFF, LoopState, PeriodicLoop
-from .operator import Operator
 from .records import Change, ServerStatus
 from .settings import DeploySettings
 

@@ -21,11 +21,12 @@ from ..collector.ids import new_id
 from ..collector.scope import KeyScope
 from ..judge import rewards, sampling
 from ..proxy.tenants import Tenants
-from . import adapters, registry, stats
+from .act import adapters, registry
+from .act.engine import engine_client
+from .decide import stats
+from .decide.pairs import ab_outcomes, paired_round
+from .decide.prompts import TRAINED_CONVERSATIONS
 from .errors import NothingToJudge, UnknownCheckpoint
-from .judging import engine_client
-from .pairs import ab_outcomes, paired_round
-from .prompts import TRAINED_CONVERSATIONS
 from .settings import DeploySettings
 
 BASE = ("base", "")

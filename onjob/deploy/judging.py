@@ -1,29 +1,15 @@
-"""`onjob judge`, and the judge's client to the engine (the server runs the judge in its loop)."""
+"""`onjob judge`: judge passes on a database no server holds (the server runs them in its loop)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 
-import httpx
-
 from ..collector import Collector
 from ..judge import run_pass
-from . import fair, fit
+from .act.engine import engine_client
+from .decide import fair, fit
 from .settings import DeploySettings
-
-
-def engine_client(settings: DeploySettings, url: str | None = None) -> httpx.AsyncClient:
-    """The judge's own client to the engine (off the hot path: httpx is fine here); with
-    `url`, the same for another engine (the operator's loads and the health checks)."""
-    token = settings.proxy.engine_token
-    return httpx.AsyncClient(
-        base_url=url or settings.proxy.engine_url,
-        headers={"Authorization": f"Bearer {token}"} if token else None,
-        timeout=httpx.Timeout(
-            settings.judge.request_timeout_s, connect=settings.proxy.connect_timeout_s
-        ),
-    )
 
 
 async def judge(settings: DeploySettings, *, once: bool, echo: Callable[[str], None]) -> None:

@@ -34,10 +34,12 @@ from ..judge import JudgeError, run_pass
 from ..proxy import Router
 from ..proxy.tenants import Tenants
 from ..trainer import snapshot
-from . import deployments, fair, fit, holdout, ledger, release, training
+from . import release
+from .act import deployments, training
+from .act.engine import engine_client
+from .act.operator import Operator
+from .decide import fair, fit, holdout, ledger
 from .errors import DeployError, LoopOff
-from .judging import engine_client
-from .operator import Operator
 from .records import Routing
 from .settings import DeploySettings
 

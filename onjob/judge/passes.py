@@ -410,7 +410,7 @@ def combine(
 def cap_truncated(cap: float, combined: dict[str, float], rollouts) -> dict[str, float]:
     """A training group's answers cut at their token cap (`finish_reason: length`) reward at
     most `cap`. The release path stops a candidate whose answers are cut more often than
-    live's (`deploy/shape.py`), so a reward that pays for a rambling answer that holds
+    live's (`deploy/decide/shape.py`), so a reward that pays for a rambling answer that holds
     the right words (partial credit) trains candidates the guard then refuses; DAPO's
     overlong shaping, at its simplest. Pairs (`ab` groups) keep the referee's word."""
     cut = {r.member_id for r in rollouts if r.finish_reason == "length"}

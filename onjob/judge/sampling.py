@@ -21,7 +21,7 @@ from .settings import JudgeSettings
 
 # What the client asked that must not shape the alternatives: they are sampled fresh,
 # whole, with the trainer's fields on (a client seed would make every pass draw the same
-# alternatives; the paired test sets its own, `deploy.pairs.pair_seed`).
+# alternatives; the paired test sets its own, `deploy.decide.pairs.pair_seed`).
 # `include_reasoning` too: false removes the token ids and logprobs a sample needs (the
 # proxy refuses it; rows logged before that may carry it).
 _DROP = {

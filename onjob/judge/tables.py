@@ -162,7 +162,7 @@ def add_failed_ab_group(
     store: Store, prefix: dict, checkpoints: list[str | None], *, test: str, arm: str, reason: str
 ) -> str:
     """A pair that could not be sampled: `arm` ("a", "b", or "both") failed to answer. It
-    stays in the record so the comparison can count it (`deploy.pairs`)."""
+    stays in the record so the comparison can count it (`deploy.decide.pairs`)."""
     group_id = new_id("group-")
     store.con.execute(
         "INSERT INTO groups (id, scenario_id, prefix_exchange, kind, checkpoints, status, "
@@ -243,7 +243,7 @@ def add_trajectory_group(store: Store, scenario_id: str, trajectories: list[dict
 
 def groups_to_score(store: Store, limit: int) -> list[dict]:
     """The judge pass's work: sampled groups, never `ab` pairs. A pair is evidence for a
-    release test and is judged by that test's referee (`deploy.pairs`), which retries
+    release test and is judged by that test's referee (`deploy.decide.pairs`), which retries
     the ones left unscored; scored here with the coach's settings, it would be judged by
     the reward the candidate was trained on."""
     return store.query(

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import httpx
 
-from ..collector import Collector
-from ..judge import JudgeSettings, SamplingFailed, sampling, tables
-from ..judge.passes import PassReport, score_group
+from ...collector import Collector
+from ...judge import JudgeSettings, SamplingFailed, sampling, tables
+from ...judge.passes import PassReport, score_group
+from ..records import Routing
+from ..settings import DeploySettings, GateSettings, LoopSettings
 from . import ledger, stats
-from .records import Routing
-from .settings import DeploySettings, GateSettings, LoopSettings
 
 
 async def paired_round(

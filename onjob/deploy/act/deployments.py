@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 
-from ..collector import Store
+from ...collector import Store
+from ..errors import DeployError, RoutingChanged
+from ..records import ROUTING_COLUMNS, Arms, Routing
 from . import registry
-from .errors import DeployError, RoutingChanged
-from .records import ROUTING_COLUMNS, Arms, Routing
 
 
 def current(store: Store) -> dict[str, Routing]:

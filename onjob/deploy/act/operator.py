@@ -16,11 +16,11 @@ import logging
 import httpx
 import msgspec
 
-from ..collector import Collector
-from ..proxy import Router
-from ..proxy.pool import Pool, Replica
+from ...collector import Collector
+from ...proxy import Router
+from ...proxy.pool import Pool, Replica
+from ..records import Change, Routing
 from . import adapters, deployments, registry
-from .records import Change, Routing
 
 log = logging.getLogger("onjob.deploy")
 

@@ -20,17 +20,18 @@ from pathlib import Path
 import httpx
 import msgspec
 
-from .. import published
-from ..bucket import BucketError
-from ..collector import Collector, budgets
-from ..collector.ids import new_id
-from ..proxy.tenants import Lineage, Tenants
-from ..trainer import jobs, snapshot
-from ..trainer.manifest import Manifest
-from ..trainer.records import checkpoint_path, record_run, record_skipped
-from . import deployments, fit, host
-from .errors import TrainingFailed, UnknownCheckpoint
-from .settings import DeploySettings
+from ... import published
+from ...bucket import BucketError
+from ...collector import Collector, budgets
+from ...collector.ids import new_id
+from ...proxy.tenants import Lineage, Tenants
+from ...trainer import jobs, snapshot
+from ...trainer.manifest import Manifest
+from ...trainer.records import checkpoint_path, record_run, record_skipped
+from ..decide import fit
+from ..errors import TrainingFailed, UnknownCheckpoint
+from ..settings import DeploySettings
+from . import deployments, host
 
 NOTHING_TO_TRAIN = 3
 

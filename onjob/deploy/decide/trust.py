@@ -33,8 +33,8 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
-from ..judge import agreement
-from .settings import DeploySettings, LoopSettings
+from ...judge import agreement
+from ..settings import DeploySettings, LoopSettings
 
 Mode = Literal["referee", "users", "review"]
 

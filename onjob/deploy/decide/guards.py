@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..proxy.tenants import Lineage
+from ...proxy.tenants import Lineage
+from ..settings import LoopSettings
 from . import shape, stats, trust
-from .settings import LoopSettings
 
 
 @dataclass(frozen=True)

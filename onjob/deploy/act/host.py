@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 
 import httpx
 
-from ..trainer import TrainSettings
+from ...trainer import TrainSettings
 
 
 def cores() -> int:

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..collector import Store, budgets
-from ..collector.scope import lineage_name
-from ..judge import KeyBudget
-from ..proxy.tenants import Tenants
-from .settings import DeploySettings
+from ...collector import Store, budgets
+from ...collector.scope import lineage_name
+from ...judge import KeyBudget
+from ...proxy.tenants import Tenants
+from ..settings import DeploySettings
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import httpx
 
-from .errors import AdapterPathUnreadable, EngineControlError, EngineUnreachable
+from ..errors import AdapterPathUnreadable, EngineControlError, EngineUnreachable
 
 # The setting that says where checkpoints are written (the trainer's, in the server's
 # settings), named in the error when the engine cannot read one.

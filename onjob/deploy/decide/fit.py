@@ -38,11 +38,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..collector.scope import KeyScope
-from ..judge import JudgeSettings
-from ..judge.settings import SETTLE_S
+from ...collector.scope import KeyScope
+from ...judge import JudgeSettings
+from ...judge.settings import SETTLE_S
+from ..settings import DeploySettings
 from . import holdout
-from .settings import DeploySettings
 
 HOLDOUT_RANGE = (0.1, 0.3)
 MIN_GROUPS = 4

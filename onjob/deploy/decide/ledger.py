@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
+from ..settings import LoopSettings
 from . import stats
-from .settings import LoopSettings
 
 Outcome = Literal["promoted", "rolled_back", "stopped"]
 MAX_BACKOFF_S = 86400.0

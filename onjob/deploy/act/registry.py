@@ -17,9 +17,9 @@ import struct
 from pathlib import Path
 from typing import get_args
 
-from ..collector import Store
-from .errors import RegistryError
-from .records import CHECKPOINT_COLUMNS, Checkpoint, Status
+from ...collector import Store
+from ..errors import RegistryError
+from ..records import CHECKPOINT_COLUMNS, Checkpoint, Status
 
 STATUSES: tuple[Status, ...] = get_args(Status)
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 
-from ..collector import Store
-from . import trust
+from ...collector import Store
+from ..decide import trust
+from ..records import Routing
+from ..settings import DeploySettings
 from .deployments import current
-from .records import Routing
-from .settings import DeploySettings
 
 
 def mark(store: Store, alias: str, routing: Routing, *, reason: str, evidence: dict) -> dict:

@@ -41,9 +41,9 @@ import random
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from ..collector import rebuilt
-from ..judge.tables import CALLED
-from ..proxy.tenants import Lineage
+from ...collector import rebuilt
+from ...judge.tables import CALLED
+from ...proxy.tenants import Lineage
 
 PROFILE = timedelta(days=1)  # the traffic whose mix a fresh sample reproduces
 PART_HOURS = 6  # the day in quarters: its strata by time

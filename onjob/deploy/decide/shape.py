@@ -31,10 +31,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from ..judge.rollouts import json_value
-from ..proxy.tenants import Lineage
+from ...judge.rollouts import json_value
+from ...proxy.tenants import Lineage
+from ..settings import LoopSettings
 from . import stats
-from .settings import LoopSettings
 
 # Short answers vary by a few tokens ("4" against "4 or 7"): a ratio alone would call
 # that rambling. An answer must be this many tokens over the bound as well.
