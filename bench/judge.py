@@ -47,7 +47,7 @@ async def run(args) -> dict:
     )
     rows, first_prompt = [], None
     with EngineProcess(["--threads", str(args.threads)]) as engine:
-        settings.api_base = engine.url
+        settings = settings.model_copy(update={"api_base": engine.url})
         async with httpx.AsyncClient(base_url=engine.url, timeout=600) as client:
             for i in range(args.groups):
                 messages = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]

@@ -227,7 +227,8 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
     log_to_stderr()
     if settings.engine.start and p.engine_token is None:
         # The child's adapter routes answer this process alone, not every local process.
-        p.engine_token = secrets.token_urlsafe(32)
+        p = p.model_copy(update={"engine_token": secrets.token_urlsafe(32)})
+        settings = settings.model_copy(update={"proxy": p})
     app = build_app(settings, workers)
     supervisor, gave_up = None, []
     with Signals().installed() as signals:

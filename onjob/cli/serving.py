@@ -106,7 +106,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         engine={"start": True} if args.start_engine else {},
     )
     # After the TOML's `[engine] args`: the command line's flags win (argparse keeps the last).
-    settings.engine.args = [*settings.engine.args, *engine_flags]
+    engine = settings.engine.model_copy(update={"args": [*settings.engine.args, *engine_flags]})
+    settings = settings.model_copy(update={"engine": engine})
     try:
         serve(settings, argv=sys.argv[1:])
     except (StorageError, RuntimeError, TimeoutError, OSError) as exc:

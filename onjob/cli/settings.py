@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -41,6 +41,8 @@ class SettingsError(OnjobError, ValueError):
 
 
 class ChildEngine(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
     start: bool = Field(False, description="start `onjob engine` on engine_url's port")
     args: list[str] = Field(
         default_factory=list, description='more `onjob engine` flags, e.g. ["--threads", "1"]'
@@ -59,6 +61,7 @@ class ServeSettings(DeploySettings, BaseSettings):
     plus the process-level ones (telemetry, the child engine)."""
 
     model_config = SettingsConfigDict(
+        frozen=True,
         env_prefix=_ENV_PREFIX,
         env_nested_delimiter="__",
         extra="ignore",

@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Literal
 
 from opentelemetry.trace import Tracer
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class TelemetrySettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
     exporter: Literal["none", "console", "otlp"] = Field(
         "none",
         description="where spans go; otlp needs `pip install -e '.[otlp]'` in onjob's checkout",

@@ -6,12 +6,14 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Fsync = Literal["never", "segment", "always"]  # when a spool line reaches the disk
 
 
 class CollectorSettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
     db: Path = Path("onjob.duckdb")
     spool_dir: Path | None = Field(None, description="default: <db>.spool beside the database")
     flush_interval_s: float = Field(0.25, gt=0, description="how often the spool is loaded")

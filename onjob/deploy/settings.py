@@ -23,6 +23,8 @@ class GateSettings(BaseModel):
     it was trained on (e.g. exact success while training pays partial credit). Empty: the
     training reward (judge.model and judge.rewards)."""
 
+    model_config = ConfigDict(frozen=True)
+
     model: str | None = Field(
         None, description="a RULER judge (litellm model name) for paired comparisons"
     )
@@ -55,7 +57,7 @@ class GateSettings(BaseModel):
 class TenantBudget(BaseModel):
     """One tenant's daily share of the trainer and the judge (unset: none of its own)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     train_minutes_per_day: float | None = Field(
         None, gt=0, description="minutes of training runs for the tenant's lineages"
@@ -67,6 +69,8 @@ class TenantBudget(BaseModel):
 
 class LoopSettings(BaseModel):
     """resample -> judge -> train -> canary -> compare -> decide, inside `onjob serve`."""
+
+    model_config = ConfigDict(frozen=True)
 
     interval_s: float = Field(
         30.0, ge=0, description="seconds between the loop's iterations (0: never)"
@@ -258,6 +262,8 @@ class LoopSettings(BaseModel):
 
 class DeploySettings(BaseModel):
     """What deploy's functions take: each package's section, composed once by the CLI."""
+
+    model_config = ConfigDict(frozen=True)
 
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     collector: CollectorSettings = Field(default_factory=CollectorSettings)

@@ -10,7 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class EngineSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="ONJOB_ENGINE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ONJOB_ENGINE_", extra="ignore", frozen=True)
 
     backend: Literal["local", "vllm"] = "local"
     model: str | None = Field(None, description="local model directory; the bundled model if unset")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from .rubric import DEFAULT_RUBRIC
 
 
 class RewardFn(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
     fn: str = Field(description="a Python callable as `module:function`, returning a float")
     weight: float = Field(1.0, ge=0)
 
@@ -26,6 +28,8 @@ SETTLE_S = 120.0  # `JudgeSettings.settled_s` where the loop fitted no settle_s
 
 
 class JudgeSettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
     # Turn groups: alternatives re-sampled for logged exchanges.
     group_size: int = Field(
         8,

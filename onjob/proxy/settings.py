@@ -5,18 +5,22 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..collector.scope import SEPARATOR
 from ..logprobs import TRAINED, LogprobsMode
 
 
 class Canary(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
     checkpoint: str = Field(min_length=1)
     fraction: float = Field(0.1, ge=0, le=1)
 
 
 class ProxySettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535)
     engine_url: str = Field(
@@ -186,18 +190,22 @@ class ProxySettings(BaseModel):
         "shared spool (collector.spool_dir) and forwards the rest there",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _judge_on_the_first_replica(cls, data):
+        # The judge re-samples the checkpoints, so its engine must be one the operator loads
+        # them into: unset, the first of `engine_urls`.
+        if isinstance(data, dict) and data.get("engine_urls") and "engine_url" not in data:
+            data = {**data, "engine_url": data["engine_urls"][0]}
+        return data
+
     @model_validator(mode="after")
     def _judge_on_a_replica(self) -> ProxySettings:
-        # The judge re-samples the checkpoints, so its engine must be one the operator loads
-        # them into.
-        if self.engine_urls:
-            if "engine_url" not in self.model_fields_set:
-                self.engine_url = self.engine_urls[0]
-            elif self.engine_url not in self.engine_urls:
-                raise ValueError(
-                    f"engine_url {self.engine_url} is not one of engine_urls: the judge would "
-                    "sample from an engine no adapter is loaded into"
-                )
+        if self.engine_urls and self.engine_url not in self.engine_urls:
+            raise ValueError(
+                f"engine_url {self.engine_url} is not one of engine_urls: the judge would "
+                "sample from an engine no adapter is loaded into"
+            )
         return self
 
     @property

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # LoRA targets per architecture family (`config.model_type`): every attention and MLP
 # projection, under the names the family uses (vLLM serves adapters on these). Phi-3
@@ -26,6 +26,8 @@ TARGETS = {
 
 
 class TrainSettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
     base_model: Path | None = Field(None, description="model directory (default: bundled)")
     checkpoints_dir: Path = Field(Path("checkpoints"), description="where adapters are written")
 
