@@ -282,6 +282,11 @@ def test_a_keyless_server_starting_its_engine_still_controls_its_adapters(
             f"{server.base}/admin/canary", json=body, headers=admin_of(db), timeout=120
         )
         assert set_canary.status_code == 200, set_canary.text
+        # The loop is off, so no verdict was recorded: the A/B page says so rather than
+        # deciding on its own (it shows what the loop recorded, `ledger.recorded`).
+        page = httpx.get(f"{server.base}/dashboard/ab", headers=admin_of(db), timeout=30)
+        assert page.status_code == 200, page.text
+        assert "No verdict yet" in page.text and "loop is off" in page.text
 
 
 def test_the_dashboard_refuses_before_it_runs_a_query():

@@ -175,10 +175,10 @@ def test_a_candidate_that_loses_on_the_held_out_slice_is_stopped_before_serving_
     # referee): the slice's own test shows it worse than live where nobody trained.
     assert checked.decision == "rollback", checked.reason
     assert "worse than live on the held-out slice" in checked.reason
-    held = checked.evidence["held_out"]
-    assert held["pairs"] == 24 and held["losses"] == 24
-    assert held["worse_e_value"] >= 1 / s.loop.beta
-    assert checked.evidence["paired"]["pairs"] == 0  # the release test's own pairs: none
+    held = checked.evidence.held_out
+    assert held.pairs == 24 and held.losses == 24
+    assert held.worse_e_value >= 1 / s.loop.beta
+    assert checked.evidence.paired.pairs == 0  # the release test's own pairs: none
     # What the loop does with it: retired, the routing unchanged, the reason on record.
     store = Store(s.collector.db)
     try:
@@ -203,8 +203,8 @@ def test_a_candidate_that_does_not_lose_on_the_held_out_slice_may_become_the_can
         tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, GateSettings()
     )
     assert checked.decision != "rollback", checked.reason
-    held = checked.evidence["held_out"]
-    assert held["pairs"] == 24 and held["losses"] == 0 and not held["worse"]
+    held = checked.evidence.held_out
+    assert held.pairs == 24 and held.losses == 0 and not held.worse
 
 
 def test_the_judge_spends_nothing_on_held_out_scenarios(tmp_path, engine):

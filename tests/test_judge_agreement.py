@@ -243,21 +243,21 @@ def test_a_judge_that_disagrees_with_users_stops_what_it_trained_and_rolls_back_
     store = Store(db)
     try:
         contrary = trust.agreement_guard(store, ["fn:agrees", "fn:contrary"], s)
-        assert "fn:contrary" in contrary["tripped"] and "agreement" in contrary["tripped"]
-        assert set(contrary["judges"]) == {"fn:agrees", "fn:contrary"}
-        assert trust.agreement_guard(store, ["fn:agrees"], s)["tripped"] is None
+        assert "fn:contrary" in contrary.tripped and "agreement" in contrary.tripped
+        assert set(contrary.judges) == {"fn:agrees", "fn:contrary"}
+        assert trust.agreement_guard(store, ["fn:agrees"], s).tripped is None
         # No feedback pairs for this judge: no evidence against it.
-        assert trust.agreement_guard(store, ["ruler:some-model"], s)["tripped"] is None
+        assert trust.agreement_guard(store, ["ruler:some-model"], s).tripped is None
         # parity is at chance (24 of 42 pairs, 95% up to 0.71): past a 0.6 bound, not 0.8.
-        assert trust.agreement_guard(store, ["fn:parity"], s)["tripped"] is None
+        assert trust.agreement_guard(store, ["fn:parity"], s).tripped is None
         strict = LoopSettings(min_judge_agreement=0.8)
-        assert trust.agreement_guard(store, ["fn:parity"], strict)["tripped"]
+        assert trust.agreement_guard(store, ["fn:parity"], strict).tripped
         off = LoopSettings(min_judge_agreement=None)
-        assert trust.agreement_guard(store, ["fn:contrary"], off)["tripped"] is None
+        assert trust.agreement_guard(store, ["fn:contrary"], off).tripped is None
 
         stopped = decide(store, judged_by("contrary"), "ckpt-x", None)
         assert stopped.decision == "rollback" and "fn:contrary" in stopped.reason
-        assert stopped.evidence["shape"]["judges"]["tripped"]
+        assert stopped.evidence.shape.judges.tripped
         unchecked = decide(store, judged_by("agrees"), "ckpt-x", None)  # no pairs yet
         assert unchecked.decision == "wait", unchecked.reason
 

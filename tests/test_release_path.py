@@ -119,8 +119,8 @@ def test_a_pair_the_judge_cannot_score_is_the_candidates_loss(tmp_path):
     tally, missing = outcomes(db, "t1")
     assert (tally.pairs, tally.losses, tally.wins) == (6, 6, 0)
     assert pairs.unjudged(missing) == 6
-    assert {(m["why"], m["counted"]) for m in missing} == {("unjudged", "loss")}
-    assert "cannot grade" in missing[0]["reason"]
+    assert {(m.why, m.counted) for m in missing} == {("unjudged", "loss")}
+    assert "cannot grade" in missing[0].reason
 
 
 def test_ab_pairs_are_never_scored_by_the_coach_and_the_referee_retries_them(tmp_path):
@@ -132,7 +132,7 @@ def test_ab_pairs_are_never_scored_by_the_coach_and_the_referee_retries_them(tmp
     asyncio.run(paired(db, JudgeSettings(group_size=1), prompts, "t2"))  # nobody scores
     tally, missing = outcomes(db, "t2")
     assert (tally.pairs, tally.losses) == (4, 4)
-    assert {m["reason"] for m in missing} == {"not scored yet"}
+    assert {m.reason for m in missing} == {"not scored yet"}
     store = Store(db)
     try:
         assert tables.groups_to_score(store, 100) == []
@@ -444,5 +444,5 @@ def test_the_kl_guard_reads_the_drift_on_the_candidates_own_answers(
         guard = trust.kl_guard(store, "drifted", LoopSettings(max_kl_to_base=0.5))
     finally:
         store.close()
-    assert (guard["kl_to_base"], guard["kl_to_base_own"]) == (0.01, 0.9)
-    assert guard["tripped"] and "0.9 nats per token" in guard["tripped"]
+    assert (guard.kl_to_base, guard.kl_to_base_own) == (0.01, 0.9)
+    assert guard.tripped and "0.9 nats per token" in guard.tripped

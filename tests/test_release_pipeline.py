@@ -10,10 +10,12 @@ import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 
+import msgspec
+
 from onjob.collector import Store
 from onjob.deploy import release
 from onjob.deploy.act import deployments
-from onjob.deploy.decide import pairs, prompts, verdict
+from onjob.deploy.decide import ledger, pairs, prompts, verdict
 from onjob.deploy.records import Routing
 from onjob.deploy.settings import GateSettings
 from onjob.judge.settings import RewardFn
@@ -188,6 +190,34 @@ def test_an_open_canary_ends_after_its_wall_time(tmp_path):
         # A person reviewing it is not rushed by the clock.
         waiting = verdict.decide(store, s, "ckpt-x", None, routing, rounds=1, capped=False)
         assert waiting.decision == "wait"
+    finally:
+        store.close()
+
+
+def test_the_verdict_the_loop_recorded_is_read_back_whole_and_only_for_its_routing(tmp_path):
+    """What the dashboard shows (`ledger.recorded`): the verdict the loop reached at its
+    last look, its evidence typed as it was, and nothing for another routing of the same
+    checkpoint."""
+    s = settings(tmp_path / "onjob.duckdb", "partial", gate=EXACT)
+    store = Store(s.collector.db)
+    try:
+        started = datetime.now(UTC) - timedelta(days=2)
+        routing = Routing(
+            ts=started, model_alias="agent", live=None, canary="ckpt-x", fraction=0.5,
+            reason="by hand", actor="test", evidence=None,
+        )  # fmt: skip
+        assert ledger.recorded(store, "agent", routing) is None  # not looked at yet
+        found = verdict.decide(store, s, "ckpt-x", None, routing, rounds=1)
+        ledger.record(store, "agent", "ckpt-x", "canary", found)
+        seen = ledger.recorded(store, "agent", routing)
+        assert seen is not None and seen.verdict == found  # through JSON and back, typed
+        assert seen.verdict.evidence.guards.live.conversations == 0
+        assert seen.verdict.evidence.routing.since == started.isoformat()
+        again = msgspec.structs.replace(routing, ts=started + timedelta(hours=1))
+        assert ledger.recorded(store, "agent", again) is None  # a verdict on another routing
+        # An offline verdict is not a canary's.
+        ledger.record(store, "agent", "ckpt-x", "offline", found)
+        assert ledger.recorded(store, "agent", routing) is None
     finally:
         store.close()
 

@@ -169,7 +169,7 @@ def test_without_a_referee_the_hedging_canary_is_ready_for_review_not_promoted(
     try:
         assert registry.get(store, "ckpt-hack").status == "review"
         release = reviews.status(store, s)
-        assert release["mode"]["mode"] == "review" and not release["mode"]["automatic"]
+        assert release["mode"].mode == "review" and not release["mode"].automatic
         review = release["reviews"]["agent"]
         assert review["checkpoint"] == "ckpt-hack"
         assert review["evidence"]["paired"]["wins"] >= 12
@@ -198,7 +198,8 @@ def test_without_a_referee_the_hedging_canary_is_ready_for_review_not_promoted(
 
     # A referee configured since does not end the wait: these pairs were judged by the
     # coach, not by it.
-    s.loop.gate = GateSettings(rewards={"exact": RewardFn(fn="tests.hacking_rewards:exact")})
+    gate = GateSettings(rewards={"exact": RewardFn(fn="tests.hacking_rewards:exact")})
+    s = s.model_copy(update={"loop": s.loop.model_copy(update={"gate": gate})})
     routing, said = asyncio.run(again())
     assert (routing.live, routing.canary) == (None, "ckpt-hack"), said
     assert "ready for review since" in said

@@ -168,7 +168,7 @@ def test_a_pair_being_judged_again_holds_the_pairs_after_it():
         weighed = pairs.weigh(store, "agent", "ckpt-wait", tests, PRODUCTION)
         paired = weighed.paired
         assert (paired.pairs, paired.pending, paired.unjudged) == (1, 9, 0)
-        assert [m["counted"] for m in weighed.missing] == ["pending"]
+        assert [m.counted for m in weighed.missing] == ["pending"]
         assert "9 more waiting" in weighed.decide()[1]
         store.query("UPDATE groups SET attempts = ? WHERE status = 'failed'",
                     [PRODUCTION.rejudge_attempts])  # fmt: skip
@@ -321,15 +321,15 @@ def test_a_candidate_worse_on_the_held_out_slice_is_stopped(tmp_path, name, pair
         checked = decide(store, DeploySettings(loop=PRODUCTION), f"ckpt-{name}", None)
         assert checked.decision == "rollback", checked.reason
         assert "worse than live on the held-out slice" in checked.reason, checked.reason
-        held = checked.evidence["held_out"]
-        assert held["worse"] and held["worse_e_value"] >= 1 / PRODUCTION.beta
+        held = checked.evidence.held_out
+        assert held.worse and held.worse_e_value >= 1 / PRODUCTION.beta
         # The slice is its own test: none of its pairs are the release test's.
-        assert checked.evidence["e_process"]["pairs"] == 0
+        assert checked.evidence.e_process.pairs == 0
         # A candidate that wins the same slice goes on.
         _judged_pairs(store, "ckpt-good", [0.3] * 12)
         good = decide(store, DeploySettings(loop=PRODUCTION), "ckpt-good", None)
         assert good.decision == "wait", good.reason  # on: more pairs, or the canary
-        assert good.evidence["held_out"]["wins"] == 12 and not good.evidence["held_out"]["worse"]
+        assert good.evidence.held_out.wins == 12 and not good.evidence.held_out.worse
     finally:
         store.close()
 

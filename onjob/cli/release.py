@@ -7,6 +7,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from .common import CONFIG, DATABASE, ENGINE, SERVER, ask_admin, given, load_settings, offline
 from .exits import Exit, Failed, Refused
 
@@ -49,7 +51,6 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     import asyncio
-    import json
     from pathlib import Path
 
     from ..collector import StorageError
@@ -81,7 +82,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise Refused(str(exc)) from exc
     except JudgeError as exc:  # the judge failed while the comparison ran
         raise Failed(str(exc)) from exc
-    print(json.dumps(result, indent=2) if args.json else render(result))
+    print(
+        msgspec.json.format(msgspec.json.encode(result)).decode() if args.json else render(result)
+    )
     return Exit.OK
 
 
@@ -144,7 +147,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 registry.checkpoints(st),
                 deployments.history(st, 10),
                 judge_agreement(st),
-                reviews.status(st, settings),
+                msgspec.to_builtins(reviews.status(st, settings)),  # as the server sends it
                 fit.current(st, settings).as_dict(),
                 {t: share.as_dict() for t, share in fair.shares(st, settings).items()},
             )
@@ -216,7 +219,7 @@ def _show_release(release: dict) -> None:
             print(
                 f"  pairs: {paired.get('wins')} wins, {paired.get('ties')} ties, "
                 f"{paired.get('losses')} losses of {paired.get('pairs')} "
-                f"(win rate {paired.get('win_rate', 0):.2f}; unjudged "
+                f"(win rate {paired.get('win_rate') or 0:.2f}; unjudged "
                 f"{e.get('unjudged_pairs', 0)}), judged by {', '.join(e.get('referee') or [])}"
             )
         for name, guard in (e.get("shape") or {}).items():

@@ -439,6 +439,15 @@ V19_JUDGE_ATTEMPTS = """
 ALTER TABLE groups ADD COLUMN attempts INTEGER DEFAULT 0;
 """
 
+# The last verdict the loop reached on each candidate (`deploy/decide/ledger.py`: `record`),
+# at its offline test or a look at its canary, with its evidence: what the dashboard shows
+# instead of deciding again on every page view.
+V20_VERDICTS = """
+ALTER TABLE candidates ADD COLUMN verdict JSON;
+ALTER TABLE candidates ADD COLUMN verdict_stage VARCHAR;
+ALTER TABLE candidates ADD COLUMN verdict_at TIMESTAMPTZ;
+"""
+
 MIGRATIONS: list[str] = [
     V1,
     V2,
@@ -459,6 +468,7 @@ MIGRATIONS: list[str] = [
     V17_EXPORT_QUEUE,
     V18_FEEDBACK_METRIC,
     V19_JUDGE_ATTEMPTS,
+    V20_VERDICTS,
 ]
 
 

@@ -29,8 +29,8 @@ from ..deploy import progress
 from ..deploy.act import deployments, reviews
 from ..deploy.act.operator import Operator
 from ..deploy.admin import ERRORS
-from ..deploy.decide import pairs
-from ..deploy.decide.verdict import decide
+from ..deploy.decide import ledger, pairs
+from ..deploy.decide.evidence import Evidence
 from ..deploy.loop import OFF, LoopState, PeriodicLoop
 from ..deploy.settings import DeploySettings
 from ..judge import judge_agreement
@@ -304,23 +304,29 @@ async def ab(site: Site) -> Response:
     settings = site.settings
 
     def read(store):
+        # Each canary's verdict as the loop last recorded it (`ledger.record`), not decided
+        # again here: the page shows what the loop acts on, and costs a read.
         running, paths = {}, {}
         for alias, r in deployments.current(store).items():
             if r.canary:
-                running[alias] = decide(store, settings, r.canary, r.live, r)
-                tests = running[alias].evidence["tests"]
-                paths[alias] = pairs.path(store, tests, settings.loop)
+                running[alias] = ledger.recorded(store, alias, r)
+                if running[alias] is not None:
+                    tests = running[alias].verdict.evidence.tests
+                    paths[alias] = pairs.path(store, tests, settings.loop)
         return running, paths, deployments.history(store, 100), reviews.status(store, settings)
 
     running, paths, history, release = await site.collector.query(read)
     charts = {
-        alias: _chart_data(_ab_chart(v.evidence, paths[alias])) for alias, v in running.items()
+        alias: _chart_data(_ab_chart(seen.verdict.evidence, paths[alias]))
+        for alias, seen in running.items()
+        if seen is not None
     }
     return render(
         "ab.html",
         refresh=True,
         running=running,
         charts=charts,
+        interval_s=settings.loop.interval_s,
         history=history,
         rule=settings.loop,
         release=release,
@@ -342,17 +348,20 @@ async def act(site: Site, data: Act) -> Any:
     return await change(data.lineage, reason=data.reason, actor="dashboard")
 
 
-def _ab_chart(evidence: dict, path: list[dict]) -> dict:
+def _ab_chart(evidence: Evidence, path: list[dict]) -> dict:
     """What the A/B page draws for one canary: the e-values after each pair against the two
     thresholds, the wins, ties and losses, and each arm's latency on real traffic."""
-    test, paired, guards = evidence["e_process"], evidence["paired"], evidence.get("guards")
+    test, paired, guards = evidence.e_process, evidence.paired, evidence.guards
     return {
         "path": path,
-        "promote_at": test["promote_at"],
-        "rollback_at": test["rollback_at"],
-        "outcomes": {k: paired[k] for k in ("wins", "ties", "losses")},
+        "promote_at": test.promote_at,
+        "rollback_at": test.rollback_at,
+        "outcomes": {"wins": paired.wins, "ties": paired.ties, "losses": paired.losses},
         # each arm's median conversation on real traffic since the canary started
-        "latency": {arm: (guards or {}).get(arm, {}).get("p50_ms") for arm in ("live", "canary")},
+        "latency": {
+            "live": guards.live.p50_ms if guards else None,
+            "canary": guards.canary.p50_ms if guards else None,
+        },
     }
 
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+import msgspec
 
 from ..collector import Collector, rebuilt
 from ..collector.ids import new_id
@@ -24,7 +25,8 @@ from ..proxy.tenants import Tenants
 from .act import adapters, registry
 from .act.engine import engine_client
 from .decide import stats
-from .decide.pairs import ab_outcomes, paired_round
+from .decide.evidence import Tally
+from .decide.pairs import Missing, ab_outcomes, paired_round
 from .decide.prompts import TRAINED_CONVERSATIONS
 from .errors import NothingToJudge, UnknownCheckpoint
 from .settings import DeploySettings
@@ -43,7 +45,7 @@ async def compare(
     samples: int = 1,
     tenant: str | None = None,
     echo=print,
-) -> dict:
+) -> Comparison:
     """`tenant`: logged prompts of its keys alone (none: of every key but
     `proxy.untrained_keys`)."""
     started = time.perf_counter()
@@ -74,11 +76,23 @@ async def compare(
             )
             test = new_id("compare:")
             groups = await paired_round(db, engine, s, fns, chosen, models, test=test, echo=echo)
-            result = await db.query(lambda st: _outcomes(st, groups))
+            by_scenario, failed = await db.query(
+                lambda st: ab_outcomes(
+                    st, "list_contains(?, g.id)", [groups], missing_is_loss=False
+                )
+            )
     finally:
         await db.close()
-    result.update(a=a, b=b, judge=s.scorers, seconds=time.perf_counter() - started)
-    return result
+    everything = [o for outs in by_scenario.values() for o in outs]
+    return Comparison(
+        a=a,
+        b=b,
+        judge=s.scorers,
+        seconds=time.perf_counter() - started,
+        overall=Tally.of(stats.tally(everything)),
+        scenarios={k: Tally.of(stats.tally(v)) for k, v in sorted(by_scenario.items())},
+        failed=failed,
+    )
 
 
 async def _ensure_loaded(db: Collector, engine: httpx.AsyncClient, name: str, base: str):
@@ -138,34 +152,33 @@ async def _prompts(
     return await db.query(lambda st: st.query(sql, params))
 
 
-def _outcomes(store, group_ids: list[str]) -> dict:
-    by_scenario, failed = ab_outcomes(
-        store, "list_contains(?, g.id)", [group_ids], missing_is_loss=False
-    )
-    everything = [o for outs in by_scenario.values() for o in outs]
-    return {
-        "overall": stats.tally(everything).as_dict(),
-        "scenarios": {k: stats.tally(v).as_dict() for k, v in sorted(by_scenario.items())},
-        "failed": failed,
-    }
+class Comparison(msgspec.Struct, kw_only=True):
+    """`onjob compare`'s answer: B's pairs against A's, overall and per scenario, and the
+    pairs that could not be judged (B's failures are among the losses)."""
+
+    a: str
+    b: str
+    judge: list[str]
+    seconds: float
+    overall: Tally
+    scenarios: dict[str, Tally]
+    failed: list[Missing]
 
 
-def render(result: dict) -> str:
+def render(result: Comparison) -> str:
     lines = [
-        f"B = {result['b']} against A = {result['a']}, judged by {', '.join(result['judge'])}",
+        f"B = {result.b} against A = {result.a}, judged by {', '.join(result.judge)}",
         f"{'scenario':<32} {'pairs':>5} {'B wins':>6} {'ties':>5} {'A wins':>6}  "
         "B win rate [95% CI]",
     ]
-    rows = [*result["scenarios"].items(), ("overall", result["overall"])]
-    for name, r in rows:
-        low, high = r["ci95"]
+    for name, r in [*result.scenarios.items(), ("overall", result.overall)]:
+        low, high = r.ci95
+        rate = "–" if r.win_rate is None else f"{r.win_rate:.2f}"
         lines.append(
-            f"{name[:32]:<32} {r['pairs']:>5} {r['wins']:>6} {r['ties']:>5} {r['losses']:>6}  "
-            f"{r['win_rate']:.2f} [{low:.2f}, {high:.2f}]"
+            f"{name[:32]:<32} {r.pairs:>5} {r.wins:>6} {r.ties:>5} {r.losses:>6}  "
+            f"{rate} [{low:.2f}, {high:.2f}]"
         )
-    if result["failed"]:
-        lines.append(
-            f"{len(result['failed'])} pairs could not be judged: {result['failed'][0]['reason']}"
-        )
-    lines.append(f"({result['seconds']:.1f} s)")
+    if result.failed:
+        lines.append(f"{len(result.failed)} pairs could not be judged: {result.failed[0].reason}")
+    lines.append(f"({result.seconds:.1f} s)")
     return "\n".join(lines)

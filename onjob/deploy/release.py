@@ -18,8 +18,9 @@
                    its coach alone: a person decides, `reviews`), or rolled back, each with
                    its reason in the `deployments` log
 
-`decide` (`decide/verdict.py`) is the one verdict, for both stages. Every step reads its state from DuckDB, so
-one killed anywhere is picked up by the next iteration without repeating a pair.
+`decide` (`decide/verdict.py`) is the one verdict, for both stages. Every step reads its
+state from DuckDB, so one killed anywhere is picked up by the next iteration without
+repeating a pair.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class Release:
 async def trained(r: Release, *, live: str | None, candidate: str, trained_on: int) -> None:
     """A recorded candidate: its offline test, then its canary, or stopped with the reason."""
     verdict = await offline_test(r, live=live, candidate=candidate)
+    await r.db.query(lambda st: ledger.record(st, r.alias, candidate, "offline", verdict))
     r.echo(f"offline test of {candidate} against {live or 'base'}: {verdict.reason}")
     if verdict.decision == "rollback":
         await r.db.query(lambda st: ledger.settle(st, r.alias, candidate, "stopped"))
@@ -165,9 +167,9 @@ async def canary_round(r: Release, routing: Routing) -> None:
             lineage=r.lineage,
         )
     )
-    verdict.evidence["referee"] = s.scorers
     mode = await r.db.query(lambda st: trust.release_mode(st, r.settings, candidate))
-    verdict.evidence["release_mode"] = mode.as_dict()
+    verdict.evidence.referee, verdict.evidence.release_mode = s.scorers, mode
+    await r.db.query(lambda st: ledger.record(st, r.alias, candidate, "canary", verdict))
     against = f"canary {candidate} against {live or 'base'}"
     # Under review, only a rollback (a guard tripped since) or a promotion that has become
     # the loop's own ends the wait: users' feedback now checks the coach. A referee set

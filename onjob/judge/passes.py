@@ -257,8 +257,9 @@ async def _score_groups(
     async def one(group: dict) -> None:
         async with gate:
             await score_group(
-                db, s, fns, group, report, echo, rng, untrained=untrained, key_budgets=key_budgets
-            )
+                db, s, fns, group["id"], group["kind"], report, echo, rng,
+                untrained=untrained, key_budgets=key_budgets,
+            )  # fmt: skip
 
     await asyncio.gather(*(one(g) for g in groups))
 
@@ -267,7 +268,8 @@ async def score_group(
     db,
     s: JudgeSettings,
     fns,
-    group,
+    group_id: str,
+    kind: str,
     report: PassReport,
     echo,
     rng,
@@ -275,17 +277,17 @@ async def score_group(
     untrained: frozenset[str] = frozenset(),
     key_budgets: tuple[KeyBudget, ...] = (),
 ) -> None:
-    rows = await db.query(lambda store: tables.members_of(store, group["id"]))
+    rows = await db.query(lambda store: tables.members_of(store, group_id))
     exchanges = [r["exchange_id"] for r in rows]
     owners = await db.query(lambda store: tables.owners(store, exchanges))
     keys = tenants.member_keys(owners)
     refused = tenants.refusal(keys, untrained)
     if refused is not None:  # no scorer, RULER's provider least of all, sees it
         report.failed += 1
-        echo(f"  group {group['id']}: not scored: {refused}")
+        echo(f"  group {group_id}: not scored: {refused}")
         await db.query(
             lambda store: tables.save_scores(
-                store, group["id"], status="failed", reason=refused, judgements=[], scores=[]
+                store, group_id, status="failed", reason=refused, judgements=[], scores=[]
             )
         )
         return
@@ -319,22 +321,22 @@ async def score_group(
     if failures:
         status, reason = "failed", "; ".join(failures)
         report.failed += 1
-        echo(f"  group {group['id']}: not scored: {reason}")
+        echo(f"  group {group_id}: not scored: {reason}")
     else:
         status, reason = "scored", None
         combined = combine(s, by_member)
-        if group["kind"] != "ab" and s.truncated_reward is not None:
+        if kind != "ab" and s.truncated_reward is not None:
             combined = cap_truncated(s.truncated_reward, combined, rollouts)
         scores += [(m, "combined", v, None) for m, v in combined.items()]
         report.scored += 1
         echo(
-            f"  group {group['id']} ({group['kind']}, {len(rollouts)} members): rewards "
+            f"  group {group_id} ({kind}, {len(rollouts)} members): rewards "
             + " ".join(f"{combined[r.member_id]:.2f}" for r in rollouts)
             + f" in {time.perf_counter() - started:.1f} s"
         )
     await db.query(
         lambda store: tables.save_scores(
-            store, group["id"], status=status, reason=reason, judgements=judgements, scores=scores
+            store, group_id, status=status, reason=reason, judgements=judgements, scores=scores
         )
     )
 

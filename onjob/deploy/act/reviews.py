@@ -16,12 +16,13 @@ import json
 
 from ...collector import Store
 from ..decide import trust
+from ..decide.evidence import Evidence, to_json
 from ..records import Routing
 from ..settings import DeploySettings
 from .deployments import current
 
 
-def mark(store: Store, alias: str, routing: Routing, *, reason: str, evidence: dict) -> dict:
+def mark(store: Store, alias: str, routing: Routing, *, reason: str, evidence: Evidence) -> dict:
     """Record that `routing`'s canary is ready for review (once per routing)."""
     with store.transaction():
         found = _of(store, alias, routing)
@@ -29,7 +30,7 @@ def mark(store: Store, alias: str, routing: Routing, *, reason: str, evidence: d
             store.con.execute(
                 "INSERT INTO reviews (model_alias, checkpoint, routing_ts, ts, reason, "
                 "evidence) VALUES (?, ?, ?, now(), ?, ?)",
-                [alias, routing.canary, routing.ts, reason, json.dumps(evidence)],
+                [alias, routing.canary, routing.ts, reason, to_json(evidence)],
             )
             store.con.execute(
                 "UPDATE checkpoints SET status = 'review' WHERE name = ? AND status = 'canary'",
@@ -71,6 +72,6 @@ def status(store: Store, settings: DeploySettings) -> dict:
     """The release mode and the reviews waiting (`/admin/status`, `onjob status`, the
     dashboard)."""
     return {
-        "mode": trust.release_mode(store, settings).as_dict(),
+        "mode": trust.release_mode(store, settings),
         "reviews": waiting(store),
     }

@@ -10,23 +10,29 @@ and latency per conversation, and the shape of its answers, against live's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from ...proxy.tenants import Lineage
 from ..settings import LoopSettings
 from . import shape, stats, trust
+from .evidence import Alarm, ArmService, Service
 
 
-@dataclass(frozen=True)
-class Guard:
+class Guard(msgspec.Struct, frozen=True):
+    """One guard by its name, with its figures and its outcome (`found`)."""
+
     name: str
-    tripped: str | None  # why the candidate must go, or None
-    holding: str | None  # why a promotion must wait, or None
-    evidence: dict
+    found: Alarm
 
-    @classmethod
-    def of(cls, name: str, found: dict) -> Guard:
-        return cls(name, found.get("tripped"), found.get("holding"), found)
+    @property
+    def tripped(self) -> str | None:
+        """Why the candidate must go, or None."""
+        return self.found.tripped
+
+    @property
+    def holding(self) -> str | None:
+        """Why a promotion must wait, or None."""
+        return self.found.holding
 
 
 def on_candidate(
@@ -35,11 +41,11 @@ def on_candidate(
     """The guards that see the candidate, served or not: its paired answers' shape, its
     drift from the base model, and whether its judges agree with users."""
     return [
-        Guard.of(
+        Guard(
             "pairs", shape.guards(shape.paired_samples(store, tests), settings, "paired samples")
         ),
-        Guard.of("kl", trust.kl_guard(store, candidate, settings)),
-        Guard.of("judges", trust.agreement_guard(store, list(judges), settings)),
+        Guard("kl", trust.kl_guard(store, candidate, settings)),
+        Guard("judges", trust.agreement_guard(store, list(judges), settings)),
     ]
 
 
@@ -48,12 +54,12 @@ def on_traffic(store, lineage: Lineage, since, settings: LoopSettings) -> list[G
     started."""
     answers = shape.real_traffic(store, lineage, since)
     return [
-        Guard.of("service", _errors_and_latency(store, lineage, since, settings)),
-        Guard.of("traffic", shape.guards(answers, settings, "real traffic")),
+        Guard("service", _errors_and_latency(store, lineage, since, settings)),
+        Guard("traffic", shape.guards(answers, settings, "real traffic")),
     ]
 
 
-def _errors_and_latency(store, lineage: Lineage, since, settings: LoopSettings) -> dict:
+def _errors_and_latency(store, lineage: Lineage, since, settings: LoopSettings) -> Service:
     """Errors and latency per conversation on each arm since the canary began; no
     promotion before each arm served `min_guard_conversations` conversations. Errors are
     the engine's and onjob's (a canary whose adapter fails counts), not the client's (400,
@@ -79,48 +85,48 @@ def _errors_and_latency(store, lineage: Lineage, since, settings: LoopSettings) 
     arms: dict[str, list[dict]] = {"live": [], "canary": []}
     for r in rows:
         arms[r["arm"]].append(r)
-    out: dict = {}
+    seen = {}
     for arm, convs in arms.items():
         times = sorted(c["latency_ms"] for c in convs if c["latency_ms"] is not None)
-        out[arm] = {
-            "conversations": len(convs),
-            "failed": sum(bool(c["failed"]) for c in convs),
-            "p50_ms": times[len(times) // 2] if times else None,
-        }
-    out["tripped"], out["holding"] = None, None
-    live, canary = out["live"], out["canary"]
+        seen[arm] = ArmService(
+            conversations=len(convs),
+            failed=sum(bool(c["failed"]) for c in convs),
+            p50_ms=times[len(times) // 2] if times else None,
+        )
+    out = Service(live=seen["live"], canary=seen["canary"])
+    live, canary = out.live, out.canary
     a = settings.alpha / 2  # two guards
     errors = stats.increase(
-        (canary["failed"], canary["conversations"]),
-        (live["failed"], live["conversations"]),
+        (canary.failed, canary.conversations),
+        (live.failed, live.conversations),
         settings.max_error_increase,
         a,
     )
     if errors:
-        c_rate = canary["failed"] / canary["conversations"]
-        l_rate = live["failed"] / live["conversations"]
+        c_rate = canary.failed / canary.conversations
+        l_rate = live.failed / live.conversations
         said = f"canary conversations failed {c_rate:.1%} against live {l_rate:.1%}"
         if errors == "trip":
-            out["tripped"] = f"error guard: {said} (more than +{settings.max_error_increase:.0%})"
+            out.tripped = f"error guard: {said} (more than +{settings.max_error_increase:.0%})"
         else:
-            out["holding"] = f"the error guard holds: {said}"
-    if not out["tripped"] and live["p50_ms"]:
-        bound = settings.max_latency_ratio * live["p50_ms"]
+            out.holding = f"the error guard holds: {said}"
+    if not out.tripped and live.p50_ms:
+        bound = settings.max_latency_ratio * live.p50_ms
         timed = [c for c in arms["canary"] if c["latency_ms"] is not None]
         slow = sum(c["latency_ms"] > bound for c in timed)
         said = (
             f"{slow} of {len(timed)} canary conversations slower than "
-            f"{settings.max_latency_ratio:g} x live's median ({live['p50_ms']:.0f} ms)"
+            f"{settings.max_latency_ratio:g} x live's median ({live.p50_ms:.0f} ms)"
         )
         latency = stats.majority(slow, len(timed), a)
         if latency == "trip":
-            out["tripped"] = f"latency guard: {said}"
-        elif latency == "hold" and not out["holding"]:
-            out["holding"] = f"the latency guard holds: {said}"
+            out.tripped = f"latency guard: {said}"
+        elif latency == "hold" and not out.holding:
+            out.holding = f"the latency guard holds: {said}"
     need = settings.min_guard_conversations
-    if not out["holding"] and min(live["conversations"], canary["conversations"]) < need:
-        out["holding"] = (
-            f"the guards need {need} conversations per arm (live {live['conversations']}, "
-            f"canary {canary['conversations']})"
+    if not out.holding and min(live.conversations, canary.conversations) < need:
+        out.holding = (
+            f"the guards need {need} conversations per arm (live {live.conversations}, "
+            f"canary {canary.conversations})"
         )
     return out

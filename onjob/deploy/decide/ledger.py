@@ -17,6 +17,9 @@ The same rows ration training: `waits` says why the next run must wait, a daily 
 new candidates (`loop.max_candidates_per_day`) or a back-off after candidates in a row
 that were not promoted (`loop.backoff_s`, doubled each time, up to a day), so a loop
 that keeps failing spends its alpha, and the engine's time, slowly.
+
+And each candidate's last verdict (`record`, `recorded`): what the loop decided at its
+offline test or its canary's last look, with the evidence, for the dashboard to show.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
+from ..records import Routing
 from ..settings import LoopSettings
 from . import stats
+from .evidence import Recorded, Stage, Verdict
 
 Outcome = Literal["promoted", "rolled_back", "stopped"]
 MAX_BACKOFF_S = 86400.0
@@ -129,6 +134,35 @@ def settle(
         "UPDATE candidates SET outcome = ?, decided = ? WHERE alias = ? AND checkpoint = ?",
         [outcome, now or datetime.now(UTC), alias, checkpoint],
     )
+
+
+def record(store, alias: str, checkpoint: str, stage: Stage, verdict: Verdict) -> None:
+    """The verdict the loop just reached on the candidate (entered first, if it never was):
+    the one the dashboard shows until the next."""
+    enter(store, alias, checkpoint)
+    store.query(
+        "UPDATE candidates SET verdict = ?, verdict_stage = ?, verdict_at = now() "
+        "WHERE alias = ? AND checkpoint = ?",
+        [verdict.encode(), stage, alias, checkpoint],
+    )
+
+
+def recorded(store, alias: str, routing: Routing) -> Recorded | None:
+    """The last verdict on `routing`'s canary as that routing's canary (None before the
+    loop's first look at it: a verdict on an earlier routing of the same checkpoint, or
+    its offline test's, is not about this one)."""
+    rows = store.query(
+        "SELECT verdict, verdict_stage, verdict_at FROM candidates "
+        "WHERE alias = ? AND checkpoint = ? AND verdict_stage = 'canary'",
+        [alias, routing.canary],
+    )
+    if not rows:
+        return None
+    verdict = Verdict.decode(rows[0]["verdict"])
+    seen = verdict.evidence.routing
+    if seen is None or seen.since != routing.ts.isoformat():
+        return None
+    return Recorded(stage="canary", verdict=verdict, at=rows[0]["verdict_at"])
 
 
 def count_round(store, alias: str, checkpoint: str, routing_ts: datetime) -> int:

@@ -18,8 +18,10 @@ import math
 import random
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Literal
 
 import httpx
+import msgspec
 
 from ...collector import Collector
 from ...judge import JudgeSettings, SamplingFailed, sampling, tables
@@ -27,6 +29,19 @@ from ...judge.passes import PassReport, score_group
 from ..records import Routing
 from ..settings import DeploySettings, GateSettings, LoopSettings
 from . import ledger, stats
+from .evidence import HeldOutState, TestState
+
+
+class Missing(msgspec.Struct, frozen=True, kw_only=True):
+    """A pair without a judged comparison, and how its test counts it (`ab_outcomes`)."""
+
+    group: str
+    reason: str
+    arm: Literal["a", "both"] | None  # the arm that could not answer, if one could not
+    why: Literal["unjudged", "unsampled"]
+    counted: Literal["loss", "excluded", "pending"]
+    attempts: int = 0  # a pending pair's judgements so far
+    behind: int = 0  # a pending pair: how many later pairs wait for it
 
 
 async def paired_round(
@@ -78,7 +93,7 @@ async def paired_round(
                 )
             drawn = {arm: (models[arm][1], x) for arm, x in zip(arms, answers, strict=True)}
             group_id = await db.query(lambda st: tables.add_ab_group(st, prefix, drawn, test=test))
-            await score_group(db, s, fns, {"id": group_id, "kind": "ab"}, report, echo, rng)
+            await score_group(db, s, fns, group_id, "ab", report, echo, rng)
             return group_id
 
     return list(await asyncio.gather(*(one(p) for p in prefixes)))
@@ -93,7 +108,7 @@ def pair_seed(test: str, prefix: dict) -> int:
 
 def ab_outcomes(
     store, where: str, params: list, *, missing_is_loss: bool = True, attempts: int | None = None
-) -> tuple[dict[str, list[float]], list[dict]]:
+) -> tuple[dict[str, list[float]], list[Missing]]:
     """Every pair of a test, counted. Per scenario, the paired difference of each `ab`
     pair (b's mean score - a's, in [-1, 1]; b is the candidate), and the pairs without a
     judged comparison.
@@ -124,7 +139,7 @@ def ab_outcomes(
 
 def _judged(
     store, where: str, params: list, missing_is_loss: bool, attempts: int | None = None
-) -> tuple[list[tuple[str, float]], list[dict]]:
+) -> tuple[list[tuple[str, float]], list[Missing]]:
     """`ab_outcomes`' pairs as (scenario, difference), in the order they were made (group
     ids sort by creation) up to the first pending one, and the pairs without a judged
     comparison."""
@@ -147,7 +162,7 @@ def _judged(
         if r["origin"] is not None:
             g.setdefault(r["origin"], []).append(r["score"])
     judged: list[tuple[str, float]] = []
-    missing = []
+    missing: list[Missing] = []
     ordered = sorted(groups.items())  # ids sort by creation: the pairs' order
     for i, (group_id, g) in enumerate(ordered):
         a, b = g.get("a") or [], g.get("b") or []
@@ -159,9 +174,9 @@ def _judged(
         reason = g["reason"] or ("not scored yet" if g["status"] == "sampled" else "no score")
         if _pending(g, missing_is_loss, attempts):
             missing.append(
-                {"group": group_id, "reason": reason, "arm": None, "why": "unjudged",
-                 "counted": "pending", "attempts": g["attempts"] or 0,
-                 "behind": len(ordered) - i - 1}
+                Missing(group=group_id, reason=reason, arm=None, why="unjudged",
+                        counted="pending", attempts=g["attempts"] or 0,
+                        behind=len(ordered) - i - 1)
             )  # fmt: skip
             break
         loses = arm != "a" if missing_is_loss else arm == "b"
@@ -171,9 +186,7 @@ def _judged(
         if arm == "b":
             continue
         why = "unsampled" if arm else "unjudged"
-        missing.append(
-            {"group": group_id, "reason": reason, "arm": arm, "why": why, "counted": counted}
-        )
+        missing.append(Missing(group=group_id, reason=reason, arm=arm, why=why, counted=counted))
     return judged, missing
 
 
@@ -185,9 +198,9 @@ def _pending(group: dict, missing_is_loss: bool, attempts: int | None) -> bool:
     return group["status"] in ("sampled", "failed") and (group["attempts"] or 0) < attempts
 
 
-def unjudged(missing: list[dict]) -> int:
+def unjudged(missing: list[Missing]) -> int:
     """How many of `ab_outcomes`' second list are losses for want of a judgement."""
-    return sum(m["why"] == "unjudged" and m["counted"] == "loss" for m in missing)
+    return sum(m.why == "unjudged" and m.counted == "loss" for m in missing)
 
 
 async def rejudge(
@@ -208,7 +221,7 @@ async def rejudge(
     )
     report, rng = PassReport(), random.Random()
     for group in pending:
-        await score_group(db, s, fns, group, report, lambda _: None, rng)
+        await score_group(db, s, fns, group["id"], "ab", report, lambda _: None, rng)
     return len(pending)
 
 
@@ -268,19 +281,23 @@ class Weighed:
     rule: stats.Rule
     paired: stats.Paired
     level: ledger.Level
-    missing: list[dict]
+    missing: list[Missing]
 
     def decide(self) -> tuple[stats.Decision, str]:
         return self.rule.decide(self.paired, self.level.alpha)
 
-    def evidence(self) -> dict:
+    def evidence(self) -> TestState:
         """The test's part of what the dashboard and the deployments log show."""
         level = self.level
-        return self.rule.evidence(self.paired, level.alpha, level.k) | {
-            "rank": level.rank,
-            "period": level.period,
-            "carried": level.carried,
-        }
+        return TestState.of(
+            self.rule,
+            self.paired,
+            level.alpha,
+            level.k,
+            rank=level.rank,
+            period=level.period,
+            carried=level.carried,
+        )
 
 
 def weigh(store, alias: str, candidate: str, tests: list[str], settings: LoopSettings) -> Weighed:
@@ -324,20 +341,23 @@ class HeldOut:
             )
         return out
 
-    def evidence(self) -> dict:
+    def evidence(self) -> HeldOutState:
         """The slice's part of what the dashboard and the deployments log show."""
-        p = self.paired
-        tally = p.tally.as_dict()
-        if not p.pairs:  # no rate to show (nan is not JSON)
-            tally["win_rate"] = None
-        return tally | {
-            "unjudged": p.unjudged,
-            "pending": p.pending,
-            "mean_difference": p.mean if p.pairs else None,
-            "worse_e_value": math.exp(p.futile.log_e),
-            "stop_at": 1 / self.beta,
-            "worse": self.worse,
-        }
+        p, t = self.paired, self.paired.tally
+        return HeldOutState(
+            pairs=t.pairs,
+            wins=t.wins,
+            ties=t.ties,
+            losses=t.losses,
+            win_rate=t.rate if t.pairs else None,
+            ci95=t.interval(),
+            unjudged=p.unjudged,
+            pending=p.pending,
+            mean_difference=p.mean if p.pairs else None,
+            worse_e_value=math.exp(p.futile.log_e),
+            stop_at=1 / self.beta,
+            worse=self.worse,
+        )
 
 
 def held_out(store, candidate: str, live: str | None, settings: LoopSettings) -> HeldOut:
@@ -350,9 +370,9 @@ def held_out(store, candidate: str, live: str | None, settings: LoopSettings) ->
     return HeldOut(paired, settings.beta)
 
 
-def _count_missing(paired: stats.Paired, missing: list[dict]) -> None:
-    paired.unjudged = sum(m["counted"] == "loss" for m in missing)
-    paired.pending = sum(1 + m["behind"] for m in missing if m["counted"] == "pending")
+def _count_missing(paired: stats.Paired, missing: list[Missing]) -> None:
+    paired.unjudged = sum(m.counted == "loss" for m in missing)
+    paired.pending = sum(1 + m.behind for m in missing if m.counted == "pending")
 
 
 def _of_tests(store, tests: list[str], settings: LoopSettings):

@@ -35,6 +35,7 @@ from ...judge.rollouts import json_value
 from ...proxy.tenants import Lineage
 from ..settings import LoopSettings
 from . import stats
+from .evidence import ArmShape, Shape
 
 # Short answers vary by a few tokens ("4" against "4 or 7"): a ratio alone would call
 # that rambling. An answer must be this many tokens over the bound as well.
@@ -68,15 +69,15 @@ class Shapes:
         ):
             self.malformed += 1
 
-    def as_dict(self) -> dict:
+    def summary(self) -> ArmShape:
         lengths = sorted(self.lengths)
-        return {
-            "answers": self.answers,
-            "median_length": lengths[len(lengths) // 2] if lengths else None,
-            "empty": self.empty,
-            "truncated": self.truncated,
-            "malformed": self.malformed,
-        }
+        return ArmShape(
+            answers=self.answers,
+            median_length=lengths[len(lengths) // 2] if lengths else None,
+            empty=self.empty,
+            truncated=self.truncated,
+            malformed=self.malformed,
+        )
 
 
 def real_traffic(store, lineage: Lineage, since) -> dict[str, Shapes]:
@@ -121,10 +122,9 @@ def paired_samples(store, tests: list[str]) -> dict[str, Shapes]:
     return out
 
 
-def guards(arms: dict[str, Shapes], s: LoopSettings, source: str) -> dict:
+def guards(arms: dict[str, Shapes], s: LoopSettings, source: str) -> Shape:
     """The shape guards on one source: the counts, and what tripped or holds (or None)."""
     live, canary = arms["live"], arms["canary"]
-    out: dict = {"live": live.as_dict(), "canary": canary.as_dict()}
     tripped = holding = None
     alpha = s.alpha / 8  # a share of the verdict's alpha per guard
     for name, limit in (
@@ -156,8 +156,7 @@ def guards(arms: dict[str, Shapes], s: LoopSettings, source: str) -> dict:
             tripped = f"length guard: {said}"
         elif alarm == "hold":
             holding = holding or f"the length guard holds: {said}"
-    out["tripped"], out["holding"] = tripped, holding
-    return out
+    return Shape(live=live.summary(), canary=canary.summary(), tripped=tripped, holding=holding)
 
 
 def _json_object(arguments) -> bool:

@@ -54,17 +54,6 @@ class WinRate:
         half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
         return (max(0.0, centre - half), min(1.0, centre + half))
 
-    def as_dict(self) -> dict:
-        low, high = self.interval()
-        return {
-            "pairs": self.pairs,
-            "wins": self.wins,
-            "ties": self.ties,
-            "losses": self.losses,
-            "win_rate": self.rate,
-            "ci95": [low, high],
-        }
-
 
 def tally(differences: list[float]) -> WinRate:
     """Paired differences (B's score - A's) counted by their sign."""
@@ -274,24 +263,6 @@ class Rule:
         if won and not held:
             return "won", False
         return ("cap" if p.pairs >= self.max_pairs else "open"), held
-
-    def evidence(self, p: Paired, alpha: float, k: int | None = None) -> dict:
-        """What the dashboard and the deployments log show of the test."""
-        return {
-            "pairs": p.pairs,
-            "unjudged": p.unjudged,
-            "pending": p.pending,
-            "mean_difference": p.mean if p.pairs else None,
-            "e_value": math.exp(p.better.log_e),
-            "promote_at": 1 / alpha,
-            "futility_e_value": math.exp(p.futile.log_e),
-            "rollback_at": 1 / self.beta,
-            "margin": self.margin,
-            "delta": self.delta,
-            "alpha_k": alpha,
-            "k": k,
-            "beta": self.beta,
-        }
 
 
 Alarm = Literal["trip", "hold"] | None

@@ -15,7 +15,8 @@ whether the judges that trained and referee it agree with users.
   not follow users: nothing it trained or refereed is promoted (candidate stopped,
   canary rolled back). Judges without enough feedback are not held against anyone.
 
-Each returns `{"tripped": reason or None, ...the figures}`, like `shape.guards`.
+Each returns its figures with its outcome (`evidence.Drift`, `evidence.Agreement`), like
+`shape.guards`.
 
 And who may promote (`release_mode`): the loop promotes a canary by itself only when
 something other than its coach judges it. Either a referee (`loop.gate`) scores the
@@ -30,28 +31,10 @@ or `onjob rollback`).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Literal
 
 from ...judge import agreement
 from ..settings import DeploySettings, LoopSettings
-
-Mode = Literal["referee", "users", "review"]
-
-
-@dataclass(frozen=True)
-class ReleaseMode:
-    """Whether the loop may promote by itself, and why."""
-
-    mode: Mode
-    reason: str
-
-    @property
-    def automatic(self) -> bool:
-        return self.mode != "review"
-
-    def as_dict(self) -> dict:
-        return {"mode": self.mode, "automatic": self.automatic, "reason": self.reason}
+from .evidence import Agreement, Drift, ReleaseMode
 
 
 def static_mode(settings: DeploySettings) -> ReleaseMode:
@@ -60,13 +43,13 @@ def static_mode(settings: DeploySettings) -> ReleaseMode:
     gate = settings.loop.gate
     if gate.configured:
         names = ([f"ruler:{gate.model}"] if gate.model else []) + [f"fn:{n}" for n in gate.rewards]
-        return ReleaseMode(
+        return ReleaseMode.of(
             "referee",
             f"automatic: canaries are refereed by loop.gate ({', '.join(names)}), not by "
             "the reward they were trained on",
         )
     coach = ", ".join(settings.judge.scorers) or "feedback alone"
-    return ReleaseMode(
+    return ReleaseMode.of(
         "review",
         f"review: no loop.gate, so canaries are judged by their coach ({coach}); one that "
         "wins its pairs waits for `onjob promote` (automatic once users' feedback agrees "
@@ -102,8 +85,8 @@ def release_mode(store, settings: DeploySettings, candidate: str | None = None) 
             "; ".join(r.summary() for r in records[j]) or f"{j}: no rated pairs{on}"
             for j in unchecked
         )
-        return ReleaseMode("review", f"{mode.reason}; now: {said}")
-    return ReleaseMode(
+        return ReleaseMode.of("review", f"{mode.reason}; now: {said}")
+    return ReleaseMode.of(
         "users",
         f"automatic: users' feedback{on} agrees with the coach ("
         + "; ".join(r.summary() for j in coach for r in records[j])
@@ -111,9 +94,9 @@ def release_mode(store, settings: DeploySettings, candidate: str | None = None) 
     )
 
 
-def kl_guard(store, checkpoint: str | None, settings: LoopSettings) -> dict:
+def kl_guard(store, checkpoint: str | None, settings: LoopSettings) -> Drift:
     """The checkpoint's recorded KL to the base model against `loop.max_kl_to_base`."""
-    out: dict = {"kl_to_base": None, "bound": settings.max_kl_to_base, "tripped": None}
+    out = Drift(bound=settings.max_kl_to_base)
     if checkpoint is None:
         return out
     rows = store.query(
@@ -128,32 +111,32 @@ def kl_guard(store, checkpoint: str | None, settings: LoopSettings) -> dict:
     figures = [metrics.get(k) for k in ("kl_to_base", "kl_to_base_own")]
     figures = [f for f in figures if f is not None]
     kl = max(figures) if figures else None
-    out["kl_to_base"] = metrics.get("kl_to_base")
-    out["kl_to_base_own"] = metrics.get("kl_to_base_own")
+    out.kl_to_base = metrics.get("kl_to_base")
+    out.kl_to_base_own = metrics.get("kl_to_base_own")
     if kl is not None and settings.max_kl_to_base is not None and kl > settings.max_kl_to_base:
-        out["tripped"] = (
+        out.tripped = (
             f"KL guard: {checkpoint} is {kl:.3g} nats per token from the base model "
             f"(more than {settings.max_kl_to_base:g})"
         )
     return out
 
 
-def agreement_guard(store, judges: list[str], settings: LoopSettings) -> dict:
+def agreement_guard(store, judges: list[str], settings: LoopSettings) -> Agreement:
     """Each of `judges` (score sources: `ruler:<model>`, `fn:<name>`) with enough pairs
     with feedback, against `loop.min_judge_agreement`."""
     bound = settings.min_judge_agreement
-    out: dict = {"bound": bound, "judges": {}, "tripped": None}
+    out = Agreement(bound=bound)
     if bound is None or not judges:
         return out
     for record in agreement.judge_agreement(store, per_scenario=False):
         if record.judge not in judges:
             continue
         named = f" ({record.metric})" if record.metric else ""  # one record per metric
-        out["judges"][record.judge + named] = record.as_dict()
+        out.judges[record.judge + named] = record.as_dict()
         if record.verdict == "too few pairs" or record.accuracy_ci is None:
             continue
-        if record.accuracy_ci[1] < bound and out["tripped"] is None:
-            out["tripped"] = (
+        if record.accuracy_ci[1] < bound and out.tripped is None:
+            out.tripped = (
                 f"judge agreement guard: {record.summary()}; below {bound:.0%} agreement "
                 "with users, its rewards are not evidence"
             )

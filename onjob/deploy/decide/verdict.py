@@ -5,20 +5,14 @@ acts on it, the dashboard shows it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from ...proxy.tenants import Lineage, Tenants
 from ..records import Routing
 from ..settings import DeploySettings, LoopSettings
-from . import guards, pairs, stats
-
-
-@dataclass(frozen=True)
-class Verdict:
-    decision: stats.Decision  # offline: "promote" means the test passed, guards to come
-    reason: str
-    evidence: dict
+from . import guards, pairs
+from .evidence import Checks, Evidence, RoutingSeen, Tally, Verdict
 
 
 def lineage_of(settings: DeploySettings, name: str | None = None) -> Lineage:
@@ -57,8 +51,7 @@ def decide(
     weighed = pairs.weigh(store, alias, candidate, tests, loop)
     held = pairs.held_out(store, candidate, live, loop)
     rule, paired, alpha = weighed.rule, weighed.paired, weighed.level.alpha
-    evidence = _evidence(weighed, checks, tests, live, routing)
-    evidence["held_out"] = held.evidence()
+    evidence = _evidence(weighed, held, checks, tests, live, routing)
     if tripped := next((g.tripped for g in checks if g.tripped), None):
         return Verdict("rollback", f"{candidate}: {tripped}", evidence)
     if held.worse:
@@ -97,20 +90,34 @@ def _over_cap(loop: LoopSettings, routing: Routing, rounds: int, now: datetime |
     return ""
 
 
-def _evidence(weighed: pairs.Weighed, checks, tests, live, routing) -> dict:
+def _evidence(
+    weighed: pairs.Weighed,
+    held: pairs.HeldOut,
+    checks: list[guards.Guard],
+    tests: list[str],
+    live: str | None,
+    routing: Routing | None,
+) -> Evidence:
     """What the dashboard, `onjob status` and the deployments log show of a verdict."""
-    by_name = {g.name: g.evidence for g in checks}
-    evidence = {
-        "live": live,
-        "tests": tests,
-        "paired": weighed.paired.tally.as_dict(),
-        "unjudged_pairs": len(weighed.missing),  # every pair without a judged comparison
-        "e_process": weighed.evidence(),
-        "shape": {k: v for k, v in by_name.items() if k != "service"},
-    }
+    found = {g.name: g.found for g in checks}
+    evidence = Evidence(
+        live=live,
+        tests=tests,
+        paired=Tally.of(weighed.paired.tally),
+        unjudged_pairs=len(weighed.missing),
+        e_process=weighed.evidence(),
+        shape=Checks(
+            pairs=found["pairs"],
+            kl=found["kl"],
+            judges=found["judges"],
+            traffic=found.get("traffic"),
+        ),
+        held_out=held.evidence(),
+    )
     if routing is not None:
-        since = routing.ts.isoformat()
-        evidence["routing"] = {"live": live, "canary": routing.canary, "since": since}
-        evidence["test"] = tests[-1]
-        evidence["guards"] = by_name["service"]
+        evidence.routing = RoutingSeen(
+            live=live, canary=routing.canary, since=routing.ts.isoformat()
+        )
+        evidence.test = tests[-1]
+        evidence.guards = found["service"]
     return evidence
