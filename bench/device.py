@@ -250,7 +250,7 @@ def bench_train(model_dir: Path, work: Path, device: str, dtypes: list[str], arg
             continue
         wall = time.perf_counter() - t0
         history = manifest.history
-        seconds = [h["tokens"] / h["tokens_per_s"] for h in history]
+        seconds = [h.tokens / h.tokens_per_s for h in history]
         timed = history[1:] or history
         timed_s = seconds[1:] or seconds
         figure = {
@@ -263,10 +263,10 @@ def bench_train(model_dir: Path, work: Path, device: str, dtypes: list[str], arg
             "skipped_groups": manifest.metrics["skipped_groups"],
             "steps": len(history),
             "groups_per_step": args.groups_per_step,
-            "tokens_per_step": sum(h["tokens"] for h in timed) / len(timed),
+            "tokens_per_step": sum(h.tokens for h in timed) / len(timed),
             "seconds_per_step": statistics.median(timed_s),
             "first_step_s": seconds[0],
-            "trained_tokens_per_s": sum(h["tokens"] for h in timed) / sum(timed_s),
+            "trained_tokens_per_s": sum(h.tokens for h in timed) / sum(timed_s),
             "run_s": wall,
             "run_tokens_per_s": manifest.metrics["tokens"] / wall,
             "loss_first": manifest.metrics["loss_first"],

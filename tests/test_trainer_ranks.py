@@ -80,11 +80,11 @@ def test_two_ranks_on_gloo_train_what_one_process_trains(tmp_path, tiny_model_di
     assert two.metrics["ranks"] == 2 and one.metrics["ranks"] == 1
     assert two.metrics["ranks_weight_gap"] == 0.0
     # Each step's loss is one process's on the same groups: the two ranks' halves summed.
-    assert [h["step"] for h in two.history] == [1, 2]
+    assert [h.step for h in two.history] == [1, 2]
     for a, b in zip(one.history, two.history, strict=True):
-        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
-        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
-        assert a["tokens"] == b["tokens"] and a["reward_mean"] == pytest.approx(b["reward_mean"])
+        assert a.loss == pytest.approx(b.loss, rel=1e-5, abs=1e-7)
+        assert a.grad_norm == pytest.approx(b.grad_norm, rel=1e-4)
+        assert a.tokens == b.tokens and a.reward_mean == pytest.approx(b.reward_mean)
     # And so is the adapter it wrote: the same weights, up to the order of float sums.
     w1 = load_file(tmp_path / "one" / "adapter_model.safetensors")
     w2 = load_file(tmp_path / "two" / "adapter_model.safetensors")

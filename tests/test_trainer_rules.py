@@ -320,8 +320,8 @@ def test_the_ratio_starts_at_one_when_continuing_a_parent_written_with_dropout(
         echo=lambda _: None,
     )
     first = manifest.history[0]
-    assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
-    assert first["clip_fraction"] == 0
+    assert first.ratio_mean == pytest.approx(1.0, abs=1e-5)
+    assert first.clip_fraction == 0
     assert manifest.metrics["logprob_gap_step0_max"] < 1e-5
 
 
@@ -446,13 +446,13 @@ def test_the_learning_rate_warms_up_linearly_and_a_child_warms_up_to_its_own_rat
         kl_own_prompts=0,
     )
     one = train(snap, tmp_path / "one", settings, progress=False, echo=lambda _: None)
-    assert [h["lr"] for h in one.history] == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3, 1e-3])
+    assert [h.lr for h in one.history] == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3, 1e-3])
 
     child = settings.model_copy(update={"learning_rate": 3e-4, "warmup_steps": 2})
     two = train(
         snap, tmp_path / "two", child, parent=tmp_path / "one", progress=False, echo=lambda _: None
     )
-    assert [h["lr"] for h in two.history] == pytest.approx([1.5e-4, 3e-4, 3e-4, 3e-4])
+    assert [h.lr for h in two.history] == pytest.approx([1.5e-4, 3e-4, 3e-4, 3e-4])
 
 
 def test_two_epochs_make_two_passes_the_second_off_policy_under_the_clip(
@@ -469,6 +469,6 @@ def test_two_epochs_make_two_passes_the_second_off_policy_under_the_clip(
         progress=False, echo=lambda _: None,
     )  # fmt: skip
     history = manifest.history
-    assert [h["epoch"] for h in history] == [0, 0, 1, 1]
-    assert history[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
-    assert all(abs(h["ratio_mean"] - 1.0) > 1e-3 for h in history[2:]), history
+    assert [h.epoch for h in history] == [0, 0, 1, 1]
+    assert history[0].ratio_mean == pytest.approx(1.0, abs=1e-4)
+    assert all(abs(h.ratio_mean - 1.0) > 1e-3 for h in history[2:]), history

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
 from . import adapter
@@ -46,7 +47,7 @@ from .data import Group, Notes, Sequence, load
 from .errors import Diverged, NoDevice, NothingToTrain
 from .foreign import translated
 from .forward import Head, chunks, decoder_of, pack_limit, sampled_logprobs
-from .manifest import Manifest
+from .manifest import Dropped, Manifest, Step
 from .maths import LossParts, k3, k3_of_sampled, policy_loss, token_logprobs
 from .ranks import Ranks
 from .settings import TrainSettings
@@ -134,7 +135,7 @@ def _train(
         **_gap_metrics(gaps),
         **kl,
         "skipped_groups": len(skipped),
-        "dropped_steps": dropped,
+        "dropped_steps": msgspec.to_builtins(dropped),
         "ranks": ranks.world,
         "ranks_weight_gap": weight_gap,
     }
@@ -196,12 +197,14 @@ def _steps(
     progress: tuple,
     wandb,
     echo,
-) -> tuple[list[dict], int, list[dict]]:
+) -> tuple[list[Step], int, list[Dropped]]:
     """The run's steps, `groups_per_step` groups each, every epoch: the history of the
     steps applied, the tokens they trained on, and the steps dropped."""
     params, optimizer, schedule = optimizing
     step_done, progress_done = progress
-    history, tokens_seen, dropped = [], 0, []
+    history: list[Step] = []
+    dropped: list[Dropped] = []
+    tokens_seen = 0
     for epoch in range(s.epochs):
         for first in range(0, len(groups), s.groups_per_step):
             batch = groups[first : first + s.groups_per_step]
@@ -230,7 +233,7 @@ def _steps(
             history.append(record)
             step_done(record)
             if wandb:
-                wandb.log(record)
+                wandb.log(msgspec.to_builtins(record))
     progress_done()
     return history, tokens_seen, dropped
 
@@ -330,13 +333,13 @@ def _backward(
     return totals, [g for g in batch if g.id in set(trained)]
 
 
-def _dropped(epoch: int, batch: list[Group], loss: float, grad_norm: float, echo) -> dict:
+def _dropped(epoch: int, batch: list[Group], loss: float, grad_norm: float, echo) -> Dropped:
     """A step whose loss or gradient is not finite: not applied, said, recorded."""
     echo(
         f"a step of epoch {epoch}: loss {loss}, gradient norm "
         f"{grad_norm}: not applied (groups {', '.join(g.id for g in batch)})"
     )
-    return {"epoch": epoch, "groups": [g.id for g in batch], "loss": loss, "grad_norm": grad_norm}
+    return Dropped(epoch=epoch, groups=[g.id for g in batch], loss=loss, grad_norm=grad_norm)
 
 
 def _record(
@@ -348,22 +351,22 @@ def _record(
     trained: list[Group],
     tokens: int,
     took_s: float,
-) -> dict:
+) -> Step:
     """A step applied, as the manifest's history and the progress line show it."""
     rewards = [m.reward for g in trained for m in g.members]
-    return {
-        "step": step,
-        "epoch": epoch,
-        "loss": totals["loss"],
-        "grad_norm": grad_norm,
-        "lr": lr,
-        "clip_fraction": totals["clipped"] / tokens,
-        "ratio_mean": totals["ratio"] / tokens,
-        "kl": totals["kl"] / tokens,
-        "reward_mean": sum(rewards) / len(rewards),
-        "tokens": tokens,
-        "tokens_per_s": tokens / took_s,
-    }
+    return Step(
+        step=step,
+        epoch=epoch,
+        loss=totals["loss"],
+        grad_norm=grad_norm,
+        lr=lr,
+        clip_fraction=totals["clipped"] / tokens,
+        ratio_mean=totals["ratio"] / tokens,
+        kl=totals["kl"] / tokens,
+        reward_mean=sum(rewards) / len(rewards),
+        tokens=tokens,
+        tokens_per_s=tokens / took_s,
+    )
 
 
 def _write(
@@ -378,7 +381,7 @@ def _write(
     skipped: dict,
     precision: dict,
     metrics: dict,
-    history: list[dict],
+    history: list[Step],
 ) -> Manifest:
     """The checkpoint: the adapter, the optimizer's moments and the manifest beside them."""
     out.mkdir(parents=True, exist_ok=True)
@@ -676,7 +679,7 @@ def _device(s: TrainSettings):
     return device, dtype
 
 
-def _summary(history: list[dict], groups, notes, duration: float, tokens: int) -> dict:
+def _summary(history: list[Step], groups, notes, duration: float, tokens: int) -> dict:
     return {
         "steps": len(history),
         "groups": len(groups),
@@ -685,11 +688,11 @@ def _summary(history: list[dict], groups, notes, duration: float, tokens: int) -
         "skipped_too_long": notes.too_long,
         "turns_trained_in_their_turn_group": notes.trained_elsewhere,
         "members_outside_baseline": notes.outside_baseline,
-        "loss_first": history[0]["loss"],
-        "loss_last": history[-1]["loss"],
-        "reward_mean": sum(h["reward_mean"] for h in history) / len(history),
-        "clip_fraction": sum(h["clip_fraction"] for h in history) / len(history),
-        "kl": sum(h["kl"] for h in history) / len(history),
+        "loss_first": history[0].loss,
+        "loss_last": history[-1].loss,
+        "reward_mean": sum(h.reward_mean for h in history) / len(history),
+        "clip_fraction": sum(h.clip_fraction for h in history) / len(history),
+        "kl": sum(h.kl for h in history) / len(history),
         "tokens": tokens,
         "tokens_per_s": tokens / duration,
         "duration_s": duration,
@@ -702,10 +705,10 @@ def _progress(total: int, enabled: bool, echo):
         return (lambda record: None), (lambda: None)
     if not sys.stderr.isatty():
 
-        def line(r: dict) -> None:
+        def line(r: Step) -> None:
             echo(
-                f"step {r['step']}/{total}: loss {r['loss']:.4f}, reward {r['reward_mean']:.2f}, "
-                f"{r['tokens_per_s']:.0f} tokens/s"
+                f"step {r.step}/{total}: loss {r.loss:.4f}, reward {r.reward_mean:.2f}, "
+                f"{r.tokens_per_s:.0f} tokens/s"
             )
 
         return line, (lambda: None)
@@ -713,9 +716,9 @@ def _progress(total: int, enabled: bool, echo):
 
     bar = tqdm(total=total, desc="grpo", unit="step")
 
-    def update(r: dict) -> None:
+    def update(r: Step) -> None:
         bar.update(1)
-        bar.set_postfix(loss=f"{r['loss']:.4f}", reward=f"{r['reward_mean']:.2f}")
+        bar.set_postfix(loss=f"{r.loss:.4f}", reward=f"{r.reward_mean:.2f}")
 
     return update, bar.close
 

@@ -12,6 +12,33 @@ import msgspec
 FILE = "onjob-manifest.json"
 
 
+class Step(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One optimizer step the run applied, as its history and its progress line show it
+    (the figures per loss token). All but the first three are optional: older files
+    recorded fewer."""
+
+    step: int  # 1, 2, ...
+    epoch: int
+    loss: float
+    grad_norm: float | None = None
+    lr: float | None = None
+    clip_fraction: float | None = None  # of loss tokens whose ratio was clipped
+    ratio_mean: float | None = None  # policy / sampler
+    kl: float | None = None  # to the base model, k3
+    reward_mean: float | None = None  # of the step's groups' members
+    tokens: int | None = None
+    tokens_per_s: float | None = None
+
+
+class Dropped(msgspec.Struct, kw_only=True):
+    """A step not applied: its loss or its gradient's norm is not finite."""
+
+    epoch: int
+    groups: list[str]
+    loss: float
+    grad_norm: float
+
+
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     """The run, keyed as the file has always been: checkpoints written by older versions
     load as they are. `config` is the `TrainSettings` dump with what the server adds
@@ -29,7 +56,7 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     skipped_groups: dict[str, str] = {}  # group id -> why (absent before the check existed)
     precision: dict[str, Any] = {}  # dtypes, attention, and the engine's `sampler`
     metrics: dict[str, Any]
-    history: list[dict[str, Any]]  # one record per optimizer step
+    history: list[Step]  # one record per optimizer step applied
     created: float  # Unix time
 
     @property
