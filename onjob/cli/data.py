@@ -13,9 +13,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
 
 from .common import CONFIG, DATABASE, SERVER, ask_admin, given, load_settings
 from .exits import Exit, Refused
+
+if TYPE_CHECKING:
+    from ..collector.forget import Removed
 
 
 def _settings(args: argparse.Namespace):
@@ -71,13 +77,13 @@ def cmd_forget(args: argparse.Namespace) -> int:
     if out is None:
         out = _forget_here(settings, what)
     if args.json:
-        print(json.dumps(out, indent=2, default=str))
+        print(msgspec.json.format(msgspec.json.encode(out, enc_hook=str)).decode())
     else:
         _show_forgotten(out)
     return Exit.OK
 
 
-def _forget_here(settings, what) -> dict:
+def _forget_here(settings, what) -> Removed:
     """`onjob forget` on the database file, the spool and the snapshots, by this process."""
     from ..collector import StorageError, Store
     from ..collector.forget import forget, scrub
@@ -95,22 +101,22 @@ def _forget_here(settings, what) -> dict:
         store.close()
     scrub(Path(settings.collector.spool), what, forgotten)
     snapshots = drop_snapshots(settings.trainer.checkpoints_dir, forgotten.group_ids)
-    return {**forgotten.as_dict(), "snapshots_removed": snapshots}
+    return forgotten.removed(snapshots)
 
 
-def _show_forgotten(out: dict) -> None:
+def _show_forgotten(out: Removed) -> None:
     print(
-        f"forgot {out['what']}: {out['exchanges']} exchanges, {out['trajectories']} "
-        f"trajectories, {out['groups']} groups ({out['members']} members, "
-        f"{out['judgements']} judgements, {out['scores']} scores), {out['feedback']} feedback, "
-        f"{out['scenarios']} scenarios left empty"
+        f"forgot {out.what}: {out.exchanges} exchanges, {out.trajectories} "
+        f"trajectories, {out.groups} groups ({out.members} members, "
+        f"{out.judgements} judgements, {out.scores} scores), {out.feedback} feedback, "
+        f"{out.scenarios} scenarios left empty"
     )
-    if out["trained_on"]:
+    if out.trained_on:
         print(
             "checkpoints already trained on the deleted data (a checkpoint cannot unlearn it: "
             "retire or roll back those you must):"
         )
-        for c in out["trained_on"]:
+        for c in out.trained_on:
             print(
                 f"  {c['name']:<40} {c['status']:<10} lineage={c.get('lineage') or '-'} "
                 f"run={c['train_run'] or '-'} parent={c['parent'] or '-'} {c['path'] or ''}"
@@ -119,19 +125,19 @@ def _show_forgotten(out: dict) -> None:
                 print(f"    removing it: {c['removing']}")
     else:
         print("no checkpoint was trained on it")
-    for path in out.get("snapshots_removed", []):
+    for path in out.snapshots_removed:
         print(f"removed the training snapshot {path}")
-    if not out["checkpointed"]:
+    if not out.checkpointed:
         print("the database's write-ahead log still holds it until DuckDB's next checkpoint")
-    if out["set_aside_removed"]:
-        print(f"removed {out['set_aside_removed']} lines set aside in the spool's failed/")
-    if out["set_aside_kept"]:
+    if out.set_aside_removed:
+        print(f"removed {out.set_aside_removed} lines set aside in the spool's failed/")
+    if out.set_aside_kept:
         print(
-            f"{out['set_aside_kept']} files in the spool's failed/ were not loaded and may hold "
+            f"{out.set_aside_kept} files in the spool's failed/ were not loaded and may hold "
             "lines of it the rule cannot name: read or delete them yourself"
         )
     print("onjob cannot reach these copies:")
-    for copy in out["not_reached"]:
+    for copy in out.not_reached:
         print(f"  - {copy}")
 
 
@@ -157,7 +163,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
         finally:
             con.close()
     if args.json:
-        print(json.dumps(answer.as_dict(), indent=2, default=str))
+        print(msgspec.json.format(msgspec.json.encode(answer, enc_hook=str)).decode())
     else:
         _table(answer.columns, answer.rows)
     if answer.truncated:

@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from ..collector.forget import Removed
 from ..collector.readonly import Answer
 from ..deploy.records import Change, Checkpoint, ServerStatus
 from ..proxy.protocol import FeedbackRecorded
@@ -127,12 +128,12 @@ class _Calls:
         trajectory: str | None = None,
         api_key: str | None = None,
         before: str | None = None,
-    ) -> dict:
+    ) -> Removed:
         """Delete one conversation, an API key's traffic, or conversations ended before a
         date (ISO), with all derived from them; the answer lists what was removed and the
         checkpoints already trained on it."""
         body = _given(trajectory=trajectory, api_key=api_key, before=before)
-        return self._send(Call("POST", "/admin/forget", dict, body=body))
+        return self._send(Call("POST", "/admin/forget", Removed, body=body))
 
     def export(self, table: str, path: str | Path, *, tenant: str | None = None) -> Path:
         """One table (`tenant`: only that tenant's rows) as a Parquet file at `path`,

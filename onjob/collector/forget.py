@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -88,11 +89,34 @@ class Forgotten:
     exchange_ids: list[str] = field(default_factory=list)
     group_ids: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict:
-        out = asdict(self)
-        del out["trajectory_ids"], out["exchange_ids"], out["group_ids"]
-        out["not_reached"] = list(self.not_reached)
-        return out
+    def removed(self, snapshots: list[str]) -> Removed:
+        """What the deletion removed, as users are told it (the ids left out), with the
+        training snapshots that held the deleted groups."""
+        told = {k: v for k, v in asdict(self).items() if k in Removed.__struct_fields__}
+        return Removed(**told, snapshots_removed=snapshots)
+
+
+class Removed(msgspec.Struct, kw_only=True):
+    """`onjob forget`'s answer, from the admin API or the file: how many rows each table
+    lost, the checkpoints already trained on them (each with what taking it out of service
+    would do), and what the deletion did not reach."""
+
+    what: str
+    exchanges: int
+    trajectories: int
+    scenarios: int
+    groups: int
+    members: int
+    judgements: int
+    scores: int
+    feedback: int
+    openings: int
+    trained_on: list[dict[str, Any]]
+    checkpointed: bool
+    set_aside_removed: int
+    set_aside_kept: int
+    not_reached: list[str]
+    snapshots_removed: list[str] = []
 
 
 def parse_date(text: str) -> dt.datetime:

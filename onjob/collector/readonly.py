@@ -42,14 +42,6 @@ class Answer:
     rows: list[list[Any]]
     truncated: bool  # more rows than the limit: only the first `limit` came back
 
-    def as_dict(self) -> dict:
-        return {
-            "columns": self.columns,
-            "types": self.types,
-            "rows": self.rows,
-            "truncated": self.truncated,
-        }
-
 
 def query(con: duckdb.DuckDBPyConnection, sql: str, limit: int = 1000) -> Answer:
     """Run one read-only SELECT; at most `limit` rows come back."""

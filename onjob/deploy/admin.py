@@ -15,17 +15,19 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 from litestar import Request, Response, get, post
 from litestar import Router as Routes
 from litestar.background_tasks import BackgroundTask
+from litestar.di import Provide
 from litestar.exceptions import ValidationException
 from litestar.response import File
 
 from ..collector import Collector, Forget, ForgetError, readonly
-from ..collector.forget import parse_date
+from ..collector.forget import Removed, parse_date
 from ..judge import judge_agreement
 from ..openai_errors import openai_error
 from ..proxy import Router
@@ -37,7 +39,7 @@ from .act import adapters, deployments, registry, reviews, training
 from .act.operator import Operator
 from .decide import fit
 from .loop import OFF, LoopState, PeriodicLoop
-from .records import Change, ServerStatus
+from .records import Change, Checkpoint, ServerStatus
 from .settings import DeploySettings
 
 
@@ -98,6 +100,48 @@ ERRORS = {
 }
 
 
+class CheckpointList(msgspec.Struct):
+    """`GET /admin/checkpoints`: every checkpoint, newest first."""
+
+    checkpoints: list[Checkpoint]
+
+
+class TableList(msgspec.Struct):
+    """`GET /admin/tables`: the database's tables."""
+
+    tables: list[str]
+
+
+@dataclass(frozen=True)
+class Admin:
+    """What the admin routes read and change: each handler takes it as a dependency."""
+
+    settings: DeploySettings
+    collector: Collector
+    router: Router
+    operator: Operator
+    loop: PeriodicLoop | None = None
+
+    def lineage(self, data: CanaryBody | AliasBody) -> str:
+        """The lineage a body names: its alias, of its tenant (none: the shared one)."""
+        try:
+            return self.router.tenants.routed(data.alias, data.tenant)
+        except UnknownTenant as exc:
+            raise BadRequest(str(exc), param="tenant") from exc
+
+    async def read(self, fn):
+        """A read-only query's answer. What the proxies have answered so far is in it: the
+        spool is loaded first."""
+        await self.collector.caught_up()
+        limit = self.settings.collector.query_timeout_s
+        try:
+            return await self.collector.read(fn, limit)
+        except readonly.QueryRefused as exc:
+            raise BadRequest(str(exc)) from exc
+        except TimeoutError as exc:
+            raise BadRequest(f"The query ran past {limit:g} s and was interrupted.") from exc
+
+
 def routes(
     settings: DeploySettings,
     collector: Collector,
@@ -106,138 +150,122 @@ def routes(
     loop: PeriodicLoop | None = None,
 ):
     """The admin router: the release's routes and the data's, behind one guard."""
+    admin = Admin(settings, collector, router, operator, loop)
     # One guard for every route: the admin key, JSON bodies, no page of another site.
-    guard = Doors(settings.proxy).admin_guard
     return [
         Routes(
             "/admin",
-            guards=[guard],
+            guards=[Doors(settings.proxy).admin_guard],
             exception_handlers=ERRORS,
-            route_handlers=[
-                *_release_routes(settings, collector, router, operator, loop),
-                *_data_routes(settings, collector),
-            ],
+            dependencies={"admin": Provide(lambda: admin, use_cache=True, sync_to_thread=False)},
+            route_handlers=[*RELEASE, *DATA],
         )
     ]
 
 
-def _release_routes(settings, collector: Collector, router: Router, operator, loop) -> list:
-    """Status, checkpoints, and the routing changes a person makes."""
+@get("/status")
+async def status(admin: Admin) -> ServerStatus:
+    collector, router, settings, loop = admin.collector, admin.router, admin.settings, admin.loop
+    history = await collector.query(lambda st: deployments.history(st, 20))
+    return ServerStatus(
+        aliases=dict(router.arms),
+        base_model=router.base_model,
+        tenants={t: list(keys) for t, keys in router.tenants.keys.items()},
+        engines=admin.operator.pool.status() if admin.operator.pool else [],
+        collector=collector.stats(),
+        deployments=history,
+        loop=(loop.state if loop else LoopState()).as_dict(),
+        rewards=await collector.query(progress.reward_by_checkpoint),
+        judge_agreement=[a.as_dict() for a in await collector.query(judge_agreement)],
+        release=await collector.query(lambda st: reviews.status(st, settings)),
+        fitted=(await collector.query(lambda st: fit.current(st, settings))).as_dict(),
+    )
 
-    @get("/status")
-    async def status() -> ServerStatus:
-        history = await collector.query(lambda st: deployments.history(st, 20))
-        return ServerStatus(
-            aliases=dict(router.arms),
-            base_model=router.base_model,
-            tenants={t: list(keys) for t, keys in router.tenants.keys.items()},
-            engines=operator.pool.status() if operator.pool else [],
-            collector=collector.stats(),
-            deployments=history,
-            loop=(loop.state if loop else LoopState()).as_dict(),
-            rewards=await collector.query(progress.reward_by_checkpoint),
-            judge_agreement=[a.as_dict() for a in await collector.query(judge_agreement)],
-            release=await collector.query(lambda st: reviews.status(st, settings)),
-            fitted=(await collector.query(lambda st: fit.current(st, settings))).as_dict(),
-        )
 
-    @get("/checkpoints")
-    async def checkpoints() -> dict:
-        return {"checkpoints": await collector.query(registry.checkpoints)}
+@get("/checkpoints")
+async def checkpoints(admin: Admin) -> CheckpointList:
+    return CheckpointList(await admin.collector.query(registry.checkpoints))
 
-    def lineage(data: CanaryBody | AliasBody) -> str:
+
+@post("/canary", status_code=200)
+async def canary(admin: Admin, data: CanaryBody) -> Change:
+    return await admin.operator.set_canary(
+        admin.lineage(data), data.checkpoint, data.fraction, reason=data.reason, actor="admin-api"
+    )
+
+
+@post("/promote", status_code=200)
+async def promote(admin: Admin, data: AliasBody) -> Change:
+    return await admin.operator.promote(admin.lineage(data), reason=data.reason, actor="admin-api")
+
+
+@post("/rollback", status_code=200)
+async def rollback(admin: Admin, data: AliasBody) -> Change:
+    return await admin.operator.rollback(admin.lineage(data), reason=data.reason, actor="admin-api")
+
+
+@post("/loop", status_code=200)
+async def loop_switch(admin: Admin, data: LoopBody) -> dict:
+    """Pause (`{"running": false}`) or resume the loop; pausing cancels an iteration in
+    flight."""
+    if admin.loop is None:
+        raise Conflict(OFF)
+    return await admin.loop.switch(data.running)
+
+
+@post("/forget", status_code=200)
+async def forget(admin: Admin, data: ForgetBody) -> Removed:
+    """Delete a conversation, a key's traffic, or conversations ended before a date, with
+    all derived from them; the answer lists checkpoints already trained on it."""
+    try:
+        before = parse_date(data.before) if data.before is not None else None
+        what = Forget(trajectory=data.trajectory, api_key=data.api_key, before=before)
+    except ForgetError as exc:
+        raise BadRequest(str(exc)) from exc
+    out = await admin.collector.forget(what, actor="admin-api")
+    snapshots = await asyncio.to_thread(
+        training.drop_snapshots, admin.settings.trainer.checkpoints_dir, out.group_ids
+    )
+    return out.removed(snapshots)
+
+
+@post("/sql", status_code=200)
+async def sql(admin: Admin, data: SqlBody) -> readonly.Answer:
+    """One read-only SELECT, answered from a cursor of its own (`collector.readonly`)."""
+    return await admin.read(lambda con: readonly.query(con, data.query, data.limit))
+
+
+@get("/tables")
+async def tables(admin: Admin, tenant: bool = False) -> TableList:
+    """The database's tables (`?tenant=true`: those that hold a tenant's rows)."""
+    return TableList(await admin.read(readonly.tenant_tables if tenant else readonly.tables))
+
+
+@post("/export", status_code=200)
+async def export(admin: Admin, data: ExportBody) -> File:
+    """One table as a Parquet file (written to a temporary file, removed once sent)."""
+    settings = admin.settings
+    whose = None
+    if data.tenant is not None:
         try:
-            return router.tenants.routed(data.alias, data.tenant)
+            whose = Tenants.of(settings.proxy).rows(data.tenant, settings.proxy.aliases)
         except UnknownTenant as exc:
             raise BadRequest(str(exc), param="tenant") from exc
-
-    @post("/canary", status_code=200)
-    async def canary(data: CanaryBody) -> Change:
-        return await operator.set_canary(
-            lineage(data), data.checkpoint, data.fraction, reason=data.reason, actor="admin-api"
-        )
-
-    @post("/promote", status_code=200)
-    async def promote(data: AliasBody) -> Change:
-        return await operator.promote(lineage(data), reason=data.reason, actor="admin-api")
-
-    @post("/rollback", status_code=200)
-    async def rollback(data: AliasBody) -> Change:
-        return await operator.rollback(lineage(data), reason=data.reason, actor="admin-api")
-
-    @post("/loop", status_code=200)
-    async def loop_switch(data: LoopBody) -> dict:
-        """Pause (`{"running": false}`) or resume the loop; pausing cancels an iteration
-        in flight."""
-        if loop is None:
-            raise Conflict(OFF)
-        return await loop.switch(data.running)
-
-    return [status, checkpoints, canary, promote, rollback, loop_switch]
+    fd, name = tempfile.mkstemp(prefix="onjob-export-", suffix=".parquet")
+    os.close(fd)
+    path = Path(name)
+    try:
+        await admin.read(lambda con: readonly.export(con, data.table, path, whose))
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return File(
+        path=path,
+        filename=f"{data.table}.parquet",
+        media_type="application/vnd.apache.parquet",
+        background=BackgroundTask(path.unlink, missing_ok=True),
+    )
 
 
-def _data_routes(settings: DeploySettings, collector: Collector) -> list:
-    """Forget, read-only SQL, the table list and Parquet exports."""
-
-    @post("/forget", status_code=200)
-    async def forget(data: ForgetBody) -> dict:
-        """Delete a conversation, a key's traffic, or conversations ended before a date,
-        with all derived from them; the answer lists checkpoints already trained on it."""
-        try:
-            before = parse_date(data.before) if data.before is not None else None
-            what = Forget(trajectory=data.trajectory, api_key=data.api_key, before=before)
-        except ForgetError as exc:
-            raise BadRequest(str(exc)) from exc
-        out = await collector.forget(what, actor="admin-api")
-        snapshots = await asyncio.to_thread(
-            training.drop_snapshots, settings.trainer.checkpoints_dir, out.group_ids
-        )
-        return {**out.as_dict(), "snapshots_removed": snapshots}
-
-    async def read(fn):
-        # What the proxies have answered so far is in the answer: the spool is loaded first.
-        await collector.caught_up()
-        try:
-            return await collector.read(fn, settings.collector.query_timeout_s)
-        except readonly.QueryRefused as exc:
-            raise BadRequest(str(exc)) from exc
-        except TimeoutError as exc:
-            limit = settings.collector.query_timeout_s
-            raise BadRequest(f"The query ran past {limit:g} s and was interrupted.") from exc
-
-    @post("/sql", status_code=200)
-    async def sql(data: SqlBody) -> dict:
-        """One read-only SELECT, answered from a cursor of its own (`collector.readonly`)."""
-        return (await read(lambda con: readonly.query(con, data.query, data.limit))).as_dict()
-
-    @get("/tables")
-    async def tables(tenant: bool = False) -> dict:
-        """The database's tables (`?tenant=true`: those that hold a tenant's rows)."""
-        return {"tables": await read(readonly.tenant_tables if tenant else readonly.tables)}
-
-    @post("/export", status_code=200)
-    async def export(data: ExportBody) -> File:
-        """One table as a Parquet file (written to a temporary file, removed once sent)."""
-        b = data
-        whose = None
-        if b.tenant is not None:
-            try:
-                whose = Tenants.of(settings.proxy).rows(b.tenant, settings.proxy.aliases)
-            except UnknownTenant as exc:
-                raise BadRequest(str(exc), param="tenant") from exc
-        fd, name = tempfile.mkstemp(prefix="onjob-export-", suffix=".parquet")
-        os.close(fd)
-        path = Path(name)
-        try:
-            await read(lambda con: readonly.export(con, b.table, path, whose))
-        except BaseException:
-            path.unlink(missing_ok=True)
-            raise
-        return File(
-            path=path,
-            filename=f"{b.table}.parquet",
-            media_type="application/vnd.apache.parquet",
-            background=BackgroundTask(path.unlink, missing_ok=True),
-        )
-
-    return [forget, sql, tables, export]
+RELEASE = [status, checkpoints, canary, promote, rollback, loop_switch]
+DATA = [forget, sql, tables, export]
