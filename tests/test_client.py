@@ -149,8 +149,8 @@ def test_the_client_drives_the_release_and_reads_the_data_sync_and_async(
                     onjob.rollback()
                 assert refused.value.status == 409
                 assert "no canary to roll back" in refused.value.message
-                assert onjob.pause()["paused"] is True
-                assert onjob.resume()["paused"] is False
+                assert onjob.pause().paused is True
+                assert onjob.resume().paused is False
 
                 answer = onjob.sql("SELECT count(*) AS n FROM exchanges")
                 assert (answer.columns, answer.rows) == (["n"], [[3]])

@@ -60,7 +60,7 @@ def test_few_scenarios_hold_out_more_and_many_hold_out_a_tenth(tmp_path):
     assert fitted(middle, settings).holdout_share == 0.2
     f = fitted(few, settings)
     assert f.traffic == fit.Traffic(scenarios=12, conversations=48)
-    assert "holdout_share 30% (fitted)" in f.line()
+    assert "holdout_share 30% (fitted)" in f.line
 
 
 def test_new_scenarios_are_placed_at_the_share_fitted_when_first_seen(tmp_path):
@@ -104,8 +104,8 @@ def test_a_value_set_in_the_loop_section_is_used_as_it_is(tmp_path):
         30,
         (),
     )
-    assert "holdout_share 5% (set)" in f.line() and "min_new_groups 7 (set)" in f.line()
-    assert "canary_fraction 25% (set)" in f.line() and "settle_s 30 (set)" in f.line()
+    assert "holdout_share 5% (set)" in f.line and "min_new_groups 7 (set)" in f.line
+    assert "canary_fraction 25% (set)" in f.line and "settle_s 30 (set)" in f.line
     store = Store(db)
     try:
         held = holdout.held_out(store, 0.05)  # what fit.held_out places them at

@@ -13,7 +13,6 @@ pairs."""
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import re
@@ -22,6 +21,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 from openai import OpenAI
 
@@ -193,10 +193,7 @@ def test_the_running_server_reports_agreement_in_status_and_on_the_dashboard(db,
         shown = {(a["judge"], a["scenario"]): a for a in status["judge_agreement"]}
         assert shown["fn:agrees", None]["accuracy"] == 1.0
         assert shown["fn:parity", None]["warning"] is True
-        assert (
-            Agreement.from_dict(json.loads(json.dumps(shown["fn:parity", None]))).verdict
-            == "chance"
-        )
+        assert msgspec.convert(shown["fn:parity", None], Agreement).verdict == "chance"
         # The CLI reads the admin key the server made beside the database.
         check_status_lines(onjob_status(tmp_path, "--db", str(db), "--server", server.base))
 

@@ -169,12 +169,12 @@ def test_without_a_referee_the_hedging_canary_is_ready_for_review_not_promoted(
     try:
         assert registry.get(store, "ckpt-hack").status == "review"
         release = reviews.status(store, s)
-        assert release["mode"].mode == "review" and not release["mode"].automatic
-        review = release["reviews"]["agent"]
-        assert review["checkpoint"] == "ckpt-hack"
-        assert review["evidence"]["paired"]["wins"] >= 12
-        assert review["evidence"]["paired"]["losses"] == 0
-        assert review["evidence"]["referee"] == ["fn:partial"]
+        assert release.mode.mode == "review" and not release.mode.automatic
+        review = release.reviews["agent"]
+        assert review.checkpoint == "ckpt-hack"
+        assert review.evidence["paired"]["wins"] >= 12
+        assert review.evidence["paired"]["losses"] == 0
+        assert review.evidence["referee"] == ["fn:partial"]
         pairs = store.query("SELECT count(*) AS n FROM groups WHERE kind = 'ab'")[0]["n"]
     finally:
         store.close()

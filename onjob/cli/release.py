@@ -13,6 +13,7 @@ from .common import CONFIG, DATABASE, ENGINE, SERVER, ask_admin, given, load_set
 from .exits import Exit, Failed, Refused
 
 if TYPE_CHECKING:
+    from ..deploy.act.reviews import ReleaseStatus
     from ..deploy.records import Routing
 
 
@@ -134,7 +135,7 @@ def cmd_route(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from ..deploy.act import deployments, registry, reviews
     from ..deploy.decide import fair, fit
-    from ..judge import Agreement, judge_agreement
+    from ..judge import judge_agreement
     from ..proxy.tenants import Tenants
 
     settings = load_settings(args, collector=given(db=args.db))
@@ -147,17 +148,17 @@ def cmd_status(args: argparse.Namespace) -> int:
                 registry.checkpoints(st),
                 deployments.history(st, 10),
                 judge_agreement(st),
-                msgspec.to_builtins(reviews.status(st, settings)),  # as the server sends it
-                fit.current(st, settings).as_dict(),
-                {t: share.as_dict() for t, share in fair.shares(st, settings).items()},
+                reviews.status(st, settings),
+                fit.current(st, settings),
+                {t: share.state() for t, share in fair.shares(st, settings).items()},
             )
 
         aliases, ckpts, history, agreement, release, fitted, shares = offline(settings, read)
         print("no server answered; from the database:")
     else:
-        shares = status.loop.get("tenant_budgets") or {}
+        shares = status.loop.tenant_budgets
         aliases, history = status.aliases, status.deployments
-        agreement = [Agreement.from_dict(a) for a in status.judge_agreement]
+        agreement = status.judge_agreement
         release, fitted, ckpts = status.release, status.fitted, None
     if release:
         _show_release(release)
@@ -170,9 +171,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             + (f"; past their lease (taken for dead): {dropped}" if dropped else "")
         )
     if fitted:
-        print(f"loop settings: {fitted['line']}")
+        print(f"loop settings: {fitted.line}")
     tenants = Tenants.of(settings.proxy)
-    lineages = (status.loop.get("lineages") if status else None) or {}
+    lineages = status.loop.lineages if status else {}
     last = {h.model_alias: h for h in reversed(history)}  # each lineage's newest change
     for alias, a in aliases.items():
         canary = f", canary {a.canary} ({a.fraction:.0%})" if a.canary else ""
@@ -186,12 +187,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
             line += f"  [{whose}]"
             if alias in lineages:
-                line += f"; {lineages[alias]['ready_groups']} groups ready to train"
+                line += f"; {lineages[alias].ready_groups} groups ready to train"
             if alias in last:
                 line += f"; last: {(last[alias].reason or '')[:80]} ({last[alias].actor})"
         print(line)
     for tenant, share in shares.items():  # each tenant's share of the trainer and judge
-        said = [share[stage]["status"] for stage in ("train", "judge") if share.get(stage)]
+        said = [b.status for b in (share.train, share.judge) if b is not None]
         if said:
             print(f"tenant {tenant}: " + "; ".join(said))
     for h in history[:10]:
@@ -205,16 +206,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     return Exit.OK
 
 
-def _show_release(release: dict) -> None:
+def _show_release(release: ReleaseStatus) -> None:
     """The release mode, then each canary ready for review with its evidence: what a
     person reads before `onjob promote` or `onjob rollback`."""
     from ..collector.scope import lineage_flags
 
-    print(f"release mode {release['mode']['reason']}")
-    for alias, r in release["reviews"].items():
-        e = r["evidence"] or {}
+    print(f"release mode {release.mode.reason}")
+    for alias, r in release.reviews.items():
+        e = r.evidence or {}  # as stored: a review may be older than today's evidence types
         paired = e.get("paired") or {}
-        print(f"READY FOR REVIEW {alias}: canary {r['checkpoint']} since {r['ts']}: {r['reason']}")
+        print(f"READY FOR REVIEW {alias}: canary {r.checkpoint} since {r.ts}: {r.reason}")
         if paired:
             print(
                 f"  pairs: {paired.get('wins')} wins, {paired.get('ties')} ties, "

@@ -24,7 +24,8 @@ import httpx
 
 from ..collector.forget import Removed
 from ..collector.readonly import Answer
-from ..deploy.records import Change, Checkpoint, ServerStatus
+from ..deploy.records import Change, Checkpoint
+from ..deploy.status import LoopView, ServerStatus
 from ..proxy.protocol import FeedbackRecorded
 from .calls import Call, partial_of, read, root_of
 from .errors import Unreachable
@@ -104,13 +105,13 @@ class _Calls:
         body = _given(alias=alias, tenant=tenant, reason=reason)
         return self._send(Call("POST", "/admin/rollback", Change, body=body))
 
-    def pause(self) -> dict:
+    def pause(self) -> LoopView:
         """Pause the loop (an iteration in flight is cancelled); the loop's state."""
-        return self._send(Call("POST", "/admin/loop", dict, body={"running": False}))
+        return self._send(Call("POST", "/admin/loop", LoopView, body={"running": False}))
 
-    def resume(self) -> dict:
+    def resume(self) -> LoopView:
         """Resume the loop; the loop's state."""
-        return self._send(Call("POST", "/admin/loop", dict, body={"running": True}))
+        return self._send(Call("POST", "/admin/loop", LoopView, body={"running": True}))
 
     def sql(self, query: str, *, limit: int = 1000) -> Answer:
         """One read-only SELECT on the server's database (`docs/data.md`)."""

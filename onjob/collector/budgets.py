@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
+import msgspec
+
 from .store import Store
 
 Stage = Literal["judge", "train"]
@@ -49,15 +51,26 @@ class Budget:
             )
         return f"{name}: {self._spent_of_limit()} spent today (UTC)"
 
-    def as_dict(self) -> dict:
-        return {
-            "unit": self.unit,
-            "spent": round(self.spent, 6),
-            "limit": self.limit,
-            "paused": self.spent_out,
-            "resumes_at": self.resumes_at.isoformat(),
-            "status": self.status(),
-        }
+    def state(self) -> BudgetState:
+        return BudgetState(
+            unit=self.unit,
+            spent=round(self.spent, 6),
+            limit=self.limit,
+            paused=self.spent_out,
+            resumes_at=self.resumes_at,
+            status=self.status(),
+        )
+
+
+class BudgetState(msgspec.Struct, frozen=True, kw_only=True):
+    """A budget as the admin status, the dashboard and `onjob status` show it."""
+
+    unit: Literal["usd", "minutes"]
+    spent: float
+    limit: float
+    paused: bool  # spent: the stage waits until `resumes_at`
+    resumes_at: datetime
+    status: str  # `Budget.status`, in words
 
 
 def day_of(now: datetime | None = None) -> tuple[datetime, datetime]:

@@ -182,14 +182,14 @@ async def overview(site: Site, minutes: FromQuery[int] = 60) -> Response:
         }
 
     data = await site.collector.query(read)
-    state = (site.loop.state if site.loop else LoopState()).as_dict()
+    state = (site.loop.state if site.loop else LoopState()).view()
     return render(
         "overview.html",
         refresh=True,
         minutes=minutes,
         arms=site.router.arms,
         base_model=site.router.base_model,
-        tenants=_tenant_rows(site.router, data.pop("decided"), state["tenant_budgets"]),
+        tenants=_tenant_rows(site.router, data.pop("decided"), state.tenant_budgets),
         loop=state,
         chart=_chart_data(data["per_minute"]),
         collector=site.collector.stats(),
@@ -373,7 +373,7 @@ def _tenant_rows(router: ArmRouter, decided: dict, shares: dict) -> list[dict]:
         for alias in router.aliases:
             name = lineage_name(alias, tenant)
             arms, last = router.arms.get(name), decided.get(name)
-            share = shares.get(tenant) or {}
+            share = shares.get(tenant)
             rows.append(
                 {
                     "tenant": tenant,
@@ -382,7 +382,7 @@ def _tenant_rows(router: ArmRouter, decided: dict, shares: dict) -> list[dict]:
                     "live": arms.live if arms else None,
                     "canary": arms.canary if arms else None,
                     "last": last,
-                    "budgets": [share[s] for s in ("train", "judge") if share.get(s)],
+                    "budgets": [b for b in (share.train, share.judge) if b] if share else [],
                 }
             )
     return rows

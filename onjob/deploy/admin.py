@@ -39,8 +39,9 @@ from .act import adapters, deployments, registry, reviews, training
 from .act.operator import Operator
 from .decide import fit
 from .loop import OFF, LoopState, PeriodicLoop
-from .records import Change, Checkpoint, ServerStatus
+from .records import Change, Checkpoint
 from .settings import DeploySettings
+from .status import LoopView, ServerStatus
 
 
 class CanaryBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -174,11 +175,11 @@ async def status(admin: Admin) -> ServerStatus:
         engines=admin.operator.pool.status() if admin.operator.pool else [],
         collector=collector.stats(),
         deployments=history,
-        loop=(loop.state if loop else LoopState()).as_dict(),
+        loop=(loop.state if loop else LoopState()).view(),
         rewards=await collector.query(progress.reward_by_checkpoint),
-        judge_agreement=[a.as_dict() for a in await collector.query(judge_agreement)],
+        judge_agreement=await collector.query(judge_agreement),
         release=await collector.query(lambda st: reviews.status(st, settings)),
-        fitted=(await collector.query(lambda st: fit.current(st, settings))).as_dict(),
+        fitted=await collector.query(lambda st: fit.current(st, settings)),
     )
 
 
@@ -205,7 +206,7 @@ async def rollback(admin: Admin, data: AliasBody) -> Change:
 
 
 @post("/loop", status_code=200)
-async def loop_switch(admin: Admin, data: LoopBody) -> dict:
+async def loop_switch(admin: Admin, data: LoopBody) -> LoopView:
     """Pause (`{"running": false}`) or resume the loop; pausing cancels an iteration in
     flight."""
     if admin.loop is None:

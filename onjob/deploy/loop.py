@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from ..collector import Collector
+from ..collector.budgets import BudgetState
 from ..judge import JudgeError, run_pass
 from ..proxy import Router
 from ..proxy.tenants import Tenants
@@ -42,6 +43,7 @@ from .decide import fair, fit, holdout, ledger
 from .errors import DeployError, LoopOff
 from .records import Routing
 from .settings import DeploySettings
+from .status import LineState, LoopView
 
 log = logging.getLogger("onjob.loop")
 
@@ -56,10 +58,10 @@ class LoopState:
     since: float = field(default_factory=time.time)
     iterations: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    budget: dict[str, dict] = field(default_factory=dict)  # stage -> its daily budget, if set
-    tenant_budgets: dict[str, dict] = field(default_factory=dict)  # tenant -> its shares
+    budget: dict[str, BudgetState] = field(default_factory=dict)  # stage -> its daily budget
+    tenant_budgets: dict[str, fair.ShareState] = field(default_factory=dict)  # tenant -> shares
     fitted: fit.Fitted | None = None  # the settings fitted to the traffic, this iteration
-    lineages: dict[str, dict] = field(default_factory=dict)  # name -> live, canary, groups
+    lineages: dict[str, LineState] = field(default_factory=dict)  # name -> live, canary, groups
     last_trained: str | None = None  # the lineage that trained last (the trainer's turn)
 
     @contextlib.contextmanager
@@ -71,19 +73,19 @@ class LoopState:
             self.seconds[stage] += time.time() - self.since
             self.stage, self.since = "idle", time.time()
 
-    def as_dict(self) -> dict:
-        return {
-            "stage": self.stage,
-            "paused": self.paused,
-            "since": self.since,
-            "iterations": self.iterations,
-            "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
-            "budget": self.budget,
-            "tenant_budgets": self.tenant_budgets,
-            "fitted": self.fitted.as_dict() if self.fitted else None,
-            "lineages": self.lineages,
-            "last_trained": self.last_trained,
-        }
+    def view(self) -> LoopView:
+        return LoopView(
+            stage=self.stage,
+            paused=self.paused,
+            since=self.since,
+            iterations=self.iterations,
+            seconds={k: round(v, 1) for k, v in self.seconds.items()},
+            budget=dict(self.budget),
+            tenant_budgets=dict(self.tenant_budgets),
+            fitted=self.fitted,
+            lineages=dict(self.lineages),
+            last_trained=self.last_trained,
+        )
 
 
 async def run_once(
@@ -98,7 +100,7 @@ async def run_once(
     state.iterations += 1
     fitted = await db.query(lambda st: fit.current(st, settings))
     if state.fitted is None or _said(state.fitted) != _said(fitted):
-        echo(f"fitted to the traffic: {fitted.line()}")
+        echo(f"fitted to the traffic: {fitted.line}")
     state.fitted = fitted
     held = await db.query(lambda st: holdout.held_out(st, fitted.holdout_share))
     # Each lineage of the alias (the shared one, then each tenant's) decides its own
@@ -109,9 +111,9 @@ async def run_once(
     ]
     for line in lines:
         await line.decide_open(held, state)
-    state.lineages = {line.name: line.as_dict() for line in lines}
+    state.lineages = {line.name: line.state() for line in lines}
     shares = await db.query(lambda st: fair.shares(st, settings))
-    state.tenant_budgets = {name: share.as_dict() for name, share in shares.items()}
+    state.tenant_budgets = {name: share.state() for name, share in shares.items()}
     needs_groups = [line for line in lines if line.ready < line.wanted]
     if any(line.comparing for line in lines) and not needs_groups:
         # While a comparison needs the engine, sample no more than the next runs will use.
@@ -181,13 +183,13 @@ class Line:
         recent = await r.db.query(lambda st: fit.recent_groups(st, r.lineage.scope))
         self.wanted = fit.min_groups(r.settings, recent)
 
-    def as_dict(self) -> dict:
-        return {
-            "live": self.live,
-            "canary": self.routing.canary if self.routing else None,
-            "ready_groups": self.ready,
-            "wanted_groups": self.wanted,
-        }
+    def state(self) -> LineState:
+        return LineState(
+            live=self.live,
+            canary=self.routing.canary if self.routing else None,
+            ready_groups=self.ready,
+            wanted_groups=self.wanted,
+        )
 
 
 def _round_robin(lines: list[Line], last: str | None) -> list[Line]:
@@ -213,7 +215,7 @@ async def _judge_pass(db, engine, settings: DeploySettings, held, echo, state) -
         )
     echo(f"judge pass: {report.summary()}")
     if report.budget is not None:
-        state.budget["judge"] = report.budget.as_dict()
+        state.budget["judge"] = report.budget.state()
 
 
 async def _may_train(line: Line, echo, state, share: fair.Share | None) -> bool:
@@ -223,7 +225,7 @@ async def _may_train(line: Line, echo, state, share: fair.Share | None) -> bool:
     r = line.pipeline
     budget = await training.budget(r.db, r.settings)
     if budget is not None:
-        state.budget["train"] = budget.as_dict()
+        state.budget["train"] = budget.state()
         if budget.spent_out:
             echo(f"train: {budget.status()}; the groups wait")
             return False
@@ -285,7 +287,7 @@ class PeriodicLoop:
             self.state.fitted = await self.collector.query(
                 lambda st: fit.current(st, self.settings)
             )
-            log.info("fitted to the traffic: %s", self.state.fitted.line())
+            log.info("fitted to the traffic: %s", self.state.fitted.line)
             self._task = asyncio.create_task(self._run(), name="onjob-loop")
 
     async def stop(self) -> None:
@@ -308,13 +310,13 @@ class PeriodicLoop:
         if self._task is None:
             await self.start()
 
-    async def switch(self, running: bool) -> dict:
+    async def switch(self, running: bool) -> LoopView:
         """Resume (`running`) or pause, for the admin API and the dashboard's button; the
         loop's state after. Refused with `LoopOff` where the loop is off (interval 0)."""
         if self.settings.loop.interval_s <= 0:
             raise LoopOff(OFF)
         await (self.resume() if running else self.pause())
-        return self.state.as_dict()
+        return self.state.view()
 
     async def _run(self) -> None:
         while True:

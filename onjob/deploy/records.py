@@ -53,25 +53,6 @@ class Change(Routing, frozen=True, kw_only=True):
     warnings: list[str]
 
 
-class ServerStatus(msgspec.Struct, kw_only=True):
-    """`GET /admin/status`: the routing per lineage and what the server is doing. The
-    parts other modules describe stay as their JSON objects: `loop` (`loop.LoopState`),
-    `release` (`reviews.status`), `fitted` (`fit.Fitted`), each judge's agreement
-    (`judge.Agreement.as_dict`), the engines and the collector's counters."""
-
-    aliases: dict[str, Arms]  # lineage -> its arms
-    base_model: str | None
-    tenants: dict[str, list[str]]  # tenant -> its API key ids
-    engines: list[dict]
-    collector: dict
-    deployments: list[Routing]  # newest first
-    loop: dict
-    rewards: list[dict]  # per sampling checkpoint: its groups' mean reward
-    judge_agreement: list[dict]
-    release: dict
-    fitted: dict
-
-
 __all__ = [
     "CHECKPOINT_COLUMNS",
     "ROUTING_COLUMNS",
@@ -79,7 +60,6 @@ __all__ = [
     "Change",
     "Checkpoint",
     "Routing",
-    "ServerStatus",
 ]
 
 # The columns in field order, for SELECTs that name them (a later column is not read).

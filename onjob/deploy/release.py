@@ -176,7 +176,7 @@ async def canary_round(r: Release, routing: Routing) -> None:
     # since does not: the pairs were judged by the coach, not by it.
     promotes = verdict.decision == "promote" and mode.mode == "users"
     if review is not None and verdict.decision != "rollback" and not promotes:
-        r.echo(f"{against}: ready for review since {review['ts']}: {review['reason']}")
+        r.echo(f"{against}: ready for review since {review.ts}: {review.reason}")
         return
     if verdict.decision == "promote" and not mode.automatic:
         reason = f"{verdict.reason}; judged by its coach alone, so a person decides"

@@ -17,8 +17,10 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal
+
+import msgspec
 
 from ..collector import Store
 from .tables import MEMBER_FEEDBACK, feedback_source
@@ -45,9 +47,9 @@ class PairCounts:
     judge_ties_rated: int  # equal judge scores, different feedback: half right each
 
 
-@dataclass(frozen=True)
-class Agreement:
-    """One judge against users' feedback, in one scenario or (scenario None) in all."""
+class Agreement(msgspec.Struct, frozen=True, kw_only=True):
+    """One judge against users' feedback, in one scenario or (scenario None) in all. A
+    record the admin API sends and the client decodes as it is."""
 
     judge: str  # the score source: ruler:<model> or fn:<name>
     scenario_id: str | None
@@ -61,26 +63,12 @@ class Agreement:
     tau_ci: tuple[float, float] | None  # bootstrap over groups, 95% (None: too few groups)
     verdict: Verdict
     metric: str | None = None  # the feedback it is checked against (None: the unnamed)
+    warning: bool = False  # the verdict is one of `WARNED` (`of` sets it)
 
     @property
     def against(self) -> str:
         """The score source of the feedback it is checked against."""
         return feedback_source(self.metric)
-
-    @property
-    def warning(self) -> bool:
-        return self.verdict in WARNED
-
-    def as_dict(self) -> dict:
-        return {**asdict(self), "warning": self.warning}
-
-    @classmethod
-    def from_dict(cls, row: dict) -> Agreement:
-        """From `as_dict()` once it went through JSON (the admin API)."""
-        fields = {k: v for k, v in row.items() if k != "warning"}
-        for k in ("accuracy_ci", "tau_ci"):
-            fields[k] = tuple(fields[k]) if fields[k] is not None else None
-        return cls(**fields)
 
     def summary(self) -> str:
         """One line: `fn:exact: 92.0% of 50 pairs agree with users (95% 81.2%–96.8%), ...`."""
@@ -206,6 +194,7 @@ def _record(
         tau=tau_b(groups),
         tau_ci=tau_interval(groups),
         verdict=verdict,
+        warning=verdict in WARNED,
     )
 
 

@@ -13,16 +13,41 @@ is then `users`); a review of another routing is not this one's.
 from __future__ import annotations
 
 import json
+from datetime import datetime
+from typing import Any
+
+import msgspec
 
 from ...collector import Store
 from ..decide import trust
-from ..decide.evidence import Evidence, to_json
+from ..decide.evidence import Evidence, ReleaseMode, to_json
 from ..records import Routing
 from ..settings import DeploySettings
 from .deployments import current
 
 
-def mark(store: Store, alias: str, routing: Routing, *, reason: str, evidence: Evidence) -> dict:
+class Review(msgspec.Struct, frozen=True, kw_only=True):
+    """A canary waiting for a person: its lineage, the checkpoint, the routing it is the
+    canary of, since when, and the verdict's reason and evidence (as stored: JSON)."""
+
+    model_alias: str
+    checkpoint: str
+    routing_ts: datetime
+    ts: datetime
+    reason: str | None
+    evidence: dict[str, Any] | None
+
+
+class ReleaseStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """Who may promote (`mode`) and each lineage's canary waiting for review."""
+
+    mode: ReleaseMode
+    reviews: dict[str, Review]
+
+
+def mark(
+    store: Store, alias: str, routing: Routing, *, reason: str, evidence: Evidence
+) -> Review | None:
     """Record that `routing`'s canary is ready for review (once per routing)."""
     with store.transaction():
         found = _of(store, alias, routing)
@@ -39,14 +64,14 @@ def mark(store: Store, alias: str, routing: Routing, *, reason: str, evidence: E
     return _of(store, alias, routing)
 
 
-def of(store: Store, alias: str, routing: Routing | None) -> dict | None:
+def of(store: Store, alias: str, routing: Routing | None) -> Review | None:
     """The review of `routing`'s canary, if it is waiting for one."""
     if not routing or not routing.canary:
         return None
     return _of(store, alias, routing)
 
 
-def _of(store: Store, alias: str, routing: Routing) -> dict | None:
+def _of(store: Store, alias: str, routing: Routing) -> Review | None:
     rows = store.query(
         "SELECT * FROM reviews WHERE model_alias = ? AND checkpoint = ? AND routing_ts = ?",
         [alias, routing.canary, routing.ts],
@@ -55,10 +80,13 @@ def _of(store: Store, alias: str, routing: Routing) -> dict | None:
         return None
     row = rows[0]
     evidence = row["evidence"]
-    return {**row, "evidence": json.loads(evidence) if isinstance(evidence, str) else evidence}
+    return Review(
+        **{k: row[k] for k in ("model_alias", "checkpoint", "routing_ts", "ts", "reason")},
+        evidence=json.loads(evidence) if isinstance(evidence, str) else evidence,
+    )
 
 
-def waiting(store: Store) -> dict[str, dict]:
+def waiting(store: Store) -> dict[str, Review]:
     """Per alias, the review its current canary waits for (the status page's list)."""
     out = {}
     for alias, routing in current(store).items():
@@ -68,10 +96,7 @@ def waiting(store: Store) -> dict[str, dict]:
     return out
 
 
-def status(store: Store, settings: DeploySettings) -> dict:
+def status(store: Store, settings: DeploySettings) -> ReleaseStatus:
     """The release mode and the reviews waiting (`/admin/status`, `onjob status`, the
     dashboard)."""
-    return {
-        "mode": trust.release_mode(store, settings),
-        "reviews": waiting(store),
-    }
+    return ReleaseStatus(mode=trust.release_mode(store, settings), reviews=waiting(store))

@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import math
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
+from ...judge import agreement
 from . import stats
 
 Stage = Literal["offline", "canary"]
@@ -150,12 +151,12 @@ class Drift(Alarm, kw_only=True):
     bound: float | None = None
 
 
-class Agreement(Alarm, kw_only=True):
+class JudgeAgreement(Alarm, kw_only=True):
     """The judge agreement guard: each judge's agreement with users, by its name and
     metric (`trust.agreement_guard`; the records are `judge.agreement.Agreement`'s)."""
 
     bound: float | None = None
-    judges: dict[str, dict[str, Any]] = {}
+    judges: dict[str, agreement.Agreement] = {}
 
 
 class Checks(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -164,7 +165,7 @@ class Checks(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     pairs: Shape
     kl: Drift
-    judges: Agreement
+    judges: JudgeAgreement
     traffic: Shape | None = None
 
 

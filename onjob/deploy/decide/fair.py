@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
+
 from ...collector import Store, budgets
 from ...collector.scope import lineage_name
 from ...judge import KeyBudget
@@ -31,12 +33,20 @@ class Share:
     train: budgets.Budget | None
     judge: budgets.Budget | None
 
-    def as_dict(self) -> dict:
-        return {
-            "keys": list(self.keys),
-            "train": self.train.as_dict() if self.train else None,
-            "judge": self.judge.as_dict() if self.judge else None,
-        }
+    def state(self) -> ShareState:
+        return ShareState(
+            keys=list(self.keys),
+            train=self.train.state() if self.train else None,
+            judge=self.judge.state() if self.judge else None,
+        )
+
+
+class ShareState(msgspec.Struct, frozen=True, kw_only=True):
+    """A tenant's share as the admin status, the dashboard and `onjob status` show it."""
+
+    keys: list[str]
+    train: budgets.BudgetState | None
+    judge: budgets.BudgetState | None
 
 
 def shares(store: Store, settings: DeploySettings) -> dict[str, Share]:

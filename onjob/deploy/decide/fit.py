@@ -36,7 +36,7 @@ is, and said so.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import msgspec
 
 from ...collector.scope import KeyScope
 from ...judge import JudgeSettings
@@ -52,8 +52,7 @@ CANARY_S = 300  # the canary's guards fill in about this long
 SETTLE_RANGE = (10.0, 300.0)
 
 
-@dataclass(frozen=True)
-class Traffic:
+class Traffic(msgspec.Struct, frozen=True, kw_only=True):
     """What the log shows: scenarios seen, the conversations in them, and the groups the
     judge scored and the conversations started in the last `GROUPS_WINDOW_S`."""
 
@@ -64,33 +63,39 @@ class Traffic:
     turn_gap_p95_s: float | None = None  # None: no conversation of two turns in the hour
 
 
-@dataclass(frozen=True)
-class Fitted:
+class Fitted(msgspec.Struct, frozen=True, kw_only=True):
+    """The settings in force this iteration, each fitted or set, with the traffic they were
+    fitted to and `line`, all of it in words (the log, `onjob status`)."""
+
     holdout_share: float
     min_new_groups: int
     canary_fraction: float
     settle_s: float
     traffic: Traffic
     fitted: tuple[str, ...]  # the names chosen here; the others are the settings'
+    line: str = ""
 
-    def line(self) -> str:
-        def said(name: str, value) -> str:
-            how = "fitted" if name in self.fitted else "set"
-            return f"{name} {value} ({how})"
+    @classmethod
+    def of(cls, **values) -> Fitted:
+        f = cls(**values)
+        return msgspec.structs.replace(f, line=_line(f))
 
-        t = self.traffic
-        return (
-            f"{said('holdout_share', f'{self.holdout_share:.0%}')}, "
-            f"{said('min_new_groups', self.min_new_groups)}, "
-            f"{said('canary_fraction', f'{self.canary_fraction:.0%}')}, "
-            f"{said('settle_s', f'{self.settle_s:.0f}')}; from {t.scenarios} "
-            f"scenarios, {t.conversations} conversations, {t.recent_groups} groups scored "
-            f"and {t.recent_conversations} conversations started in the last "
-            f"{GROUPS_WINDOW_S // 60} minutes"
-        )
 
-    def as_dict(self) -> dict:
-        return {**asdict(self), "fitted": list(self.fitted), "line": self.line()}
+def _line(f: Fitted) -> str:
+    def said(name: str, value) -> str:
+        how = "fitted" if name in f.fitted else "set"
+        return f"{name} {value} ({how})"
+
+    t = f.traffic
+    return (
+        f"{said('holdout_share', f'{f.holdout_share:.0%}')}, "
+        f"{said('min_new_groups', f.min_new_groups)}, "
+        f"{said('canary_fraction', f'{f.canary_fraction:.0%}')}, "
+        f"{said('settle_s', f'{f.settle_s:.0f}')}; from {t.scenarios} "
+        f"scenarios, {t.conversations} conversations, {t.recent_groups} groups scored "
+        f"and {t.recent_conversations} conversations started in the last "
+        f"{GROUPS_WINDOW_S // 60} minutes"
+    )
 
 
 def observe(store) -> Traffic:
@@ -113,11 +118,11 @@ def observe(store) -> Traffic:
     )[0]
     gap = row["turn_gap_p95_s"]
     return Traffic(
-        int(row["scenarios"]),
-        int(row["conversations"]),
-        int(row["recent_groups"]),
-        int(row["recent_conversations"]),
-        None if gap is None else float(gap),
+        scenarios=int(row["scenarios"]),
+        conversations=int(row["conversations"]),
+        recent_groups=int(row["recent_groups"]),
+        recent_conversations=int(row["recent_conversations"]),
+        turn_gap_p95_s=None if gap is None else float(gap),
     )
 
 
@@ -140,8 +145,13 @@ def fit(settings: DeploySettings, traffic: Traffic) -> Fitted:
         gap = traffic.turn_gap_p95_s
         settle = SETTLE_S if gap is None else min(high, max(low, 4 * gap))
         fitted.append("settle_s")
-    return Fitted(
-        round(share, 3), groups, round(canary, 3), round(settle, 1), traffic, tuple(fitted)
+    return Fitted.of(
+        holdout_share=round(share, 3),
+        min_new_groups=groups,
+        canary_fraction=round(canary, 3),
+        settle_s=round(settle, 1),
+        traffic=traffic,
+        fitted=tuple(fitted),
     )
 
 

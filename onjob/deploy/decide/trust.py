@@ -15,7 +15,7 @@ whether the judges that trained and referee it agree with users.
   not follow users: nothing it trained or refereed is promoted (candidate stopped,
   canary rolled back). Judges without enough feedback are not held against anyone.
 
-Each returns its figures with its outcome (`evidence.Drift`, `evidence.Agreement`), like
+Each returns its figures with its outcome (`evidence.Drift`, `evidence.JudgeAgreement`), like
 `shape.guards`.
 
 And who may promote (`release_mode`): the loop promotes a canary by itself only when
@@ -34,7 +34,7 @@ import json
 
 from ...judge import agreement
 from ..settings import DeploySettings, LoopSettings
-from .evidence import Agreement, Drift, ReleaseMode
+from .evidence import Drift, JudgeAgreement, ReleaseMode
 
 
 def static_mode(settings: DeploySettings) -> ReleaseMode:
@@ -121,18 +121,18 @@ def kl_guard(store, checkpoint: str | None, settings: LoopSettings) -> Drift:
     return out
 
 
-def agreement_guard(store, judges: list[str], settings: LoopSettings) -> Agreement:
+def agreement_guard(store, judges: list[str], settings: LoopSettings) -> JudgeAgreement:
     """Each of `judges` (score sources: `ruler:<model>`, `fn:<name>`) with enough pairs
     with feedback, against `loop.min_judge_agreement`."""
     bound = settings.min_judge_agreement
-    out = Agreement(bound=bound)
+    out = JudgeAgreement(bound=bound)
     if bound is None or not judges:
         return out
     for record in agreement.judge_agreement(store, per_scenario=False):
         if record.judge not in judges:
             continue
         named = f" ({record.metric})" if record.metric else ""  # one record per metric
-        out.judges[record.judge + named] = record.as_dict()
+        out.judges[record.judge + named] = record
         if record.verdict == "too few pairs" or record.accuracy_ci is None:
             continue
         if record.accuracy_ci[1] < bound and out.tripped is None:

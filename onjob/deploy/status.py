@@ -1,0 +1,60 @@
+"""`GET /admin/status` and its parts, as the records the admin API sends and the client,
+the dashboard and `onjob status` read: the routing per lineage, the engines, the log's
+counters, the deployments, the loop's state, the reward per checkpoint, each judge's
+agreement with users, the release mode and reviews, and the settings fitted to the
+traffic."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from ..collector.budgets import BudgetState
+from ..judge.agreement import Agreement
+from ..proxy.routing import Arms
+from .act.reviews import ReleaseStatus
+from .decide import fair, fit
+from .records import Routing
+
+
+class LineState(msgspec.Struct, frozen=True, kw_only=True):
+    """One lineage in the loop's last iteration: its arms and its groups."""
+
+    live: str | None
+    canary: str | None
+    ready_groups: int  # scored groups it could train on
+    wanted_groups: int  # what starts a run (`fit.min_groups`)
+
+
+class LoopView(msgspec.Struct, frozen=True, kw_only=True):
+    """The loop's state as the admin status, the dashboard and `onjob status` show it."""
+
+    stage: str
+    paused: bool
+    since: float  # Unix time the stage began
+    iterations: int
+    seconds: dict[str, float]  # wall time per stage
+    budget: dict[str, BudgetState]  # stage -> its daily budget, when one is set
+    tenant_budgets: dict[str, fair.ShareState]
+    fitted: fit.Fitted | None
+    lineages: dict[str, LineState]
+    last_trained: str | None
+
+
+class ServerStatus(msgspec.Struct, kw_only=True):
+    """`GET /admin/status`: the routing per lineage and what the server is doing. The
+    engines' health, the log's counters and the reward per checkpoint stay JSON objects
+    (`pool.status`, `Collector.stats`, `progress.reward_by_checkpoint`)."""
+
+    aliases: dict[str, Arms]  # lineage -> its arms
+    base_model: str | None
+    tenants: dict[str, list[str]]  # tenant -> its API key ids
+    engines: list[dict[str, Any]]
+    collector: dict[str, Any]
+    deployments: list[Routing]  # newest first
+    loop: LoopView
+    rewards: list[dict[str, Any]]  # per sampling checkpoint: its groups' mean reward
+    judge_agreement: list[Agreement]
+    release: ReleaseStatus
+    fitted: fit.Fitted
