@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import Any
 
 from litestar import get
 from litestar.params import FromPath
 
 from .. import openapi
 from ..errors import NotFound, UpstreamError
+from ..protocol import Model, ModelList
 from ..routing import Router
 from ..settings import ProxySettings
 
@@ -21,23 +23,23 @@ def routes(settings: ProxySettings, router: Router) -> tuple:
             await router.discover()
         return router.names()
 
-    def entry(name: str, created: int) -> dict:
-        return {"id": name, "object": "model", "created": created, "owned_by": "onjob"}
+    def entry(name: str, created: int) -> Model:
+        return Model(id=name, object="model", created=created, owned_by="onjob")
 
     @get("/v1/models")
-    async def models() -> dict:
+    async def models() -> ModelList:
         known, created = await names(), int(time.time())
-        return {"object": "list", "data": [entry(name, created) for name in known]}
+        return ModelList(object="list", data=[entry(name, created) for name in known])
 
     @get("/v1/models/{model:path}")
-    async def model(model: FromPath[str]) -> dict:
+    async def model(model: FromPath[str]) -> Model:
         name = model.lstrip("/")
         if name not in await names():
             raise NotFound(f"The model `{name}` does not exist.", param="model")
         return entry(name, int(time.time()))
 
     @get("/openapi.json")
-    async def openapi_document() -> dict:
+    async def openapi_document() -> dict[str, Any]:
         # Behind an API key like the rest (it names the models, as /v1/models does).
         return openapi.document(settings, await names())
 
