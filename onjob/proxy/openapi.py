@@ -124,8 +124,13 @@ def _forwarded(answered: Answer, max_body_bytes: int, not_found: str) -> dict[st
 
 def routes(settings: ProxySettings) -> list[Route]:
     """Every operation of the public API."""
-    whole_or_stream = "the answer, whole or as server-sent events (`stream`)"
     size = settings.max_body_bytes
+    return [*_hot(size), *_stored_and_other(size)]
+
+
+def _hot(size: int) -> list[Route]:
+    """Chat, legacy completions and the Responses API: the routes that carry the traffic."""
+    whole_or_stream = "the answer, whole or as server-sent events (`stream`)"
     return [
         Route(
             path="/v1/chat/completions",
@@ -168,6 +173,12 @@ def routes(settings: ProxySettings) -> list[Route]:
                 "unknown model, or no `previous_response_id` stored for this key",
             ),
         ),
+    ]
+
+
+def _stored_and_other(size: int) -> list[Route]:
+    """The stored Responses, the models, feedback and health."""
+    return [
         Route(
             path="/v1/responses/{response_id}",
             method="get",
