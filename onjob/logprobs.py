@@ -26,6 +26,15 @@ TRAINED: Final = "raw_logprobs"  # the definition the trainer's ratio needs
 NO_LOGPROB: Final = -9999.0
 
 
+def ask_for_tokens(body: dict, *, legacy: bool = False) -> None:
+    """Set in an engine-bound `body` what onjob records of every answer it trains on: each
+    sampled token's id and logprob. A legacy completion's `logprobs` counts the
+    alternatives to list (the client's count; 0: the sampled token's alone). The proxy's
+    forwarded requests and the judge's re-samples both go through here."""
+    body["logprobs"] = body.get("logprobs", 0) if legacy else True
+    body["return_token_ids"] = True
+
+
 def constrained(request: dict) -> bool:
     """Whether vLLM decodes a chat request under a grammar (its logprobs then masked):
 

@@ -68,9 +68,8 @@ def request_for(logged: dict, model: str, s: JudgeSettings) -> dict:
         n=s.group_size,
         temperature=s.temperature,
         top_p=top_p if isinstance(top_p, int | float) else 1.0,
-        logprobs=True,
-        return_token_ids=True,
     )
+    logprobs.ask_for_tokens(body)
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
         body["max_tokens"] = s.max_tokens
     return body

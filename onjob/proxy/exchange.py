@@ -357,10 +357,7 @@ class Exchange:
             k: v for k, v in self.request.items() if k not in ("metadata", "stream_options")
         }
         upstream["model"] = self.route.model
-        # A legacy completion's `logprobs` counts the alternatives to list (0: the sampled
-        # token's alone).
-        upstream["logprobs"] = self.request.get("logprobs", 0) if self._legacy else True
-        upstream["return_token_ids"] = True
+        logprobs.ask_for_tokens(upstream, legacy=self._legacy)
         if self.stream:
             upstream["stream_options"] = {
                 **(self.request.get("stream_options") or {}),

@@ -8,7 +8,7 @@ reason, actor, evidence) and the checkpoints' statuses (`canary`, `live`,
 from __future__ import annotations
 
 from ...collector import Store
-from ..decide.evidence import to_json
+from ..decide.evidence import stored_json
 from ..errors import DeployError, RoutingChanged
 from ..records import ROUTING_COLUMNS, Arms, Routing
 from . import registry
@@ -204,7 +204,7 @@ def _record(store, alias, live, canary, fraction, reason, actor, evidence, *, st
             fraction,
             reason,
             actor,
-            to_json(evidence) if evidence is not None else None,
+            stored_json(evidence) if evidence is not None else None,
         ],
     )
     for name, status in statuses.items():

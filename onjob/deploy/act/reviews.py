@@ -20,7 +20,7 @@ import msgspec
 
 from ...collector import Store
 from ..decide import trust
-from ..decide.evidence import Evidence, ReleaseMode, to_json
+from ..decide.evidence import Evidence, ReleaseMode, stored_json
 from ..records import Routing
 from ..settings import DeploySettings
 from .deployments import current
@@ -55,7 +55,7 @@ def mark(
             store.con.execute(
                 "INSERT INTO reviews (model_alias, checkpoint, routing_ts, ts, reason, "
                 "evidence) VALUES (?, ?, ?, now(), ?, ?)",
-                [alias, routing.canary, routing.ts, reason, to_json(evidence)],
+                [alias, routing.canary, routing.ts, reason, stored_json(evidence)],
             )
             store.con.execute(
                 "UPDATE checkpoints SET status = 'review' WHERE name = ? AND status = 'canary'",

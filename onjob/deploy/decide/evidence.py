@@ -218,14 +218,14 @@ class Verdict(msgspec.Struct, frozen=True):
     evidence: Evidence
 
     def encode(self) -> str:
-        return to_json(self)
+        return stored_json(self)
 
     @classmethod
     def decode(cls, text: str | bytes) -> Verdict:
         return msgspec.json.decode(text, type=cls)
 
 
-def to_json(evidence: Evidence | Verdict | dict) -> str:
+def stored_json(evidence: Evidence | Verdict | dict) -> str:
     """As the JSON columns hold evidence: `json`'s spacing, as rows written before these
     records were typed, so one `LIKE` or substring reads old and new rows alike."""
     return json.dumps(msgspec.to_builtins(evidence))
