@@ -175,15 +175,20 @@ def test_a_canary_whose_test_passed_is_promoted_once_traffic_clears_its_guards(
     assert c["outcome"] == "promoted"
 
 
+def _canary_since(started: datetime) -> Routing:
+    """`ckpt-x` as the canary of the shared lineage since `started`, set by hand."""
+    return Routing(
+        ts=started, model_alias="agent", live=None, canary="ckpt-x", fraction=0.5,
+        reason="by hand", actor="test", evidence=None,
+    )  # fmt: skip
+
+
 def test_an_open_canary_ends_after_its_wall_time(tmp_path):
     s = settings(tmp_path / "onjob.duckdb", "partial", gate=EXACT)
     store = Store(s.collector.db)
     try:
         started = datetime.now(UTC) - timedelta(days=2)
-        routing = Routing(
-            ts=started, model_alias="agent", live=None, canary="ckpt-x", fraction=0.5,
-            reason="by hand", actor="test", evidence=None,
-        )  # fmt: skip
+        routing = _canary_since(started)
         found = verdict.decide(store, s, "ckpt-x", None, routing, rounds=1)
         assert found.decision == "rollback"
         assert "undecided after 48.0 h (loop.canary_max_s)" in found.reason
@@ -202,10 +207,7 @@ def test_the_verdict_the_loop_recorded_is_read_back_whole_and_only_for_its_routi
     store = Store(s.collector.db)
     try:
         started = datetime.now(UTC) - timedelta(days=2)
-        routing = Routing(
-            ts=started, model_alias="agent", live=None, canary="ckpt-x", fraction=0.5,
-            reason="by hand", actor="test", evidence=None,
-        )  # fmt: skip
+        routing = _canary_since(started)
         assert ledger.recorded(store, "agent", routing) is None  # not looked at yet
         found = verdict.decide(store, s, "ckpt-x", None, routing, rounds=1)
         ledger.record(store, "agent", "ckpt-x", "canary", found)

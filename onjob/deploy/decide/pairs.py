@@ -29,7 +29,7 @@ from ...judge.passes import PassReport, score_group
 from ..records import Routing
 from ..settings import DeploySettings, GateSettings, LoopSettings
 from . import ledger, stats
-from .evidence import HeldOutState, TestState
+from .evidence import HeldOutState, Tally, TestState
 
 
 class Missing(msgspec.Struct, frozen=True, kw_only=True):
@@ -343,14 +343,9 @@ class HeldOut:
 
     def evidence(self) -> HeldOutState:
         """The slice's part of what the dashboard and the deployments log show."""
-        p, t = self.paired, self.paired.tally
+        p = self.paired
         return HeldOutState(
-            pairs=t.pairs,
-            wins=t.wins,
-            ties=t.ties,
-            losses=t.losses,
-            win_rate=t.rate if t.pairs else None,
-            ci95=t.interval(),
+            **msgspec.structs.asdict(Tally.of(p.tally)),
             unjudged=p.unjudged,
             pending=p.pending,
             mean_difference=p.mean if p.pairs else None,
