@@ -172,3 +172,34 @@ class Threads(msgspec.Struct, kw_only=True):
     """`POST /onjob/threads`: the forwards' CPU threads (null: as the engine started)."""
 
     threads: Annotated[int, Meta(ge=1, le=4096)] | None = None
+
+
+class ThreadsSet(msgspec.Struct, kw_only=True):
+    """`POST /onjob/threads`' answer: the threads now, before, and at start."""
+
+    threads: int
+    was: int
+    started_with: int
+
+
+class ModelCard(msgspec.Struct, kw_only=True):
+    """A served model in `GET /v1/models`, vLLM's card with onjob's additions: the base
+    model (`parent` None) or an adapter on it."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "onjob"
+    root: str
+    parent: str | None
+    max_model_len: int
+    # What the trainer's importance ratio divides by: the raw distribution's logprobs
+    # (log-softmax of the logits, before temperature and top-p), in this dtype.
+    dtype: str
+    logprobs: str
+    threads: int  # onjob's: fewer while a training run shares the host
+
+
+class ModelCards(msgspec.Struct, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

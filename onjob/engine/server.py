@@ -34,7 +34,15 @@ from . import chat, completions, control, grammar
 from .answers import sse, usage
 from .batching import Batcher, TokenEvent
 from .errors import BadRequest, EngineError, NotFound
-from .protocol import ChatRequest, LoadAdapter, Threads, UnloadAdapter
+from .protocol import (
+    ChatRequest,
+    LoadAdapter,
+    ModelCard,
+    ModelCards,
+    Threads,
+    ThreadsSet,
+    UnloadAdapter,
+)
 from .resolver import Resolver
 from .sampling import Sampling
 
@@ -241,25 +249,20 @@ class Engine:
         finally:
             gen.cancel()
 
-    def listing(self) -> list[dict]:
+    def listing(self) -> list[ModelCard]:
         loaded = self.loaded
-        base = {
-            "id": loaded.name,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "onjob",
-            "root": loaded.path,
-            "parent": None,
-            "max_model_len": loaded.max_model_len,
-            # What the trainer's importance ratio divides by: the raw distribution's logprobs
-            # (log-softmax of the logits, before temperature and top-p), in this dtype.
-            "dtype": str(loaded.model.dtype).removeprefix("torch."),
-            "logprobs": TRAINED,
-            # onjob's: fewer while a training run shares the host
-            "threads": self.batcher.threads_now,
-        }
+        base = ModelCard(
+            id=loaded.name,
+            created=self.created,
+            root=loaded.path,
+            parent=None,
+            max_model_len=loaded.max_model_len,
+            dtype=str(loaded.model.dtype).removeprefix("torch."),
+            logprobs=TRAINED,
+            threads=self.batcher.threads_now,
+        )
         adapters = [
-            {**base, "id": a.name, "root": a.path, "parent": loaded.name}
+            msgspec.structs.replace(base, id=a.name, root=a.path, parent=loaded.name)
             for a in list(loaded.adapters.values())
         ]
         return [base, *adapters]
@@ -315,15 +318,15 @@ async def chat_completions(engine: Engine, request: Request) -> Response | Strea
 
 
 @get("/v1/models")
-async def models(engine: Engine) -> dict:
-    return {"object": "list", "data": engine.listing()}
+async def models(engine: Engine) -> ModelCards:
+    return ModelCards(data=engine.listing())
 
 
 @get("/v1/models/{model:path}")
-async def model(engine: Engine, model: FromPath[str]) -> dict:
+async def model(engine: Engine, model: FromPath[str]) -> ModelCard:
     name = model.lstrip("/")
     for entry in engine.listing():
-        if entry["id"] == name:
+        if entry.id == name:
             return entry
     raise NotFound(f"The model `{name}` does not exist.", param="model")
 
@@ -356,10 +359,10 @@ async def unload_lora_adapter(engine: Engine, request: Request) -> Response:
 
 
 @post("/onjob/threads", status_code=200)
-async def threads(engine: Engine, request: Request) -> dict:
+async def threads(engine: Engine, request: Request) -> ThreadsSet:
     body = _decode(await request.body(), Threads)
     before, after = await engine.batcher.threads(body.threads)
-    return {"threads": after, "was": before, "started_with": engine.batcher.started_threads}
+    return ThreadsSet(threads=after, was=before, started_with=engine.batcher.started_threads)
 
 
 @get("/health")
