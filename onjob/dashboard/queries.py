@@ -170,8 +170,21 @@ def per_minute(store: Store, minutes: int) -> list[dict]:
     )
 
 
-def totals(store: Store) -> dict:
-    return store.query(
+class Totals(msgspec.Struct, frozen=True, kw_only=True):
+    """The overview's counts: production exchanges (and of them the untrainable), the
+    conversations, scenarios, groups and checkpoints."""
+
+    exchanges: int
+    untrainable: int
+    trajectories: int
+    scenarios: int
+    groups: int
+    checkpoints: int
+
+
+def totals(store: Store) -> Totals:
+    return store.rows(
+        Totals,
         """
         SELECT (SELECT count(*) FROM exchanges WHERE source = 'production') AS exchanges,
                -- answered, logged, and kept from training (`onjob.logprobs.untrainable`)
@@ -181,7 +194,7 @@ def totals(store: Store) -> dict:
                (SELECT count(*) FROM scenarios) AS scenarios,
                (SELECT count(*) FROM groups) AS groups,
                (SELECT count(*) FROM checkpoints) AS checkpoints
-        """
+        """,
     )[0]
 
 
