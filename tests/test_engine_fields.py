@@ -9,7 +9,8 @@ import openai
 import pytest
 from openai.types.chat.completion_create_params import CompletionCreateParamsBase
 
-from onjob.engine.protocol import REFUSED, ChatRequest
+from onjob.engine.protocol import ChatRequest
+from onjob.openai_fields import REFUSED
 
 HELLO = [{"role": "user", "content": "Say hello."}]
 

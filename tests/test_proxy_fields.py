@@ -96,6 +96,7 @@ def test_hints_are_accepted_and_answer_shaping_fields_reach_the_engine(tmp_path)
         "prompt_cache_key": "k",
         "safety_identifier": "u1",
         "modalities": ["text"],
+        "prediction": {"type": "content", "content": "x"},  # a latency hint
     }
     shaping = {
         "logit_bias": {"42": -100},
@@ -120,7 +121,6 @@ def test_hints_are_accepted_and_answer_shaping_fields_reach_the_engine(tmp_path)
         ("verbosity", "low"),
         ("audio", {"voice": "alloy", "format": "wav"}),
         ("modalities", ["text", "audio"]),
-        ("prediction", {"type": "content", "content": "x"}),
         ("web_search_options", {}),
         ("functions", [{"name": "f"}]),
         ("function_call", "auto"),

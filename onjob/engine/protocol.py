@@ -18,7 +18,16 @@ import msgspec
 from msgspec import Meta
 
 from ..logprobs import GRAMMAR_FIELDS
-from ..openai_fields import LogitBias, Penalty, StreamOptions, Temperature, Tool, TopLogprobs, TopP
+from ..openai_fields import (
+    REFUSED,
+    LogitBias,
+    Penalty,
+    StreamOptions,
+    Temperature,
+    Tool,
+    TopLogprobs,
+    TopP,
+)
 
 
 class Message(msgspec.Struct, kw_only=True):
@@ -127,9 +136,9 @@ class ChatRequest(msgspec.Struct, kw_only=True):
 
     def refused(self) -> tuple[str, str] | None:
         """(param, message) for the first field the engine refuses, or None."""
-        for name in REFUSED:
+        for name, why in REFUSED.items():
             if getattr(self, name) is not None:
-                return name, f"`{name}` is not supported by this engine."
+                return name, f"`{name}` is not supported: {why}."
         for name in GRAMMAR_FIELDS:
             if getattr(self, name) is not None:
                 return name, (
@@ -146,16 +155,6 @@ class ChatRequest(msgspec.Struct, kw_only=True):
         if self.modalities and "audio" in self.modalities:
             return "modalities", "This engine generates text only: `modalities` must be ['text']."
         return None
-
-
-REFUSED = (
-    "audio",
-    "functions",
-    "function_call",
-    "moderation",
-    "web_search_options",
-    "verbosity",
-)
 
 
 class LoadAdapter(msgspec.Struct, kw_only=True):

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from .. import logprobs
+from .. import logprobs, openai_fields
 from ..collector import ExchangeRecord
 from ..collector.ids import new_id
 from ..collector.linear import WHOLE, Lineage, stored
@@ -45,26 +45,7 @@ _REASONING = ("reasoning_content", "reasoning")
 # Hints that cannot change the answer are accepted and not forwarded (vLLM does not know
 # them). Fields that would change the answer in a way no engine behind onjob gives are
 # refused with a 400 naming them, never silently ignored; `null` is absent everywhere.
-HINTS = frozenset(
-    {
-        "store",  # every exchange is logged anyway
-        "prompt_cache_key",
-        "prompt_cache_retention",
-        "prompt_cache_options",
-        "safety_identifier",
-        "service_tier",
-    }
-)
-REFUSED = {
-    "audio": "audio output is not served",
-    "modalities": 'only `["text"]` is served',
-    "prediction": "predicted outputs are not served",
-    "web_search_options": "web search is not served",
-    "verbosity": "the engine has no verbosity control",
-    "moderation": "moderation is not served",
-    "functions": "deprecated: send `tools`",
-    "function_call": "deprecated: send `tool_choice`",
-}
+REFUSED = {**openai_fields.REFUSED, "modalities": 'only `["text"]` is served'}
 
 
 def parse_request(raw: bytes, settings: ProxySettings) -> dict:
@@ -100,7 +81,11 @@ def parse_request(raw: bytes, settings: ProxySettings) -> dict:
     if "include_reasoning" in body:
         _check_include_reasoning(body)
     # null is absent (OpenAI's rule): dropped here, so no engine ever sees a null field.
-    return {k: v for k, v in body.items() if v is not None and k not in HINTS and k != "modalities"}
+    return {
+        k: v
+        for k, v in body.items()
+        if v is not None and k not in openai_fields.HINTS and k != "modalities"
+    }
 
 
 def _check_include_reasoning(body: dict) -> None:
@@ -125,7 +110,7 @@ def parse_completion_request(raw: bytes, settings: ProxySettings) -> tuple[dict,
     the exchange is placed: one user message, a conversation of its own). One prompt per
     request: a batch of prompts would be several conversations in one exchange."""
     body = decode_body(raw)
-    body = {k: v for k, v in body.items() if v is not None and k not in HINTS}
+    body = {k: v for k, v in body.items() if v is not None and k not in openai_fields.HINTS}
     if type(body.get("model")) is not str or not body["model"]:
         raise BadRequest("`model` is required and must be a string.", param="model")
     prompt = body.get("prompt")
