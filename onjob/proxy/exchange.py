@@ -23,6 +23,7 @@ from ..collector.ids import new_id
 from ..collector.linear import WHOLE, Lineage, stored
 from ..collector.records import to_json
 from ..collector.trajectories import Keys, continuations, keys, scoped
+from ..openai_fields import HINTS
 from .body import decode_body
 from .errors import BadRequest, MalformedAnswer
 from .protocol import ChatSampling, EngineAnswer, LegacySampling, check_sampling
@@ -81,11 +82,7 @@ def parse_request(raw: bytes, settings: ProxySettings) -> dict:
     if "include_reasoning" in body:
         _check_include_reasoning(body)
     # null is absent (OpenAI's rule): dropped here, so no engine ever sees a null field.
-    return {
-        k: v
-        for k, v in body.items()
-        if v is not None and k not in openai_fields.HINTS and k != "modalities"
-    }
+    return {k: v for k, v in body.items() if v is not None and k not in HINTS and k != "modalities"}
 
 
 def _check_include_reasoning(body: dict) -> None:
@@ -110,7 +107,7 @@ def parse_completion_request(raw: bytes, settings: ProxySettings) -> tuple[dict,
     the exchange is placed: one user message, a conversation of its own). One prompt per
     request: a batch of prompts would be several conversations in one exchange."""
     body = decode_body(raw)
-    body = {k: v for k, v in body.items() if v is not None and k not in openai_fields.HINTS}
+    body = {k: v for k, v in body.items() if v is not None and k not in HINTS}
     if type(body.get("model")) is not str or not body["model"]:
         raise BadRequest("`model` is required and must be a string.", param="model")
     prompt = body.get("prompt")
