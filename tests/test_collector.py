@@ -330,7 +330,7 @@ def test_a_segment_duckdb_refuses_is_set_aside_and_the_segments_after_it_load(tm
 
     first, bad, ids, stats, rows = asyncio.run(main())
     assert {r["id"] for r in rows} == {first, *ids}
-    assert stats["failed_segments"] == 1 and stats["backlog_segments"] == 0
+    assert stats.failed_segments == 1 and stats.backlog_segments == 0
     aside = spool / "failed" / bad.name
     assert aside.read_bytes().count(first.encode()) == 1  # kept as it was
     assert "Duplicate key" in (spool / "failed" / f"{bad.name}.error").read_text()
@@ -356,7 +356,7 @@ def test_a_segment_duckdb_refuses_at_start_does_not_stop_the_server_starting(tmp
 
     rows, stats = asyncio.run(main())
     assert sorted(r["id"] for r in rows) == sorted([loaded.id, good.id])
-    assert stats["failed_segments"] == 1
+    assert stats.failed_segments == 1
     # Names from before several writers carry no times: either copy may have gone first.
     assert [p.name for p in (spool / "failed").glob("*.jsonl")] in (
         ["0000000000001.jsonl"],

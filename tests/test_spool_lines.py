@@ -153,7 +153,7 @@ def test_a_refused_line_is_set_aside_alone_and_the_rest_of_its_segment_loads(tmp
     aside = spool / "failed" / "0000000000001-0000000000002-restored-000001-line2.jsonl"
     assert aside.read_bytes().count(first.encode()) == 1 and aside.read_bytes().count(b"\n") == 1
     assert "Duplicate key" in aside.with_name(aside.name + ".error").read_text()
-    assert stats["failed_segments"] == 1 and stats["backlog_segments"] == 0
+    assert stats.failed_segments == 1 and stats.backlog_segments == 0
     # The pieces the segment was loaded in leave nothing behind.
     assert list((spool / ".pieces").iterdir()) == []
     assert rows(db, "SELECT count(*) FROM loaded_segments WHERE name LIKE '%restored%'") == [(0,)]

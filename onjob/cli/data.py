@@ -118,11 +118,11 @@ def _show_forgotten(out: Removed) -> None:
         )
         for c in out.trained_on:
             print(
-                f"  {c['name']:<40} {c['status']:<10} lineage={c.get('lineage') or '-'} "
-                f"run={c['train_run'] or '-'} parent={c['parent'] or '-'} {c['path'] or ''}"
+                f"  {c.name:<40} {c.status:<10} lineage={c.lineage or '-'} "
+                f"run={c.train_run or '-'} parent={c.parent or '-'} {c.path or ''}"
             )
-            if c.get("removing"):
-                print(f"    removing it: {c['removing']}")
+            if c.removing:
+                print(f"    removing it: {c.removing}")
     else:
         print("no checkpoint was trained on it")
     for path in out.snapshots_removed:

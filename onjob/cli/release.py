@@ -162,12 +162,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         release, fitted, ckpts = status.release, status.fitted, None
     if release:
         _show_release(release)
-    if status is not None and status.collector.get("loader"):  # hosts sharing a bucket
+    if status is not None and status.collector.loader:  # hosts sharing a bucket
         c = status.collector
-        hosts = ", ".join(c.get("hosts_live") or []) or "none"
-        dropped = ", ".join(c.get("hosts_dropped") or [])
+        hosts = ", ".join(c.hosts_live) or "none"
+        dropped = ", ".join(c.hosts_dropped)
         print(
-            f"loader: {c['loader']}; hosts live: {hosts}"
+            f"loader: {c.loader}; hosts live: {hosts}"
             + (f"; past their lease (taken for dead): {dropped}" if dropped else "")
         )
     if fitted:

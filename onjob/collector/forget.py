@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
@@ -65,6 +64,20 @@ class Forget:
         return f"conversations ended before {self.before.isoformat()}"
 
 
+class Tainted(msgspec.Struct, kw_only=True):
+    """A checkpoint trained on deleted data (or on top of one that was), with what taking it
+    out of service would do. `lineage` is the one its run trained (`alias` or
+    `alias@tenant`; None for a run before lineages or a checkpoint added by hand)."""
+
+    name: str
+    status: str
+    train_run: str | None
+    path: str | None
+    parent: str | None
+    lineage: str | None = None
+    removing: str | None = None  # what taking it out of service would do, and how
+
+
 @dataclass
 class Forgotten:
     """How many rows each table lost, and the checkpoints trained on deleted data."""
@@ -79,7 +92,7 @@ class Forgotten:
     scores: int = 0
     feedback: int = 0
     openings: int = 0  # shared starts (`linear.py`) no remaining row is stored against
-    trained_on: list[dict] = field(default_factory=list)  # name, status, train_run, path
+    trained_on: list[Tainted] = field(default_factory=list)
     checkpointed: bool = False  # the write-ahead log no longer holds the deleted rows
     set_aside_removed: int = 0  # lines removed from the spool's failed/ (`scrub`)
     set_aside_kept: int = 0  # files left in failed/: lines the rule could not tie to it
@@ -111,7 +124,7 @@ class Removed(msgspec.Struct, kw_only=True):
     scores: int
     feedback: int
     openings: int
-    trained_on: list[dict[str, Any]]
+    trained_on: list[Tainted]
     checkpointed: bool
     set_aside_removed: int
     set_aside_kept: int
@@ -259,7 +272,7 @@ def _delete(con, what: str, params: list | None = None) -> int:
     return con.execute(f"DELETE FROM {what}", params or []).fetchone()[0]
 
 
-def _trained_on(con) -> list[dict]:
+def _trained_on(con) -> list[Tainted]:
     """Checkpoints whose run used a doomed group, and every checkpoint trained on top of
     one of them (it inherits its weights)."""
     cur = con.execute(
@@ -277,22 +290,21 @@ def _trained_on(con) -> list[dict]:
         """
     )
     names = [d[0] for d in cur.description]
-    return [_removing(dict(zip(names, row, strict=True))) for row in cur.fetchall()]
+    found = [Tainted(**dict(zip(names, row, strict=True))) for row in cur.fetchall()]
+    return [msgspec.structs.replace(c, removing=_removing(c)) for c in found]
 
 
-def _removing(c: dict) -> dict:
-    """What taking the checkpoint out of service would do, said with the answer: the
-    lineage it was trained for (`alias` or `alias@tenant`; None for a run before
-    lineages or a checkpoint added by hand) and the command that does it."""
-    which = lineage_flags(c["lineage"] or "ALIAS")
-    c["removing"] = {
+def _removing(c: Tainted) -> str:
+    """What taking the checkpoint out of service would do, said with the answer, and the
+    command that does it."""
+    which = lineage_flags(c.lineage or "ALIAS")
+    return {
         "canary": f"`onjob rollback {which}` retires it; its lineage's live serves alone",
         "review": f"`onjob rollback {which}` retires it; its lineage's live serves alone",
-        "live": f"it is the live adapter of {c['lineage'] or 'its alias'}: promote another "
+        "live": f"it is the live adapter of {c.lineage or 'its alias'}: promote another "
         f"in its place (`onjob canary {which} CKPT`, then `onjob promote {which}`; its "
-        f"parent is {c['parent'] or 'the base model'})",
-    }.get(c["status"], "it serves no one")
-    return c
+        f"parent is {c.parent or 'the base model'})",
+    }.get(c.status, "it serves no one")
 
 
 def _recount_scenarios(con, scenario_ids: list[str]) -> int:

@@ -70,7 +70,7 @@ def connect(path: Path | str) -> duckdb.DuckDBPyConnection:
     this process alone, so DuckDB's own switches can go off (`sqlguard.lock_down`): no
     file but the database, no network, no extension loaded on demand, none of it undone
     by a `SET`. Not for `export`, which writes its Parquet file through DuckDB."""
-    return duckdb.connect(str(path), read_only=True, config=lock_down())
+    return lock_down(str(path))
 
 
 def tables(con: duckdb.DuckDBPyConnection) -> list[str]:

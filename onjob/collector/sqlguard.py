@@ -226,16 +226,17 @@ def check_plan(con: duckdb.DuckDBPyConnection, statement: duckdb.Statement, own:
             raise QueryRefused(f"the query's plan has {name}, which is not answered here")
 
 
-def lock_down() -> dict[str, Any]:
-    """`duckdb.connect`'s config with every way out of the database switched off: no file
-    or network access but the database itself, no extension installed or loaded on
-    demand, and no `SET` that undoes it. Only for a DuckDB instance the caller has alone."""
-    return {
+def lock_down(path: str) -> duckdb.DuckDBPyConnection:
+    """The database file opened read-only in a DuckDB instance of its own, every way out of
+    it switched off: no file or network access but the database itself, no extension
+    installed or loaded on demand, and no `SET` that undoes it."""
+    locked = {
         "enable_external_access": False,
         "autoinstall_known_extensions": False,
         "autoload_known_extensions": False,
         "lock_configuration": True,
     }
+    return duckdb.connect(path, read_only=True, config=locked)
 
 
 def no_extensions_on_demand(con: duckdb.DuckDBPyConnection) -> None:

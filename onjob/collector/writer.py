@@ -47,6 +47,22 @@ FAILED_HELD = 10_000  # failed exchanges whose place a retry on the live arm may
 FORGOTTEN_MARK = "forgotten.mark"  # in the spool directory: touched by each `forget`
 
 
+class CollectorStats(msgspec.Struct, kw_only=True):
+    """The collector's counters since start, in `/health` and `GET /admin/status`. Every
+    field has a default: a client reads another version's server, which may send fewer."""
+
+    spooled: int = 0  # exchanges handed over
+    loaded: int = 0  # exchanges inserted into DuckDB
+    backlog_segments: int = 0  # what the spool holds that DuckDB does not yet
+    failed_segments: int = 0  # set aside in failed/ (`_load_or_set_aside`)
+    untrainable: dict[str, int] = {}  # of those spooled, kept from training, by reason
+    forgets_seen: int = 0  # a proxy-only process: deletions that cleared its memory
+    unlogged: int = 0  # answered while the spool directory was full
+    hosts_live: list[str] = []  # the loader: hosts whose watermark counts
+    hosts_dropped: list[str] = []  # and those past their lease
+    loader: str | None = None  # who loads (`_loader_state`)
+
+
 def _transient(exc: BaseException) -> bool:
     """Whether a failed load may succeed as it is later (a full disk, memory, an interrupt)
     rather than being refused for the segment's content."""
@@ -530,7 +546,7 @@ class Collector:
         if out.exchanges:
             log.warning("forgot %s: %d exchanges", out.what, out.exchanges)
         if out.trained_on:
-            names = ", ".join(c["name"] for c in out.trained_on)
+            names = ", ".join(c.name for c in out.trained_on)
             log.warning("checkpoints already trained on what was forgotten: %s", names)
         return out
 
@@ -542,21 +558,20 @@ class Collector:
         cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(days=days)
         return await self.forget(Forget(before=cutoff), actor="retention")
 
-    def stats(self) -> dict:
-        """Counters for `/health`: `backlog` is what the spool holds that DuckDB does not yet,
-        `failed` the segments set aside (`_load_or_set_aside`)."""
-        return {
-            "spooled": self.spooled,
-            "loaded": self.loaded,
-            "backlog_segments": len(self._spool.segments()) if self._spool else 0,
-            "failed_segments": self._spool.set_aside_count() if self._spool else 0,
-            "untrainable": dict(self.untrainable),
-            "forgets_seen": self.forgets_seen,
-            "unlogged": self.unlogged,  # answered while the spool directory was full
-            "hosts_live": list(self._remote.live),  # the loader: hosts whose watermark counts
-            "hosts_dropped": list(self._remote.dropped),  # and those past their lease
-            "loader": self._loader_state(),
-        }
+    def stats(self) -> CollectorStats:
+        """Counters for `/health` and `GET /admin/status`."""
+        return CollectorStats(
+            spooled=self.spooled,
+            loaded=self.loaded,
+            backlog_segments=len(self._spool.segments()) if self._spool else 0,
+            failed_segments=self._spool.set_aside_count() if self._spool else 0,
+            untrainable=dict(self.untrainable),
+            forgets_seen=self.forgets_seen,
+            unlogged=self.unlogged,
+            hosts_live=list(self._remote.live),
+            hosts_dropped=list(self._remote.dropped),
+            loader=self._loader_state(),
+        )
 
     def _loader_state(self) -> str | None:
         """Who loads, for `/health` and `onjob status` (None without a bucket or in a

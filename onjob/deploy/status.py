@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from ..collector.budgets import BudgetState
+from ..collector.writer import CollectorStats
 from ..judge.agreement import Agreement
 from ..proxy.routing import Arms
 from .act.reviews import ReleaseStatus
@@ -44,14 +45,14 @@ class LoopView(msgspec.Struct, frozen=True, kw_only=True):
 
 class ServerStatus(msgspec.Struct, kw_only=True):
     """`GET /admin/status`: the routing per lineage and what the server is doing. The
-    engines' health, the log's counters and the reward per checkpoint stay JSON objects
-    (`pool.status`, `Collector.stats`, `progress.reward_by_checkpoint`)."""
+    engines' health and the reward per checkpoint stay JSON objects (`pool.status`,
+    `progress.reward_by_checkpoint`)."""
 
     aliases: dict[str, Arms]  # lineage -> its arms
     base_model: str | None
     tenants: dict[str, list[str]]  # tenant -> its API key ids
     engines: list[dict[str, Any]]
-    collector: dict[str, Any]
+    collector: CollectorStats
     deployments: list[Routing]  # newest first
     loop: LoopView
     rewards: list[dict[str, Any]]  # per sampling checkpoint: its groups' mean reward
