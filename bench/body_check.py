@@ -1,4 +1,4 @@
-"""What reading a request body once costs (`onjob/proxy/body.py`): msgspec's decoding
+"""What reading a request body once costs (`onjob/protocol/body.py`): msgspec's decoding
 alone against `decode_body` (decoding, the depth bound and the duplicate-key check), per
 body, on typical chat bodies: a 20-message conversation with tools, the same with a
 tool call's JSON arguments and a colon in every message, pretty-printed, and a 700 KB one.
@@ -23,7 +23,7 @@ import msgspec
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from onjob.proxy.body import decode_body  # noqa: E402
+from onjob.protocol import decode_body  # noqa: E402
 
 
 def bodies() -> dict[str, bytes]:

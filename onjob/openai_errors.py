@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
@@ -20,6 +21,19 @@ _HTTP_TYPES = {
 }
 
 
+class ErrorDetail(msgspec.Struct, kw_only=True):
+    """onjob's own errors carry all four fields; an engine's error is passed on as sent."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: int | str | None = None
+
+
+class Error(msgspec.Struct, kw_only=True):
+    error: ErrorDetail
+
+
 class OpenAIError(OnjobError):
     """An error answered as `{"error": {...}}` with its HTTP status; each package's
     exception tree (the proxy's, the engine's) grows from it."""
@@ -33,7 +47,7 @@ class OpenAIError(OnjobError):
         self.message = message
         self.param = param
 
-    def body(self) -> dict:
+    def body(self) -> Error:
         return error_body(self.message, self.type, self.status, self.param)
 
     def headers(self) -> dict[str, str]:
@@ -44,8 +58,8 @@ def openai_error(_: Request, exc: OpenAIError) -> Response:
     return Response(exc.body(), status_code=exc.status, headers=exc.headers())
 
 
-def error_body(message: str, type_: str, status: int, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": status}}
+def error_body(message: str, type_: str, status: int, param: str | None = None) -> Error:
+    return Error(error=ErrorDetail(message=message, type=type_, param=param, code=status))
 
 
 def http_error(_: Request, exc: HTTPException) -> Response:

@@ -14,6 +14,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 
@@ -21,7 +22,7 @@ from onjob import bundled
 from onjob.cli import admin_key
 from onjob.cli.process import EngineProcess
 from onjob.collector import Store
-from onjob.trainer.manifest import Manifest
+from onjob.trainer.manifest import Manifest, Metrics
 from onjob.trainer.records import record_run
 
 # A server a test starts runs its loop at the old default's pace (every 300 s: never
@@ -81,7 +82,8 @@ def record_trained(
     parent: str | None = None,
 ) -> None:
     """A candidate as a finished training run records it (`record_run`, run `run-<name>`),
-    from a manifest holding only what its rows keep; `metrics` beside a duration of 1 s."""
+    from a manifest holding only what its rows keep; `metrics` beside no steps and a
+    duration of 1 s."""
     manifest = Manifest(
         name=name,
         base_model=str(base_model),
@@ -89,7 +91,7 @@ def record_trained(
         config_sha256="",
         config=config or {},
         groups=list(groups),
-        metrics={"duration_s": 1.0, **(metrics or {})},
+        metrics=msgspec.convert({"steps": 0, "duration_s": 1.0, **(metrics or {})}, Metrics),
         history=[],
         created=0.0,
     )
@@ -177,7 +179,8 @@ def teach(tokenizer, lessons: list[tuple[list[dict], list[dict] | None, str]], o
     import msgspec
 
     from onjob.engine import chat
-    from onjob.engine.protocol import Message, Tool
+    from onjob.protocol.chat import Message
+    from onjob.protocol.fields import Tool
 
     batch = []
     for messages, tools, answer in lessons:

@@ -9,8 +9,8 @@ import openai
 import pytest
 from openai.types.chat.completion_create_params import CompletionCreateParamsBase
 
-from onjob.engine.protocol import ChatRequest
-from onjob.openai_fields import REFUSED
+from onjob.protocol import ChatCompletionRequest
+from onjob.protocol.fields import REFUSED
 
 HELLO = [{"role": "user", "content": "Say hello."}]
 
@@ -18,13 +18,15 @@ HELLO = [{"role": "user", "content": "Say hello."}]
 def test_every_field_of_openais_chat_request_is_declared():
     """A field the engine does not declare would be ignored silently: a new one in the
     openai client must be sorted into honoured, ignored or refused."""
-    declared = {f.name for f in msgspec.structs.fields(ChatRequest)}
+    declared = {f.name for f in msgspec.structs.fields(ChatCompletionRequest)}
     assert set(CompletionCreateParamsBase.__annotations__) <= declared
 
 
 def test_null_fields_are_taken_as_absent(engine):
     nullable = [
-        f.name for f in msgspec.structs.fields(ChatRequest) if f.name not in ("model", "messages")
+        f.name
+        for f in msgspec.structs.fields(ChatCompletionRequest)
+        if f.name not in ("model", "messages")
     ]
     body = {"model": "tiny", "messages": HELLO, **dict.fromkeys(nullable), "max_tokens": 3}
     r = httpx.post(f"{engine.url}/chat/completions", json=body, timeout=60)

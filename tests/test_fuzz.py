@@ -32,8 +32,8 @@ from schemathesis.checks import (
 
 from onjob.cli.process import ServerProcess
 from onjob.collector import Collector, CollectorSettings, Store
+from onjob.protocol import MAX_DEPTH
 from onjob.proxy import ProxySettings, create_app
-from onjob.proxy.body import MAX_DEPTH
 
 from .fake_engine import MODELS, chunk, completion, scripted
 

@@ -15,8 +15,8 @@ from openai import OpenAI
 
 from onjob.cli.process import ServerProcess
 from onjob.collector import Collector, CollectorSettings
+from onjob.protocol.fields import REFUSED
 from onjob.proxy import ProxySettings, create_app
-from onjob.proxy.exchange import REFUSED
 
 from .conftest import rows
 from .fake_engine import chunk, completion, scripted
@@ -74,6 +74,7 @@ NULLABLE = [
     "parallel_tool_calls",
     "metadata",
     "user",
+    "modalities",
     *REFUSED,
 ]
 
@@ -399,21 +400,21 @@ def test_the_documented_bounds_are_the_bounds_the_proxy_checks(tmp_path, path, s
 
 
 def test_the_proxy_and_the_engine_check_the_same_sampling_bounds(tmp_path):
-    """One declaration (`onjob.openai_fields`): every bound the proxy documents and checks
+    """One declaration (`onjob.protocol`): every bound the proxy documents and checks
     on a chat request is the engine's bound for that field, so the proxy never forwards a
     value the engine would refuse, nor refuses one it would take. `n` and `max_tokens` are
     the server's settings, not the protocol's."""
     import msgspec
 
-    from onjob.engine.protocol import ChatRequest
+    from onjob.protocol import ChatCompletionRequest
 
     app, _ = recording_app(tmp_path, answer=lambda body: httpx.Response(200, json=completion()))
     with TestClient(app) as client:
         proxy = _bounded_fields(
             client.get("/openapi.json").json()["components"]["schemas"]["ChatCompletionRequest"]
         )
-    (_, defs) = msgspec.json.schema_components([ChatRequest])
-    engine = _bounded_fields(defs["ChatRequest"])
+    (_, defs) = msgspec.json.schema_components([ChatCompletionRequest])
+    engine = _bounded_fields(defs["ChatCompletionRequest"])
     settings = {"n", "max_tokens", "max_completion_tokens"}
     shared = set(proxy) - settings
     assert {"temperature", "top_p", "top_logprobs", "presence_penalty"} <= shared, proxy

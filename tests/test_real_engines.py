@@ -32,7 +32,8 @@ from onjob.cli.process import EngineProcess, ServerProcess, free_port, port_take
 from onjob.collector import Store
 from onjob.deploy.act import registry
 from onjob.engine import chat
-from onjob.engine.protocol import Message, Tool
+from onjob.protocol.chat import Message
+from onjob.protocol.fields import Tool
 
 from .conftest import REAL_ENGINE_ADAPTERS, SMALL, TOOLS, admin_of, make_adapter, rows, vllm_args
 from .test_engine_restart import adapters_in, make_live

@@ -6,22 +6,32 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 
-def usage(prompt: int, completion: int, cached: int = 0) -> dict:
+class PromptDetails(msgspec.Struct, kw_only=True):
+    cached_tokens: int
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptDetails | UnsetType = UNSET  # left out when none was cached
+
+
+def usage(prompt: int, completion: int, cached: int = 0) -> Usage:
     """OpenAI's usage; `cached`: prompt tokens whose prefill was reused, reported as
     OpenAI and vLLM (`--enable-prompt-tokens-details`) report it, only when some were."""
-    out = {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
-    if cached:
-        out["prompt_tokens_details"] = {"cached_tokens": cached}
-    return out
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=PromptDetails(cached_tokens=cached) if cached else UNSET,
+    )
 
 
-async def sse(chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+async def sse(chunks: AsyncIterator[object]) -> AsyncIterator[bytes]:
     async for c in chunks:
         yield b"data: " + msgspec.json.encode(c) + b"\n\n"
     yield b"data: [DONE]\n\n"

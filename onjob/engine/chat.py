@@ -13,8 +13,9 @@ import re
 import uuid
 from typing import Any
 
+from ..protocol.chat import Message, ToolCall, text_of
+from ..protocol.fields import Tool
 from .errors import BadRequest
-from .protocol import Message, Tool
 
 TOOL_PROMPT = """# Tools
 
@@ -87,16 +88,6 @@ def hermes_template(own: str) -> str:
     return _PREAMBLE.replace("HEAD", json.dumps(head)).replace("TAIL", json.dumps(tail)) + own
 
 
-def text_of(content: str | list[dict[str, Any]] | None) -> str:
-    """OpenAI content (a string or a list of parts) as plain text. `render` has refused
-    images, audio and files already; other non-text parts (a refusal) are dropped."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content if part.get("type") == "text")
-
-
 def render(
     tokenizer,
     messages: list[Message],
@@ -132,9 +123,9 @@ def render(
 def _refuse_unseen(messages: list[Message]) -> None:
     for i, m in enumerate(messages):
         for j, part in enumerate(m.content if isinstance(m.content, list) else []):
-            if part.get("type") in ("image_url", "input_audio", "file"):
+            if part.type in ("image_url", "input_audio", "file"):
                 raise BadRequest(
-                    f"This model reads text only: a `{part['type']}` part cannot be shown to it.",
+                    f"This model reads text only: a `{part.type}` part cannot be shown to it.",
                     param=f"messages[{i}].content[{j}]",
                 )
 
@@ -151,8 +142,8 @@ def _native(m: Message) -> dict:
     out: dict[str, Any] = {"role": m.role, "content": text_of(m.content)}
     if m.tool_calls:
         out["tool_calls"] = [
-            {**c, "function": {**c["function"], "arguments": _arguments(c["function"])}}
-            for c in m.tool_calls
+            {"id": c.id, "type": c.type, "function": {"name": name, "arguments": arguments}}
+            for c, (name, arguments) in _function_calls(m)
         ]
     if m.tool_call_id:
         out["tool_call_id"] = m.tool_call_id
@@ -168,23 +159,26 @@ def _plain(m: Message) -> dict:
         return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
     if m.tool_calls:
         calls = [
-            "<tool_call>\n"
-            + json.dumps({"name": c["function"]["name"], "arguments": _arguments(c["function"])})
-            + "\n</tool_call>"
-            for c in m.tool_calls
+            "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+            for _, (name, arguments) in _function_calls(m)
         ]
         content = "\n".join([content, *calls]) if content else "\n".join(calls)
     return {"role": m.role, "content": content}
 
 
-def _arguments(function: dict) -> Any:
-    args = function.get("arguments", {})
-    if isinstance(args, str):
-        try:
-            return json.loads(args)
-        except json.JSONDecodeError:
-            return args
-    return args
+def _function_calls(m: Message) -> list[tuple[ToolCall, tuple[str, Any]]]:
+    """Each function call of an assistant message with its name and arguments, decoded
+    from their JSON string where they are JSON (as templates expect an object); calls of
+    other tool types are not shown to the model."""
+    out = []
+    for call in m.tool_calls or ():
+        if call.function is not None:
+            try:
+                arguments = json.loads(call.function.arguments)
+            except json.JSONDecodeError:
+                arguments = call.function.arguments
+            out.append((call, (call.function.name, arguments)))
+    return out
 
 
 def parse_tool_calls(

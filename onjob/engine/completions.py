@@ -13,52 +13,27 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 from litestar import Request, Response, post
 from litestar.response import Stream
-from msgspec import Meta
 
-from ..openai_fields import LogitBias, Penalty, StreamOptions, Temperature, TopLogprobs, TopP
+from ..protocol import CompletionRequest, completion
+from ..protocol.checks import decoded
+from ..protocol.completion import prompt_of
 from .answers import sse, usage
 from .batching import TokenEvent
 from .errors import BadRequest, EngineError, NotFound
+from .protocol import MOST_CHOICES
 from .sampling import Sampling
 
 
-class CompletionRequest(msgspec.Struct, kw_only=True):
-    model: str
-    prompt: str | list[Any]  # checked in `prompt_ids`: one string or one list of token ids
-    n: Annotated[int, Meta(ge=1, le=64)] | None = None
-    max_tokens: Annotated[int, Meta(ge=1)] | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    logprobs: TopLogprobs | None = None
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
-    # Refused when set: this engine cannot honour them.
-    echo: bool | None = None
-    suffix: str | None = None
-    best_of: int | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    logit_bias: LogitBias | None = None
-    # vLLM extensions.
-    return_token_ids: bool | None = None
-    ignore_eos: bool | None = None
-    min_tokens: Annotated[int, Meta(ge=0)] | None = None
-
-
 def _refuse(req: CompletionRequest) -> None:
-    if req.echo:
-        raise BadRequest("`echo` is not supported by this engine.", param="echo")
-    if req.suffix is not None:
-        raise BadRequest("`suffix` is not supported by this engine.", param="suffix")
-    if req.best_of not in (None, 1):
-        raise BadRequest("`best_of` other than 1 is not supported.", param="best_of")
+    """What this engine cannot honour, past what the protocol refuses (`echo`, `suffix`,
+    `best_of`)."""
+    if req.n is not None and req.n > MOST_CHOICES:
+        raise BadRequest(f"`n` must be at most {MOST_CHOICES}.", param="n")
     for key in ("presence_penalty", "frequency_penalty"):
         if getattr(req, key) not in (None, 0, 0.0):
             raise BadRequest(f"`{key}` is not supported by this engine.", param=key)
@@ -68,15 +43,8 @@ def _refuse(req: CompletionRequest) -> None:
 
 def prompt_ids(loaded, prompt: Any) -> list[int]:
     """One prompt's token ids: a string tokenized as it is, or the ids given."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
-    if isinstance(prompt, str) and prompt:
-        return loaded.tokenizer(prompt)["input_ids"]
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return prompt
-    raise BadRequest(
-        "`prompt` must be one non-empty string or one array of token ids.", param="prompt"
-    )
+    prompt = prompt_of(prompt)
+    return loaded.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else prompt
 
 
 def logprobs_of(token_text, events: list[TokenEvent], offset: int) -> dict:
@@ -100,12 +68,7 @@ def logprobs_of(token_text, events: list[TokenEvent], offset: int) -> dict:
 async def completions(engine: Any, request: Request) -> Response | Stream:
     """The route, over the same batcher as chat (`engine`: the server's `Engine`)."""
     loaded, batcher, resolver = engine.loaded, engine.batcher, engine.resolver
-    try:
-        req = msgspec.json.decode(await request.body(), type=CompletionRequest)
-    except msgspec.ValidationError as exc:
-        raise BadRequest(f"Invalid request: {exc}") from exc
-    except msgspec.DecodeError as exc:
-        raise BadRequest(f"Malformed JSON body: {exc}") from exc
+    req = completion.checked(decoded(await request.body(), dict))
     _refuse(req)
     try:
         adapter = loaded.resolve(req.model)

@@ -32,8 +32,9 @@ from typing import Any, Literal
 
 import torch
 
+from ..protocol import ChatCompletionRequest
+from ..protocol.fields import Tool
 from .errors import BadRequest
-from .protocol import ChatRequest, Tool
 
 _WHERE = re.compile(r"^\[[^\]]*\] \S+: ")  # xgrammar's "[15:37:17] /project/cpp/x.cc:12: "
 
@@ -59,7 +60,7 @@ class Tools:
     parallel: bool
 
     @classmethod
-    def of(cls, req: ChatRequest) -> Tools:
+    def of(cls, req: ChatCompletionRequest) -> Tools:
         tools = list(req.tools or [])
         choice = req.tool_choice if req.tool_choice is not None else "auto"
         parallel = req.parallel_tool_calls is not False
@@ -87,7 +88,7 @@ class Tools:
         return cls(named[:1], "named", parallel)
 
 
-def constraint(req: ChatRequest, tools: Tools) -> Constraint | None:
+def constraint(req: ChatCompletionRequest, tools: Tools) -> Constraint | None:
     """The grammar a request's answer is decoded under, or None for free text."""
     schema = _response_schema(req)
     if tools.mode in ("required", "named"):
@@ -102,7 +103,7 @@ def constraint(req: ChatRequest, tools: Tools) -> Constraint | None:
     return Constraint(param="response_format", schema=json.dumps(schema))
 
 
-def _response_schema(req: ChatRequest) -> Any:
+def _response_schema(req: ChatCompletionRequest) -> Any:
     rf = req.response_format
     if rf is None or rf.type == "text":
         return None

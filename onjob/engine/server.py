@@ -15,7 +15,6 @@ reaches the batch.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -30,18 +29,21 @@ from litestar.response import Stream
 
 from ..logprobs import TRAINED
 from ..openai_errors import HANDLERS
+from ..protocol import ChatCompletionRequest
+from ..protocol.chat import refused as chat_refused
+from ..protocol.checks import decoded
 from . import chat, completions, control, grammar
 from .answers import sse, usage
 from .batching import Batcher, TokenEvent
 from .errors import BadRequest, EngineError, NotFound
 from .protocol import (
-    ChatRequest,
     LoadAdapter,
     ModelCard,
     ModelCards,
     Threads,
     ThreadsSet,
     UnloadAdapter,
+    refused,
 )
 from .resolver import Resolver
 from .sampling import Sampling
@@ -49,7 +51,7 @@ from .sampling import Sampling
 
 @dataclass
 class _Prepared:
-    request: ChatRequest
+    request: ChatCompletionRequest
     adapter: str | None
     prompt_ids: list[int]
     sampling: Sampling
@@ -104,9 +106,9 @@ class Engine:
 
     def prepare(self, body: bytes) -> _Prepared:
         loaded = self.loaded
-        req = _decode(body, ChatRequest)
-        if refused := req.refused():
-            raise BadRequest(refused[1], param=refused[0])
+        req = decoded(body, ChatCompletionRequest)
+        if error := chat_refused(req) or refused(req):
+            raise error
         adapter = loaded.resolve(req.model)
         tools = grammar.Tools.of(req)
         # Every tool is in the prompt whatever the choice (but "none"), as vLLM does; a
@@ -153,7 +155,8 @@ class Engine:
         except NotFound as exc:  # an adapter the resolver may find (the rare path)
             if self.resolver is None or exc.param != "model":
                 raise
-            if not await self.resolver.load(self.batcher, _decode(body, ChatRequest).model):
+            model = decoded(body, ChatCompletionRequest).model
+            if not await self.resolver.load(self.batcher, model):
                 raise
             return self.prepare(body)
 
@@ -333,7 +336,7 @@ async def model(engine: Engine, model: FromPath[str]) -> ModelCard:
 
 @post("/v1/load_lora_adapter", status_code=200)
 async def load_lora_adapter(engine: Engine, request: Request) -> Response:
-    body = _decode(await request.body(), LoadAdapter)
+    body = decoded(await request.body(), LoadAdapter)
     batcher, loaded = engine.batcher, engine.loaded
     await batcher.call(lambda: loaded.load_adapter(body.lora_name, body.lora_path, batcher.busy()))
     return Response(
@@ -343,7 +346,7 @@ async def load_lora_adapter(engine: Engine, request: Request) -> Response:
 
 @post("/v1/unload_lora_adapter", status_code=200)
 async def unload_lora_adapter(engine: Engine, request: Request) -> Response:
-    body = _decode(await request.body(), UnloadAdapter)
+    body = decoded(await request.body(), UnloadAdapter)
     batcher, loaded = engine.batcher, engine.loaded
 
     def unload() -> None:
@@ -360,7 +363,7 @@ async def unload_lora_adapter(engine: Engine, request: Request) -> Response:
 
 @post("/onjob/threads", status_code=200)
 async def threads(engine: Engine, request: Request) -> ThreadsSet:
-    body = _decode(await request.body(), Threads)
+    body = decoded(await request.body(), Threads)
     before, after = await engine.batcher.threads(body.threads)
     return ThreadsSet(threads=after, was=before, started_with=engine.batcher.started_threads)
 
@@ -368,19 +371,6 @@ async def threads(engine: Engine, request: Request) -> ThreadsSet:
 @get("/health")
 async def health() -> Response:
     return Response(b"", status_code=200)
-
-
-def _decode(body: bytes, type_):
-    try:
-        return msgspec.json.decode(body, type=type_)
-    except msgspec.ValidationError as exc:
-        where = _AT.search(str(exc))
-        raise BadRequest(f"Invalid request: {exc}", param=where and where.group(1)) from exc
-    except msgspec.DecodeError as exc:
-        raise BadRequest(f"Malformed JSON body: {exc}") from exc
-
-
-_AT = re.compile(r" - at `\$\.?(.+)`$")  # msgspec's path to the offending value
 
 
 def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:

@@ -16,6 +16,7 @@ import httpx
 
 from .. import logprobs
 from ..collector.ids import new_id
+from ..protocol import engine_body
 from .errors import SamplingFailed, from_httpx
 from .settings import JudgeSettings
 
@@ -25,7 +26,6 @@ from .settings import JudgeSettings
 # `include_reasoning` too: false removes the token ids and logprobs a sample needs (the
 # proxy refuses it; rows logged before that may carry it).
 _DROP = {
-    "metadata",
     "stream",
     "stream_options",
     "n",
@@ -57,19 +57,17 @@ class Sample:
 
 def request_for(logged: dict, model: str, s: JudgeSettings) -> dict:
     request = json.loads(logged["request"]) if isinstance(logged["request"], str) else {}
-    body = {k: v for k, v in request.items() if k not in _DROP}
+    body = engine_body(request, model, drop=_DROP)
     top_p = request.get("top_p")
     # The alternatives' sampling settings, written out in full (the request is stored with
     # the re-sampled exchange): the judge's temperature, the client's top-p. When the
     # client sampled its logged answer otherwise, the trainer keeps that answer out of
     # the group's baseline (`trainer.data`), which must be the mean of one distribution.
     body.update(
-        model=model,
         n=s.group_size,
         temperature=s.temperature,
         top_p=top_p if isinstance(top_p, int | float) else 1.0,
     )
-    logprobs.ask_for_tokens(body)
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
         body["max_tokens"] = s.max_tokens
     return body

@@ -17,16 +17,16 @@ from typing import Any
 
 import msgspec
 
-from .. import logprobs, openai_fields
+from .. import logprobs
 from ..collector import ExchangeRecord
 from ..collector.ids import new_id
 from ..collector.linear import WHOLE, Lineage, stored
 from ..collector.records import to_json
 from ..collector.trajectories import Keys, continuations, keys, scoped
-from ..openai_fields import HINTS
-from .body import decode_body
+from ..protocol import chat, completion, decode_body, engine_body
+from ..protocol.fields import HINTS
 from .errors import BadRequest, MalformedAnswer
-from .protocol import ChatSampling, EngineAnswer, LegacySampling, check_sampling
+from .protocol import EngineAnswer
 from .routing import Route, Router
 from .settings import ProxySettings
 
@@ -40,27 +40,16 @@ COMPLETIONS = "completions"  # `exchanges.api` of a legacy text completion
 # vLLM's names for a reasoning parser's text in a streamed delta (0.11, then later).
 _REASONING = ("reasoning_content", "reasoning")
 
-# The rest of OpenAI's chat request (openai-python's `CompletionCreateParams`), field by
-# field. The sampling fields (`protocol.py`) go to the engine (vLLM honours each;
-# `metadata` stays here).
-# Hints that cannot change the answer are accepted and not forwarded (vLLM does not know
-# them). Fields that would change the answer in a way no engine behind onjob gives are
-# refused with a 400 naming them, never silently ignored; `null` is absent everywhere.
-REFUSED = {**openai_fields.REFUSED, "modalities": 'only `["text"]` is served'}
-
 
 def parse_request(raw: bytes, settings: ProxySettings) -> dict:
-    """The client's body, decoded and checked just enough that nothing downstream trips on
-    it: the common fields' types, the bounds on `n` and `max_tokens`, and the message
-    fields the stitcher reads; the sampling fields' types and bounds are `protocol.py`'s.
-    The engine judges the rest (tool schemas, grammars)."""
+    """The client's body, decoded by the one rule (`protocol.decode_body`) and checked as
+    the chat request it is (`protocol.chat`: every declared field's type and bounds, the
+    refused fields), with this server's bounds on `n`, `max_tokens` and the number of
+    messages. Returned as sent, less its hints and nulls: fields the protocol does not
+    declare reach the engine as the client wrote them."""
     body = decode_body(raw)
-    if type(body.get("model")) is not str or not body["model"]:
-        raise BadRequest("`model` is required and must be a string.", param="model")
     messages = body.get("messages")
-    if type(messages) is not list or not messages:
-        raise BadRequest("`messages` must be a non-empty array.", param="messages")
-    if len(messages) > settings.max_messages:
+    if type(messages) is list and len(messages) > settings.max_messages:
         # Checked before any message is looked at: each is checked and hashed on the event
         # loop, and 400,000 of them (12 MiB) held it 0.76 s; refused here, 0.12 s, mostly
         # the decoding (bench/many_messages.py).
@@ -69,126 +58,45 @@ def parse_request(raw: bytes, settings: ProxySettings) -> dict:
             "accepted (proxy.max_messages).",
             param="messages",
         )
-    for i, message in enumerate(messages):
-        _check_message(i, message)
-    check_sampling(body, ChatSampling)
-    _check_bound(body, "n", settings.max_n)
-    _check_bound(body, "max_tokens", settings.max_tokens_limit)
-    _check_bound(body, "max_completion_tokens", settings.max_tokens_limit)
-    for key, why in REFUSED.items():
-        value = body.get(key)
-        if value is not None and not (key == "modalities" and value == ["text"]):
-            raise BadRequest(f"`{key}` is not supported: {why}.", param=key)
-    if "include_reasoning" in body:
-        _check_include_reasoning(body)
-    # null is absent (OpenAI's rule): dropped here, so no engine ever sees a null field.
-    return {k: v for k, v in body.items() if v is not None and k not in HINTS and k != "modalities"}
-
-
-def _check_include_reasoning(body: dict) -> None:
-    """vLLM's `include_reasoning`: `false` makes vLLM (0.33, with a reasoning parser) leave
-    the answer's token ids and logprobs out, and then nothing could be learnt from it nor
-    re-sampled like it; refused. `true` is vLLM's default: dropped, so engines that do not
-    know the field never see it (vllm/entrypoints/openai/protocol.py)."""
-    value = body.pop("include_reasoning")
-    if value is False:
+    request = chat.checked(body)
+    _check_bound("n", request.n, settings.max_n)
+    _check_bound("max_tokens", request.max_tokens, settings.max_tokens_limit)
+    _check_bound("max_completion_tokens", request.max_completion_tokens, settings.max_tokens_limit)
+    if request.include_reasoning is False:
+        # vLLM (0.33, with a reasoning parser) then leaves the answer's token ids and
+        # logprobs out: nothing could be learnt from it nor re-sampled like it.
         raise BadRequest(
             "`include_reasoning: false` is not supported: the engine would then leave the "
             "answer's token ids and logprobs out, which onjob records to train on. Leave it "
             "out and drop the reasoning from the answer on your side.",
             param="include_reasoning",
         )
-    if value is not True and value is not None:
-        raise BadRequest("`include_reasoning` must be a boolean.", param="include_reasoning")
+    # null is absent (OpenAI's rule): dropped here, so no engine ever sees a null field.
+    # `include_reasoning: true` is vLLM's default, dropped for engines that do not know it.
+    return {k: v for k, v in body.items() if v is not None and k not in _NOT_FORWARDED}
+
+
+# Hints (the answer is the same without them), `modalities` (["text"] alone is taken)
+# and `include_reasoning` (true alone is taken) are accepted and not forwarded.
+_NOT_FORWARDED = HINTS | {"modalities", "include_reasoning"}
 
 
 def parse_completion_request(raw: bytes, settings: ProxySettings) -> tuple[dict, str]:
-    """A legacy text completion's body, checked like chat's, and its prompt as text (how
-    the exchange is placed: one user message, a conversation of its own). One prompt per
-    request: a batch of prompts would be several conversations in one exchange."""
-    body = decode_body(raw)
-    body = {k: v for k, v in body.items() if v is not None and k not in HINTS}
-    if type(body.get("model")) is not str or not body["model"]:
-        raise BadRequest("`model` is required and must be a string.", param="model")
-    prompt = body.get("prompt")
-    if type(prompt) is list and len(prompt) == 1 and type(prompt[0]) in (str, list):
-        prompt = body["prompt"] = prompt[0]
-    if type(prompt) is str and prompt:
-        text = prompt
-    elif type(prompt) is list and prompt and all(type(t) is int for t in prompt):
-        text = _encode(prompt).decode()
-    else:
-        raise BadRequest(
-            "`prompt` must be one non-empty string or one array of token ids.", param="prompt"
-        )
-    for key in ("messages", "tools", "tool_choice", "response_format", "parallel_tool_calls"):
-        if key in body:
-            raise BadRequest(f"`{key}` is a chat field: use /v1/chat/completions.", param=key)
-    check_sampling(body, LegacySampling)
-    _check_bound(body, "n", settings.max_n)
-    _check_bound(body, "max_tokens", settings.max_tokens_limit)
-    if body.get("echo"):
-        raise BadRequest(
-            "`echo` is not supported: the answer is the completion alone.", param="echo"
-        )
-    if body.get("best_of", 1) != 1:
-        raise BadRequest("`best_of` other than 1 is not supported.", param="best_of")
-    if "suffix" in body:
-        raise BadRequest("`suffix` (insertion) is not supported.", param="suffix")
+    """A legacy text completion's body, checked like chat's (`protocol.completion`), and
+    its prompt as text (how the exchange is placed: one user message, a conversation of
+    its own)."""
+    body = {k: v for k, v in decode_body(raw).items() if v is not None and k not in HINTS}
+    request = completion.checked(body)
+    prompt = body["prompt"] = completion.prompt_of(request.prompt)
+    _check_bound("n", request.n, settings.max_n)
+    _check_bound("max_tokens", request.max_tokens, settings.max_tokens_limit)
     body.pop("echo", None)
     body.pop("best_of", None)
-    return body, text
+    return body, prompt if type(prompt) is str else _encode(prompt).decode()
 
 
-def _check_message(i: int, message: Any) -> None:
-    if type(message) is not dict or type(message.get("role")) is not str:
-        raise BadRequest(
-            f"`messages[{i}]` must be an object with a string `role`.", param=f"messages[{i}]"
-        )
-    content = message.get("content")
-    if not (
-        content is None
-        or type(content) is str
-        or (
-            type(content) is list
-            and all(type(p) is dict and type(p.get("text", "")) is str for p in content)
-        )
-    ):
-        raise BadRequest(
-            f"`messages[{i}].content` must be a string or an array of content parts.",
-            param=f"messages[{i}].content",
-        )
-    for key in ("name", "tool_call_id"):
-        if message.get(key) is not None and type(message[key]) is not str:
-            raise BadRequest(
-                f"`messages[{i}].{key}` must be a string.", param=f"messages[{i}].{key}"
-            )
-    calls = message.get("tool_calls")
-    if calls is not None and not (type(calls) is list and all(_is_tool_call(c) for c in calls)):
-        raise BadRequest(
-            f"`messages[{i}].tool_calls` must be an array of objects whose `function` has a "
-            "string `name` and string `arguments`.",
-            param=f"messages[{i}].tool_calls",
-        )
-
-
-def _is_tool_call(call: Any) -> bool:
-    if type(call) is not dict:
-        return False
-    fn = call.get("function")  # absent in calls of other tool types (`custom`)
-    return type(call.get("id", "")) in (str, type(None)) and (
-        fn is None
-        or (
-            type(fn) is dict
-            and type(fn.get("name", "")) is str
-            and type(fn.get("arguments", "")) is str
-        )
-    )
-
-
-def _check_bound(body: dict, key: str, most: int) -> None:
-    value = body.get(key)
-    if value is not None and not 1 <= value <= most:
+def _check_bound(key: str, value: int | None, most: int) -> None:
+    if value is not None and value > most:
         raise BadRequest(f"`{key}` must be between 1 and {most}; got {value}.", param=key)
 
 
@@ -333,19 +241,8 @@ class Exchange:
 
     def upstream_body(self) -> bytes:
         """The engine's request: the client's, for the route's model, with logprobs and
-        token ids always on (the trainer needs them). `stream_options` go only with
-        `stream: true`: vLLM answers them on a request that is not streamed with 400."""
-        upstream = {
-            k: v for k, v in self.request.items() if k not in ("metadata", "stream_options")
-        }
-        upstream["model"] = self.route.model
-        logprobs.ask_for_tokens(upstream, legacy=self._legacy)
-        if self.stream:
-            upstream["stream_options"] = {
-                **(self.request.get("stream_options") or {}),
-                "include_usage": True,
-            }
-        return _encode(upstream)
+        token ids always on (the trainer needs them)."""
+        return _encode(engine_body(self.request, self.route.model, legacy=self._legacy))
 
     @property
     def stream(self) -> bool:

@@ -32,10 +32,11 @@ from litestar.openapi.spec import (
 )
 from litestar.openapi.spec.security_scheme import SecurityScheme
 
+from ..openai_errors import Error
+from ..protocol import ChatCompletionRequest, CompletionRequest
 from .protocol import (
     ChatCompletion,
     ChatCompletionChunk,
-    Error,
     Feedback,
     FeedbackRecorded,
     Health,
@@ -46,8 +47,6 @@ from .protocol import (
     ResponseObject,
     ResponseRequest,
     TextCompletion,
-    chat_request,
-    completion_request,
 )
 from .settings import ProxySettings
 
@@ -261,7 +260,7 @@ def _stored_and_other(size: int) -> list[Route]:
 def document(settings: ProxySettings, models: list[str]) -> dict[str, Any]:
     """The OpenAPI 3.1 document of this server's public API."""
     types = [
-        chat_request(settings, models),
+        ChatCompletionRequest,
         ChatCompletion,
         ChatCompletionChunk,
         ModelList,
@@ -270,7 +269,7 @@ def document(settings: ProxySettings, models: list[str]) -> dict[str, Any]:
         Health,
         Error,
         Model,
-        completion_request(settings),
+        CompletionRequest,
         TextCompletion,
         ResponseRequest,
         ResponseObject,
@@ -278,6 +277,7 @@ def document(settings: ProxySettings, models: list[str]) -> dict[str, Any]:
         InputItems,
     ]
     _, schemas = msgspec.json.schema_components(types, ref_template=_REF)
+    _served(schemas, settings, models)
     paths: dict[str, PathItem] = {}
     for route in routes(settings):
         item = paths.setdefault(route.path, PathItem())
@@ -303,6 +303,24 @@ def document(settings: ProxySettings, models: list[str]) -> dict[str, Any]:
     # msgspec's schemas as they are: Litestar's conversion would drop their `null`s.
     out.setdefault("components", {})["schemas"] = schemas
     return out
+
+
+def _served(schemas: dict[str, Any], settings: ProxySettings, models: list[str]) -> None:
+    """The requests' schemas with this server's bounds (`proxy.max_n`,
+    `proxy.max_tokens_limit`, which the proxy checks past the protocol's) and the model
+    names it serves."""
+    most = {
+        "n": settings.max_n,
+        "max_tokens": settings.max_tokens_limit,
+        "max_completion_tokens": settings.max_tokens_limit,
+    }
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
+        fields = schemas[name]["properties"]
+        for field, limit in most.items():
+            if field in fields:
+                fields[field]["anyOf"][0]["maximum"] = limit
+    if models:
+        schemas["ChatCompletionRequest"]["properties"]["model"]["enum"] = models
 
 
 def _operation(route: Route) -> Operation:

@@ -1,16 +1,10 @@
-"""The proxy's protocol: the typed bodies of chat completions, legacy completions, the
-Responses API and the proxy's own routes, one declaration each.
+"""The proxy's protocol: the typed answers of chat completions, legacy completions, the
+Responses API and the proxy's own routes, one declaration each, and what the proxy reads
+of an engine's answer.
 
-The request fields every chat and legacy completion shares are declared once
-(`_SAMPLING`): `check_sampling` validates a client's body against them (only those:
-unknown fields pass through as the client sent them, and the log keeps the client's
-bytes), and `chat_request` / `CompletionRequest` document the same types and bounds in
-`GET /openapi.json`. Responses are built as these Structs (`ResponseObject`), so what is
-documented is what is sent.
-
-The types and bounds the engine checks too are declared once, in `onjob.openai_fields`,
-so a request the proxy forwards is one the engine accepts. `n` and `max_tokens` are
-bounded by the server's settings (`proxy.max_n`, `proxy.max_tokens_limit`).
+The chat and legacy requests are `onjob.protocol`'s, shared with the local engine.
+Answers are built as these Structs (`ResponseObject`), so what is documented is what is
+sent.
 """
 
 from __future__ import annotations
@@ -18,11 +12,9 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import UNSET, Meta, UnsetType
+from msgspec import Meta
 
-from ..openai_fields import LogitBias, Penalty, StreamOptions, Temperature, Tool, TopLogprobs, TopP
-from .errors import BadRequest
-from .settings import ProxySettings
+from ..protocol.chat import ToolCall
 
 # A metric's name: a word, as a score source's name and a settings key hold it.
 MetricName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
@@ -38,39 +30,6 @@ class Feedback(msgspec.Struct, forbid_unknown_fields=True):
     trajectory_id: str | None = None
     comment: str | None = None
     metric: MetricName | None = None
-
-
-class FunctionCall(msgspec.Struct, kw_only=True):
-    name: str
-    arguments: Annotated[str, Meta(description="the arguments as a JSON string")]
-
-
-class ToolCall(msgspec.Struct, kw_only=True):
-    id: str | None = None
-    type: str = "function"
-    function: FunctionCall | UnsetType = UNSET
-
-
-class ContentPart(msgspec.Struct, kw_only=True):
-    type: str
-    text: str | UnsetType = UNSET
-
-
-class Message(msgspec.Struct, kw_only=True):
-    role: Annotated[
-        str, Meta(description="system, developer, user, assistant, tool, or the engine's own")
-    ]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
-
-
-class Metadata(msgspec.Struct, kw_only=True):
-    """Other keys are kept with the exchange."""
-
-    trajectory_id: Annotated[str, Meta(description="names the conversation")] | None = None
-    scenario: Annotated[str, Meta(description="names its starting situation")] | None = None
 
 
 class Usage(msgspec.Struct, kw_only=True):
@@ -265,123 +224,6 @@ class InputItems(msgspec.Struct, kw_only=True):
     first_id: str | None
     last_id: str | None
     has_more: bool
-
-
-class ErrorDetail(msgspec.Struct, kw_only=True):
-    """onjob's own errors carry all four fields; an engine's error is passed on as sent."""
-
-    message: str
-    type: str
-    param: str | None = None
-    code: int | str | None = None
-
-
-class Error(msgspec.Struct, kw_only=True):
-    error: ErrorDetail
-
-
-# The sampling fields of chat and legacy completions: (name, type checked on the hot path,
-# type documented). The documented type refines an object the engine checks (a tool's
-# schema); the checked one is what the proxy refuses by itself. `null` is always absent.
-_OBJECT = dict[str, Any]
-_SAMPLING: list[tuple[str, Any, Any]] = [
-    ("stream", bool, bool),
-    ("stream_options", _OBJECT, StreamOptions),
-    ("temperature", Temperature, None),
-    ("top_p", TopP, None),
-    ("presence_penalty", Penalty, None),
-    ("frequency_penalty", Penalty, None),
-    ("seed", int, int),
-    ("stop", str | list[str], None),
-    ("logit_bias", LogitBias, None),
-    ("user", str, str),
-    ("n", int, None),  # bounded by the settings: `_bounded`
-    ("max_tokens", int, None),
-    ("return_token_ids", bool, bool),
-    ("response_format", _OBJECT, _OBJECT),
-    ("metadata", _OBJECT, Metadata),
-]
-_CHAT_ONLY: list[tuple[str, Any, Any]] = [
-    ("max_completion_tokens", int, None),
-    ("logprobs", bool, bool),
-    ("top_logprobs", TopLogprobs, None),
-    ("tools", list[_OBJECT], list[Tool]),
-    ("tool_choice", str | _OBJECT, None),
-    ("parallel_tool_calls", bool, bool),
-]
-_LEGACY_ONLY: list[tuple[str, Any, Any]] = [
-    ("logprobs", TopLogprobs, None),
-    ("echo", bool, bool),
-    ("best_of", int, int),
-    ("suffix", str, str),
-]
-
-
-def _checked(name: str, fields: list[tuple[str, Any, Any]]) -> type[msgspec.Struct]:
-    return msgspec.defstruct(name, [(f, t | None, None) for f, t, _ in fields], kw_only=True)
-
-
-ChatSampling = _checked("ChatSampling", _SAMPLING + _CHAT_ONLY)
-LegacySampling = _checked("LegacySampling", _SAMPLING + _LEGACY_ONLY)
-
-
-def check_sampling(body: dict, kind: type[msgspec.Struct]) -> None:
-    """Refuse a body whose sampling fields are not of their declared type and bounds (a
-    400 naming the field); every other field is left as sent."""
-    try:
-        msgspec.convert(body, kind, strict=True)
-    except msgspec.ValidationError as exc:
-        why, _, where = str(exc).rpartition(" - at `$.")
-        field = where.rstrip("`").split(".")[0].split("[")[0] if where else None
-        if field is None:
-            raise BadRequest(f"Invalid request: {exc}") from None
-        raise BadRequest(f"`{field}`: {why[:1].lower()}{why[1:]}.", param=field) from None
-
-
-def _bounded(settings: ProxySettings, name: str, documented: Any) -> Any:
-    tokens = Annotated[int, Meta(ge=1, le=settings.max_tokens_limit)]
-    bounds = {
-        "n": Annotated[int, Meta(ge=1, le=settings.max_n)],
-        "max_tokens": tokens,
-        "max_completion_tokens": tokens,
-    }
-    return bounds.get(name, documented)
-
-
-def _documented(settings: ProxySettings, fields: list[tuple[str, Any, Any]]) -> list[tuple]:
-    return [
-        (f, _bounded(settings, f, shown if shown is not None else checked) | None, None)
-        for f, checked, shown in fields
-    ]
-
-
-def chat_request(settings: ProxySettings, models: list[str]) -> type[msgspec.Struct]:
-    """The chat request's model, with this server's bounds and model names."""
-    return msgspec.defstruct(
-        "ChatCompletionRequest",
-        [
-            ("model", Literal[tuple(models)] if models else str),
-            ("messages", Annotated[list[Message], Meta(min_length=1)]),
-            *_documented(settings, _SAMPLING + _CHAT_ONLY),
-        ],
-        kw_only=True,
-    )
-
-
-def completion_request(settings: ProxySettings) -> type[msgspec.Struct]:
-    """A legacy text completion: one prompt (text or token ids) per request."""
-    return msgspec.defstruct(
-        "CompletionRequest",
-        [
-            ("model", str),
-            ("prompt", str | list[int]),
-            *_documented(settings, _SAMPLING + _LEGACY_ONLY),
-        ],
-        kw_only=True,
-        namespace={
-            "__doc__": "A legacy text completion: one prompt (text or token ids) per request."
-        },
-    )
 
 
 # -- What the proxy reads of an engine's answer (vLLM's chat and legacy completions, whole

@@ -27,8 +27,8 @@ from typing import Any
 import msgspec
 
 from ..collector.ids import new_id
+from ..protocol import decode_body
 from . import sse
-from .body import decode_body
 from .errors import BadRequest
 from .protocol import ResponseObject
 from .settings import ProxySettings

@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from .errors import BadRequest
+from .errors import InvalidRequest
 
 __all__ = ["MAX_DEPTH", "decode_body"]
 
@@ -47,17 +47,17 @@ def decode_body(raw: bytes) -> dict:
     try:
         body = _decode(raw)
     except msgspec.DecodeError as exc:
-        raise BadRequest(f"Malformed JSON body: {exc}") from exc
+        raise InvalidRequest(f"Malformed JSON body: {exc}") from exc
     except UnicodeDecodeError as exc:
-        raise BadRequest(f"The body is not valid UTF-8: {exc}") from exc
+        raise InvalidRequest(f"The body is not valid UTF-8: {exc}") from exc
     except RecursionError as exc:
-        raise BadRequest(f"The body is nested deeper than {MAX_DEPTH} levels.") from exc
+        raise InvalidRequest(f"The body is nested deeper than {MAX_DEPTH} levels.") from exc
     if type(body) is not dict:
-        raise BadRequest("The request body must be a JSON object.")
+        raise InvalidRequest("The request body must be a JSON object.")
     # The number of opening brackets bounds the depth (counted at C speed, ~0.6 µs per KB);
     # only a body with more containers than MAX_DEPTH is walked.
     if raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and not _within_depth(body, MAX_DEPTH):
-        raise BadRequest(f"The body is nested deeper than {MAX_DEPTH} levels.")
+        raise InvalidRequest(f"The body is nested deeper than {MAX_DEPTH} levels.")
     escaped = b"\\u003" in raw and (b"\\u003a" in raw or b"\\u003A" in raw)
     if escaped or raw.count(b":") != _encode(body).count(b":"):
         _refuse_duplicates(raw)
@@ -73,7 +73,7 @@ def _refuse_duplicates(raw: bytes) -> None:
         for key, value in items:
             if key in seen:
                 shown = key if len(key) <= 100 else key[:100] + "..."
-                raise BadRequest(
+                raise InvalidRequest(
                     f"The key `{shown}` appears twice in one object of the body: send each "
                     "key once (JSON parsers disagree on which of two values counts)."
                 )

@@ -1,12 +1,8 @@
-"""The OpenAI request fields the proxy and the local engine both check, declared once.
-
-The proxy checks a client's sampling fields against these before it forwards a request
-(`proxy/protocol.py`), and the engine declares its request with them
-(`engine/protocol.py`), so the proxy passes exactly what the engine accepts and both
-refuse a bad value with the same 400. The bounds are vLLM's (`vllm/sampling_params.py`
-`_verify_args`: `temperature` 0 to 2, `top_p` above 0 where OpenAI takes 0, penalties
--2 to 2; older releases took any non-negative temperature) and OpenAI's `logit_bias`
-of -100 to 100, which vLLM clamps.
+"""The types, bounds and field lists the chat and legacy requests share (`chat.py`,
+`completion.py`). The bounds are vLLM's (`vllm/sampling_params.py` `_verify_args`:
+`temperature` 0 to 2, `top_p` above 0 where OpenAI takes 0, penalties -2 to 2; older
+releases took any non-negative temperature) and OpenAI's `logit_bias` of -100 to 100,
+which vLLM clamps, so a request the proxy forwards is one the engine accepts.
 
 And which of OpenAI's fields are only hints (`HINTS`: accepted and dropped, the answer is
 the same without them) and which are refused by name (`REFUSED`): the proxy drops and

@@ -1,0 +1,28 @@
+"""The OpenAI requests onjob takes, declared once: what the proxy checks and documents,
+what the local engine decodes, and how the engine's request is built from a client's or
+a logged one.
+
+- `chat`: `ChatCompletionRequest` and its parts; `completion`: the legacy
+  `CompletionRequest`; `fields`: the bounds, hints and refusals both share.
+- `body`: the one rule every request body is read by (UTF-8, one JSON object, bounded
+  depth, no key twice), which keeps the logged bytes and the answered request one.
+- `checks`: a decoded body checked against its type, a 400 naming the offending path.
+- `engine`: the engine-bound body, token ids and logprobs asked for.
+- `errors`: `InvalidRequest`, the 400 both servers answer as it is.
+"""
+
+from .body import MAX_DEPTH, decode_body
+from .chat import ChatCompletionRequest, Message
+from .completion import CompletionRequest
+from .engine import engine_body
+from .errors import InvalidRequest
+
+__all__ = [
+    "MAX_DEPTH",
+    "ChatCompletionRequest",
+    "CompletionRequest",
+    "InvalidRequest",
+    "Message",
+    "decode_body",
+    "engine_body",
+]

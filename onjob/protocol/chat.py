@@ -1,0 +1,212 @@
+"""`POST /v1/chat/completions`' request, declared once: the proxy checks a client's body
+against it, documents it in `GET /openapi.json`, and builds the engine's request from
+what it took; the local engine decodes its requests into it; the judge's re-samples are
+built from logged requests by the same function.
+
+Every field of openai-python's chat `CompletionCreateParams` is declared
+(`tests/test_engine_fields.py` checks the list against the installed client), each in one
+of three groups: honoured, a hint (`fields.HINTS`: the answer is the same without it),
+or refused with a 400 naming it (`refused`). Every field may be `null`, meaning absent,
+as OpenAI allows. Fields outside OpenAI's schema (vLLM's extensions, anything newer) are
+accepted and passed on as sent; wrong types and out-of-range values are a 400 whose
+`param` is the offending path (`checks.validated`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+from .checks import validated
+from .errors import InvalidRequest
+from .fields import (
+    REFUSED,
+    LogitBias,
+    Penalty,
+    StreamOptions,
+    Temperature,
+    Tool,
+    TopLogprobs,
+    TopP,
+)
+
+Tokens = Annotated[int, Meta(ge=1)]  # bounded above by the server (`proxy.max_tokens_limit`)
+
+
+class FunctionCall(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: Annotated[str, Meta(description="the arguments as a JSON string")]
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    id: str | None = None
+    type: str = "function"
+    function: FunctionCall | None = None  # absent in calls of other tool types (`custom`)
+
+
+class ContentPart(msgspec.Struct, kw_only=True):
+    """A part of a message's content: its `text`, or an image, audio or file part, whose
+    own fields are passed on as sent."""
+
+    type: str
+    text: str | UnsetType = UNSET  # a string when present: the stitcher hashes it
+
+
+class Message(msgspec.Struct, kw_only=True):
+    role: Annotated[
+        str, Meta(description="system, developer, user, assistant, tool, or the engine's own")
+    ]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class Metadata(msgspec.Struct, kw_only=True):
+    """Other keys are kept with the exchange."""
+
+    trajectory_id: Annotated[str, Meta(description="names the conversation")] | None = None
+    scenario: Annotated[str, Meta(description="names its starting situation")] | None = None
+
+
+class JsonSchema(msgspec.Struct, kw_only=True):
+    name: str | None = None
+    description: str | None = None
+    schema: dict[str, Any] | bool | None = None
+    strict: bool | None = None  # strict or not, the answer is decoded under the schema
+
+
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    # `structural_tag` is vLLM's (its own fields pass on as sent).
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: JsonSchema | None = None
+
+
+class NamedFunction(msgspec.Struct, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, kw_only=True, tag_field="type", tag="function"):
+    function: NamedFunction
+
+
+class AllowedToolChoice(msgspec.Struct, kw_only=True, tag_field="type", tag="allowed_tools"):
+    """Declared so that it is refused by name (`refused`), as vLLM refuses it."""
+
+    allowed_tools: Any = None
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolChoice
+
+# The efforts vLLM 0.13, the oldest release onjob starts, accepts (later ones add more):
+# vllm/entrypoints/openai/protocol.py, `ChatCompletionRequest.reasoning_effort`.
+ReasoningEffort = Literal["low", "medium", "high"]
+
+
+def _refused(why: str) -> Any:
+    return Annotated[Any, Meta(description=f"refused when set: {why}")]
+
+
+class ChatCompletionRequest(msgspec.Struct, kw_only=True):
+    model: Annotated[str, Meta(min_length=1)]
+    messages: Annotated[list[Message], Meta(min_length=1)]
+
+    # Honoured.
+    n: Annotated[int, Meta(ge=1)] | None = None  # bounded above by the server
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    max_tokens: Tokens | None = None
+    max_completion_tokens: Tokens | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: TopLogprobs | None = None
+    logit_bias: LogitBias | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    # Given to the chat template as `reasoning_effort` (vLLM's way since 0.20, where 0.13
+    # used it for gpt-oss alone); a template that does not read it ignores it.
+    reasoning_effort: ReasoningEffort | None = None
+    modalities: list[Literal["text", "audio"]] | None = None  # ["text"] only; audio refused
+
+    # Kept with the exchange, not sent to the engine.
+    metadata: Metadata | None = None
+
+    # Hints (`fields.HINTS`) and bookkeeping: the answer does not depend on them.
+    user: str | None = None
+    store: bool | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    service_tier: str | None = None
+    prediction: dict[str, Any] | None = None  # a latency hint: the answer is the same without it
+
+    # Refused when set (`fields.REFUSED`): honouring them needs what no engine behind onjob
+    # has, and ignoring them would change the answer.
+    audio: _refused(REFUSED["audio"]) = None
+    functions: _refused(REFUSED["functions"]) = None
+    function_call: _refused(REFUSED["function_call"]) = None
+    moderation: _refused(REFUSED["moderation"]) = None
+    web_search_options: _refused(REFUSED["web_search_options"]) = None
+    verbosity: _refused(REFUSED["verbosity"]) = None
+
+    # vLLM's grammar fields: vLLM decodes under them and masks its logprobs
+    # (`onjob.logprobs.constrained`); the local engine refuses them.
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+
+    # vLLM extensions.
+    return_token_ids: bool | None = None
+    ignore_eos: bool | None = None
+    min_tokens: Annotated[int, Meta(ge=0)] | None = None
+    include_reasoning: bool | None = None  # false is refused by the proxy (`exchange.py`)
+
+
+def refused(request: ChatCompletionRequest) -> InvalidRequest | None:
+    """The 400 for the first field no engine behind onjob honours, or None."""
+    for name, why in REFUSED.items():
+        if getattr(request, name) is not None:
+            return InvalidRequest(f"`{name}` is not supported: {why}.", param=name)
+    if isinstance(request.tool_choice, AllowedToolChoice):
+        # vLLM's request model takes an object tool_choice for a named function only
+        # (vllm/entrypoints/openai/protocol.py `check_tool_usage`, 0.13 to 0.33).
+        return InvalidRequest(
+            "`tool_choice` of type `allowed_tools` is not supported (nor by vLLM): send "
+            'the allowed tools as `tools` with `tool_choice` "auto" or "required".',
+            param="tool_choice",
+        )
+    if request.modalities and "audio" in request.modalities:
+        return InvalidRequest(
+            "Only text is generated: `modalities` must be ['text'].", param="modalities"
+        )
+    return None
+
+
+def checked(body: dict) -> ChatCompletionRequest:
+    """A client's decoded body as the chat request it is, or the 400 naming what is not."""
+    request = validated(body, ChatCompletionRequest)
+    if error := refused(request):
+        raise error
+    return request
+
+
+def text_of(content: str | list[ContentPart] | None) -> str:
+    """A message's content (a string or a list of parts) as plain text; non-text parts (an
+    image, a refusal) add nothing."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text for part in content if part.type == "text" and part.text)

@@ -1,0 +1,51 @@
+"""A decoded body checked against its API's request type, msgspec's refusal said as a 400
+naming the offending path, as OpenAI and vLLM name it (`messages[0].content`)."""
+
+from __future__ import annotations
+
+import re
+from typing import TypeVar
+
+import msgspec
+
+from .errors import InvalidRequest
+
+T = TypeVar("T")
+
+_AT = re.compile(r" - at `\$\.?(.*)`$")  # msgspec's path to the offending value
+_MISSING = re.compile(r"^Object missing required field `(.+)`$")
+
+
+def validated(body: dict, kind: type[T]) -> T:
+    """`body` as `kind`, strictly (a string is never read as a number); fields `kind` does
+    not declare are left to whoever reads them."""
+    try:
+        return msgspec.convert(body, kind, strict=True)
+    except msgspec.ValidationError as exc:
+        raise invalid(exc) from None
+
+
+def invalid(exc: msgspec.ValidationError) -> InvalidRequest:
+    """msgspec's "Expected `int`, got `str` - at `$.n`" as "`n`: expected `int`, got
+    `str`." with `param` "n"; a missing field is named as the field."""
+    text = str(exc)
+    where = _AT.search(text)
+    why = text[: where.start()] if where else text
+    path = where.group(1) if where else ""
+    if missing := _MISSING.match(why):
+        path = f"{path}.{missing.group(1)}" if path else missing.group(1)
+        return InvalidRequest(f"`{path}` is required.", param=path)
+    if not path:
+        return InvalidRequest(f"Invalid request: {why}.")
+    return InvalidRequest(f"`{path}`: {why[:1].lower()}{why[1:]}.", param=path)
+
+
+def decoded(raw: bytes, kind: type[T]) -> T:
+    """A body's bytes decoded straight into `kind` (the local engine's way: it logs nothing,
+    so it needs no dict of what was sent), refused as `validated` refuses."""
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except msgspec.ValidationError as exc:
+        raise invalid(exc) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"Malformed JSON body: {exc}") from None
