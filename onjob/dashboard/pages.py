@@ -94,8 +94,13 @@ _env.filters.update(
 
 
 def _chart_data(value) -> str:
-    """JSON for a <script type="application/json"> block (no `</` can close it early)."""
-    return json.dumps(value, default=str).replace("</", "<\\/")
+    """JSON for a <script type="application/json"> block (no `</` can close it early): a
+    record by its fields, any other value JSON lacks (a time) as its text."""
+    return json.dumps(value, default=_plain).replace("</", "<\\/")
+
+
+def _plain(value) -> object:
+    return msgspec.structs.asdict(value) if isinstance(value, msgspec.Struct) else str(value)
 
 
 class Act(msgspec.Struct, forbid_unknown_fields=True):
@@ -348,21 +353,43 @@ async def act(site: Site, data: Act) -> Any:
     return await change(data.lineage, reason=data.reason, actor="dashboard")
 
 
-def _ab_chart(evidence: Evidence, path: list[dict]) -> dict:
-    """What the A/B page draws for one canary: the e-values after each pair against the two
-    thresholds, the wins, ties and losses, and each arm's latency on real traffic."""
+class Outcomes(msgspec.Struct, frozen=True):
+    wins: int
+    ties: int
+    losses: int
+
+
+class Latency(msgspec.Struct, frozen=True):
+    """Each arm's median conversation on real traffic since the canary started (ms)."""
+
+    live: float | None
+    canary: float | None
+
+
+class AbChart(msgspec.Struct, frozen=True):
+    """What the A/B page draws for one canary (`dashboard.js`): the e-values after each pair
+    (`pairs.path`) against the two thresholds, the wins, ties and losses, and each arm's
+    latency on real traffic."""
+
+    path: list[dict]
+    promote_at: float
+    rollback_at: float
+    outcomes: Outcomes
+    latency: Latency
+
+
+def _ab_chart(evidence: Evidence, path: list[dict]) -> AbChart:
     test, paired, guards = evidence.e_process, evidence.paired, evidence.guards
-    return {
-        "path": path,
-        "promote_at": test.promote_at,
-        "rollback_at": test.rollback_at,
-        "outcomes": {"wins": paired.wins, "ties": paired.ties, "losses": paired.losses},
-        # each arm's median conversation on real traffic since the canary started
-        "latency": {
-            "live": guards.live.p50_ms if guards else None,
-            "canary": guards.canary.p50_ms if guards else None,
-        },
-    }
+    return AbChart(
+        path=path,
+        promote_at=test.promote_at,
+        rollback_at=test.rollback_at,
+        outcomes=Outcomes(paired.wins, paired.ties, paired.losses),
+        latency=Latency(
+            live=guards.live.p50_ms if guards else None,
+            canary=guards.canary.p50_ms if guards else None,
+        ),
+    )
 
 
 def _tenant_rows(router: ArmRouter, decided: dict, shares: dict) -> list[dict]:

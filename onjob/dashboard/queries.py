@@ -233,10 +233,64 @@ def groups(store: Store, page: int, kind: str | None = None) -> list[GroupRow]:
     )
 
 
-def group(store: Store, group_id: str) -> dict | None:
+class MemberScore(msgspec.Struct, frozen=True):
+    """One source's score of a member, with the judge's explanation (`group`)."""
+
+    member_id: str
+    source: str
+    score: float
+    explanation: str | None
+
+
+class JudgeCall(msgspec.Struct, frozen=True):
+    """One call of a judge on a group (`group`)."""
+
+    judge: str
+    status: str
+    error: str | None
+    attempts: int | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cost_usd: float | None
+    latency_ms: float | None
+    created: dt.datetime | None
+
+
+class GroupMember(msgspec.Struct, frozen=True, kw_only=True):
+    """A member of a group with the answer it is judged on and its scores (`group`)."""
+
+    id: str
+    position: int
+    origin: str
+    choice: int | None
+    exchange_id: str
+    trajectory_id: str | None
+    checkpoint: str | None
+    message: dict  # the answer in OpenAI's message shape, as the prompt's messages are
+    scores: list[MemberScore]
+
+
+class GroupPage(msgspec.Struct, frozen=True, kw_only=True):
+    """A group as its page shows it (`group`)."""
+
+    id: str
+    kind: str
+    status: str
+    reason: str | None
+    scenario_id: str | None
+    created: dt.datetime | None
+    members: list[GroupMember]
+    judgements: list[JudgeCall]
+    prompt: list[dict]  # the messages a turn or pair group's members answer
+
+
+def group(store: Store, group_id: str) -> GroupPage | None:
     """A group, its members (each with the answer it is judged on and its scores by
     source, with the judge's explanation) and the judge's calls."""
-    found = store.query("SELECT * FROM groups WHERE id = ?", [group_id])
+    found = store.query(
+        "SELECT id, kind, status, reason, scenario_id, created FROM groups WHERE id = ?",
+        [group_id],
+    )
     if not found:
         return None
     rows = store.query(
@@ -249,7 +303,8 @@ def group(store: Store, group_id: str) -> dict | None:
         """,
         [group_id],
     )
-    scores = store.query(
+    scores = store.rows(
+        MemberScore,
         "SELECT member_id, source, score, explanation FROM scores WHERE group_id = ? "
         "ORDER BY source",
         [group_id],
@@ -258,19 +313,16 @@ def group(store: Store, group_id: str) -> dict | None:
     for r in rows:
         choices = (json_value(r.pop("response")) or {}).get("choices") or []
         message = next((c.get("message") for c in choices if c.get("index") == r["choice"]), {})
-        mine = [s for s in scores if s["member_id"] == r["id"]]
-        members.append({**r, "message": message or {}, "scores": mine})
-    judgements = store.query(
+        mine = [s for s in scores if s.member_id == r["id"]]
+        members.append(GroupMember(**r, message=message or {}, scores=mine))
+    judgements = store.rows(
+        JudgeCall,
         "SELECT judge, status, error, attempts, prompt_tokens, completion_tokens, cost_usd, "
         "latency_ms, created FROM judgements WHERE group_id = ? ORDER BY created",
         [group_id],
     )
-    return {
-        **found[0],
-        "members": members,
-        "judgements": judgements,
-        "prompt": _prompt(store, found[0]["kind"], rows),
-    }
+    prompt = _prompt(store, found[0]["kind"], rows)
+    return GroupPage(**found[0], members=members, judgements=judgements, prompt=prompt)
 
 
 def _prompt(store: Store, kind: str, members: list[dict]) -> list[dict]:
@@ -286,20 +338,74 @@ def _prompt(store: Store, kind: str, members: list[dict]) -> list[dict]:
     return list((request or {}).get("messages") or [])
 
 
-def trajectory(store: Store, trajectory_id: str) -> dict | None:
+class Turn(msgspec.Struct, kw_only=True):
+    """One turn of a conversation: its exchange as served (`trajectory`)."""
+
+    id: str
+    turn: int | None
+    ts: dt.datetime
+    checkpoint: str | None
+    served_model: str | None
+    arm: str | None
+    status: int
+    latency_ms: float | None
+    error: str | None
+    tools: list[dict] | None = None  # the tools its request offered
+
+
+class Posted(msgspec.Struct, frozen=True):
+    """Feedback on a conversation or one of its turns (None: the whole) (`trajectory`)."""
+
+    ts: dt.datetime
+    metric: str | None
+    value: float
+    comment: str | None
+    turn: int | None
+
+
+class TurnScore(msgspec.Struct, frozen=True):
+    """A score of a logged answer of the conversation, in one of its groups (`trajectory`)."""
+
+    group_id: str
+    kind: str
+    turn: int | None
+    source: str
+    score: float
+    explanation: str | None
+
+
+class Conversation(msgspec.Struct, kw_only=True):
+    """A conversation as its page shows it (`trajectory`)."""
+
+    id: str
+    scenario_id: str
+    n_turns: int
+    first_ts: dt.datetime | None
+    last_ts: dt.datetime | None
+    turns: list[Turn]
+    messages: list[dict]  # the longest request's messages and the last answer, as sent
+    feedback: list[Posted]
+    scores: list[TurnScore]
+
+
+def trajectory(store: Store, trajectory_id: str) -> Conversation | None:
     """A conversation: its turns in order, and the messages of its longest request plus
     the last answer, for reading as one dialogue."""
-    found = store.query("SELECT * FROM trajectories WHERE id = ?", [trajectory_id])
+    found = store.query(
+        "SELECT id, scenario_id, n_turns, first_ts, last_ts FROM trajectories WHERE id = ?",
+        [trajectory_id],
+    )
     if not found:
         return None
-    turns = store.query(
+    rows = store.query(
         "SELECT id, turn, ts, checkpoint, served_model, arm, status, latency_ms, error, request, "
         "response FROM exchanges_rebuilt((SELECT list(id) FROM exchanges WHERE trajectory_id = ? "
         "AND source = 'production'), false) ORDER BY turn, ts",
         [trajectory_id],
     )
     messages: list[dict] = []
-    for t in turns:
+    turns = []
+    for t in rows:
         request = json_value(t.pop("request")) or {}
         response = json_value(t.pop("response")) or {}
         asked = request.get("messages") or []
@@ -308,9 +414,10 @@ def trajectory(store: Store, trajectory_id: str) -> dict | None:
         choices = response.get("choices") or []
         if choices and choices[0].get("message"):
             messages.append({**choices[0]["message"], "turn": t["turn"]})
-        t["tools"] = request.get("tools")
+        turns.append(Turn(**t, tools=request.get("tools")))
     # What users said of it, and what the judges said of its logged answers.
-    posted = store.query(
+    posted = store.rows(
+        Posted,
         """
         SELECT f.ts, f.metric, f.value, f.comment, e.turn FROM feedback f
         LEFT JOIN exchanges e ON e.id = f.exchange_id
@@ -319,7 +426,8 @@ def trajectory(store: Store, trajectory_id: str) -> dict | None:
         """,
         [trajectory_id, trajectory_id],
     )
-    scores = store.query(
+    scores = store.rows(
+        TurnScore,
         """
         SELECT g.id AS group_id, g.kind, e.turn, s.source, s.score, s.explanation
         FROM members m JOIN groups g ON g.id = m.group_id
@@ -330,7 +438,7 @@ def trajectory(store: Store, trajectory_id: str) -> dict | None:
         """,
         [trajectory_id],
     )
-    return {**found[0], "turns": turns, "messages": messages, "feedback": posted, "scores": scores}
+    return Conversation(**found[0], turns=turns, messages=messages, feedback=posted, scores=scores)
 
 
 def exchanges(store: Store, f: Explore, page: int) -> list[ExchangeRow]:
