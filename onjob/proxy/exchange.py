@@ -26,7 +26,7 @@ from ..collector.trajectories import Keys, continuations, keys, scoped
 from ..protocol import chat, completion, decode_body, engine_body
 from ..protocol.fields import HINTS
 from .errors import BadRequest, MalformedAnswer
-from .protocol import EngineAnswer
+from .protocol import EngineAnswer, StoredResponse
 from .routing import Route, Router
 from .settings import ProxySettings
 
@@ -163,7 +163,7 @@ class Exchange:
     logprobs_mode: str | None = None  # the answering engine's logprob definition
     source: str = "production"  # "unstored": logged, but never judged or trained on
     api: str | None = None  # the API the client called, when not chat completions
-    api_object: dict | None = None  # what that API keeps of the exchange (a stored Response)
+    api_object: StoredResponse | None = None  # what that API keeps of it (a stored Response)
     id_prefix: str = "chatcmpl-"
     retry_of: str | None = None  # the failed canary attempt this answers in place of
     # What the client asked for, read once (every streamed event consults them).

@@ -182,6 +182,25 @@ class ResponseRequest(msgspec.Struct, kw_only=True):
     user: str | None = None
 
 
+class TokensDetails(msgspec.Struct, kw_only=True):
+    cached_tokens: int = 0
+
+
+class ReasoningDetails(msgspec.Struct, kw_only=True):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(msgspec.Struct, kw_only=True):
+    """A Response's usage, from the chat answer's (no prompt caching or reasoning tokens are
+    reported, so those details are 0)."""
+
+    input_tokens: int
+    input_tokens_details: TokensDetails = msgspec.field(default_factory=TokensDetails)
+    output_tokens: int
+    output_tokens_details: ReasoningDetails = msgspec.field(default_factory=ReasoningDetails)
+    total_tokens: int
+
+
 class ResponseObject(msgspec.Struct, kw_only=True):
     """A Response, as openai-python's `Response` reads it: `id` is the exchange id;
     `status` completed, incomplete, failed, or in_progress while it streams."""
@@ -208,18 +227,26 @@ class ResponseObject(msgspec.Struct, kw_only=True):
     tools: list[dict[str, Any]] = msgspec.field(default_factory=list)
     top_p: float = 1.0
     truncation: Literal["auto", "disabled"] = "disabled"
-    usage: dict[str, Any] | None = None
+    usage: ResponseUsage | None = None
     user: str | None = None
+
+
+class StoredResponse(msgspec.Struct, kw_only=True):
+    """What an exchange row keeps of a stored Response (`exchanges.api_object`), for `GET`
+    and for a call that continues it."""
+
+    response: ResponseObject
+    input_items: list[dict[str, Any]]
 
 
 class ResponseDeleted(msgspec.Struct, kw_only=True):
     id: str
-    object: Literal["response"]
-    deleted: bool
+    object: Literal["response"] = "response"
+    deleted: bool = True
 
 
 class InputItems(msgspec.Struct, kw_only=True):
-    object: Literal["list"]
+    object: Literal["list"] = "list"
     data: list[dict[str, Any]]
     first_id: str | None
     last_id: str | None

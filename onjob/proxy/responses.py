@@ -30,7 +30,7 @@ from ..collector.ids import new_id
 from ..protocol import decode_body
 from . import sse
 from .errors import BadRequest
-from .protocol import ResponseObject
+from .protocol import InputItems, ResponseObject, ResponseUsage, StoredResponse
 from .settings import ProxySettings
 
 RESPONSES = "responses"  # `exchanges.api` of a Responses call
@@ -389,15 +389,14 @@ def _response_format(text: dict) -> dict | None:
     )
 
 
-def previous_of(row: dict) -> Previous | None:
-    """The conversation a stored response continues; None when the row holds no stored,
-    answered Responses call (never stored, deleted, failed)."""
-    if row.get("api") != RESPONSES or row.get("api_object") is None or row["status"] >= 400:
+def previous_of(row: dict, stored: StoredResponse) -> Previous | None:
+    """The conversation a stored response (`stored`, of `row`) continues; None when the row
+    holds no answered call (it failed)."""
+    if row["status"] >= 400:
         return None
-    stored = _json(row["api_object"])
     request = _json(row["request"])
     answer = _json(row["response"])
-    skip = 1 if stored["response"].get("instructions") else 0
+    skip = 1 if stored.response.instructions else 0
     reply = answer["choices"][0]["message"]
     shaped = {"role": "assistant", "content": reply.get("content")}
     if reply.get("tool_calls"):
@@ -410,13 +409,16 @@ def previous_of(row: dict) -> Previous | None:
     )
 
 
-def stored_response(row: dict | None, api_key_id: str | None) -> dict | None:
+def stored_response(row: dict | None, api_key_id: str | None) -> StoredResponse | None:
     """A row's stored Response and input items, if this key may see them."""
     if row is None or row.get("api") != RESPONSES or row.get("api_object") is None:
         return None
     if row["api_key_id"] != api_key_id:
         return None  # another key's response is answered as missing: its id stays secret
-    return _json(row["api_object"])
+    stored = row["api_object"]
+    if isinstance(stored, str | bytes):
+        return _decode(stored, type=StoredResponse)
+    return msgspec.convert(stored, StoredResponse)
 
 
 def _json(value: Any) -> Any:
@@ -456,17 +458,15 @@ def _message_out(item_id: str, text: str, status: str) -> dict:
     }
 
 
-def usage_of(usage: dict | None) -> dict | None:
+def usage_of(usage: dict | None) -> ResponseUsage | None:
     if not usage:
         return None
     prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
-    return {
-        "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": usage.get("total_tokens", prompt + completion),
-    }
+    return ResponseUsage(
+        input_tokens=prompt,
+        output_tokens=completion,
+        total_tokens=usage.get("total_tokens", prompt + completion),
+    )
 
 
 def response_object(
@@ -510,9 +510,9 @@ def response_object(
     )
 
 
-def stored(response: ResponseObject, call: Call) -> dict | None:
+def stored(response: ResponseObject, call: Call) -> StoredResponse | None:
     """What the exchange row keeps for `GET` (None when the client said `store: false`)."""
-    return {"response": response, "input_items": call.items} if call.store else None
+    return StoredResponse(response=response, input_items=call.items) if call.store else None
 
 
 class Events:
@@ -667,7 +667,7 @@ class Events:
         return out
 
 
-def input_items_page(items: list[dict], *, order: str, limit: int, after: str | None) -> dict:
+def input_items_page(items: list[dict], *, order: str, limit: int, after: str | None) -> InputItems:
     """One page of `GET /v1/responses/{id}/input_items` (newest first unless `asc`)."""
     ordered = list(reversed(items)) if order == "desc" else list(items)
     if after is not None:
@@ -676,10 +676,9 @@ def input_items_page(items: list[dict], *, order: str, limit: int, after: str | 
             raise BadRequest(f"No input item `{after}` in this response.", param="after")
         ordered = ordered[ids.index(after) + 1 :]
     page = ordered[:limit]
-    return {
-        "object": "list",
-        "data": page,
-        "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None,
-        "has_more": len(ordered) > limit,
-    }
+    return InputItems(
+        data=page,
+        first_id=page[0]["id"] if page else None,
+        last_id=page[-1]["id"] if page else None,
+        has_more=len(ordered) > limit,
+    )

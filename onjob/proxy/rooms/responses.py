@@ -19,6 +19,7 @@ from .. import responses
 from ..auth import caller
 from ..errors import BadRequest, NotFound
 from ..exchange import Exchange, parse_request
+from ..protocol import ResponseDeleted, ResponseObject, StoredResponse
 from ..replicas import Forwarder
 from ..settings import ProxySettings
 from ..stream import ResponseEvents
@@ -59,7 +60,7 @@ def routes(settings: ProxySettings, traffic: Traffic, forward: Forwarder | None)
     async def retrieve_response(request: Request, response_id: FromPath[str]) -> Any:
         if forward is not None:
             return await forward(request)
-        return (await _stored(traffic, request, response_id))["response"]
+        return (await _stored(traffic, request, response_id)).response
 
     @get("/v1/responses/{response_id:str}/input_items")
     async def response_input_items(
@@ -73,7 +74,7 @@ def routes(settings: ProxySettings, traffic: Traffic, forward: Forwarder | None)
             return await forward(request)
         if not 1 <= limit <= 100:
             raise BadRequest("`limit` must be between 1 and 100.", param="limit")
-        items = (await _stored(traffic, request, response_id))["input_items"]
+        items = (await _stored(traffic, request, response_id)).input_items
         return responses.input_items_page(items, order=order, limit=limit, after=after)
 
     @delete("/v1/responses/{response_id:str}", status_code=200)
@@ -85,7 +86,7 @@ def routes(settings: ProxySettings, traffic: Traffic, forward: Forwarder | None)
         forgotten = await traffic.collector.query(lambda store: store.forget_response(response_id))
         if not forgotten:
             raise NotFound(f"No response with id '{response_id}'.", param="response_id")
-        return {"id": response_id, "object": "response", "deleted": True}
+        return ResponseDeleted(id=response_id)
 
     return create_response, retrieve_response, response_input_items, delete_response
 
@@ -97,9 +98,8 @@ async def _previous(
     chain's trajectory and, while that checkpoint still is one, its arm become this one's."""
     previous_id = body["previous_response_id"]
     row = await traffic.lookup(queries.exchange, previous_id)
-    previous = None
-    if responses.stored_response(row, api_key_id) is not None:
-        previous = responses.previous_of(row)
+    stored = responses.stored_response(row, api_key_id)
+    previous = responses.previous_of(row, stored) if stored is not None else None
     if previous is None:
         raise NotFound(
             f"Previous response with id '{previous_id}' not found.",
@@ -111,7 +111,7 @@ async def _previous(
     return previous
 
 
-def _whole(exchange: Exchange, call: responses.Call) -> dict:
+def _whole(exchange: Exchange, call: responses.Call) -> ResponseObject:
     """A whole chat answer as the Response object."""
     reply = exchange.replies()[0] if exchange.choices else {}
     choice = exchange.choices.get(0)
@@ -126,7 +126,7 @@ def _whole(exchange: Exchange, call: responses.Call) -> dict:
     )
 
 
-async def _stored(traffic: Traffic, request: Request, response_id: str) -> dict:
+async def _stored(traffic: Traffic, request: Request, response_id: str) -> StoredResponse:
     """The caller's stored response; another key's is answered as missing."""
     row = await traffic.lookup(queries.exchange, response_id)
     found = responses.stored_response(row, caller(request).api_key_id)
