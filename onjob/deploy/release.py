@@ -291,6 +291,8 @@ async def _fresh_round(r: Release, since, chain: list, tests: list[str]) -> list
     return draw.prompts
 
 
-async def _arms(r: Release, live: str | None, candidate: str) -> dict:
+async def _arms(r: Release, live: str | None, candidate: str) -> dict[str, tuple[str, str | None]]:
+    """Each arm of the test by its name (`a` live, `b` the candidate): the engine's model
+    id it samples and the checkpoint it stands for (None: the base model)."""
     base = await sampling.base_model(r.engine)
     return {"a": (live or base, live), "b": (candidate, candidate)}

@@ -22,8 +22,18 @@ import os
 from collections.abc import AsyncIterator, Callable
 
 import httpx
+import msgspec
 
 from ...trainer import TrainSettings
+
+
+class EngineThreads(msgspec.Struct):
+    """What the local engine's `POST /onjob/threads` answers (`engine/protocol.ThreadsSet`,
+    declared again here: deploy reaches the engine over HTTP only): the threads it serves
+    on now, and before."""
+
+    threads: int
+    was: int
 
 
 def cores() -> int:
@@ -52,8 +62,8 @@ async def beside(
         echo(f"training on {threads} threads beside the engine, which keeps its own")
     else:
         echo(
-            f"training on {threads} threads; the engine serves on {changed['threads']} "
-            f"(of {changed['was']}) until the run ends"
+            f"training on {threads} threads; the engine serves on {changed.threads} "
+            f"(of {changed.was}) until the run ends"
         )
     try:
         yield
@@ -72,9 +82,9 @@ def _local(engine: httpx.AsyncClient | None) -> bool:
         return False
 
 
-async def _set(engine: httpx.AsyncClient, threads: int | None) -> dict | None:
+async def _set(engine: httpx.AsyncClient, threads: int | None) -> EngineThreads | None:
     """`POST /onjob/threads` on the engine; its answer, or None where the engine has no
-    such route (vLLM) or did not answer."""
+    such route (vLLM), did not answer, or answered what is not the route's."""
     root = str(engine.base_url).rstrip("/").removesuffix("/v1")
     try:
         resp = await engine.post(f"{root}/onjob/threads", json={"threads": threads}, timeout=30)
@@ -83,6 +93,6 @@ async def _set(engine: httpx.AsyncClient, threads: int | None) -> dict | None:
     if resp.status_code != 200:
         return None
     try:
-        return resp.json()
-    except ValueError:
+        return msgspec.json.decode(resp.content, type=EngineThreads)
+    except msgspec.DecodeError:  # ValidationError is one
         return None
