@@ -218,7 +218,7 @@ def test_the_judge_and_the_trainer_snapshot_see_full_requests_and_token_ids(logg
             ],
         )
         out = snapshot.export(store, tmp_path / "snap.parquet", TrainSettings())
-        assert out["members"] == 2
+        assert out.members == 2
         table = pq.read_table(tmp_path / "snap.parquet").to_pylist()
         for member, sent in zip(table, (long, rerendered), strict=True):
             assert member["prompt_ids"] == [t["prompt"] for t in sent]

@@ -102,7 +102,7 @@ def snapshot_keys(db: Path, path: Path, untrained: list[str]) -> set[str]:
         scope = KeyScope(never=tuple(untrained))
         info = snapshot.export(store, path, TrainSettings(min_spread=0.0), scope=scope)
         ids = [i for turns in pq.read_table(path).column("exchange_ids").to_pylist() for i in turns]
-        assert info["groups"] and ids
+        assert info.groups and ids
         keys = store.query(
             "SELECT DISTINCT api_key_id FROM exchanges WHERE list_contains(?, id)", [ids]
         )

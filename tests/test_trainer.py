@@ -107,13 +107,13 @@ def test_a_few_steps_raise_the_best_members_logprob_and_lower_the_worsts(
     k3 = [math.exp(b - p) - (b - p) - 1 for p, b in zip(tuned_lp, base_lp, strict=True)]
     w = [min(math.exp(p - b), 5.0) for p, b in zip(tuned_lp, base_lp, strict=True)]
     metrics = manifest.metrics
-    assert metrics["kl_to_base_tokens"] == len(k3)
+    assert metrics.kl_to_base_tokens == len(k3)
     weighted = sum(x * y for x, y in zip(w, k3, strict=True)) / sum(w)
-    assert math.isclose(metrics["kl_to_base"], weighted, rel_tol=1e-3)
-    assert metrics["kl_to_base"] > 1e-3  # six steps at a high rate moved it
+    assert math.isclose(metrics.kl_to_base, weighted, rel_tol=1e-3)
+    assert metrics.kl_to_base > 1e-3  # six steps at a high rate moved it
     # And on answers the tuned policy sampled itself: its own tokens, k3 >= 0 per token.
-    assert 0 < metrics["kl_to_base_own_tokens"] <= 32
-    assert math.isfinite(metrics["kl_to_base_own"]) and metrics["kl_to_base_own"] > 0
+    assert 0 < metrics.kl_to_base_own_tokens <= 32
+    assert math.isfinite(metrics.kl_to_base_own) and metrics.kl_to_base_own > 0
 
 
 def test_groups_with_equal_scores_are_skipped_and_said(tmp_path, tiny_model_dir, toy):
@@ -332,5 +332,5 @@ def test_an_unmoved_policy_reads_no_kl_on_its_own_samples_of_prompts_of_any_leng
         threads=1,
     )
     metrics = train(snap, tmp_path / "ckpt", settings, progress=False, echo=lambda _: None).metrics
-    assert metrics["kl_to_base_own_tokens"] > 32  # more than one prompt's answer
-    assert metrics["kl_to_base_own"] < 1e-6
+    assert metrics.kl_to_base_own_tokens > 32  # more than one prompt's answer
+    assert metrics.kl_to_base_own < 1e-6

@@ -208,8 +208,8 @@ def test_trained_on_engine_samples_and_served_back_by_the_engine(family, tmp_pat
     pq.write_table(pa.Table.from_pylist(rows), snapshot)
     settings = TrainSettings(base_model=path, lora_rank=8, learning_rate=0.02, epochs=2)
     manifest = train(snapshot, tmp_path / "ckpt", settings, progress=False, echo=lambda _: None)
-    assert manifest.metrics["logprob_gap_step0_max"] < 1e-5, name
-    assert manifest.precision["head_dtype"] == "torch.float32"
+    assert manifest.metrics.logprob_gap_step0_max < 1e-5, name
+    assert manifest.precision.head_dtype == "torch.float32"
     written = json.loads((tmp_path / "ckpt" / "adapter_config.json").read_text())
     layers = {n.rsplit(".", 1)[-1] for n, _ in loaded.model.named_modules()}
     assert set(written["target_modules"]) >= {"o_proj", "down_proj"}

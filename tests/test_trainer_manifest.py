@@ -11,11 +11,12 @@ import msgspec
 import pytest
 
 from onjob.collector import Store
-from onjob.trainer.manifest import FILE, Manifest
+from onjob.trainer.manifest import FILE, Manifest, Precision, Sampler
 from onjob.trainer.records import record_run
 
-# As `train()` wrote it before the manifest was a record, with a dropped step (its loss
-# not finite: `json` writes NaN) and a group the logprob check skipped.
+# As `train()` wrote it before the manifest was a record (some of its keys, in its order),
+# with a dropped step (its loss not finite: `json` writes NaN) and a group the logprob
+# check skipped.
 OLD = {
     "name": "ckpt-20261124-101500-a1b2c3",
     "parent": None,
@@ -28,8 +29,8 @@ OLD = {
     "precision": {"device": "cpu", "head_dtype": "torch.float32", "sampler": {"dtype": "x"}},
     "metrics": {
         "steps": 1,
-        "duration_s": 12.5,
         "loss_last": -0.01,
+        "duration_s": 12.5,
         "dropped_steps": [{"epoch": 0, "groups": ["g2"], "loss": math.nan, "grad_norm": 1.0}],
     },
     "history": [{"step": 1, "epoch": 0, "loss": -0.01, "lr": 2e-05}],
@@ -44,9 +45,9 @@ def test_a_manifest_an_older_version_wrote_loads_and_is_written_back_unchanged(t
     assert (manifest.snapshot_sha256, manifest.config_sha256) == ("ab" * 32, "cd" * 32)
     assert manifest.groups == ["g1", "g2"] and "g3" in manifest.skipped_groups
     assert manifest.config["started_by"] == "loop"
-    assert manifest.precision["sampler"] == {"dtype": "x"}
+    assert manifest.precision.sampler == Sampler(dtype="x")
     assert (manifest.steps, manifest.duration_s) == (1, 12.5)
-    assert math.isnan(manifest.metrics["dropped_steps"][0]["loss"])
+    assert math.isnan(manifest.metrics.dropped_steps[0].loss)
 
     (tmp_path / "again").mkdir()
     manifest.write(tmp_path / "again")
@@ -59,7 +60,7 @@ def test_a_manifest_from_before_the_logprob_check_loads_without_its_later_keys(t
     first = {k: v for k, v in OLD.items() if k not in ("skipped_groups", "precision")}
     (tmp_path / FILE).write_text(json.dumps(first, indent=2))
     manifest = Manifest.read(tmp_path)
-    assert (manifest.skipped_groups, manifest.precision) == ({}, {})
+    assert (manifest.skipped_groups, manifest.precision) == ({}, Precision())
 
     store = Store(tmp_path / "onjob.duckdb")
     try:

@@ -77,8 +77,8 @@ def test_two_ranks_on_gloo_train_what_one_process_trains(tmp_path, tiny_model_di
 
     # The weights were equal on both ranks after the last step, as every step's update
     # was the same on each (the manifest records the largest difference rank 0 saw).
-    assert two.metrics["ranks"] == 2 and one.metrics["ranks"] == 1
-    assert two.metrics["ranks_weight_gap"] == 0.0
+    assert two.metrics.ranks == 2 and one.metrics.ranks == 1
+    assert two.metrics.ranks_weight_gap == 0.0
     # Each step's loss is one process's on the same groups: the two ranks' halves summed.
     assert [h.step for h in two.history] == [1, 2]
     for a, b in zip(one.history, two.history, strict=True):

@@ -113,7 +113,7 @@ def test_a_conversation_with_one_turn_from_a_stale_checkpoint_is_not_exported(db
         "stale", "trajectory", [("z2", "t3", 1.0, "production"), ("w1", "t4", 0.0, "production")]
     )
     info = export(db, tmp_path / "s.parquet")
-    assert info["groups"] == ["conversations"]
+    assert info.groups == ["conversations"]
 
 
 def test_a_conversation_with_one_untrainable_turn_is_not_exported(db, tmp_path):
@@ -128,7 +128,7 @@ def test_a_conversation_with_one_untrainable_turn_is_not_exported(db, tmp_path):
     )
     assert snapshot.trainable(db.store, TrainSettings()) == 1
     info = export(db, tmp_path / "s.parquet")
-    assert info["groups"] == ["conversations"]
+    assert info.groups == ["conversations"]
 
 
 def test_an_exchange_in_a_turn_group_and_a_conversation_is_trained_once(db, tmp_path):
@@ -257,8 +257,8 @@ def test_a_group_the_sampler_disagrees_with_is_skipped_and_recorded_and_the_run_
     assert manifest.groups == ["good"]
     assert "differ from the logged ones" in manifest.skipped_groups["bad"]
     assert any(line.startswith("group bad:") for line in lines)
-    assert manifest.metrics["skipped_groups"] == 1
-    assert manifest.metrics["logprob_gap_step0_max"] > 1e3  # the metric shows it
+    assert manifest.metrics.skipped_groups == 1
+    assert manifest.metrics.logprob_gap_step0_max > 1e3  # the metric shows it
     store = Store(tmp_path / "onjob.duckdb")
     record_run(store, "run-1", manifest, tmp_path / "ckpt", None)
     used = store.query("SELECT groups_used FROM train_runs")[0]["groups_used"]
@@ -322,7 +322,7 @@ def test_the_ratio_starts_at_one_when_continuing_a_parent_written_with_dropout(
     first = manifest.history[0]
     assert first.ratio_mean == pytest.approx(1.0, abs=1e-5)
     assert first.clip_fraction == 0
-    assert manifest.metrics["logprob_gap_step0_max"] < 1e-5
+    assert manifest.metrics.logprob_gap_step0_max < 1e-5
 
 
 def test_continuing_a_parent_of_another_rank_is_refused_before_any_step(

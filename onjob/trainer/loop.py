@@ -47,7 +47,7 @@ from .data import Group, Notes, Sequence, load
 from .errors import Diverged, NoDevice, NothingToTrain
 from .foreign import translated
 from .forward import Head, chunks, decoder_of, pack_limit, sampled_logprobs
-from .manifest import Dropped, Manifest, Step
+from .manifest import Dropped, Manifest, Metrics, Precision, Step
 from .maths import LossParts, k3, k3_of_sampled, policy_loss, token_logprobs
 from .ranks import Ranks
 from .settings import TrainSettings
@@ -127,41 +127,36 @@ def _train(
         )
 
     # --- checkpoint
-    kl = _kl_to_base(model, head, groups, policy.limit, device)
-    kl |= _kl_on_own_samples(model, head, groups[: s.kl_own_prompts], device)
+    drift = (
+        _kl_to_base(model, head, groups, policy.limit, device),
+        _kl_on_own_samples(model, head, groups[: s.kl_own_prompts], device),
+    )
     duration = time.perf_counter() - started
-    metrics = {
-        **_summary(history, groups, notes, duration, tokens_seen),
-        **_gap_metrics(gaps),
-        **kl,
-        "skipped_groups": len(skipped),
-        "dropped_steps": msgspec.to_builtins(dropped),
-        "ranks": ranks.world,
-        "ranks_weight_gap": weight_gap,
-    }
+    summary = _summary(history, groups, notes, duration, tokens_seen)
+    metrics = _with_checks(summary, gaps, drift, len(skipped), dropped, ranks.world, weight_gap)
     manifest = _write(out, model, optimizer, s, parent, base_dir, snapshot, groups, skipped,
                       precision, metrics, history)  # fmt: skip
     if wandb:
         wandb.finish()
     ranks.close()
     echo(
-        f"wrote {out}: {metrics['steps']} steps, loss {metrics['loss_last']:.4f}, "
-        f"{metrics['tokens_per_s']:.0f} tokens/s, {duration:.1f} s"
+        f"wrote {out}: {metrics.steps} steps, loss {metrics.loss_last:.4f}, "
+        f"{metrics.tokens_per_s:.0f} tokens/s, {duration:.1f} s"
     )
     return manifest
 
 
-def _precision(model, head: Head, device, dtype) -> dict:
+def _precision(model, head: Head, device, dtype) -> Precision:
     """How the run computes, for the manifest; the head checked against the model's own."""
-    return {
-        "device": str(device),
-        "model_dtype": str(dtype),
-        "head_dtype": str(torch.float32),
-        "attention": model.config._attn_implementation,
-        "head_check_gap": head.check(
+    return Precision(
+        device=str(device),
+        model_dtype=str(dtype),
+        head_dtype=str(torch.float32),
+        attention=model.config._attn_implementation,
+        head_check_gap=head.check(
             model, device, tolerance=1e-3 if dtype == torch.float32 else 0.25
         ),
-    }
+    )
 
 
 def _before_steps(
@@ -180,8 +175,8 @@ def _before_steps(
             _check(group, gaps[group.id], s, skipped, echo)
         sft = _warm_start(model, head, groups, s, policy.device, ranks)
         echo(
-            f"warm start: {s.sft_epochs} supervised passes on {sft['members']} best members, "
-            f"loss {sft['loss_first']:.3f} -> {sft['loss_last']:.3f}"
+            f"warm start: {s.sft_epochs} supervised passes on {sft.members} best members, "
+            f"loss {sft.loss_first:.3f} -> {sft.loss_last:.3f}"
         )
     return skipped, gaps
 
@@ -379,8 +374,8 @@ def _write(
     snapshot: Path,
     groups: list[Group],
     skipped: dict,
-    precision: dict,
-    metrics: dict,
+    precision: Precision,
+    metrics: Metrics,
     history: list[Step],
 ) -> Manifest:
     """The checkpoint: the adapter, the optimizer's moments and the manifest beside them."""
@@ -452,16 +447,36 @@ def _check(group: Group, gap: Gap, s: TrainSettings, skipped: dict, echo) -> boo
     return False
 
 
-def _gap_metrics(gaps: dict[str, Gap]) -> dict:
-    """The gap at step 0 (the groups of the first step, checked before any update) and on
-    every group's first forward."""
+def _with_checks(
+    metrics: Metrics,
+    gaps: dict[str, Gap],
+    drift: tuple[Drift, Drift],
+    skipped: int,
+    dropped: list[Dropped],
+    ranks: int,
+    weight_gap: float,
+) -> Metrics:
+    """`_summary`'s metrics with the run's checks: the logprob gap at step 0 (the groups of
+    the first step, checked before any update) and on every group's first forward; the
+    drift from the base model on the snapshot's tokens and on the policy's own answers; the
+    groups skipped, the steps dropped, and the ranks' agreement."""
     first = [g for g in gaps.values() if g.step == 0] or list(gaps.values())
     every = list(gaps.values())
-    return {
-        "logprob_gap_step0": sum(g.sum for g in first) / max(sum(g.tokens for g in first), 1),
-        "logprob_gap_step0_max": max((g.max for g in first), default=0.0),
-        "logprob_gap_first_forward_max": max((g.max for g in every), default=0.0),
-    }
+    base, own = drift
+    return msgspec.structs.replace(
+        metrics,
+        logprob_gap_step0=sum(g.sum for g in first) / max(sum(g.tokens for g in first), 1),
+        logprob_gap_step0_max=max((g.max for g in first), default=0.0),
+        logprob_gap_first_forward_max=max((g.max for g in every), default=0.0),
+        kl_to_base=base.kl,
+        kl_to_base_tokens=base.tokens,
+        kl_to_base_own=own.kl,
+        kl_to_base_own_tokens=own.tokens,
+        skipped_groups=skipped,
+        dropped_steps=dropped,
+        ranks=ranks,
+        ranks_weight_gap=weight_gap,
+    )
 
 
 def _warmup(steps: int) -> Callable[[int], float]:
@@ -495,7 +510,15 @@ def _continue_optimizer(optimizer, path: Path, learning_rate: float) -> str:
 KL_GROUPS = 2  # groups the KL-to-base estimate reads: enough for a guard, a bounded cost
 
 
-def _kl_to_base(model, head: Head, groups: list[Group], limit: int, device) -> dict:
+@dataclass(frozen=True)
+class Drift:
+    """k3(policy ‖ base) per token, and the tokens it read."""
+
+    kl: float
+    tokens: int
+
+
+def _kl_to_base(model, head: Head, groups: list[Group], limit: int, device) -> Drift:
     """The trained policy against the base model (the adapter off) on the sampled tokens of
     up to `KL_GROUPS` groups: k3 per token weighted by policy / sampler (the tokens are
     the sampler's, not the policy's: `maths.k3_of_sampled`), and the tokens read. A
@@ -510,14 +533,14 @@ def _kl_to_base(model, head: Head, groups: list[Group], limit: int, device) -> d
                     ref = sampled_logprobs(model, head, chunk, device)
                 part, weight = k3_of_sampled(logp, ref, _old(chunk, device))
                 total, weights, tokens = total + part, weights + weight, tokens + logp.numel()
-    return {"kl_to_base": total / weights if weights else 0.0, "kl_to_base_tokens": tokens}
+    return Drift(total / weights if weights else 0.0, tokens)
 
 
 # Tokens the policy samples per prompt for `kl_to_base_own`.
 OWN_TOKENS = 32
 
 
-def _kl_on_own_samples(model, head: Head, groups: list[Group], device) -> dict:
+def _kl_on_own_samples(model, head: Head, groups: list[Group], device) -> Drift:
     """k3(policy ‖ base) per token on answers the trained policy samples itself (one per
     group's prompt, `OWN_TOKENS` tokens, temperature 1): the estimator
     is unbiased only on the policy's own samples, and a candidate that learned a new
@@ -532,7 +555,7 @@ def _kl_on_own_samples(model, head: Head, groups: list[Group], device) -> dict:
     overhead")."""
     prompts = [g.members[0].tokens[: g.members[0].first_loss] for g in groups]
     if not prompts:
-        return {"kl_to_base_own": 0.0, "kl_to_base_own_tokens": 0}
+        return Drift(0.0, 0)
     pad = _pad_id(model.config)
     pad = 0 if pad is None else pad
     width = max(len(p) for p in prompts)
@@ -567,7 +590,7 @@ def _kl_on_own_samples(model, head: Head, groups: list[Group], device) -> dict:
                 ref = token_logprobs(hidden[i, len(p) - 1 : len(p) + len(a) - 1], head, target)
                 total += k3(logp, ref).sum().item()
                 tokens += len(a)
-    return {"kl_to_base_own": total / max(tokens, 1), "kl_to_base_own_tokens": tokens}
+    return Drift(total / max(tokens, 1), tokens)
 
 
 def _until_end(tokens: list[int], config) -> list[int]:
@@ -595,9 +618,19 @@ def _pad_id(config) -> int | None:
     return next(iter(_eos_ids(config)), None)
 
 
+@dataclass(frozen=True)
+class WarmStart:
+    """What the warm start did, for its progress line: the members it fitted, its first
+    and last step's loss."""
+
+    members: int
+    loss_first: float
+    loss_last: float
+
+
 def _warm_start(
     model, head: Head, groups: list[Group], s: TrainSettings, device, ranks: Ranks
-) -> dict:
+) -> WarmStart:
     """Rejection-sampling fine-tuning: the mean negative logprob of each group's best member,
     one optimizer step per `groups_per_step` groups. GRPO can only reinforce what the
     policy samples; this teaches what it samples rarely."""
@@ -620,7 +653,7 @@ def _warm_start(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(total)
-    return {"members": len(best), "loss_first": losses[0], "loss_last": losses[-1]}
+    return WarmStart(len(best), losses[0], losses[-1])
 
 
 def _loss(
@@ -679,24 +712,26 @@ def _device(s: TrainSettings):
     return device, dtype
 
 
-def _summary(history: list[Step], groups, notes, duration: float, tokens: int) -> dict:
-    return {
-        "steps": len(history),
-        "groups": len(groups),
-        "members": sum(len(g.members) for g in groups),
-        "skipped_equal_groups": notes.equal_groups,
-        "skipped_too_long": notes.too_long,
-        "turns_trained_in_their_turn_group": notes.trained_elsewhere,
-        "members_outside_baseline": notes.outside_baseline,
-        "loss_first": history[0].loss,
-        "loss_last": history[-1].loss,
-        "reward_mean": sum(h.reward_mean for h in history) / len(history),
-        "clip_fraction": sum(h.clip_fraction for h in history) / len(history),
-        "kl": sum(h.kl for h in history) / len(history),
-        "tokens": tokens,
-        "tokens_per_s": tokens / duration,
-        "duration_s": duration,
-    }
+def _summary(history: list[Step], groups, notes, duration: float, tokens: int) -> Metrics:
+    """The run's metrics but its checks' (the gaps, the KL to base, the ranks): `_train`
+    adds those."""
+    return Metrics(
+        steps=len(history),
+        groups=len(groups),
+        members=sum(len(g.members) for g in groups),
+        skipped_equal_groups=notes.equal_groups,
+        skipped_too_long=notes.too_long,
+        turns_trained_in_their_turn_group=notes.trained_elsewhere,
+        members_outside_baseline=notes.outside_baseline,
+        loss_first=history[0].loss,
+        loss_last=history[-1].loss,
+        reward_mean=sum(h.reward_mean for h in history) / len(history),
+        clip_fraction=sum(h.clip_fraction for h in history) / len(history),
+        kl=sum(h.kl for h in history) / len(history),
+        tokens=tokens,
+        tokens_per_s=tokens / duration,
+        duration_s=duration,
+    )
 
 
 def _progress(total: int, enabled: bool, echo):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
+
 from ..collector import Store
 from .manifest import Manifest
 
@@ -23,7 +25,7 @@ def record_run(
                 run_id,
                 used,
                 json.dumps(manifest.config),
-                json.dumps(manifest.metrics),
+                json.dumps(msgspec.to_builtins(manifest.metrics)),
                 manifest.duration_s,
             ],
         )

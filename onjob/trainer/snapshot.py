@@ -14,9 +14,22 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import msgspec
+
 from ..collector import Store
 from ..collector.scope import EVERY_KEY, KeyScope
 from .settings import TrainSettings
+
+
+class Exported(msgspec.Struct, frozen=True, kw_only=True):
+    """What a snapshot written by `export` holds, for the server that trains on it."""
+
+    path: str
+    groups: list[str]  # their ids, sorted
+    members: int
+    sha256: str  # of the Parquet file
+    live: str | None  # the checkpoint whose samples it takes (None: the base model)
+
 
 # `turn_of`: every exchange a member trains on, in order: a turn group's member, its own
 # exchange (and choice); a conversation's member, its production turns up to the judged
@@ -132,10 +145,10 @@ def export(
     live: str | None = None,
     held_out: list[str] = (),
     scope: KeyScope = EVERY_KEY,
-) -> dict:
+) -> Exported:
     """Write the snapshot, no group of a `held_out` scenario in it, none with traffic of a
     key outside `scope` (the lineage's keys, never `proxy.untrained_keys`); return what it
-    holds (`groups`, `members`, `sha256`)."""
+    holds."""
     import pyarrow.parquet as pq  # here: the server pays its ~40 MiB only when it trains
 
     sql, params = _members(store, s, live, held_out, scope)
@@ -143,10 +156,10 @@ def export(
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
     groups = sorted(set(table.column("group_id").to_pylist()))
-    return {
-        "path": str(path),
-        "groups": groups,
-        "members": table.num_rows,
-        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-        "live": live,
-    }
+    return Exported(
+        path=str(path),
+        groups=groups,
+        members=table.num_rows,
+        sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+        live=live,
+    )

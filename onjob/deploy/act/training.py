@@ -26,7 +26,7 @@ from ...collector import Collector, budgets
 from ...collector.ids import new_id
 from ...proxy.tenants import Lineage, Tenants
 from ...trainer import jobs, snapshot
-from ...trainer.manifest import Manifest
+from ...trainer.manifest import Manifest, Sampler
 from ...trainer.records import checkpoint_path, record_run, record_skipped
 from ..decide import fit
 from ..errors import TrainingFailed, UnknownCheckpoint
@@ -53,7 +53,7 @@ async def budget(db: Collector, settings: DeploySettings) -> budgets.Budget | No
     return await db.query(lambda store: budgets.train(store, limit))
 
 
-async def sampler(engine: httpx.AsyncClient) -> dict:
+async def sampler(engine: httpx.AsyncClient) -> Sampler:
     """How the engine samples, as its model list says: the dtype and the logprob definition
     (the local engine reports both; vLLM neither: `unknown`). A training run records it
     beside its own precision, so both sides of the importance ratio are on file."""
@@ -62,12 +62,12 @@ async def sampler(engine: httpx.AsyncClient) -> dict:
         resp.raise_for_status()
         card = next(m for m in resp.json()["data"] if not m.get("parent"))
     except (httpx.HTTPError, ValueError, KeyError, StopIteration) as exc:
-        return {"dtype": "unknown", "logprobs": "unknown", "error": str(exc)}
-    return {
-        "model": card.get("id"),
-        "dtype": card.get("dtype", "unknown"),
-        "logprobs": card.get("logprobs", "unknown"),
-    }
+        return Sampler(dtype="unknown", logprobs="unknown", error=str(exc))
+    return Sampler(
+        model=card.get("id"),
+        dtype=card.get("dtype", "unknown"),
+        logprobs=card.get("logprobs", "unknown"),
+    )
 
 
 async def train(
@@ -75,7 +75,7 @@ async def train(
     settings: DeploySettings,
     *,
     parent: str | None,
-    engine_sampler: dict | None = None,
+    engine_sampler: Sampler | None = None,
     started_by: str = "onjob train",
     engine: httpx.AsyncClient | None = None,
     echo=print,
@@ -113,11 +113,11 @@ async def train(
     if parent and parent_dir is None:
         raise UnknownCheckpoint(f"checkpoint {parent!r} is not in the checkpoints table")
     echo(
-        f"snapshot {snap_path}: {len(info['groups'])} groups, {info['members']} members "
+        f"snapshot {snap_path}: {len(info.groups)} groups, {info.members} members "
         f"of {lineage.name} (sampled by {parent or 'the base model'} or up to "
         f"{t.max_staleness} checkpoints back)"
     )
-    if not info["groups"]:
+    if not info.groups:
         echo("nothing to train on: no scored group with a spread of rewards not trained on yet")
         return None
     settings_file = snap_path.with_suffix(".json")
@@ -128,7 +128,7 @@ async def train(
         async with host.beside(engine, t.threads, echo):
             code = await _child(snap_path, partial, settings_file, parent_dir)
     if code == NOTHING_TO_TRAIN:
-        await _skipped(db, t, info["groups"], time.monotonic() - started, echo)
+        await _skipped(db, t, info.groups, time.monotonic() - started, echo)
         return None
     if code != 0:
         raise TrainingFailed(f"the training run failed (exit {code}); no checkpoint recorded")
@@ -136,7 +136,7 @@ async def train(
     manifest = Manifest.read(out)
     precision = manifest.precision
     if engine_sampler is not None:
-        precision = {**precision, "sampler": engine_sampler}
+        precision = msgspec.structs.replace(precision, sampler=engine_sampler)
     config = {**manifest.config, "started_by": started_by, "lineage": lineage.name}
     manifest = msgspec.structs.replace(manifest, name=name, config=config, precision=precision)
     manifest.write(out)
