@@ -30,7 +30,8 @@ class Rollout:
 
     @property
     def completion(self) -> dict:
-        """The assistant message this member is judged on."""
+        """The assistant message this member is judged on. A dict, as each of `messages`
+        is: users' reward functions read it in OpenAI's message shape (`["content"]`)."""
         return self.messages[-1]
 
     @property
@@ -52,10 +53,14 @@ def from_row(row: dict) -> Rollout:
     response = json_value(row["response"]) or {}
     choices = {c.get("index", i): c for i, c in enumerate(response.get("choices") or ())}
     choice = choices.get(row["choice"]) or {}
-    message = choice.get("message") or {"role": "assistant", "content": None}
+    message = choice.get("message") or {}
+    # The answer as the conversation would carry it on: role, content, tool calls.
+    answer = {"role": message.get("role") or "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        answer["tool_calls"] = message["tool_calls"]
     return Rollout(
         member_id=row["member_id"],
-        messages=[*request.get("messages", []), _clean(message)],
+        messages=[*request.get("messages", []), answer],
         kind=row["kind"],
         scenario=row.get("scenario_key"),
         metadata=request.get("metadata") or {},
@@ -85,14 +90,6 @@ def content_hash(messages: list[dict]) -> str:
 
 def _canonical(value) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def _clean(message: dict) -> dict:
-    """The answer as the conversation would carry it on: role, content, tool calls."""
-    out = {"role": message.get("role") or "assistant", "content": message.get("content")}
-    if message.get("tool_calls"):
-        out["tool_calls"] = message["tool_calls"]
-    return out
 
 
 def json_value(value):

@@ -56,7 +56,9 @@ def cache_key(judge: str, rubric: str, rollouts: list[Rollout], orders: int = 1)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def result_by_content(judgement: Judgement, rollouts: list[Rollout]) -> dict:
+def result_by_content(
+    judgement: Judgement, rollouts: list[Rollout]
+) -> dict[str, tuple[float, str]]:
     """What the cache keeps: scores keyed by member content, so they map onto any group
     with the same answers."""
     n = common_prefix(rollouts)
@@ -67,9 +69,12 @@ def result_by_content(judgement: Judgement, rollouts: list[Rollout]) -> dict:
     }
 
 
-def from_cache(result: dict, rollouts: list[Rollout]) -> dict[str, tuple[float, str]]:
+def from_cache(
+    result: dict[str, tuple[float, str]], rollouts: list[Rollout]
+) -> dict[str, tuple[float, str]]:
+    """The cached scores (`result_by_content`) on this group's members."""
     n = common_prefix(rollouts)
-    return {r.member_id: tuple(result[content_hash(r.messages[n:])]) for r in rollouts}
+    return {r.member_id: result[content_hash(r.messages[n:])] for r in rollouts}
 
 
 async def judge(

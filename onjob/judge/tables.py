@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import msgspec
+
 from .. import logprobs
 from ..collector import Store
 from ..collector.ids import new_id
@@ -287,13 +289,20 @@ def owners(store: Store, exchange_ids: list[str]) -> list[dict]:
     return store.query(f"SELECT api_key_id, source FROM exchanges WHERE id IN ({marks})", ids)
 
 
-def cached_result(store: Store, cache_key: str) -> dict | None:
+def cached_result(store: Store, cache_key: str) -> dict[str, tuple[float, str]] | None:
+    """What the judge said of these answers before (`ruler.result_by_content`); None when
+    it has not, or when the row is not one this version reads (judged again then)."""
     rows = store.query(
         "SELECT result FROM judgements WHERE cache_key = ? AND status = 'ok' "
         "ORDER BY created DESC LIMIT 1",
         [cache_key],
     )
-    return json_value(rows[0]["result"]) if rows else None
+    if not rows:
+        return None
+    try:
+        return msgspec.convert(json_value(rows[0]["result"]), dict[str, tuple[float, str]])
+    except msgspec.ValidationError:
+        return None
 
 
 def save_scores(
