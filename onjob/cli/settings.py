@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -151,9 +152,9 @@ def _unknown(model: type[BaseModel], data: dict, prefix: str):
             yield from _unknown(field.annotation, value, f"{name}.")
 
 
-def _names(model: type[BaseModel]) -> dict:
+def _names(model: type[BaseModel]) -> dict[str, FieldInfo]:
     """Each field by its name and by every alias it is read under (an old name kept)."""
-    out = {}
+    out: dict[str, FieldInfo] = {}
     for name, field in model.model_fields.items():
         out[name] = field
         for alias in (field.alias, field.validation_alias):
