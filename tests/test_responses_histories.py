@@ -15,6 +15,7 @@ from openai.types.responses import EasyInputMessage, Response
 from onjob.cli.process import ServerProcess
 from onjob.collector.trajectories import continuations, keys
 from onjob.proxy import responses
+from onjob.proxy.protocol import ResponseRequest
 
 from .conftest import TOOL_QUESTION, TOOLS, rows
 
@@ -90,7 +91,7 @@ def test_each_client_shape_of_a_resent_history_continues_the_answer_it_got():
     for shape, again in SHAPES.items():
         first = [user(shape, "Weather?")]
         chat, call = responses.translate(
-            {"model": "m", "input": first, "instructions": "Be brief."}, None
+            ResponseRequest(model="m", input=first, instructions="Be brief."), None
         )
         left = continuations(keys(chat["messages"]).prefix_hash, [reply])[0]
         output = responses.output_items(reply, "x")
@@ -101,7 +102,7 @@ def test_each_client_shape_of_a_resent_history_continues_the_answer_it_got():
         history = [*first, *(sent(item) for item in again(got.output))]
         history += [tool_output(shape, c["id"]) for c in reply["tool_calls"]]
         chat, _ = responses.translate(
-            {"model": "m", "input": history, "instructions": "Be brief."}, None
+            ResponseRequest(model="m", input=history, instructions="Be brief."), None
         )
         assert keys(chat["messages"]).candidates[0] == left, shape
 

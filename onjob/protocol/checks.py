@@ -14,6 +14,7 @@ T = TypeVar("T")
 
 _AT = re.compile(r" - at `\$\.?(.*)`$")  # msgspec's path to the offending value
 _MISSING = re.compile(r"^Object missing required field `(.+)`$")
+_UNKNOWN = re.compile(r"^Object contains unknown field `(.+)`$")  # a type that forbids them
 
 
 def validated(body: dict, kind: type[T]) -> T:
@@ -35,6 +36,9 @@ def invalid(exc: msgspec.ValidationError) -> InvalidRequest:
     if missing := _MISSING.match(why):
         path = f"{path}.{missing.group(1)}" if path else missing.group(1)
         return InvalidRequest(f"`{path}` is required.", param=path)
+    if unknown := _UNKNOWN.match(why):
+        path = f"{path}.{unknown.group(1)}" if path else unknown.group(1)
+        return InvalidRequest(f"Unknown parameter: `{path}`.", param=path)
     if not path:
         return InvalidRequest(f"Invalid request: {why}.")
     return InvalidRequest(f"`{path}`: {why[:1].lower()}{why[1:]}.", param=path)

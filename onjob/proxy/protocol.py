@@ -15,6 +15,7 @@ import msgspec
 from msgspec import Meta
 
 from ..protocol.chat import ToolCall
+from ..protocol.fields import Temperature, TopP
 
 # A metric's name: a word, as a score source's name and a settings key hold it.
 MetricName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
@@ -155,31 +156,77 @@ class FunctionTool(msgspec.Struct, kw_only=True):
     strict: bool | None = None
 
 
-class ResponseRequest(msgspec.Struct, kw_only=True):
-    """`POST /v1/responses`, translated into a chat completion. Fields not listed (and
-    `background`, `conversation`, `prompt`, `reasoning` with a value, `truncation: auto`,
-    built-in tools, image and file inputs) are a 400 naming the `param`."""
+# Responses fields refused unless null or their no-op value, with why.
+RESPONSES_REFUSED: dict[str, tuple[Any, str]] = {
+    "background": (False, "background responses are not served"),
+    "conversation": (None, "conversations are not stored: use `previous_response_id`"),
+    "prompt": (None, "stored prompts are not served: send `input` and `instructions`"),
+    "context_management": (None, "context management is not served"),
+    "moderation": (None, "moderation is not served"),
+    "max_tool_calls": (None, "the engine cannot cap built-in tool calls"),
+    "top_logprobs": (0, "logprobs are not returned by the Responses API here"),
+    "truncation": ("disabled", "the engine does not truncate: `truncation` must be 'disabled'"),
+}
 
-    model: str
+
+def _refused(name: str) -> Any:
+    noop, why = RESPONSES_REFUSED[name]
+    allowed = "null" if noop is None else f"null or {msgspec.json.encode(noop).decode()}"
+    return Annotated[Any, Meta(description=f"refused unless {allowed}: {why}")]
+
+
+class ResponseRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`POST /v1/responses`, translated into a chat completion: checked against this type
+    (`responses.parse`), so an unknown field, a built-in tool, a refused field with a value,
+    `reasoning` with a value, an image or file input is a 400 naming the `param`."""
+
+    model: Annotated[str, Meta(min_length=1)]
     input: Annotated[
         str | list[dict[str, Any]],
         Meta(description="a string, or messages, `function_call` and `function_call_output`"),
-    ]
+    ]  # the items checked by `responses.translate`
     instructions: str | None = None
     previous_response_id: (
         Annotated[str, Meta(description="continues that response's conversation")] | None
     ) = None
     tools: list[FunctionTool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: (
+        Annotated[str | dict[str, Any], Meta(description="auto, none, required or a function")]
+        | None
+    ) = None
     parallel_tool_calls: bool | None = None
-    text: dict[str, Any] | None = None
-    max_output_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    metadata: dict[str, str] | None = None
+    text: (
+        Annotated[dict[str, Any], Meta(description="`format`: text, json_object, json_schema")]
+        | None
+    ) = None
+    max_output_tokens: Annotated[int, Meta(ge=1)] | None = None  # at most proxy.max_tokens_limit
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    metadata: dict[str, Any] | None = None
     store: Annotated[bool, Meta(description="false: logged, never retrievable")] | None = None
     stream: bool | None = None
     user: str | None = None
+    include: (
+        Annotated[list[str], Meta(description="reasoning.encrypted_content alone (none made)")]
+        | None
+    ) = None
+    reasoning: Annotated[dict[str, Any], Meta(description="every value null")] | None = None
+    # Hints: accepted, not forwarded; they cannot change the answer.
+    prompt_cache_key: Any = None
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
+    safety_identifier: Any = None
+    service_tier: Any = None
+    stream_options: Any = None  # `include_obfuscation`: no obfuscation padding is sent
+    # Refused unless null or their no-op value (`RESPONSES_REFUSED`).
+    background: _refused("background") = None
+    conversation: _refused("conversation") = None
+    prompt: _refused("prompt") = None
+    context_management: _refused("context_management") = None
+    moderation: _refused("moderation") = None
+    max_tool_calls: _refused("max_tool_calls") = None
+    top_logprobs: _refused("top_logprobs") = None
+    truncation: _refused("truncation") = None
 
 
 class TokensDetails(msgspec.Struct, kw_only=True):
@@ -224,7 +271,7 @@ class ResponseObject(msgspec.Struct, kw_only=True):
     temperature: float = 1.0
     text: dict[str, Any]
     tool_choice: str | dict[str, Any] = "auto"
-    tools: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    tools: list[FunctionTool] = msgspec.field(default_factory=list)
     top_p: float = 1.0
     truncation: Literal["auto", "disabled"] = "disabled"
     usage: ResponseUsage | None = None

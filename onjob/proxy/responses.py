@@ -28,9 +28,18 @@ import msgspec
 
 from ..collector.ids import new_id
 from ..protocol import decode_body
+from ..protocol.checks import validated
 from . import sse
 from .errors import BadRequest
-from .protocol import InputItems, ResponseObject, ResponseUsage, StoredResponse
+from .protocol import (
+    RESPONSES_REFUSED,
+    FunctionTool,
+    InputItems,
+    ResponseObject,
+    ResponseRequest,
+    ResponseUsage,
+    StoredResponse,
+)
 from .settings import ProxySettings
 
 RESPONSES = "responses"  # `exchanges.api` of a Responses call
@@ -38,61 +47,16 @@ RESPONSES = "responses"  # `exchanges.api` of a Responses call
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
 
-# Fields accepted and not forwarded: they cannot change the answer.
-_HINTS = frozenset(
-    {
-        "prompt_cache_key",
-        "prompt_cache_retention",
-        "prompt_cache_options",
-        "safety_identifier",
-        "service_tier",
-        "stream_options",  # `include_obfuscation`: no obfuscation padding is sent
-    }
-)
-# Fields refused unless null or their no-op value, with why.
-_REFUSED = {
-    "background": (False, "background responses are not served"),
-    "conversation": (None, "conversations are not stored: use `previous_response_id`"),
-    "prompt": (None, "stored prompts are not served: send `input` and `instructions`"),
-    "context_management": (None, "context management is not served"),
-    "moderation": (None, "moderation is not served"),
-    "max_tool_calls": (None, "the engine cannot cap built-in tool calls"),
-    "top_logprobs": (0, "logprobs are not returned by the Responses API here"),
-    "truncation": ("disabled", "the engine does not truncate: `truncation` must be 'disabled'"),
-}
-_KNOWN = frozenset(
-    {
-        "model",
-        "input",
-        "instructions",
-        "tools",
-        "tool_choice",
-        "parallel_tool_calls",
-        "text",
-        "max_output_tokens",
-        "temperature",
-        "top_p",
-        "metadata",
-        "store",
-        "previous_response_id",
-        "stream",
-        "user",
-        "include",
-        "reasoning",
-        *_HINTS,
-        *_REFUSED,
-    }
-)
 # `include` values honoured: no reasoning items are produced, so there is none to include.
 _INCLUDABLE = frozenset({"reasoning.encrypted_content"})
 
 
 @dataclass
 class Call:
-    """One Responses request: the client's body, its input items (with ids, as
+    """One Responses request: the client's request, its input items (with ids, as
     `input_items` lists them) and what the Response object echoes."""
 
-    body: dict
+    request: ResponseRequest
     items: list[dict]
     instructions: str | None
     store: bool
@@ -101,7 +65,7 @@ class Call:
 
     @property
     def stream(self) -> bool:
-        return bool(self.body.get("stream"))
+        return bool(self.request.stream)
 
 
 @dataclass(frozen=True)
@@ -114,62 +78,38 @@ class Previous:
     messages: list[dict]  # its conversation, reply included, without its instructions
 
 
-def parse(raw: bytes, settings: ProxySettings) -> dict:
-    """The client's body, checked: every field is honoured or refused with its `param`."""
-    body = decode_body(raw)
-    body = {k: v for k, v in body.items() if v is not None}  # null is absent
-    for key in body:
-        if key not in _KNOWN:
-            raise BadRequest(f"Unknown parameter: `{key}`.", param=key)
-    if type(body.get("model")) is not str or not body["model"]:
-        raise BadRequest("`model` is required and must be a string.", param="model")
-    for key, (noop, why) in _REFUSED.items():
+def parse(raw: bytes, settings: ProxySettings) -> ResponseRequest:
+    """The client's body as the request it is (`protocol.ResponseRequest`): every field is
+    honoured or refused with its `param`; null is absent."""
+    body = {k: v for k, v in decode_body(raw).items() if v is not None}
+    request = validated(body, ResponseRequest)
+    for key, (noop, why) in RESPONSES_REFUSED.items():
         if key in body and body[key] != noop:
             raise BadRequest(f"`{key}` is not supported: {why}.", param=key)
-    _expect(body, "instructions", (str,), "a string")
-    _expect(body, "stream", (bool,), "a boolean")
-    _expect(body, "store", (bool,), "a boolean")
-    _expect(body, "parallel_tool_calls", (bool,), "a boolean")
-    _expect(body, "temperature", (int, float), "a number")
-    _expect(body, "top_p", (int, float), "a number")
-    _expect(body, "max_output_tokens", (int,), "an integer")
-    _expect(body, "previous_response_id", (str,), "a string")
-    _expect(body, "user", (str,), "a string")
-    _expect(body, "metadata", (dict,), "an object")
-    _expect(body, "text", (dict,), "an object")
-    _expect(body, "include", (list,), "an array")
-    _expect(body, "reasoning", (dict,), "an object")
     most = settings.max_tokens_limit
-    if "max_output_tokens" in body and not 1 <= body["max_output_tokens"] <= most:
+    if request.max_output_tokens is not None and request.max_output_tokens > most:
         raise BadRequest(
             f"`max_output_tokens` must be between 1 and {most}.", param="max_output_tokens"
         )
-    for value in body.get("include", ()):
+    for value in request.include or ():
         if value not in _INCLUDABLE:
             raise BadRequest(f"`include` value {value!r} is not supported.", param="include")
-    for key, value in body.get("reasoning", {}).items():
+    for key, value in (request.reasoning or {}).items():
         if value is not None:
             raise BadRequest("The engine has no reasoning controls.", param=f"reasoning.{key}")
-    if "input" not in body:
-        raise BadRequest("`input` is required.", param="input")
-    if type(body["input"]) is list and len(body["input"]) > settings.max_messages:
+    if type(request.input) is list and len(request.input) > settings.max_messages:
         raise BadRequest(
-            f"`input` holds {len(body['input'])} items; at most {settings.max_messages} are "
+            f"`input` holds {len(request.input)} items; at most {settings.max_messages} are "
             "accepted (proxy.max_messages).",
             param="input",
         )
-    return body
+    return request
 
 
-def _expect(body: dict, key: str, types: tuple, what: str) -> None:
-    if key in body and (type(body[key]) not in types):
-        raise BadRequest(f"`{key}` must be {what}.", param=key)
-
-
-def translate(body: dict, previous: Previous | None) -> tuple[dict, Call]:
+def translate(request: ResponseRequest, previous: Previous | None) -> tuple[dict, Call]:
     """The chat request the engine answers, and the call as the Response will echo it."""
-    items = _items(body["input"])
-    instructions = body.get("instructions")
+    items = _items(request.input)
+    instructions = request.instructions
     messages: list[dict] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
@@ -178,32 +118,32 @@ def translate(body: dict, previous: Previous | None) -> tuple[dict, Call]:
     messages.extend(_messages(items))
     if not messages:
         raise BadRequest("`input` must not be empty.", param="input")
-    chat: dict[str, Any] = {"model": body["model"], "messages": messages}
+    chat: dict[str, Any] = {"model": request.model, "messages": messages}
     # The Agents SDK sends `tools: []` for an agent without tools; chat engines refuse an
     # empty list (vLLM 0.33, OpenAI) and a `tool_choice` without tools, so "no tools" is
     # sent as none, with a choice that asks for no call ("auto", "none") left out.
-    tools = _tools(body["tools"]) if "tools" in body else []
+    tools = _chat_tools(request.tools or [])
     if tools:
         chat["tools"] = tools
-    if "tool_choice" in body:
-        choice = _tool_choice(body["tool_choice"])
+    if request.tool_choice is not None:
+        choice = _tool_choice(request.tool_choice)
         if tools or choice not in ("auto", "none"):
             chat["tool_choice"] = choice
     for key in ("parallel_tool_calls", "temperature", "top_p", "user", "metadata"):
-        if key in body:
-            chat[key] = body[key]
-    if "max_output_tokens" in body:
-        chat["max_tokens"] = body["max_output_tokens"]
-    fmt = _response_format(body.get("text") or {})
+        if (value := getattr(request, key)) is not None:
+            chat[key] = value
+    if request.max_output_tokens is not None:
+        chat["max_tokens"] = request.max_output_tokens
+    fmt = _response_format(request.text or {})
     if fmt is not None:
         chat["response_format"] = fmt
-    if body.get("stream"):
+    if request.stream:
         chat["stream"] = True
     call = Call(
-        body=body,
+        request=request,
         items=items,
         instructions=instructions,
-        store=body.get("store", True),
+        store=request.store is not False,
         previous_response_id=previous.id if previous else None,
     )
     return chat, call
@@ -330,26 +270,18 @@ def _messages(items: list[dict]) -> list[dict]:
     return out
 
 
-def _tools(tools: Any) -> list[dict]:
-    """Responses' flat function tools as chat's nested ones; built-in tools are refused."""
-    if type(tools) is not list:
-        raise BadRequest("`tools` must be an array.", param="tools")
-    out = []
-    for i, tool in enumerate(tools):
-        kind = tool.get("type") if type(tool) is dict else None
-        if kind != "function":
-            raise BadRequest(
-                f"Tools of type {kind!r} are not supported: only `function` tools are served.",
-                param=f"tools[{i}].type",
-            )
-        if type(tool.get("name")) is not str:
-            raise BadRequest(f"`tools[{i}].name` must be a string.", param=f"tools[{i}].name")
-        fn = {"name": tool["name"]}
-        for key in ("description", "parameters", "strict"):
-            if tool.get(key) is not None:
-                fn[key] = tool[key]
-        out.append({"type": "function", "function": fn})
-    return out
+def _chat_tools(tools: list[FunctionTool]) -> list[dict]:
+    """Responses' flat function tools as chat's nested ones (built-in tools were refused by
+    the request's type)."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                k: v for k, v in msgspec.structs.asdict(t).items() if k != "type" and v is not None
+            },
+        }
+        for t in tools
+    ]
 
 
 def _tool_choice(choice: Any) -> Any:
@@ -481,11 +413,11 @@ def response_object(
     error: dict | None = None,
 ) -> ResponseObject:
     """The Response object (`protocol.ResponseObject`), echoing what the call asked."""
-    body = call.body
+    asked = call.request
     incomplete = None
     if status == "completed" and finish_reason == "length":
         status, incomplete = "incomplete", {"reason": "max_output_tokens"}
-    fmt = (body.get("text") or {}).get("format") or {"type": "text"}
+    fmt = (asked.text or {}).get("format") or {"type": "text"}
     return ResponseObject(
         id=response_id,
         created_at=call.created_at,
@@ -493,20 +425,20 @@ def response_object(
         error=error,
         incomplete_details=incomplete,
         instructions=call.instructions,
-        max_output_tokens=body.get("max_output_tokens"),
-        metadata=body.get("metadata") or {},
+        max_output_tokens=asked.max_output_tokens,
+        metadata=asked.metadata or {},
         model=model,
         output=output,
-        parallel_tool_calls=body.get("parallel_tool_calls", True),
+        parallel_tool_calls=asked.parallel_tool_calls is not False,
         previous_response_id=call.previous_response_id,
         store=call.store,
-        temperature=body.get("temperature", 1.0),
+        temperature=1.0 if asked.temperature is None else asked.temperature,
         text={"format": fmt},
-        tool_choice=body.get("tool_choice", "auto"),
-        tools=body.get("tools", []),
-        top_p=body.get("top_p", 1.0),
+        tool_choice="auto" if asked.tool_choice is None else asked.tool_choice,
+        tools=asked.tools or [],
+        top_p=1.0 if asked.top_p is None else asked.top_p,
         usage=usage_of(usage),
-        user=body.get("user"),
+        user=asked.user,
     )
 
 

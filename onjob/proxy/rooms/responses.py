@@ -19,7 +19,7 @@ from .. import responses
 from ..auth import caller
 from ..errors import BadRequest, NotFound
 from ..exchange import Exchange, parse_request
-from ..protocol import ResponseDeleted, ResponseObject, StoredResponse
+from ..protocol import ResponseDeleted, ResponseObject, ResponseRequest, StoredResponse
 from ..replicas import Forwarder
 from ..settings import ProxySettings
 from ..stream import ResponseEvents
@@ -30,13 +30,13 @@ def routes(settings: ProxySettings, traffic: Traffic, forward: Forwarder | None)
     @post("/v1/responses", status_code=200)
     async def create_response(request: Request) -> Response | Stream:
         who = caller(request)
-        body = responses.parse(await request.body(), settings)
-        chained = "previous_response_id" in body
+        asked = responses.parse(await request.body(), settings)
+        chained = asked.previous_response_id is not None
         if forward is not None and chained:
             return await forward(request)  # the previous response is in the primary's database
         where = traffic.placing(request.headers, who)
-        previous = await _previous(traffic, body, where, who.api_key_id) if chained else None
-        chat, call = responses.translate(body, previous)
+        previous = await _previous(traffic, asked, where, who.api_key_id) if chained else None
+        chat, call = responses.translate(asked, previous)
         raw = msgspec.json.encode(chat)
         exchange = await Exchange.open(
             parse_request(raw, settings),
@@ -92,11 +92,11 @@ def routes(settings: ProxySettings, traffic: Traffic, forward: Forwarder | None)
 
 
 async def _previous(
-    traffic: Traffic, body: dict, where: dict, api_key_id: str | None
+    traffic: Traffic, asked: ResponseRequest, where: dict, api_key_id: str | None
 ) -> responses.Previous:
     """The response a chained request continues (the caller's own, still stored); the
     chain's trajectory and, while that checkpoint still is one, its arm become this one's."""
-    previous_id = body["previous_response_id"]
+    previous_id = asked.previous_response_id
     row = await traffic.lookup(queries.exchange, previous_id)
     stored = responses.stored_response(row, api_key_id)
     previous = responses.previous_of(row, stored) if stored is not None else None
@@ -107,7 +107,7 @@ async def _previous(
         )
     where["trajectory_id"] = previous.trajectory_id
     if where["pin"] is None:
-        where["pin"] = traffic.router.sticky(body["model"], row["checkpoint"], api_key_id)
+        where["pin"] = traffic.router.sticky(asked.model, row["checkpoint"], api_key_id)
     return previous
 
 
