@@ -132,6 +132,20 @@ class _Choice:
 
 
 @dataclass(frozen=True)
+class Placing:
+    """Where a request goes and whose it is, as its route read it (`Traffic.placing`): the
+    API key, the conversation it names (header or metadata), its scenario, the arm it
+    pins, and whether that pin may name any checkpoint (the admin key's caller)."""
+
+    router: Router
+    api_key_id: str | None
+    trajectory_id: str | None = None
+    scenario: str | None = None
+    pin: str | None = None
+    any_checkpoint: bool = False
+
+
+@dataclass(frozen=True)
 class Where:
     """What the proxy knows of a request's place in its conversation; the loader places it."""
 
@@ -186,13 +200,8 @@ class Exchange:
         cls,
         body: dict,
         raw: bytes,
+        placing: Placing,
         *,
-        router: Router,
-        api_key_id: str | None,
-        trajectory_id: str | None = None,
-        scenario: str | None = None,
-        pin: str | None = None,
-        any_checkpoint: bool = False,
         api: str | None = None,
         id_prefix: str = "chatcmpl-",
         after_turn: int | None = None,
@@ -203,22 +212,23 @@ class Exchange:
         up to the first reply, with the API key), so every turn of it takes the same arm
         on any proxy process without shared memory. `api` and `id_prefix` name another
         API's exchanges (`resp_...` for the Responses API, whose response id is the
-        exchange id); `trajectory_id` with `after_turn` places a chained Responses call
-        after the turn it continues (already the stored id); `messages` stand for a request
-        that has none (a legacy completion's prompt as one user message). `pin` may name
-        any checkpoint only with `any_checkpoint` (the admin key's caller)."""
+        exchange id); a placing's `trajectory_id` with `after_turn` places a chained
+        Responses call after the turn it continues (already the stored id); `messages`
+        stand for a request that has none (a legacy completion's prompt as one user
+        message)."""
         metadata = body.get("metadata") or {}
+        api_key_id = placing.api_key_id
         k = keys(
             messages if messages is not None else body["messages"],
-            scenario or _str(metadata.get("scenario")),
+            placing.scenario or _str(metadata.get("scenario")),
         )
-        named = trajectory_id or _str(metadata.get("trajectory_id"))
+        named = placing.trajectory_id or _str(metadata.get("trajectory_id"))
         if named and after_turn is None:
             named = scoped(named, api_key_id)
         conversation = named or f"{api_key_id or ''}\0{k.opening}"
         where = Where(k, conversation, named, after_turn)
-        route = await router.resolve(
-            body["model"], conversation, pin, any_checkpoint, api_key_id=api_key_id
+        route = await placing.router.resolve(
+            body["model"], conversation, placing.pin, placing.any_checkpoint, api_key_id=api_key_id
         )
         return cls(
             new_id(id_prefix), body, raw, route, where, api_key_id, api=api, id_prefix=id_prefix

@@ -25,7 +25,7 @@ from ..openai_errors import error_body
 from . import telemetry
 from .auth import Caller
 from .errors import ProxyError, UpstreamStatus
-from .exchange import COMPLETIONS, Exchange
+from .exchange import COMPLETIONS, Exchange, Placing
 from .pool import Pool
 from .routing import CANARY, Router
 from .stream import Shape, relay
@@ -64,16 +64,16 @@ class Traffic:
         except OSError:
             log.exception("could not spool exchange %s", exchange.id)
 
-    def placing(self, headers: Any, who: Caller) -> dict:
+    def placing(self, headers: Any, who: Caller) -> Placing:
         """Where the request goes and whose it is, for `Exchange.open`."""
-        return {
-            "router": self.router,
-            "api_key_id": who.api_key_id,
-            "trajectory_id": headers.get(TRAJECTORY_HEADER),
-            "scenario": headers.get(SCENARIO_HEADER),
-            "pin": headers.get(ARM_HEADER),
-            "any_checkpoint": who.admin,  # an API key pins only what its alias serves
-        }
+        return Placing(
+            router=self.router,
+            api_key_id=who.api_key_id,
+            trajectory_id=headers.get(TRAJECTORY_HEADER),
+            scenario=headers.get(SCENARIO_HEADER),
+            pin=headers.get(ARM_HEADER),
+            any_checkpoint=who.admin,  # an API key pins only what its alias serves
+        )
 
     async def lookup(self, query: Callable, key: str) -> Any:
         """Ask the database; if it does not know `key` yet, load the spool (what other proxy

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from litestar import Request, Response, post
 from litestar.response import Stream
 
@@ -19,7 +21,7 @@ def routes(settings: ProxySettings, traffic: Traffic) -> tuple:
         raw = await request.body()
         body = parse_request(raw, settings)
         where = traffic.placing(request.headers, caller(request))
-        return await traffic.answer(await Exchange.open(body, raw, **where), Chunks)
+        return await traffic.answer(await Exchange.open(body, raw, where), Chunks)
 
     @post("/v1/completions", status_code=200)
     async def completions(request: Request) -> Response | Stream:
@@ -27,12 +29,13 @@ def routes(settings: ProxySettings, traffic: Traffic) -> tuple:
         single-turn conversation (a prompt has no turns to continue)."""
         raw = await request.body()
         body, prompt = parse_completion_request(raw, settings)
-        where = traffic.placing(request.headers, caller(request))
-        where["trajectory_id"] = new_id("traj_")
+        where = replace(
+            traffic.placing(request.headers, caller(request)), trajectory_id=new_id("traj_")
+        )
         exchange = await Exchange.open(
             body,
             raw,
-            **where,
+            where,
             api=COMPLETIONS,
             id_prefix="cmpl-",
             messages=[{"role": "user", "content": prompt}],

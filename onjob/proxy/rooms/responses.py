@@ -7,6 +7,7 @@ stored one) is the primary's: those requests are forwarded to it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Literal
 
 import msgspec
@@ -18,7 +19,7 @@ from ...collector import queries
 from .. import responses
 from ..auth import caller
 from ..errors import BadRequest, NotFound
-from ..exchange import Exchange, parse_request
+from ..exchange import Exchange, Placing, parse_request
 from ..protocol import ResponseDeleted, ResponseObject, ResponseRequest, StoredResponse
 from ..replicas import Forwarder
 from ..settings import ProxySettings
@@ -35,13 +36,15 @@ def routes(settings: ProxySettings, traffic: Traffic, forward: Forwarder | None)
         if forward is not None and chained:
             return await forward(request)  # the previous response is in the primary's database
         where = traffic.placing(request.headers, who)
-        previous = await _previous(traffic, asked, where, who.api_key_id) if chained else None
+        previous = None
+        if chained:
+            where, previous = await _previous(traffic, asked, where)
         chat, call = responses.translate(asked, previous)
         raw = msgspec.json.encode(chat)
         exchange = await Exchange.open(
             parse_request(raw, settings),
             raw,
-            **where,
+            where,
             api=responses.RESPONSES,
             id_prefix="resp_",
             after_turn=previous.turn if previous else None,
@@ -92,10 +95,12 @@ def routes(settings: ProxySettings, traffic: Traffic, forward: Forwarder | None)
 
 
 async def _previous(
-    traffic: Traffic, asked: ResponseRequest, where: dict, api_key_id: str | None
-) -> responses.Previous:
-    """The response a chained request continues (the caller's own, still stored); the
-    chain's trajectory and, while that checkpoint still is one, its arm become this one's."""
+    traffic: Traffic, asked: ResponseRequest, where: Placing
+) -> tuple[Placing, responses.Previous]:
+    """The response a chained request continues (the caller's own, still stored), and the
+    request placed in its chain: the chain's trajectory and, while that checkpoint still is
+    one, its arm become this one's."""
+    api_key_id = where.api_key_id
     previous_id = asked.previous_response_id
     row = await traffic.lookup(queries.exchange, previous_id)
     stored = responses.stored_response(row, api_key_id)
@@ -105,10 +110,10 @@ async def _previous(
             f"Previous response with id '{previous_id}' not found.",
             param="previous_response_id",
         )
-    where["trajectory_id"] = previous.trajectory_id
-    if where["pin"] is None:
-        where["pin"] = traffic.router.sticky(asked.model, row["checkpoint"], api_key_id)
-    return previous
+    pin = where.pin
+    if pin is None:
+        pin = traffic.router.sticky(asked.model, row["checkpoint"], api_key_id)
+    return replace(where, trajectory_id=previous.trajectory_id, pin=pin), previous
 
 
 def _whole(exchange: Exchange, call: responses.Call) -> ResponseObject:
