@@ -24,8 +24,8 @@ class Call(Generic[T]):
     path: str  # below the server's root: "/v1/feedback", "/admin/status"
     answer: Any  # the type the JSON answer decodes to (msgspec.convert)
     key: Literal["api", "admin"] = "admin"
-    body: dict | None = None
-    params: dict = field(default_factory=dict)
+    body: msgspec.Struct | None = None  # sent as JSON
+    params: dict[str, str] = field(default_factory=dict)
     into: Path | None = None  # stream the answer's bytes into this file instead
     pick: str | None = None  # the answer is this field of the JSON object
 

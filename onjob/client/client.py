@@ -17,24 +17,23 @@ server's status and message) or `Unreachable`.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 
 from ..collector.forget import Removed
 from ..collector.readonly import Answer
+from ..deploy.admin import AliasBody, CanaryBody, ExportBody, ForgetBody, LoopBody, SqlBody
 from ..deploy.records import Change, Checkpoint
 from ..deploy.status import LoopView, ServerStatus
-from ..proxy.protocol import FeedbackRecorded
+from ..proxy.protocol import Feedback, FeedbackRecorded
 from .calls import Call, partial_of, read, root_of
 from .errors import Unreachable
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-
-
-def _given(**fields: Any) -> dict:
-    return {k: v for k, v in fields.items() if v is not None}
 
 
 class _Calls:
@@ -57,12 +56,12 @@ class _Calls:
         `X-Onjob-Exchange-Id`) or a whole conversation (`trajectory_id`: the name it was
         given). `metric` names it ("thumbs", "resolved"): each metric is scored and checked
         against the judges on its own, weighted by `judge.feedback_weights`."""
-        body = _given(
+        body = Feedback(
             value=value,
             exchange_id=exchange_id,
             trajectory_id=trajectory_id,
-            metric=metric,
             comment=comment,
+            metric=metric,
         )
         return self._send(Call("POST", "/v1/feedback", FeedbackRecorded, key="api", body=body))
 
@@ -86,8 +85,8 @@ class _Calls:
     ) -> Change:
         """Serve `checkpoint` to `fraction` of the alias's conversations (of `tenant`'s
         lineage, else the shared one)."""
-        body = _given(
-            alias=alias, checkpoint=checkpoint, fraction=fraction, tenant=tenant, reason=reason
+        body = CanaryBody(
+            alias=alias, checkpoint=checkpoint, fraction=fraction, reason=reason, tenant=tenant
         )
         return self._send(Call("POST", "/admin/canary", Change, body=body))
 
@@ -95,27 +94,27 @@ class _Calls:
         self, *, alias: str = "agent", tenant: str | None = None, reason: str = "by hand"
     ) -> Change:
         """Make the lineage's canary its live checkpoint."""
-        body = _given(alias=alias, tenant=tenant, reason=reason)
+        body = AliasBody(alias=alias, reason=reason, tenant=tenant)
         return self._send(Call("POST", "/admin/promote", Change, body=body))
 
     def rollback(
         self, *, alias: str = "agent", tenant: str | None = None, reason: str = "by hand"
     ) -> Change:
         """Stop the lineage's canary (or, with none, go back to the previous live)."""
-        body = _given(alias=alias, tenant=tenant, reason=reason)
+        body = AliasBody(alias=alias, reason=reason, tenant=tenant)
         return self._send(Call("POST", "/admin/rollback", Change, body=body))
 
     def pause(self) -> LoopView:
         """Pause the loop (an iteration in flight is cancelled); the loop's state."""
-        return self._send(Call("POST", "/admin/loop", LoopView, body={"running": False}))
+        return self._send(Call("POST", "/admin/loop", LoopView, body=LoopBody(running=False)))
 
     def resume(self) -> LoopView:
         """Resume the loop; the loop's state."""
-        return self._send(Call("POST", "/admin/loop", LoopView, body={"running": True}))
+        return self._send(Call("POST", "/admin/loop", LoopView, body=LoopBody(running=True)))
 
     def sql(self, query: str, *, limit: int = 1000) -> Answer:
         """One read-only SELECT on the server's database (`docs/data.md`)."""
-        body = {"query": query, "limit": limit}
+        body = SqlBody(query=query, limit=limit)
         return self._send(Call("POST", "/admin/sql", Answer, body=body))
 
     def tables(self, *, tenant: bool = False) -> list[str]:
@@ -133,17 +132,19 @@ class _Calls:
         """Delete one conversation, an API key's traffic, or conversations ended before a
         date (ISO), with all derived from them; the answer lists what was removed and the
         checkpoints already trained on it."""
-        body = _given(trajectory=trajectory, api_key=api_key, before=before)
+        body = ForgetBody(trajectory=trajectory, api_key=api_key, before=before)
         return self._send(Call("POST", "/admin/forget", Removed, body=body))
 
     def export(self, table: str, path: str | Path, *, tenant: str | None = None) -> Path:
         """One table (`tenant`: only that tenant's rows) as a Parquet file at `path`,
         written whole or not at all."""
-        body = _given(table=table, tenant=tenant)
+        body = ExportBody(table=table, tenant=tenant)
         return self._send(Call("POST", "/admin/export", Path, body=body, into=Path(path)))
 
 
 class _Base:
+    _http: httpx.Client | httpx.AsyncClient  # each client's own
+
     def __init__(
         self,
         base_url: str = DEFAULT_URL,
@@ -156,15 +157,18 @@ class _Base:
         self._keys = {"api": api_key, "admin": admin_key}
         self.timeout = timeout
 
-    def _request(self, call: Call) -> dict:
+    def _request(self, call: Call) -> httpx.Request:
+        """The call as the request each client sends (its timeout the client's)."""
         key = self._keys[call.key]
-        return {
-            "method": call.method,
-            "url": self.base_url + call.path,
-            "json": call.body,
-            "params": call.params,
-            "headers": {"Authorization": f"Bearer {key}"} if key else {},
-        }
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        content = None
+        if call.body is not None:
+            content = msgspec.json.encode(call.body)
+            headers["Content-Type"] = "application/json"
+        url = self.base_url + call.path
+        return self._http.build_request(
+            call.method, url, content=content, params=call.params, headers=headers
+        )
 
     def _unreachable(self, exc: httpx.TransportError) -> Unreachable:
         return Unreachable(f"{self.base_url} did not answer ({type(exc).__name__}: {exc})")
@@ -180,8 +184,8 @@ class Client(_Base, _Calls):
     def _send(self, call: Call) -> Any:
         try:
             if call.into is None:
-                return read(call, self._http.request(**self._request(call)))
-            with self._http.stream(**self._request(call)) as resp:
+                return read(call, self._http.send(self._request(call)))
+            with contextlib.closing(self._http.send(self._request(call), stream=True)) as resp:
                 if resp.status_code >= 400:
                     resp.read()
                     return read(call, resp)
@@ -214,8 +218,9 @@ class AsyncClient(_Base, _Calls):
     async def _send(self, call: Call) -> Any:
         try:
             if call.into is None:
-                return read(call, await self._http.request(**self._request(call)))
-            async with self._http.stream(**self._request(call)) as resp:
+                return read(call, await self._http.send(self._request(call)))
+            resp = await self._http.send(self._request(call), stream=True)
+            async with contextlib.aclosing(resp):
                 if resp.status_code >= 400:
                     await resp.aread()
                     return read(call, resp)

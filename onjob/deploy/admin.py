@@ -44,7 +44,9 @@ from .settings import DeploySettings
 from .status import LoopView, ServerStatus
 
 
-class CanaryBody(msgspec.Struct, forbid_unknown_fields=True):
+# The admin API's request bodies, which `onjob.client` sends too. A field left at its
+# default is not sent: a server of an older version that lacks the field still takes it.
+class CanaryBody(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     alias: str
     checkpoint: str
     fraction: float = 0.1
@@ -52,7 +54,7 @@ class CanaryBody(msgspec.Struct, forbid_unknown_fields=True):
     tenant: str | None = None  # the tenant's lineage of the alias (none: the shared one)
 
 
-class ForgetBody(msgspec.Struct, forbid_unknown_fields=True):
+class ForgetBody(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Exactly one: a trajectory id, an API key id, or a date (ISO) before which every
     conversation ended."""
 
@@ -61,21 +63,21 @@ class ForgetBody(msgspec.Struct, forbid_unknown_fields=True):
     before: str | None = None
 
 
-class SqlBody(msgspec.Struct, forbid_unknown_fields=True):
+class SqlBody(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     query: str
     limit: int = 1000
 
 
-class ExportBody(msgspec.Struct, forbid_unknown_fields=True):
+class ExportBody(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     table: str
     tenant: str | None = None  # only this tenant's rows (`readonly.tenant_tables`)
 
 
-class LoopBody(msgspec.Struct, forbid_unknown_fields=True):
+class LoopBody(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     running: bool
 
 
-class AliasBody(msgspec.Struct, forbid_unknown_fields=True):
+class AliasBody(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     alias: str
     reason: str = "by hand"
     tenant: str | None = None
