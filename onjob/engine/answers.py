@@ -20,6 +20,31 @@ class Usage(msgspec.Struct, kw_only=True):
     prompt_tokens_details: PromptDetails | UnsetType = UNSET  # left out when none was cached
 
 
+class TopLogprob(msgspec.Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(msgspec.Struct, kw_only=True):
+    """A chat answer's token in `logprobs.content`, as OpenAI and vLLM send it."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
+class LegacyLogprobs(msgspec.Struct, kw_only=True):
+    """A legacy completion's `logprobs`, as vLLM sends them: each token's text, logprob,
+    alternatives (None where none were asked for) and offset in the text."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 def usage(prompt: int, completion: int, cached: int = 0) -> Usage:
     """OpenAI's usage; `cached`: prompt tokens whose prefill was reused, reported as
     OpenAI and vLLM (`--enable-prompt-tokens-details`) report it, only when some were."""

@@ -22,7 +22,7 @@ from litestar.response import Stream
 from ..protocol import CompletionRequest, completion
 from ..protocol.checks import decoded
 from ..protocol.completion import prompt_of
-from .answers import sse, usage
+from .answers import LegacyLogprobs, sse, usage
 from .batching import TokenEvent
 from .errors import BadRequest, EngineError, NotFound
 from .protocol import MOST_CHOICES
@@ -47,7 +47,7 @@ def prompt_ids(loaded, prompt: Any) -> list[int]:
     return loaded.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else prompt
 
 
-def logprobs_of(token_text, events: list[TokenEvent], offset: int) -> dict:
+def logprobs_of(token_text, events: list[TokenEvent], offset: int) -> LegacyLogprobs:
     """The legacy logprobs of `events`, their text starting at `offset`."""
     tokens, top, offsets = [], [], []
     for e in events:
@@ -56,12 +56,12 @@ def logprobs_of(token_text, events: list[TokenEvent], offset: int) -> dict:
         offsets.append(offset)
         offset += len(e.text)
         top.append({token_text(t): lp for t, lp in e.top} or None)
-    return {
-        "tokens": tokens,
-        "token_logprobs": [e.logprob for e in events],
-        "top_logprobs": top,
-        "text_offset": offsets,
-    }
+    return LegacyLogprobs(
+        tokens=tokens,
+        token_logprobs=[e.logprob for e in events],
+        top_logprobs=top,
+        text_offset=offsets,
+    )
 
 
 @post("/v1/completions", status_code=200)

@@ -33,7 +33,7 @@ from ..protocol import ChatCompletionRequest
 from ..protocol.chat import refused as chat_refused
 from ..protocol.checks import decoded
 from . import chat, completions, control, grammar
-from .answers import sse, usage
+from .answers import TokenLogprob, TopLogprob, sse, usage
 from .batching import Batcher, TokenEvent
 from .errors import BadRequest, EngineError, NotFound
 from .protocol import (
@@ -88,21 +88,19 @@ class Engine:
     def _token_text(self, token_id: int) -> str:
         return self.loaded.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
 
-    def logprob_entry(self, token_id: int, logprob: float, top: list[tuple[int, float]]) -> dict:
+    def logprob_entry(
+        self, token_id: int, logprob: float, top: list[tuple[int, float]]
+    ) -> TokenLogprob:
         text = self.token_text(token_id)
-        return {
-            "token": text,
-            "logprob": logprob,
-            "bytes": list(text.encode()),
-            "top_logprobs": [
-                {
-                    "token": self.token_text(t),
-                    "logprob": lp,
-                    "bytes": list(self.token_text(t).encode()),
-                }
-                for t, lp in top
+        return TokenLogprob(
+            token=text,
+            logprob=logprob,
+            bytes=list(text.encode()),
+            top_logprobs=[
+                TopLogprob(token=(t := self.token_text(i)), logprob=lp, bytes=list(t.encode()))
+                for i, lp in top
             ],
-        }
+        )
 
     def prepare(self, body: bytes) -> _Prepared:
         loaded = self.loaded

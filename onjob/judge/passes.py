@@ -177,8 +177,8 @@ async def _sample_turn_groups(
     except SamplingFailed as exc:
         echo(f"cannot re-sample: {exc}; the turns wait for the next pass")
         return
-    base, said = card["id"], card.get("logprobs")
-    stated = isinstance(said, str)  # the engine's word, else as declared for it
+    base, said = card.id, card.logprobs
+    stated = said is not None  # the engine's word, else as declared for it
     definition = said if stated else declared
     budget, planned = s.max_sample_tokens, []
     for row in candidates:

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 import httpx
+import msgspec
 
 from .. import logprobs
 from ..collector.ids import new_id
@@ -80,26 +81,39 @@ def token_estimate(body: dict, logged: dict) -> int:
     return prompt + body["n"] * cap
 
 
+class Card(msgspec.Struct, kw_only=True):
+    """What the judge reads of a model in the engine's list: its `id`, whether it is an
+    adapter (`parent`), and the logprob definition the local engine states (vLLM's card
+    has none). Other fields are not read."""
+
+    id: str
+    parent: str | None = None
+    logprobs: str | None = None
+
+
+class _Cards(msgspec.Struct):
+    data: list[Card]
+
+
 async def base_model(engine: httpx.AsyncClient) -> str:
     """The engine's base model id (the model with no parent)."""
-    return (await base_card(engine))["id"]
+    return (await base_card(engine)).id
 
 
-async def base_card(engine: httpx.AsyncClient) -> dict:
-    """The engine's base model's card in its model list (the model with no parent): its
-    `id`, and the local engine's `dtype` and `logprobs` definition."""
+async def base_card(engine: httpx.AsyncClient) -> Card:
+    """The engine's base model's card in its model list (the model with no parent)."""
     try:
         resp = await engine.get("/models")
         resp.raise_for_status()
-        models = resp.json()["data"]
+        models = msgspec.json.decode(resp.content, type=_Cards).data
     except httpx.HTTPStatusError as exc:
         raise SamplingFailed(f"GET /models answered {exc.response.status_code}") from exc
     except httpx.HTTPError as exc:
         raise from_httpx(exc) from exc
-    except (ValueError, KeyError, TypeError) as exc:
+    except msgspec.DecodeError as exc:  # ValidationError too
         raise SamplingFailed(f"GET /models did not list models: {exc}") from exc
-    base = [m for m in models if not m.get("parent")] or models[:1]
-    if not base or not isinstance(base[0].get("id"), str):
+    base = [m for m in models if not m.parent] or models[:1]
+    if not base:
         raise SamplingFailed("GET /models listed no model")
     return base[0]
 
@@ -108,10 +122,10 @@ async def stated_definition(engine: httpx.AsyncClient, body: dict) -> str | None
     """The definition `body` is sampled under by an engine that states its own (the local
     engine's model card); None when the engine does not say (vLLM) or cannot be asked."""
     try:
-        said = (await base_card(engine)).get("logprobs")
+        said = (await base_card(engine)).logprobs
     except SamplingFailed:
         return None
-    if not isinstance(said, str):
+    if said is None:
         return None
     return logprobs.recorded(said, stated=True, request=body)
 

@@ -257,8 +257,8 @@ def _stored_and_other(size: int) -> list[Route]:
     ]
 
 
-def document(settings: ProxySettings, models: list[str]) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of this server's public API."""
+def document(settings: ProxySettings, models: list[str]) -> bytes:
+    """The OpenAPI 3.1 document of this server's public API, as JSON."""
     types = [
         ChatCompletionRequest,
         ChatCompletion,
@@ -302,7 +302,7 @@ def document(settings: ProxySettings, models: list[str]) -> dict[str, Any]:
     out = doc.to_schema()
     # msgspec's schemas as they are: Litestar's conversion would drop their `null`s.
     out.setdefault("components", {})["schemas"] = schemas
-    return out
+    return msgspec.json.encode(out)
 
 
 def _served(schemas: dict[str, Any], settings: ProxySettings, models: list[str]) -> None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
 
-from litestar import get
+from litestar import Response, get
 from litestar.params import FromPath
 
 from .. import openapi
@@ -39,8 +38,8 @@ def routes(settings: ProxySettings, router: Router) -> tuple:
         return entry(name, int(time.time()))
 
     @get("/openapi.json")
-    async def openapi_document() -> dict[str, Any]:
+    async def openapi_document() -> Response:
         # Behind an API key like the rest (it names the models, as /v1/models does).
-        return openapi.document(settings, await names())
+        return Response(openapi.document(settings, await names()), media_type="application/json")
 
     return models, model, openapi_document
