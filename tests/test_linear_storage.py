@@ -133,7 +133,7 @@ def test_twenty_turns_are_stored_linearly_and_read_back_exactly(logged):
         _check(full, long)
         for turn in (0, 7, 19):
             row = queries.exchange(store, full[turn]["id"])
-            _check([row], [long[turn]])
+            _check([msgspec.structs.asdict(row)], [long[turn]])
         candidates = tables.turn_candidates(store, JudgeSettings(per_scenario=100, max_groups=100))
         by_id = {c["id"]: c for c in candidates}
         _check([by_id[r["id"]] for r in full], long)
@@ -243,8 +243,8 @@ def test_a_database_from_before_linear_storage_migrates_and_reads(tmp_path):
     try:
         assert store.schema_before == 9
         row = queries.exchange(store, "old")
-        assert json.loads(row["request"]) == request and row["prompt_token_ids"] == [1, 2, 3]
-        assert row["parent_id"] is None  # kept whole, marked as such
+        assert json.loads(row.request) == request and row.prompt_token_ids == [1, 2, 3]
+        assert row.parent_id is None  # kept whole, marked as such
         # A later turn stored against the old whole row rebuilds from it.
         later = {**request, "messages": [*request["messages"], {"role": "assistant"}]}
         store.con.execute(
@@ -254,8 +254,8 @@ def test_a_database_from_before_linear_storage_migrates_and_reads(tmp_path):
             [json.dumps({**later, "messages": later["messages"][2:]})],
         )
         row = queries.exchange(store, "new")
-        assert json.loads(row["request"]) == later
-        assert row["prompt_token_ids"] == [1, 2, 3, 4, 5, 6]
+        assert json.loads(row.request) == later
+        assert row.prompt_token_ids == [1, 2, 3, 4, 5, 6]
     finally:
         store.close()
 

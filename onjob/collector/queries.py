@@ -6,12 +6,41 @@ Run them on the collector's database thread (`await collector.query(fn)`) inside
 
 from __future__ import annotations
 
+import msgspec
+
 from .linear import rebuilt
 from .store import Store
 
 
-def exchange(store: Store, exchange_id: str) -> dict | None:
-    rows = store.query("SELECT * FROM exchanges_rebuilt(?, false)", [[exchange_id]])
+class LoggedExchange(msgspec.Struct, kw_only=True):
+    """One logged exchange as its readers outside the collector take it (feedback on it,
+    a Responses call continuing it or fetching it back): its request rebuilt whole
+    (`exchanges_rebuilt`). JSON columns as their text."""
+
+    id: str
+    trajectory_id: str | None
+    turn: int | None
+    api_key_id: str | None
+    checkpoint: str | None
+    status: int
+    api: str | None
+    api_object: str | None  # a stored Response and its input items
+    request: str
+    response: str | None
+    prompt_token_ids: list[int] | None
+    completion_token_ids: list[list[int]] | None
+    parent_id: str | None
+
+
+_LOGGED = ", ".join(f.name for f in msgspec.structs.fields(LoggedExchange))
+
+
+def exchange(store: Store, exchange_id: str) -> LoggedExchange | None:
+    rows = store.rows(
+        LoggedExchange,
+        f"SELECT {_LOGGED} FROM exchanges_rebuilt(?, false)",
+        [[exchange_id]],
+    )
     return rows[0] if rows else None
 
 

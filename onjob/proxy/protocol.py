@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import Meta
+from msgspec import UNSET, Meta, UnsetType
 
 from ..protocol.chat import ToolCall
 from ..protocol.fields import Temperature, TopP
@@ -21,7 +21,7 @@ from ..protocol.fields import Temperature, TopP
 MetricName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 
 
-class Feedback(msgspec.Struct, forbid_unknown_fields=True):
+class Feedback(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """A signal about one exchange or a whole conversation (one of the ids is needed),
     unnamed or of a named metric ("thumbs", "resolved"): each metric is a score source of
     its own (`feedback:<metric>`), so metrics on different scales are never averaged."""
@@ -229,6 +229,44 @@ class ResponseRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     truncation: _refused("truncation") = None
 
 
+class TextPart(msgspec.Struct, kw_only=True):
+    """A message item's text: `input_text` (a user's, a system's), `output_text` (the
+    assistant's, with its annotations and, in an answer, logprobs: none here)."""
+
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list[Any] | UnsetType = UNSET
+    logprobs: list[Any] | UnsetType = UNSET
+
+
+class MessageItem(msgspec.Struct, kw_only=True, tag_field="type", tag="message"):
+    id: str
+    role: str
+    status: str
+    content: list[TextPart]
+
+
+class FunctionCallItem(msgspec.Struct, kw_only=True, tag_field="type", tag="function_call"):
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: str
+
+
+class FunctionCallOutputItem(
+    msgspec.Struct, kw_only=True, tag_field="type", tag="function_call_output"
+):
+    id: str
+    call_id: str
+    output: str
+    status: str
+
+
+# A Responses item, in a request's input (each given an id) or a Response's output.
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem
+
+
 class TokensDetails(msgspec.Struct, kw_only=True):
     cached_tokens: int = 0
 
@@ -263,7 +301,7 @@ class ResponseObject(msgspec.Struct, kw_only=True):
     max_output_tokens: int | None = None
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     model: str
-    output: list[dict[str, Any]]
+    output: list[Item]
     parallel_tool_calls: bool = True
     previous_response_id: str | None = None
     reasoning: dict[str, Any] | None = None
@@ -283,7 +321,7 @@ class StoredResponse(msgspec.Struct, kw_only=True):
     and for a call that continues it."""
 
     response: ResponseObject
-    input_items: list[dict[str, Any]]
+    input_items: list[Item]
 
 
 class ResponseDeleted(msgspec.Struct, kw_only=True):
@@ -294,7 +332,7 @@ class ResponseDeleted(msgspec.Struct, kw_only=True):
 
 class InputItems(msgspec.Struct, kw_only=True):
     object: Literal["list"] = "list"
-    data: list[dict[str, Any]]
+    data: list[Item]
     first_id: str | None
     last_id: str | None
     has_more: bool

@@ -27,18 +27,24 @@ from typing import Any
 import msgspec
 
 from ..collector.ids import new_id
+from ..collector.queries import LoggedExchange
 from ..protocol import decode_body
 from ..protocol.checks import validated
 from . import sse
 from .errors import BadRequest
 from .protocol import (
     RESPONSES_REFUSED,
+    FunctionCallItem,
+    FunctionCallOutputItem,
     FunctionTool,
     InputItems,
+    Item,
+    MessageItem,
     ResponseObject,
     ResponseRequest,
     ResponseUsage,
     StoredResponse,
+    TextPart,
 )
 from .settings import ProxySettings
 
@@ -57,7 +63,7 @@ class Call:
     `input_items` lists them) and what the Response object echoes."""
 
     request: ResponseRequest
-    items: list[dict]
+    items: list[Item]
     instructions: str | None
     store: bool
     previous_response_id: str | None = None
@@ -149,7 +155,7 @@ def translate(request: ResponseRequest, previous: Previous | None) -> tuple[dict
     return chat, call
 
 
-def _items(value: Any) -> list[dict]:
+def _items(value: Any) -> list[Item]:
     """The input as items, each with an id (a string is one user message).
 
     What a client re-sending its history may drop or add is read as OpenAI reads it, so
@@ -175,14 +181,13 @@ def _items(value: Any) -> list[dict]:
                 if type(item.get(key)) is not str:
                     raise BadRequest(f"`{param}.{key}` must be a string.", param=f"{param}.{key}")
             out.append(
-                {
-                    "id": item.get("id") or new_id("fc_"),
-                    "type": "function_call",
-                    "call_id": item["call_id"],
-                    "name": item["name"],
-                    "arguments": item["arguments"],
-                    "status": "completed",
-                }
+                FunctionCallItem(
+                    id=item.get("id") or new_id("fc_"),
+                    call_id=item["call_id"],
+                    name=item["name"],
+                    arguments=item["arguments"],
+                    status="completed",
+                )
             )
         elif kind == "function_call_output":
             output = item.get("output")
@@ -191,13 +196,12 @@ def _items(value: Any) -> list[dict]:
             if type(item.get("call_id")) is not str or type(output) is not str:
                 raise BadRequest(f"`{param}` needs a string `call_id` and `output`.", param=param)
             out.append(
-                {
-                    "id": item.get("id") or new_id("fco_"),
-                    "type": "function_call_output",
-                    "call_id": item["call_id"],
-                    "output": output,
-                    "status": "completed",
-                }
+                FunctionCallOutputItem(
+                    id=item.get("id") or new_id("fco_"),
+                    call_id=item["call_id"],
+                    output=output,
+                    status="completed",
+                )
             )
         else:
             raise BadRequest(
@@ -208,7 +212,7 @@ def _items(value: Any) -> list[dict]:
     return out
 
 
-def _message_item(item: dict, param: str) -> dict:
+def _message_item(item: dict, param: str) -> MessageItem:
     role = item.get("role")
     if role not in ("user", "system", "developer", "assistant"):
         raise BadRequest(
@@ -216,17 +220,13 @@ def _message_item(item: dict, param: str) -> dict:
         )
     content = item.get("content")
     text = content if type(content) is str else _text(content, f"{param}.content")
-    part = "output_text" if role == "assistant" else "input_text"
-    shaped: dict[str, Any] = {"type": part, "text": text}
     if role == "assistant":
-        shaped["annotations"] = []
-    return {
-        "id": item.get("id") or new_id("msg_"),
-        "type": "message",
-        "role": role,
-        "status": "completed",
-        "content": [shaped],
-    }
+        part = TextPart(type="output_text", text=text, annotations=[])
+    else:
+        part = TextPart(type="input_text", text=text)
+    return MessageItem(
+        id=item.get("id") or new_id("msg_"), role=role, status="completed", content=[part]
+    )
 
 
 def _text(parts: Any, param: str) -> str:
@@ -245,20 +245,19 @@ def _text(parts: Any, param: str) -> str:
     return "".join(texts)
 
 
-def _messages(items: list[dict]) -> list[dict]:
+def _messages(items: list[Item]) -> list[dict]:
     """Items as chat messages: an assistant message and the function calls after it are
     one assistant message (as the chat API answered them), so a client sending the whole
     history back continues its trajectory."""
     out: list[dict] = []
     for item in items:
-        if item["type"] == "message":
-            text = item["content"][0]["text"]
-            out.append({"role": item["role"], "content": text})
-        elif item["type"] == "function_call":
+        if isinstance(item, MessageItem):
+            out.append({"role": item.role, "content": item.content[0].text})
+        elif isinstance(item, FunctionCallItem):
             call = {
-                "id": item["call_id"],
+                "id": item.call_id,
                 "type": "function",
-                "function": {"name": item["name"], "arguments": item["arguments"]},
+                "function": {"name": item.name, "arguments": item.arguments},
             }
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant":
@@ -266,7 +265,7 @@ def _messages(items: list[dict]) -> list[dict]:
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         else:
-            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
     return out
 
 
@@ -321,73 +320,63 @@ def _response_format(text: dict) -> dict | None:
     )
 
 
-def previous_of(row: dict, stored: StoredResponse) -> Previous | None:
+def previous_of(row: LoggedExchange, stored: StoredResponse) -> Previous | None:
     """The conversation a stored response (`stored`, of `row`) continues; None when the row
     holds no answered call (it failed)."""
-    if row["status"] >= 400:
+    if row.status >= 400 or row.response is None:
         return None
-    request = _json(row["request"])
-    answer = _json(row["response"])
+    request = _decode(row.request)
+    answer = _decode(row.response)
     skip = 1 if stored.response.instructions else 0
     reply = answer["choices"][0]["message"]
     shaped = {"role": "assistant", "content": reply.get("content")}
     if reply.get("tool_calls"):
         shaped["tool_calls"] = reply["tool_calls"]
     return Previous(
-        id=row["id"],
-        trajectory_id=row["trajectory_id"],
-        turn=row["turn"],
+        id=row.id,
+        trajectory_id=row.trajectory_id,
+        turn=row.turn,
         messages=[*request["messages"][skip:], shaped],
     )
 
 
-def stored_response(row: dict | None, api_key_id: str | None) -> StoredResponse | None:
+def stored_response(row: LoggedExchange | None, api_key_id: str | None) -> StoredResponse | None:
     """A row's stored Response and input items, if this key may see them."""
-    if row is None or row.get("api") != RESPONSES or row.get("api_object") is None:
+    if row is None or row.api != RESPONSES or row.api_object is None:
         return None
-    if row["api_key_id"] != api_key_id:
+    if row.api_key_id != api_key_id:
         return None  # another key's response is answered as missing: its id stays secret
-    stored = row["api_object"]
-    if isinstance(stored, str | bytes):
-        return _decode(stored, type=StoredResponse)
-    return msgspec.convert(stored, StoredResponse)
-
-
-def _json(value: Any) -> Any:
-    return _decode(value) if isinstance(value, str | bytes) else value
+    return _decode(row.api_object, type=StoredResponse)
 
 
 # -- The answer back ------------------------------------------------------------------
 
 
-def output_items(message: dict, id_suffix: str) -> list[dict]:
+def output_items(message: dict, id_suffix: str) -> list[Item]:
     """A chat reply as Responses output items: its text as one message, then each call."""
-    items: list[dict] = []
+    items: list[Item] = []
     if message.get("content"):
         items.append(_message_out(f"msg_{id_suffix}", message["content"], "completed"))
     for k, call in enumerate(message.get("tool_calls") or ()):
         fn = call.get("function") or {}
         items.append(
-            {
-                "id": f"fc_{id_suffix}_{k}",
-                "type": "function_call",
-                "status": "completed",
-                "call_id": call.get("id") or f"call_{id_suffix}_{k}",
-                "name": fn.get("name", ""),
-                "arguments": fn.get("arguments", ""),
-            }
+            FunctionCallItem(
+                id=f"fc_{id_suffix}_{k}",
+                status="completed",
+                call_id=call.get("id") or f"call_{id_suffix}_{k}",
+                name=fn.get("name", ""),
+                arguments=fn.get("arguments", ""),
+            )
         )
     return items
 
 
-def _message_out(item_id: str, text: str, status: str) -> dict:
-    return {
-        "id": item_id,
-        "type": "message",
-        "status": status,
-        "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
-    }
+def _message_out(item_id: str, text: str, status: str) -> MessageItem:
+    return MessageItem(id=item_id, role="assistant", status=status, content=[_output_text(text)])
+
+
+def _output_text(text: str) -> TextPart:
+    return TextPart(type="output_text", text=text, annotations=[], logprobs=[])
 
 
 def usage_of(usage: dict | None) -> ResponseUsage | None:
@@ -407,7 +396,7 @@ def response_object(
     model: str,
     *,
     status: str,
-    output: list[dict],
+    output: list[Item],
     usage: dict | None = None,
     finish_reason: str | None = None,
     error: dict | None = None,
@@ -459,9 +448,9 @@ class Events:
     def __init__(self, response_id: str) -> None:
         self.suffix = response_id.removeprefix("resp_")
         self.seq = 0
-        self.output: list[dict] = []
-        self._text: dict | None = None  # the open message item
-        self._calls: dict[int, dict] = {}  # chat tool-call index -> open function_call item
+        self.output: list[Item] = []
+        self._text: MessageItem | None = None  # the open message item
+        self._calls: dict[int, FunctionCallItem] = {}  # chat tool-call index -> open call
         self.finish_reason: str | None = None
 
     def event(self, kind: str, **fields: Any) -> bytes:
@@ -486,29 +475,30 @@ class Events:
     def _text_delta(self, text: str) -> list[bytes]:
         out = []
         if self._text is None:
-            item = _message_out(f"msg_{self.suffix}", "", "in_progress")
-            item["content"] = []
+            item = MessageItem(
+                id=f"msg_{self.suffix}", role="assistant", status="in_progress", content=[]
+            )
             self._text = item
             self.output.append(item)
             index = len(self.output) - 1
             out.append(self.event("response.output_item.added", output_index=index, item=item))
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            part = _output_text("")
             out.append(
                 self.event(
                     "response.content_part.added",
-                    item_id=item["id"],
+                    item_id=item.id,
                     output_index=index,
                     content_index=0,
                     part=part,
                 )
             )
-            item["content"].append(part)
+            item.content.append(part)
         item = self._text
-        item["content"][0]["text"] += text
+        item.content[0].text += text
         out.append(
             self.event(
                 "response.output_text.delta",
-                item_id=item["id"],
+                item_id=item.id,
                 output_index=self.output.index(item),
                 content_index=0,
                 delta=text,
@@ -524,14 +514,13 @@ class Events:
         item = self._calls.get(index)
         if item is None:
             out += self._close_text()
-            item = {
-                "id": f"fc_{self.suffix}_{index}",
-                "type": "function_call",
-                "status": "in_progress",
-                "call_id": delta.get("id") or f"call_{self.suffix}_{index}",
-                "name": fn.get("name") or "",
-                "arguments": "",
-            }
+            item = FunctionCallItem(
+                id=f"fc_{self.suffix}_{index}",
+                status="in_progress",
+                call_id=delta.get("id") or f"call_{self.suffix}_{index}",
+                name=fn.get("name") or "",
+                arguments="",
+            )
             self._calls[index] = item
             self.output.append(item)
             out.append(
@@ -540,13 +529,13 @@ class Events:
                 )
             )
         elif fn.get("name"):
-            item["name"] += fn["name"]
+            item.name += fn["name"]
         if fn.get("arguments"):
-            item["arguments"] += fn["arguments"]
+            item.arguments += fn["arguments"]
             out.append(
                 self.event(
                     "response.function_call_arguments.delta",
-                    item_id=item["id"],
+                    item_id=item.id,
                     output_index=self.output.index(item),
                     delta=fn["arguments"],
                 )
@@ -558,20 +547,20 @@ class Events:
         if item is None:
             return []
         index = self.output.index(item)
-        part = item["content"][0]
-        item["status"] = "completed"
+        part = item.content[0]
+        item.status = "completed"
         return [
             self.event(
                 "response.output_text.done",
-                item_id=item["id"],
+                item_id=item.id,
                 output_index=index,
                 content_index=0,
-                text=part["text"],
+                text=part.text,
                 logprobs=[],
             ),
             self.event(
                 "response.content_part.done",
-                item_id=item["id"],
+                item_id=item.id,
                 output_index=index,
                 content_index=0,
                 part=part,
@@ -584,14 +573,14 @@ class Events:
         out = self._close_text()
         for item in self._calls.values():
             index = self.output.index(item)
-            item["status"] = "completed"
+            item.status = "completed"
             out.append(
                 self.event(
                     "response.function_call_arguments.done",
-                    item_id=item["id"],
+                    item_id=item.id,
                     output_index=index,
-                    name=item["name"],
-                    arguments=item["arguments"],
+                    name=item.name,
+                    arguments=item.arguments,
                 )
             )
             out.append(self.event("response.output_item.done", output_index=index, item=item))
@@ -603,14 +592,14 @@ def input_items_page(items: list[dict], *, order: str, limit: int, after: str | 
     """One page of `GET /v1/responses/{id}/input_items` (newest first unless `asc`)."""
     ordered = list(reversed(items)) if order == "desc" else list(items)
     if after is not None:
-        ids = [item["id"] for item in ordered]
+        ids = [item.id for item in ordered]
         if after not in ids:
             raise BadRequest(f"No input item `{after}` in this response.", param="after")
         ordered = ordered[ids.index(after) + 1 :]
     page = ordered[:limit]
     return InputItems(
         data=page,
-        first_id=page[0]["id"] if page else None,
-        last_id=page[-1]["id"] if page else None,
+        first_id=page[0].id if page else None,
+        last_id=page[-1].id if page else None,
         has_more=len(ordered) > limit,
     )

@@ -61,9 +61,9 @@ async def _owned(traffic: Traffic, fb: protocol.Feedback, api_key_id: str | None
     trajectory_id = scoped(fb.trajectory_id, api_key_id) if fb.trajectory_id else None
     if fb.exchange_id:
         row = await traffic.lookup(queries.exchange, fb.exchange_id)
-        if row is None or row["api_key_id"] != api_key_id:
+        if row is None or row.api_key_id != api_key_id:
             raise NotFound(f"No exchange `{fb.exchange_id}`.", param="exchange_id")
-        trajectory_id = trajectory_id or row["trajectory_id"]
+        trajectory_id = trajectory_id or row.trajectory_id
     if fb.trajectory_id:
         owner = await traffic.lookup(queries.trajectory_owner, trajectory_id)
         if not owner or owner[0]["api_key_id"] != api_key_id:

@@ -112,7 +112,7 @@ async def _previous(
         )
     pin = where.pin
     if pin is None:
-        pin = traffic.router.sticky(asked.model, row["checkpoint"], api_key_id)
+        pin = traffic.router.sticky(asked.model, row.checkpoint, api_key_id)
     return replace(where, trajectory_id=previous.trajectory_id, pin=pin), previous
 
 
