@@ -1,6 +1,8 @@
 """What reading a request body once costs (`onjob/protocol/body.py`): msgspec's decoding
-alone against `decode_body` (decoding, the depth bound and the duplicate-key check), per
-body, on typical chat bodies: a 20-message conversation with tools, the same with a
+alone against `decode_body` (decoding, the depth bound and the duplicate-key check), and
+the proxy's whole check of a chat request (`proxy.exchange.parse_request`: `decode_body`,
+then every field against `protocol.ChatCompletionRequest`), per body, on typical chat
+bodies: a 20-message conversation with tools, the same with a
 tool call's JSON arguments and a colon in every message, pretty-printed, and a 700 KB one.
 
     .venv/bin/python bench/body_check.py [--repeats 2000]
@@ -24,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from onjob.protocol import decode_body  # noqa: E402
+from onjob.proxy.exchange import parse_request  # noqa: E402
+from onjob.proxy.settings import ProxySettings  # noqa: E402
 
 
 def bodies() -> dict[str, bytes]:
@@ -59,21 +63,25 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2000)
     args = parser.parse_args()
     results = []
+    settings = ProxySettings()
     for name, raw in bodies().items():
         n = max(10, args.repeats if len(raw) < 100_000 else args.repeats // 100)
         alone = min(timeit.repeat(lambda raw=raw: msgspec.json.decode(raw), number=n, repeat=5))
         checked = min(timeit.repeat(lambda raw=raw: decode_body(raw), number=n, repeat=5))
+        whole = min(timeit.repeat(lambda raw=raw: parse_request(raw, settings), number=n, repeat=5))
         row = {
             "body": name,
             "bytes": len(raw),
             "msgspec_us": round(alone / n * 1e6, 2),
             "decode_body_us": round(checked / n * 1e6, 2),
+            "parse_request_us": round(whole / n * 1e6, 2),
         }
         row["added_us"] = round(row["decode_body_us"] - row["msgspec_us"], 2)
         results.append(row)
         print(
             f"{name:30} {len(raw):>8} B  msgspec {row['msgspec_us']:>8.1f} µs  "
-            f"decode_body {row['decode_body_us']:>8.1f} µs  (+{row['added_us']:.1f})"
+            f"decode_body {row['decode_body_us']:>8.1f} µs  (+{row['added_us']:.1f})  "
+            f"parse_request {row['parse_request_us']:>8.1f} µs"
         )
     out = ROOT / "bench" / "results" / f"body_check-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps({"bench": "body_check", "results": results}, indent=1) + "\n")
