@@ -19,7 +19,7 @@ import jinja2
 import markupsafe
 import msgspec
 from litestar import Request, Response, Router, get, post
-from litestar.di import Provide
+from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath, FromQuery
 from litestar.static_files import create_static_files_router
 
@@ -175,7 +175,7 @@ def not_found(what: str) -> Response:
 
 
 @get("/", include_in_schema=False)
-async def overview(site: Site, minutes: FromQuery[int] = 60) -> Response:
+async def overview(site: NamedDependency[Site], minutes: FromQuery[int] = 60) -> Response:
     minutes = max(1, min(minutes, 7 * 24 * 60))
 
     def read(store):
@@ -203,7 +203,7 @@ async def overview(site: Site, minutes: FromQuery[int] = 60) -> Response:
 
 
 @get("/scenarios", include_in_schema=False)
-async def scenarios(site: Site, page: FromQuery[int] = 0) -> Response:
+async def scenarios(site: NamedDependency[Site], page: FromQuery[int] = 0) -> Response:
     page = max(page, 0)
     rows = await site.collector.query(lambda st: queries.scenarios(st, page))
     return render("scenarios.html", rows=rows, page=page, size=queries.PAGE)
@@ -211,7 +211,7 @@ async def scenarios(site: Site, page: FromQuery[int] = 0) -> Response:
 
 @get("/requests", include_in_schema=False)
 async def requests(
-    site: Site,
+    site: NamedDependency[Site],
     page: FromQuery[int] = 0,
     api_key: FromQuery[str | None] = None,
     status: FromQuery[str | None] = None,
@@ -243,21 +243,21 @@ async def requests(
 
 
 @get("/feedback", include_in_schema=False)
-async def feedback(site: Site, page: FromQuery[int] = 0) -> Response:
+async def feedback(site: NamedDependency[Site], page: FromQuery[int] = 0) -> Response:
     page = max(page, 0)
     metrics, rows = await site.collector.query(lambda st: queries.feedback(st, page))
     return render("feedback.html", metrics=metrics, rows=rows, page=page, size=queries.PAGE)
 
 
 @get("/checkpoints", include_in_schema=False)
-async def checkpoints(site: Site) -> Response:
+async def checkpoints(site: NamedDependency[Site]) -> Response:
     rows = await site.collector.query(queries.checkpoints)
     return render("checkpoints.html", rows=rows)
 
 
 @get("/groups", include_in_schema=False)
 async def groups(
-    site: Site, page: FromQuery[int] = 0, kind: FromQuery[str | None] = None
+    site: NamedDependency[Site], page: FromQuery[int] = 0, kind: FromQuery[str | None] = None
 ) -> Response:
     page = max(page, 0)
 
@@ -276,7 +276,7 @@ async def groups(
 
 
 @get("/groups/{group_id:str}", include_in_schema=False)
-async def group(site: Site, group_id: FromPath[str]) -> Response:
+async def group(site: NamedDependency[Site], group_id: FromPath[str]) -> Response:
     found = await site.collector.query(lambda st: queries.group(st, group_id))
     if found is None:
         return not_found(f"group {group_id}")
@@ -284,7 +284,7 @@ async def group(site: Site, group_id: FromPath[str]) -> Response:
 
 
 @get("/trajectories/{trajectory_id:str}", include_in_schema=False)
-async def trajectory(site: Site, trajectory_id: FromPath[str]) -> Response:
+async def trajectory(site: NamedDependency[Site], trajectory_id: FromPath[str]) -> Response:
     found = await site.collector.query(lambda st: queries.trajectory(st, trajectory_id))
     if found is None:
         return not_found(f"trajectory {trajectory_id}")
@@ -292,7 +292,7 @@ async def trajectory(site: Site, trajectory_id: FromPath[str]) -> Response:
 
 
 @get("/learning", include_in_schema=False)
-async def learning(site: Site) -> Response:
+async def learning(site: NamedDependency[Site]) -> Response:
     def read(store):
         return {
             "curve": queries.reward_curve(store),
@@ -305,7 +305,7 @@ async def learning(site: Site) -> Response:
 
 
 @get("/ab", include_in_schema=False)
-async def ab(site: Site) -> Response:
+async def ab(site: NamedDependency[Site]) -> Response:
     settings = site.settings
 
     def read(store):
@@ -339,7 +339,7 @@ async def ab(site: Site) -> Response:
 
 
 @post("/act", status_code=200, include_in_schema=False)
-async def act(site: Site, data: Act) -> Any:
+async def act(site: NamedDependency[Site], data: Act) -> Any:
     """What a page's buttons do, each after the person confirmed it; the same changes
     as `onjob promote`, `rollback` and the admin API's loop switch, recorded with
     actor `dashboard`."""

@@ -22,7 +22,7 @@ import msgspec
 from litestar import Request, Response, get, post
 from litestar import Router as Routes
 from litestar.background_tasks import BackgroundTask
-from litestar.di import Provide
+from litestar.di import NamedDependency, Provide
 from litestar.exceptions import ValidationException
 from litestar.response import File
 
@@ -167,7 +167,7 @@ def routes(
 
 
 @get("/status")
-async def status(admin: Admin) -> ServerStatus:
+async def status(admin: NamedDependency[Admin]) -> ServerStatus:
     collector, router, settings, loop = admin.collector, admin.router, admin.settings, admin.loop
     history = await collector.query(lambda st: deployments.history(st, 20))
     return ServerStatus(
@@ -186,29 +186,29 @@ async def status(admin: Admin) -> ServerStatus:
 
 
 @get("/checkpoints")
-async def checkpoints(admin: Admin) -> CheckpointList:
+async def checkpoints(admin: NamedDependency[Admin]) -> CheckpointList:
     return CheckpointList(await admin.collector.query(registry.checkpoints))
 
 
 @post("/canary", status_code=200)
-async def canary(admin: Admin, data: CanaryBody) -> Change:
+async def canary(admin: NamedDependency[Admin], data: CanaryBody) -> Change:
     return await admin.operator.set_canary(
         admin.lineage(data), data.checkpoint, data.fraction, reason=data.reason, actor="admin-api"
     )
 
 
 @post("/promote", status_code=200)
-async def promote(admin: Admin, data: AliasBody) -> Change:
+async def promote(admin: NamedDependency[Admin], data: AliasBody) -> Change:
     return await admin.operator.promote(admin.lineage(data), reason=data.reason, actor="admin-api")
 
 
 @post("/rollback", status_code=200)
-async def rollback(admin: Admin, data: AliasBody) -> Change:
+async def rollback(admin: NamedDependency[Admin], data: AliasBody) -> Change:
     return await admin.operator.rollback(admin.lineage(data), reason=data.reason, actor="admin-api")
 
 
 @post("/loop", status_code=200)
-async def loop_switch(admin: Admin, data: LoopBody) -> LoopView:
+async def loop_switch(admin: NamedDependency[Admin], data: LoopBody) -> LoopView:
     """Pause (`{"running": false}`) or resume the loop; pausing cancels an iteration in
     flight."""
     if admin.loop is None:
@@ -217,7 +217,7 @@ async def loop_switch(admin: Admin, data: LoopBody) -> LoopView:
 
 
 @post("/forget", status_code=200)
-async def forget(admin: Admin, data: ForgetBody) -> Removed:
+async def forget(admin: NamedDependency[Admin], data: ForgetBody) -> Removed:
     """Delete a conversation, a key's traffic, or conversations ended before a date, with
     all derived from them; the answer lists checkpoints already trained on it."""
     try:
@@ -233,19 +233,19 @@ async def forget(admin: Admin, data: ForgetBody) -> Removed:
 
 
 @post("/sql", status_code=200)
-async def sql(admin: Admin, data: SqlBody) -> readonly.Answer:
+async def sql(admin: NamedDependency[Admin], data: SqlBody) -> readonly.Answer:
     """One read-only SELECT, answered from a cursor of its own (`collector.readonly`)."""
     return await admin.read(lambda con: readonly.query(con, data.query, data.limit))
 
 
 @get("/tables")
-async def tables(admin: Admin, tenant: bool = False) -> TableList:
+async def tables(admin: NamedDependency[Admin], tenant: bool = False) -> TableList:
     """The database's tables (`?tenant=true`: those that hold a tenant's rows)."""
     return TableList(await admin.read(readonly.tenant_tables if tenant else readonly.tables))
 
 
 @post("/export", status_code=200)
-async def export(admin: Admin, data: ExportBody) -> File:
+async def export(admin: NamedDependency[Admin], data: ExportBody) -> File:
     """One table as a Parquet file (written to a temporary file, removed once sent)."""
     settings = admin.settings
     whose = None

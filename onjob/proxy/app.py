@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any
 
 from litestar import Request, Response, get, route
 from litestar import Router as Routes
+from litestar.di import Provide
 from litestar.exceptions import NotFoundException
 from opentelemetry.trace import Tracer
 
@@ -23,11 +25,19 @@ from .errors import Unauthorized
 from .front import ProxyApp
 from .pool import Pool, Replica
 from .replicas import Forwarder
-from .rooms import catalog, chat, feedback, responses
+from .rooms import Serving, catalog, chat, feedback, responses
 from .routing import Router
 from .settings import ProxySettings
 from .traffic import ARM_HEADER, EXCHANGE_HEADER, SCENARIO_HEADER, TRAJECTORY_HEADER, Traffic
 from .upstream import Upstream
+
+# The routes that carry the traffic, by path: answered without Litestar's machinery per
+# request (`front.py`), by the same functions that stay Litestar's routes for the rest.
+HOT = {
+    "/v1/chat/completions": chat.chat_completions,
+    "/v1/completions": chat.completions,
+    "/v1/responses": responses.create_response,
+}
 
 __all__ = ["ARM_HEADER", "EXCHANGE_HEADER", "SCENARIO_HEADER", "TRAJECTORY_HEADER", "create_app"]
 
@@ -58,8 +68,7 @@ def create_app(
     # Who may call: checked before any handler runs (`auth.py`), by the front for the hot
     # routes and by a guard for the rest; handlers read the `Caller` it found.
     doors = Doors(settings)
-    chat_completions, completions = chat.routes(settings, traffic)
-    create_response, *stored = responses.routes(settings, traffic, forward)
+    serving = Serving(settings, traffic, forward)
 
     async def shutdown() -> None:
         for hook in on_shutdown:
@@ -70,25 +79,24 @@ def create_app(
         await collector.close()
 
     return ProxyApp(
-        # The routes that carry the traffic, answered without Litestar's machinery per
-        # request (`front.py`); the same functions stay Litestar's routes for the rest.
-        hot={
-            "/v1/chat/completions": chat_completions.fn,
-            "/v1/completions": completions.fn,
-            "/v1/responses": create_response.fn,
-        },
+        hot={path: partial(route.fn, serving=serving) for path, route in HOT.items()},
         doors=doors,
         route_handlers=[
             Routes(
                 "/",
                 guards=[doors.api_guard],
+                dependencies={
+                    "serving": Provide(lambda: serving, use_cache=True, sync_to_thread=False)
+                },
                 route_handlers=[
-                    chat_completions,
-                    completions,
-                    create_response,
-                    *stored,
-                    *catalog.routes(settings, router),
-                    *feedback.routes(traffic, forward),
+                    *HOT.values(),
+                    responses.retrieve_response,
+                    responses.response_input_items,
+                    responses.delete_response,
+                    catalog.models,
+                    catalog.model,
+                    catalog.openapi_document,
+                    feedback.feedback,
                 ],
             ),
             _health(collector, doors, pool),

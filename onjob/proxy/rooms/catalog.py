@@ -7,39 +7,42 @@ import contextlib
 import time
 
 from litestar import Response, get
+from litestar.di import NamedDependency
 from litestar.params import FromPath
 
 from .. import openapi
 from ..errors import NotFound, UpstreamError
 from ..protocol import Model, ModelList
 from ..routing import Router
-from ..settings import ProxySettings
+from . import Serving
 
 
-def routes(settings: ProxySettings, router: Router) -> tuple:
-    async def names() -> list[str]:
-        with contextlib.suppress(UpstreamError):
-            await router.discover()
-        return router.names()
+async def _names(router: Router) -> list[str]:
+    with contextlib.suppress(UpstreamError):
+        await router.discover()
+    return router.names()
 
-    def entry(name: str, created: int) -> Model:
-        return Model(id=name, object="model", created=created, owned_by="onjob")
 
-    @get("/v1/models")
-    async def models() -> ModelList:
-        known, created = await names(), int(time.time())
-        return ModelList(object="list", data=[entry(name, created) for name in known])
+def _entry(name: str, created: int) -> Model:
+    return Model(id=name, object="model", created=created, owned_by="onjob")
 
-    @get("/v1/models/{model:path}")
-    async def model(model: FromPath[str]) -> Model:
-        name = model.lstrip("/")
-        if name not in await names():
-            raise NotFound(f"The model `{name}` does not exist.", param="model")
-        return entry(name, int(time.time()))
 
-    @get("/openapi.json")
-    async def openapi_document() -> Response:
-        # Behind an API key like the rest (it names the models, as /v1/models does).
-        return Response(openapi.document(settings, await names()), media_type="application/json")
+@get("/v1/models")
+async def models(serving: NamedDependency[Serving]) -> ModelList:
+    known, created = await _names(serving.traffic.router), int(time.time())
+    return ModelList(object="list", data=[_entry(name, created) for name in known])
 
-    return models, model, openapi_document
+
+@get("/v1/models/{model:path}")
+async def model(model: FromPath[str], serving: NamedDependency[Serving]) -> Model:
+    name = model.lstrip("/")
+    if name not in await _names(serving.traffic.router):
+        raise NotFound(f"The model `{name}` does not exist.", param="model")
+    return _entry(name, int(time.time()))
+
+
+@get("/openapi.json")
+async def openapi_document(serving: NamedDependency[Serving]) -> Response:
+    # Behind an API key like the rest (it names the models, as /v1/models does).
+    names = await _names(serving.traffic.router)
+    return Response(openapi.document(serving.settings, names), media_type="application/json")

@@ -5,41 +5,42 @@ from __future__ import annotations
 from dataclasses import replace
 
 from litestar import Request, Response, post
+from litestar.di import NamedDependency
 from litestar.response import Stream
 
 from ...collector.ids import new_id
 from ..auth import caller
 from ..exchange import COMPLETIONS, Exchange, parse_completion_request, parse_request
-from ..settings import ProxySettings
 from ..stream import Chunks
-from ..traffic import Traffic
+from . import Serving
 
 
-def routes(settings: ProxySettings, traffic: Traffic) -> tuple:
-    @post("/v1/chat/completions", status_code=200)
-    async def chat_completions(request: Request) -> Response | Stream:
-        raw = await request.body()
-        body = parse_request(raw, settings)
-        where = traffic.placing(request.headers, caller(request))
-        return await traffic.answer(await Exchange.open(body, raw, where), Chunks)
+@post("/v1/chat/completions", status_code=200)
+async def chat_completions(
+    request: Request, serving: NamedDependency[Serving]
+) -> Response | Stream:
+    raw = await request.body()
+    body = parse_request(raw, serving.settings)
+    traffic = serving.traffic
+    where = traffic.placing(request.headers, caller(request))
+    return await traffic.answer(await Exchange.open(body, raw, where), Chunks)
 
-    @post("/v1/completions", status_code=200)
-    async def completions(request: Request) -> Response | Stream:
-        """Legacy text completions: forwarded as they are, logged like chat, each its own
-        single-turn conversation (a prompt has no turns to continue)."""
-        raw = await request.body()
-        body, prompt = parse_completion_request(raw, settings)
-        where = replace(
-            traffic.placing(request.headers, caller(request)), trajectory_id=new_id("traj_")
-        )
-        exchange = await Exchange.open(
-            body,
-            raw,
-            where,
-            api=COMPLETIONS,
-            id_prefix="cmpl-",
-            messages=[{"role": "user", "content": prompt}],
-        )
-        return await traffic.answer(exchange, Chunks)
 
-    return chat_completions, completions
+@post("/v1/completions", status_code=200)
+async def completions(request: Request, serving: NamedDependency[Serving]) -> Response | Stream:
+    """Legacy text completions: forwarded as they are, logged like chat, each its own
+    single-turn conversation (a prompt has no turns to continue)."""
+    raw = await request.body()
+    body, prompt = parse_completion_request(raw, serving.settings)
+    traffic = serving.traffic
+    where = traffic.placing(request.headers, caller(request))
+    where = replace(where, trajectory_id=new_id("traj_"))  # a conversation of its own
+    exchange = await Exchange.open(
+        body,
+        raw,
+        where,
+        api=COMPLETIONS,
+        id_prefix="cmpl-",
+        messages=[{"role": "user", "content": prompt}],
+    )
+    return await traffic.answer(exchange, Chunks)

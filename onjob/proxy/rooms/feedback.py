@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import msgspec
-from litestar import Request, post
+from litestar import Request, Response, post
+from litestar.di import NamedDependency
 
 from ...collector import FeedbackRecord, queries
 from ...collector.ids import new_id
@@ -14,32 +14,32 @@ from ...collector.trajectories import scoped
 from .. import protocol
 from ..auth import caller
 from ..errors import BadRequest, NotFound
-from ..replicas import Forwarder
 from ..traffic import Traffic
+from . import Serving
 
 
-def routes(traffic: Traffic, forward: Forwarder | None) -> tuple:
-    @post("/v1/feedback", status_code=200)
-    async def feedback(request: Request) -> Any:
-        if forward is not None:
-            return await forward(request)  # checked against the primary's database
-        api_key_id = caller(request).api_key_id
-        fb = _decode(await request.body())
-        trajectory_id = await _owned(traffic, fb, api_key_id)
-        record = FeedbackRecord(
-            id=new_id("fb_"),
-            ts=time.time(),
-            exchange_id=fb.exchange_id,
-            trajectory_id=trajectory_id,
-            api_key_id=api_key_id,
-            value=fb.value,
-            comment=fb.comment,
-            metric=fb.metric,
-        )
-        traffic.collector.log(record)
-        return {"object": "feedback", **msgspec.structs.asdict(record)}
-
-    return (feedback,)
+@post("/v1/feedback", status_code=200)
+async def feedback(
+    request: Request, serving: NamedDependency[Serving]
+) -> Response | protocol.FeedbackRecorded:
+    if serving.forward is not None:
+        return await serving.forward(request)  # checked against the primary's database
+    traffic = serving.traffic
+    api_key_id = caller(request).api_key_id
+    fb = _decode(await request.body())
+    trajectory_id = await _owned(traffic, fb, api_key_id)
+    record = FeedbackRecord(
+        id=new_id("fb_"),
+        ts=time.time(),
+        exchange_id=fb.exchange_id,
+        trajectory_id=trajectory_id,
+        api_key_id=api_key_id,
+        value=fb.value,
+        comment=fb.comment,
+        metric=fb.metric,
+    )
+    traffic.collector.log(record)
+    return protocol.FeedbackRecorded(object="feedback", **msgspec.structs.asdict(record))
 
 
 def _decode(raw: bytes) -> protocol.Feedback:
