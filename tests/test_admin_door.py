@@ -26,7 +26,7 @@ from onjob.cli.settings import ServeSettings
 from onjob.collector import Store
 from onjob.dashboard import pages
 from onjob.deploy.act import registry
-from onjob.openai_errors import HANDLERS
+from onjob.openai_handlers import HANDLERS
 from onjob.proxy import ProxySettings
 from onjob.proxy.auth import Doors
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from ..protocol.chat import arguments_of
 from .ids import new_id
 
 DERIVED = "derived"
@@ -48,15 +49,6 @@ def text_of(content: Any) -> str:
     return str(content)
 
 
-def _arguments(raw: Any) -> Any:
-    if isinstance(raw, str):
-        try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, RecursionError):  # not JSON, or too deep to normalise
-            return raw
-    return raw
-
-
 _encode = msgspec.json.Encoder().encode
 
 
@@ -76,7 +68,7 @@ def canonical(message: dict) -> bytes:
         [
             c.get("id"),
             (c.get("function") or {}).get("name"),
-            _arguments((c.get("function") or {}).get("arguments")),
+            arguments_of((c.get("function") or {}).get("arguments")),
         ]
         for c in message.get("tool_calls") or []
     ]

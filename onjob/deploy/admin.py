@@ -29,7 +29,7 @@ from litestar.response import File
 from ..collector import Collector, Forget, ForgetError, readonly
 from ..collector.forget import Removed, parse_date
 from ..judge import judge_agreement
-from ..openai_errors import openai_error
+from ..openai_handlers import openai_error
 from ..proxy import Router
 from ..proxy.auth import Doors
 from ..proxy.errors import BadRequest, Conflict

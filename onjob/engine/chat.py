@@ -13,7 +13,7 @@ import re
 import uuid
 from typing import Any
 
-from ..protocol.chat import Message, ToolCall, text_of
+from ..protocol.chat import Message, ToolCall, arguments_of, text_of
 from ..protocol.fields import Tool
 from .errors import BadRequest
 
@@ -170,15 +170,11 @@ def _function_calls(m: Message) -> list[tuple[ToolCall, tuple[str, Any]]]:
     """Each function call of an assistant message with its name and arguments, decoded
     from their JSON string where they are JSON (as templates expect an object); calls of
     other tool types are not shown to the model."""
-    out = []
-    for call in m.tool_calls or ():
-        if call.function is not None:
-            try:
-                arguments = json.loads(call.function.arguments)
-            except json.JSONDecodeError:
-                arguments = call.function.arguments
-            out.append((call, (call.function.name, arguments)))
-    return out
+    return [
+        (call, (call.function.name, arguments_of(call.function.arguments)))
+        for call in m.tool_calls or ()
+        if call.function is not None
+    ]
 
 
 def parse_tool_calls(

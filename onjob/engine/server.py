@@ -28,7 +28,7 @@ from litestar.params import FromPath
 from litestar.response import Stream
 
 from ..logprobs import TRAINED
-from ..openai_errors import HANDLERS
+from ..openai_handlers import HANDLERS
 from ..protocol import ChatCompletionRequest
 from ..protocol.chat import refused as chat_refused
 from ..protocol.checks import decoded

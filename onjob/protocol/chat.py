@@ -14,6 +14,7 @@ accepted and passed on as sent; wrong types and out-of-range values are a 400 wh
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -210,3 +211,15 @@ def text_of(content: str | list[ContentPart] | None) -> str:
     if isinstance(content, str):
         return content
     return "".join(part.text for part in content if part.type == "text" and part.text)
+
+
+def arguments_of(raw: Any) -> Any:
+    """A tool call's arguments decoded from their JSON string where they are JSON (as chat
+    templates and the stitcher's comparison take them), else as sent: text that is not
+    JSON, or JSON nested too deep to decode."""
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, RecursionError):
+            return raw
+    return raw

@@ -19,7 +19,8 @@ from litestar.exceptions import NotFoundException
 from opentelemetry.trace import Tracer
 
 from ..collector import Collector
-from ..openai_errors import HANDLERS, error_body
+from ..openai_errors import error_body
+from ..openai_handlers import HANDLERS
 from .auth import Doors
 from .errors import Unauthorized
 from .front import ProxyApp
