@@ -110,7 +110,7 @@ async def base_card(engine: httpx.AsyncClient) -> Card:
         raise SamplingFailed(f"GET /models answered {exc.response.status_code}") from exc
     except httpx.HTTPError as exc:
         raise from_httpx(exc) from exc
-    except msgspec.DecodeError as exc:  # ValidationError too
+    except ValueError as exc:  # msgspec's DecodeError and ValidationError among them
         raise SamplingFailed(f"GET /models did not list models: {exc}") from exc
     base = [m for m in models if not m.parent] or models[:1]
     if not base:
