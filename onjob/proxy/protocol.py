@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
+from ..collector.writer import CollectorStats
 from ..protocol.chat import ToolCall
 from ..protocol.fields import Temperature, TopP
 
@@ -109,16 +110,6 @@ class FeedbackRecorded(msgspec.Struct, kw_only=True):
     value: float
     comment: str | None
     metric: str | None
-
-
-class CollectorStats(msgspec.Struct, kw_only=True):
-    spooled: int
-    loaded: int
-    backlog_segments: int
-    failed_segments: int  # set aside in the spool's failed/: DuckDB refused what they hold
-    # Exchanges this process logged that no judge group or snapshot takes, by reason
-    # (`onjob.logprobs.Untrainable`: definition, masked, no_tokens, no_usage, count, ...).
-    untrainable: dict[str, int]
 
 
 class Health(msgspec.Struct, kw_only=True):
