@@ -38,8 +38,9 @@ from onjob import bundled
 from onjob.engine import chat
 from onjob.engine.batching import Batcher
 from onjob.engine.model import LoadedModel
-from onjob.engine.protocol import Message, Tool
 from onjob.engine.sampling import Sampling
+from onjob.protocol.chat import Message
+from onjob.protocol.fields import Tool
 
 
 def _lookup(name: str, what: str) -> dict:

@@ -507,11 +507,19 @@ def test_the_template_vllm_gets_renders_as_the_local_engine_does(tokenizer, mess
     the local engine with `chat.render`. The same text, so the same tokens, either way
     (tests/test_real_engines.py checks it on vLLM itself)."""
     from onjob.engine import chat
-    from onjob.engine.protocol import Message, Tool
+    from onjob.protocol.chat import Message
+    from onjob.protocol.fields import Tool
 
+    # A client sends a call's arguments as a JSON string (OpenAI refuses anything else, and
+    # so does `onjob.protocol`); vLLM decodes them before its template runs
+    # (vllm/entrypoints/chat_utils.py), so its side renders `messages` as written here.
+    sent = [
+        {**m, "tool_calls": [_as_sent(c) for c in m["tool_calls"]]} if "tool_calls" in m else m
+        for m in messages
+    ]
     local = chat.render(
         tokenizer,
-        msgspec.convert(messages, list[Message]),
+        msgspec.convert(sent, list[Message]),
         msgspec.convert(tools, list[Tool]) if tools else None,
     )
     template = chat.hermes_template(tokenizer.chat_template)
@@ -519,6 +527,11 @@ def test_the_template_vllm_gets_renders_as_the_local_engine_does(tokenizer, mess
         messages, tools=tools, chat_template=template, tokenize=False, add_generation_prompt=True
     )
     assert theirs == local
+
+
+def _as_sent(call: dict) -> dict:
+    function = call["function"]
+    return {**call, "function": {**function, "arguments": json.dumps(function["arguments"])}}
 
 
 def test_a_model_whose_template_ignores_tools_gets_the_preamble_and_the_hermes_parser(
