@@ -46,6 +46,10 @@ def test_completion_that_would_overflow_the_context_is_400(client):
     [
         ({"content": b"{not json"}, "Malformed JSON"),
         ({"content": b""}, "Malformed JSON"),
+        (
+            {"content": b'{"model": "tiny", "messages": [{"role": "user", "content": "\xff"}]}'},
+            "UTF-8",
+        ),
         ({"json": {"messages": HELLO}}, "model"),
         ({"json": {"model": "tiny"}}, "messages"),
         ({"json": {"model": "tiny", "messages": []}}, "messages"),

@@ -1,7 +1,7 @@
 """`POST /v1/chat/completions`' request, declared once: the proxy checks a client's body
-against it, documents it in `GET /openapi.json`, and builds the engine's request from
-what it took; the local engine decodes its requests into it; the judge's re-samples are
-built from logged requests by the same function.
+against it and documents it in `GET /openapi.json`; the local engine decodes its
+requests into it; the engine-bound body is built from a checked or a logged one by one
+function (`engine.engine_body`: the proxy's forwarded requests, the judge's re-samples).
 
 Every field of openai-python's chat `CompletionCreateParams` is declared
 (`tests/test_engine_fields.py` checks the list against the installed client), each in one

@@ -53,3 +53,7 @@ def decoded(raw: bytes, kind: type[T]) -> T:
         raise invalid(exc) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"Malformed JSON body: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"The body is not valid UTF-8: {exc}") from None
+    except RecursionError:
+        raise InvalidRequest("The body is nested too deep to read.") from None
