@@ -72,14 +72,14 @@ class Metadata(msgspec.Struct, kw_only=True):
     scenario: Annotated[str, Meta(description="names its starting situation")] | None = None
 
 
-class JsonSchema(msgspec.Struct, kw_only=True):
+class JsonSchema(msgspec.Struct, kw_only=True, omit_defaults=True):
     name: str | None = None
     description: str | None = None
     schema: dict[str, Any] | bool | None = None
     strict: bool | None = None  # strict or not, the answer is decoded under the schema
 
 
-class ResponseFormat(msgspec.Struct, kw_only=True):
+class ResponseFormat(msgspec.Struct, kw_only=True, omit_defaults=True):
     # `structural_tag` is vLLM's (its own fields pass on as sent).
     type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchema | None = None

@@ -29,6 +29,7 @@ import msgspec
 from ..collector.ids import new_id
 from ..collector.queries import LoggedExchange
 from ..protocol import decode_body
+from ..protocol.chat import JsonSchema, ResponseFormat
 from ..protocol.checks import validated
 from . import sse
 from .errors import BadRequest
@@ -295,7 +296,8 @@ def _tool_choice(choice: Any) -> Any:
     )
 
 
-def _response_format(text: dict) -> dict | None:
+def _response_format(text: dict) -> ResponseFormat | None:
+    """Responses' `text.format` as chat's `response_format` (None: plain text)."""
     for key, value in text.items():
         if key != "format" and value is not None:
             raise BadRequest(f"`text.{key}` is not supported.", param=f"text.{key}")
@@ -306,15 +308,18 @@ def _response_format(text: dict) -> dict | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return {"type": "json_object"}
+        return ResponseFormat(type="json_object")
     if kind == "json_schema":
         if type(fmt.get("name")) is not str or type(fmt.get("schema")) is not dict:
             raise BadRequest(
                 "`text.format` json_schema needs a string `name` and an object `schema`.",
                 param="text.format",
             )
-        schema = {k: fmt[k] for k in ("name", "schema", "description", "strict") if k in fmt}
-        return {"type": "json_schema", "json_schema": schema}
+        try:
+            schema = msgspec.convert(fmt, JsonSchema, strict=True)
+        except msgspec.ValidationError as exc:
+            raise BadRequest(f"`text.format`: {exc}.", param="text.format") from None
+        return ResponseFormat(type="json_schema", json_schema=schema)
     raise BadRequest(
         "`text.format.type` must be text, json_object or json_schema.", param="text.format.type"
     )
