@@ -4,6 +4,7 @@ SSE framing of a stream (each chunk a `data:` event, then `[DONE]`)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -33,6 +34,67 @@ class TokenLogprob(msgspec.Struct, kw_only=True):
     logprob: float
     bytes: list[int]
     top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(msgspec.Struct, kw_only=True):
+    content: list[TokenLogprob]
+
+
+class Message(msgspec.Struct, kw_only=True):
+    """A whole answer's message."""
+
+    role: str = "assistant"
+    content: str | None
+    tool_calls: list[dict[str, Any]] | UnsetType = UNSET  # as `chat.parse_tool_calls` reads them
+
+
+class Delta(msgspec.Struct, kw_only=True):
+    """What one streamed event adds to a choice: the first its role, then text and calls
+    (`chat.ToolCallStream`'s deltas)."""
+
+    role: str | UnsetType = UNSET
+    content: str | UnsetType = UNSET
+    tool_calls: list[dict[str, Any]] | UnsetType = UNSET
+
+
+class Choice(msgspec.Struct, kw_only=True):
+    index: int
+    message: Message
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | UnsetType = UNSET  # with `return_token_ids`
+
+
+class ChunkChoice(msgspec.Struct, kw_only=True):
+    index: int
+    delta: Delta
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | UnsetType = UNSET
+
+
+class ChatCompletion(msgspec.Struct, kw_only=True):
+    """A whole chat answer, as vLLM sends it (`prompt_token_ids` with `return_token_ids`)."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    prompt_token_ids: list[int] | UnsetType = UNSET
+
+
+class ChatCompletionChunk(msgspec.Struct, kw_only=True):
+    """One streamed event: a choice's delta, or the usage last (`choices` empty)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | UnsetType = UNSET
+    prompt_token_ids: list[int] | UnsetType = UNSET  # on the first event, when asked
 
 
 class LegacyLogprobs(msgspec.Struct, kw_only=True):

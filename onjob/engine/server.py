@@ -26,13 +26,15 @@ from litestar import Litestar, Request, Response, Router, get, post
 from litestar.di import Provide
 from litestar.params import FromPath
 from litestar.response import Stream
+from msgspec import UNSET
 
 from ..logprobs import TRAINED
+from ..openai_errors import Error
 from ..openai_handlers import HANDLERS
 from ..protocol import ChatCompletionRequest
 from ..protocol.chat import refused as chat_refused
 from ..protocol.checks import decoded
-from . import chat, completions, control, grammar
+from . import answers, chat, completions, control, grammar
 from .answers import TokenLogprob, TopLogprob, sse, usage
 from .batching import Batcher, TokenEvent
 from .errors import BadRequest, EngineError, NotFound
@@ -169,82 +171,92 @@ class Engine:
             finish[ev.index] = ev.finish_reason or finish[ev.index]
         choices = []
         for i in range(n):
-            message: dict = {"role": "assistant", "content": texts[i]}
+            message = answers.Message(content=texts[i])
             reason = finish[i]
             if p.parse_tools:
                 cut = reason == "length" and p.tools.mode in ("required", "named")
                 content, calls = chat.parse_tool_calls(texts[i], p.call_limit, cut=cut)
                 if calls:
-                    message = {"role": "assistant", "content": content, "tool_calls": calls}
+                    message = answers.Message(content=content, tool_calls=calls)
                     reason = "length" if cut else "tool_calls"
-            choice = {"index": i, "message": message, "logprobs": None, "finish_reason": reason}
-            if p.request.logprobs:
-                choice["logprobs"] = {
-                    "content": [self.logprob_entry(e.token_id, e.logprob, e.top) for e in tokens[i]]
-                }
-            if p.request.return_token_ids:
-                choice["token_ids"] = [e.token_id for e in tokens[i]]
-            choices.append(choice)
+            choices.append(
+                answers.Choice(
+                    index=i,
+                    message=message,
+                    logprobs=self._logprobs(p, tokens[i]),
+                    finish_reason=reason,
+                    token_ids=[e.token_id for e in tokens[i]]
+                    if p.request.return_token_ids
+                    else UNSET,
+                )
+            )
         completion_tokens = sum(len(t) for t in tokens)
-        body = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": p.request.model,
-            "choices": choices,
-            "usage": usage(len(p.prompt_ids), completion_tokens, gen.cached_tokens),
-        }
-        if p.request.return_token_ids:
-            body["prompt_token_ids"] = p.prompt_ids
-        return msgspec.json.encode(body)
+        return msgspec.json.encode(
+            answers.ChatCompletion(
+                id=f"chatcmpl-{uuid.uuid4().hex}",
+                created=int(time.time()),
+                model=p.request.model,
+                choices=choices,
+                usage=usage(len(p.prompt_ids), completion_tokens, gen.cached_tokens),
+                prompt_token_ids=p.prompt_ids if p.request.return_token_ids else UNSET,
+            )
+        )
 
-    async def stream_chunks(self, p: _Prepared, gen) -> AsyncIterator[dict]:
+    def _logprobs(self, p: _Prepared, events: list[TokenEvent]) -> answers.ChoiceLogprobs | None:
+        if not p.request.logprobs:
+            return None
+        entries = [self.logprob_entry(e.token_id, e.logprob, e.top) for e in events]
+        return answers.ChoiceLogprobs(content=entries)
+
+    async def stream_chunks(
+        self, p: _Prepared, gen
+    ) -> AsyncIterator[answers.ChatCompletionChunk | Error]:
         req = p.request
         head = {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion.chunk",
             "created": int(time.time()),
             "model": req.model,
         }
 
-        def chunk(index: int, delta: dict, **extra) -> dict:
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
-            return {**head, "choices": [{**choice, **extra}]}
+        def chunk(choice: answers.ChunkChoice) -> answers.ChatCompletionChunk:
+            return answers.ChatCompletionChunk(**head, choices=[choice])
 
         # With tools, the text goes through a tool-call reader: content as it comes, each
         # call as a first delta with its name, then its arguments' fragments.
         readers = [chat.ToolCallStream(p.call_limit) for _ in range(p.n)]
         completion_tokens = 0
+        each_token = bool(req.logprobs or req.return_token_ids)  # every token then has an event
         try:
             for i in range(p.n):
-                first = chunk(i, {"role": "assistant", "content": ""})
+                first = chunk(
+                    answers.ChunkChoice(index=i, delta=answers.Delta(role="assistant", content=""))
+                )
                 if i == 0 and req.return_token_ids:
-                    first["prompt_token_ids"] = p.prompt_ids
+                    first.prompt_token_ids = p.prompt_ids
                 yield first
             async for ev in gen.events():
                 completion_tokens += 1
-                extra: dict = {}
-                if req.logprobs:
-                    extra["logprobs"] = {
-                        "content": [self.logprob_entry(ev.token_id, ev.logprob, ev.top)]
-                    }
-                if req.return_token_ids:
-                    extra["token_ids"] = [ev.token_id]
-                delta: dict = {"content": ev.text}
+                delta = answers.Delta(content=ev.text)
                 reason = ev.finish_reason
                 if p.parse_tools:
                     reader = readers[ev.index]
                     content, calls = reader.feed(ev.text, final=reason is not None)
-                    delta = {"content": content} if content else {}
-                    if calls:
-                        delta["tool_calls"] = calls
+                    delta = answers.Delta(content=content or UNSET, tool_calls=calls or UNSET)
                     if reason and reader.calls:
                         reason = "tool_calls"
-                if delta.get("content") or delta.get("tool_calls") or extra or reason:
-                    yield chunk(ev.index, delta, **extra, finish_reason=reason)
+                if delta.content or delta.tool_calls or each_token or reason:
+                    yield chunk(
+                        answers.ChunkChoice(
+                            index=ev.index,
+                            delta=delta,
+                            logprobs=self._logprobs(p, [ev]),
+                            finish_reason=reason,
+                            token_ids=[ev.token_id] if req.return_token_ids else UNSET,
+                        )
+                    )
             if req.stream_options and req.stream_options.include_usage:
                 done = usage(len(p.prompt_ids), completion_tokens, gen.cached_tokens)
-                yield {**head, "choices": [], "usage": done}
+                yield answers.ChatCompletionChunk(**head, choices=[], usage=done)
         except EngineError as exc:
             yield exc.body()
         finally:
