@@ -179,7 +179,7 @@ def long_worker(length: int, layers: int | None, threads: int, checkpointing: bo
     loaded_rss = _rss_mb()
     started = time.perf_counter()
     for chunk in chunks(group, pack_limit(model, s.max_batch_tokens)):
-        (_loss(model, head, chunk, s, "cpu")[0].loss / member.loss_tokens).backward()
+        (_loss(model, head, chunk, s, "cpu").loss / member.loss_tokens).backward()
     optimizer.step()
     wall = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -220,7 +220,7 @@ def test_a_winning_canary_that_has_served_too_few_conversations_waits(
     done = onjob(tmp_path, "loop", "--once", "--engine-url", tool_engine.url)
     assert done.returncode == 0, done.stderr
     assert "canary mild against scrambled: wait: canary mild won the pairs, but" in done.stdout
-    assert "the guards need 1000 conversations per arm" in done.stdout
+    assert "the guards need 1000 turns served per arm" in done.stdout
     last = rows(db, "SELECT * FROM deployments ORDER BY ts DESC LIMIT 1")[0]
     assert (last["live"], last["canary"]) == ("scrambled", "mild")  # nothing changed
 

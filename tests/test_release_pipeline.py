@@ -139,7 +139,7 @@ def test_a_canary_whose_test_passed_checks_traffic_only_and_ends_at_its_cap(
     # No canary traffic yet: the guards hold the promotion; the test drew no more pairs.
     routing, said = round_()
     assert routing.canary == "ckpt-hack", said
-    assert "won the pairs, but the guards need 1 conversations per arm" in said
+    assert "won the pairs, but the guards need 1 turns served per arm" in said
     after = rows(s.collector.db, "SELECT count(*) AS n FROM groups WHERE kind = 'ab'")[0]["n"]
     assert after == before
     # Still none at the cap: rolled back, with the reason.

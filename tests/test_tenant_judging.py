@@ -106,7 +106,7 @@ def snapshot_keys(db: Path, path: Path, untrained: list[str]) -> set[str]:
         keys = store.query(
             "SELECT DISTINCT api_key_id FROM exchanges WHERE list_contains(?, id)", [ids]
         )
-        assert snapshot.trainable(store, TrainSettings(min_spread=0.0), scope=scope)
+        assert snapshot.trainable(store, TrainSettings(min_spread=0.0), scope=scope).groups
     finally:
         store.close()
     return {r["api_key_id"] for r in keys}

@@ -230,7 +230,7 @@ def test_masked_tokens_get_zero_gradient():
         grads.append(output)
 
     handle = norm.register_forward_hook(keep)
-    parts, _ = _loss(model, Head.of(model.get_base_model()), seqs, TrainSettings(), "cpu")
+    parts = _loss(model, Head.of(model.get_base_model()), seqs, TrainSettings(), "cpu")
     parts.loss.backward()
     handle.remove()
     has_grad = (grads[0].grad[0].abs().sum(-1) > 0).tolist()

@@ -178,6 +178,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     for alias, a in aliases.items():
         canary = f", canary {a.canary} ({a.fraction:.0%})" if a.canary else ""
         line = f"{alias}: live {a.live or 'base'}{canary}"
+        if alias in lineages:  # what its next run waits for, and whether there is signal
+            state = lineages[alias]
+            if state.waiting:
+                line += f"\n  training: {state.waiting}"
+            if state.signal is not None:
+                line += f"\n  signal: {state.signal.line}"
         if tenants.keys:  # who each lineage serves, what it waits on, its last decision
             lineage = tenants.named(alias)
             whose = (

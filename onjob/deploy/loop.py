@@ -31,7 +31,8 @@ import httpx
 
 from ..collector import Collector
 from ..collector.budgets import BudgetState
-from ..judge import JudgeError, run_pass
+from ..judge import JudgeError, run_pass, signal
+from ..judge.signal import Signal
 from ..proxy import Router
 from ..proxy.tenants import Tenants
 from ..trainer import snapshot
@@ -114,7 +115,7 @@ async def run_once(
     state.lineages = {line.name: line.state() for line in lines}
     shares = await db.query(lambda st: fair.shares(st, settings))
     state.tenant_budgets = {name: share.state() for name, share in shares.items()}
-    needs_groups = [line for line in lines if line.ready < line.wanted]
+    needs_groups = [line for line in lines if not line.due]
     if any(line.comparing for line in lines) and not needs_groups:
         # While a comparison needs the engine, sample no more than the next runs will use.
         waiting = ", ".join(f"{line.name} {line.ready}" for line in lines)
@@ -141,6 +142,9 @@ class Line:
     routing: Routing | None = None
     ready: int = 0
     wanted: int = 0  # the groups a run of this lineage waits for (fit.min_groups, its pace)
+    oldest_s: float | None = None  # how long the oldest ready group has waited
+    runs: int = 0  # the lineage's training runs so far (0: its cold start)
+    signal: Signal | None = None  # whether its scored groups carry anything to learn from
 
     @property
     def name(self) -> str:
@@ -175,13 +179,34 @@ class Line:
 
     async def count(self, held) -> None:
         r = self.pipeline
-        self.ready = await r.db.query(
+        ready = await r.db.query(
             lambda st: snapshot.trainable(
                 st, r.settings.trainer, live=self.live, held_out=held, scope=r.lineage.scope
             )
         )
-        recent = await r.db.query(lambda st: fit.recent_groups(st, r.lineage.scope))
-        self.wanted = fit.min_groups(r.settings, recent)
+        self.ready, self.oldest_s = ready.groups, ready.oldest_s
+        spread = r.settings.trainer.min_spread
+        recent = await r.db.query(lambda st: fit.recent_groups(st, r.lineage.scope, spread))
+        self.runs = await r.db.query(lambda st: fit.runs_of(st, r.lineage.name))
+        self.wanted = fit.min_groups(r.settings, recent, runs=self.runs)
+        keys, params = r.lineage.scope.sql("e.api_key_id")
+        self.signal = await r.db.query(lambda st: signal.signal(st, keys, params))
+
+    def waiting(self) -> str:
+        """What a run of it waits for, in words."""
+        waited = f", the oldest {self.oldest_s / 60:.0f} min old" if self.oldest_s else ""
+        first = "its first run (cold start)" if self.runs == 0 else "a run"
+        said = f"{self.ready} new trainable groups{waited}; {first} starts at {self.wanted}"
+        if self.runs and self.pipeline.settings.loop.min_new_groups is None:
+            said += (
+                f", or at {fit.MIN_GROUPS} once the oldest is {fit.GROUPS_WINDOW_S // 60} min old"
+            )
+        return said
+
+    @property
+    def due(self) -> bool:
+        """Whether a run of it may start on the groups ready (`fit.due`)."""
+        return fit.due(self.pipeline.settings, self.ready, self.wanted, self.oldest_s)
 
     def state(self) -> LineState:
         return LineState(
@@ -189,6 +214,8 @@ class Line:
             canary=self.routing.canary if self.routing else None,
             ready_groups=self.ready,
             wanted_groups=self.wanted,
+            waiting="" if self.due else self.waiting(),
+            signal=self.signal,
         )
 
 
@@ -232,9 +259,10 @@ async def _may_train(line: Line, echo, state, share: fair.Share | None) -> bool:
     if share is not None and share.train is not None and share.train.spent_out:
         echo(f"train {line.name}: {share.train.status()}; its groups wait")
         return False
-    wanted = line.wanted
-    if line.ready < wanted:
-        echo(f"train {line.name}: {line.ready} new trainable groups, waiting for {wanted}")
+    if not line.due:
+        echo(f"train {line.name}: {line.waiting()}")
+        if line.signal is not None and line.signal.none:
+            echo(f"train {line.name}: {line.signal.line}")
         return False
     if why := await r.db.query(lambda st: ledger.waits(st, line.name, r.settings.loop)):
         echo(f"train {line.name}: {why}")

@@ -206,7 +206,10 @@ class LoopSettings(BaseModel):
         1.5, gt=1, description="canary median conversation latency / live's"
     )
     min_guard_conversations: int = Field(
-        20, ge=1, description="conversations per arm since the canary started before a promotion"
+        20,
+        ge=1,
+        description="turns served per arm since the canary started before a promotion (a "
+        "conversation of n turns counts n: each is a request a user waited on)",
     )
     gate: GateSettings = Field(default_factory=GateSettings)
     holdout_share: float | None = Field(

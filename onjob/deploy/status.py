@@ -13,6 +13,7 @@ import msgspec
 from ..collector.budgets import BudgetState
 from ..collector.writer import CollectorStats
 from ..judge.agreement import Agreement
+from ..judge.signal import Signal
 from ..proxy.routing import Arms
 from .act.reviews import ReleaseStatus
 from .decide import fair, fit
@@ -26,6 +27,8 @@ class LineState(msgspec.Struct, frozen=True, kw_only=True):
     canary: str | None
     ready_groups: int  # scored groups it could train on
     wanted_groups: int  # what starts a run (`fit.min_groups`)
+    waiting: str = ""  # what a run waits for, in words
+    signal: Signal | None = None  # whether its scored groups carry anything to learn from
 
 
 class LoopView(msgspec.Struct, frozen=True, kw_only=True):

@@ -29,7 +29,7 @@ import httpx
 from .. import logprobs
 from ..collector import Collector, budgets
 from ..logprobs import TRAINED
-from . import rewards, ruler, sampling, tables, tenants
+from . import rewards, ruler, sampling, signal, tables, tenants
 from .errors import RewardFnFailed, SamplingFailed
 from .rollouts import from_row
 from .settings import JudgeSettings
@@ -63,6 +63,7 @@ class PassReport:
     waiting: int = 0  # no scorer could score them yet (feedback-only, not all members have it)
     waiting_for_budget: int = 0  # RULER's daily budget is spent: scored after 00:00 UTC
     budget: budgets.Budget | None = None  # the judge's daily budget, when it has one
+    silent: int = 0  # scenarios not re-sampled: their groups carry no signal (signal.py)
     judge_calls: int = 0
     cache_hits: int = 0
     judge_tokens: int = 0
@@ -128,6 +129,15 @@ async def run_pass(
                 echo(f"{spent.status()}: no new groups of {', '.join(share.keys)}")
                 kept_out += share.keys
         skip = list(skip_scenarios)
+        silent = await db.query(signal.silent_scenarios)
+        if silent:
+            report.silent = len(silent)
+            echo(
+                f"{len(silent)} scenarios not re-sampled: their last {signal.SILENT_GROUPS} "
+                "groups gave every member the same score (no signal to learn from); tried "
+                f"again {signal.SILENT_S // 60} minutes after"
+            )
+            skip += silent
         await _sample_turn_groups(
             db, engine, settings, report, echo, skip, kept_out, engine_logprobs
         )

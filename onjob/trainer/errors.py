@@ -12,6 +12,11 @@ class NothingToTrain(TrainerError):
     """The snapshot holds no group with a spread of rewards: said, not silently skipped."""
 
 
+class OverBudget(NothingToTrain):
+    """No step stayed within the run's KL budget, or its start was already past it: nothing
+    is written, and the groups are recorded as used, as for any run with nothing to train."""
+
+
 class Diverged(TrainerError):
     """The loss or the gradient became NaN or infinite: no checkpoint is written."""
 

@@ -192,3 +192,13 @@ def packed_mask(segments: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     )
     mask = torch.zeros(visible.shape, dtype=dtype, device=segments.device)
     return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
+
+
+def sampler_logprobs(members: list[Sequence], device) -> torch.Tensor:
+    """The sampler's logged logprob of every loss token of `members`, in
+    `sampled_logprobs`' order."""
+    return torch.tensor(
+        [lp for m in members for lp, keep in zip(m.old_logprobs, m.loss_mask, strict=True) if keep],
+        device=device,
+        dtype=torch.float32,
+    )

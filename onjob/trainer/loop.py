@@ -4,20 +4,25 @@
     model   = base + LoRA (new, or the live adapter continued), no dropout
     optimizer = AdamW, its moments continued from the parent's `optimizer.pt` if any;
                 the learning rate warmed up linearly over `warmup_steps`
+    check   = every group's logprobs under the starting policy against the logged ones,
+              one forward each before any update: a group they disagree on was sampled
+              by other weights, tokenizer or template, and is skipped and recorded
+    region  = the trust region (trust.py): a KL budget to the base model and to the
+              run's start, read on a probe of the groups' tokens
     for each step of `groups_per_step` groups:
         for each group, members chunked by length (forward.chunks):
             one packed forward: the shared prompt once, each member's own tokens
             logprobs of the sampled tokens (fp32 head, no full-vocabulary log-softmax kept)
-            check, on a group's first forward: its logprobs against the logged ones (at
-              step 0 the same weights); a group they disagree on is skipped and recorded
             loss = clipped ratio x advantage, summed / the step's tokens; backward
         clip, step (a step whose gradient is not finite is dropped, its groups recorded)
-    kl_to_base = k3(policy ‖ base) per token on a few groups' tokens, each weighted by
+        the region keeps the step, or undoes it and halves the learning rate, or stops
+    kl_to_base = k3(policy ‖ base) per token on the probe's tokens, each weighted by
               policy / sampler: how far the checkpoint (its whole lineage) moved from
               the base model, for the guard `loop.max_kl_to_base`
     kl_to_base_own = the same on answers the trained policy samples itself from the
               groups' prompts: drift where the candidate now goes, which the old
-              sampler's tokens do not show (the guard reads the larger)
+              sampler's tokens do not show (the guard reads the larger; past the budget,
+              the run steps back to earlier kept weights)
     save adapter (PEFT format) + optimizer.pt + onjob-manifest.json
 
 Runs as `onjob train --snapshot S --out DIR` in a child process of the server, or as a
@@ -41,14 +46,15 @@ from typing import Any
 
 import msgspec
 import torch
+from msgspec import UNSET
 
-from . import adapter
+from . import adapter, trust
 from .data import Group, Notes, Sequence, load
-from .errors import Diverged, NoDevice, NothingToTrain
+from .errors import Diverged, NoDevice, NothingToTrain, OverBudget
 from .foreign import translated
-from .forward import Head, chunks, decoder_of, pack_limit, sampled_logprobs
+from .forward import Head, chunks, pack_limit, sampled_logprobs, sampler_logprobs
 from .manifest import Dropped, Manifest, Metrics, Precision, Step
-from .maths import LossParts, k3, k3_of_sampled, policy_loss, token_logprobs
+from .maths import LossParts, policy_loss
 from .ranks import Ranks
 from .settings import TrainSettings
 
@@ -99,42 +105,56 @@ def _train(
     ranks.same_start(params)
     optimizer = _optimizer(model, params, s, parent, echo)
     steps = math.ceil(len(groups) / s.groups_per_step) * s.epochs
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup(s.warmup_steps))
     echo(
         f"training on {len(groups)} groups, {sum(len(g.members) for g in groups)} members, "
         f"{sum(g.loss_tokens for g in groups)} tokens: {steps} steps on {device} ({dtype})"
         + (f", {ranks.world} ranks" if ranks.many else "")
     )
     skipped, gaps = _before_steps(policy, groups, notes, s, ranks, echo)
+    trained = [g for g in groups if g.id not in skipped]
+    if not trained:
+        raise NothingToTrain(f"nothing to train on in {snapshot}: every group was skipped")
+    region = trust.Region.open(model, head, trained, policy.limit, device, params, optimizer,
+                               s.kl_budget)  # fmt: skip
+    if s.kl_budget is not None:
+        echo(f"trust region: {s.kl_budget:g} nats per token to the base model and to the "
+             f"run's start, on {region.last.to_base.tokens} tokens of "
+             f"{len(region.probe)} groups")  # fmt: skip
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: _warmup(s.warmup_steps)(k) * region.scale
+    )
     wandb = _wandb(s) if ranks.main else None
-    history, tokens_seen, dropped = _steps(
-        policy, groups, s, ranks, (params, optimizer, schedule), skipped, gaps,
+    history, dropped = _steps(
+        policy, trained, s, ranks, (params, optimizer, schedule), region,
         _progress(steps, progress and ranks.main, echo), wandb, echo,
     )  # fmt: skip
-    for theirs in ranks.gather(gaps):
-        gaps.update(theirs)
     weight_gap = ranks.largest_difference(params)
     if not ranks.main:
         ranks.close()
         return None
-    groups = [g for g in groups if g.id not in skipped]
-    if not groups:
-        raise NothingToTrain(f"nothing to train on in {snapshot}: every group was skipped")
     if not history:
         raise Diverged(
             f"all {len(dropped)} steps had a loss or gradient that is not finite; no checkpoint "
             "written (lower trainer.learning_rate?)"
         )
 
-    # --- checkpoint
-    drift = (
-        _kl_to_base(model, head, groups, policy.limit, device),
-        _kl_on_own_samples(model, head, groups[: s.kl_own_prompts], device),
+    # --- checkpoint: the figures the release's KL guard reads, for the weights written
+    reading, own, at = region.settle(
+        lambda: trust.own_drift(model, head, trained[: s.kl_own_prompts], device), echo
     )
+    if at is not None:  # steps after the weights written: undone at the end
+        history = [h if h.step <= at else msgspec.structs.replace(h, undone=True) for h in history]
+    kept = [h for h in history if not h.undone]
+    if not kept:
+        raise OverBudget(
+            f"no step of the run stayed within its KL budget {s.kl_budget:g}: nothing written "
+            "(lower trainer.learning_rate, or raise trainer.kl_budget)"
+        )
     duration = time.perf_counter() - started
-    summary = _summary(history, groups, notes, duration, tokens_seen)
-    metrics = _with_checks(summary, gaps, drift, len(skipped), dropped, ranks.world, weight_gap)
-    manifest = _write(out, model, optimizer, s, parent, base_dir, snapshot, groups, skipped,
+    summary = _summary(kept, trained, notes, duration, sum(h.tokens or 0 for h in kept))
+    metrics = _with_checks(summary, gaps, (reading, own), skipped, dropped, region, ranks.world,
+                           weight_gap)  # fmt: skip
+    manifest = _write(out, model, optimizer, s, parent, base_dir, snapshot, trained, skipped,
                       precision, metrics, history)  # fmt: skip
     if wandb:
         wandb.finish()
@@ -162,18 +182,19 @@ def _precision(model, head: Head, device, dtype) -> Precision:
 def _before_steps(
     policy: Policy, groups: list[Group], notes: Notes, s: TrainSettings, ranks: Ranks, echo
 ) -> tuple[dict, dict[str, Gap]]:
-    """The groups skipped so far and the gaps measured so far. The check that the policy
-    starts where the sampler was runs on each group's first forward, folded into
-    training (a separate pass cost a forward per group); with a warm start the policy
-    moves first, so the check runs before it, on its own."""
+    """The groups skipped and every group's gap, measured once before the first update: the
+    policy at the run's start against the logged sampler, one forward per group. Drift
+    the run's own updates cause is the importance ratio's job (CISPO's capped weights),
+    not a reason to skip a group; only a real mismatch (other weights, tokenizer or
+    template) is. With a warm start, which moves the policy, it runs after the check."""
     skipped = dict(notes.skipped)
-    gaps: dict[str, Gap] = {}
+    model, head = policy.model, policy.head
+    gaps = {g.id: _gap(g, model, head, policy.limit, policy.device) for g in groups}
+    for group in groups:
+        _check(group, gaps[group.id], s, skipped, echo)
     if s.sft_epochs:
-        model, head = policy.model, policy.head
-        gaps = {g.id: _gap(g, model, head, policy.limit, policy.device) for g in groups}
-        for group in groups:
-            _check(group, gaps[group.id], s, skipped, echo)
-        sft = _warm_start(model, head, groups, s, policy.device, ranks)
+        kept = [g for g in groups if g.id not in skipped]
+        sft = _warm_start(model, head, kept, s, policy.device, ranks)
         echo(
             f"warm start: {s.sft_epochs} supervised passes on {sft.members} best members, "
             f"loss {sft.loss_first:.3f} -> {sft.loss_last:.3f}"
@@ -187,50 +208,49 @@ def _steps(
     s: TrainSettings,
     ranks: Ranks,
     optimizing: tuple,
-    skipped: dict,
-    gaps: dict[str, Gap],
+    region: trust.Region,
     progress: tuple,
     wandb,
     echo,
-) -> tuple[list[Step], int, list[Dropped]]:
-    """The run's steps, `groups_per_step` groups each, every epoch: the history of the
-    steps applied, the tokens they trained on, and the steps dropped."""
+) -> tuple[list[Step], list[Dropped]]:
+    """The run's steps, `groups_per_step` groups each, every epoch, each kept or undone by
+    the trust region, until it stops the run: the history of the steps applied (an
+    undone one marked so) and the steps dropped."""
     params, optimizer, schedule = optimizing
     step_done, progress_done = progress
     history: list[Step] = []
     dropped: list[Dropped] = []
-    tokens_seen = 0
-    for epoch in range(s.epochs):
-        for first in range(0, len(groups), s.groups_per_step):
-            batch = groups[first : first + s.groups_per_step]
-            # (A group the check skips during this step keeps its tokens here: rare, and
-            # the others' gradient is then a little smaller.)
-            step_tokens = sum(g.loss_tokens for g in batch if g.id not in skipped)
-            step_started = time.perf_counter()
-            totals, trained = _backward(policy, batch, s, ranks, step_tokens, skipped, gaps,
-                                        len(history), echo)  # fmt: skip
-            if not trained:
-                continue  # every group of the step was skipped: no step
-            ranks.sum_gradients(params)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm).item()
-            if not (math.isfinite(totals["loss"]) and math.isfinite(grad_norm)):
-                # Not applied, recorded, and the run goes on with the other steps.
-                optimizer.zero_grad(set_to_none=True)
-                dropped.append(_dropped(epoch, batch, totals["loss"], grad_norm, echo))
-                continue
-            lr = optimizer.param_groups[0]["lr"]
-            optimizer.step()
+    batches = [
+        (epoch, groups[first : first + s.groups_per_step])
+        for epoch in range(s.epochs)
+        for first in range(0, len(groups), s.groups_per_step)
+    ]
+    for epoch, batch in batches:
+        step_tokens = sum(g.loss_tokens for g in batch)
+        step_started = time.perf_counter()
+        totals = _backward(policy, batch, s, ranks, step_tokens)
+        ranks.sum_gradients(params)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm).item()
+        if not (math.isfinite(totals["loss"]) and math.isfinite(grad_norm)):
+            # Not applied, recorded, and the run goes on with the other steps.
             optimizer.zero_grad(set_to_none=True)
-            schedule.step()
-            tokens_seen += step_tokens
-            record = _record(len(history) + 1, epoch, totals, grad_norm, lr, trained,
-                             step_tokens, time.perf_counter() - step_started)  # fmt: skip
-            history.append(record)
-            step_done(record)
-            if wandb:
-                wandb.log(msgspec.to_builtins(record))
+            dropped.append(_dropped(epoch, batch, totals["loss"], grad_norm, echo))
+            continue
+        lr = optimizer.param_groups[0]["lr"]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        verdict = region.after_step(len(history) + 1, echo)
+        schedule.step()  # after the verdict: a back-off halves the next step's rate
+        record = _record(len(history) + 1, epoch, totals, grad_norm, lr, batch, step_tokens,
+                         time.perf_counter() - step_started, region, verdict)  # fmt: skip
+        history.append(record)
+        step_done(record)
+        if wandb:
+            wandb.log(msgspec.to_builtins(record))
+        if verdict == "stopped":
+            break
     progress_done()
-    return history, tokens_seen, dropped
+    return history, dropped
 
 
 @dataclass(frozen=True)
@@ -287,45 +307,20 @@ def _optimizer(model, params: list, s: TrainSettings, parent: Path | None, echo)
 
 
 def _backward(
-    policy: Policy,
-    batch: list[Group],
-    s: TrainSettings,
-    ranks: Ranks,
-    step_tokens: int,
-    skipped: dict,
-    gaps: dict[str, Gap],
-    step: int,
-    echo,
-) -> tuple[dict, list[Group]]:
+    policy: Policy, batch: list[Group], s: TrainSettings, ranks: Ranks, step_tokens: int
+) -> dict:
     """One step's gradient, accumulated over this rank's share of `batch` chunk by chunk;
-    the step's totals and the groups trained (every rank's, so all decide alike). A
-    group's first forward checks its gap; one the check skips is not backpropagated."""
+    the step's totals, summed over the ranks."""
     totals = {"loss": 0.0, "clipped": 0, "ratio": 0.0, "kl": 0.0}
-    trained = []
     for group in ranks.share(batch):
-        if group.id in skipped:
-            continue
-        for n, chunk in enumerate(chunks(group, policy.limit)):
-            checking = n == 0 and group.id not in gaps  # its first forward
-            parts, gap = _loss(policy.model, policy.head, chunk, s, policy.device, checking, step)
-            if gap is not None:
-                gaps[group.id] = gap
-                if not _check(group, gap, s, skipped, echo):
-                    break  # nothing of it backpropagated (the check is on chunk 0)
+        for chunk in chunks(group, policy.limit):
+            parts = _loss(policy.model, policy.head, chunk, s, policy.device)
             (parts.loss / step_tokens).backward()
             totals["loss"] += parts.loss.item() / step_tokens
             totals["clipped"] += parts.clipped
             totals["ratio"] += parts.ratio_sum
             totals["kl"] += parts.kl_sum
-        else:
-            trained.append(group.id)
-    if ranks.many:  # what every rank did this step, so all decide alike
-        totals = ranks.sum(totals)
-        for theirs in ranks.gather(skipped):
-            skipped.update(theirs)
-        done = {i for ids in ranks.gather(trained) for i in ids}
-        trained = [g.id for g in batch if g.id in done]
-    return totals, [g for g in batch if g.id in set(trained)]
+    return ranks.sum(totals) if ranks.many else totals
 
 
 def _dropped(epoch: int, batch: list[Group], loss: float, grad_norm: float, echo) -> Dropped:
@@ -346,9 +341,13 @@ def _record(
     trained: list[Group],
     tokens: int,
     took_s: float,
+    region: trust.Region,
+    verdict: trust.Verdict,
 ) -> Step:
-    """A step applied, as the manifest's history and the progress line show it."""
+    """A step applied, as the manifest's history and the progress line show it: with the
+    trust region's reading after it, and whether it was undone."""
     rewards = [m.reward for g in trained for m in g.members]
+    reading = region.latest
     return Step(
         step=step,
         epoch=epoch,
@@ -361,6 +360,9 @@ def _record(
         reward_mean=sum(rewards) / len(rewards),
         tokens=tokens,
         tokens_per_s=tokens / took_s,
+        kl_to_base=reading.to_base.kl if reading else None,
+        kl_to_start=reading.to_start.kl if reading else None,
+        undone=True if verdict != "kept" else None,
     )
 
 
@@ -404,14 +406,13 @@ def _write(
 
 @dataclass(frozen=True)
 class Gap:
-    """How far the policy's logprobs were from the logged ones on a group's first forward:
-    |logp - old| summed over its tokens, its max, and the optimizer steps taken before
-    (at step 0 the same weights, so ~0 up to numerics and dtypes)."""
+    """How far the policy's logprobs were from the logged ones before the first update:
+    |logp - old| summed over a group's first chunk, its max, and the tokens (the same
+    weights as the sampler's, so ~0 up to numerics and dtypes)."""
 
     sum: float
     max: float
     tokens: int
-    step: int = 0
 
     @property
     def mean(self) -> float:
@@ -419,29 +420,23 @@ class Gap:
 
 
 def _gap(group: Group, model, head: Head, limit: int, device) -> Gap:
-    """A group's gap on its first chunk, with no gradient (before a warm start)."""
+    """A group's gap on its first chunk, with no gradient."""
     chunk = next(iter(chunks(group, limit)))
     with torch.no_grad():
-        return _gap_of(sampled_logprobs(model, head, chunk, device), _old(chunk, device), 0)
-
-
-def _gap_of(logp: torch.Tensor, old: torch.Tensor, step: int) -> Gap:
-    gap = (logp.detach() - old).abs()
-    return Gap(gap.sum().item(), gap.max().item() if gap.numel() else 0.0, gap.numel(), step)
+        gap = (sampled_logprobs(model, head, chunk, device) - sampler_logprobs(chunk, device)).abs()
+    return Gap(gap.sum().item(), gap.max().item() if gap.numel() else 0.0, gap.numel())
 
 
 def _check(group: Group, gap: Gap, s: TrainSettings, skipped: dict, echo) -> bool:
-    """Whether the group may train: a policy that disagrees with the logged logprobs by more
-    than `max_logprob_gap` per token was not the sampler (other weights, tokenizer or
-    template), and its ratios would be noise. A group first seen after some steps also
-    carries what those steps moved the policy (`Gap.step` says how many; the manifest's
-    `logprob_gap_first_forward_max` shows it)."""
+    """Whether the group may train: a starting policy that disagrees with the logged
+    logprobs by more than `max_logprob_gap` per token was not the sampler (other weights,
+    tokenizer or template), and its ratios would be noise."""
     if gap.mean <= s.max_logprob_gap:
         return True
     skipped[group.id] = (
         f"the policy's logprobs differ from the logged ones by {gap.mean:.3g} per token "
-        f"(max {gap.max:.3g}) on its first forward, after {gap.step} steps: sampled by other "
-        "weights, tokenizer or template"
+        f"(max {gap.max:.3g}) before the first update: sampled by other weights, tokenizer "
+        "or template"
     )
     echo(f"group {group.id}: {skipped[group.id]}, skipped")
     return False
@@ -450,29 +445,35 @@ def _check(group: Group, gap: Gap, s: TrainSettings, skipped: dict, echo) -> boo
 def _with_checks(
     metrics: Metrics,
     gaps: dict[str, Gap],
-    drift: tuple[Drift, Drift],
-    skipped: int,
+    drift: tuple[trust.Reading, trust.Drift],
+    skipped: dict,
     dropped: list[Dropped],
+    region: trust.Region,
     ranks: int,
     weight_gap: float,
 ) -> Metrics:
-    """`_summary`'s metrics with the run's checks: the logprob gap at step 0 (the groups of
-    the first step, checked before any update) and on every group's first forward; the
-    drift from the base model on the snapshot's tokens and on the policy's own answers; the
-    groups skipped, the steps dropped, and the ranks' agreement."""
-    first = [g for g in gaps.values() if g.step == 0] or list(gaps.values())
+    """`_summary`'s metrics with the run's checks: the logprob gap before the first update;
+    the drift from the base model (on the probe's tokens and on the policy's own answers)
+    and from the run's start, the trust region's budget and what it undid; the groups
+    skipped, the steps dropped, and the ranks' agreement."""
     every = list(gaps.values())
-    base, own = drift
+    gap = sum(g.sum for g in every) / max(sum(g.tokens for g in every), 1)
+    gap_max = max((g.max for g in every), default=0.0)
+    reading, own = drift
     return msgspec.structs.replace(
         metrics,
-        logprob_gap_step0=sum(g.sum for g in first) / max(sum(g.tokens for g in first), 1),
-        logprob_gap_step0_max=max((g.max for g in first), default=0.0),
-        logprob_gap_first_forward_max=max((g.max for g in every), default=0.0),
-        kl_to_base=base.kl,
-        kl_to_base_tokens=base.tokens,
+        logprob_gap_step0=gap,
+        logprob_gap_step0_max=gap_max,
+        logprob_gap_first_forward_max=gap_max,  # the same check since it moved before step 1
+        kl_to_base=reading.to_base.kl,
+        kl_to_base_tokens=reading.to_base.tokens,
         kl_to_base_own=own.kl,
         kl_to_base_own_tokens=own.tokens,
-        skipped_groups=skipped,
+        skipped_groups=len(skipped),
+        kl_budget=region.budget,
+        kl_to_start=reading.to_start.kl,
+        undone_steps=region.backoffs,
+        trust_stopped=region.stopped or UNSET,
         dropped_steps=dropped,
         ranks=ranks,
         ranks_weight_gap=weight_gap,
@@ -507,115 +508,8 @@ def _continue_optimizer(optimizer, path: Path, learning_rate: float) -> str:
     return f"optimizer: the parent's AdamW moments continued ({steps:.0f} steps behind them)"
 
 
-KL_GROUPS = 2  # groups the KL-to-base estimate reads: enough for a guard, a bounded cost
-
-
-@dataclass(frozen=True)
-class Drift:
-    """k3(policy ‖ base) per token, and the tokens it read."""
-
-    kl: float
-    tokens: int
-
-
-def _kl_to_base(model, head: Head, groups: list[Group], limit: int, device) -> Drift:
-    """The trained policy against the base model (the adapter off) on the sampled tokens of
-    up to `KL_GROUPS` groups: k3 per token weighted by policy / sampler (the tokens are
-    the sampler's, not the policy's: `maths.k3_of_sampled`), and the tokens read. A
-    continued checkpoint measures its whole lineage's drift, which is what a guard must
-    bound."""
-    total, weights, tokens = 0.0, 0.0, 0
-    with torch.no_grad():
-        for group in groups[:KL_GROUPS]:
-            for chunk in chunks(group, limit):
-                logp = sampled_logprobs(model, head, chunk, device)
-                with model.disable_adapter():
-                    ref = sampled_logprobs(model, head, chunk, device)
-                part, weight = k3_of_sampled(logp, ref, _old(chunk, device))
-                total, weights, tokens = total + part, weights + weight, tokens + logp.numel()
-    return Drift(total / weights if weights else 0.0, tokens)
-
-
-# Tokens the policy samples per prompt for `kl_to_base_own`.
-OWN_TOKENS = 32
-
-
-def _kl_on_own_samples(model, head: Head, groups: list[Group], device) -> Drift:
-    """k3(policy ‖ base) per token on answers the trained policy samples itself (one per
-    group's prompt, `OWN_TOKENS` tokens, temperature 1): the estimator
-    is unbiased only on the policy's own samples, and a candidate that learned a new
-    way to answer (a hedge the old sampler never wrote) moved most there.
-
-    The prompts are sampled together, left-padded (`generate` places each row's
-    positions by its mask), and the policy's logprobs are the logits `generate` sampled
-    from; the base scores every answer in one forward, right-padded (a causal model's
-    pads after a row change nothing before them), its head on the answers' rows only.
-    One prompt at a time, decoding and scoring with the policy again cost 4 prompts
-    ~11 s of a 16-group run's ~57 CPU s (docs/benchmarks.md, "A training run's
-    overhead")."""
-    prompts = [g.members[0].tokens[: g.members[0].first_loss] for g in groups]
-    if not prompts:
-        return Drift(0.0, 0)
-    pad = _pad_id(model.config)
-    pad = 0 if pad is None else pad
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=OWN_TOKENS,
-            pad_token_id=pad,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-        answers = [_until_end(row.tolist(), model.config) for row in out.sequences[:, width:]]
-        sampled = torch.stack(out.logits, 1).float().log_softmax(-1)  # [rows, steps, vocab]
-        rows = [p + a for p, a in zip(prompts, answers, strict=True)]
-        longest = max(len(r) for r in rows)
-        batch = torch.tensor([r + [pad] * (longest - len(r)) for r in rows], device=device)
-        with model.disable_adapter():
-            hidden = decoder_of(model)(input_ids=batch, use_cache=False).last_hidden_state
-            total, tokens = 0.0, 0
-            for i, (p, a) in enumerate(zip(prompts, answers, strict=True)):
-                if not a:
-                    continue
-                target = torch.tensor(a, device=device)
-                logp = sampled[i, : len(a)].gather(-1, target[:, None]).squeeze(-1)
-                ref = token_logprobs(hidden[i, len(p) - 1 : len(p) + len(a) - 1], head, target)
-                total += k3(logp, ref).sum().item()
-                tokens += len(a)
-    return Drift(total / max(tokens, 1), tokens)
-
-
-def _until_end(tokens: list[int], config) -> list[int]:
-    """A sampled row up to and including its first end-of-sequence id (`generate` pads a
-    finished row with one)."""
-    ends = _eos_ids(config)
-    for n, t in enumerate(tokens):
-        if t in ends:
-            return tokens[: n + 1]
-    return tokens
-
-
 def _quiet(_: str) -> None:
     pass
-
-
-def _eos_ids(config) -> list:
-    """The end-of-sequence ids: a family may list several; any of them ends a row."""
-    eos = config.eos_token_id
-    return list(eos) if isinstance(eos, list | tuple) else [eos]
-
-
-def _pad_id(config) -> int | None:
-    """`generate` pads finished rows with this: the first end-of-sequence id."""
-    return next(iter(_eos_ids(config)), None)
 
 
 @dataclass(frozen=True)
@@ -662,11 +556,8 @@ def _loss(
     members: list[Sequence],
     s: TrainSettings,
     device,
-    check: bool = False,
-    step: int = 0,
-) -> tuple[LossParts, Gap | None]:
-    """A chunk's loss and, when `check` (a group's first forward), its gap: measured only
-    then, since each measure costs two device syncs."""
+) -> LossParts:
+    """A chunk's loss."""
     adv = torch.tensor(
         [m.advantage for m in members for keep in m.loss_mask if keep], device=device
     )
@@ -675,10 +566,9 @@ def _loss(
     if s.kl_beta > 0:
         with torch.no_grad(), model.disable_adapter():
             ref = sampled_logprobs(model, head, members, device)
-    old = _old(members, device)
-    parts = policy_loss(
+    return policy_loss(
         logp,
-        old,
+        sampler_logprobs(members, device),
         adv,
         eps_low=s.eps_low,
         eps_high=s.eps_high,
@@ -687,16 +577,6 @@ def _loss(
         cispo_max_weight=s.cispo_max_weight,
         ref_logp=ref,
         beta=s.kl_beta,
-    )
-    return parts, _gap_of(logp, old, step) if check else None
-
-
-def _old(members: list[Sequence], device) -> torch.Tensor:
-    """The sampler's logprob of every loss token, in `sampled_logprobs`' order."""
-    return torch.tensor(
-        [lp for m in members for lp, keep in zip(m.old_logprobs, m.loss_mask, strict=True) if keep],
-        device=device,
-        dtype=torch.float32,
     )
 
 

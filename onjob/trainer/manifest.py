@@ -32,6 +32,10 @@ class Step(msgspec.Struct, kw_only=True, omit_defaults=True):
     reward_mean: float | None = None  # of the step's groups' members
     tokens: int | None = None
     tokens_per_s: float | None = None
+    # The trust region's probe after the step (trainer/trust.py), and a step it undid.
+    kl_to_base: float | None = None
+    kl_to_start: float | None = None
+    undone: bool | None = None
 
 
 class Dropped(msgspec.Struct, kw_only=True):
@@ -96,6 +100,12 @@ class Metrics(msgspec.Struct, kw_only=True):
     kl_to_base_own: float | UnsetType = UNSET
     kl_to_base_own_tokens: int | UnsetType = UNSET
     skipped_groups: int | UnsetType = UNSET
+    # The trust region (trainer/trust.py): its budget, the drift from the run's start on
+    # the probe, the steps undone, and why the run stopped early (absent: it did not).
+    kl_budget: float | UnsetType | None = UNSET
+    kl_to_start: float | UnsetType = UNSET
+    undone_steps: int | UnsetType = UNSET
+    trust_stopped: str | UnsetType = UNSET
     dropped_steps: list[Dropped] | UnsetType = UNSET
     ranks: int | UnsetType = UNSET
     ranks_weight_gap: float | UnsetType = UNSET  # the largest difference between ranks

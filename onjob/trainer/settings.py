@@ -67,6 +67,14 @@ class TrainSettings(BaseModel):
         "seen, is above this (nats): another model, tokenizer or template sampled it",
     )
     kl_beta: float = Field(0.0, ge=0, description="KL to the base model (k3); 0 = off")
+    kl_budget: float | None = Field(
+        None,
+        gt=0,
+        description="the run's trust region: KL per token (k3) to the base model and to the "
+        "run's starting policy that no step it keeps exceeds (a step past it is undone and "
+        "the learning rate halved; the third stops the run). None: half of "
+        "loop.max_kl_to_base where the server starts the run, else unbounded",
+    )
     kl_own_prompts: int = Field(
         4,
         ge=0,

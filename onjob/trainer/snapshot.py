@@ -118,6 +118,14 @@ def _members(store: Store, s: TrainSettings, live, held_out, scope: KeyScope) ->
     return sql, [s.min_spread, list(held_out), *keys, allowed, s.max_groups]
 
 
+class Ready(msgspec.Struct, frozen=True):
+    """The groups a snapshot would take now, and how long the oldest of them has waited
+    (None: no group)."""
+
+    groups: int
+    oldest_s: float | None
+
+
 def trainable(
     store: Store,
     s: TrainSettings,
@@ -125,16 +133,21 @@ def trainable(
     live: str | None = None,
     held_out: list[str] = (),
     scope: KeyScope = EVERY_KEY,
-) -> int:
-    """How many groups a snapshot would take now (none of the `held_out` scenarios, none
-    with traffic of a key outside `scope`)."""
+) -> Ready:
+    """What a snapshot would take now (none of the `held_out` scenarios, none with traffic
+    of a key outside `scope`)."""
     sql, params = _members(store, s, live, held_out, scope)
     row = (  # fetchall: a DuckDB relation has no fetchone
         store.cursor()
-        .sql(f"SELECT count(DISTINCT group_id) AS n FROM ({sql})", params=params)
+        .sql(
+            f"SELECT count(*), epoch(now()) - epoch(min(created)) FROM groups "
+            f"WHERE id IN (SELECT DISTINCT group_id FROM ({sql}))",
+            params=params,
+        )
         .fetchall()
     )
-    return row[0][0]
+    n, oldest = row[0]
+    return Ready(n, None if oldest is None else float(oldest))
 
 
 def export(

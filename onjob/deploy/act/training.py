@@ -43,6 +43,21 @@ def live_checkpoint(store, settings: DeploySettings, alias: str | None = None) -
     return deployments.arms_of(store, alias, settings.proxy.aliases.get(alias)).live
 
 
+# The trust region's share of the release's KL bound: a candidate within its budget on
+# the snapshot's tokens is within the bound on the guard's noisier figure too.
+KL_BUDGET_SHARE = 0.5
+
+
+def kl_budget(settings: DeploySettings) -> float | None:
+    """The run's KL budget: `trainer.kl_budget`, else half of `loop.max_kl_to_base` (None:
+    both unset, unbounded). A trainer that kept within the release's own bound would hand
+    it candidates that its guard's other figure stops."""
+    if settings.trainer.kl_budget is not None:
+        return settings.trainer.kl_budget
+    bound = settings.loop.max_kl_to_base
+    return None if bound is None else bound * KL_BUDGET_SHARE
+
+
 async def budget(db: Collector, settings: DeploySettings) -> budgets.Budget | None:
     """The trainer's budget today (None: no `trainer.max_minutes_per_day`). Checked before
     a run starts: a run in progress is never cut, so a day can end past its limit by
@@ -96,6 +111,7 @@ async def train(
     t, started = settings.trainer, time.monotonic()
     if t.runner == "local":
         t = t.model_copy(update={"threads": host.trainer_threads(t)})
+    t = t.model_copy(update={"kl_budget": kl_budget(settings)})
     name = f"ckpt-{time.strftime('%Y%m%d-%H%M%S')}-{new_id('')[:6]}"
     out, partial = t.checkpoints_dir / name, t.checkpoints_dir / f"{name}.partial"
     snap_path = t.checkpoints_dir / ".snapshots" / f"{name}.parquet"

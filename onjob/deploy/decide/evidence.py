@@ -117,6 +117,7 @@ class ArmService(msgspec.Struct, kw_only=True):
     conversations: int
     failed: int  # with a request the engine or onjob failed
     p50_ms: float | None  # the median conversation's median latency
+    turns: int = 0  # the requests those conversations made (a tool agent's: several each)
 
 
 class Service(Alarm, kw_only=True):

@@ -7,12 +7,17 @@ the log shows, so a user's task needs no `[loop]` overrides of its own.
                      scenarios (the calculator: 12 in 35 minutes, of which 10% held out
                      none) holds out 30% of its first 40; one that opens hundreds, 10%.
     min_new_groups   a run starts on what about ten minutes of traffic gives the judge:
-                     the groups scored in the last 10 minutes, at least 4, at most
-                     `trainer.max_groups`. Slow traffic trains on 4, as before; busy
-                     traffic on a run's worth, not a run per pass. The loop asks it per
-                     lineage, of the lineage's own keys' groups (`recent_groups`): a
-                     quiet tenant beside a busy one trains on its own pace; `Fitted`
-                     shows the whole server's.
+                     the trainable groups (a spread of rewards) scored in the last 10
+                     minutes, at least 4, at most `trainer.max_groups`. Slow traffic
+                     trains on 4; busy traffic on a run's worth, not a run per pass. The
+                     count it waits for can never chase itself: a run also starts once
+                     its oldest ready group has waited those ten minutes (`due`), with 4
+                     or more. A lineage's first run (cold start) waits for
+                     `COLD_START_GROUPS` only, whatever the window holds: a new user
+                     sees a candidate within minutes. The loop asks it per lineage, of
+                     the lineage's own keys' groups (`recent_groups`): a quiet tenant
+                     beside a busy one trains on its own pace; `Fitted` shows the whole
+                     server's.
     canary_fraction  a canary should see its `min_guard_conversations` within about five
                      minutes of the traffic's pace (conversations started in the last 10
                      minutes, halved): that share, between 10% and 50%. The guards decide
@@ -46,6 +51,7 @@ from . import holdout
 
 HOLDOUT_RANGE = (0.1, 0.3)
 MIN_GROUPS = 4
+COLD_START_GROUPS = 6  # a lineage's first run: a candidate within minutes of the traffic
 GROUPS_WINDOW_S = 600
 CANARY_RANGE = (0.1, 0.5)
 CANARY_S = 300  # the canary's guards fill in about this long
@@ -155,19 +161,34 @@ def fit(settings: DeploySettings, traffic: Traffic) -> Fitted:
     )
 
 
-def min_groups(settings: DeploySettings, recent_groups: int) -> int:
-    """`loop.min_new_groups`, else what `recent_groups` scored in the last ten minutes give,
-    between `MIN_GROUPS` and `trainer.max_groups`."""
+def min_groups(settings: DeploySettings, recent_groups: int, *, runs: int = 1) -> int:
+    """`loop.min_new_groups`, else `COLD_START_GROUPS` for a lineage's first run (`runs`
+    0), else what `recent_groups` scored in the last ten minutes give, between
+    `MIN_GROUPS` and `trainer.max_groups`."""
     if settings.loop.min_new_groups is not None:
         return settings.loop.min_new_groups
     most = max(MIN_GROUPS, settings.trainer.max_groups)
+    if runs == 0:
+        return min(most, COLD_START_GROUPS)
     return min(most, max(MIN_GROUPS, recent_groups))
 
 
-def recent_groups(store, scope: KeyScope) -> int:
-    """The turn and trajectory groups of `scope`'s keys scored in the last ten minutes (a
-    group is one key's): a lineage's own pace, so a quiet tenant beside a busy one trains
-    on what its own traffic gives, not on the busy one's threshold."""
+def due(settings: DeploySettings, ready: int, wanted: int, oldest_s: float | None) -> bool:
+    """Whether a run may start: `wanted` groups ready, or (the threshold fitted, not set)
+    `MIN_GROUPS` or more of which the oldest has waited `GROUPS_WINDOW_S`: a window's worth
+    of groups is what the fit asks for, so waiting longer would only chase its own count."""
+    if ready >= wanted:
+        return True
+    fitted = settings.loop.min_new_groups is None
+    return fitted and ready >= MIN_GROUPS and (oldest_s or 0.0) >= GROUPS_WINDOW_S
+
+
+def recent_groups(store, scope: KeyScope, min_spread: float = 0.0) -> int:
+    """The trainable turn and trajectory groups (their rewards spread more than
+    `min_spread`) of `scope`'s keys scored in the last ten minutes (a group is one key's):
+    a lineage's own pace, so a quiet tenant beside a busy one trains on what its own
+    traffic gives, not on the busy one's threshold; groups with no spread never train,
+    and counting them made a run wait for groups that could not come."""
     condition, params = scope.sql("e.api_key_id")
     return store.query(
         f"""
@@ -175,8 +196,18 @@ def recent_groups(store, scope: KeyScope) -> int:
         JOIN members m ON m.group_id = g.id JOIN exchanges e ON e.id = m.exchange_id
         WHERE g.status = 'scored' AND g.kind IN ('turn', 'trajectory')
           AND g.created > now() - INTERVAL {GROUPS_WINDOW_S} SECOND AND {condition}
+          AND g.id IN (SELECT group_id FROM scores WHERE source = 'combined'
+                       GROUP BY group_id HAVING max(score) - min(score) > ?)
         """,
-        params,
+        [*params, min_spread],
+    )[0]["n"]
+
+
+def runs_of(store, lineage: str) -> int:
+    """The training runs that wrote a checkpoint for `lineage` (0: its cold start)."""
+    return store.query(
+        "SELECT count(*) AS n FROM train_runs WHERE json_extract_string(config, '$.lineage') = ?",
+        [lineage],
     )[0]["n"]
 
 

@@ -61,7 +61,7 @@ def on_traffic(store, lineage: Lineage, since, settings: LoopSettings) -> list[G
 
 def _errors_and_latency(store, lineage: Lineage, since, settings: LoopSettings) -> Service:
     """Errors and latency per conversation on each arm since the canary began; no
-    promotion before each arm served `min_guard_conversations` conversations. Errors are
+    promotion before each arm served `min_guard_conversations` turns. Errors are
     the engine's and onjob's (a canary whose adapter fails counts), not the client's (400,
     401, 413) or a client hanging up (499).
 
@@ -72,7 +72,7 @@ def _errors_and_latency(store, lineage: Lineage, since, settings: LoopSettings) 
     mine, scope = lineage.scope.sql("api_key_id")
     rows = store.query(
         f"""
-        SELECT arm, trajectory_id,
+        SELECT arm, trajectory_id, count(*) AS turns,
                bool_or(status >= 400 AND status NOT IN (400, 401, 413, 499)) AS failed,
                median(latency_ms) FILTER (WHERE status < 400) AS latency_ms
         FROM exchanges
@@ -92,6 +92,7 @@ def _errors_and_latency(store, lineage: Lineage, since, settings: LoopSettings) 
             conversations=len(convs),
             failed=sum(bool(c["failed"]) for c in convs),
             p50_ms=times[len(times) // 2] if times else None,
+            turns=sum(c["turns"] for c in convs),
         )
     out = Service(live=seen["live"], canary=seen["canary"])
     live, canary = out.live, out.canary
@@ -123,10 +124,15 @@ def _errors_and_latency(store, lineage: Lineage, since, settings: LoopSettings) 
             out.tripped = f"latency guard: {said}"
         elif latency == "hold" and not out.holding:
             out.holding = f"the latency guard holds: {said}"
+    # The floor counts turns served: each turn of a tool agent's conversation is a request a
+    # user waited on, failed or not, and is checked as one. Counted in conversations, an
+    # agent of 1.5 conversations a minute (2-4 turns each) waited 27 minutes at a 50%
+    # canary for the guards alone; the tests above keep their alpha either way.
     need = settings.min_guard_conversations
-    if not out.holding and min(live.conversations, canary.conversations) < need:
+    if not out.holding and min(live.turns, canary.turns) < need:
         out.holding = (
-            f"the guards need {need} conversations per arm (live {live.conversations}, "
-            f"canary {canary.conversations})"
+            f"the guards need {need} turns served per arm (live {live.turns} in "
+            f"{live.conversations} conversations, canary {canary.turns} in "
+            f"{canary.conversations})"
         )
     return out

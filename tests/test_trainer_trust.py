@@ -1,0 +1,104 @@
+"""The trust region a run keeps (trainer/trust.py): a learning rate that would overshoot
+is backed off and the run stays within its KL budget, on the very figures the release's
+KL guard reads; a lineage past its budget trains no further; unbounded, nothing is
+undone. A tiny model with the real tokenizer, real peft, a real Parquet snapshot."""
+
+from __future__ import annotations
+
+import pytest
+
+from onjob.collector import Store
+from onjob.deploy.act.training import kl_budget
+from onjob.deploy.decide import trust as guard
+from onjob.deploy.settings import DeploySettings, LoopSettings
+from onjob.trainer import NothingToTrain, TrainSettings
+from onjob.trainer.loop import train
+from onjob.trainer.records import record_run
+from tests.test_trainer_rules import group_of, write
+
+
+@pytest.fixture(scope="module")
+def base(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+
+
+# A rate at which one step moves the tiny model nats per token from where it started.
+OVERSHOOT = 0.01
+
+
+def settings(tiny_model_dir, **kw) -> TrainSettings:
+    given = {"lora_rank": 8, "groups_per_step": 1, "learning_rate": OVERSHOOT, "kl_own_prompts": 2}
+    return TrainSettings(base_model=tiny_model_dir, **(given | kw))
+
+
+def test_a_rate_that_would_overshoot_is_backed_off_and_the_run_stays_within_budget(
+    tmp_path, tiny_model_dir, base
+):
+    snap = write(tmp_path / "s.parquet", {g: group_of(base) for g in "abcdef"})
+    free = train(snap, tmp_path / "free", settings(tiny_model_dir), progress=False,
+                 echo=lambda _: None)  # fmt: skip
+    budget = 0.15
+    # Unbounded, the same run goes far past the budget: the region is what holds it.
+    assert max(free.metrics.kl_to_base, free.metrics.kl_to_base_own) > 2 * budget
+    assert free.metrics.undone_steps == 0 and free.metrics.kl_budget is None
+
+    lines = []
+    held = train(snap, tmp_path / "held", settings(tiny_model_dir, kl_budget=budget),
+                 progress=False, echo=lines.append)  # fmt: skip
+    m = held.metrics
+    assert m.kl_budget == budget
+    assert m.kl_to_base <= budget and m.kl_to_base_own <= budget and m.kl_to_start <= budget
+    assert m.undone_steps >= 1
+    assert any("past its KL budget" in line and "undone" in line for line in lines), lines
+    undone = [h for h in held.history if h.undone]
+    assert undone and all(h.kl_to_base > budget or h.kl_to_start > budget for h in undone[:1])
+    # Each back-off halves the rate of the steps after it.
+    first = undone[0].step
+    after = [h.lr for h in held.history if h.step > first]
+    assert after and all(lr <= OVERSHOOT / 2 + 1e-12 for lr in after)
+    assert m.steps == sum(not h.undone for h in held.history)
+
+    # The release's guard, at the bound the budget is half of, passes what was written.
+    store = Store(tmp_path / "onjob.duckdb")
+    record_run(store, "run-1", held, tmp_path / "held", None)
+    verdict = guard.kl_guard(store, held.name, LoopSettings(max_kl_to_base=2 * budget))
+    store.close()
+    assert verdict.tripped is None, verdict
+
+
+def test_three_steps_past_the_budget_stop_the_run_and_none_within_it_writes_nothing(
+    tmp_path, tiny_model_dir, base
+):
+    """PPO's target-KL rule: the third step past the budget ends the run. Here even the
+    first step, at an eighth of the rate, is past it, so no weights but the start's are
+    within it: the run says so and writes nothing (the loop records the groups as used,
+    as for any run with nothing to train)."""
+    snap = write(tmp_path / "s.parquet", {g: group_of(base) for g in "abcdefgh"})
+    lines = []
+    with pytest.raises(NothingToTrain, match="no step of the run stayed within its KL budget"):
+        train(snap, tmp_path / "ckpt", settings(tiny_model_dir, kl_budget=1e-6),
+              progress=False, echo=lines.append)  # fmt: skip
+    undone = [line for line in lines if "past its KL budget" in line]
+    assert len(undone) == 3, lines
+    assert "learning rate halved (x0.5)" in undone[0] and "(x0.25)" in undone[1]
+    assert "stopped after 3 steps past the KL budget" in undone[2]
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_a_lineage_already_past_its_budget_trains_no_further(tmp_path, tiny_model_dir, base):
+    snap = write(tmp_path / "s.parquet", {g: group_of(base) for g in "abcd"})
+    train(snap, tmp_path / "one", settings(tiny_model_dir, kl_own_prompts=0), progress=False,
+          echo=lambda _: None)  # fmt: skip
+    with pytest.raises(NothingToTrain, match="this lineage has used its budget"):
+        train(snap, tmp_path / "two", settings(tiny_model_dir, kl_budget=1e-3), progress=False,
+              parent=tmp_path / "one", echo=lambda _: None)  # fmt: skip
+    assert not (tmp_path / "two").exists()
+
+
+def test_the_budget_is_half_the_release_bound_unless_set():
+    assert kl_budget(DeploySettings()) == 0.25  # production's bound, 0.5
+    assert kl_budget(DeploySettings(loop=LoopSettings(max_kl_to_base=1.0))) == 0.5
+    assert kl_budget(DeploySettings(loop=LoopSettings(max_kl_to_base=None))) is None
+    assert kl_budget(DeploySettings(trainer=TrainSettings(kl_budget=0.1))) == 0.1
