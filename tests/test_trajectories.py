@@ -6,7 +6,14 @@ import json
 import random
 
 from onjob.collector import Stitcher
-from onjob.collector.trajectories import DERIVED, EXPLICIT, canonical, chain, scenario_id
+from onjob.collector.trajectories import (
+    DERIVED,
+    EXPLICIT,
+    Placement,
+    canonical,
+    chain,
+    scenario_id,
+)
 
 SYSTEM = {"role": "system", "content": "You are a travel agent."}
 ASK = {"role": "user", "content": "Book me a flight to Paris."}
@@ -89,6 +96,63 @@ def test_any_of_n_choices_can_be_continued():
     s.record_replies(a, [reply("one"), reply("two")])
     b = s.place([ASK, reply("two"), {"role": "user", "content": "ok"}])
     assert (b.trajectory_id, b.turn) == (a.trajectory_id, 1)
+
+
+def call(call_id: str, city: str) -> dict:
+    arguments = json.dumps({"city": city})
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": "weather", "arguments": arguments},
+    }
+
+
+def result(call_id: str) -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": "sunny"}
+
+
+CHECKING = reply("Checking.", [call("c1", "Rome"), call("c2", "Paris")])
+
+
+def answered() -> tuple[Stitcher, Placement]:
+    """A first turn answered with text and two calls."""
+    s = Stitcher()
+    first = s.place([ASK])
+    s.record_replies(first, [CHECKING])
+    return s, first
+
+
+def test_some_of_a_replys_calls_handed_back_without_its_text_continue_it():
+    # A Responses client hands back the `function_call` items it ran, often not the text
+    # nor the other calls; a chat client's whole message is the same continuation.
+    for kept in (
+        [CHECKING],
+        [reply(calls=[call("c1", "Rome")])],
+        [reply(calls=[call("c2", "Paris")])],
+        [reply(calls=[call("c1", "Rome"), call("c2", "Paris")])],
+        [reply("Checking.", [call("c1", "Rome")])],
+        # each call handed back with its result, one after the other
+        [reply(calls=[call("c1", "Rome")]), result("c1"), reply(calls=[call("c2", "Paris")])],
+    ):
+        s, first = answered()
+        placed = s.place([ASK, *kept, result(kept[-1]["tool_calls"][-1]["id"])])
+        assert (placed.trajectory_id, placed.turn) == (first.trajectory_id, 1), kept
+    # A second turn after the first went on: a fork, as in chat.
+    s, first = answered()
+    s.place([ASK, CHECKING, result("c1"), result("c2")])
+    fork = s.place([ASK, reply(calls=[call("c2", "Paris")]), result("c2")])
+    assert fork.trajectory_id != first.trajectory_id and fork.turn == 0
+
+
+def test_a_call_handed_back_changed_or_after_another_history_continues_nothing():
+    s, first = answered()
+    for messages in (
+        [ASK, reply(calls=[call("c1", "Milan")]), result("c1")],  # its arguments edited
+        [ASK, reply(calls=[call("c9", "Rome")]), result("c9")],  # another call's id
+        [SYSTEM, ASK, reply(calls=[call("c1", "Rome")]), result("c1")],  # another history
+    ):
+        placed = s.place(messages)
+        assert placed.trajectory_id != first.trajectory_id and placed.turn == 0, messages
 
 
 def test_explicit_trajectory_and_scenario_win():

@@ -1,13 +1,16 @@
 """Stitching exchanges into trajectories, and keying their scenarios.
 
 A request continues a trajectory when its messages start with an earlier request's
-messages plus the reply it got; messages are hashed as a chain. The proxy computes each
-request's `Keys` (`keys()`) and its replies' hashes (`continuations()`), which travel in
-the spool line, so any number of proxy processes can serve one conversation; the one
-loader places the lines in arrival order (`Stitcher.place_keys`). An edited history, a
-retry or a fork starts a new trajectory: a trajectory is one linear conversation. Tenants
-stay apart: trajectories and scenarios are one API key's (`scoped()`, `scenario_id()`).
-docs/collector.md, "Trajectories and scenarios", says more.
+messages plus the reply it got, or plus some of that reply's tool calls (`alone()`: a
+client hands back the calls it ran, the engine's call ids with them, and may leave the
+others and the text out, as a Responses client picking `function_call` items does);
+messages are hashed as a chain. The proxy computes each request's `Keys` (`keys()`) and
+its replies' hashes (`continuations()`), which travel in the spool line, so any number
+of proxy processes can serve one conversation; the one loader places the lines in
+arrival order (`Stitcher.place_keys`). An edited history, a retry or a fork starts a new
+trajectory: a trajectory is one linear conversation. Tenants stay apart: trajectories
+and scenarios are one API key's (`scoped()`, `scenario_id()`). docs/collector.md,
+"Trajectories and scenarios", says more.
 """
 
 from __future__ import annotations
@@ -130,11 +133,33 @@ def scenario_id(key: str, keyed: str, tenant: str | None = None) -> str:
 MAX_CANDIDATES = 8  # assistant messages, from the latest, a request may continue from
 
 
+def alone(call: dict) -> dict:
+    """A tool call as the assistant message holding it alone, with no text: how a reply
+    is keyed for a client that hands back only some of its calls, or the calls without
+    the reply's text. A Responses client sends an answer back as separate output items
+    and often keeps only the `function_call`s it ran (`[o for o in r.output if o.type ==
+    "function_call"][0]`), where a chat client echoes the whole message. The call's id is
+    the engine's, drawn for that answer, so the call still names the reply it came from."""
+    return {"role": "assistant", "tool_calls": [call]}
+
+
+def _alone_key(prefix_hash: str, message: dict, whole: str) -> str | None:
+    """The key of `message`'s first tool call alone after `prefix_hash`, when it has calls
+    and that is not the message's own hash (a reply of one call and no text)."""
+    calls = message.get("tool_calls")
+    if not calls or not isinstance(calls, list):
+        return None
+    h = extend(prefix_hash, alone(calls[0]))
+    return None if h == whole else h
+
+
 @dataclass(frozen=True)
 class Keys:
     """What the proxy computes of a request for stitching (in the spool line)."""
 
-    candidates: list[str]  # chain hashes ending at an assistant message, latest first
+    # Per assistant message, latest first: the chain hash ending at it, then (when it
+    # holds tool calls) the one ending at its first call `alone()`.
+    candidates: list[str]
     prefix_hash: str  # chain hash of all the messages ("" for none)
     opening: str  # chain hash up to the first assistant message: the conversation's
     scenario_key: str
@@ -143,11 +168,19 @@ class Keys:
 
 def keys(messages: list[dict], scenario: str | None = None) -> Keys:
     hashes = chain(messages)
-    candidates = [
-        hashes[k - 1]
-        for k in range(len(messages) - 1, 0, -1)
-        if messages[k - 1].get("role") == "assistant"
-    ][:MAX_CANDIDATES]
+    candidates: list[str] = []
+    seen = 0
+    for j in range(len(messages) - 2, -1, -1):  # a last assistant message is no reply yet
+        message = messages[j]
+        if message.get("role") != "assistant":
+            continue
+        candidates.append(hashes[j])
+        loose = _alone_key(hashes[j - 1] if j else "", message, hashes[j])
+        if loose is not None:
+            candidates.append(loose)
+        seen += 1
+        if seen == MAX_CANDIDATES:
+            break
     first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
     if not hashes:
         opening = ""
@@ -161,8 +194,17 @@ def keys(messages: list[dict], scenario: str | None = None) -> Keys:
 
 
 def continuations(prefix_hash: str, replies: list[dict]) -> list[str]:
-    """The hashes a next turn continuing each reply will carry among its candidates."""
-    return [extend(prefix_hash, reply) for reply in replies]
+    """The hashes a next turn continuing each reply will carry among its candidates: each
+    reply's own (first, in the replies' order: `[0]` is the first choice's), then each of
+    its tool calls `alone()`."""
+    whole = [extend(prefix_hash, reply) for reply in replies]
+    loose = [
+        h
+        for reply in replies
+        for call in reply.get("tool_calls") or ()
+        if (h := extend(prefix_hash, alone(call))) not in whole
+    ]
+    return whole + loose
 
 
 @dataclass
