@@ -249,7 +249,8 @@ def _text(parts: Any, param: str) -> str:
 def _messages(items: list[Item]) -> list[dict]:
     """Items as chat messages: an assistant message and the function calls after it are
     one assistant message (as the chat API answered them), so a client sending the whole
-    history back continues its trajectory."""
+    history back continues its trajectory, as does one handing back only the calls it ran
+    (`collector.trajectories.alone`; docs/proxy.md, "How turns are stitched")."""
     out: list[dict] = []
     for item in items:
         if isinstance(item, MessageItem):
