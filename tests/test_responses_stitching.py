@@ -140,6 +140,12 @@ class Agent:
             return [(c["id"], c["function"]["name"]) for c in self.last[0].get("tool_calls", ())]
         return [(i.call_id, i.name) for i in self.last if i.type == "function_call"]
 
+    def said(self) -> str:
+        """The last answer's text."""
+        if self.api == "chat":
+            return self.last[0].get("content") or ""
+        return "".join(p.text for i in self.last if i.type == "message" for p in i.content)
+
     def echo(self, *, first_call: bool = False) -> None:
         """The last answer into the history: chat's message whole; Responses' output items,
         or (`first_call`) its first `function_call` alone, as the issue's client does."""
@@ -178,6 +184,8 @@ def the_issues_loop(agent: Agent, tool_choice: str = "required") -> list[Agent]:
     agent.say(QUESTION)
     agent.ask(tool_choice)
     assert len(agent.calls()) == 2, "the taught model makes two calls"
+    if tool_choice == "auto":
+        assert agent.said(), "and says something first, which the loop leaves out"
     agent.echo(first_call=True)
     agent.results('{"celsius": 24}', first_call=True)
     agent.ask()
