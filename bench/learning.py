@@ -73,6 +73,8 @@ def summary(runs: list[dict]) -> dict:
         "rollbacks": sum(r["rollbacks"] for r in runs),
         "stopped_on_held_out": sum(r["stopped"] for r in runs),
         "no_decision": sum(r.get("no_decision", False) for r in runs),
+        "kl_guard_stops": sum(r.get("kl_guard_stops", 0) for r in runs),
+        "first_run_started_s": [(r.get("training") or {}).get("first_run_started_s") for r in runs],
         "wall_s": [round(r["wall_s"]) for r in runs],
     }
 
@@ -165,7 +167,8 @@ def line(task: str, s: dict) -> str:
         f"{s['promotions_worse']} to a checkpoint worse on held-out questions "
         f"({s['promotions_significantly_worse']} beyond the 95% interval), {s['rollbacks']} "
         f"rollbacks, {s['stopped_on_held_out']} stopped before serving anyone, "
-        f"{s['no_decision']} runs without a decision"
+        f"{s['no_decision']} runs without a decision, {s['kl_guard_stops']} stopped by the KL "
+        f"guard; first run started {s['first_run_started_s']} s after the first request"
     )
 
 

@@ -1,12 +1,13 @@
-"""The loop every tool-using example agent runs (examples/calculator, examples/lookup): one
-conversation through the official `openai` client, the tool calls the model makes run for
-real and their results sent back, until the model answers (at most `max_turns` turns).
-The first turn forces one call (`tool_choice: "required"`, `parallel_tool_calls: false`):
-a small model left to choose never calls. Only `base_url` points at onjob; onjob stitches
-the turns into one trajectory by their shared messages.
+"""The loop every tool-using example agent runs (examples/calculator, examples/lookup,
+examples/weather): one conversation through the official `openai` client, the tool calls
+the model makes run for real and their results sent back, until the model answers (at
+most `max_turns` turns). The first turn forces one call (`tool_choice: "required"`,
+`parallel_tool_calls: false`): a small model left to choose never calls. Only `base_url`
+points at onjob; onjob stitches the turns into one trajectory by their shared messages.
 
 A task module gives `messages(q)`, `TOOLS`, `right_call(q, call)`, `correct(q, answer)`
-and `training_questions(n, seed)`; `tool(arguments)` runs its tool.
+and `training_questions(n, seed)`; `tool(arguments)` runs its tool, or, for a task with
+several tools, `tool` maps each tool's name to what runs it.
 """
 
 from __future__ import annotations
@@ -23,16 +24,19 @@ def solve(
     model: str,
     q: str,
     task,
-    tool: Callable[[str], str],
+    tool: Callable[[str], str] | dict[str, Callable[[str], str]],
     max_turns: int = 3,
     temperature: float = 1.0,
+    forced_turns: int = 1,
 ):
     """One conversation; returns (final answer or None, turns taken, tool calls made,
-    whether the first call was the right one, `task.right_call`)."""
+    whether the first call was the right one, `task.right_call`). `forced_turns`: the
+    first turns that must call (one by default; a two-tool chain forces two)."""
     messages = task.messages(q)
     calls, right_first = 0, False
     for turn in range(1, max_turns + 1):
-        forced = {"tool_choice": "required", "parallel_tool_calls": False} if turn == 1 else {}
+        must = turn <= forced_turns
+        forced = {"tool_choice": "required", "parallel_tool_calls": False} if must else {}
         reply = client.chat.completions.create(
             model=model,
             messages=messages,
@@ -49,13 +53,21 @@ def solve(
             right_first = task.right_call(q, message.tool_calls[0].model_dump())
         for call in message.tool_calls:
             calls += 1
-            messages.append(
-                {"role": "tool", "tool_call_id": call.id, "content": tool(call.function.arguments)}
-            )
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": run(tool, call)})
     return None, max_turns, calls, right_first
 
 
-def main(doc: str, task, solve_one) -> None:
+def run(tool: Callable[[str], str] | dict[str, Callable[[str], str]], call) -> str:
+    """A call's result: `tool` run on its arguments, or the tool of its name among
+    several (an unknown name answered with an error, as a real agent would)."""
+    if not isinstance(tool, dict):
+        return tool(call.function.arguments)
+    if call.function.name not in tool:
+        return f"error: no tool named {call.function.name!r}; the tools are {', '.join(tool)}"
+    return tool[call.function.name](call.function.arguments)
+
+
+def main(doc: str, task, solve_one, max_turns: int = 3) -> None:
     """An agent's command line: `--questions` conversations of the training split through
     `--base-url`, progress every 5."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
@@ -64,7 +76,7 @@ def main(doc: str, task, solve_one) -> None:
     parser.add_argument("--questions", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--max-turns", type=int, default=3)
+    parser.add_argument("--max-turns", type=int, default=max_turns)
     args = parser.parse_args()
     client = OpenAI(base_url=args.base_url, api_key="unused")
     questions = task.training_questions(args.questions, args.seed)

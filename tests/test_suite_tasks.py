@@ -1,20 +1,39 @@
 """The learning suite's tasks (issue 45 item 4: examples/antonyms, capitals, plurals and
-lookup): each split is fixed and disjoint, the agent asks training questions only, and
-each reward and referee score hand-made rollouts as their docstrings say, the referee
-passing the reward's top grade alone. No engine."""
+lookup; then languages, extract, sentiment and weather): each split is fixed and
+disjoint, the agent asks training questions only, and each reward and referee score
+hand-made rollouts as their docstrings say, the referee passing the reward's top grade
+alone. No engine."""
 
 from __future__ import annotations
 
-import pytest
+import json
+from types import SimpleNamespace
 
+import pytest
+from openai.types.chat import ChatCompletionMessage, ChatCompletionMessageToolCall
+
+from examples import tool_agent
 from examples.antonyms import task as antonyms
 from examples.arithmetic.demo import EXAMPLES, Options, example_of
 from examples.capitals import task as capitals
+from examples.extract import task as extract
+from examples.languages import task as languages
 from examples.lookup import task as lookup
 from examples.plurals import task as plurals
+from examples.sentiment import task as sentiment
+from examples.weather import task as weather
 from onjob.judge import Rollout
 
-SUITE = ("antonyms", "capitals", "plurals", "lookup")
+SUITE = (
+    "antonyms",
+    "capitals",
+    "plurals",
+    "lookup",
+    "languages",
+    "extract",
+    "sentiment",
+    "weather",
+)
 
 
 def answered(task, q: str, answer: str) -> Rollout:
@@ -46,9 +65,32 @@ def test_the_split_is_the_one_in_the_docstrings():
     assert (len(capitals.HELDOUT), len(capitals.TRAIN)) == (30, 80)
     assert (len(plurals.HELDOUT), len(plurals.TRAIN)) == (30, 70)
     assert (len(lookup.HELDOUT), len(lookup.TRAIN)) == (30, 90)
+    assert (len(languages.HELDOUT), len(languages.TRAIN)) == (30, 81)
+    assert (len(extract.HELDOUT), len(extract.TRAIN)) == (30, 90)
+    assert (len(sentiment.HELDOUT), len(sentiment.TRAIN)) == (30, 90)
+    assert (len(weather.HELDOUT), len(weather.TRAIN)) == (30, 90)
     # Seeded: every import draws the same split.
     assert antonyms.HELDOUT[0] == 'What is the opposite of "import"?'
     assert lookup.HELDOUT[0] == "How many units of item 1017 are in stock?"
+    assert languages.HELDOUT[0] == "What language is spoken in Mozambique?"
+    assert extract.HELDOUT[0] == (
+        'Message: "Clara Keller called on May 21 about order 90161, which is stuck in '
+        'Bergen."\nWhat is the order number in this message?'
+    )
+    assert sentiment.HELDOUT[0] == (
+        'Review: "The backpack broke after two days. Do not buy it."\n'
+        "Is this review positive, negative or neutral? Answer with one word."
+    )
+    assert weather.HELDOUT[0] == "What is the temperature today in the town of Coldton?"
+    # The made-up tables are drawn the same way each time, and asked evenly.
+    assert [extract.FIELDS[q]["asked"] for q in list(extract.FIELDS)[:4]] == [
+        "order",
+        "name",
+        "city",
+        "date",
+    ]
+    assert sorted(sentiment.REVIEWS.values()) == sorted([*sentiment.LABELS] * 40)
+    assert len({city_id for city_id, _, _ in weather.TOWNS.values()}) == len(weather.TOWNS)
 
 
 def test_antonyms_give_partial_credit_and_the_referee_passes_the_word_alone():
@@ -176,3 +218,246 @@ def test_the_lookup_example_asks_each_question_several_times_in_a_row():
     assert len(asked) == 2 * ASKED and len(set(asked)) < len(asked)
     assert all(asked[i] == asked[i - i % ASKED] for i in range(len(asked)))
     assert lookup.TOOLS[0]["function"]["name"] == "lookup"
+
+
+def test_languages_give_partial_credit_to_rambling_and_the_referee_passes_it_said_plainly():
+    q = "What language is spoken in Brazil?"
+    grades = {
+        "Portuguese": 1.0,
+        "Portuguese.": 1.0,
+        "**portuguese**": 1.0,
+        "The official language of Brazil is Portuguese.": 1.0,
+        "In Brazil, people speak Portuguese.": 1.0,
+        # Rambling: past the word limit, a second sentence, or prose cut at max_tokens.
+        "In Brazil, the official language is Portuguese, which is the most widely spoken "
+        "native language.": 0.5,
+        "Portuguese. It is also spoken in Angola.": 0.5,
+        "Brazil speaks Portuguese, a language that came over from Portugal in the sixteenth "
+        "century and": 0.5,
+        # A list of candidates names another language.
+        "Spanish and Portuguese": 0.5,
+        "Spanish": 0.0,
+        "Brazilian.": 0.0,
+        "": 0.0,
+    }
+    for answer, grade in grades.items():
+        rollout = answered(languages, q, answer)
+        assert languages.reward(rollout) == grade, answer
+        assert languages.referee(rollout) == (grade == 1.0), answer
+    # Any accepted language, and several when each is accepted.
+    assert languages.exact("What language is spoken in Canada?", "English and French.")
+    assert languages.exact("What language is spoken in Iran?", "Farsi")
+    assert languages.grade("What language is spoken in Iran?", "Arabic") == 0.0
+    assert languages.MAX_TOKENS < 32  # short enough that rambling is cut
+    assert languages.messages(q)[-1]["content"].startswith(q)
+
+
+def test_extract_gives_partial_credit_and_the_referee_passes_the_field_alone():
+    q = extract.HELDOUT[0]
+    fields = extract.FIELDS[q]
+    assert fields["asked"] == "order" and extract.field(q) == fields["order"] == "90161"
+    name, city, date = fields["name"], fields["city"], fields["date"]
+    grades = {
+        "90161": 1.0,
+        "90161.": 1.0,
+        '"90161"': 1.0,
+        "#90161": 1.0,
+        "The order number is 90161.": 1.0,
+        "The order number in this message is 90161.": 1.0,
+        "Order 90161": 0.5,
+        "The order number is 90161, which is stuck.": 0.5,
+        "It is the order number 90161.": 0.5,
+        # Another field named besides: an echo of the message scores nothing.
+        f"The order number is 90161, placed by {name}.": 0.0,
+        f"Order 90161 is stuck in {city} since {date}.": 0.0,
+        q.split('"')[1]: 0.0,
+        "901610": 0.0,
+        "9016": 0.0,
+        "": 0.0,
+    }
+    for answer, grade in grades.items():
+        rollout = answered(extract, q, answer)
+        assert extract.reward(rollout) == grade, answer
+        assert extract.referee(rollout) == (grade == 1.0), answer
+    who = next(q for q in extract.TRAIN if extract.FIELDS[q]["asked"] == "name")
+    whole = extract.field(who)
+    assert extract.exact(who, whole) and extract.exact(who, f"The customer's name is {whole}.")
+    assert extract.grade(who, whole.split()[0]) == 0.0  # half a name
+    when = next(q for q in extract.TRAIN if extract.FIELDS[q]["asked"] == "date")
+    assert extract.exact(when, extract.field(when) + "th")  # "March 14th"
+    assert extract.exact(when, f"The date is {extract.field(when)}.")
+    assert not extract.exact(when, f"The order number is {extract.field(when)}.")
+    assert extract.messages(q)[0]["role"] == "system"
+
+
+def test_sentiment_gives_partial_credit_and_the_referee_passes_the_label_alone():
+    q = sentiment.HELDOUT[0]
+    assert sentiment.label(q) == "negative"
+    grades = {
+        "negative": 1.0,
+        "Negative.": 1.0,
+        '"negative"': 1.0,
+        "This review is negative.": 0.5,
+        "Negative. The backpack broke.": 0.5,
+        "Negative, not positive.": 0.0,  # a hedge between two labels
+        "It is mostly positive, partly negative.": 0.0,
+        "positive": 0.0,
+        "neutral": 0.0,
+        "bad": 0.0,
+        "": 0.0,
+    }
+    for answer, grade in grades.items():
+        rollout = answered(sentiment, q, answer)
+        assert sentiment.reward(rollout) == grade, answer
+        assert sentiment.referee(rollout) == (grade == 1.0), answer
+    assert sentiment.messages(q) == [{"role": "user", "content": q}]
+    assert q.endswith("Answer with one word.")
+    for q, label in sentiment.REVIEWS.items():  # each review is its label's sentences
+        text = q.split('"')[1]
+        ends = [k for k, (_, general) in sentiment.SENTENCES.items() if text.endswith(general)]
+        assert ends == [label], q
+
+
+def _call(name: str, arguments: dict, call_id: str = "c1") -> dict:
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
+
+
+def test_the_weather_reward_scores_each_step_on_the_step_it_takes():
+    q = weather.HELDOUT[0]
+    town = weather.town_of(q)
+    city_id, degrees, _ = weather.TOWNS[town]
+    asked = weather.messages(q)
+    find = _call("find_city", {"name": town})
+    find_lower = _call("find_city", {"name": town.lower()})
+    find_wrong = _call("find_city", {"name": "Springfield"})
+    cast = _call("forecast", {"city_id": city_id})
+    cast_text = _call("forecast", {"city_id": str(city_id)})
+    cast_wrong = _call("forecast", {"city_id": 12})
+    other = _call("lookup", {"name": town})
+
+    def reward(prompt: list[dict], message: dict, kind: str = "turn") -> float:
+        return weather.reward(Rollout("m", [*prompt, {"role": "assistant", **message}], kind))
+
+    def calls(*made: dict) -> dict:
+        return {"content": None, "tool_calls": list(made)}
+
+    # The first step: find_city with the town (any case); forecast with its id is right too.
+    assert reward(asked, calls(find)) == 1.0
+    assert reward(asked, calls(find_lower)) == 1.0
+    assert reward(asked, calls(cast)) == reward(asked, calls(cast_text)) == 1.0
+    assert reward(asked, calls(find_wrong)) == 0.0
+    assert reward(asked, calls(cast_wrong)) == 0.0
+    assert reward(asked, calls(other)) == 0.0
+    assert reward(asked, calls(find, find_wrong)) == 0.5
+    assert reward(asked, {"content": f"It is {degrees} degrees."}) == 1.0  # a lucky guess
+    assert reward(asked, {"content": "It is sunny."}) == 0.0
+    # The second: once the id is known, forecast with it; find_city again is no progress.
+    found = weather.find_city(find["function"]["arguments"])
+    assert found.startswith(f"{town}: city id {city_id}.")
+    known_id = [
+        *asked,
+        {"role": "assistant", "content": None, "tool_calls": [find]},
+        {"role": "tool", "tool_call_id": "c1", "content": found},
+    ]
+    assert reward(known_id, calls(cast)) == 1.0
+    assert reward(known_id, calls(find)) == 0.0
+    assert reward(known_id, calls(cast_wrong)) == 0.0
+    assert reward(known_id, calls(cast, find)) == 0.5
+    # The third: once the weather is known, an answer with the temperature; any call, 0.
+    weather_now = weather.forecast(cast["function"]["arguments"])
+    assert weather_now.startswith(f"City {city_id} ({town}): {degrees} degrees Celsius, ")
+    known = [
+        *known_id,
+        {"role": "assistant", "content": None, "tool_calls": [cast]},
+        {"role": "tool", "tool_call_id": "c1", "content": weather_now},
+    ]
+    assert reward(known, calls(cast)) == 0.0
+    assert reward(known, {"content": f"It is {degrees} degrees Celsius in {town}."}) == 1.0
+    assert reward(known, {"content": f"{degrees}"}, kind="trajectory") == 1.0
+    assert reward(known, {"content": f"It is 1{degrees} degrees."}) == 0.0
+    assert reward(known, {"content": f"It is {degrees}5 degrees."}) == 0.0
+    assert reward(known, {"content": f"City {city_id}."}) == 0.0
+    # A whole conversation that ends on a call was never answered.
+    assert reward(known_id, calls(cast), kind="trajectory") == 0.0
+    assert weather.referee(Rollout("m", [*asked, {"role": "assistant", **calls(find)}]))
+    assert not weather.referee(Rollout("m", [*asked, {"role": "assistant", **calls(cast_wrong)}]))
+    assert weather.right_call(q, find) and not weather.right_call(q, find, id_known=True)
+    # The tools answer errors as text, as a real tool would.
+    assert weather.find_city('{"name": "Springfield"}') == "error: no town named 'Springfield'"
+    assert weather.forecast('{"city_id": 12}') == "error: no city with id 12"
+    for bad in ("not json", "[1]", '{"town": 1}'):
+        assert weather.find_city(bad).startswith("error:"), bad
+    for bad in ("not json", '{"city_id": "x"}', '{"id": 1}'):
+        assert weather.forecast(bad).startswith("error:"), bad
+    assert [t["function"]["name"] for t in weather.TOOLS] == ["find_city", "forecast"]
+
+
+class ScriptedClient:
+    """An `openai` client whose model answers from a script, one message per request,
+    keeping each request's arguments."""
+
+    def __init__(self, script: list[ChatCompletionMessage]):
+        self.script, self.requests = list(script), []
+        self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
+
+    def create(self, **request):
+        self.requests.append(request)
+        return SimpleNamespace(choices=[SimpleNamespace(message=self.script.pop(0))])
+
+
+def _said(content: str | None = None, *made: dict) -> ChatCompletionMessage:
+    tool_calls = [ChatCompletionMessageToolCall(**call) for call in made] or None
+    return ChatCompletionMessage(role="assistant", content=content, tool_calls=tool_calls)
+
+
+def test_the_weather_agent_runs_both_tools_by_name_and_forces_its_first_two_turns():
+    from examples.weather.agent import FORCED_TURNS, solve
+
+    q = weather.TRAIN[0]
+    town = weather.town_of(q)
+    city_id, degrees, _ = weather.TOWNS[town]
+    client = ScriptedClient(
+        [
+            _said(None, _call("find_city", {"name": town}, "c1")),
+            _said(None, _call("forecast", {"city_id": city_id}, "c2")),
+            _said(f"It is {degrees} degrees Celsius."),
+        ]
+    )
+    answer, turns, calls, right_first = solve(client, "agent", q)
+    assert (turns, calls, right_first) == (3, 2, True) and weather.correct(q, answer)
+    forced = [r.get("tool_choice") for r in client.requests]
+    assert FORCED_TURNS == 2 and forced == ["required", "required", None]
+    sent = client.requests[-1]["messages"]
+    results = [m["content"] for m in sent if m["role"] == "tool"]
+    assert results == [
+        weather.find_city(json.dumps({"name": town})),
+        weather.forecast(json.dumps({"city_id": city_id})),
+    ]
+    # A call to a tool it was not given is answered with an error, the conversation goes on.
+    client = ScriptedClient([_said(None, _call("lookup", {"item": 1})), _said("I cannot.")])
+    answer, turns, calls, right_first = solve(client, "agent", q)
+    assert (answer, turns, calls, right_first) == ("I cannot.", 2, 1, False)
+    assert client.requests[1]["messages"][-1]["content"].startswith("error: no tool named")
+
+
+def test_a_one_tool_agent_still_runs_its_tool_whatever_the_name_and_forces_one_turn():
+    call = SimpleNamespace(function=SimpleNamespace(name="anything", arguments='{"a": 2}'))
+    assert tool_agent.run(lambda arguments: f"ran {arguments}", call) == 'ran {"a": 2}'
+    q = lookup.TRAIN[0]
+    client = ScriptedClient(
+        [_said(None, _call("lookup", {"item": lookup.item_of(q)})), _said("ok")]
+    )
+    tool_agent.solve(client, "agent", q, lookup, lookup.lookup)
+    assert [r.get("tool_choice") for r in client.requests] == ["required", None]
+
+
+def test_the_weather_example_asks_each_question_several_times_in_a_row():
+    from examples.weather.example import ASKED, EXAMPLE
+
+    asked = EXAMPLE.questions(1)
+    assert len(asked) == 2 * ASKED and len(set(asked)) < len(asked)
+    assert all(asked[i] == asked[i - i % ASKED] for i in range(len(asked)))

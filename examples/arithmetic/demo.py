@@ -52,7 +52,18 @@ from ..example import Example
 ADMIN_KEY = "demo"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 MARKER = ".onjob-demo"
-EXAMPLES = ("arithmetic", "calculator", "antonyms", "capitals", "plurals", "lookup")
+EXAMPLES = (
+    "arithmetic",
+    "calculator",
+    "antonyms",
+    "capitals",
+    "plurals",
+    "lookup",
+    "languages",
+    "extract",
+    "sentiment",
+    "weather",
+)
 
 
 @dataclass
@@ -259,6 +270,7 @@ def run(o: Options, echo=say) -> dict:
             groups = progress.group_rewards(store)
             history = list(reversed(deployments.history(store, 1000)))
             runs = store.query("SELECT count(*) AS n FROM train_runs")[0]["n"]
+            timeline = training_timeline(store)
             formed = groups_formed(store)
             paths = {c.name: c.path for c in registry.checkpoints(store)}
         finally:
@@ -281,6 +293,8 @@ def run(o: Options, echo=say) -> dict:
         "wall_s": time.monotonic() - started,
         "stage_s": {**seconds, "loop_stages": status["loop"]["seconds"]},
         "train_runs": runs,
+        "training": timeline,
+        "kl_guard_stops": sum("KL guard" in (h.reason or "") for h in history),
         "groups_formed": formed,
         **_decisions(history),
         "agent": {"requests": traffic.done, "errors": traffic.errors},
@@ -617,6 +631,28 @@ def _decisions(history: list[Routing]) -> dict:
 def _pct(r: dict) -> str:
     low, high = r["ci95"]
     return f"{r['success']:.1%} [95% CI {low:.1%}, {high:.1%}] of {r['n']}"
+
+
+def training_timeline(store: Store) -> dict:
+    """When each training run started, counted from the agent's first request, with its
+    groups, steps and the trust region's figures (the KL the release's guard reads)."""
+    first = store.query("SELECT min(ts) AS ts FROM exchanges WHERE source = 'production'")[0]["ts"]
+    rows = store.query(
+        "SELECT created, duration_s, len(groups_used) AS groups, metrics FROM train_runs "
+        "ORDER BY created"
+    )
+    runs = []
+    for r in rows:
+        m = json.loads(r["metrics"]) if isinstance(r["metrics"], str) else (r["metrics"] or {})
+        started = (r["created"] - first).total_seconds() - (r["duration_s"] or 0) if first else None
+        runs.append({
+            "started_s": None if started is None else round(started, 1),
+            "took_s": round(r["duration_s"] or 0, 1),
+            "groups": r["groups"],
+            **{k: m.get(k) for k in ("steps", "kl_to_base", "kl_to_base_own", "kl_budget",
+                                     "undone_steps", "trust_stopped", "skipped_groups")},
+        })  # fmt: skip
+    return {"first_run_started_s": runs[0]["started_s"] if runs else None, "runs": runs}
 
 
 def groups_formed(store: Store) -> dict:

@@ -151,12 +151,26 @@ def _demo_learning_flags(demo) -> None:
     )
     demo.add_argument(
         "--example",
-        choices=["arithmetic", "calculator", "antonyms", "capitals", "plurals", "lookup"],
+        choices=[
+            "arithmetic",
+            "calculator",
+            "antonyms",
+            "capitals",
+            "plurals",
+            "lookup",
+            "languages",
+            "extract",
+            "sentiment",
+            "weather",
+        ],
         default="arithmetic",
         help="the example agent: arithmetic (one-digit sums, one turn; the default), "
         "calculator (two-digit products with a multiply tool, 2-3 turns, tool calls), or a "
-        "task of the learning suite: antonyms, capitals, plurals (one turn), lookup (a "
-        "lookup tool over made-up stock counts, 2-3 turns)",
+        "task of the learning suite: antonyms, capitals, plurals, languages (a one-word "
+        "answer the model buries in prose), extract (a field of a made-up message), "
+        "sentiment (a review's label) (one turn each), lookup (a lookup tool over made-up "
+        "stock counts, 2-3 turns), weather (find_city then forecast over made-up towns, 3 "
+        "turns)",
     )
     demo.add_argument(
         "--reward",
