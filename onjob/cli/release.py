@@ -178,12 +178,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     for alias, a in aliases.items():
         canary = f", canary {a.canary} ({a.fraction:.0%})" if a.canary else ""
         line = f"{alias}: live {a.live or 'base'}{canary}"
-        if alias in lineages:  # what its next run waits for, and whether there is signal
-            state = lineages[alias]
-            if state.waiting:
-                line += f"\n  training: {state.waiting}"
-            if state.signal is not None:
-                line += f"\n  signal: {state.signal.line}"
         if tenants.keys:  # who each lineage serves, what it waits on, its last decision
             lineage = tenants.named(alias)
             whose = (
@@ -196,6 +190,12 @@ def cmd_status(args: argparse.Namespace) -> int:
                 line += f"; {lineages[alias].ready_groups} groups ready to train"
             if alias in last:
                 line += f"; last: {(last[alias].reason or '')[:80]} ({last[alias].actor})"
+        if alias in lineages:  # what its next run waits for, and whether there is signal
+            state = lineages[alias]
+            if state.waiting:
+                line += f"\n  training: {state.waiting}"
+            if state.signal is not None:
+                line += f"\n  signal: {state.signal.line}"
         print(line)
     for tenant, share in shares.items():  # each tenant's share of the trainer and judge
         said = [b.status for b in (share.train, share.judge) if b is not None]
