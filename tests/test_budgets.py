@@ -196,7 +196,7 @@ def test_a_spent_training_budget_pauses_the_loops_training_visibly_until_the_nex
     to_yesterday(db, "train_runs")  # the next UTC day: the train stage runs again
     done = onjob(tmp_path, "loop", "--once")
     assert "train budget spent" not in done.stdout
-    assert "train agent: 0 new trainable groups, waiting for" in done.stdout
+    assert "train agent: 0 new trainable groups;" in done.stdout  # it waits for groups now
 
 
 def test_a_day_is_the_utc_calendar_day_whatever_the_callers_time_zone(tmp_path):
