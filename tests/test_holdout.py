@@ -81,7 +81,7 @@ def test_held_out_scenarios_never_enter_a_training_snapshot(tmp_path, engine):
         }
         assert {scenario_of[g] for g in every.groups} & set(held)  # it was there to take
         assert not {scenario_of[g] for g in kept.groups} & set(held)
-        assert snapshot.trainable(store, t, held_out=held) == len(kept.groups)
+        assert snapshot.trainable(store, t, held_out=held).groups == len(kept.groups)
         rows = pq.read_table(tmp_path / "kept.parquet").column("group_id").to_pylist()
         assert not {scenario_of[g] for g in rows} & set(held)
         # The slice is decided when the loop first sees each scenario, and stays: never

@@ -126,7 +126,7 @@ def test_a_conversation_with_one_untrainable_turn_is_not_exported(db, tmp_path):
     db.group(
         "lost", "trajectory", [("u2", "t5", 1.0, "production"), ("v1", "t6", 0.0, "production")]
     )
-    assert snapshot.trainable(db.store, TrainSettings()) == 1
+    assert snapshot.trainable(db.store, TrainSettings()).groups == 1
     info = export(db, tmp_path / "s.parquet")
     assert info.groups == ["conversations"]
 
