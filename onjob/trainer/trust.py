@@ -62,11 +62,13 @@ class Reading:
 
 @dataclass
 class Saved:
-    """Weights and AdamW's moments after a kept step (step 0: the start)."""
+    """Weights and AdamW's moments after a kept step (step 0: the start), and the probe's
+    reading of them (None: unbounded, nothing read)."""
 
     step: int
     weights: list[torch.Tensor]
     moments: dict
+    reading: Reading | None = None
 
 
 @dataclass
@@ -85,8 +87,7 @@ class Region:
     kept: list[Saved] = field(default_factory=list)  # newest last, at most KEPT + 1
     backoffs: int = 0
     scale: float = 1.0  # the learning rate's factor: halved at each back-off
-    last: Reading | None = None  # the newest reading within the budget
-    latest: Reading | None = None  # the newest reading, within it or not
+    latest: Reading | None = None  # the newest reading, within the budget or not
     stopped: str | None = None
 
     @classmethod
@@ -99,16 +100,20 @@ class Region:
         region = cls(model, head, probe, device, params, optimizer, budget)
         with torch.no_grad():
             region.start = [sampled_logprobs(model, head, c, device) for c in probe]
-        region.kept.append(region._save(0))
-        if budget is not None:
-            region.last = region.read()
-            if region.last.to_base.kl > budget:
-                raise OverBudget(
-                    f"the starting policy is already {region.last.to_base.kl:.3g} nats per "
-                    f"token from the base model, past the run's KL budget {budget:g}: this "
-                    "lineage has used its budget (trainer.kl_budget, loop.max_kl_to_base)"
-                )
+        reading = region.read() if budget is not None else None
+        region.kept.append(region._save(0, reading))
+        if reading is not None and reading.to_base.kl > budget:
+            raise OverBudget(
+                f"the starting policy is already {reading.to_base.kl:.3g} nats per "
+                f"token from the base model, past the run's KL budget {budget:g}: this "
+                "lineage has used its budget (trainer.kl_budget, loop.max_kl_to_base)"
+            )
         return region
+
+    @property
+    def last(self) -> Reading | None:
+        """The reading of the weights kept last: the newest within the budget."""
+        return self.kept[-1].reading
 
     def read(self) -> Reading:
         """The probe now: policy against base and against the start, weighted by policy /
@@ -137,8 +142,7 @@ class Region:
             return "kept"
         reading = self.latest = self.read()
         if reading.worst() <= self.budget:
-            self.last = reading
-            self.kept.append(self._save(step))
+            self.kept.append(self._save(step, reading))
             del self.kept[1:-KEPT]  # the start and the newest KEPT
             return "kept"
         self._restore(self.kept[-1])
@@ -164,9 +168,10 @@ class Region:
         earlier kept weights while the policy's own answers read past the budget. The
         reading, the own-answer drift, and the step whose weights are written (None:
         unbounded, the last)."""
-        reading, mine = self.read(), own()
         if self.budget is None:
-            return reading, mine, None
+            return self.read(), own(), None
+        # The weights now are the last kept (an undone step restored them): read already.
+        reading, mine = self.last, own()
         while mine.kl > self.budget and len(self.kept) > 1:
             dropped = self.kept.pop()
             self._restore(self.kept[-1])
@@ -175,15 +180,15 @@ class Region:
                 f"model, past the KL budget {self.budget:g}: the weights of step "
                 f"{dropped.step} dropped for those of step {self.kept[-1].step}"
             )
-            reading, mine = self.read(), own()
+            reading, mine = self.last, own()
         return reading, mine, self.kept[-1].step
 
-    def _save(self, step: int) -> Saved:
+    def _save(self, step: int, reading: Reading | None) -> Saved:
         moments = {
             id(p): {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
             for p, s in self.optimizer.state.items()
         }
-        return Saved(step, [p.detach().clone() for p in self.params], moments)
+        return Saved(step, [p.detach().clone() for p in self.params], moments, reading)
 
     def _restore(self, saved: Saved) -> None:
         with torch.no_grad():
