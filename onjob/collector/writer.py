@@ -54,6 +54,7 @@ class CollectorStats(msgspec.Struct, kw_only=True):
     spooled: int = 0  # exchanges handed over
     loaded: int = 0  # exchanges inserted into DuckDB
     backlog_segments: int = 0  # what the spool holds that DuckDB does not yet
+    backlog_bytes: int = 0  # ...their size on disk
     failed_segments: int = 0  # set aside in failed/ (`_load_or_set_aside`)
     untrainable: dict[str, int] = {}  # of those spooled, kept from training, by reason
     forgets_seen: int = 0  # a proxy-only process: deletions that cleared its memory
@@ -564,6 +565,7 @@ class Collector:
             spooled=self.spooled,
             loaded=self.loaded,
             backlog_segments=len(self._spool.segments()) if self._spool else 0,
+            backlog_bytes=self._spool.bytes_held() if self._spool else 0,
             failed_segments=self._spool.set_aside_count() if self._spool else 0,
             untrainable=dict(self.untrainable),
             forgets_seen=self.forgets_seen,

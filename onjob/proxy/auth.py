@@ -1,6 +1,6 @@
 """Who may call what, decided before any handler runs.
 
-Three doors, each with its credential:
+Four doors, each with its credential:
 
 - the OpenAI routes (`/v1/...`, `/openapi.json`): an API key when `proxy.api_keys` has
   any (else anyone who reaches the port, which is then loopback only). The admin key is
@@ -9,13 +9,15 @@ Three doors, each with its credential:
 - the admin API (`/admin/...`): `Authorization: Bearer <admin key>` only, and its POSTs
   carry JSON only;
 - the dashboard (`/dashboard...`): the admin key as a Bearer token or as the password of
-  HTTP Basic auth, which is what a browser asks for.
+  HTTP Basic auth, which is what a browser asks for;
+- `/metrics`: `Authorization: Bearer <metrics key>` (`proxy.metrics_key`, a scraper's
+  credential that opens nothing else) or the admin key.
 
 Before the credential, the page a browser shows. A browser reaches loopback too: any site
 can post a form to `http://127.0.0.1:8000/admin/sql` (a `text/plain` form post needs no
 preflight), and DNS rebinding points a name the page controls at 127.0.0.1, so the page
-is then same-origin with the server. Hence the admin API, the dashboard and what a
-proxy-only process forwards to them answer only a `Host` that names this server (an IP
+is then same-origin with the server. Hence the admin API, the dashboard, `/metrics` and
+what a proxy-only process forwards to them answer only a `Host` that names this server (an IP
 address: rebinding needs a name; `localhost`; `proxy.host`; `proxy.allowed_hosts`), and
 so do the OpenAI routes for a browser (`Sec-Fetch-Site`); every route refuses an `Origin`
 other than the request's own host, and admin POSTs take `application/json` only (a page
@@ -111,6 +113,7 @@ class Doors:
     def __init__(self, settings: ProxySettings) -> None:
         self._keys = {secret: key_id for key_id, secret in settings.api_keys.items()}
         self._admin = settings.admin_key.encode() if settings.admin_key else None
+        self._metrics = settings.metrics_key.encode() if settings.metrics_key else None
         self._configured = frozenset(hostname(h) for h in settings.allowed_hosts)
         self._names = self._configured | {hostname(settings.host), "localhost"}
 
@@ -154,6 +157,24 @@ class Doors:
 
     def _is_admin(self, token: str) -> bool:
         return self._admin is not None and hmac.compare_digest(token.encode(), self._admin)
+
+    # -- the metrics
+
+    def metrics(self, headers: HeaderLookup) -> None:
+        """Refuse a scrape without the metrics key or the admin key (as a Bearer token)."""
+        if self._admin is None and self._metrics is None:
+            raise Forbidden(
+                "/metrics is closed: this server has no metrics key and no admin key (set "
+                "proxy.metrics_key or proxy.admin_key)."
+            )
+        token = _bearer(headers.get("authorization"))
+        if not (token and (self._is_admin(token) or self._is_metrics(token))):
+            raise Unauthorized(
+                "/metrics needs `Authorization: Bearer <key>`: proxy.metrics_key, or the admin key."
+            )
+
+    def _is_metrics(self, token: str) -> bool:
+        return self._metrics is not None and hmac.compare_digest(token.encode(), self._metrics)
 
     # -- the page a browser shows
 
@@ -222,6 +243,12 @@ class Doors:
         self.admin(connection.headers, browser=True)
         if connection.scope["method"] != "GET":  # its buttons: JSON, as the admin API's
             self.json_only(connection.headers)
+
+    def metrics_guard(self, connection: Any, _: Any) -> None:
+        # A GET that changes nothing, behind a Bearer key alone; the Host rule is the admin
+        # API's (a scraper that names the server by a DNS name lists it in allowed_hosts).
+        self.same_site(connection.headers, host=True)
+        self.metrics(connection.headers)
 
     def forward_guard(self, connection: Any, _: Any) -> None:
         """A proxy-only process, before it forwards to the primary (which sees the

@@ -100,6 +100,13 @@ class ProxySettings(BaseModel):
         "dashboard; unset: `onjob serve` makes one at its first start, kept in <db>.admin-key "
         "(mode 0600) and read from there by the other commands",
     )
+    metrics_key: str | None = Field(
+        None,
+        min_length=1,
+        description="secret for GET /metrics (Prometheus' text format) alone, a scraper's "
+        "credential that opens nothing else; the admin key is taken there too (unset: the "
+        "admin key alone)",
+    )
     allowed_hosts: list[str] = Field(
         default_factory=list,
         description="host names (besides IP addresses, localhost and proxy.host) by which "

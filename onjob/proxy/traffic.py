@@ -26,6 +26,7 @@ from . import telemetry
 from .auth import Caller
 from .errors import ProxyError, UpstreamStatus
 from .exchange import COMPLETIONS, Exchange, Placing
+from .metrics import Metrics
 from .pool import Pool
 from .routing import CANARY, Router
 from .stream import Shape, relay
@@ -48,19 +49,24 @@ def as_sent(exchange: Exchange, answer: bytes) -> bytes:
 
 @dataclass
 class Traffic:
-    """What every hot route shares: the routing, the engines, the collector, the spans."""
+    """What every hot route shares: the routing, the engines, the collector, the spans and
+    the counters of `/metrics`."""
 
     router: Router
     pool: Pool
     collector: Collector
     tracer: Tracer | None = None
     lookup_wait_s: float = 10.0  # `proxy.lookup_wait_s`
+    metrics: Metrics | None = None  # None: not counted (a proxy-only process)
 
     def finish(self, exchange: Exchange) -> None:
         """Hand the exchange to the collector: its spool line is written before the answer
-        (or the stream's last event) leaves."""
+        (or the stream's last event) leaves. Counted with the latency the line records."""
+        record = exchange.record(self.collector.lineage)
+        if self.metrics is not None:
+            self.metrics.observe(exchange.route, exchange.status, record.latency_ms / 1000)
         try:
-            self.collector.log(exchange.record(self.collector.lineage))
+            self.collector.log(record)
         except OSError:
             log.exception("could not spool exchange %s", exchange.id)
 
