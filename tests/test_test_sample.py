@@ -143,8 +143,9 @@ def test_a_prompt_in_the_words_of_a_trained_one_is_not_a_fresh_prompt(
     store, tiny_adapter_dir, tiny_model_dir
 ):
     now = datetime.now(UTC)
-    log(store, "trained", at=now - timedelta(minutes=5), says="Order #1234 is late. Why?")
-    log(store, "number", at=now - timedelta(minutes=5), says="Order #98 is late. Why?")
+    # Every conversation of two turns: one stratum, so a draw takes all it may use.
+    log(store, "trained", turns=2, at=now - timedelta(minutes=5), says="Order #1234 is late. Why?")
+    log(store, "number", turns=2, at=now - timedelta(minutes=5), says="Order #98 is late. Why?")
     trained(store, ["trained"], tiny_adapter_dir, tiny_model_dir)
     # The same request in other spacing, case and punctuation.
     log(store, "alike", turns=2, at=now - timedelta(minutes=5), says="order 1234  is LATE why")

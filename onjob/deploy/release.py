@@ -35,7 +35,7 @@ from ..judge import rewards, sampling
 from ..proxy.tenants import Lineage
 from .act import deployments, reviews
 from .act.operator import Operator
-from .decide import fit, ledger, pairs, prompts, trust
+from .decide import answers, fit, ledger, pairs, prompts, trust
 from .decide.verdict import Verdict, decide, lineage_of
 from .records import Routing
 from .settings import DeploySettings
@@ -123,8 +123,10 @@ async def offline_test(r: Release, *, live: str | None, candidate: str) -> Verdi
             return prompts.held_out(st, r.lineage, scenarios, n, chain=chain, tests=drawn_by)
 
         chosen = await r.db.query(held_prompts)
-        await pairs.paired_round(r.db, r.engine, s, fns, chosen, arms, test=slice_test)
+        sized = await _sized(r, s, candidate, drawn_by)
+        await pairs.paired_round(r.db, r.engine, sized, fns, chosen, arms, test=slice_test)
         since = await r.db.query(lambda st: prompts.window_start(st, candidate))
+        first = True
         while since is not None:
             # A pair the referee failed on is judged again before the test reads past it.
             await pairs.rejudge(r.db, s, fns, drawn_by, loop.rejudge_attempts)
@@ -133,10 +135,16 @@ async def offline_test(r: Release, *, live: str | None, candidate: str) -> Verdi
             )
             if verdict.decision != "wait":
                 return verdict
+            if first and verdict.evidence.forecast is not None:
+                # Said before the release test draws its first prompt.
+                for short in verdict.evidence.forecast.short:
+                    r.echo(f"  the test of {candidate} {short}")
+            first = False
             chosen = await _fresh_round(r, since, chain, drawn_by)
             if not chosen:
                 break  # on to the canary, its test open: its pairs go on from live's traffic
-            await pairs.paired_round(r.db, r.engine, s, fns, chosen, arms, test=tests[0])
+            sized = await _sized(r, s, candidate, drawn_by)
+            await pairs.paired_round(r.db, r.engine, sized, fns, chosen, arms, test=tests[0])
     return await r.db.query(lambda st: decide(st, r.settings, candidate, live, lineage=r.lineage))
 
 
@@ -275,7 +283,18 @@ async def _more_pairs(r: Release, routing: Routing, s) -> None:
     since = await r.db.query(lambda st: prompts.window_start(st, candidate)) or routing.ts
     chosen = await _fresh_round(r, since, [live, candidate], drawn_by)
     arms = await _arms(r, live, candidate)
-    await pairs.paired_round(r.db, r.engine, s, fns, chosen, arms, test=tests[-1])
+    sized = await _sized(r, s, candidate, drawn_by)
+    await pairs.paired_round(r.db, r.engine, sized, fns, chosen, arms, test=tests[-1])
+
+
+async def _sized(r: Release, s, candidate: str, tests: list[str]):
+    """The referee's settings for the candidate's next pairs: each arm answering as many
+    times as the referee's noise so far asks (`answers.sizing`; `loop.gate.samples` when
+    set), both arms on one seed."""
+    k = await r.db.query(
+        lambda st: answers.sizing(st, r.alias, candidate, tests, r.settings).answers
+    )
+    return s.model_copy(update={"group_size": k})
 
 
 async def _fresh_round(r: Release, since, chain: list, tests: list[str]) -> list[dict]:

@@ -37,8 +37,9 @@ class GateSettings(BaseModel):
         ge=1,
         le=64,
         description="answers each arm gives a paired prompt, both arms on one seed (none: "
-        "judge.group_size); 2 decided a +0.1 candidate in a quarter of the engine time 8 "
-        "took (bench/pair_noise.py, docs/benchmarks.md)",
+        "sized by the referee's noise as the pairs come in, 2 to start with, up to 16 "
+        "within loop.decision_tokens: a pass/fail referee gets several, a graded one few; "
+        "docs/canary.md)",
     )
     orders: int = Field(
         1,
@@ -169,8 +170,17 @@ class LoopSettings(BaseModel):
         0.2,
         ge=0,
         le=1,
-        description="share of pairs the judge could not score after its attempts (each "
-        "counted as the candidate's loss) that blocks promotion",
+        description="share of pairs the referee could not score after its attempts past "
+        "which a promotion waits (the candidate's own losses for want of a judgement, and "
+        "pairs set aside as the referee's failure), and past which, shown with 95% "
+        "confidence at every look, the test stops: the referee is broken",
+    )
+    decision_tokens: int | None = Field(
+        4_000_000,
+        ge=1,
+        description="engine tokens a release test's pairs may spend (both arms' prompts and "
+        "answers): the answers per arm are capped so that loop.max_pairs pairs fit, at the "
+        "tokens the pairs so far measured (none: only the cap of 16 answers)",
     )
     rejudge_attempts: int = Field(
         3,

@@ -69,6 +69,7 @@ class TestState(msgspec.Struct, kw_only=True):
     rank: int = 1
     period: int = 0
     carried: float = 0.0
+    aside: int = 0  # pairs the referee never scored, set aside unread, prompts replaced
 
     @classmethod
     def of(
@@ -88,8 +89,56 @@ class TestState(msgspec.Struct, kw_only=True):
             alpha_k=alpha,
             k=k,
             beta=rule.beta,
+            aside=p.aside,
             **place,
         )
+
+
+class Forecast(msgspec.Struct, kw_only=True):
+    """What the release test expects to cost (`answers.forecast`): the answers per arm its
+    next pairs get, the pairs and engine tokens a candidate better by `delta` needs at
+    this candidate's level and the referee's measured noise, and what happens at
+    `max_pairs`; the strata of the day's traffic it would use up (`prompts.shortfalls`)."""
+
+    answers: int  # per arm, for the next pairs
+    most_answers: int  # what loop.decision_tokens allows
+    fixed: bool  # loop.gate.samples set: not sized by the noise
+    pairs_expected: int | None  # None: not measured yet, or no edge can decide
+    pairs_so_far: int
+    tokens_per_pair: int
+    tokens_expected: int | None
+    budget: int | None
+    sd: float | None  # a pair's difference's spread at `answers`
+    within: float | None  # one answer pair's variance on one prompt
+    between: float | None  # the variance of the candidate's edge from prompt to prompt
+    max_pairs: int
+    reaches: bool  # the forecast is within half of max_pairs
+    short: list[str] = []
+
+    def summary(self) -> str:
+        """In words, for the verdict's reason."""
+        k = f"{self.answers} answer{'s' if self.answers > 1 else ''} per arm"
+        if self.pairs_expected is None:
+            out = f"next pairs at {k} (the referee's noise not measured yet)"
+        else:
+            out = (
+                f"expects about {self.pairs_expected} pairs in all "
+                f"({self.pairs_so_far} so far) at {k}, ~{_tokens(self.tokens_expected)} "
+                f"engine tokens, for a candidate better by delta at its level (a pair's "
+                f"spread {self.sd:.2f})"
+            )
+            if not self.reaches:
+                out += "; the referee is too noisy for the test to be sure to decide in time"
+        out += f"; at {self.max_pairs} pairs undecided: rolled back, live kept"
+        for stratum in self.short:
+            out += f"; {stratum}"
+        return out
+
+
+def _tokens(n: int | None) -> str:
+    if n is None:
+        return "?"
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}k"
 
 
 class HeldOutState(Tally, kw_only=True):
@@ -208,6 +257,7 @@ class Evidence(msgspec.Struct, kw_only=True, omit_defaults=True):
     guards: Service | None = None
     referee: list[str] | None = None
     release_mode: ReleaseMode | None = None
+    forecast: Forecast | None = None
 
 
 class Verdict(msgspec.Struct, frozen=True):

@@ -21,18 +21,28 @@ of turns served, not of conversations. Two sources:
 - `held_out`: the held-out slice's scenarios (`holdout`), whenever logged; its own test.
 - `fresh`: any scenario, logged on the live arm since `since`: the last day (`PROFILE`,
   every hour once: `window_start`) for a candidate whose training is on record. Each draw
-  first picks a *stratum* (`Stratum`: whether live's answer called a tool, and the quarter
-  of the UTC day) in proportion to the lineage's live turns of that stratum in the same
-  window in conversations the test has not drawn (a sample without putting back: a
-  conversation drawn takes all its turns out), then the stratum's next turn. What the
-  exclusions above take away (training picks tool-call turns; a canary's conversations; the
-  test's own draws) is so put back, and the test's mean is the mean over the window's
-  traffic; a stratum whose undrawn turns are all ones the test may not use ends the round
-  there (`Draw.short`), and the test waits for its traffic rather than read a skewed sample.
-  The e-process's guarantee asks each pair's expected difference to be the traffic's,
-  whatever came before: a draw depends on the pairs before it only through the turns they
-  used up. Live's turns stand for all the traffic: a canary serves a random share of
-  conversations, and live's answers are the ones a stratum is read from.
+  first picks a *stratum* (`Stratum`: whether live's answer called a tool, the quarter of
+  the UTC day, and how many turns its conversation served in the window, `LENGTHS`) at the
+  odds of the lineage's live turns of that stratum in the window, all of them (the day's
+  mix, the same at every draw), then the stratum's next turn of a conversation the test
+  has not drawn. What the exclusions above take away (training picks tool-call turns; a
+  canary's conversations; the test's own draws) is so put back; a stratum whose undrawn
+  turns are all ones the test may not use ends the round there (`Draw.short`), and the
+  test waits for its traffic rather than read a skewed sample.
+
+  Why conversation length is a stratum and the odds stay fixed: a draw takes one turn and
+  its whole conversation out, so a ten-turn conversation leaves ten turns' weight for one
+  pair. With odds by the turns *left*, long conversations ran out first and the turns
+  drawn late were the short ones' (bench/decisions.py's low-traffic agent case: a
+  candidate no better over the turns served, better on short conversations, was promoted
+  at twice its level). Within a length the conversations are alike in weight, so the next
+  undrawn one is as good as any; across lengths the odds are the day's. Each pair's
+  expected difference is then the day's mean over the turns served, whatever was drawn
+  before it, which is what the e-process's guarantee asks. The price: a long stratum runs
+  out after about (the day's turns / its conversations' length) pairs, and the test then
+  waits for more of it; `shortfalls` says so before a test starts. Live's turns stand for
+  all the traffic: a canary serves a random share of conversations, and live's answers
+  are the ones a stratum is read from.
 """
 
 from __future__ import annotations
@@ -47,6 +57,9 @@ from ...proxy.tenants import Lineage
 
 PROFILE = timedelta(days=1)  # the traffic whose mix a fresh sample reproduces
 PART_HOURS = 6  # the day in quarters: its strata by time
+# A conversation's turns in the window, from these up: 1, 2-3, 4-7, 8 or more. Doubling
+# keeps the weights of one stratum's conversations within a factor of two.
+LENGTHS = (1, 2, 4, 8)
 
 # Conversations in the training snapshot of a checkpoint or any of its ancestors: the
 # lineage's train runs, their groups, and every conversation those groups' members are in.
@@ -81,15 +94,19 @@ md5(trim(regexp_replace(lower(CAST(list_transform(
 @dataclass(frozen=True, order=True)
 class Stratum:
     """A kind of turn the traffic mix is kept in: whether live's logged answer called a
-    tool, and the quarter of the UTC day it was logged in."""
+    tool, the quarter of the UTC day it was logged in, and its conversation's length."""
 
     called: bool
     part: int  # 0: 00-06 UTC, 1: 06-12, ...
+    length: int = 0  # the index in LENGTHS of its conversation's turns in the window
 
     def __str__(self) -> str:
         start = self.part * PART_HOURS
         kind = "tool-call turns" if self.called else "answer turns"
-        return f"{kind} of {start:02d}-{start + PART_HOURS:02d} UTC"
+        low = LENGTHS[self.length]
+        high = f"-{LENGTHS[self.length + 1] - 1}" if self.length + 1 < len(LENGTHS) else "+"
+        turns = "1-turn conversations" if low == 1 else f"conversations of {low}{high} turns"
+        return f"{kind} of {start:02d}-{start + PART_HOURS:02d} UTC in {turns}"
 
 
 @dataclass
@@ -131,8 +148,44 @@ def fresh(
     """Up to `n` of `lineage`'s prompts logged on the live arm after `since`, any
     scenario, in the mix of that window's traffic."""
     where = "e.arm = 'live' AND e.ts > ?"
-    profile = _profile(store, lineage, since, tests)
+    profile = _profile(store, lineage, since)
     return _choose(store, lineage, where, [since], n, chain, tests, profile)
+
+
+def shortfalls(
+    store,
+    lineage: Lineage,
+    since: datetime,
+    pairs: float,
+    *,
+    chain: list[str | None] | tuple = (),
+    tests: list[str] | tuple = (),
+) -> list[str]:
+    """The strata a test that draws `pairs` more pairs from the traffic since `since`
+    would use up, each in words: its odds times `pairs` is more than the conversations
+    it has left to draw from. Said before the test starts, and as it goes: it will wait
+    for more of that traffic when it gets there."""
+    if pairs <= 0:
+        return []
+    profile = _profile(store, lineage, since)
+    total = sum(profile.values())
+    turns = _turns(store, lineage, "e.arm = 'live' AND e.ts > ?", [since], chain, tests)
+    left: dict[Stratum, set[str]] = {}
+    for t in turns:
+        if t["usable"]:
+            left.setdefault(Stratum(t["called"], t["part"], t["length"]), set()).add(
+                t["trajectory_id"]
+            )
+    out = []
+    for stratum, n in sorted(profile.items()):
+        wanted = pairs * n / total
+        have = len(left.get(stratum, ()))
+        if wanted > have:
+            out.append(
+                f"would use up {stratum} ({have} conversations left, about {wanted:.0f} "
+                "draws wanted): it waits for more of them when it gets there"
+            )
+    return out
 
 
 def window_start(store, checkpoint: str, now: datetime | None = None) -> datetime | None:
@@ -147,9 +200,15 @@ def window_start(store, checkpoint: str, now: datetime | None = None) -> datetim
     return (now or datetime.now(UTC)) - PROFILE if rows else None
 
 
-# A turn's stratum, in SQL: live's answer called a tool (`judge.tables.CALLED`), and the
-# quarter of the UTC day.
+# A turn's stratum, in SQL: live's answer called a tool (`judge.tables.CALLED`), the
+# quarter of the UTC day, and its conversation's length (`_LENGTH`, of a column `turns`).
 _PART = f"CAST(hour(timezone('UTC', e.ts)) // {PART_HOURS} AS INTEGER)"
+_TURNS = "count(*) OVER (PARTITION BY e.trajectory_id)"
+_LENGTH = (
+    "CASE "
+    + " ".join(f"WHEN turns >= {n} THEN {i}" for i, n in reversed(list(enumerate(LENGTHS))))
+    + " ELSE 0 END"
+)
 # The conversations `tests` (a parameter) drew a pair from.
 _DRAWN = """
 SELECT p.trajectory_id FROM groups g JOIN exchanges p ON p.id = g.prefix_exchange
@@ -157,55 +216,26 @@ WHERE g.kind = 'ab' AND list_contains(?::VARCHAR[], g.test)
 """
 
 
-def _profile(store, lineage: Lineage, start: datetime, tests) -> dict[Stratum, int]:
-    """The lineage's answered production turns on the live arm per stratum since `start`
-    (the traffic a candidate would serve), but those of conversations `tests` drew: the
-    test samples that traffic without putting back."""
+def _profile(store, lineage: Lineage, start: datetime) -> dict[Stratum, int]:
+    """The lineage's answered production turns on the live arm per stratum since `start`:
+    the traffic a candidate would serve, every turn of it (the conversations a test drew
+    included: the odds of a stratum stay the day's, however many pairs were drawn)."""
     mine, scope = lineage.scope.sql("e.api_key_id")
     rows = store.query(
-        f"SELECT {CALLED} AS called, {_PART} AS part, count(*) AS n FROM exchanges e "
+        f"SELECT called, part, {_LENGTH} AS length, count(*) AS n FROM ("
+        f"SELECT {CALLED} AS called, {_PART} AS part, {_TURNS} AS turns FROM exchanges e "
         "WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ? "
-        f"AND e.arm = 'live' AND e.ts > ? AND {mine} "
-        f"AND e.trajectory_id NOT IN ({_DRAWN}) GROUP BY ALL",
-        [lineage.alias, start, *scope, list(tests)],
+        f"AND e.arm = 'live' AND e.ts > ? AND {mine}) GROUP BY ALL",
+        [lineage.alias, start, *scope],
     )
-    return {Stratum(r["called"], r["part"]): r["n"] for r in rows}
+    return {Stratum(r["called"], r["part"], r["length"]): r["n"] for r in rows}
 
 
 def _choose(store, lineage, where, params, n, chain, tests, profile) -> Draw:
     """The turns the source allows, in hash order, one per conversation; drawn by stratum
     when `profile` is given, else in that order."""
     key = tests[0] if tests else ""
-    chain = [c for c in chain if c]
-    mine, scope = lineage.scope.sql("e.api_key_id")
-    turns = store.query(
-        f"""
-        WITH trained AS ({TRAINED_CONVERSATIONS}),
-        seen AS (  -- every prompt of a trained conversation, by its words
-            SELECT DISTINCT {PROMPT_WORDS} AS words
-            FROM exchanges_rebuilt((SELECT list(id) FROM exchanges
-                                    WHERE trajectory_id IN (FROM trained)), false) r
-        ), source AS (
-            SELECT e.id, e.trajectory_id, {CALLED} AS called, {_PART} AS part
-            FROM exchanges e
-            WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ?
-              AND {where} AND {mine}
-              AND e.trajectory_id NOT IN (FROM trained)
-              AND e.trajectory_id NOT IN ({_DRAWN})
-              AND e.trajectory_id NOT IN (
-                  SELECT trajectory_id FROM exchanges
-                  WHERE arm <> 'live' AND source = 'production' AND trajectory_id IS NOT NULL)
-        ), worded AS (
-            SELECT s.*, {PROMPT_WORDS} AS words FROM source s
-            JOIN exchanges_rebuilt((SELECT list(id) FROM source), false) r ON r.id = s.id
-        )
-        SELECT id, trajectory_id, called, part,
-               words IS NULL OR words NOT IN (SELECT words FROM seen WHERE words IS NOT NULL)
-                   AS usable
-        FROM worded ORDER BY hash(id, ?), id
-        """,
-        [chain, lineage.alias, *params, *scope, list(tests), key],
-    )
+    turns = _turns(store, lineage, where, params, chain, tests)
     draw = _draw(turns, n, profile, f"{key}:{pairs_made(store, tests)}")
     if draw.prompts:
         ids = [t["id"] for t in draw.prompts]
@@ -215,11 +245,50 @@ def _choose(store, lineage, where, params, n, chain, tests, profile) -> Draw:
     return draw
 
 
+def _turns(store, lineage, where, params, chain, tests) -> list[dict]:
+    """The turns of the source, in the test's hash order, each with its stratum and
+    whether the test may use it."""
+    key = tests[0] if tests else ""
+    chain = [c for c in chain if c]
+    mine, scope = lineage.scope.sql("e.api_key_id")
+    return store.query(
+        f"""
+        WITH trained AS ({TRAINED_CONVERSATIONS}),
+        seen AS (  -- every prompt of a trained conversation, by its words
+            SELECT DISTINCT {PROMPT_WORDS} AS words
+            FROM exchanges_rebuilt((SELECT list(id) FROM exchanges
+                                    WHERE trajectory_id IN (FROM trained)), false) r
+        ), windowed AS (  -- every turn of the window, its conversation's turns counted
+            SELECT e.id, e.trajectory_id, {CALLED} AS called, {_PART} AS part,
+                   {_TURNS} AS turns
+            FROM exchanges e
+            WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ?
+              AND {where} AND {mine}
+        ), source AS (
+            SELECT e.id, e.trajectory_id, e.called, e.part, {_LENGTH} AS length
+            FROM windowed e
+            WHERE e.trajectory_id NOT IN (FROM trained)
+              AND e.trajectory_id NOT IN ({_DRAWN})
+              AND e.trajectory_id NOT IN (
+                  SELECT trajectory_id FROM exchanges
+                  WHERE arm <> 'live' AND source = 'production' AND trajectory_id IS NOT NULL)
+        ), worded AS (
+            SELECT s.*, {PROMPT_WORDS} AS words FROM source s
+            JOIN exchanges_rebuilt((SELECT list(id) FROM source), false) r ON r.id = s.id
+        )
+        SELECT id, trajectory_id, called, part, length,
+               words IS NULL OR words NOT IN (SELECT words FROM seen WHERE words IS NOT NULL)
+                   AS usable
+        FROM worded ORDER BY hash(id, ?), id
+        """,
+        [chain, lineage.alias, *params, *scope, list(tests), key],
+    )
+
+
 def _draw(turns: list[dict], n: int, profile: dict[Stratum, int] | None, seed: str) -> Draw:
     """Up to `n` of the usable `turns` (in their order), one per conversation: the first
     `n`, or with a `profile`, each draw a stratum picked at the odds of the profile's turns
-    not drawn yet and that stratum's next turn. A conversation drawn takes all its turns
-    out of the profile (the test will not draw them), as a later round's profile does."""
+    (the day's, fixed) and that stratum's next turn of a conversation not drawn yet."""
     usable = [t for t in turns if t["usable"]]
     if profile is None:
         firsts = {}  # each conversation's first usable turn, in order
@@ -228,15 +297,11 @@ def _draw(turns: list[dict], n: int, profile: dict[Stratum, int] | None, seed: s
         return Draw(list(firsts.values())[:n])
     queues: dict[Stratum, list[dict]] = {}
     for t in usable:
-        queues.setdefault(Stratum(t["called"], t["part"]), []).append(t)
-    strata_of: dict[str, list[Stratum]] = {}  # each conversation's turns, usable or not
-    for t in turns:
-        strata_of.setdefault(t["trajectory_id"], []).append(Stratum(t["called"], t["part"]))
-    left = dict(profile)
-    strata = sorted(left)
+        queues.setdefault(Stratum(t["called"], t["part"], t["length"]), []).append(t)
+    strata = sorted(s for s, count in profile.items() if count > 0)
     rng, out, used = random.Random(seed), [], set()
-    while len(out) < n and any(left.values()):
-        stratum = rng.choices(strata, weights=[left[s] for s in strata])[0]
+    while len(out) < n and strata:
+        stratum = rng.choices(strata, weights=[profile[s] for s in strata])[0]
         queue = queues.get(stratum, [])
         while queue and queue[0]["trajectory_id"] in used:
             queue.pop(0)
@@ -245,9 +310,6 @@ def _draw(turns: list[dict], n: int, profile: dict[Stratum, int] | None, seed: s
         turn = queue.pop(0)
         out.append(turn)
         used.add(turn["trajectory_id"])
-        for s in strata_of[turn["trajectory_id"]]:
-            if s in left:  # a turn logged since the profile was read is not in it
-                left[s] = max(0, left[s] - 1)
     return Draw(out)
 
 

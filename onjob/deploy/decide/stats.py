@@ -131,11 +131,16 @@ class Wealth:
 
 
 Decision = Literal["promote", "rollback", "wait"]
-# Where a test stands: too few pairs, lost (futility), won, undecided at the cap, open.
-Standing = Literal["few", "lost", "won", "cap", "open"]
+# Where a test stands: too few pairs, lost (futility), won, undecided at the cap, open,
+# or stopped because the referee fails on too many pairs (broken).
+Standing = Literal["few", "lost", "won", "cap", "open", "broken"]
 _DECISIONS: dict[Standing, Decision] = {
     "few": "wait", "lost": "rollback", "won": "promote", "cap": "rollback", "open": "wait",
+    "broken": "rollback",
 }  # fmt: skip
+# The confidence with which a share of pairs set aside must be shown past
+# `Rule.max_unjudged_share` before the test stops for a broken referee (at every look).
+BROKEN_ALPHA = 0.05
 
 
 @dataclass
@@ -150,6 +155,7 @@ class Paired:
     pairs: int = 0
     unjudged: int = 0
     pending: int = 0  # pairs not read yet: one being judged again, and those made after it
+    aside: int = 0  # pairs the referee never scored, set aside unread, their prompts replaced
     total: float = 0.0
     better: Wealth = field(init=False)
     futile: Wealth = field(init=False)
@@ -168,9 +174,21 @@ class Paired:
         self.futile.add(self.margin + self.delta - d, count)
 
     def add_unjudged(self, count: int = 1) -> None:
-        """Pairs the judge could not score after its attempts: the candidate's losses."""
+        """Pairs the judge could not score after its attempts because of the candidate's
+        answers: its losses."""
         self.unjudged += count
         self.add(-1.0, count)
+
+    def set_aside(self, count: int = 1) -> None:
+        """Pairs the referee never scored for a failure of its own (`pairs.ab_outcomes`):
+        not read by either bettor, and another prompt drawn in their place. Counted
+        toward `max_pairs` (each cost the engine) and the referee's failure share."""
+        self.aside += count
+
+    @property
+    def drawn(self) -> int:
+        """Every pair made: those read and those set aside."""
+        return self.pairs + self.aside
 
     @property
     def mean(self) -> float:
@@ -194,9 +212,23 @@ class Rule:
     with chance at most alpha_k, however often the rule looks. Roll back when the e-value
     against "E[d] >= margin + delta" reaches 1 / beta (futility: a candidate better by
     margin + delta is rolled back with chance at most beta), or undecided at `max_pairs`
-    (every pair counts: ties and unjudged ones too). No decision before `min_pairs`; more
-    than `max_unjudged_share` of the pairs unjudged holds a promotion (they count as the
-    candidate's losses already; so many says the referee is failing)."""
+    (every pair counts: ties, unjudged ones and those set aside too). No decision before
+    `min_pairs`; more than `max_unjudged_share` of the pairs unjudged holds a promotion
+    (they count as the candidate's losses already; so many says the referee is failing).
+
+    A pair the referee never scored for a failure of its own is *set aside* (`Paired.
+    set_aside`): unread, its prompt replaced. A share of them past `max_unjudged_share`
+    holds a promotion, and past it with 95% confidence at every look (`anytime_interval`)
+    the test stops: the referee is broken, and the candidate is not promoted on it. Why
+    this keeps the error guarantee: the e-process is a supermartingale on the pairs it
+    reads as long as whether a pair is read does not depend on its difference. A failure
+    the candidate's answers may have caused is not set aside (`pairs.ab_outcomes` keeps
+    it as the candidate's loss: a reward function that raised, a score not finite): only
+    a RULER call that failed whole, both arms' answers unread alike (a provider's 429, a
+    timeout, its budget). Should such failures still follow the candidate's worst
+    answers, the hold bounds what they can gain: the pairs read are at least
+    1 - `max_unjudged_share` of those drawn; bench/decisions.py measures that case (its
+    `by_rank_stuck_on_losses`)."""
 
     margin: float = 0.0
     delta: float = 0.1
@@ -236,8 +268,10 @@ class Rule:
                 f"of {1 / alpha:.3g} to promote, {math.exp(p.futile.log_e):.3g} of "
                 f"{1 / self.beta:.3g} to roll back"
             )
+        if p.aside:
+            summary += f" ({p.aside} more set aside: the referee never scored them)"
         if held:
-            summary += f"; {p.unjudged / p.pairs:.0%} unjudged: too many to promote"
+            summary += "; too many pairs unjudged or set aside to promote"
         match standing:
             case "few":
                 why = f"{summary}: fewer than {self.min_pairs} pairs"
@@ -246,7 +280,12 @@ class Rule:
             case "lost":
                 why = f"lost (not better by {self.margin + self.delta:g}): {summary}"
             case "cap":
-                why = f"no decision after {p.pairs} pairs: keep live ({summary})"
+                why = f"no decision after {p.drawn} pairs: keep live ({summary})"
+            case "broken":
+                why = (
+                    f"stopped: the referee is broken, {p.aside} of {p.drawn} pairs never "
+                    f"scored (more than {self.max_unjudged_share:.0%}); keep live ({summary})"
+                )
             case "open":
                 why = f"{summary}: the test has not decided"
         return _DECISIONS[standing], why
@@ -254,15 +293,20 @@ class Rule:
     def _standing(self, p: Paired, alpha: float) -> tuple[Standing, bool]:
         """Where the test stands, and whether it won with too many pairs unjudged to
         promote (held)."""
+        if p.aside:
+            low, _ = anytime_interval(p.aside, p.drawn, BROKEN_ALPHA)
+            if low > self.max_unjudged_share:
+                return "broken", False
         if p.pairs < self.min_pairs:
-            return "few", False
+            return ("cap" if p.drawn >= self.max_pairs else "few"), False
         if p.futile.log_e >= math.log(1 / self.beta):
             return "lost", False
         won = p.better.log_e >= math.log(1 / alpha)
-        held = won and p.unjudged / p.pairs > self.max_unjudged_share
+        failing = max(p.unjudged / p.pairs, p.aside / p.drawn)
+        held = won and failing > self.max_unjudged_share
         if won and not held:
             return "won", False
-        return ("cap" if p.pairs >= self.max_pairs else "open"), held
+        return ("cap" if p.drawn >= self.max_pairs else "open"), held
 
 
 Alarm = Literal["trip", "hold"] | None

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from ...proxy.tenants import Lineage, Tenants
 from ..records import Routing
 from ..settings import DeploySettings, LoopSettings
-from . import guards, pairs
-from .evidence import Checks, Evidence, RoutingSeen, Tally, Verdict
+from . import answers, guards, pairs, prompts
+from .evidence import Checks, Evidence, Forecast, RoutingSeen, Tally, Verdict
 
 
 def lineage_of(settings: DeploySettings, name: str | None = None) -> Lineage:
@@ -52,6 +52,8 @@ def decide(
     held = pairs.held_out(store, candidate, live, loop)
     rule, paired, alpha = weighed.rule, weighed.paired, weighed.level.alpha
     evidence = _evidence(weighed, held, checks, tests, live, routing)
+    evidence.forecast = forecast = _forecast(store, settings, lineage, candidate, live, every,
+                                             routing, paired.pairs)  # fmt: skip
     if tripped := next((g.tripped for g in checks if g.tripped), None):
         return Verdict("rollback", f"{candidate}: {tripped}", evidence)
     if held.worse:
@@ -68,8 +70,12 @@ def decide(
             decision = "wait"
         if not paired.pairs:
             why = "no pairs yet (no logged prompt it may be tested on)"
+        if decision == "wait":
+            why += f"; {forecast.summary()}"
         return Verdict(decision, f"{'passed: ' if decision == 'promote' else ''}{why}", evidence)
     decision, why = weighed.decide()
+    if decision == "wait":
+        why += f"; {forecast.summary()}"
     if decision == "rollback":
         return Verdict("rollback", f"canary {candidate} {why}", evidence)
     if decision == "promote" and not holding:
@@ -78,6 +84,31 @@ def decide(
     if capped and (over := _over_cap(loop, routing, rounds, now)):
         return Verdict("rollback", f"canary {candidate} {over}: {waiting}", evidence)
     return Verdict("wait", waiting, evidence)
+
+
+def _forecast(
+    store,
+    settings: DeploySettings,
+    lineage: Lineage,
+    candidate: str,
+    live: str | None,
+    every: list[str],
+    routing: Routing | None,
+    pairs_so_far: int,
+) -> Forecast:
+    """What the test expects to cost from here, and the strata of the day's traffic the
+    pairs it still expects (all of `max_pairs` before the referee's noise is measured)
+    would use up."""
+    alias = lineage.name
+    said = answers.forecast(store, alias, candidate, every, settings, pairs=pairs_so_far)
+    expected = said.pairs_expected if said.pairs_expected is not None else said.max_pairs
+    more = min(expected, said.max_pairs) - pairs_so_far
+    since = prompts.window_start(store, candidate) or (routing.ts if routing else None)
+    if since is not None and more > 0:
+        said.short = prompts.shortfalls(
+            store, lineage, since, more, chain=[live, candidate], tests=every
+        )
+    return said
 
 
 def _over_cap(loop: LoopSettings, routing: Routing, rounds: int, now: datetime | None) -> str:
