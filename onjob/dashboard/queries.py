@@ -66,6 +66,7 @@ class ExchangeRow(msgspec.Struct, frozen=True):
     arm: str | None
     checkpoint: str | None
     status: int
+    error: str | None  # why it failed, as the proxy logged it (None: answered)
     latency_ms: float | None
     asked: str | None  # the request's last message, as text (a turn stores what it adds)
     feedback: int  # feedback posted on it
@@ -378,8 +379,8 @@ class Conversation(msgspec.Struct, kw_only=True):
     """A conversation as its page shows it (`trajectory`)."""
 
     id: str
-    scenario_id: str
-    n_turns: int
+    scenario_id: str | None
+    n_turns: int  # answered turns: 0 for a conversation whose every request failed
     first_ts: dt.datetime | None
     last_ts: dt.datetime | None
     turns: list[Turn]
@@ -390,9 +391,16 @@ class Conversation(msgspec.Struct, kw_only=True):
 
 def trajectory(store: Store, trajectory_id: str) -> Conversation | None:
     """A conversation: its turns in order, and the messages of its longest request plus
-    the last answer, for reading as one dialogue."""
+    the last answer, for reading as one dialogue. A failed exchange is no turn, so a
+    conversation whose every request failed (its first one refused, the engine down) has
+    no `trajectories` row: it is shown from its exchanges, with their errors."""
     found = store.query(
         "SELECT id, scenario_id, n_turns, first_ts, last_ts FROM trajectories WHERE id = ?",
+        [trajectory_id],
+    ) or store.query(
+        "SELECT trajectory_id AS id, any_value(scenario_id) AS scenario_id, 0 AS n_turns, "
+        "min(ts) AS first_ts, max(ts) AS last_ts FROM exchanges "
+        "WHERE trajectory_id = ? AND source = 'production' GROUP BY trajectory_id",
         [trajectory_id],
     )
     if not found:
@@ -448,7 +456,7 @@ def exchanges(store: Store, f: Explore, page: int) -> list[ExchangeRow]:
         ExchangeRow,
         """
         SELECT e.id, e.ts, e.trajectory_id, e.turn, e.scenario_id, e.model_alias,
-               e.api_key_id, e.arm, e.checkpoint, e.status, e.latency_ms,
+               e.api_key_id, e.arm, e.checkpoint, e.status, e.error, e.latency_ms,
                left(coalesce(json_extract_string(e.request, '$.messages[#-1].content'),
                              json_extract_string(e.request, '$.prompt')), 200) AS asked,
                (SELECT count(*) FROM feedback fb WHERE fb.exchange_id = e.id) AS feedback
