@@ -13,7 +13,9 @@ from litestar.testing import TestClient
 
 from onjob import dashboard
 from onjob.cli.settings import ServeSettings
-from onjob.collector import Collector, CollectorSettings
+from onjob.collector import Collector, CollectorSettings, Store
+from onjob.deploy.act import deployments
+from onjob.deploy.decide import ledger, verdict
 from onjob.proxy import ProxySettings, create_app
 from onjob.proxy.routing import Router
 
@@ -115,3 +117,30 @@ def test_a_failed_request_shows_its_error_and_its_conversation_opens(tmp_path):
         assert "1 turns" in both and "cannot reach the engine" in both
         assert conversation(rows["200"]) == both
         assert client.get("/dashboard/trajectories/none", headers=AS_ADMIN).status_code == 404
+
+
+def test_the_ab_page_states_each_source_of_answers_shape_once(tmp_path):
+    """Was a garbled line in docs/images/dashboard/ab.png ("paired samples: ... empty /,
+    cut /, malformed /" twice more): the page read every guard of the verdict's `shape`
+    evidence, the KL and judge guards included, as an answers' shape."""
+    settings = settings_in(tmp_path)
+    store = Store(settings.collector.db)
+    store.query("INSERT INTO checkpoints (name, status) VALUES ('mild', 'candidate')")
+    deployments.set_canary(
+        store, "agent", "mild", 0.5, default_live=None, reason="by hand", actor="test"
+    )
+    routing = deployments.current(store)["agent"]
+    seen = verdict.decide(store, settings, "mild", None, routing, rounds=1)
+    ledger.record(store, "agent", "mild", "canary", seen)  # as the loop records its look
+    store.close()
+    app, _ = site(tmp_path)
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        page = client.get("/dashboard/ab", headers=AS_ADMIN)
+    assert page.status_code == 200, page.text
+    assert '<strong class="decision">wait</strong>' in page.text
+    shape = re.search(r'<p class="shape">(.*?)</p>', page.text, re.S)
+    assert shape, page.text
+    said = " ".join(html.unescape(re.sub(r"<[^>]+>", "", shape.group(1))).split())
+    assert said.count("paired samples:") == 1 and said.count("real traffic:") == 1, said
+    assert said.count("median length") == 2, said  # the two sources, nothing else
+    assert not re.search(r"(empty|cut|malformed) /", said), said  # a figure on each side
