@@ -202,9 +202,20 @@ def test_the_cli_finds_the_key_a_keyless_server_made(keyless, tmp_path):
     assert "no server answered" not in status.stdout
     sql = onjob("sql", "SELECT 41 + 1 AS answer", "--server", server.base, "--db", str(db))
     assert sql.returncode == 0 and "42" in sql.stdout, sql.stderr
-    # Elsewhere (no key file beside that database) the server says what it needs.
+    # Elsewhere (no key file beside that database) the server says what it needs, and the
+    # command how to give it.
     elsewhere = onjob("status", "--db", str(tmp_path / "other.duckdb"))
     assert elsewhere.returncode == 2 and "admin key" in elsewhere.stderr
+    assert "--admin-key" in elsewhere.stderr
+    # Given on the command line, from a directory with neither onjob.toml nor the key file.
+    key = admin_of(db)["Authorization"].removeprefix("Bearer ")
+    given = ("--server", server.base, "--admin-key", key)
+    status = onjob("status", *given)
+    assert status.returncode == 0, status.stderr
+    assert "no server answered" not in status.stdout and "agent: live base" in status.stdout
+    sql = onjob("sql", "SELECT 41 + 1 AS answer", *given)
+    assert sql.returncode == 0 and "42" in sql.stdout, sql.stderr
+    assert not (tmp_path / "onjob.duckdb").exists()
 
 
 def test_an_api_key_pins_only_what_its_alias_serves(tmp_path, fake_engine_url):

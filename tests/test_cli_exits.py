@@ -66,14 +66,20 @@ def test_the_table_is_in_the_help_and_in_the_docs():
 def test_refusals_exit_2_and_say_why_once(tmp_path, refusing_server):
     missing = onjob("sql", "SELECT 1", "--db", str(tmp_path / "none.duckdb"))
     assert missing.returncode == Exit.REFUSED == 2
-    assert missing.stderr == f"onjob sql: no database at {tmp_path / 'none.duckdb'}\n"
+    assert missing.stderr == (
+        f"onjob sql: no database at {tmp_path / 'none.duckdb'}: name yours with --db PATH, "
+        "or ask the running server with --server URL\n"
+    )
 
     bad_config = onjob("status", "--config", str(tmp_path / "none.toml"))
     assert bad_config.returncode == 2 and bad_config.stderr.startswith("onjob status: ")
 
     refused = onjob("status", "--server", refusing_server, "--db", str(tmp_path / "x.duckdb"))
     assert refused.returncode == 2
-    assert refused.stderr.endswith(f"onjob status: {refusing_server}: no such admin key\n")
+    assert refused.stderr.endswith(
+        f"onjob status: {refusing_server}: no such admin key (no admin key was found here: "
+        "give --admin-key KEY, or set ONJOB_PROXY__ADMIN_KEY)\n"
+    )
     sql = onjob("sql", "SELECT 1", "--server", refusing_server)
     assert sql.returncode == 2 and f"{refusing_server}: no such admin key" in sql.stderr
 
@@ -194,6 +200,31 @@ def test_status_with_no_server_and_no_database_says_so_and_makes_none(tmp_path):
         "onjob status: no server answered and there is no database at onjob.duckdb: start "
         "`onjob serve`, or name yours with --server URL or --db PATH\n"
     )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sql_with_no_server_and_no_database_says_what_status_says(tmp_path):
+    """Was "no database at onjob.duckdb", with no word of the server it had asked or of
+    how to name either."""
+    env = {**os.environ, "ONJOB_PROXY__PORT": str(free_port())}  # where no server listens
+    env.pop("ONJOB_PROXY__ADMIN_KEY", None)
+    said = {}
+    for command in (["status"], ["sql", "SELECT 1"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "onjob.cli", *command],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+            env=env,
+        )
+        assert done.returncode == Exit.REFUSED, done.stderr
+        said[command[0]] = done.stderr.removeprefix(f"onjob {command[0]}: ")
+    hint = (
+        "no server answered and there is no database at onjob.duckdb: start `onjob serve`, "
+        "or name yours with --server URL or --db PATH\n"
+    )
+    assert said == {"status": hint, "sql": hint}
     assert list(tmp_path.iterdir()) == []
 
 

@@ -32,6 +32,13 @@ ENGINE = _parent()
 ENGINE.add_argument("--engine-url", help="the engine's OpenAI base URL")
 SERVER = _parent()
 SERVER.add_argument("--server", help="the running server's URL (default: from [proxy] host/port)")
+SERVER.add_argument(
+    "--admin-key",
+    metavar="KEY",
+    help="the running server's admin key (default: proxy.admin_key, else the key beside the "
+    "database, <db>.admin-key): for a command run where neither is found. Other local users "
+    "can read a command line; ONJOB_PROXY__ADMIN_KEY is the same, unseen",
+)
 
 
 def load_settings(args: argparse.Namespace, **sections: dict):
@@ -84,7 +91,13 @@ def ask_admin(
             raise Refused(str(exc)) from exc
         return None
     except RefusedThere as exc:
-        raise Refused(f"{server}: {exc.message}") from exc
+        hint = ""
+        if exc.status == 401 and key is None:
+            hint = (
+                " (no admin key was found here: give --admin-key KEY, or set "
+                "ONJOB_PROXY__ADMIN_KEY)"
+            )
+        raise Refused(f"{server}: {exc.message}{hint}") from exc
     except ClientError as exc:  # an answer it cannot read
         raise Refused(f"{server}: {exc}") from exc
 
@@ -98,15 +111,29 @@ def local_url(proxy) -> str:
 
 def admin_endpoint(settings, args: argparse.Namespace) -> tuple[str, str | None]:
     """The running server's base URL (`--server`, else [proxy] host and port) and the
-    admin key: proxy.admin_key, else the key file beside the database."""
+    admin key: `--admin-key`, else proxy.admin_key, else the key file beside the database."""
     server = (getattr(args, "server", None) or local_url(settings.proxy)).rstrip("/")
-    key = settings.proxy.admin_key
+    key = getattr(args, "admin_key", None) or settings.proxy.admin_key
     if not key:  # the key `onjob serve` made beside the database, if it did
         try:
             key = admin_key.read(settings.collector.db)
         except admin_key.KeyFileError as exc:
             print(f"onjob: {exc}", file=sys.stderr)
     return server, key or None
+
+
+def no_database(db, *, asked: bool) -> Refused:
+    """Nothing to read: no database at `db`, and no server answered (`asked`) or none was
+    asked (`--db` alone); said alike by every command, with how to name either."""
+    if asked:
+        return Refused(
+            f"no server answered and there is no database at {db}: start `onjob serve`, "
+            "or name yours with --server URL or --db PATH"
+        )
+    return Refused(
+        f"no database at {db}: name yours with --db PATH, or ask the running server with "
+        "--server URL"
+    )
 
 
 def offline(settings, fn):
@@ -117,10 +144,7 @@ def offline(settings, fn):
 
     db = settings.collector.db
     if not Path(db).exists():
-        raise Refused(
-            f"no server answered and there is no database at {db}: start `onjob serve`, "
-            "or name yours with --server URL or --db PATH"
-        )
+        raise no_database(db, asked=True)
     try:
         store = Store(db)
     except StorageError as exc:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from .common import CONFIG, DATABASE, SERVER, ask_admin, load_settings
+from .common import CONFIG, DATABASE, SERVER, ask_admin, load_settings, no_database
 from .exits import Exit, Refused
 
 if TYPE_CHECKING:
@@ -34,7 +34,12 @@ def _ask(args: argparse.Namespace, settings, call, timeout: float):
     return ask_admin(args, settings, call, timeout=timeout, offline="with_db")
 
 
-def _open_read_only(settings, for_queries: bool = False):
+def _asked(args: argparse.Namespace) -> bool:
+    """Whether `_ask` asked a server before it answered None (not with `--db` alone)."""
+    return not (args.db and not args.server)
+
+
+def _open_read_only(args: argparse.Namespace, settings, for_queries: bool = False):
     """The database file opened read-only; `for_queries`: with DuckDB's ways out of the
     file switched off too (`readonly.connect`), which `export`'s COPY cannot have."""
     import duckdb
@@ -43,7 +48,7 @@ def _open_read_only(settings, for_queries: bool = False):
 
     db = settings.collector.db
     if not Path(db).exists():
-        raise Refused(f"no database at {db}")
+        raise no_database(db, asked=_asked(args))
     try:
         if for_queries:
             return readonly.connect(db)
@@ -75,7 +80,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
         timeout=600,
     )
     if out is None:
-        out = _forget_here(settings, what)
+        out = _forget_here(args, settings, what)
     if args.json:
         print(msgspec.json.format(msgspec.json.encode(out, enc_hook=str)).decode())
     else:
@@ -83,14 +88,14 @@ def cmd_forget(args: argparse.Namespace) -> int:
     return Exit.OK
 
 
-def _forget_here(settings, what) -> Removed:
+def _forget_here(args: argparse.Namespace, settings, what) -> Removed:
     """`onjob forget` on the database file, the spool and the snapshots, by this process."""
     from ..collector import StorageError, Store
     from ..collector.forget import forget, scrub
     from ..deploy.act.training import drop_snapshots
 
     if not Path(settings.collector.db).exists():
-        raise Refused(f"no database at {settings.collector.db}")
+        raise no_database(settings.collector.db, asked=_asked(args))
     try:
         store = Store(settings.collector.db)
     except StorageError as exc:
@@ -155,7 +160,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
         timeout=settings.collector.query_timeout_s + 30,
     )
     if answer is None:
-        con = _open_read_only(settings, for_queries=True)
+        con = _open_read_only(args, settings, for_queries=True)
         try:
             answer = readonly.query(con, args.query, args.limit)
         except readonly.QueryRefused as exc:
@@ -215,7 +220,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             whose = Tenants.of(settings.proxy).rows(args.tenant, settings.proxy.aliases)
         except UnknownTenant as exc:
             raise Refused(str(exc)) from exc
-    con = _open_read_only(settings)
+    con = _open_read_only(args, settings)
     try:
         listed = readonly.tenant_tables(con) if whose else readonly.tables(con)
         for name in args.table or listed:
@@ -233,8 +238,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 _WHERE = (
     "Asks the running `onjob serve` through its admin API (--server URL, else [proxy] "
-    "host and port; the admin key from proxy.admin_key / ONJOB_PROXY__ADMIN_KEY). With "
-    "--db, or when no server answers, it opens the database file itself."
+    "host and port; the admin key from --admin-key, proxy.admin_key / "
+    "ONJOB_PROXY__ADMIN_KEY, or the key file beside the database). With --db, or when no "
+    "server answers, it opens the database file itself."
 )
 
 
