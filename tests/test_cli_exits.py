@@ -9,13 +9,17 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
 
 from onjob.cli.exits import Exit, table
-from onjob.cli.process import free_port
+from onjob.cli.process import ServerProcess, free_port
+
+from .conftest import admin_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -181,6 +185,59 @@ def test_a_misspelt_environment_variable_is_refused_like_a_file_typo(tmp_path):
         "(did you mean `proxy.port`?)",
     ]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_variable_no_setting_reads_is_warned_with_the_spelling_it_meant(tmp_path):
+    """`ONJOB_PROXY_PORT` (one underscore where the section nests with two) was ignored
+    without a word, and the server ran on the default port. Warned, not refused: the
+    engine's `ONJOB_ENGINE_<FLAG>`, `ONJOB_CONFIG` and `ONJOB_CACHE_DIR` are read elsewhere."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONJOB_")}
+    env |= {
+        "ONJOB_PROXY_PORT": str(free_port()),
+        "ONJOB_LOOP_GATE_REWARDS": "{}",
+        "ONJOB_PROXYY": "1",
+        "ONJOB_ENGINE_THREADS": "1",
+        "ONJOB_CACHE_DIR": str(tmp_path / "cache"),
+        "ONJOB_LOOP__INTERVAL_S": "5",
+    }
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    done = subprocess.run(
+        [sys.executable, "-m", "onjob.cli", "status", "--server", nowhere],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == Exit.REFUSED  # no server, no database: said after the warnings
+    assert done.stderr.splitlines()[:3] == [
+        "onjob status: warning: environment variable ONJOB_LOOP_GATE_REWARDS is not read: a "
+        "section and its setting are joined by two underscores (did you mean "
+        "ONJOB_LOOP__GATE__REWARDS?)",
+        "onjob status: warning: environment variable ONJOB_PROXYY is not read: it names no "
+        "setting (settings are ONJOB_<SECTION>__<SETTING>)",
+        "onjob status: warning: environment variable ONJOB_PROXY_PORT is not read: a section "
+        "and its setting are joined by two underscores (did you mean ONJOB_PROXY__PORT?)",
+    ]
+    assert "no server answered" in done.stderr.splitlines()[3]
+
+
+def test_serve_warns_once_whatever_its_workers(tmp_path, fake_engine_url):
+    """Each `--workers` process reads the same environment; the primary alone says it."""
+    args = ["--engine-url", fake_engine_url, "--db", str(tmp_path / "o.duckdb"), "--workers", "3"]
+    env = {"ONJOB_LOOP__INTERVAL_S": "0", "ONJOB_COLLECTOR_DB": str(tmp_path / "elsewhere")}
+    with ServerProcess(args, env=env, log=tmp_path / "serve.log") as server:
+        pids, deadline = set(), time.monotonic() + 60
+        while len(pids) < 3 and time.monotonic() < deadline:  # each has read its settings
+            health = httpx.get(f"{server.base}/health", headers=admin_of(server), timeout=10)
+            pids.add(health.json()["pid"])
+        assert len(pids) == 3
+    said = (tmp_path / "serve.log").read_text()
+    warning = (
+        "onjob serve: warning: environment variable ONJOB_COLLECTOR_DB is not read: a section "
+        "and its setting are joined by two underscores (did you mean ONJOB_COLLECTOR__DB?)"
+    )
+    assert said.count(warning) == 1, said
 
 
 def test_version_and_help_say_it_plainly():

@@ -44,21 +44,30 @@ SERVER.add_argument(
 def load_settings(args: argparse.Namespace, **sections: dict):
     """ServeSettings from --config, the environment and the flags given, by section
     (`collector={"db": args.db}`): a flag left unset (None) leaves its setting to the file
-    and the environment. `Refused`, saying each invalid field, when they cannot be read."""
+    and the environment. `Refused`, saying each invalid field, when they cannot be read.
+    Once read, a warning on stderr for each `ONJOB_` variable no setting reads (one `_`
+    where two nest a setting in its section, or no setting at all)."""
+    import os
+
     from pydantic import ValidationError
 
-    from .settings import ServeSettings, SettingsError
+    from .settings import WARNED, ServeSettings, SettingsError, environment_warnings
 
     given = {
         name: {k: v for k, v in flags.items() if v is not None} for name, flags in sections.items()
     }
     try:
-        return ServeSettings.load(args.config, **{k: v for k, v in given.items() if v})
+        settings = ServeSettings.load(args.config, **{k: v for k, v in given.items() if v})
     except ValidationError as exc:
         lines = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
         raise Refused("\n".join(lines)) from exc
     except (FileNotFoundError, SettingsError) as exc:
         raise Refused(str(exc)) from exc
+    if not os.environ.get(WARNED):  # a `--workers` process: its primary said them
+        who = f"onjob {args.command}" if getattr(args, "command", None) else "onjob"
+        for line in environment_warnings(ServeSettings, os.environ):
+            print(f"{who}: warning: {line}", file=sys.stderr)
+    return settings
 
 
 Offline = Literal["when_down", "with_db"]

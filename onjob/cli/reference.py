@@ -29,7 +29,11 @@ environment variables (values of dicts and lists as JSON, e.g.
 or `./onjob.toml` when present), then the defaults below. Every setting has a working
 default. A file or an `ONJOB_<SECTION>__<FIELD>` variable that names a setting not listed
 here (a typo, or one since removed) is refused before anything starts, each one named with
-the setting it is closest to.
+the setting it is closest to. Any other `ONJOB_` variable no setting reads is warned about
+on stderr once at start, with the spelling it probably meant: one underscore where a
+section and its setting take two (`ONJOB_PROXY_PORT`: did you mean `ONJOB_PROXY__PORT`?),
+or a name that is no setting at all. `ONJOB_CONFIG`, `ONJOB_CACHE_DIR` and the engine's
+`ONJOB_ENGINE_<FLAG>` (below) are read elsewhere.
 """
 
 _BOUNDS = {

@@ -30,6 +30,12 @@ from .telemetry import TelemetrySettings
 DEFAULT_CONFIG = Path("onjob.toml")
 
 _ENV_PREFIX = "ONJOB_"
+# `ONJOB_` variables other readers take: the settings file's path, where models are cached
+# (`bundled.py`); and the engine's own, `ONJOB_ENGINE_<FLAG>` (`engine/settings.py`).
+OTHER_READERS = frozenset({"ONJOB_CONFIG", "ONJOB_CACHE_DIR"})
+_ENGINE_FLAGS = "ENGINE_"
+# Set for `--workers`' processes, so the primary alone warns (`environment_warnings`).
+WARNED = "_ONJOB_ENVIRONMENT_WARNED"
 
 # Settings that existed once: a file still setting one is told what became of it.
 REMOVED = {
@@ -134,6 +140,63 @@ def _check_environment(cls: type[BaseModel], environ: Mapping[str, str]) -> None
         problems += [f"environment variable {var}: {p}" for p in _unknown(cls, nested, "")]
     if problems:
         raise SettingsError("\n".join(problems))
+
+
+def environment_warnings(cls: type[BaseModel], environ: Mapping[str, str]) -> list[str]:
+    """The `ONJOB_` variables no setting reads, each with the one it probably meant: a
+    section and its setting joined by one underscore where the settings nest with two
+    (`ONJOB_PROXY_PORT` for `ONJOB_PROXY__PORT`), or a name that is no setting at all.
+    pydantic ignores both, and the server would run without what they ask. Warned, not
+    refused as `_check_environment` refuses a nested typo: other readers share the prefix
+    (`OTHER_READERS`, the engine's flags, a test's own knobs)."""
+    from ..engine import EngineSettings
+
+    said = []
+    for var in sorted(environ):
+        if not var.startswith(_ENV_PREFIX) or "__" in var or var in OTHER_READERS:
+            continue
+        name = var.removeprefix(_ENV_PREFIX)
+        flag = name.removeprefix(_ENGINE_FLAGS).lower()
+        if name.startswith(_ENGINE_FLAGS) and flag in EngineSettings.model_fields:
+            continue  # `onjob engine`'s, and a started engine child's
+        path = _nested(cls, name.lower().split("_"))
+        if path is not None and len(path) == 1:
+            continue  # a whole section as JSON: read
+        if path is not None:
+            meant = _ENV_PREFIX + "__".join(path).upper()
+            said.append(
+                f"environment variable {var} is not read: a section and its setting are "
+                f"joined by two underscores (did you mean {meant}?)"
+            )
+            continue
+        close = difflib.get_close_matches(var, list(_variables(cls, _ENV_PREFIX)), 1, 0.8)
+        hint = f"did you mean {close[0]}?" if close else "settings are ONJOB_<SECTION>__<SETTING>"
+        said.append(f"environment variable {var} is not read: it names no setting ({hint})")
+    return said
+
+
+def _nested(model: type[BaseModel], words: list[str]) -> list[str] | None:
+    """The setting these words (a name split at each `_`) spell when some of the `_` are
+    read as `__`: its path of field names, or None."""
+    names = _names(model)
+    if "_".join(words) in names:
+        return ["_".join(words)]
+    for i in range(1, len(words)):
+        field = names.get("_".join(words[:i]))
+        if field is not None and _is_model(field.annotation):
+            rest = _nested(field.annotation, words[i:])
+            if rest is not None:
+                return ["_".join(words[:i]), *rest]
+    return None
+
+
+def _variables(model: type[BaseModel], prefix: str):
+    """Every setting's variable, `ONJOB_PROXY__PORT` and the like."""
+    for name, field in model.model_fields.items():
+        if _is_model(field.annotation):
+            yield from _variables(field.annotation, f"{prefix}{name.upper()}__")
+        else:
+            yield f"{prefix}{name.upper()}"
 
 
 def _unknown(model: type[BaseModel], data: dict, prefix: str):

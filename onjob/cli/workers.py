@@ -15,11 +15,14 @@ segment is claimed, `collector/spool.py`).
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import subprocess
 import sys
 import threading
 import time
+
+from .settings import WARNED
 
 log = logging.getLogger("onjob.serve")
 
@@ -81,7 +84,9 @@ class Workers:
         # Linux shares the CPU between sessions (autogroups) before it weighs priorities, so
         # a worker in a session of its own would get half a busy core against the loader's
         # niced thread (`collector.loader_nice`) instead of nearly all of it.
-        return subprocess.Popen(self.argv, process_group=0)
+        # The environment as the primary's, which has warned of what no setting reads.
+        env = {**os.environ, WARNED: "1"}
+        return subprocess.Popen(self.argv, process_group=0, env=env)
 
     def _watching(self) -> None:
         while not self._stopping.wait(1.0):
