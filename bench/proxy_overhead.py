@@ -52,6 +52,7 @@ import loadgen
 import peers
 import results_file
 
+from onjob.cli import admin_key
 from onjob.cli.process import free_port
 
 HERE = Path(__file__).parent
@@ -131,9 +132,13 @@ def proxy(engine_port: int, db: Path, core: int, *flags: str, tree: Path | None 
     if tree is not None:
         env = {**env, "PYTHONPATH": str(tree)}
     proc = start(cmd, port, core, env, cwd=tree)
+    # `/health`'s counters and pid are the admin key's alone: as given, or the one the
+    # server made beside its database.
+    key = env.get("ONJOB_PROXY__ADMIN_KEY") or admin_key.read(db)
+    ADMIN[port] = {"Authorization": f"Bearer {key}"} if key else {}
     if "--loader-apart" in flags:  # a worker answers (its pid in /health); the primary loads
         LOADERS[port] = proc.pid
-        PIDS[port] = httpx.get(f"http://127.0.0.1:{port}/health").json()["pid"]
+        PIDS[port] = httpx.get(f"http://127.0.0.1:{port}/health", headers=ADMIN[port]).json()["pid"]
     return proc, port
 
 
@@ -215,10 +220,11 @@ class Usage:
 
 
 def health(port: int) -> dict:
-    return httpx.get(f"http://127.0.0.1:{port}/health").json()["collector"]
+    return httpx.get(f"http://127.0.0.1:{port}/health", headers=ADMIN[port]).json()["collector"]
 
 
 PIDS: dict[int, int] = {}  # port -> the pid of the server listening on it
+ADMIN: dict[int, dict] = {}  # port -> the header with its server's admin key (`proxy`)
 LOADERS: dict[int, int] = {}  # port -> the pid loading its spool, where that is another
 
 

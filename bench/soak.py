@@ -134,6 +134,10 @@ class Traffic:
                 self.open.append([*messages, {"role": "assistant", "content": answer.reply}])
 
 
+ADMIN = "soak-admin"
+AS_ADMIN = {"Authorization": f"Bearer {ADMIN}"}  # `/health`'s counters are its alone
+
+
 async def soak(base: str, pid: int, args: argparse.Namespace) -> tuple[Traffic, list[dict]]:
     traffic = Traffic(base, args)
     samples: list[dict] = []
@@ -142,7 +146,7 @@ async def soak(base: str, pid: int, args: argparse.Namespace) -> tuple[Traffic, 
     async with aiohttp.ClientSession() as session:
         while True:
             done = running.done()
-            async with session.get(f"{base}/health") as resp:
+            async with session.get(f"{base}/health", headers=AS_ADMIN) as resp:
                 collector = (await resp.json())["collector"]
             sample = {
                 "t": round(time.monotonic() - start, 1),
@@ -181,7 +185,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
     warmup = min(args.warmup_s, args.minutes * 60 / 4)
-    env = {"ONJOB_LOOP__INTERVAL_S": "0"}
+    env = {"ONJOB_LOOP__INTERVAL_S": "0", "ONJOB_PROXY__ADMIN_KEY": ADMIN}
     if args.stitch_capacity:
         env["ONJOB_COLLECTOR__STITCH_CAPACITY"] = str(args.stitch_capacity)
     with tempfile.TemporaryDirectory(prefix="onjob-soak-") as tmp:

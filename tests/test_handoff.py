@@ -27,6 +27,7 @@ from .s3_server import (  # noqa: F401  (fixtures)
 )
 
 ADMIN = "admin-secret"
+AS_ADMIN = {"Authorization": f"Bearer {ADMIN}"}  # `/health`'s counters are its alone
 AWS = {
     "aws_access_key_id": CREDENTIALS["AWS_ACCESS_KEY_ID"],
     "aws_secret_access_key": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
@@ -40,11 +41,16 @@ def loaded_ids(loader: ServerProcess) -> set[str]:
     return {r[0] for r in rows_of(loader, "SELECT id FROM exchanges")}
 
 
+def collector_of(server: ServerProcess) -> dict:
+    """Its collector's counters, as `/health` tells the admin key."""
+    return httpx.get(f"{server.base}/health", headers=AS_ADMIN, timeout=30).json()["collector"]
+
+
 def rows_of(loader: ServerProcess, query: str) -> list[list]:
     answer = httpx.post(
         f"{loader.base}/admin/sql",
         json={"query": query},
-        headers={"Authorization": f"Bearer {ADMIN}"},
+        headers=AS_ADMIN,
         timeout=60,
     )
     assert answer.status_code == 200, answer.text
@@ -117,8 +123,7 @@ def test_two_hosts_hand_their_spools_to_one_loader_through_a_bucket_and_a_dead_h
                     {"role": "user", "content": f"and then {turn}?"},
                 ]
         wait_for(loader, set(answered))
-        health = httpx.get(f"{loader.base}/health", timeout=30).json()
-        assert health["collector"]["hosts_live"] == ["host-a", "host-b"]
+        assert collector_of(loader)["hosts_live"] == ["host-a", "host-b"]
         assert not list((tmp_path / "a" / "onjob.duckdb.spool").glob("*.jsonl"))  # handed over
         # The primary's routing reaches each host's spool, where its proxy follows it.
         routing = (tmp_path / "loader" / "onjob.duckdb.spool" / "routing.json").read_bytes()
@@ -146,8 +151,7 @@ def test_two_hosts_hand_their_spools_to_one_loader_through_a_bucket_and_a_dead_h
         on_a = [ask(clients[a], f"a while b is dead {i}") for i in range(5)]
         have = wait_for(loader, set(on_a))
         assert on_b[-1] not in have  # on b's disk alone
-        health = httpx.get(f"{loader.base}/health", timeout=30).json()
-        assert health["collector"]["hosts_live"] == ["host-a"]
+        assert collector_of(loader)["hosts_live"] == ["host-a"]
         # b starts again on its spool: the segment it had open goes to the loader.
         b = host("b")
         procs[2] = b
@@ -304,15 +308,13 @@ def test_a_deletion_reaches_the_hosts_so_the_next_turn_of_a_forgotten_conversati
             forgot = httpx.post(
                 f"{loader.base}/admin/forget",
                 json={"trajectory": trajectory[0][0]},
-                headers={"Authorization": f"Bearer {ADMIN}"},
+                headers=AS_ADMIN,
                 timeout=60,
             )
             assert forgot.status_code == 200, forgot.text
             assert first.id not in loaded_ids(loader)
             deadline = time.monotonic() + 30
-            while (
-                httpx.get(f"{host.base}/health", timeout=10).json()["collector"]["forgets_seen"] < 1
-            ):
+            while collector_of(host)["forgets_seen"] < 1:
                 assert time.monotonic() < deadline, "the host never saw the deletion"
             messages += [
                 {"role": "assistant", "content": first.choices[0].message.content},

@@ -25,6 +25,7 @@ from .conftest import rows
 from .s3_server import bucket_env, bucket_url, s3_endpoint, server_in  # noqa: F401
 
 ADMIN = "admin-secret"
+AS_ADMIN = {"Authorization": f"Bearer {ADMIN}"}  # `/health`'s counters are its alone
 
 
 @pytest.fixture
@@ -162,7 +163,8 @@ def test_two_loaders_started_at_once_one_loads_and_the_other_takes_over_its_data
         return server_in(tmp_path, name, fake_engine_url, env | here, *primary, port=port)
 
     def loader_of(p: ServerProcess) -> str:
-        return httpx.get(f"{p.base}/health", timeout=30).json()["collector"]["loader"]
+        health = httpx.get(f"{p.base}/health", headers=AS_ADMIN, timeout=30)
+        return health.json()["collector"]["loader"]
 
     def ask(p: ServerProcess, n: int, what: str) -> list[str]:
         client = OpenAI(base_url=p.url, api_key="unused", max_retries=0, timeout=60)
@@ -251,7 +253,7 @@ def ids(p: ServerProcess) -> set[str]:
     answer = httpx.post(
         f"{p.base}/admin/sql",
         json={"query": "SELECT id FROM exchanges"},
-        headers={"Authorization": f"Bearer {ADMIN}"},
+        headers=AS_ADMIN,
         timeout=60,
     )
     assert answer.status_code == 200, answer.text
@@ -291,7 +293,7 @@ def test_a_conversation_forgotten_on_the_loader_does_not_come_back_through_a_fai
         answer = httpx.post(
             f"{loader.base}/admin/forget",
             json={"trajectory": "gone"},
-            headers={"Authorization": f"Bearer {ADMIN}"},
+            headers=AS_ADMIN,
             timeout=60,
         )
         assert answer.status_code == 200 and answer.json()["exchanges"] == 2, answer.text

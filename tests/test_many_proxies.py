@@ -16,6 +16,7 @@ from onjob.cli.process import ServerProcess
 from .conftest import rows
 
 ADMIN = "admin-secret"
+AS_ADMIN = {"Authorization": f"Bearer {ADMIN}"}  # `/health`'s counters are its alone
 SYSTEM = {"role": "system", "content": "You are the support agent of a shop. Answer briefly."}
 
 
@@ -157,6 +158,11 @@ def test_a_proxy_killed_with_its_segment_open_loses_nothing_it_answered(tmp_path
         primary.stop()
 
 
+def pid_of(server: ServerProcess) -> int:
+    """Which process answered a new connection (`/health` tells the admin key)."""
+    return httpx.get(f"{server.base}/health", headers=AS_ADMIN, timeout=10).json()["pid"]
+
+
 def test_workers_share_the_port_and_the_database(tmp_path, fake_engine_url):
     env = {"ONJOB_LOOP__INTERVAL_S": "0", "ONJOB_PROXY__ADMIN_KEY": ADMIN}
     db = tmp_path / "onjob.duckdb"
@@ -165,7 +171,7 @@ def test_workers_share_the_port_and_the_database(tmp_path, fake_engine_url):
         pids, ids = set(), []
         deadline = time.monotonic() + 60
         while len(pids) < 2 and time.monotonic() < deadline:  # a new connection each time
-            pids.add(httpx.get(f"{server.base}/health", timeout=10).json()["pid"])
+            pids.add(pid_of(server))
         assert len(pids) == 2, "the kernel never handed a connection to the worker"
         for i in range(40):
             answer = httpx.post(
@@ -195,7 +201,7 @@ def test_with_the_loader_apart_only_workers_answer_and_nothing_is_lost(tmp_path,
     with ServerProcess(args, env=env, log=tmp_path / "server.log") as server:
         pids, ids = set(), []
         for i in range(30):  # a new connection each time: the kernel picks a process
-            pids.add(httpx.get(f"{server.base}/health", timeout=10).json()["pid"])
+            pids.add(pid_of(server))
             answer = httpx.post(
                 f"{server.url}/chat/completions",
                 json={"model": "agent", "messages": [{"role": "user", "content": f"a{i}"}]},

@@ -15,6 +15,7 @@ live checkpoint restored.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -32,6 +33,8 @@ from onjob.cli.process import EngineProcess, ServerProcess, free_port, port_take
 from onjob.collector import Store
 from onjob.deploy.act import registry
 from onjob.engine import chat
+from onjob.judge.admission import waiting
+from onjob.judge.sampling import BACKGROUND
 from onjob.protocol.chat import Message
 from onjob.protocol.fields import Tool
 
@@ -129,6 +132,21 @@ def test_token_ids_and_logprobs_whole_and_streamed_equal_the_trainers_forward(
     assert text
     mine = trainer_logprobs(smol_model, prompt, ids)
     assert max(abs(a - b) for a, b in zip(logprobs, mine, strict=True)) < 2e-3
+
+
+def test_both_engines_serve_background_work_as_users_and_state_their_queue(real_engine):
+    # vLLM refuses any priority unless started with `--scheduling-policy priority`, as
+    # `onjob engine --backend vllm` starts it: the judge's background samples must pass.
+    user = complete(real_engine)
+    background = complete(real_engine, priority=BACKGROUND)
+    assert background.status_code == 200, background.text
+    assert background.json()["choices"][0]["token_ids"] == user.json()["choices"][0]["token_ids"]
+
+    async def queued():
+        async with httpx.AsyncClient(base_url=real_engine.url) as engine:
+            return await waiting(engine)
+
+    assert asyncio.run(queued()) == 0  # the admission's reading, the same on both
 
 
 def test_a_request_with_tools_renders_as_the_local_engine_renders_it(real_engine, tokenizer):

@@ -149,14 +149,15 @@ def test_the_openapi_document_needs_an_api_key_as_the_model_list_does(server):
     }
 
 
-def test_health_tells_an_anonymous_caller_only_that_the_server_is_up(server):
+def test_health_tells_anyone_the_server_is_up_and_only_the_admin_key_its_counters(server):
+    """The counters (every tenant's traffic through this process) were an API key's too."""
     anonymous = httpx.get(f"{server.base}/health")
     assert anonymous.status_code == 200 and anonymous.json() == {"status": "ok"}
-    wrong = httpx.get(f"{server.base}/health", headers=bearer(WRONG))
-    assert wrong.json() == {"status": "ok"}  # a wrong key learns no more than none
-    for secret in (KEYS["bob"], ADMIN):
-        keyed = httpx.get(f"{server.base}/health", headers=bearer(secret)).json()
-        assert "spooled" in keyed["collector"] and keyed["pid"] > 0
+    for secret in (WRONG, KEYS["bob"]):  # a wrong key, or a tenant's, learns no more
+        assert httpx.get(f"{server.base}/health", headers=bearer(secret)).json() == anonymous.json()
+    admin = httpx.get(f"{server.base}/health", headers=bearer(ADMIN)).json()
+    assert admin["status"] == "ok" and admin["pid"] > 0 and admin["engines"] == ["up"]
+    assert "spooled" in admin["collector"]
     foreign = httpx.get(f"{server.base}/health", headers={"Origin": "https://evil.example"})
     assert foreign.status_code == 403 and "another site" in foreign.json()["error"]["message"]
 

@@ -210,6 +210,28 @@ def test_every_table_view_and_documented_query_is_answered_whatever_the_file_is_
     assert json.loads(done.stdout)["rows"] == [[0]]
 
 
+def test_the_readmes_first_query_tells_the_agents_rows_from_the_loops(tmp_path):
+    """A newcomer's first query listed the judge's re-samples among their own requests, with
+    nothing to tell them apart: it shows each row's `source`."""
+    first = re.search(r'onjob sql "([^"]+)"', (ROOT / "README.md").read_text()).group(1)
+    db = tmp_path / "onjob.duckdb"
+    store = Store(db)
+    for i, source in enumerate(["production", "resample"]):
+        store.con.execute(
+            "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, status, latency_ms,"
+            " source) VALUES (?, now() + to_seconds(?), 't', 0, 's', 200, 5.0, ?)",
+            [f"chatcmpl-{i}", i, source],
+        )
+    store.close()
+    con = readonly.connect(db)
+    try:
+        answer = readonly.query(con, first, 100)
+    finally:
+        con.close()
+    shown = [dict(zip(answer.columns, row, strict=True)) for row in answer.rows]
+    assert [r["source"] for r in shown] == ["production", "resample"]
+
+
 def test_help_explains_each_verb():
     for verb, words in (
         ("sql", ["read-only", "--limit", "examples"]),

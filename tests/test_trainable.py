@@ -89,14 +89,17 @@ def test_answers_that_do_not_add_up_are_logged_untrainable_counted_and_never_jud
         "strict": {"tools": STRICT},  # vLLM decodes it under a structural tag
     }
     app = create_app(
-        ProxySettings(aliases={"agent": None}), upstream=_engine(), collector=collector
+        ProxySettings(aliases={"agent": None}, admin_key="adm-untrainable"),
+        upstream=_engine(),
+        collector=collector,
     )
     with TestClient(app) as client:
         for ask, more in asks.items():
             body = {"model": "agent", "messages": [{"role": "user", "content": ask}]}
             body.update(metadata={"ask": ask}, **more)
             assert client.post("/v1/chat/completions", json=body).status_code == 200
-        health = client.get("/health").json()["collector"]["untrainable"]
+        as_admin = {"Authorization": "Bearer adm-untrainable"}  # the counters are its alone
+        health = client.get("/health", headers=as_admin).json()["collector"]["untrainable"]
     assert health == {"count": 2, "no_logprob": 1, "masked": 1}
     logged = {
         r["ask"]: r["untrainable"]

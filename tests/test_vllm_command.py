@@ -68,6 +68,8 @@ def test_logprobs_are_the_raw_distribution_and_sampling_defaults_are_not_the_mod
     assert flag(argv, "--logprobs-mode") == "raw_logprobs"
     # No temperature / top_p from generation_config.json for requests that omit them.
     assert flag(argv, "--generation-config") == "vllm"
+    # Users first: onjob's own requests carry a background `priority`, honoured only so.
+    assert flag(argv, "--scheduling-policy") == "priority"
 
 
 @pytest.mark.parametrize(

@@ -308,13 +308,15 @@ def _add_sql(sub) -> None:
         ),
         epilog=(
             "examples:\n"
-            '  onjob sql "SELECT model_alias, count(*) FROM exchanges GROUP BY ALL"\n'
+            '  onjob sql "SELECT source, model_alias, count(*) FROM exchanges GROUP BY ALL"\n'
             '  onjob sql "SELECT id, n_turns FROM trajectories ORDER BY last_ts DESC" '
             "--limit 20\n"
             '  onjob sql "SELECT table_name FROM duckdb_tables()" --json\n'
             "tables: exchanges, trajectories, scenarios, groups, members, judgements, scores,\n"
             "feedback, checkpoints, train_runs, deployments, forgotten, openings\n"
             "(docs/ARCHITECTURE.md)\n"
+            "exchanges.source: production (the agent's requests) or resample (the loop's own:\n"
+            "the judge's re-samples, the A/B test's answers)\n"
             "a turn's row stores only what it adds to its conversation (or to the start it\n"
             "shares with others, in openings): read whole requests and prompt\n"
             "token ids from the view exchanges_full, e.g.\n"

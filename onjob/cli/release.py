@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -135,7 +136,7 @@ def cmd_route(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from ..deploy.act import deployments, registry, reviews
     from ..deploy.decide import fair, fit
-    from ..judge import judge_agreement
+    from ..judge import NO_SCORER, judge_agreement
     from ..proxy.tenants import Tenants
 
     settings = load_settings(args, collector={"db": args.db})
@@ -170,6 +171,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"loader: {c.loader}; hosts live: {hosts}"
             + (f"; past their lease (taken for dead): {dropped}" if dropped else "")
         )
+    if status is not None:
+        print(f"loop: {status.loop.line(time.time())}")
+    scorer = status.loop.scorer if status is not None else settings.judge.scorer()
+    if scorer is None and settings.loop.train:
+        print(f"NO SCORER: {NO_SCORER}")
     if fitted:
         print(f"loop settings: {fitted.line}")
     tenants = Tenants.of(settings.proxy)
@@ -186,14 +192,15 @@ def cmd_status(args: argparse.Namespace) -> int:
                 else "shared: every key no tenant holds"
             )
             line += f"  [{whose}]"
-            if alias in lineages:
-                line += f"; {lineages[alias].ready_groups} groups ready to train"
             if alias in last:
                 line += f"; last: {(last[alias].reason or '')[:80]} ({last[alias].actor})"
-        if alias in lineages:  # what its next run waits for, and whether there is signal
+        if alias in lineages:  # what its next run and decision wait for, and the signal
             state = lineages[alias]
+            line += f"\n  groups ready to train: {state.ready_groups} of {state.wanted_groups}"
             if state.waiting:
                 line += f"\n  training: {state.waiting}"
+            if state.deciding:
+                line += f"\n  deciding: {state.deciding}"
             if state.signal is not None:
                 line += f"\n  signal: {state.signal.line}"
         print(line)

@@ -21,6 +21,8 @@ from ..deploy.act.engine import engine_client
 from ..deploy.act.operator import Operator
 from ..deploy.decide.trust import static_mode
 from ..deploy.loop import PeriodicLoop
+from ..deploy.metrics import LoopReadings
+from ..judge import NO_SCORER
 from ..proxy import (
     ProxySettings,
     Router,
@@ -29,6 +31,7 @@ from ..proxy import (
     replicas,
 )
 from ..proxy.lean import LeanUpstream
+from ..proxy.metrics import Metrics
 from ..proxy.pool import Pool, Replica
 from . import admin_key, deadlines
 from .common import local_url
@@ -77,6 +80,8 @@ def build_app(settings: ServeSettings, workers: Workers | None = None):
     pool.wanted = router.adapters
     operator = Operator(collector, router, engine, settings.proxy.aliases, pool=pool)
     loop = PeriodicLoop(collector, operator, settings)
+    metrics = Metrics()  # `GET /metrics`: this process's exchanges, and the loop's stage
+    metrics.watch(LoopReadings(loop))
 
     spool = settings.collector.spool
 
@@ -111,6 +116,7 @@ def build_app(settings: ServeSettings, workers: Workers | None = None):
         on_startup=[restore_routing, loop.start, settle_gc],
         # The pool closes every engine client, the judge's too.
         on_shutdown=[*([stop_workers] if workers else []), loop.stop, unfreeze_gc],
+        metrics=metrics,
     )
 
 
@@ -367,3 +373,5 @@ def _say_started(settings: ServeSettings, configured_key: bool) -> None:
             file=sys.stderr,
             flush=True,
         )
+        if settings.judge.scorer() is None:
+            print(f"onjob serve: {NO_SCORER}", file=sys.stderr, flush=True)

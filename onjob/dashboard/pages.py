@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -33,7 +34,7 @@ from ..deploy.decide import ledger, pairs
 from ..deploy.decide.evidence import Evidence
 from ..deploy.loop import OFF, LoopState, PeriodicLoop
 from ..deploy.settings import DeploySettings
-from ..judge import judge_agreement
+from ..judge import NO_SCORER, judge_agreement
 from ..judge.rollouts import json_value
 from ..proxy import Router as ArmRouter
 from ..proxy.auth import AskPassword, Doors
@@ -196,6 +197,8 @@ async def overview(site: NamedDependency[Site], minutes: FromQuery[int] = 60) ->
         base_model=site.router.base_model,
         tenants=_tenant_rows(site.router, data.pop("decided"), state.tenant_budgets),
         loop=state,
+        loop_line=state.line(time.time()),
+        no_scorer=NO_SCORER,
         chart=_chart_data(data["per_minute"]),
         collector=site.collector.stats(),
         **data,

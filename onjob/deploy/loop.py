@@ -64,6 +64,9 @@ class LoopState:
     fitted: fit.Fitted | None = None  # the settings fitted to the traffic, this iteration
     lineages: dict[str, LineState] = field(default_factory=dict)  # name -> live, canary, groups
     last_trained: str | None = None  # the lineage that trained last (the trainer's turn)
+    scorer: str | None = None  # what scores re-sampled answers (None: nothing does)
+    last_iteration: float | None = None  # Unix time the last iteration ended
+    interval_s: float = 0.0  # between iterations (0: the loop is off)
 
     @contextlib.contextmanager
     def doing(self, stage: str):
@@ -86,6 +89,9 @@ class LoopState:
             fitted=self.fitted,
             lineages=dict(self.lineages),
             last_trained=self.last_trained,
+            scorer=self.scorer,
+            last_iteration=self.last_iteration,
+            interval_s=self.interval_s,
         )
 
 
@@ -145,6 +151,7 @@ class Line:
     oldest_s: float | None = None  # how long the oldest ready group has waited
     runs: int = 0  # the lineage's training runs so far (0: its cold start)
     signal: Signal | None = None  # whether its scored groups carry anything to learn from
+    deciding: str = ""  # its canary's last verdict, in words
 
     @property
     def name(self) -> str:
@@ -191,6 +198,15 @@ class Line:
         self.wanted = fit.min_groups(r.settings, recent, runs=self.runs)
         keys, params = r.lineage.scope.sql("e.api_key_id")
         self.signal = await r.db.query(lambda st: signal.signal(st, keys, params))
+        self.deciding = await r.db.query(self._deciding) if self.comparing else ""
+
+    def _deciding(self, store) -> str:
+        """Its canary's last verdict, in words: what the decision waits for."""
+        canary = self.routing.canary
+        said = ledger.recorded(store, self.name, self.routing)
+        if said is None:
+            return f"canary {canary}: its first round comes next iteration"
+        return f"canary {canary}: {said.verdict.reason}"
 
     def waiting(self) -> str:
         """What a run of it waits for, in words."""
@@ -216,6 +232,7 @@ class Line:
             wanted_groups=self.wanted,
             waiting="" if self.due else self.waiting(),
             signal=self.signal,
+            deciding=self.deciding,
         )
 
 
@@ -307,7 +324,9 @@ class PeriodicLoop:
         self.collector = collector
         self.operator = operator
         self.settings = settings
-        self.state = LoopState()
+        self.state = LoopState(
+            scorer=settings.judge.scorer(), interval_s=max(settings.loop.interval_s, 0.0)
+        )
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -365,6 +384,7 @@ class PeriodicLoop:
                 log.error("loop iteration stopped: %s", exc)
             except Exception:
                 log.exception("loop iteration failed; the next one tries again")
+            self.state.last_iteration = time.time()
 
 
 async def run(settings: DeploySettings, *, once: bool, echo) -> None:

@@ -29,6 +29,7 @@ class LineState(msgspec.Struct, frozen=True, kw_only=True):
     wanted_groups: int  # what starts a run (`fit.min_groups`)
     waiting: str = ""  # what a run waits for, in words
     signal: Signal | None = None  # whether its scored groups carry anything to learn from
+    deciding: str = ""  # its canary's last verdict, in words: what the decision waits for
 
 
 class LoopView(msgspec.Struct, frozen=True, kw_only=True):
@@ -44,6 +45,29 @@ class LoopView(msgspec.Struct, frozen=True, kw_only=True):
     fitted: fit.Fitted | None
     lineages: dict[str, LineState]
     last_trained: str | None
+    scorer: str | None = None  # what scores re-sampled answers (None: nothing does)
+    last_iteration: float | None = None  # Unix time the last iteration ended
+    interval_s: float = 0.0  # between iterations (0: the loop is off)
+
+    def line(self, now: float) -> str:
+        """The loop in one line, as `onjob status` and the dashboard show it."""
+        if self.interval_s <= 0:
+            return "off in this server (loop.interval_s = 0)"
+        doing = (
+            "between iterations"
+            if self.stage == "idle"
+            else f"{self.stage} for {now - self.since:.0f} s"
+        )
+        last = (
+            f"the last ended {now - self.last_iteration:.0f} s ago"
+            if self.last_iteration
+            else "none ended yet"
+        )
+        return (
+            f"{'paused' if self.paused else 'running'}, {doing}; {self.iterations} "
+            f"iterations, {last}, one every {self.interval_s:g} s; scorer: "
+            f"{self.scorer or 'none'}"
+        )
 
 
 class ServerStatus(msgspec.Struct, kw_only=True):

@@ -1,5 +1,6 @@
 """What every answer of the engine shares, chat or legacy completion: its `usage`, and the
-SSE framing of a stream (each chunk a `data:` event, then `[DONE]`)."""
+SSE framing of a stream (each chunk a `data:` event, then `[DONE]`); and the queue gauges
+of `GET /metrics`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 
 
 class PromptDetails(msgspec.Struct, kw_only=True):
@@ -122,3 +125,26 @@ async def sse(chunks: AsyncIterator[object]) -> AsyncIterator[bytes]:
     async for c in chunks:
         yield b"data: " + msgspec.json.encode(c) + b"\n\n"
     yield b"data: [DONE]\n\n"
+
+
+def queue_metrics(model: str, running: int, waiting: int) -> bytes:
+    """vLLM's `vllm:num_requests_running` and `vllm:num_requests_waiting` gauges, in
+    Prometheus' text format, labelled with the served model as vLLM labels them."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Queue(model, running, waiting))
+    return generate_latest(registry)
+
+
+class _Queue:
+    def __init__(self, model: str, running: int, waiting: int) -> None:
+        self.figures = (model, running, waiting)
+
+    def collect(self):
+        model, running, waiting = self.figures
+        for name, value, what in (
+            ("vllm:num_requests_running", running, "Number of requests in the batch."),
+            ("vllm:num_requests_waiting", waiting, "Number of requests waiting for the batch."),
+        ):
+            gauge = GaugeMetricFamily(name, what, labels=["model_name"])
+            gauge.add_metric([model], value)
+            yield gauge

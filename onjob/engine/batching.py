@@ -20,6 +20,16 @@ constrained rows' logits are copied and masked to what their matcher allows befo
 sampling; unconstrained rows of the same batch are sampled from their logits as they
 are, and every row's reported logprob is taken from the unmasked logits.
 
+Users' requests come first (`priority`, vLLM's meaning: lower is served earlier; onjob
+marks its own work, the judge's samples and the offline test's pairs, as background).
+Waiting requests are admitted most urgent first, oldest first. While a more urgent row
+decodes, a less urgent request's prompt is prefilled a chunk of `prefill_chunk` tokens
+per step (vLLM's chunked prefill) instead of whole: a long background prompt never
+stalls a user's tokens for the whole of its prefill. When a more urgent request waits
+and the batch is full, the least urgent rows are parked (their cache set aside, vLLM's
+preemption by swapping) and rejoin when the urgent work is done. With no user request
+in the engine, background work runs exactly as before, whole prefills and full batches.
+
 The event loop never runs the model: handlers `submit()` and read events that the
 worker posts with `call_soon_threadsafe`. Adapter loads run in the worker between
 steps (`call()`), so no forward ever sees a half-loaded adapter.
@@ -29,9 +39,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import queue
 import threading
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +77,7 @@ class Generation:
         sampling: Sampling,
         loop: asyncio.AbstractEventLoop,
         compiled_grammar=None,
+        priority: int = 0,
     ) -> None:
         self.prompt_ids = prompt_ids
         self.adapter = adapter
@@ -75,6 +86,8 @@ class Generation:
         self.grammar = compiled_grammar  # xgrammar's CompiledGrammar, or None
         self.cancelled = False
         self.cached_tokens = 0  # prompt tokens whose prefill was reused (set at admission)
+        self.priority = priority  # lower is served earlier (vLLM's meaning); users' are 0
+        self.order = (priority, next(_arrivals))  # most urgent first, then oldest first
         self._loop = loop
         self._queue: asyncio.Queue[list[TokenEvent] | EngineError] = asyncio.Queue()
 
@@ -99,6 +112,10 @@ class Generation:
             self.cancelled = True
 
 
+_arrivals = itertools.count()
+Layers = list[tuple[torch.Tensor, torch.Tensor]]  # each layer's keys and values
+
+
 @dataclass
 class _Row:
     gen: Generation
@@ -119,14 +136,37 @@ class _Prefill:
 
     prompt_ids: list[int]
     adapter: str | None
-    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    layers: Layers
     logits: torch.Tensor  # [1, vocab], float32
 
     def cache(self) -> DynamicCache:
-        cache = DynamicCache()
-        for i, (keys, values) in enumerate(self.layers):
-            cache.update(keys, values, i)
-        return cache
+        return _cache_of(self.layers)
+
+
+@dataclass
+class _Filling:
+    """A request whose prompt is prefilled a chunk per step while more urgent rows decode:
+    its own one-row cache holds the first `done` prompt tokens."""
+
+    gen: Generation
+    cache: DynamicCache = field(default_factory=DynamicCache)
+    done: int = 0
+    logits: torch.Tensor | None = None  # the prompt's last position's, once `done` is all
+
+
+@dataclass
+class _Parked:
+    """A generation's rows taken out of the batch for a more urgent request: their cache
+    and padding mask as they were, so they rejoin where they stopped."""
+
+    gen: Generation
+    rows: list[_Row]
+    layers: Layers
+    mask: torch.Tensor
+
+    @property
+    def order(self) -> tuple[int, int]:
+        return self.gen.order
 
 
 @dataclass
@@ -135,16 +175,29 @@ class _Call:
     future: concurrent.futures.Future
 
 
+# Prompt tokens per chunk of a less urgent request's prefill while a more urgent row
+# decodes (`engine.prefill_chunk`): bench/priorities.py measures what it costs users.
+PREFILL_CHUNK = 32
+
+
 class Batcher:
     def __init__(
-        self, loaded: LoadedModel, *, max_batch: int = 16, prefix_cache: bool = True
+        self,
+        loaded: LoadedModel,
+        *,
+        max_batch: int = 16,
+        prefix_cache: bool = True,
+        prefill_chunk: int = PREFILL_CHUNK,
     ) -> None:
         self.loaded = loaded
         self.max_batch = max_batch
         self.prefix_cache = prefix_cache
+        self.prefill_chunk = prefill_chunk
         self._last: _Prefill | None = None  # the last prefill, when `prefix_cache`
         self._inbox: queue.SimpleQueue[Generation | _Call | None] = queue.SimpleQueue()
-        self._pending: deque[Generation] = deque()
+        self._pending: list[Generation] = []  # in arrival order; admitted by `order`
+        self._parked: list[_Parked] = []
+        self._filling: _Filling | None = None
         self._rows: list[_Row] = []
         self._cache = None
         self._mask: torch.Tensor | None = None  # [rows, cache length], False = left padding
@@ -166,9 +219,16 @@ class Batcher:
         n: int,
         sampling: Sampling,
         compiled_grammar=None,
+        priority: int = 0,
     ):
         gen = Generation(
-            prompt_ids, adapter, n, sampling, asyncio.get_running_loop(), compiled_grammar
+            prompt_ids,
+            adapter,
+            n,
+            sampling,
+            asyncio.get_running_loop(),
+            compiled_grammar,
+            priority,
         )
         self._inbox.put(gen)
         return gen
@@ -193,34 +253,53 @@ class Batcher:
 
         return await self.call(change)
 
+    def load(self) -> tuple[int, int]:
+        """Requests (running, waiting), vLLM's meaning: in the batch, or not yet (queued,
+        parked or being prefilled by chunks). Read from the event loop while the worker
+        changes them: a gauge, not a count to act on exactly."""
+        rows, pending, filling = self._rows, list(self._pending), self._filling
+        running = len({r.gen for r in rows})
+        waiting = self._inbox.qsize() + len(pending) + len(self._parked) + (filling is not None)
+        return running, waiting
+
     def busy(self) -> set[str]:
-        """Worker side: the adapters of the rows generating now (kept in the model)."""
-        return {r.gen.adapter for r in self._rows if r.gen.adapter is not None}
+        """Worker side: the adapters of the requests started (generating, parked or being
+        prefilled), kept in the model."""
+        return {g.adapter for g in self._started() if g.adapter is not None}
 
     def fail_adapter(self, name: str) -> None:
         """Worker side: end every request of adapter `name` (it is about to be unloaded)."""
         error = GenerationFailed(f"The lora adapter '{name}' was unloaded during generation.")
-        for gen in {r.gen for r in self._rows} | set(self._pending):
+        for gen in self._started() | set(self._pending):
             if gen.adapter == name:
                 gen._post(error)
                 gen.cancel()
-        self._pending = deque(g for g in self._pending if not g.cancelled)
+        self._drop_cancelled()
         self._compact()
+
+    def _started(self) -> set[Generation]:
+        filling = {self._filling.gen} if self._filling is not None else set()
+        return {r.gen for r in self._rows} | {p.gen for p in self._parked} | filling
 
     # -- the worker --------------------------------------------------------------------
 
     def _run(self) -> None:
         with torch.inference_mode():
-            while self._drain(block=not self._rows and not self._pending):
+            while self._drain(block=not self._idle_work()):
                 try:
                     self._admit()
                     if self._rows:
                         self._step()
+                    if self._filling is not None:
+                        self._fill()
                 except Exception as exc:  # never let one bad step kill the worker
                     self._fail_batch(GenerationFailed(f"Generation failed: {exc}"))
         error = GenerationFailed("The engine is shutting down.")
-        for gen in {r.gen for r in self._rows} | set(self._pending):
+        for gen in self._started() | set(self._pending):
             gen._post(error)
+
+    def _idle_work(self) -> bool:
+        return bool(self._rows or self._pending or self._parked or self._filling)
 
     def _drain(self, block: bool) -> bool:
         """Take everything waiting in the inbox; False when asked to stop."""
@@ -242,43 +321,137 @@ class Batcher:
                 item.future.set_exception(exc)
 
     def _admit(self) -> None:
-        while self._pending:
-            gen = self._pending[0]
-            if gen.cancelled:
-                self._pending.popleft()
-                continue
+        """Most urgent first, oldest first: parked rows rejoin, waiting requests are
+        prefilled whole, or by chunks while a more urgent row decodes; a more urgent
+        request that finds the batch full parks the least urgent rows."""
+        self._drop_cancelled()
+        self._preempt()
+        waiting: list[Generation | _Parked] = [*self._parked, *self._pending]
+        for item in sorted(waiting, key=lambda w: w.order):
+            gen = item.gen if isinstance(item, _Parked) else item
             if self._rows and len(self._rows) + gen.n > self.max_batch:
                 return
-            self._pending.popleft()
-            if gen.adapter is not None and gen.adapter not in self.loaded.adapters:
-                # Unloaded between the request's arrival and now: never serve other weights.
-                gen._post(NotFound(f"The model `{gen.adapter}` does not exist.", param="model"))
+            if isinstance(item, _Parked):
+                self._parked.remove(item)
+                self._merge(_cache_of(item.layers), item.mask, item.rows)
                 continue
+            if self._urgent() < gen.priority and not self._cached(gen):  # by chunks
+                if self._filling is None and self._start(gen):
+                    self._pending.remove(gen)
+                    self._filling = _Filling(gen)
+                continue
+            self._pending.remove(gen)
+            if self._start(gen):
+                try:
+                    self._prefill(gen)
+                except Exception as exc:
+                    self._failed(gen, exc)
+
+    def _cached(self, gen: Generation) -> bool:
+        """Whether the kept prefill is this request's prompt (its prefill costs nothing)."""
+        last = self._last
+        return last is not None and (last.adapter, last.prompt_ids) == (gen.adapter, gen.prompt_ids)
+
+    def _urgent(self) -> float:
+        """The most urgent priority among the rows decoding (inf: none)."""
+        return min((r.gen.priority for r in self._rows), default=float("inf"))
+
+    def _start(self, gen: Generation) -> bool:
+        """The request's adapter in the model before its prompt's forward; False (and the
+        request answered) when it cannot be."""
+        if gen.adapter is not None and gen.adapter not in self.loaded.adapters:
+            # Unloaded between the request's arrival and now: never serve other weights.
+            if gen in self._pending:
+                self._pending.remove(gen)
+            gen._post(NotFound(f"The model `{gen.adapter}` does not exist.", param="model"))
+            gen.cancel()
+            return False
+        try:
+            if gen.adapter is not None:
+                self.loaded.use(gen.adapter, self.busy())  # loaded again if taken out
+        except Exception as exc:
+            if gen in self._pending:
+                self._pending.remove(gen)
+            self._failed(gen, exc)
+            return False
+        return True
+
+    def _failed(self, gen: Generation, exc: Exception) -> None:
+        failed = exc if isinstance(exc, EngineError) else None
+        gen._post(failed or GenerationFailed(f"Generation failed: {exc}"))
+        gen.cancel()
+        self._compact()
+
+    def _drop_cancelled(self) -> None:
+        self._pending = [g for g in self._pending if not g.cancelled]
+        self._parked = [p for p in self._parked if not p.gen.cancelled]
+        if self._filling is not None and self._filling.gen.cancelled:
+            self._filling = None
+
+    def _preempt(self) -> None:
+        """Park the least urgent rows while the most urgent waiting request does not fit
+        and rows less urgent than it decode (vLLM's preemption, by swapping: on CPU the
+        cache stays where it is, out of the batch)."""
+        if not self._pending or not self._rows:
+            return
+        first = min(self._pending, key=lambda g: g.order)
+        while len(self._rows) + first.n > self.max_batch:
+            behind = {r.gen for r in self._rows if r.gen.priority > first.priority}
+            if not behind:
+                return
+            self._park(max(behind, key=lambda g: g.order))
+
+    def _park(self, gen: Generation) -> None:
+        mine = [i for i, r in enumerate(self._rows) if r.gen is gen]
+        layers, mask = self._slice(mine)
+        self._parked.append(_Parked(gen, [self._rows[i] for i in mine], layers, mask))
+        rest = [i for i, r in enumerate(self._rows) if r.gen is not gen]
+        self._keep(rest)
+
+    def _fill(self) -> None:
+        """One chunk of the filling request's prompt (the rest at once when nothing more
+        urgent decodes); once whole, it joins the batch when there is room."""
+        f = self._filling
+        ids = f.gen.prompt_ids
+        if f.done < len(ids):
+            end = len(ids) if self._urgent() >= f.gen.priority else f.done + self.prefill_chunk
+            chunk = torch.tensor([ids[f.done : end]], device=self.loaded.device)
             try:
-                if gen.adapter is not None:
-                    self.loaded.use(gen.adapter, self.busy())  # loaded again if taken out
-                self._prefill(gen)
-            except Exception as exc:
-                failed = exc if isinstance(exc, EngineError) else None
-                gen._post(failed or GenerationFailed(f"Generation failed: {exc}"))
-                gen.cancel()
-                self._compact()
+                out = self.loaded.forward(chunk, None, None, f.cache, [f.gen.adapter])
+            except Exception as exc:  # this request's alone: the batch goes on
+                self._filling = None
+                self._failed(f.gen, exc)
+                return
+            f.cache, f.done = out.past_key_values, min(end, len(ids))
+            f.logits = out.logits[:, -1, :].float()
+        if f.done < len(ids) or (self._rows and len(self._rows) + f.gen.n > self.max_batch):
+            return
+        self._filling = None
+        try:
+            self._join(f.gen, f.cache, f.logits)
+        except Exception as exc:
+            self._failed(f.gen, exc)
 
     def _prefill(self, gen: Generation) -> None:
         device = self.loaded.device
         last = self._last
-        if last is not None and last.adapter == gen.adapter and last.prompt_ids == gen.prompt_ids:
+        if self._cached(gen):
             cache, logits = last.cache(), last.logits
             gen.cached_tokens = len(gen.prompt_ids)
         else:
             ids = torch.tensor([gen.prompt_ids], device=device)
             out = self.loaded.forward(ids, None, None, DynamicCache(), [gen.adapter])
             cache, logits = out.past_key_values, out.logits[:, -1, :].float()
-            if self.prefix_cache:
-                layers = [(layer.keys, layer.values) for layer in cache.layers]
-                # A copy: the slice is a view that would keep every position's logits.
-                kept = logits.clone()
-                self._last = _Prefill(list(gen.prompt_ids), gen.adapter, layers, kept)
+        self._join(gen, cache, logits)
+
+    def _join(self, gen: Generation, cache, logits: torch.Tensor) -> None:
+        """A prefilled prompt's one-row cache into the batch as the request's `n` rows,
+        each with its first token."""
+        device = self.loaded.device
+        if self.prefix_cache and gen.cached_tokens == 0:
+            layers = [(layer.keys, layer.values) for layer in cache.layers]
+            # A copy: the slice is a view that would keep every position's logits.
+            self._last = _Prefill(list(gen.prompt_ids), gen.adapter, layers, logits.clone())
         logits = logits.expand(gen.n, -1)
         if gen.n > 1:
             cache.batch_repeat_interleave(gen.n)
@@ -389,19 +562,36 @@ class Batcher:
     def _compact(self) -> None:
         """Drop finished and cancelled rows, and cache columns that are padding for every row."""
         keep = [i for i, r in enumerate(self._rows) if not r.done and not r.gen.cancelled]
-        if len(keep) == len(self._rows):
-            return
+        if len(keep) < len(self._rows):
+            self._keep(keep)
+
+    def _keep(self, keep: list[int]) -> None:
+        """The batch cut to rows `keep`."""
         if not keep:
             self._rows, self._cache, self._mask = [], None, None
             return
-        index = torch.tensor(keep, device=self._mask.device)
+        layers, self._mask = self._slice(keep)
         self._rows = [self._rows[i] for i in keep]
-        self._mask = self._mask[index]
-        start = int(self._mask.any(0).nonzero()[0])
-        self._mask = self._mask[:, start:]
-        for layer in self._cache.layers:
-            layer.keys = layer.keys[index, :, start:]
-            layer.values = layer.values[index, :, start:]
+        for layer, (keys, values) in zip(self._cache.layers, layers, strict=True):
+            layer.keys, layer.values = keys, values
+
+    def _slice(self, rows: list[int]) -> tuple[Layers, torch.Tensor]:
+        """Rows `rows`' cache and mask, without the columns that are padding for all of them."""
+        index = torch.tensor(rows, device=self._mask.device)
+        mask = self._mask[index]
+        start = int(mask.any(0).nonzero()[0])
+        layers = [
+            (layer.keys[index, :, start:], layer.values[index, :, start:])
+            for layer in self._cache.layers
+        ]
+        return layers, mask[:, start:]
+
+
+def _cache_of(layers: Layers) -> DynamicCache:
+    cache = DynamicCache()
+    for i, (keys, values) in enumerate(layers):
+        cache.update(keys, values, i)
+    return cache
 
 
 def _pad_left(cache, n: int) -> None:

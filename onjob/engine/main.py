@@ -47,7 +47,12 @@ def serve(settings: EngineSettings) -> None:
     for spec in settings.lora_modules:
         adapter, _, adapter_path = spec.partition("=")
         loaded.load_adapter(adapter, adapter_path)
-    batcher = Batcher(loaded, max_batch=settings.max_batch_size, prefix_cache=settings.prefix_cache)
+    batcher = Batcher(
+        loaded,
+        max_batch=settings.max_batch_size,
+        prefix_cache=settings.prefix_cache,
+        prefill_chunk=settings.prefill_chunk,
+    )
     batcher.start()
     app = create_app(
         batcher,

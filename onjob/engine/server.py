@@ -4,7 +4,8 @@ Routes: `POST /v1/chat/completions`, `POST /v1/completions` (`completions.py`),
 `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/load_lora_adapter`,
 `POST /v1/unload_lora_adapter` and onjob's `POST /onjob/threads` (the forwards' CPU
 threads, which `onjob serve` lowers while a training run shares the host) (loopback
-peers only, with the adapter token when one is set: `control.py`), `GET /health`.
+peers only, with the adapter token when one is set: `control.py`), `GET /health`, and
+`GET /metrics` (vLLM's two queue gauges, requests running and waiting).
 Responses carry the same fields as vLLM's (`logprobs`, `prompt_token_ids` and per-choice
 `token_ids` with `return_token_ids`), and errors use OpenAI's shape. A request's grammar
 (`response_format`, a forced `tool_choice`: `grammar.py`) is compiled before it is
@@ -60,6 +61,7 @@ class _Prepared:
     n: int
     tools: grammar.Tools
     constraint: grammar.Constraint | None
+    priority: int
 
     @property
     def parse_tools(self) -> bool:
@@ -147,7 +149,9 @@ class Engine:
             stop_after_call=tools.mode != "none" and not tools.parallel,
         )
         constraint = grammar.constraint(req, tools)
-        return _Prepared(req, adapter, prompt_ids, sampling, req.n or 1, tools, constraint)
+        return _Prepared(
+            req, adapter, prompt_ids, sampling, req.n or 1, tools, constraint, req.priority or 0
+        )
 
     async def prepared(self, body: bytes) -> _Prepared:
         try:
@@ -303,6 +307,7 @@ def create_app(
             model,
             control_routes,
             health,
+            metrics,
         ],
         dependencies={"engine": Provide(lambda: engine, use_cache=True, sync_to_thread=False)},
         exception_handlers=HANDLERS,
@@ -317,7 +322,7 @@ async def chat_completions(engine: Engine, request: Request) -> Response | Strea
     compiled = None
     if p.constraint is not None:
         compiled = await asyncio.to_thread(engine.grammars.compile, p.constraint)
-    gen = engine.batcher.submit(p.prompt_ids, p.adapter, p.n, p.sampling, compiled)
+    gen = engine.batcher.submit(p.prompt_ids, p.adapter, p.n, p.sampling, compiled, p.priority)
     if p.request.stream:
         return Stream(
             sse(engine.stream_chunks(p, gen)),
@@ -381,6 +386,17 @@ async def threads(engine: Engine, request: Request) -> ThreadsSet:
 @get("/health")
 async def health() -> Response:
     return Response(b"", status_code=200)
+
+
+@get("/metrics")
+async def metrics(engine: Engine) -> Response:
+    """vLLM's queue gauges under vLLM's names, so one reader serves both engines (the
+    judge's admission, `judge/admission.py`; a Prometheus scrape)."""
+    running, waiting = engine.batcher.load()
+    return Response(
+        answers.queue_metrics(engine.loaded.name, running, waiting),
+        media_type="text/plain; version=0.0.4; charset=utf-8",
+    )
 
 
 def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:

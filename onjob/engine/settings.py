@@ -32,6 +32,12 @@ class EngineSettings(BaseSettings):
         "a request with the same prompt and adapter (a group sent as several requests) "
         "skips it; costs one prompt's KV cache of memory",
     )
+    prefill_chunk: int = Field(
+        32,
+        ge=1,
+        description="local: prompt tokens per step of a background request's prefill while "
+        "a user's request decodes (onjob's own work waits behind users: bench/priorities.py)",
+    )
     dtype: Literal["float32", "bfloat16"] = "float32"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(None, ge=1, description="torch threads (default: torch's choice)")

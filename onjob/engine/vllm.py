@@ -213,6 +213,10 @@ def command(
         # engine: with "auto" vLLM would take them from the model's generation_config.json.
         "--generation-config",
         "vllm",
+        # Users first: onjob marks its own requests (the judge's samples, the offline
+        # test's pairs) with a higher `priority`, which vLLM honours only under this policy.
+        "--scheduling-policy",
+        "priority",
     ]
     if found.cpu:
         # On CPU the dtype is the one asked for: float32 by default, as the local engine

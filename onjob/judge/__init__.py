@@ -22,9 +22,10 @@ from .errors import (
 )
 from .passes import KeyBudget, PassReport, run_pass
 from .rollouts import Rollout
-from .settings import JudgeSettings, RewardFn
+from .settings import NO_SCORER, JudgeSettings, RewardFn
 
 __all__ = [
+    "NO_SCORER",
     "Agreement",
     "ConfigError",
     "InvalidAnswer",

@@ -30,6 +30,7 @@ from .. import logprobs
 from ..collector import Collector, budgets
 from ..logprobs import TRAINED
 from . import rewards, ruler, sampling, signal, tables, tenants
+from .admission import Admission
 from .errors import RewardFnFailed, SamplingFailed
 from .rollouts import from_row
 from .settings import JudgeSettings
@@ -64,6 +65,7 @@ class PassReport:
     waiting_for_budget: int = 0  # RULER's daily budget is spent: scored after 00:00 UTC
     budget: budgets.Budget | None = None  # the judge's daily budget, when it has one
     silent: int = 0  # scenarios not re-sampled: their groups carry no signal (signal.py)
+    no_scorer: bool = False  # no judge, no reward function: no turn re-sampled
     judge_calls: int = 0
     cache_hits: int = 0
     judge_tokens: int = 0
@@ -87,6 +89,8 @@ class PassReport:
             server = self.budget is not None and self.budget.spent_out
             whose = "it" if server else "their tenant's judge budget"
             budget += f" ({self.waiting_for_budget} groups wait for {whose})"
+        if self.no_scorer:
+            budget += "; no scorer, so no turn re-sampled (users' feedback scores conversations)"
         return (
             f"{self.turn_groups} turn groups ({self.sampled_tokens} tokens sampled, "
             f"{self.sampling_failed} failed, {self.over_budget} over budget), "
@@ -111,7 +115,8 @@ async def run_pass(
     training run uses; none of the API keys in `untrained_keys`, whose traffic is never
     judged, nor of keys whose `key_budgets` share is spent today) and score every group
     still unscored (but those of several keys or of an untrained one: failed; those that
-    need a RULER call their share cannot pay for today: left for a later pass).
+    need a RULER call their share cannot pay for today: left for a later pass). With no
+    judge and no reward function, no turn is re-sampled: nothing could score it.
     `engine_logprobs`: the engine's logprob definition when its model list does not
     state one (vLLM's)."""
     started = time.perf_counter()
@@ -138,9 +143,13 @@ async def run_pass(
                 f"again {signal.SILENT_S // 60} minutes after"
             )
             skip += silent
-        await _sample_turn_groups(
-            db, engine, settings, report, echo, skip, kept_out, engine_logprobs
-        )
+        # Without a judge or a reward function a re-sampled answer is never scored
+        # (feedback scores the answers users saw): the engine is left to them.
+        report.no_scorer = settings.scorer() is None
+        if not report.no_scorer:
+            await _sample_turn_groups(
+                db, engine, settings, report, echo, skip, kept_out, engine_logprobs
+            )
         if settings.scenario_groups:
             await _gather_trajectory_groups(db, settings, report, echo, skip, kept_out)
     await _score_groups(
@@ -203,10 +212,10 @@ async def _sample_turn_groups(
         f"re-sampling {len(planned)} logged turns, {s.group_size} alternatives each "
         f"({s.concurrency} at a time)"
     )
-    gate = asyncio.Semaphore(s.concurrency)
+    gate, admission = asyncio.Semaphore(s.concurrency), Admission(engine, echo)
 
     async def one(row: dict, body: dict) -> None:
-        async with gate:
+        async with gate, admission.admitted():
             try:
                 sample = await sampling.sample(
                     engine,

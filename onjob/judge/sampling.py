@@ -3,7 +3,8 @@ engine again for `group_size` alternatives, with token ids and logprobs.
 
 The engine is called directly (not through the proxy): these requests are not
 traffic. One request with `n` choices lets the engine share the prompt's work
-across the alternatives.
+across the alternatives. Every one is marked background (`BACKGROUND`, vLLM's
+`priority`): the engine serves users' requests first.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .settings import JudgeSettings
 # `include_reasoning` too: false removes the token ids and logprobs a sample needs (the
 # proxy refuses it; rows logged before that may carry it).
 _DROP = {
+    "priority",  # a client's (the proxy never forwards it): the sample sets its own
     "stream",
     "stream_options",
     "n",
@@ -36,6 +38,11 @@ _DROP = {
     "user",
     "include_reasoning",
 }
+
+
+# vLLM's scheduling priority (lower is served earlier; users' requests carry none, 0):
+# the judge's samples and the offline test's pairs wait behind users.
+BACKGROUND = 10
 
 
 @dataclass
@@ -130,6 +137,13 @@ async def stated_definition(engine: httpx.AsyncClient, body: dict) -> str | None
     return logprobs.recorded(said, stated=True, request=body)
 
 
+async def _post(engine: httpx.AsyncClient, body: dict) -> httpx.Response:
+    try:
+        return await engine.post("/chat/completions", json=body)
+    except httpx.HTTPError as exc:
+        raise from_httpx(exc) from exc
+
+
 async def sample(engine: httpx.AsyncClient, body: dict, *, definition: str | None = None) -> Sample:
     """`body`'s choices, with their token ids and logprobs, recorded as sampled under the
     engine's logprob `definition` (`onjob.logprobs`); without one, under the definition
@@ -137,10 +151,11 @@ async def sample(engine: httpx.AsyncClient, body: dict, *, definition: str | Non
     if definition is None:
         definition = await stated_definition(engine, body)
     started = time.perf_counter()
-    try:
-        resp = await engine.post("/chat/completions", json=body)
-    except httpx.HTTPError as exc:
-        raise from_httpx(exc) from exc
+    resp = await _post(engine, {**body, "priority": BACKGROUND})
+    if resp.status_code == 400 and "priority" in resp.text.lower():
+        # An engine started without priority scheduling (vLLM without
+        # `--scheduling-policy priority`) refuses any priority: asked again without.
+        resp = await _post(engine, body)
     if resp.status_code != 200:
         raise SamplingFailed(
             f"the engine answered {resp.status_code}: {resp.text[:300]}",

@@ -152,9 +152,28 @@ class JudgeSettings(BaseModel):
     def rubric_for(self, scenario_key: str | None) -> str:
         return self.rubrics.get(scenario_key or "", self.rubric)
 
+    def scorer(self) -> str | None:
+        """What scores re-sampled answers, in words; None: nothing does (users' feedback
+        scores only the answers they saw, so a re-sample would never be scored)."""
+        said = []
+        if self.model:
+            said.append(f"RULER judge {self.model}")
+        if self.rewards:
+            said.append(f"reward functions {', '.join(self.rewards)}")
+        return " and ".join(said) or None
+
     @property
     def scorers(self) -> list[str]:
         """The sources every member of a group must be scored by."""
         return ([f"ruler:{self.model}"] if self.model else []) + [
             f"fn:{name}" for name in self.rewards
         ]
+
+
+# What the start-up banner, `onjob status` and the dashboard say when nothing scores.
+NO_SCORER = (
+    "nothing will be scored but what users' feedback says of their own answers, so no "
+    "answer is re-sampled: add a reward function or a judge to onjob.toml, e.g. "
+    '`[judge.rewards]` and `correct = { fn = "my_rewards:correct" }`, or `[judge]` and '
+    '`model = "openai/gpt-4.1-mini"` (docs/judging.md)'
+)

@@ -173,6 +173,10 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     ignore_eos: bool | None = None
     min_tokens: Annotated[int, Meta(ge=0)] | None = None
     include_reasoning: bool | None = None  # false is refused by the proxy (`exchange.py`)
+    # vLLM's scheduling priority (lower is served earlier; vLLM started with
+    # `--scheduling-policy priority`, as `onjob engine` starts it). onjob's own: the proxy
+    # drops a client's, so every user is served alike, and marks its own work background.
+    priority: int | None = None
 
 
 def refused(request: ChatCompletionRequest) -> InvalidRequest | None:

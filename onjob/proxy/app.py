@@ -1,5 +1,6 @@
 """The proxy's Litestar app, composed from its rooms (`rooms/`): chat and legacy
-completions, the Responses API, models and the OpenAPI document, feedback; `/health`.
+completions, the Responses API, models and the OpenAPI document, feedback; `/health`;
+`/metrics` when the server counts (`metrics.py`).
 
 The upstream client and the collector are handed in (so tests can give an upstream over
 an httpx `MockTransport`); the app starts the collector and closes both when it stops.
@@ -22,8 +23,10 @@ from ..collector import Collector
 from ..openai_errors import error_body
 from ..openai_handlers import HANDLERS
 from .auth import Doors
-from .errors import Unauthorized
+from .errors import Forbidden, Unauthorized
 from .front import ProxyApp
+from .metrics import Metrics, Readings
+from .metrics import routes as metrics_routes
 from .pool import Pool, Replica
 from .replicas import Forwarder
 from .rooms import Serving, catalog, chat, feedback, responses
@@ -54,6 +57,7 @@ def create_app(
     on_startup: Sequence[Callable[[], Awaitable[None]]] = (),
     on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
     forward: Forwarder | None = None,
+    metrics: Metrics | None = None,
 ) -> ProxyApp:
     """The proxy's app. `upstream` is one engine, or a `Pool` of several (its `wanted` set
     by the caller); `router` (default: from `settings`) is the handle that changes an
@@ -61,11 +65,15 @@ def create_app(
     hooks run after the collector has started, and `on_shutdown` hooks before it closes
     (the server's background work). `forward` makes a proxy-only process (its collector
     only writes the spool): what needs the database goes to the primary server
-    (`replicas.py`)."""
+    (`replicas.py`). `metrics` counts each exchange and answers `GET /metrics`, with the
+    engines, the routing and the collector read at each scrape (a proxy-only process
+    counts nothing: it forwards `/metrics` to the primary)."""
     if router is None:
         router = Router.from_settings(settings, upstream)
     pool = _pool(settings, upstream, router)
-    traffic = Traffic(router, pool, collector, tracer, settings.lookup_wait_s)
+    traffic = Traffic(router, pool, collector, tracer, settings.lookup_wait_s, metrics)
+    if metrics is not None:
+        metrics.watch(Readings(pool, router, collector))
     # Who may call: checked before any handler runs (`auth.py`), by the front for the hot
     # routes and by a guard for the rest; handlers read the `Caller` it found.
     doors = Doors(settings)
@@ -101,6 +109,7 @@ def create_app(
                 ],
             ),
             _health(collector, doors, pool),
+            *([metrics_routes(metrics, doors)] if metrics is not None else []),
             *([_forwarded(doors, forward)] if forward is not None else []),
             *routes,
         ],
@@ -136,15 +145,16 @@ def _health(collector: Collector, doors: Doors, pool: Pool):
     @get("/health")
     async def health(request: Request) -> Response:
         # Up or not is anyone's to ask (load balancers, readiness probes): 503 while every
-        # engine is down, as requests then are. The collector's counts and the engines'
-        # states tell how traffic flows, so they need what the OpenAI routes need.
+        # engine is down, as requests then are. This process's counters (the collector's,
+        # the engines' states) tell how much traffic flows, every tenant's: the operator's
+        # alone, so only the admin key reads them.
         doors.same_site(request.headers, host=False)
         down = pool.down
         answer: dict[str, Any] = {"status": "engine down" if down else "ok"}
         status = 503 if down else 200
         try:
-            doors.api(request.headers)
-        except Unauthorized:
+            doors.admin(request.headers)
+        except (Unauthorized, Forbidden):  # no admin key sent, or none configured
             return Response(answer, status_code=status)
         # The pid tells apart the processes answering on one port (`--workers`).
         engines = [r.state for r in pool.replicas]  # not their URLs: tenants hold API keys
@@ -156,13 +166,14 @@ def _health(collector: Collector, doors: Doors, pool: Pool):
 
 def _forwarded(doors: Doors, forward: Forwarder):
     @route(
-        ["/admin/{rest:path}", "/dashboard", "/dashboard/{rest:path}"],
+        ["/admin/{rest:path}", "/dashboard", "/dashboard/{rest:path}", "/metrics"],
         http_method=["GET", "POST", "PUT", "PATCH", "DELETE"],
         include_in_schema=False,
         guards=[doors.forward_guard],
     )
     async def forwarded(request: Request) -> Any:
-        """A proxy-only process: the admin API and the dashboard are the primary's."""
+        """A proxy-only process: the admin API, the dashboard and the metrics are the
+        primary's."""
         return await forward(request)
 
     return forwarded

@@ -77,15 +77,18 @@ def parse_request(raw: bytes, settings: ProxySettings) -> dict:
 
 
 # Hints (the answer is the same without them), `modalities` (["text"] alone is taken)
-# and `include_reasoning` (true alone is taken) are accepted and not forwarded.
-_NOT_FORWARDED = HINTS | {"modalities", "include_reasoning"}
+# and `include_reasoning` (true alone is taken) are accepted and not forwarded; so is a
+# client's `priority` (vLLM's): every user is served alike, ahead of onjob's own work.
+_SCHEDULING = frozenset({"priority"})
+_NOT_FORWARDED = HINTS | _SCHEDULING | {"modalities", "include_reasoning"}
 
 
 def parse_completion_request(raw: bytes, settings: ProxySettings) -> tuple[dict, str]:
     """A legacy text completion's body, checked like chat's (`protocol.completion`), and
     its prompt as text (how the exchange is placed: one user message, a conversation of
     its own)."""
-    body = {k: v for k, v in decode_body(raw).items() if v is not None and k not in HINTS}
+    dropped = HINTS | _SCHEDULING
+    body = {k: v for k, v in decode_body(raw).items() if v is not None and k not in dropped}
     request = completion.checked(body)
     prompt = body["prompt"] = completion.prompt_of(request.prompt)
     _check_bound("n", request.n, settings.max_n)

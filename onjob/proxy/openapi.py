@@ -250,7 +250,7 @@ def _stored_and_other(size: int) -> list[Route]:
         Route(
             path="/health",
             method="get",
-            summary="Liveness; the logging counters to a caller with an API key",
+            summary="Liveness; this process's counters to the admin key alone",
             answers={"200": Answer("serving", "Health")},
             open=True,
         ),

@@ -113,9 +113,10 @@ class FeedbackRecorded(msgspec.Struct, kw_only=True):
 
 
 class Health(msgspec.Struct, kw_only=True):
-    status: Literal["ok"]
-    # Only to a caller the OpenAI routes would take (any, with no API keys set):
+    status: Literal["ok", "engine down"]  # 503 with "engine down": no engine answers
+    # Only to the admin key (`Authorization: Bearer <admin key>`): this process's counters.
     pid: int | None = None  # which process answered (several answer on one port, --workers)
+    engines: list[str] | None = None  # each engine's state (up, reloading, down), as configured
     collector: CollectorStats | None = None
 
 

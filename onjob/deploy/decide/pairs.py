@@ -25,6 +25,7 @@ import msgspec
 
 from ...collector import Collector
 from ...judge import JudgeSettings, SamplingFailed, sampling, tables
+from ...judge.admission import Admission
 from ...judge.passes import PassReport, score_group
 from ..records import Routing
 from ..settings import DeploySettings, GateSettings, LoopSettings
@@ -58,7 +59,7 @@ async def paired_round(
     """For each logged prompt, arm `a` and arm `b` (engine model id, checkpoint) answer it
     and the answers are judged together; returns the `ab` group ids. A prompt an arm could
     not answer is recorded as a failed pair with the arm that failed."""
-    gate = asyncio.Semaphore(s.concurrency)
+    gate, admission = asyncio.Semaphore(s.concurrency), Admission(engine, echo)
     report, rng = PassReport(), random.Random()
 
     async def draw(model: str, prefix: dict):
@@ -72,7 +73,7 @@ async def paired_round(
             return exc
 
     async def one(prefix: dict) -> str:
-        async with gate:
+        async with gate, admission.admitted(len(models)):
             arms = list(models)
             # Both arms at once: the engine decodes them in one batch (adapters mixed). A
             # prefill cannot be shared between them: a LoRA on the attention projections

@@ -1,0 +1,236 @@
+"""Live traffic first (issue 64): users' latency while the loop works, against the same
+requests with the loop paused, and the loop's own sampling speed with no user waiting.
+
+    .venv/bin/python bench/priorities.py [--example arithmetic] [--minutes 20]
+    .venv/bin/python bench/priorities.py --before /path/to/older/checkout   # side by side
+
+One run, on the bundled SmolLM2-135M behind `onjob serve` as the demo starts it
+(`examples/arithmetic/demo.py`: the example's reward function, the demo's loop):
+
+1. the loop paused, the example's agent logs `--seed` conversations;
+2. **paused**: a user sends `--probes` requests one after another (the example's
+   questions, a pause of `--gap-s` between), the loop paused;
+3. **running**: the loop resumes and the same user goes on sending the same requests
+   until the loop has run a judge pass, a training run and an offline test (or the
+   `--minutes` ceiling); each request is labelled with the loop's stage when it was sent;
+4. **background alone**: with no user request, `--background` requests as the judge
+   sends them (`n` 8, background priority) straight to the engine: tokens per second.
+
+Printed and written to bench/results/priorities-<timestamp>.json: p50 and p99 per phase
+and per loop stage, their ratios to the paused phase (targets: p50 <= 1.2x, p99 <= 1.5x),
+and the background tokens per second. With `--before DIR` the whole run is made twice,
+the second time with DIR's onjob (an older commit's checkout) for the engine, the server
+and the loop, so the ratios of the two and the background speed (target >= 0.9x of
+before's) come from one sitting on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from examples.arithmetic.demo import (  # noqa: E402
+    ADMIN,
+    Options,
+    _Traffic,
+    config,
+    engine_args,
+    example_of,
+)
+from onjob import bundled  # noqa: E402
+from onjob.cli.process import EngineProcess, ServerProcess  # noqa: E402
+
+BACKGROUND = 10  # onjob.judge.sampling.BACKGROUND, spelt here so --before can run too
+
+
+def quantiles(xs: list[float]) -> dict:
+    if not xs:
+        return {"n": 0}
+    cuts = statistics.quantiles(xs, n=100, method="inclusive") if len(xs) > 1 else xs * 99
+    return {"n": len(xs), "p50": statistics.median(xs), "p99": cuts[98], "max": max(xs)}
+
+
+class Stage:
+    """The loop's stage, read from the admin status every half second."""
+
+    def __init__(self, base: str) -> None:
+        self.base, self.now, self.seen = base, "idle", set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Stage:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                loop = httpx.get(f"{self.base}/admin/status", headers=ADMIN, timeout=30)
+                self.now = loop.json()["loop"]["stage"]
+                self.seen.add(self.now)
+            except httpx.HTTPError:
+                pass
+            self._stop.wait(0.5)
+
+
+def probe(client, ex, question) -> float:
+    started = time.perf_counter()
+    ex.converse(client, question)
+    return time.perf_counter() - started
+
+
+def background_speed(engine_url: str, model: str, prompts: list[list[dict]]) -> float:
+    """Tokens per second of judge-like requests (n 8, 48 tokens, background) one at a
+    time, two in flight as the judge sends them."""
+    done = [0]
+
+    def one(messages):
+        body = {
+            "model": model,
+            "messages": messages,
+            "n": 8,
+            "max_tokens": 48,
+            "temperature": 1.0,
+            "priority": BACKGROUND,
+        }
+        r = httpx.post(f"{engine_url}/chat/completions", json=body, timeout=600)
+        r.raise_for_status()
+        done[0] += r.json()["usage"]["completion_tokens"]
+
+    started = time.perf_counter()
+    for i in range(0, len(prompts), 2):
+        threads = [threading.Thread(target=one, args=(m,)) for m in prompts[i : i + 2]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    return done[0] / (time.perf_counter() - started)
+
+
+def one_run(args, root: Path, work: Path) -> dict:
+    o = Options(dir=work, example=args.example)
+    ex = example_of(o)
+    model = bundled.prepare()
+    env = {"PYTHONPATH": f"{root}{os.pathsep}{ROOT}"}
+    work.mkdir(parents=True, exist_ok=True)
+    with EngineProcess(
+        engine_args(o, model), timeout=900, log=work / "engine.log", env=env
+    ) as engine:
+        (work / "onjob.toml").write_text(config(o, model))
+        server_args = ["--config", str(work / "onjob.toml"), "--engine-url", engine.url]
+        with ServerProcess(server_args, env=env, timeout=300, log=work / "serve.log") as server:
+            loop = f"{server.base}/admin/loop"
+            httpx.post(loop, json={"running": False}, headers=ADMIN, timeout=60)
+            print(f"[{root.name}] seeding {args.seed} conversations, the loop paused", flush=True)
+            with _Traffic(server.url, ex, 1) as traffic:
+                while traffic.done < args.seed:
+                    time.sleep(0.5)
+            from openai import OpenAI
+
+            client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=600)
+            questions = [q for seed in range(1000, 1100) for q in ex.questions(seed)]
+            paused = []
+            print(f"[{root.name}] paused: {args.probes} requests", flush=True)
+            for q in questions[: args.probes]:
+                paused.append(probe(client, ex, q))
+                time.sleep(args.gap_s)
+            httpx.post(loop, json={"running": True}, headers=ADMIN, timeout=60)
+            print(f"[{root.name}] running: until judge, train and offline test", flush=True)
+            running: dict[str, list[float]] = {}
+            deadline = time.monotonic() + args.minutes * 60
+            with Stage(server.base) as stage:
+                i = args.probes
+                wanted = {"judge", "train", "offline test"}
+                while time.monotonic() < deadline and not (
+                    wanted <= stage.seen and stage.now == "idle"
+                ):
+                    sent_in = stage.now
+                    running.setdefault(sent_in, []).append(probe(client, ex, questions[i]))
+                    i = (i + 1) % len(questions)
+                    time.sleep(args.gap_s)
+                seen = sorted(stage.seen)
+            httpx.post(loop, json={"running": False}, headers=ADMIN, timeout=60)
+        base = httpx.get(f"{engine.url}/models", timeout=30).json()["data"][0]["id"]
+        print(f"[{root.name}] background alone: {args.background} requests", flush=True)
+        prompts = [ex.first_messages(q) for q in questions[: args.background]]
+        speed = background_speed(engine.url, base, prompts)
+    everything = [x for xs in running.values() for x in xs]
+    p, r = quantiles(paused), quantiles(everything)
+    return {
+        "root": str(root),
+        "paused": p,
+        "running": r,
+        "running_by_stage": {k: quantiles(v) for k, v in running.items()},
+        "stages_seen": seen,
+        "p50_ratio": r.get("p50", 0) / p["p50"] if p.get("p50") else None,
+        "p99_ratio": r.get("p99", 0) / p["p99"] if p.get("p99") else None,
+        "background_tokens_per_s": speed,
+    }
+
+
+def lines(result: dict) -> list[str]:
+    def q(d):
+        return f"p50 {d['p50']:.2f} s, p99 {d['p99']:.2f} s (n {d['n']})" if d["n"] else "none"
+
+    out = [
+        f"{result['root']}:",
+        f"  loop paused:  {q(result['paused'])}",
+        f"  loop running: {q(result['running'])}  -> p50 x{result['p50_ratio']:.2f}, "
+        f"p99 x{result['p99_ratio']:.2f} (targets 1.2, 1.5)",
+    ]
+    for stage, d in sorted(result["running_by_stage"].items()):
+        out.append(f"    sent during {stage}: {q(d)}")
+    out.append(f"  background alone: {result['background_tokens_per_s']:.1f} tokens/s")
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--example", default="arithmetic")
+    p.add_argument("--seed", type=int, default=40, help="conversations logged before")
+    p.add_argument("--probes", type=int, default=30, help="requests with the loop paused")
+    p.add_argument("--gap-s", type=float, default=1.0, help="pause between a user's requests")
+    p.add_argument("--minutes", type=float, default=20, help="ceiling of the running phase")
+    p.add_argument("--background", type=int, default=12, help="background requests alone")
+    p.add_argument("--before", type=Path, help="an older checkout, run the same way after")
+    p.add_argument("--keep", type=Path, help="work directory (default: a temporary one)")
+    args = p.parse_args()
+    import tempfile
+
+    work = args.keep or Path(tempfile.mkdtemp(prefix="onjob-priorities-"))
+    results = [one_run(args, ROOT, work / "now")]
+    if args.before:
+        results.append(one_run(args, args.before.resolve(), work / "before"))
+    for r in results:
+        print("\n".join(lines(r)))
+    out = {"bench": "priorities", "args": vars(args) | {"before": str(args.before)}}
+    out["runs"] = results
+    if args.before:
+        now, before = results
+        out["background_vs_before"] = (
+            now["background_tokens_per_s"] / before["background_tokens_per_s"]
+        )
+        print(f"background alone, now / before: x{out['background_vs_before']:.2f} (target 0.9)")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = ROOT / "bench" / "results" / f"priorities-{stamp}.json"
+    path.write_text(json.dumps(out, indent=2, default=str))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
