@@ -69,6 +69,10 @@ def engine(canary_says: str):
 
 
 def settings(db, reward: str, **loop) -> DeploySettings:
+    # Each arm answers 4 times a prompt: the scripted live's cycle of 4 answers, right one
+    # time in four, in every pair (with fewer, a pair would read the cycle's first ones).
+    gate = loop.pop("gate", GateSettings())
+    loop["gate"] = gate.model_copy(update={"samples": gate.samples or 4})
     return DeploySettings(
         collector=CollectorSettings(db=db),
         judge=JudgeSettings(
@@ -198,7 +202,7 @@ def test_without_a_referee_the_hedging_canary_is_ready_for_review_not_promoted(
 
     # A referee configured since does not end the wait: these pairs were judged by the
     # coach, not by it.
-    gate = GateSettings(rewards={"exact": RewardFn(fn="tests.hacking_rewards:exact")})
+    gate = GateSettings(rewards={"exact": RewardFn(fn="tests.hacking_rewards:exact")}, samples=4)
     s = s.model_copy(update={"loop": s.loop.model_copy(update={"gate": gate})})
     routing, said = asyncio.run(again())
     assert (routing.live, routing.canary) == (None, "ckpt-hack"), said
