@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from onjob.collector import Store
-from onjob.deploy.decide import answers, ledger, noise, prompts, stats
+from onjob.deploy.decide import answers, ledger, noise, pairs, prompts, stats
 from onjob.deploy.decide.evidence import Forecast
 from onjob.deploy.decide.pairs import rule_of
 from onjob.deploy.settings import DeploySettings, GateSettings, LoopSettings
@@ -256,3 +256,44 @@ def test_a_stratum_a_test_would_use_up_is_said_before_it_starts(store):
     assert len(said) == 1 and "would use up" in said[0] and "8+ turns" in said[0]
     assert "20 conversations left" in said[0]
     assert prompts.shortfalls(store, AGENT, since, 10, tests=["offline:warn"]) == []
+
+
+def unscored_pair(store, test: str, i: int, *, ruler_failed: bool) -> None:
+    """A pair both arms answered that the referee never scored after 3 attempts: its RULER
+    call failed whole (`ruler_failed`), or a reward function raised on some answer."""
+    g = f"group-{test}-{i:04d}"
+    store.con.execute(
+        "INSERT INTO groups (id, scenario_id, prefix_exchange, kind, status, reason, created, "
+        "test, attempts) VALUES (?, 'scn', 'x', 'ab', 'failed', 'no score', now(), ?, 3)",
+        [g, test],
+    )
+    for arm in ("a", "b"):
+        store.con.execute(
+            "INSERT INTO members VALUES (?, ?, 0, ?, 0, NULL, ?)", [f"{g}-{arm}", g, g, arm]
+        )
+    if ruler_failed:
+        store.con.execute(
+            "INSERT INTO judgements (id, group_id, judge, cache_key, status, error, attempts, "
+            "created) VALUES (?, ?, 'ruler:judge', 'k', 'failed', '429', 1, now())",
+            [f"j-{g}", g],
+        )
+
+
+def test_a_pair_the_referees_call_never_scored_is_set_aside_and_the_test_reads_past_it(store):
+    rng = random.Random(4)
+    test = "offline::cand"
+    scored_pairs(store, test, [graded(rng, 1) for _ in range(5)])
+    unscored_pair(store, test, 5, ruler_failed=True)  # the referee's own failure
+    unscored_pair(store, test, 6, ruler_failed=False)  # a reward function raised
+    ledger.enter(store, "agent", "cand")
+    weighed = pairs.weigh(store, "agent", "cand", [test], PRODUCTION)
+    # The set-aside pair is not read and blocks nothing; the other is the candidate's loss.
+    assert (weighed.paired.aside, weighed.paired.unjudged, weighed.paired.pending) == (1, 1, 0)
+    assert weighed.paired.pairs == 6 and weighed.paired.drawn == 7
+    assert {(m.group[-4:], m.counted) for m in weighed.missing} == {
+        ("0005", "aside"),
+        ("0006", "loss"),
+    }
+    # The test is open: the next round draws a prompt in the set-aside one's place.
+    assert weighed.decide()[0] == "wait"
+    assert "1 more set aside" in weighed.decide()[1]

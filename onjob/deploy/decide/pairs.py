@@ -40,7 +40,7 @@ class Missing(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
     arm: Literal["a", "both"] | None  # the arm that could not answer, if one could not
     why: Literal["unjudged", "unsampled"]
-    counted: Literal["loss", "excluded", "pending"]
+    counted: Literal["loss", "excluded", "pending", "aside"]
     attempts: int = 0  # a pending pair's judgements so far
     behind: int = 0  # a pending pair: how many later pairs wait for it
 
@@ -118,17 +118,23 @@ def ab_outcomes(
     *pending*: `rejudge` judges it again, and the outcomes stop at it (the test reads its
     pairs in the order they were made and never past a hole, so judging it later cannot
     reorder the evidence, and a judge that fails now and then costs nothing). One still
-    unjudged after `attempts` (or unusable: scores not finite) is the candidate's loss,
-    d = -1, as is a pair b could not answer (alone or with a): dropping them instead
-    would let a candidate whose losses are the ones the judge fails on look better than
-    it is. Only a pair that a alone could not answer is left out. `attempts=None`: no
-    pair is pending (each unjudged one counts as it stands).
+    unjudged after `attempts` is *set aside* (`counted: "aside"`: not among the
+    outcomes, its prompt replaced by the next draws) when the referee failed on its own
+    side: its RULER call failed whole, every answer of both arms unread alike (`_aside`;
+    `stats.Rule` says why the test keeps its guarantee, and stops it when too many are).
+    One a reward function failed on (it may have raised on the candidate's answer), or
+    scored but unusable (not finite), is the candidate's loss, d = -1, as is a pair b
+    could not answer (alone or with a): dropping them instead would let a candidate
+    whose losses are the ones the judge fails on look better than it is. Only a pair
+    that a alone could not answer is left out. `attempts=None`: no pair is pending nor
+    set aside (each unjudged one counts as it stands).
 
     The second list names each pair without a judged comparison but those b alone could
     not answer (the candidate's own failure, an ordinary loss): `counted: "loss"` (among
     the outcomes, as -1), `"excluded"` (a failed alone; not among them) or `"pending"`
-    (with `behind`: how many later pairs wait for it), with `why`: `unjudged` (no usable
-    score), `unsampled` (both arms, or a, could not answer). `missing_is_loss=False`
+    (with `behind`: how many later pairs wait for it) or `"aside"` (the referee's own
+    failure: not among them), with `why`: `unjudged` (no usable score), `unsampled`
+    (both arms, or a, could not answer). `missing_is_loss=False`
     (`onjob compare`, a description rather than a decision) counts only a pair b alone
     could not answer, as b's loss."""
     judged, missing = _judged(store, where, params, missing_is_loss, attempts)
@@ -147,20 +153,33 @@ def _judged(
     rows = store.query(
         f"""
         SELECT g.id, g.status, g.reason, g.failed_arm, g.attempts, g.scenario_id, m.origin,
-               s.score
+               m.id AS member, s.source, s.score,
+               EXISTS (SELECT 1 FROM judgements j WHERE j.group_id = g.id
+                       AND j.status = 'failed') AS call_failed
         FROM groups g LEFT JOIN members m ON m.group_id = g.id
-        LEFT JOIN scores s ON s.member_id = m.id AND s.source = 'combined'
+        LEFT JOIN scores s ON s.member_id = m.id
         WHERE g.kind = 'ab' AND {where}
+        ORDER BY g.id, m.position
         """,
         params,
     )
     groups: dict[str, dict] = {}
+    functions: set[str] = set()  # the reward functions that scored the test's pairs
     for r in rows:
         g = groups.setdefault(
-            r["id"], {k: r[k] for k in ("status", "reason", "failed_arm", "attempts")}
+            r["id"],
+            {k: r[k] for k in ("status", "reason", "failed_arm", "attempts", "call_failed")}
+            | {"sources": {}},
         )
         g["scenario"] = r["scenario_id"]
-        if r["origin"] is not None:
+        if r["origin"] is None:
+            continue
+        sources = g["sources"].setdefault(r["member"], set())
+        if r["source"] is not None:
+            sources.add(r["source"])
+            if r["source"].startswith("fn:"):
+                functions.add(r["source"])
+        if r["source"] == "combined":
             g.setdefault(r["origin"], []).append(r["score"])
     judged: list[tuple[str, float]] = []
     missing: list[Missing] = []
@@ -180,6 +199,12 @@ def _judged(
                         behind=len(ordered) - i - 1)
             )  # fmt: skip
             break
+        if missing_is_loss and attempts is not None and arm is None and _aside(g, functions):
+            missing.append(
+                Missing(group=group_id, reason=reason, arm=None, why="unjudged",
+                        counted="aside", attempts=g["attempts"] or 0)
+            )  # fmt: skip
+            continue
         loses = arm != "a" if missing_is_loss else arm == "b"
         counted = "loss" if loses else "excluded"
         if counted == "loss":
@@ -189,6 +214,18 @@ def _judged(
         why = "unsampled" if arm else "unjudged"
         missing.append(Missing(group=group_id, reason=reason, arm=arm, why=why, counted=counted))
     return judged, missing
+
+
+def _aside(group: dict, functions: set[str]) -> bool:
+    """Whether a pair the referee never scored failed on the referee's side alone: a
+    RULER call failed whole (it reads every answer at once; a provider's errors, its
+    budget, an answer it could not read) while every reward function that scores the
+    test's pairs scored each of its answers. A reward function runs answer by answer
+    and fails the group when it raises on any one: that may be the candidate's answer,
+    so such a pair stays the candidate's loss, as does one scored but unusable."""
+    if group["status"] == "scored" or not group["call_failed"]:
+        return False
+    return all(functions <= sources for sources in group["sources"].values())
 
 
 def _pending(group: dict, missing_is_loss: bool, attempts: int | None) -> bool:
@@ -369,6 +406,7 @@ def held_out(store, candidate: str, live: str | None, settings: LoopSettings) ->
 def _count_missing(paired: stats.Paired, missing: list[Missing]) -> None:
     paired.unjudged = sum(m.counted == "loss" for m in missing)
     paired.pending = sum(1 + m.behind for m in missing if m.counted == "pending")
+    paired.aside = sum(m.counted == "aside" for m in missing)
 
 
 def _of_tests(store, tests: list[str], settings: LoopSettings):
