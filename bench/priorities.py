@@ -3,6 +3,7 @@ requests with the loop paused, and the loop's own sampling speed with no user wa
 
     .venv/bin/python bench/priorities.py [--example arithmetic] [--minutes 20]
     .venv/bin/python bench/priorities.py --before /path/to/older/checkout   # side by side
+    .venv/bin/python bench/priorities.py --steps-only   # a decode step's cost by batch rows
 
 One run, on the bundled SmolLM2-135M behind `onjob serve` as the demo starts it
 (`examples/arithmetic/demo.py`: the example's reward function, the demo's loop):
@@ -122,6 +123,38 @@ def background_speed(engine_url: str, model: str, prompts: list[list[dict]]) -> 
     return done[0] / (time.perf_counter() - started)
 
 
+def step_costs() -> dict:
+    """What a user's decode step costs with background rows beside it, and what a chunk
+    of a background prompt's prefill costs, on the bundled model in this process (its
+    threads: all this process may use)."""
+    import torch
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    model = AutoModelForCausalLM.from_pretrained(bundled.prepare(), dtype=torch.float32).eval()
+    out: dict = {"threads": torch.get_num_threads(), "step_ms": {}, "chunk_ms": {}}
+
+    def run(ids, cache):
+        return model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+
+    with torch.inference_mode():
+        for rows in (1, 2, 4, 8, 16):
+            cache = run(torch.randint(100, 10000, (rows, 300)), DynamicCache()).past_key_values
+            token = torch.randint(100, 10000, (rows, 1))
+            for _ in range(3):
+                run(token, cache)
+            started = time.perf_counter()
+            for _ in range(20):
+                run(token, cache)
+            out["step_ms"][rows] = (time.perf_counter() - started) / 20 * 1000
+        for chunk in (8, 16, 32, 64):
+            ids = torch.randint(100, 10000, (1, chunk))
+            started = time.perf_counter()
+            for _ in range(5):
+                run(ids, DynamicCache())
+            out["chunk_ms"][chunk] = (time.perf_counter() - started) / 5 * 1000
+    return out
+
+
 def one_run(args, root: Path, work: Path) -> dict:
     o = Options(dir=work, example=args.example)
     ex = example_of(o)
@@ -209,7 +242,18 @@ def main() -> None:
     p.add_argument("--background", type=int, default=12, help="background requests alone")
     p.add_argument("--before", type=Path, help="an older checkout, run the same way after")
     p.add_argument("--keep", type=Path, help="work directory (default: a temporary one)")
+    p.add_argument(
+        "--steps-only", action="store_true", help="only a decode step's cost by batch rows"
+    )
     args = p.parse_args()
+    if args.steps_only:
+        costs = step_costs()
+        print(f"on {costs['threads']} threads, a decode step at 300 tokens of context:")
+        for rows, ms in costs["step_ms"].items():
+            print(f"  {rows:2d} rows: {ms:6.1f} ms")
+        for chunk, ms in costs["chunk_ms"].items():
+            print(f"  a {chunk}-token prefill chunk: {ms:6.1f} ms")
+        return
     import tempfile
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="onjob-priorities-"))
