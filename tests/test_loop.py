@@ -148,7 +148,9 @@ def test_the_paired_comparison_decides_the_canary(
 ):
     db = workdir(tmp_path, traffic, COMPARE_ONLY)
     with_routing(tmp_path, tool_model_dir, live=live, canary=canary)
-    converse(db, tool_engine.url, 24, "after")  # traffic while the canary runs
+    # Traffic while the canary runs: enough of each kind of turn (an answer, a tool call)
+    # that the draw, which keeps the day's mix of them, finds its 12 prompts.
+    converse(db, tool_engine.url, 48, "after")
     done = onjob(tmp_path, "loop", "--once", "--engine-url", tool_engine.url)
     assert done.returncode == 0, done.stderr
     assert f"canary {canary} against {live}: {said}" in done.stdout
