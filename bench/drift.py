@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import results_file
-from decisions import Judge, draw
+from decisions import Judge, draw, load_turns
 
 from onjob.collector import Store
 from onjob.deploy.decide import ledger, prompts, stats
@@ -83,21 +83,14 @@ def day_of_traffic(store: Store, case: str, rng: random.Random) -> None:
                     {"role": "user", "content": f"request {conversation} {kind}"}]})  # fmt: skip
                 rows.append([f"{conversation}-{turn}-{kind}", ts + timedelta(seconds=turn),
                              conversation, turn, request, response])  # fmt: skip
-    # One statement from a file: DuckDB's executemany takes a minute for a day's rows.
-    with tempfile.NamedTemporaryFile("w", suffix=".jsonl") as f:
-        for id_, ts, conversation, turn, request, response in rows:
-            f.write(json.dumps({"id": id_, "ts": ts.isoformat(), "c": conversation, "turn": turn,
-                                "request": request, "response": response}) + "\n")  # fmt: skip
-        f.flush()
-        store.con.execute(
-            "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, model_alias, arm, "
-            "stream, request, response, status, latency_ms, source) "
-            "SELECT id, CAST(ts AS TIMESTAMPTZ), c, turn, 'scn', 'agent', 'live', false, "
-            "request, response, 200, 50, 'production' FROM read_json(?, columns = {id: "
-            "'VARCHAR', ts: 'VARCHAR', c: 'VARCHAR', turn: 'INTEGER', request: 'VARCHAR', "
-            "response: 'VARCHAR'})",
-            [f.name],
-        )
+    load_turns(
+        store,
+        [
+            {"id": id_, "ts": ts.isoformat(), "c": conversation, "turn": turn,
+             "request": request, "response": response}
+            for id_, ts, conversation, turn, request, response in rows
+        ],
+    )  # fmt: skip
 
 
 def served_mean(store: Store, case: str) -> float:
