@@ -9,10 +9,19 @@ import socket
 import threading
 import time
 
+import httpx
 import pytest
 
-from onjob.proxy.errors import AnswerTooLarge, StreamCut, UpstreamTimeout, UpstreamUnreachable
+from onjob.proxy.errors import (
+    AnswerTooLarge,
+    EngineUnavailable,
+    HungUp,
+    StreamCut,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from onjob.proxy.lean import LeanUpstream
+from onjob.proxy.pool import Pool, Replica
 
 ANSWER = b'{"ok":true}'
 
@@ -138,7 +147,7 @@ def test_bodies_that_end_with_the_connection_or_in_chunks():
 @pytest.mark.parametrize(
     ("answer", "error", "words"),
     [
-        (lambda conn, n: False, UpstreamUnreachable, "before answering"),
+        (lambda conn, n: False, HungUp, "before answering"),
         (lambda conn, n: conn.sendall(b"garbage\r\n\r\n") or False, StreamCut, "not HTTP"),
         (
             lambda conn, n: (
@@ -154,6 +163,29 @@ def test_bodies_that_end_with_the_connection_or_in_chunks():
 def test_faults_are_the_proxys_errors(answer, error, words):
     with pytest.raises(error, match=words):
         run(Server(answer), post, read_timeout=0.3)
+
+
+def test_an_engine_that_hangs_up_before_answering_is_a_503_to_retry_not_a_bad_gateway():
+    # A killed engine's listening socket may still accept while the process is torn down,
+    # then reset what it accepted: a checked pool tells the client to come back, as it
+    # does when the connection is refused, and checks the engine now.
+    server = Server(lambda conn, n: False)
+
+    async def go():
+        replica = Replica(server.url, LeanUpstream(server.url), control=httpx.AsyncClient())
+        pool = Pool([replica])
+        try:
+            await pool.send("/chat/completions", b"{}", "m", whole=True)
+        except EngineUnavailable as exc:
+            return exc, str(replica.state)
+        finally:
+            await pool.aclose()
+            server.close()
+        raise AssertionError("answered")
+
+    exc, state = asyncio.run(go())
+    assert (exc.status, exc.retry_after_s, state) == (503, 2, "down")
+    assert "No engine answers" in exc.message and "before answering" in exc.message
 
 
 def test_no_engine_is_unreachable():

@@ -64,6 +64,12 @@ class NotConnected(UpstreamUnreachable):
     """No connection to the engine could be made (refused, no route): nothing was sent."""
 
 
+class HungUp(UpstreamUnreachable):
+    """The engine closed the connection before its answer began: its process is dying (a
+    killed process's listening socket accepts, then resets what it accepted) or fell over
+    on this request."""
+
+
 class EngineUnavailable(UpstreamError):
     """Every engine the pool checks is down (its process died, or is being restarted):
     the client's retry, after `Retry-After`, finds it back."""

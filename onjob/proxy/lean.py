@@ -10,7 +10,7 @@ client"). It follows no redirects and decompresses nothing (the engines' routes 
 redirect), and reads no proxy settings from the environment.
 
 Errors are the proxy's (`errors.py`): no connection, or it
-dropped before the answer began -> `UpstreamUnreachable`; no connection or no byte within
+dropped before the answer began -> `HungUp`; no connection or no byte within
 the timeouts, or a whole answer not complete within `answer_timeout` of its request ->
 `UpstreamTimeout`; dropped in the middle of a body, a body that is not HTTP, or bytes
 after the complete answer -> `StreamCut`; a body past `max_answer_bytes` ->
@@ -35,7 +35,14 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from .errors import AnswerTooLarge, NotConnected, StreamCut, UpstreamTimeout, UpstreamUnreachable
+from .errors import (
+    AnswerTooLarge,
+    HungUp,
+    NotConnected,
+    StreamCut,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 
 _PAUSE_AT = 1 << 20  # body bytes held unread before the engine's socket stops being read
 
@@ -92,7 +99,7 @@ class _Connection(asyncio.Protocol):
             return
         if not self.headers_done.done():
             why = f"the engine closed the connection before answering ({exc!r})"
-            self._fail(UpstreamUnreachable(f"cannot reach the engine: {why}"))
+            self._fail(HungUp(f"cannot reach the engine: {why}"))
         elif not self._delimited and self.error is None:
             self.on_message_complete()  # a body that ends with the connection
         else:

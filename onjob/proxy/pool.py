@@ -44,6 +44,7 @@ from ..logprobs import TRAINED
 from .errors import (
     AdapterUnavailable,
     EngineUnavailable,
+    HungUp,
     NotConnected,
     StreamCut,
     UpstreamStatus,
@@ -231,9 +232,10 @@ class Pool:
         raise self._gone(last or UpstreamUnreachable("no engine to ask"))
 
     def _gone(self, last: Exception) -> Exception:
-        """`last`, or, when no engine could even be connected to (each one tried), the 503
-        that tells the client to come back (a restarting engine is not a bad gateway)."""
-        if isinstance(last, NotConnected) and self.checked:
+        """`last`, or, when no engine could even be connected to or each hung up before
+        answering (each one tried), the 503 that tells the client to come back (a dying or
+        restarting engine is not a bad gateway)."""
+        if isinstance(last, NotConnected | HungUp) and self.checked:
             return EngineUnavailable(
                 f"No engine answers ({last}); onjob serves again once one is back. "
                 "Retry in a few seconds."
