@@ -162,7 +162,7 @@ def one_run(args, root: Path, work: Path) -> dict:
     env = {"PYTHONPATH": f"{root}{os.pathsep}{ROOT}"}
     work.mkdir(parents=True, exist_ok=True)
     with EngineProcess(
-        engine_args(o, model), timeout=900, log=work / "engine.log", env=env
+        engine_args(o, model, share=None), timeout=900, log=work / "engine.log", env=env
     ) as engine:
         (work / "onjob.toml").write_text(config(o, model))
         server_args = ["--config", str(work / "onjob.toml"), "--engine-url", engine.url]

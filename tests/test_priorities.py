@@ -88,18 +88,74 @@ def test_a_users_request_parks_background_rows_that_fill_the_batch_and_they_fini
 
 
 class Watched:
-    """The loaded model, its forwards' input lengths written down (what the batcher asked
+    """The loaded model, its forwards' input shapes written down (what the batcher asked
     of the model, not what it answered: every forward is the real one)."""
 
     def __init__(self, loaded: LoadedModel) -> None:
-        self.loaded, self.lengths = loaded, []
+        self.loaded, self.lengths, self.rows = loaded, [], []
 
     def __getattr__(self, name):
         return getattr(self.loaded, name)
 
     def forward(self, input_ids, *args):
+        self.rows.append(input_ids.shape[0])
         self.lengths.append(input_ids.shape[1])
         return self.loaded.forward(input_ids, *args)
+
+
+def side_by_side(watched: Watched, share: float) -> tuple[list[int], list[list[int]]]:
+    """A user's 60 greedy tokens, and a background request of 3 rows that joins once the
+    user's row decodes: each one's tokens by choice."""
+
+    async def run():
+        batcher = Batcher(watched, background_share=share, prefix_cache=False)
+        batcher.start()
+        try:
+            user = batcher.submit(OTHER, None, 1, greedy(60))
+            stream = user.events()
+            head = [await anext(stream)]
+            background = batcher.submit(PROMPT, None, 3, greedy(12), priority=BACKGROUND)
+            user_events, events = await asyncio.gather(
+                _collect(stream, head), _collect(background.events())
+            )
+        finally:
+            batcher.stop()
+        return tokens(user_events), [tokens(e for e in events if e.index == i) for i in range(3)]
+
+    return asyncio.run(run())
+
+
+async def _collect(stream, head=()) -> list:
+    return [*head, *[e async for e in stream]]
+
+
+def test_a_users_steps_never_carry_background_rows_which_decode_on_their_share(loaded):
+    """On two cores a background row in a user's step costs the step 0.6x of its speed:
+    the background rows decode in a batch of their own, on their share of the time, and
+    both answers are the ones each would get alone."""
+    expected_user, expected_background = alone(loaded, OTHER, 1, 60), alone(loaded, PROMPT, 3, 12)
+    watched = Watched(loaded)
+    user, background = side_by_side(watched, share=0.3)
+    assert [user] == expected_user and background == expected_background
+    decode = [rows for rows, n in zip(watched.rows, watched.lengths, strict=True) if n == 1]
+    assert 4 not in decode  # never the user's row and the 3 background rows in one step
+    # Background steps came between the user's (its share), not all after them.
+    last_user = max(i for i, rows in enumerate(decode) if rows == 1)
+    assert decode[:last_user].count(3) >= 1, decode
+
+
+def test_with_no_share_background_waits_for_the_user_and_with_all_of_it_shares_each_step(
+    loaded,
+):
+    expected_user = alone(loaded, OTHER, 1, 60)
+    none, every = Watched(loaded), Watched(loaded)
+    assert side_by_side(none, share=0.0)[0] == expected_user[0]
+    decode = [rows for rows, n in zip(none.rows, none.lengths, strict=True) if n == 1]
+    first_background = decode.index(3)
+    assert set(decode[:first_background]) == {1} and set(decode[first_background:]) == {3}
+    # 1: one batch for all, as before lanes: the user's steps carry the background rows.
+    assert side_by_side(every, share=1.0)[0] == expected_user[0]
+    assert 4 in [rows for rows, n in zip(every.rows, every.lengths, strict=True) if n == 1]
 
 
 def test_a_background_prompt_is_prefilled_by_chunks_while_a_user_decodes_and_answers_as_alone(

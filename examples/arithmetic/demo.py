@@ -46,6 +46,7 @@ from onjob.deploy.decide import ledger, stats
 from onjob.deploy.decide.pairs import rule_of
 from onjob.deploy.records import Routing
 from onjob.deploy.settings import LoopSettings
+from onjob.engine.settings import EngineSettings
 
 from ..example import Example
 
@@ -187,12 +188,23 @@ checkpoints_dir = "{o.dir / "checkpoints"}"
 """
 
 
-def engine_args(o: Options, model) -> list[str]:
+# The demo's engine puts its loop's rows in every step beside the agent's, one batch, as
+# the local engine did before its lanes (issue 64): the demo's agent never pauses, and on
+# two cores the production share (`engine.background_share`, 0.15) would give the loop's
+# sampling a sixth of the engine, slowing its learning several times over. Production
+# keeps users' answers within 1.18x; the demo says which it runs.
+DEMO_BACKGROUND_SHARE = 1.0
+
+
+def engine_args(o: Options, model, *, share: float | None = DEMO_BACKGROUND_SHARE) -> list[str]:
     """`onjob engine`'s flags: the engine's defaults, as `onjob serve --start-engine` starts
     it (every core this process may use; the trainer shares them by `trainer.threads`
-    and `trainer.nice`: docs/training.md, "Sharing the host")."""
-    engine = ["--backend", "vllm"] if o.engine == "vllm" else []
-    return [*engine, "--model", str(model)]
+    and `trainer.nice`: docs/training.md, "Sharing the host"), but for the demo's
+    background share (None: the engine's own)."""
+    if o.engine == "vllm":
+        return ["--backend", "vllm", "--model", str(model)]
+    lanes = [] if share is None else ["--background-share", f"{share:g}"]
+    return ["--model", str(model), *lanes]
 
 
 def say(text: str) -> None:
@@ -231,6 +243,14 @@ def run(o: Options, echo=say) -> dict:
             )
         for line in _rule_lines(loop_settings(o)):
             echo(f"  {line}")
+        if o.engine == "local":
+            production = EngineSettings.model_fields["background_share"].default
+            echo(
+                "  the engine decodes the loop's samples in every step beside the agent's "
+                f"requests (engine.background_share {DEMO_BACKGROUND_SHARE:g}; production: "
+                f"{production:g} of its time while users decode, so that a user's answer "
+                f"takes at most {1 / (1 - production):.2f}x its time alone)"
+            )
         (o.dir / "onjob.toml").write_text(config(o, model))
         args = ["--config", str(o.dir / "onjob.toml"), "--engine-url", engine.url]
         server = ServerProcess(

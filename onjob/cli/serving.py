@@ -175,6 +175,12 @@ def _engine_serving_flags(group) -> None:
     group.add_argument("--dtype", choices=["float32", "bfloat16"])
     group.add_argument("--device", choices=["auto", "cpu", "cuda"])
     group.add_argument("--threads", type=int, help="torch CPU threads")
+    group.add_argument(
+        "--background-share",
+        type=float,
+        help="local: the engine's time onjob's own work decodes in while users' requests "
+        "decode (0.15; 1: every row in every step, 0: none until users are done)",
+    )
 
 
 def _engine_adapter_flags(group) -> None:

@@ -22,13 +22,20 @@ are, and every row's reported logprob is taken from the unmasked logits.
 
 Users' requests come first (`priority`, vLLM's meaning: lower is served earlier; onjob
 marks its own work, the judge's samples and the offline test's pairs, as background).
-Waiting requests are admitted most urgent first, oldest first. While a more urgent row
-decodes, a less urgent request's prompt is prefilled a chunk of `prefill_chunk` tokens
-per step (vLLM's chunked prefill) instead of whole: a long background prompt never
-stalls a user's tokens for the whole of its prefill. When a more urgent request waits
-and the batch is full, the least urgent rows are parked (their cache set aside, vLLM's
-preemption by swapping) and rejoin when the urgent work is done. With no user request
-in the engine, background work runs exactly as before, whole prefills and full batches.
+Waiting requests are admitted most urgent first, oldest first. Rows decode in two lanes,
+each a batch with its own cache: the **front** holds the most urgent rows and steps every
+time; the **behind** lane holds less urgent rows, which step only on their share of the
+engine's time (`background_share`) while the front decodes. On two cores a background
+row in a user's step costs that step 0.6x of its speed, whatever the number of rows
+(bench/priorities.py --steps-only), so a user's rows never share a step with background
+rows, and a user sees background work take at most that share of the time. A less urgent
+request's prompt is prefilled a chunk of `prefill_chunk` tokens at a time (vLLM's
+chunked prefill), on the behind lane's share; when the front empties the behind lane
+becomes the front, and a more urgent request moves the front behind. When a more urgent
+request waits and the batch is full, the least urgent rows are parked (their cache set
+aside, vLLM's preemption by swapping) and rejoin when the urgent work is done. With no
+user request in the engine, background work runs exactly as before, whole prefills and
+full batches. `background_share` 1 keeps one lane for all (every row in every step).
 
 The event loop never runs the model: handlers `submit()` and read events that the
 worker posts with `call_soon_threadsafe`. Adapter loads run in the worker between
@@ -42,6 +49,7 @@ import concurrent.futures
 import itertools
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -178,6 +186,72 @@ class _Call:
 # Prompt tokens per chunk of a less urgent request's prefill while a more urgent row
 # decodes (`engine.prefill_chunk`): bench/priorities.py measures what it costs users.
 PREFILL_CHUNK = 32
+# The behind lane's share of the engine's time while the front decodes
+# (`engine.background_share`): a user's answer takes at most 1 / (1 - share) of its time
+# alone, 1.18x, inside the 1.2x that issue 64 allows.
+BACKGROUND_SHARE = 0.15
+# Time the behind lane may bank while it waits for its turn: a burst of its steps after a
+# long front is bounded, so a user's tokens never stall for longer than this at once.
+_MOST_CREDIT_S = 0.5
+
+
+class _Batch:
+    """Rows decoding together: one cache, left-padded to one length, with its mask."""
+
+    def __init__(self) -> None:
+        self.rows: list[_Row] = []
+        self.cache = None
+        self.mask: torch.Tensor | None = None  # [rows, cache length], False = left padding
+
+    def priority(self) -> float:
+        """The most urgent priority among the rows (inf: none)."""
+        return min((r.gen.priority for r in self.rows), default=float("inf"))
+
+    def clear(self) -> None:
+        self.rows, self.cache, self.mask = [], None, None
+
+    def merge(self, cache, mask: torch.Tensor, rows: list[_Row]) -> None:
+        """Add prefilled rows, left-padding whichever side is shorter."""
+        if not self.rows:
+            self.cache, self.mask, self.rows = cache, mask, rows
+            return
+        old, new = self.mask.shape[1], mask.shape[1]
+        _pad_left(self.cache, max(0, new - old))
+        _pad_left(cache, max(0, old - new))
+        self.mask = torch.cat(
+            [F.pad(self.mask, (max(0, new - old), 0)), F.pad(mask, (max(0, old - new), 0))], 0
+        )
+        for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
+            mine.keys = torch.cat([mine.keys, theirs.keys], 0)
+            mine.values = torch.cat([mine.values, theirs.values], 0)
+        self.rows = self.rows + rows
+
+    def compact(self) -> None:
+        """Drop finished and cancelled rows, and cache columns that are padding for every row."""
+        keep = [i for i, r in enumerate(self.rows) if not r.done and not r.gen.cancelled]
+        if len(keep) < len(self.rows):
+            self.keep(keep)
+
+    def keep(self, keep: list[int]) -> None:
+        """The batch cut to rows `keep`."""
+        if not keep:
+            self.clear()
+            return
+        layers, self.mask = self.slice(keep)
+        self.rows = [self.rows[i] for i in keep]
+        for layer, (keys, values) in zip(self.cache.layers, layers, strict=True):
+            layer.keys, layer.values = keys, values
+
+    def slice(self, rows: list[int]) -> tuple[Layers, torch.Tensor]:
+        """Rows `rows`' cache and mask, without the columns that are padding for all of them."""
+        index = torch.tensor(rows, device=self.mask.device)
+        mask = self.mask[index]
+        start = int(mask.any(0).nonzero()[0])
+        layers = [
+            (layer.keys[index, :, start:], layer.values[index, :, start:])
+            for layer in self.cache.layers
+        ]
+        return layers, mask[:, start:]
 
 
 class Batcher:
@@ -188,19 +262,21 @@ class Batcher:
         max_batch: int = 16,
         prefix_cache: bool = True,
         prefill_chunk: int = PREFILL_CHUNK,
+        background_share: float = BACKGROUND_SHARE,
     ) -> None:
         self.loaded = loaded
         self.max_batch = max_batch
         self.prefix_cache = prefix_cache
         self.prefill_chunk = prefill_chunk
+        self.background_share = background_share
         self._last: _Prefill | None = None  # the last prefill, when `prefix_cache`
         self._inbox: queue.SimpleQueue[Generation | _Call | None] = queue.SimpleQueue()
         self._pending: list[Generation] = []  # in arrival order; admitted by `order`
         self._parked: list[_Parked] = []
         self._filling: _Filling | None = None
-        self._rows: list[_Row] = []
-        self._cache = None
-        self._mask: torch.Tensor | None = None  # [rows, cache length], False = left padding
+        self._front = _Batch()  # the most urgent rows: a step every time
+        self._behind = _Batch()  # less urgent rows: steps on `background_share`
+        self._credit = 0.0  # seconds of the engine's time the behind lane may take now
         self._thread = threading.Thread(target=self._run, name="onjob-engine", daemon=True)
         self.started_threads = torch.get_num_threads()  # what `threads(None)` goes back to
         self.threads_now = self.started_threads
@@ -257,7 +333,7 @@ class Batcher:
         """Requests (running, waiting), vLLM's meaning: in the batch, or not yet (queued,
         parked or being prefilled by chunks). Read from the event loop while the worker
         changes them: a gauge, not a count to act on exactly."""
-        rows, pending, filling = self._rows, list(self._pending), self._filling
+        rows, pending, filling = self._rows(), list(self._pending), self._filling
         running = len({r.gen for r in rows})
         waiting = self._inbox.qsize() + len(pending) + len(self._parked) + (filling is not None)
         return running, waiting
@@ -279,7 +355,11 @@ class Batcher:
 
     def _started(self) -> set[Generation]:
         filling = {self._filling.gen} if self._filling is not None else set()
-        return {r.gen for r in self._rows} | {p.gen for p in self._parked} | filling
+        return {r.gen for r in self._rows()} | {p.gen for p in self._parked} | filling
+
+    def _rows(self) -> list[_Row]:
+        """Every row decoding, in either lane."""
+        return self._front.rows + self._behind.rows
 
     # -- the worker --------------------------------------------------------------------
 
@@ -288,10 +368,7 @@ class Batcher:
             while self._drain(block=not self._idle_work()):
                 try:
                     self._admit()
-                    if self._rows:
-                        self._step()
-                    if self._filling is not None:
-                        self._fill()
+                    self._work()
                 except Exception as exc:  # never let one bad step kill the worker
                     self._fail_batch(GenerationFailed(f"Generation failed: {exc}"))
         error = GenerationFailed("The engine is shutting down.")
@@ -299,7 +376,34 @@ class Batcher:
             gen._post(error)
 
     def _idle_work(self) -> bool:
-        return bool(self._rows or self._pending or self._parked or self._filling)
+        return bool(self._rows() or self._pending or self._parked or self._filling)
+
+    def _work(self) -> None:
+        """One step of the front; then, on the behind lane's turn, a step of its rows and a
+        chunk of the prompt being filled. The behind lane earns the turn by the front's
+        time: `background_share` of the engine's time while the front decodes."""
+        if not self._front.rows and self._behind.rows:  # the front is done: behind goes on
+            self._front, self._behind = self._behind, self._front
+        urgent = bool(self._front.rows)
+        if urgent:
+            started = time.perf_counter()
+            self._step(self._front)
+            if self._behind.rows or self._filling is not None:
+                share = self.background_share
+                earned = (time.perf_counter() - started) * share / max(1e-9, 1 - share)
+                self._credit = min(self._credit + earned, _MOST_CREDIT_S)
+        behind_work = self._behind.rows or self._filling is not None
+        if not behind_work or (urgent and self._credit <= 0 and self.background_share < 1):
+            return
+        started = time.perf_counter()
+        if self._behind.rows:
+            self._step(self._behind)
+        if self._filling is not None:
+            self._fill()
+        if urgent:
+            self._credit -= time.perf_counter() - started
+        else:
+            self._credit = 0.0
 
     def _drain(self, block: bool) -> bool:
         """Take everything waiting in the inbox; False when asked to stop."""
@@ -329,11 +433,11 @@ class Batcher:
         waiting: list[Generation | _Parked] = [*self._parked, *self._pending]
         for item in sorted(waiting, key=lambda w: w.order):
             gen = item.gen if isinstance(item, _Parked) else item
-            if self._rows and len(self._rows) + gen.n > self.max_batch:
+            if self._rows() and len(self._rows()) + gen.n > self.max_batch:
                 return
             if isinstance(item, _Parked):
                 self._parked.remove(item)
-                self._merge(_cache_of(item.layers), item.mask, item.rows)
+                self._lane(gen.priority).merge(_cache_of(item.layers), item.mask, item.rows)
                 continue
             if self._urgent() < gen.priority and not self._cached(gen):  # by chunks
                 if self._filling is None and self._start(gen):
@@ -354,7 +458,25 @@ class Batcher:
 
     def _urgent(self) -> float:
         """The most urgent priority among the rows decoding (inf: none)."""
-        return min((r.gen.priority for r in self._rows), default=float("inf"))
+        return min(self._front.priority(), self._behind.priority())
+
+    def _lane(self, priority: int) -> _Batch:
+        """The lane that rows of `priority` join: the front when none decoding there is
+        more urgent (the front's rows go behind when all are less urgent), else behind.
+        One lane for all when `background_share` is 1."""
+        front = self._front
+        if self.background_share >= 1 or not front.rows:
+            return front
+        if priority > front.priority():
+            return self._behind
+        if all(r.gen.priority > priority for r in front.rows):
+            if self._behind.rows:
+                behind = self._behind
+                behind.merge(front.cache, front.mask, front.rows)  # rare: both lanes had rows
+                front.clear()
+            else:
+                self._front, self._behind = self._behind, front
+        return self._front
 
     def _start(self, gen: Generation) -> bool:
         """The request's adapter in the model before its prompt's forward; False (and the
@@ -392,21 +514,21 @@ class Batcher:
         """Park the least urgent rows while the most urgent waiting request does not fit
         and rows less urgent than it decode (vLLM's preemption, by swapping: on CPU the
         cache stays where it is, out of the batch)."""
-        if not self._pending or not self._rows:
+        if not self._pending or not self._rows():
             return
         first = min(self._pending, key=lambda g: g.order)
-        while len(self._rows) + first.n > self.max_batch:
-            behind = {r.gen for r in self._rows if r.gen.priority > first.priority}
+        while len(self._rows()) + first.n > self.max_batch:
+            behind = {r.gen for r in self._rows() if r.gen.priority > first.priority}
             if not behind:
                 return
             self._park(max(behind, key=lambda g: g.order))
 
     def _park(self, gen: Generation) -> None:
-        mine = [i for i, r in enumerate(self._rows) if r.gen is gen]
-        layers, mask = self._slice(mine)
-        self._parked.append(_Parked(gen, [self._rows[i] for i in mine], layers, mask))
-        rest = [i for i, r in enumerate(self._rows) if r.gen is not gen]
-        self._keep(rest)
+        lane = self._front if any(r.gen is gen for r in self._front.rows) else self._behind
+        mine = [i for i, r in enumerate(lane.rows) if r.gen is gen]
+        layers, mask = lane.slice(mine)
+        self._parked.append(_Parked(gen, [lane.rows[i] for i in mine], layers, mask))
+        lane.keep([i for i, r in enumerate(lane.rows) if r.gen is not gen])
 
     def _fill(self) -> None:
         """One chunk of the filling request's prompt (the rest at once when nothing more
@@ -424,7 +546,8 @@ class Batcher:
                 return
             f.cache, f.done = out.past_key_values, min(end, len(ids))
             f.logits = out.logits[:, -1, :].float()
-        if f.done < len(ids) or (self._rows and len(self._rows) + f.gen.n > self.max_batch):
+        rows = len(self._rows())
+        if f.done < len(ids) or (rows and rows + f.gen.n > self.max_batch):
             return
         self._filling = None
         try:
@@ -467,24 +590,24 @@ class Batcher:
             for i in range(gen.n)
         ]
         mask = torch.ones(gen.n, len(gen.prompt_ids), dtype=torch.bool, device=device)
-        self._merge(cache, mask, rows)
+        self._lane(gen.priority).merge(cache, mask, rows)
         self._emit(rows, logits)
         self._compact()
 
-    def _step(self) -> None:
+    def _step(self, lane: _Batch) -> None:
         device = self.loaded.device
-        rows = self._rows
+        rows = lane.rows
         ids = torch.tensor([[r.token_ids[-1]] for r in rows], device=device)
         positions = torch.tensor([[r.position] for r in rows], device=device)
-        mask = torch.cat([self._mask, torch.ones(len(rows), 1, dtype=torch.bool, device=device)], 1)
+        mask = torch.cat([lane.mask, torch.ones(len(rows), 1, dtype=torch.bool, device=device)], 1)
         out = self.loaded.forward(
-            ids, mask.long(), positions, self._cache, [r.gen.adapter for r in rows]
+            ids, mask.long(), positions, lane.cache, [r.gen.adapter for r in rows]
         )
-        self._mask = mask
+        lane.mask = mask
         for r in rows:
             r.position += 1
         self._emit(rows, out.logits[:, -1, :].float())
-        self._compact()
+        lane.compact()
 
     def _emit(self, rows: list[_Row], logits: torch.Tensor) -> None:
         """Sample one token per row, post the events, mark finished rows."""
@@ -538,53 +661,15 @@ class Batcher:
             gen._post(batch)
 
     def _fail_batch(self, error: EngineError) -> None:
-        for gen in {r.gen for r in self._rows}:
+        for gen in {r.gen for r in self._rows()}:
             gen._post(error)
             gen.cancel()
-        self._rows, self._cache, self._mask = [], None, None
-
-    def _merge(self, cache, mask: torch.Tensor, rows: list[_Row]) -> None:
-        """Add prefilled rows to the running batch, left-padding whichever side is shorter."""
-        if not self._rows:
-            self._cache, self._mask, self._rows = cache, mask, rows
-            return
-        old, new = self._mask.shape[1], mask.shape[1]
-        _pad_left(self._cache, max(0, new - old))
-        _pad_left(cache, max(0, old - new))
-        self._mask = torch.cat(
-            [F.pad(self._mask, (max(0, new - old), 0)), F.pad(mask, (max(0, old - new), 0))], 0
-        )
-        for mine, theirs in zip(self._cache.layers, cache.layers, strict=True):
-            mine.keys = torch.cat([mine.keys, theirs.keys], 0)
-            mine.values = torch.cat([mine.values, theirs.values], 0)
-        self._rows = self._rows + rows
+        self._front.clear()
+        self._behind.clear()
 
     def _compact(self) -> None:
-        """Drop finished and cancelled rows, and cache columns that are padding for every row."""
-        keep = [i for i, r in enumerate(self._rows) if not r.done and not r.gen.cancelled]
-        if len(keep) < len(self._rows):
-            self._keep(keep)
-
-    def _keep(self, keep: list[int]) -> None:
-        """The batch cut to rows `keep`."""
-        if not keep:
-            self._rows, self._cache, self._mask = [], None, None
-            return
-        layers, self._mask = self._slice(keep)
-        self._rows = [self._rows[i] for i in keep]
-        for layer, (keys, values) in zip(self._cache.layers, layers, strict=True):
-            layer.keys, layer.values = keys, values
-
-    def _slice(self, rows: list[int]) -> tuple[Layers, torch.Tensor]:
-        """Rows `rows`' cache and mask, without the columns that are padding for all of them."""
-        index = torch.tensor(rows, device=self._mask.device)
-        mask = self._mask[index]
-        start = int(mask.any(0).nonzero()[0])
-        layers = [
-            (layer.keys[index, :, start:], layer.values[index, :, start:])
-            for layer in self._cache.layers
-        ]
-        return layers, mask[:, start:]
+        self._front.compact()
+        self._behind.compact()
 
 
 def _cache_of(layers: Layers) -> DynamicCache:

@@ -52,6 +52,7 @@ def serve(settings: EngineSettings) -> None:
         max_batch=settings.max_batch_size,
         prefix_cache=settings.prefix_cache,
         prefill_chunk=settings.prefill_chunk,
+        background_share=settings.background_share,
     )
     batcher.start()
     app = create_app(

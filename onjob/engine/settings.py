@@ -38,6 +38,15 @@ class EngineSettings(BaseSettings):
         description="local: prompt tokens per step of a background request's prefill while "
         "a user's request decodes (onjob's own work waits behind users: bench/priorities.py)",
     )
+    background_share: float = Field(
+        0.15,
+        ge=0,
+        le=1,
+        description="local: the share of the engine's time that less urgent rows (onjob's "
+        "own work) decode in while a user's request decodes, in a batch of their own; a "
+        "user's answer takes at most 1 / (1 - share) of its time alone. 0: none until "
+        "users are done; 1: one batch for all (every row in every step)",
+    )
     dtype: Literal["float32", "bfloat16"] = "float32"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(None, ge=1, description="torch threads (default: torch's choice)")
