@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from onjob.collector import Store
 from onjob.trainer import ParentMismatch, TrainSettings, snapshot
 from onjob.trainer.data import load
+from onjob.trainer.errors import NothingToTrain
 from onjob.trainer.loop import train
 from onjob.trainer.records import record_run
 
@@ -200,7 +201,11 @@ def logprobs_of(model, prompt: list[int], completion: list[int]) -> list[float]:
     )
 
 
-def write(path, groups: dict[str, list[tuple[list[int], list[int], float, list[float]]]]):
+def write(
+    path,
+    groups: dict[str, list[tuple[list[int], list[int], float, list[float]]]],
+    sampler: str | None = None,
+):
     rows = [
         {
             "group_id": g,
@@ -208,7 +213,7 @@ def write(path, groups: dict[str, list[tuple[list[int], list[int], float, list[f
             "member_id": f"{g}-{i}",
             "position": i,
             "reward": reward,
-            "checkpoint": None,
+            "checkpoint": sampler,
             "prompt_ids": [prompt],
             "completion_ids": [completion],
             "logprobs": [lps],
@@ -389,6 +394,64 @@ def test_the_sampler_check_runs_before_the_first_update_and_skips_other_weights_
     # mean ratio to it past 1.5): the check on each group's first forward, at this bound,
     # would have skipped them as sampled by other weights.
     assert max(h.ratio_mean for h in manifest.history[1:]) > 1.5
+
+
+def test_groups_sampled_before_the_runs_start_are_checked_against_their_samplers_weights(
+    tmp_path, tiny_model_dir, base
+):
+    """After a promotion the next run starts from the new live checkpoint while most of its
+    groups were sampled by the one before (`trainer.max_staleness` 1). Measured against
+    the run's start, a lineage that had moved past `max_logprob_gap` lost every group (the
+    learning bench's languages and sentiment runs each lost a 64-group run so). Now each
+    member is measured against the weights that sampled it: the base model's, or an
+    earlier checkpoint's loaded for the check. A group another model sampled is still
+    skipped."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    settings = TrainSettings(
+        base_model=tiny_model_dir, lora_rank=8, groups_per_step=1, learning_rate=0.05,
+        kl_own_prompts=0, max_logprob_gap=0.05,
+    )  # fmt: skip
+    one, two = tmp_path / "ckpt-one", tmp_path / "ckpt-two"
+    quiet = {"progress": False, "echo": lambda _: None}
+    train(
+        write(tmp_path / "s1.parquet", {g: group_of(base) for g in "abc"}), one, settings, **quiet
+    )
+
+    # Sampled by the base model, trained from ckpt-one, which moved past the bound.
+    bad = group_of(base)
+    bad[1] = (PROMPT, ANSWERS[1], 0.0, [-1e4, bad[1][3][1]])
+    snap = write(tmp_path / "s2.parquet", {"d": group_of(base), "e": group_of(base), "z": bad})
+    manifest = train(snap, two, settings, parent=one, **quiet)
+    assert manifest.groups == ["d", "e"] and list(manifest.skipped_groups) == ["z"]
+    tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), one)
+    moved = [
+        abs(a - b)
+        for answer in ANSWERS
+        for a, b in zip(
+            logprobs_of(tuned, PROMPT, answer), logprobs_of(base, PROMPT, answer), strict=True
+        )
+    ]
+    assert sum(moved) / len(moved) > settings.max_logprob_gap  # against the start: skipped
+
+    # Sampled by ckpt-one, trained from ckpt-two: ckpt-one's weights are loaded beside it
+    # for the check; a sampler whose folder is gone is measured against the start.
+    by_one = [
+        (PROMPT, a, r, logprobs_of(tuned, PROMPT, a))
+        for a, r in zip(ANSWERS, (1.0, 0.0, 0.5), strict=True)
+    ]
+    said: list[str] = []
+    manifest = train(
+        write(tmp_path / "s3.parquet", {"f": by_one, "g": by_one}, sampler="ckpt-one"),
+        tmp_path / "ckpt-three", settings, parent=two, progress=False, echo=said.append,
+    )  # fmt: skip
+    assert manifest.groups == ["f", "g"] and not manifest.skipped_groups
+    assert manifest.steps == 2  # the policy's own adapter trained after the check
+    gone = write(tmp_path / "s4.parquet", {"h": by_one}, sampler="ckpt-gone")
+    with pytest.raises(NothingToTrain):
+        train(gone, tmp_path / "ckpt-four", settings, parent=two, progress=False, echo=said.append)
+    assert any("sampled by ckpt-gone: its weights are not beside" in line for line in said)
 
 
 def test_a_lineage_continues_its_optimizer_moments_across_runs(tmp_path, tiny_model_dir, base):

@@ -31,6 +31,7 @@ class Sequence:
     old_logprobs: list[float]  # per token: the sampler's logprob (0 where masked)
     advantage: float
     reward: float
+    sampler: str | None = None  # the checkpoint that sampled it (None: the base model)
 
     @property
     def first_loss(self) -> int:
@@ -157,7 +158,10 @@ def load(path: Path, s: TrainSettings) -> tuple[list[Group], Notes]:
                 )
                 continue
             if any(mask):
-                group.members.append(Sequence(m["member_id"], tokens, mask, old, adv, m["reward"]))
+                sampler = m.get("checkpoint") or None
+                group.members.append(
+                    Sequence(m["member_id"], tokens, mask, old, adv, m["reward"], sampler)
+                )
         if group.members:
             groups.append(group)
         else:

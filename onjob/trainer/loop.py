@@ -33,6 +33,7 @@ its share of every step's groups and the gradients are summed before the step
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -110,7 +111,7 @@ def _train(
         f"{sum(g.loss_tokens for g in groups)} tokens: {steps} steps on {device} ({dtype})"
         + (f", {ranks.world} ranks" if ranks.many else "")
     )
-    skipped, gaps = _before_steps(policy, groups, notes, s, ranks, echo)
+    skipped, gaps = _before_steps(policy, groups, notes, s, ranks, parent, echo)
     trained = [g for g in groups if g.id not in skipped]
     if not trained:
         raise NothingToTrain(f"nothing to train on in {snapshot}: every group was skipped")
@@ -180,21 +181,28 @@ def _precision(model, head: Head, device, dtype) -> Precision:
 
 
 def _before_steps(
-    policy: Policy, groups: list[Group], notes: Notes, s: TrainSettings, ranks: Ranks, echo
+    policy: Policy,
+    groups: list[Group],
+    notes: Notes,
+    s: TrainSettings,
+    ranks: Ranks,
+    parent: Path | None,
+    echo,
 ) -> tuple[dict, dict[str, Gap]]:
-    """The groups skipped and every group's gap, measured once before the first update: the
-    policy at the run's start against the logged sampler, one forward per group. Drift
-    the run's own updates cause is the importance ratio's job (CISPO's capped weights),
-    not a reason to skip a group; only a real mismatch (other weights, tokenizer or
-    template) is. With a warm start, which moves the policy, it runs after the check."""
+    """The groups skipped and every group's gap, measured once before the first update:
+    each member against the weights that sampled it (the run's start, or the checkpoint
+    before it, `trainer.max_staleness`), one forward per group and sampler. Drift the
+    run's own updates cause, and the lineage's since an earlier checkpoint sampled a
+    group, is the importance ratio's job (CISPO's capped weights), not a reason to skip a
+    group; only a real mismatch (other weights, tokenizer or template) is. With a warm
+    start, which moves the policy, it runs after the check."""
     skipped = dict(notes.skipped)
-    model, head = policy.model, policy.head
-    gaps = {g.id: _gap(g, model, head, policy.limit, policy.device) for g in groups}
+    gaps = _gaps(policy, groups, parent, echo)
     for group in groups:
         _check(group, gaps[group.id], s, skipped, echo)
     if s.sft_epochs:
         kept = [g for g in groups if g.id not in skipped]
-        sft = _warm_start(model, head, kept, s, policy.device, ranks)
+        sft = _warm_start(policy.model, policy.head, kept, s, policy.device, ranks)
         echo(
             f"warm start: {s.sft_epochs} supervised passes on {sft.members} best members, "
             f"loss {sft.loss_first:.3f} -> {sft.loss_last:.3f}"
@@ -417,6 +425,64 @@ class Gap:
     @property
     def mean(self) -> float:
         return self.sum / max(self.tokens, 1)
+
+
+def _gaps(policy: Policy, groups: list[Group], parent: Path | None, echo) -> dict[str, Gap]:
+    """Each group's gap, its members measured against their sampler's weights: the run's
+    start (`parent`, None: the base model), the base model (the adapter off), or an
+    earlier checkpoint of the lineage, loaded beside the policy from `parent`'s folder for
+    the check and dropped after it. A sampler whose weights this run cannot find is
+    measured against the run's start, and said."""
+    start = parent.name if parent is not None else None
+    by_sampler: dict[str | None, list[Group]] = {}
+    for g in groups:
+        members: dict[str | None, list[Sequence]] = {}
+        for m in g.members:
+            members.setdefault(m.sampler, []).append(m)
+        for sampler, ms in members.items():
+            by_sampler.setdefault(sampler, []).append(Group(g.id, g.kind, ms))
+    parts: dict[str, list[Gap]] = {g.id: [] for g in groups}
+    for sampler, subgroups in by_sampler.items():
+        with _weights_of(policy.model, sampler, start, parent, echo):
+            for sub in subgroups:
+                parts[sub.id].append(
+                    _gap(sub, policy.model, policy.head, policy.limit, policy.device)
+                )
+    return {
+        gid: Gap(sum(p.sum for p in ps), max(p.max for p in ps), sum(p.tokens for p in ps))
+        for gid, ps in parts.items()
+    }
+
+
+@contextlib.contextmanager
+def _weights_of(model, sampler: str | None, start: str | None, parent: Path | None, echo):
+    """The policy's forwards give `sampler`'s logprobs inside (see `_gaps`)."""
+    if sampler == start:
+        yield
+        return
+    if sampler is None:
+        with model.disable_adapter():
+            yield
+        return
+    path = parent.parent / sampler if parent is not None else None
+    if path is None or not (path / "adapter_config.json").exists():
+        echo(
+            f"groups sampled by {sampler}: its weights are not beside the run's start "
+            f"({parent}); their gap is measured against the start"
+        )
+        yield
+        return
+    model.load_adapter(str(path), adapter_name=_SAMPLER)
+    adapter.without_dropout(model)
+    model.set_adapter(_SAMPLER)
+    try:
+        yield
+    finally:
+        model.set_adapter("default")  # its parameters trainable again, the sampler's not
+        model.delete_adapter(_SAMPLER)
+
+
+_SAMPLER = "sampler"  # the adapter name an earlier checkpoint is loaded under for the check
 
 
 def _gap(group: Group, model, head: Head, limit: int, device) -> Gap:

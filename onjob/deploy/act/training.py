@@ -175,8 +175,12 @@ async def _publish(t, out: Path, name: str, echo) -> None:
 
 
 async def _skipped(db: Collector, t, groups: list, took_s: float, echo) -> None:
-    """A run whose trainer skipped every group: the groups recorded as used, no checkpoint."""
-    reason = "the trainer skipped every group of the snapshot (its output says why)"
+    """A run whose trainer wrote nothing (`NothingToTrain`: every group skipped, or no step
+    within its KL budget): the groups recorded as used, no checkpoint."""
+    reason = (
+        "the trainer wrote no checkpoint: every group of the snapshot skipped, or no step "
+        "within its KL budget (its output says which)"
+    )
     await db.query(
         lambda st: record_skipped(
             st, new_id("run-"), groups, t.model_dump(mode="json"), reason, took_s
