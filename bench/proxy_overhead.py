@@ -485,6 +485,7 @@ def main() -> int:
 
     summary(rows)
     item8 = hot_path(rows)
+    missed = streamed_check(item8)
     result = {
         "layout": {"load_core": load_core, "server_core": server_core},
         "seconds": args.seconds,
@@ -499,11 +500,54 @@ def main() -> int:
         },
         "side_by_side": rows,
         "onjob_vs_aiohttp": item8,
+        "streamed_missed": missed,
         "onjob_cases": cases,
         "logging": logging_rows,
     }
     results_file.save("proxy_overhead", result, args.out)
-    return 0
+    return 1 if missed else 0
+
+
+# Issue 68's targets for streamed answers, the path agents use: a share of the aiohttp
+# passthrough's requests/s at c16 and c64, and onjob's CPU per request at c64.
+STREAMED_SHARE = 0.75
+STREAMED_CPU_US_C64 = 350
+
+
+def streamed_check(item8: list[dict]) -> list[str]:
+    """Streamed c16 and c64 beside whole, against issue 68's targets; what missed is
+    printed loudly (and the bench exits 1), so a regression shows in the stop that makes it."""
+    rows = [h for h in item8 if h["onjob"] == "onjob" and h["concurrency"] in (16, 64)]
+    if not rows:
+        return []
+    print(
+        f"\nstreamed against whole (issue 68: streamed share >= {STREAMED_SHARE} at c16 and "
+        f"c64, CPU per streamed request at c64 <= {STREAMED_CPU_US_C64} µs)"
+    )
+    print(f"{'c':>4}{'whole share':>13}{'cpu µs':>8}{'streamed share':>16}{'cpu µs':>8}")
+    missed = []
+    for c in sorted({h["concurrency"] for h in rows}):
+        by = {h["stream"]: h for h in rows if h["concurrency"] == c}
+        whole, streamed = by.get(False), by.get(True)
+        if streamed is None:
+            continue
+        cells = [
+            f"{c:>4}",
+            f"{whole['rps_share'] if whole else '-'!s:>13}",
+            f"{whole['onjob_cpu_us_per_request'] if whole else '-'!s:>8}",
+            f"{streamed['rps_share']!s:>16}",
+            f"{streamed['onjob_cpu_us_per_request']!s:>8}",
+        ]
+        print("".join(cells))
+        share, cpu = streamed["rps_share"], streamed["onjob_cpu_us_per_request"]
+        if share is not None and share < STREAMED_SHARE:
+            missed.append(f"streamed c{c}: {share} of the aiohttp floor (target {STREAMED_SHARE})")
+        if c == 64 and cpu is not None and cpu > STREAMED_CPU_US_C64:
+            target = STREAMED_CPU_US_C64
+            missed.append(f"streamed c64: {cpu} µs of CPU per request (target {target})")
+    for line in missed:
+        print(f"MISSED: {line}")
+    return missed
 
 
 def others(engine_port: int, tmp: Path, core: int, procs: list) -> tuple[int, ...]:
