@@ -314,7 +314,7 @@ def test_the_ratio_starts_at_one_when_continuing_a_parent_written_with_dropout(
     sampler = PeftModel.from_pretrained(
         AutoModelForCausalLM.from_pretrained(tiny_model_dir), tmp_path / "parent"
     ).eval()
-    snap = write(tmp_path / "s.parquet", {"g": group_of(sampler)})
+    snap = write(tmp_path / "s.parquet", {"g": group_of(sampler)}, sampler="parent")
     settings = TrainSettings(base_model=tiny_model_dir, lora_rank=8, learning_rate=1e-3)
     manifest = train(
         snap,
