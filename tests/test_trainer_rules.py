@@ -401,8 +401,8 @@ def test_groups_sampled_before_the_runs_start_are_checked_against_their_samplers
 ):
     """After a promotion the next run starts from the new live checkpoint while most of its
     groups were sampled by the one before (`trainer.max_staleness` 1). Measured against
-    the run's start, a lineage that had moved past `max_logprob_gap` lost every group (the
-    learning bench's languages and sentiment runs each lost a 64-group run so). Now each
+    the run's start, a lineage that had moved past `max_logprob_gap` lost every group (a
+    languages run of the learning bench lost a 64-group run so). Now each
     member is measured against the weights that sampled it: the base model's, or an
     earlier checkpoint's loaded for the check. A group another model sampled is still
     skipped."""
