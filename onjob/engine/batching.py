@@ -433,7 +433,8 @@ class Batcher:
         waiting: list[Generation | _Parked] = [*self._parked, *self._pending]
         for item in sorted(waiting, key=lambda w: w.order):
             gen = item.gen if isinstance(item, _Parked) else item
-            if self._rows() and len(self._rows()) + gen.n > self.max_batch:
+            rows = len(self._rows())
+            if rows and rows + gen.n > self.max_batch:
                 return
             if isinstance(item, _Parked):
                 self._parked.remove(item)
@@ -469,10 +470,9 @@ class Batcher:
             return front
         if priority > front.priority():
             return self._behind
-        if all(r.gen.priority > priority for r in front.rows):
-            if self._behind.rows:
-                behind = self._behind
-                behind.merge(front.cache, front.mask, front.rows)  # rare: both lanes had rows
+        if priority < front.priority():  # every front row is less urgent: they go behind
+            if self._behind.rows:  # rare: both lanes had rows
+                self._behind.merge(front.cache, front.mask, front.rows)
                 front.clear()
             else:
                 self._front, self._behind = self._behind, front
