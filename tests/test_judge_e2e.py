@@ -27,6 +27,9 @@ from .fake_judge import FakeJudge, candidates, scores_json
 
 ONJOB = str(Path(sys.executable).with_name("onjob"))
 REWARDS = """
+import random
+
+
 def calls_weather(rollout):
     return any(c["function"]["name"] == "get_weather" for c in rollout.tool_calls)
 
@@ -37,6 +40,10 @@ def length(rollout):
 
 def broken(rollout):
     return "not a number"
+
+
+def spread(rollout):
+    return random.random()
 """
 
 
@@ -117,7 +124,11 @@ length = { fn = "my_rewards:length" }
 
 
 def test_judge_pass_makes_turn_groups_that_share_the_prefix_and_carry_tokens(tmp_path, logged):
-    db = workdir(tmp_path, logged, CONFIG)
+    # Scores with a spread: when the sampled answers happen to score alike (all call the
+    # tool, all past 40 characters), the scenario would go silent after two groups and the
+    # second pass below would rightly skip it (that rule: test_learning_pace.py).
+    config = CONFIG + 'spread = { fn = "my_rewards:spread" }\n'
+    db = workdir(tmp_path, logged, config)
     out = judge_once(tmp_path, logged["engine"])
     # Five logged turns in two scenarios; at most two per scenario per pass (and no
     # tool-call turns besides them: `tool_turns_per_scenario = 0`).
