@@ -569,11 +569,16 @@ def low_traffic(s: LoopSettings, ref: Referee, judge: Judge, reps: int, seed: in
                 for rep in range(reps):
                     test = f"offline:low:{rep}"
                     if name == "now":
+                        # A pair is a conversation's turns the draw answered: their mean.
                         drawn = prompts.fresh(store, AGENT, since, s.max_pairs, tests=[test])
-                        ids = [p["id"] for p in drawn.prompts]
+                        units: dict[str, list[float]] = {}
+                        for p in drawn.prompts:
+                            effect = effects[p["id"].rsplit("-", 1)[1]]
+                            units.setdefault(p["trajectory_id"], []).append(effect)
+                        kinds = [statistics.fmean(u) for u in units.values()]
                     else:
                         ids = old_draw(store, test, s.max_pairs)
-                    kinds = [effects[i.rsplit("-", 1)[1]] for i in ids]
+                        kinds = [effects[i.rsplit("-", 1)[1]] for i in ids]
                     means.append(statistics.fmean(kinds) if kinds else 0.0)
                     src = Source(ref, 0.0, judge, rng, kinds=kinds)
                     ds.append(test_one(rule, s, alpha, src, 0, "no better"))

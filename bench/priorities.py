@@ -18,7 +18,9 @@ One run, on the bundled SmolLM2-135M behind `onjob serve` as the demo starts it
    sends them (`n` 8, background priority) straight to the engine: tokens per second.
 
 Printed and written to bench/results/priorities-<timestamp>.json: p50 and p99 per phase
-and per loop stage, their ratios to the paused phase (targets: p50 <= 1.2x, p99 <= 1.5x),
+and per loop stage, the cores each process used in each stage (the engine, the server
+with the proxy and the loop, the server's children: a training run), their ratios to
+the paused phase (targets: p50 <= 1.2x, p99 <= 1.5x),
 and the background tokens per second. With `--before DIR` the whole run is made twice,
 the second time with DIR's onjob (an older commit's checkout) for the engine, the server
 and the loop, so the ratios of the two and the background speed (target >= 0.9x of
@@ -62,11 +64,69 @@ def quantiles(xs: list[float]) -> dict:
     return {"n": len(xs), "p50": statistics.median(xs), "p99": cuts[98], "max": max(xs)}
 
 
-class Stage:
-    """The loop's stage, read from the admin status every half second."""
+TICK = os.sysconf("SC_CLK_TCK")
 
-    def __init__(self, base: str) -> None:
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """A process's CPU seconds (its threads') and its reaped children's, from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0, 0.0
+    own = (int(fields[11]) + int(fields[12])) / TICK
+    return own, (int(fields[13]) + int(fields[14])) / TICK
+
+
+def descendants(pid: int) -> list[int]:
+    """The live processes below `pid` (the trainer a run starts, its workers)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        parents.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], list(parents.get(pid, ()))
+    while todo:
+        child = todo.pop()
+        out.append(child)
+        todo.extend(parents.get(child, ()))
+    return out
+
+
+class Cpu:
+    """The CPU the engine, the server (the proxy and the loop) and the server's children
+    (a training run) spend, in seconds since the last `take`."""
+
+    def __init__(self, engine: int, server: int) -> None:
+        self.engine, self.server = engine, server
+        self.last = self._now()
+
+    def _now(self) -> dict[str, float]:
+        own, reaped = cpu_seconds(self.server)
+        children = sum(cpu_seconds(c)[0] for c in descendants(self.server))
+        return {
+            "engine": cpu_seconds(self.engine)[0],
+            "server": own,
+            "children": reaped + children,
+            "wall": time.monotonic(),
+        }
+
+    def take(self) -> dict[str, float]:
+        now = self._now()
+        spent = {k: max(0.0, now[k] - self.last[k]) for k in now}
+        self.last = now
+        return spent
+
+
+class Stage:
+    """The loop's stage, read from the admin status every half second, and the CPU each
+    process spent in each stage (`cpu`, with `pids`: the engine's and the server's)."""
+
+    def __init__(self, base: str, pids: tuple[int, int] | None = None) -> None:
         self.base, self.now, self.seen = base, "idle", set()
+        self.cpu: dict[str, dict[str, float]] = {}
+        self._meter = Cpu(*pids) if pids else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -80,6 +140,10 @@ class Stage:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if self._meter is not None:  # what the last half second cost, in its stage
+                bucket = self.cpu.setdefault(self.now, {})
+                for k, v in self._meter.take().items():
+                    bucket[k] = bucket.get(k, 0.0) + v
             try:
                 loop = httpx.get(f"{self.base}/admin/status", headers=ADMIN, timeout=30)
                 self.now = loop.json()["loop"]["stage"]
@@ -186,7 +250,7 @@ def one_run(args, root: Path, work: Path) -> dict:
             print(f"[{root.name}] running: until judge, train and offline test", flush=True)
             running: dict[str, list[float]] = {}
             deadline = time.monotonic() + args.minutes * 60
-            with Stage(server.base) as stage:
+            with Stage(server.base, (engine.proc.pid, server.proc.pid)) as stage:
                 i = args.probes
                 wanted = {"judge", "train", "offline test"}
                 while time.monotonic() < deadline and not (
@@ -197,6 +261,12 @@ def one_run(args, root: Path, work: Path) -> dict:
                     i = (i + 1) % len(questions)
                     time.sleep(args.gap_s)
                 seen = sorted(stage.seen)
+                cpu = {
+                    name: {k: round(v / b["wall"], 2) for k, v in b.items() if k != "wall"}
+                    | {"seconds": round(b["wall"])}
+                    for name, b in stage.cpu.items()
+                    if b.get("wall")
+                }
             httpx.post(loop, json={"running": False}, headers=ADMIN, timeout=60)
         base = httpx.get(f"{engine.url}/models", timeout=30).json()["data"][0]["id"]
         print(f"[{root.name}] background alone: {args.background} requests", flush=True)
@@ -210,6 +280,7 @@ def one_run(args, root: Path, work: Path) -> dict:
         "running": r,
         "running_by_stage": {k: quantiles(v) for k, v in running.items()},
         "stages_seen": seen,
+        "cores_by_stage": cpu,  # CPU seconds per wall second: engine, server, its children
         "p50_ratio": r.get("p50", 0) / p["p50"] if p.get("p50") else None,
         "p99_ratio": r.get("p99", 0) / p["p99"] if p.get("p99") else None,
         "background_tokens_per_s": speed,
@@ -228,6 +299,11 @@ def lines(result: dict) -> list[str]:
     ]
     for stage, d in sorted(result["running_by_stage"].items()):
         out.append(f"    sent during {stage}: {q(d)}")
+    for stage, c in sorted(result.get("cores_by_stage", {}).items()):
+        out.append(
+            f"    cores during {stage} ({c['seconds']} s): engine {c['engine']:.2f}, "
+            f"server {c['server']:.2f}, its children {c['children']:.2f}"
+        )
     out.append(f"  background alone: {result['background_tokens_per_s']:.1f} tokens/s")
     return out
 

@@ -175,7 +175,12 @@ def test_the_dashboard_shows_what_the_database_holds(site, browser):
     store = Store(db)
     rewards = progress.reward_by_checkpoint(store)
     store.close()
-    pairs = rows(db, "SELECT count(*) AS n FROM groups WHERE kind = 'ab' AND status = 'scored'")
+    # A pair: the turns the test answered of one conversation (their mean difference).
+    pairs = rows(
+        db,
+        "SELECT count(DISTINCT p.trajectory_id) AS n FROM groups g JOIN exchanges p "
+        "ON p.id = g.prefix_exchange WHERE g.kind = 'ab' AND g.status = 'scored'",
+    )
     assert exchanges["n"] == 12 and pairs[0]["n"] > 0 and rewards
 
     with ServerProcess(args) as server:

@@ -255,16 +255,17 @@ def test_a_test_draws_a_sample_of_the_traffic_not_its_newest_conversations(tmp_p
         store.close()
 
 
-def test_a_test_draws_one_turn_per_conversation_any_turn(tmp_path):
+def test_a_test_draws_each_conversation_once_from_any_turn(tmp_path):
     store = Store(tmp_path / "onjob.duckdb")
     try:
         log(store, 30, "c", "now()", turns=3)
         since = datetime.now(UTC) - timedelta(minutes=1)
         chosen = prompts.fresh(store, AGENT, since, 100, tests=["offline:x"]).prompts
-        assert len(chosen) == 30
-        assert len({p["trajectory_id"] for p in chosen}) == 30
-        # Tool-call and other earlier turns are drawn too, not only each conversation's last.
-        assert {p["turn"] for p in chosen} == {0, 1, 2}
+        # Each conversation once, with its three turns (one pair, their mean).
+        assert len({p["trajectory_id"] for p in chosen}) == 30 and len(chosen) == 90
+        # The turn a draw took first is any turn, tool calls and earlier turns included,
+        # not only each conversation's last.
+        assert {chosen[i]["turn"] for i in range(0, 90, 3)} == {0, 1, 2}
         # The same test draws the same turns again (a resumed test repeats nothing).
         again = prompts.fresh(store, AGENT, since, 100, tests=["offline:x"]).prompts
         assert {p["id"] for p in again} == {p["id"] for p in chosen}

@@ -1,7 +1,8 @@
 """What a candidate's test is tested on (`deploy/decide/prompts.py`): a sample of the traffic it
 would serve. Turns, not conversations, are sampled; each draw keeps a whole day's mix of
-tool-call and answer turns and hours; a prompt in the words of one the candidate trained
-on is not a fresh prompt. Real DuckDB files; the rows as the proxy logs them."""
+tool-call and answer turns and hours, and answers its conversation's turns, which the
+test reads as one pair; a prompt in the words of one the candidate trained on is not a
+fresh prompt. Real DuckDB files; the rows as the proxy logs them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from onjob.collector import Store
-from onjob.deploy.decide import prompts
+from onjob.deploy.decide import pairs, prompts
+from onjob.deploy.settings import LoopSettings
 from onjob.proxy.tenants import Lineage
 
 from .conftest import record_trained
@@ -69,21 +71,31 @@ def words(i: int) -> str:
     return f"{chr(97 + i % 26)}{chr(97 + i // 26)}"
 
 
+def conversations(draw: prompts.Draw) -> list[str]:
+    """The conversations a draw took, in order (each draw takes several of one's turns)."""
+    return list(dict.fromkeys(p["trajectory_id"] for p in draw.prompts))
+
+
 def test_a_long_conversation_is_drawn_as_often_as_the_turns_it_served(store):
     now = datetime.now(UTC)
     for i in range(40):
         log(store, f"short{i}", at=now - timedelta(minutes=5))
         log(store, f"long{i}", turns=8, at=now - timedelta(minutes=5))
     since = now - timedelta(hours=1)
-    drawn = [
-        p["trajectory_id"]
+    draws = [
+        prompts.fresh(store, AGENT, since, 10, tests=[t])
         for t in ("offline:a", "offline:b", "offline:c", "offline:d")
-        for p in prompts.fresh(store, AGENT, since, 10, tests=[t]).prompts
     ]
-    assert len(drawn) == 40 and all(len(set(drawn[i : i + 10])) == 10 for i in (0, 10))
+    drawn = [c for d in draws for c in conversations(d)]
+    assert len(drawn) == 40 and all(len(conversations(d)) == 10 for d in draws)
     # The long ones served 8 turns in 9: about 36 of the 40 draws (20 if conversations
     # were drawn alike).
     assert sum(c.startswith("long") for c in drawn) >= 30
+    # A draw of a long one answers TURNS_PER_DRAW of its turns; of a short one, its one.
+    for d in draws:
+        for c in conversations(d):
+            turns = [p["turn"] for p in d.prompts if p["trajectory_id"] == c]
+            assert len(set(turns)) == (prompts.TURNS_PER_DRAW if c.startswith("long") else 1)
 
 
 def test_a_draw_keeps_the_days_mix_of_turns_whatever_is_left_to_draw_from(
@@ -122,9 +134,11 @@ def test_a_conversation_of_both_kinds_of_turn_is_drawn_by_either(store):
             says=f"track {words(i)}")  # fmt: skip
     draw = prompts.fresh(store, AGENT, now - timedelta(hours=1), 20, tests=["offline:z"])
     assert draw.short is None
-    assert sorted(p["trajectory_id"] for p in draw.prompts) == sorted(f"c{i}" for i in range(20))
-    turns = [p["turn"] for p in draw.prompts]
-    assert 4 <= turns.count(0) <= 16  # either turn, about as often
+    assert sorted(conversations(draw)) == sorted(f"c{i}" for i in range(20))
+    # Each draw answers both turns, the one it drew first: either turn, about as often.
+    assert len(draw.prompts) == 40
+    firsts = [draw.prompts[i]["turn"] for i in range(0, 40, 2)]
+    assert 4 <= firsts.count(0) <= 16
 
 
 def test_a_draw_reaches_every_hour_of_the_day_in_proportion(store):
@@ -164,7 +178,7 @@ def test_a_prompt_in_the_words_of_a_trained_one_is_not_a_fresh_prompt(
     assert since == now - prompts.PROFILE
     chosen = prompts.fresh(store, AGENT, since, 10, chain=[None, "cand"]).prompts
     assert {p["trajectory_id"] for p in chosen} == {"other", "ticket", "number"}
-    assert next(p["turn"] for p in chosen if p["trajectory_id"] == "ticket") == 1
+    assert [p["turn"] for p in chosen if p["trajectory_id"] == "ticket"] == [1]
     # Without the candidate's chain nothing is trained, so nothing is alike.
     every = prompts.fresh(store, AGENT, since, 10).prompts
     assert {p["trajectory_id"] for p in every} == {
@@ -176,3 +190,56 @@ def test_a_prompt_in_the_words_of_a_trained_one_is_not_a_fresh_prompt(
     }
     # An adapter added by hand has no record of what it saw: no window of its own.
     assert prompts.window_start(store, "hand-made") is None
+
+
+def scored(store, group: str, prefix: str, test: str, d: float | None) -> None:
+    """An `ab` group of `test` on the turn `prefix`, as the referee leaves it: arm b's
+    score minus a's is `d` (None: not judged yet)."""
+    status = "sampled" if d is None else "scored"
+    store.con.execute(
+        "INSERT INTO groups (id, scenario_id, prefix_exchange, kind, status, created, test) "
+        "VALUES (?, 'scn', ?, 'ab', ?, now(), ?)",
+        [group, prefix, status, test],
+    )
+    if d is None:
+        return
+    for position, (arm, score) in enumerate((("a", max(0.0, -d)), ("b", max(0.0, d)))):
+        member = f"{group}-{arm}"
+        store.con.execute(
+            "INSERT INTO members (id, group_id, position, exchange_id, choice, origin) "
+            "VALUES (?, ?, ?, ?, 0, ?)",
+            [member, group, position, f"x-{member}", arm],
+        )
+        store.con.execute(
+            "INSERT INTO scores (id, group_id, member_id, source, score) "
+            "VALUES (?, ?, ?, 'combined', ?)",
+            [f"s-{member}", group, member, score],
+        )
+
+
+def test_the_turns_a_draw_answers_of_one_conversation_are_one_pair_their_mean(store):
+    now = datetime.now(UTC)
+    # A tool agent: each conversation finds, fetches, then answers.
+    for i in range(6):
+        log(store, f"c{i}", turns=3, called=[True, True, False],
+            at=now - timedelta(minutes=5), says=f"weather {words(i)}")  # fmt: skip
+    test = pairs.offline_test_id("cand", None)
+    draw = prompts.fresh(store, AGENT, now - timedelta(hours=1), 2, tests=[test])
+    assert len(conversations(draw)) == 2 and len(draw.prompts) == 6
+    # Pairs as they were made: the first conversation's turns +1, 0, 0; the second's
+    # -1, -1, +1. Two pairs, +1/3 and -1/3, not six of which four tie.
+    diffs = {conversations(draw)[0]: [1.0, 0.0, 0.0], conversations(draw)[1]: [-1.0, -1.0, 1.0]}
+    for i, p in enumerate(draw.prompts):
+        scored(store, f"g-{i:02d}", p["id"], test, diffs[p["trajectory_id"]].pop(0))
+    weighed = pairs.weigh(store, "agent", "cand", [test], LoopSettings())
+    tally = weighed.paired.tally
+    assert (weighed.paired.pairs, tally.wins, tally.ties, tally.losses) == (2, 1, 0, 1)
+    assert weighed.paired.mean == pytest.approx(0.0)
+    # The next draw takes other conversations; a turn not judged yet holds its whole pair
+    # (and every pair after it) back.
+    again = prompts.fresh(store, AGENT, now - timedelta(hours=1), 1, tests=[test])
+    assert not set(conversations(again)) & set(conversations(draw))
+    for i, p in enumerate(again.prompts):
+        scored(store, f"g-{6 + i:02d}", p["id"], test, 1.0 if i else None)
+    weighed = pairs.weigh(store, "agent", "cand", [test], LoopSettings())
+    assert weighed.paired.pairs == 2 and weighed.paired.pending == 3

@@ -22,6 +22,7 @@ import math
 from ..settings import DeploySettings
 from . import ledger, noise
 from .evidence import Forecast
+from .pairs import HOLDOUT
 
 # Before any pair is made: a prompt of this many tokens, answers at the judge's cap.
 PROMPT_TOKENS = 1000
@@ -49,6 +50,23 @@ WHERE e.source = 'resample' AND len(e.completion_token_ids) > 0 AND e.id IN (
     SELECT DISTINCT m.exchange_id FROM groups g JOIN members m ON m.group_id = g.id
     WHERE g.kind = 'ab' AND list_contains(?::VARCHAR[], g.test))
 """
+
+
+# The turns per pair of a release test so far: a fresh draw answers up to four of a
+# conversation's turns and its pair is their mean (`prompts._unit`, `pairs._judged`).
+_TURNS = """
+SELECT count(*) / count(DISTINCT coalesce(p.trajectory_id, g.id)) AS turns
+FROM groups g LEFT JOIN exchanges p ON p.id = g.prefix_exchange
+WHERE g.kind = 'ab' AND list_contains(?::VARCHAR[], g.test)
+"""
+
+
+def turns_per_pair(store, tests: list[str]) -> float:
+    """The mean turns one pair of `tests` read (1 before any); the held-out slice's pairs,
+    one turn each, are not the release test's and are left out."""
+    release = [t for t in tests if not t.startswith(HOLDOUT)]
+    turns = store.query(_TURNS, [release])[0]["turns"] if release else None
+    return float(turns) if turns is not None and math.isfinite(turns) else 1.0
 
 
 def scores(store, tests: list[str]) -> list[tuple[list[float], list[float]]]:
@@ -121,13 +139,16 @@ def forecast(
     loop = settings.loop
     sized, measured, spend = _sized(store, alias, candidate, tests, settings)
     known = math.isfinite(sized.pairs)
+    # The noise is a turn's; a pair of several turns (their mean) is read as that many
+    # independent ones: a conversation whose turns agree with each other needs more.
+    turns = turns_per_pair(store, tests)
     return Forecast(
         answers=sized.answers,
         most_answers=sized.most,
         fixed=loop.gate.samples is not None,
-        pairs_expected=round(sized.pairs) if known else None,
+        pairs_expected=round(sized.pairs / turns) if known else None,
         pairs_so_far=pairs,
-        tokens_per_pair=round(spend.per_pair(sized.answers)),
+        tokens_per_pair=round(spend.per_pair(sized.answers) * turns),
         tokens_expected=round(sized.tokens) if known else None,
         budget=loop.decision_tokens,
         sd=measured.sd(sized.answers) if measured else None,

@@ -145,19 +145,28 @@ def ab_outcomes(
 
 
 def _judged(
-    store, where: str, params: list, missing_is_loss: bool, attempts: int | None = None
+    store,
+    where: str,
+    params: list,
+    missing_is_loss: bool,
+    attempts: int | None = None,
+    *,
+    units: bool = False,
 ) -> tuple[list[tuple[str, float]], list[Missing]]:
     """`ab_outcomes`' pairs as (scenario, difference), in the order they were made (group
     ids sort by creation) up to the first pending one, and the pairs without a judged
-    comparison."""
+    comparison. `units`: a release test's reading, where the turns a draw took from one
+    conversation (`prompts._unit`) are one pair, their mean difference, in the order of
+    its first turn's, and pending while any of them is."""
     rows = store.query(
         f"""
         SELECT g.id, g.status, g.reason, g.failed_arm, g.attempts, g.scenario_id, m.origin,
-               m.id AS member, s.source, s.score,
+               m.id AS member, s.source, s.score, p.trajectory_id AS conversation,
                EXISTS (SELECT 1 FROM judgements j WHERE j.group_id = g.id
                        AND j.status = 'failed') AS call_failed
         FROM groups g LEFT JOIN members m ON m.group_id = g.id
         LEFT JOIN scores s ON s.member_id = m.id
+        LEFT JOIN exchanges p ON p.id = g.prefix_exchange
         WHERE g.kind = 'ab' AND {where}
         ORDER BY g.id, m.position
         """,
@@ -172,6 +181,7 @@ def _judged(
             | {"sources": {}},
         )
         g["scenario"] = r["scenario_id"]
+        g["unit"] = (r["conversation"] or r["id"]) if units else r["id"]
         if r["origin"] is None:
             continue
         sources = g["sources"].setdefault(r["member"], set())
@@ -181,39 +191,50 @@ def _judged(
                 functions.add(r["source"])
         if r["source"] == "combined":
             g.setdefault(r["origin"], []).append(r["score"])
+    by_unit: dict[str, list[tuple[str, dict]]] = {}  # in the order of each unit's first
+    for group_id, g in sorted(groups.items()):  # ids sort by creation: the pairs' order
+        by_unit.setdefault(g["unit"], []).append((group_id, g))
     judged: list[tuple[str, float]] = []
     missing: list[Missing] = []
-    ordered = sorted(groups.items())  # ids sort by creation: the pairs' order
-    for i, (group_id, g) in enumerate(ordered):
-        a, b = g.get("a") or [], g.get("b") or []
-        usable = all(isinstance(x, int | float) and math.isfinite(x) for x in (*a, *b))
-        if g["status"] == "scored" and a and b and usable:
-            judged.append((g["scenario"], stats.difference(a, b)))
-            continue
-        arm = g["failed_arm"]
-        reason = g["reason"] or ("not scored yet" if g["status"] == "sampled" else "no score")
-        if _pending(g, missing_is_loss, attempts):
-            missing.append(
-                Missing(group=group_id, reason=reason, arm=None, why="unjudged",
-                        counted="pending", attempts=g["attempts"] or 0,
-                        behind=len(ordered) - i - 1)
-            )  # fmt: skip
+    left = len(groups)  # the groups in this unit and the ones after it
+    for unit in by_unit.values():
+        read = [_outcome(group_id, g, missing_is_loss, attempts, functions) for group_id, g in unit]
+        waits = next((m for _, m in read if m is not None and m.counted == "pending"), None)
+        if waits is not None:
+            missing.append(msgspec.structs.replace(waits, behind=left - 1))
             break
-        if missing_is_loss and attempts is not None and arm is None and _aside(g, functions):
-            missing.append(
-                Missing(group=group_id, reason=reason, arm=None, why="unjudged",
-                        counted="aside", attempts=g["attempts"] or 0)
-            )  # fmt: skip
-            continue
-        loses = arm != "a" if missing_is_loss else arm == "b"
-        counted = "loss" if loses else "excluded"
-        if counted == "loss":
-            judged.append((g["scenario"], -1.0))
-        if arm == "b":
-            continue
-        why = "unsampled" if arm else "unjudged"
-        missing.append(Missing(group=group_id, reason=reason, arm=arm, why=why, counted=counted))
+        left -= len(unit)
+        ds = [d for d, _ in read if d is not None]
+        missing.extend(m for _, m in read if m is not None)
+        if ds:
+            judged.append((unit[0][1]["scenario"], sum(ds) / len(ds)))
     return judged, missing
+
+
+def _outcome(
+    group_id: str, g: dict, missing_is_loss: bool, attempts: int | None, functions: set[str]
+) -> tuple[float | None, Missing | None]:
+    """One `ab` group as its test counts it: its difference (None: not among the
+    outcomes) and, for one without a judged comparison, how it is counted."""
+    a, b = g.get("a") or [], g.get("b") or []
+    usable = all(isinstance(x, int | float) and math.isfinite(x) for x in (*a, *b))
+    if g["status"] == "scored" and a and b and usable:
+        return stats.difference(a, b), None
+    arm = g["failed_arm"]
+    reason = g["reason"] or ("not scored yet" if g["status"] == "sampled" else "no score")
+    if _pending(g, missing_is_loss, attempts):
+        return None, Missing(group=group_id, reason=reason, arm=None, why="unjudged",
+                             counted="pending", attempts=g["attempts"] or 0)  # fmt: skip
+    if missing_is_loss and attempts is not None and arm is None and _aside(g, functions):
+        return None, Missing(group=group_id, reason=reason, arm=None, why="unjudged",
+                             counted="aside", attempts=g["attempts"] or 0)  # fmt: skip
+    loses = arm != "a" if missing_is_loss else arm == "b"
+    counted = "loss" if loses else "excluded"
+    d = -1.0 if counted == "loss" else None
+    if arm == "b":
+        return d, None
+    why = "unsampled" if arm else "unjudged"
+    return d, Missing(group=group_id, reason=reason, arm=arm, why=why, counted=counted)
 
 
 def _aside(group: dict, functions: set[str]) -> bool:
@@ -263,9 +284,12 @@ async def rejudge(
     return len(pending)
 
 
+HOLDOUT = "holdout:"  # how the held-out slice's test ids start
+
+
 def holdout_test_id(candidate: str, live: str | None) -> str:
     """The held-out slice's own test of a candidate against `live` (`held_out`)."""
-    return f"holdout:{live or ''}:{candidate}"
+    return f"{HOLDOUT}{live or ''}:{candidate}"
 
 
 def offline_test_id(candidate: str, live: str | None) -> str:
@@ -413,7 +437,7 @@ def _of_tests(store, tests: list[str], settings: LoopSettings):
     """The pairs of a candidate's `tests` as its verdict reads them: in order, up to the
     first still to be judged again."""
     where = "list_contains(?::VARCHAR[], g.test)"
-    return _judged(store, where, [tests], True, settings.rejudge_attempts)
+    return _judged(store, where, [tests], True, settings.rejudge_attempts, units=True)
 
 
 def path(store, tests: list[str], settings: LoopSettings) -> list[dict]:

@@ -10,15 +10,23 @@ templated request in a new conversation is the same evidence; its later turns, g
 other tool results, are not), in no conversation the test already drew from (turns of
 one conversation are not independent evidence), in no conversation any turn of which
 another arm answered (a canary's, or a rolled-back sibling's, answers in its history are
-not live's), one turn per conversation, any turn (tool-call turns included).
+not live's), any turn (tool-call turns included).
 
 The order is random, and reproducible: a resumed test draws the same turns. Turns are
 ordered by a hash of their id and the test's name, and a draw takes the next turn in
 that order (of its stratum, below) of a conversation the test has not drawn from, so a
 conversation of ten turns is drawn about ten times as often as one of one: the sample is
-of turns served, not of conversations. Two sources:
+of turns served, not of conversations. A fresh draw then takes that conversation's other
+usable turns too (`TURNS_PER_DRAW` in all at most, the rest in hash order) and the pair
+is their mean difference (`pairs`: one pair per conversation, so pairs stay independent
+evidence). Its expected difference is still the day's mean over the turns served: a
+conversation is drawn at the odds of its turns, and its pair is the mean of its turns
+(of all of them, or of the drawn one and a random few). A three-turn tool agent so gives
+three turns' evidence per conversation where it gave one, and its test, which runs out
+of conversations before it runs out of engine, decides on a third of them. Two sources:
 
-- `held_out`: the held-out slice's scenarios (`holdout`), whenever logged; its own test.
+- `held_out`: the held-out slice's scenarios (`holdout`), whenever logged; its own test,
+  one turn per conversation.
 - `fresh`: any scenario, logged on the live arm since `since`: the last day (`PROFILE`,
   every hour once: `window_start`) for a candidate whose training is on record. Each draw
   first picks a *stratum* (`Stratum`: whether live's answer called a tool, the quarter of
@@ -60,6 +68,9 @@ PART_HOURS = 6  # the day in quarters: its strata by time
 # A conversation's turns in the window, from these up: 1, 2-3, 4-7, 8 or more. Doubling
 # keeps the weights of one stratum's conversations within a factor of two.
 LENGTHS = (1, 2, 4, 8)
+# The turns one draw of a fresh sample answers from its conversation: the pair is their
+# mean difference. Four keep a long agent run's pair at four turns' cost.
+TURNS_PER_DRAW = 4
 
 # Conversations in the training snapshot of a checkpoint or any of its ancestors: the
 # lineage's train runs, their groups, and every conversation those groups' members are in.
@@ -145,8 +156,8 @@ def fresh(
     chain: list[str | None] | tuple = (),
     tests: list[str] | tuple = (),
 ) -> Draw:
-    """Up to `n` of `lineage`'s prompts logged on the live arm after `since`, any
-    scenario, in the mix of that window's traffic."""
+    """The turns of up to `n` of `lineage`'s conversations logged on the live arm after
+    `since`, any scenario, drawn in the mix of that window's traffic (`_draw`)."""
     where = "e.arm = 'live' AND e.ts > ?"
     profile = _profile(store, lineage, since)
     return _choose(store, lineage, where, [since], n, chain, tests, profile)
@@ -232,8 +243,8 @@ def _profile(store, lineage: Lineage, start: datetime) -> dict[Stratum, int]:
 
 
 def _choose(store, lineage, where, params, n, chain, tests, profile) -> Draw:
-    """The turns the source allows, in hash order, one per conversation; drawn by stratum
-    when `profile` is given, else in that order."""
+    """The turns the source allows, in hash order, of up to `n` conversations (`_draw`):
+    drawn by stratum when `profile` is given, else in that order."""
     key = tests[0] if tests else ""
     turns = _turns(store, lineage, where, params, chain, tests)
     draw = _draw(turns, n, profile, f"{key}:{pairs_made(store, tests)}")
@@ -286,9 +297,10 @@ def _turns(store, lineage, where, params, chain, tests) -> list[dict]:
 
 
 def _draw(turns: list[dict], n: int, profile: dict[Stratum, int] | None, seed: str) -> Draw:
-    """Up to `n` of the usable `turns` (in their order), one per conversation: the first
-    `n`, or with a `profile`, each draw a stratum picked at the odds of the profile's turns
-    (the day's, fixed) and that stratum's next turn of a conversation not drawn yet."""
+    """Up to `n` conversations' usable `turns` (in their order): the first turn of each of
+    the first `n`, or with a `profile`, each draw a stratum picked at the odds of the
+    profile's turns (the day's, fixed), that stratum's next turn of a conversation not
+    drawn yet, and the conversation's other turns (`_unit`)."""
     usable = [t for t in turns if t["usable"]]
     if profile is None:
         firsts = {}  # each conversation's first usable turn, in order
@@ -298,9 +310,12 @@ def _draw(turns: list[dict], n: int, profile: dict[Stratum, int] | None, seed: s
     queues: dict[Stratum, list[dict]] = {}
     for t in usable:
         queues.setdefault(Stratum(t["called"], t["part"], t["length"]), []).append(t)
+    conversations: dict[str, list[dict]] = {}  # each one's usable turns, in hash order
+    for t in usable:
+        conversations.setdefault(t["trajectory_id"], []).append(t)
     strata = sorted(s for s, count in profile.items() if count > 0)
     rng, out, used = random.Random(seed), [], set()
-    while len(out) < n and strata:
+    while len(used) < n and strata:
         stratum = rng.choices(strata, weights=[profile[s] for s in strata])[0]
         queue = queues.get(stratum, [])
         while queue and queue[0]["trajectory_id"] in used:
@@ -308,9 +323,19 @@ def _draw(turns: list[dict], n: int, profile: dict[Stratum, int] | None, seed: s
         if not queue:  # its turns not drawn yet are all ones the test may not use
             return Draw(out, stratum)
         turn = queue.pop(0)
-        out.append(turn)
+        out.extend(_unit(turn, conversations[turn["trajectory_id"]]))
         used.add(turn["trajectory_id"])
     return Draw(out)
+
+
+def _unit(turn: dict, turns: list[dict]) -> list[dict]:
+    """The turns one draw takes from the conversation of `turn` (the one it drew): that
+    turn and its conversation's other usable turns in the test's hash order, at most
+    `TURNS_PER_DRAW` in all. The pair is their mean difference (`pairs`): every turn of
+    a conversation of up to that many, else the drawn one and a random few of the rest,
+    whose mean is the conversation's own, expected."""
+    rest = [t for t in turns if t["id"] != turn["id"]]
+    return [turn, *rest[: TURNS_PER_DRAW - 1]]
 
 
 def pairs_made(store, tests) -> int:
