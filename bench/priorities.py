@@ -4,6 +4,7 @@ requests with the loop paused, and the loop's own sampling speed with no user wa
     .venv/bin/python bench/priorities.py [--example arithmetic] [--minutes 20]
     .venv/bin/python bench/priorities.py --before /path/to/older/checkout   # side by side
     .venv/bin/python bench/priorities.py --steps-only   # a decode step's cost by batch rows
+    .venv/bin/python bench/priorities.py --mix 10   # a user beside base/adapter/both rows
 
 One run, on the bundled SmolLM2-135M behind `onjob serve` as the demo starts it
 (`examples/arithmetic/demo.py`: the example's reward function, the demo's loop):
@@ -308,6 +309,71 @@ def lines(result: dict) -> list[str]:
     return out
 
 
+# What the background rows are sampled by: none, the base model, the adapter, both (two
+# long requests of 4 answers in flight), or `pairs`: the offline test's shape, a pair of
+# short requests (2 answers of 4 tokens, one per checkpoint) after another.
+MIXES = ("none", "base", "adapter", "both", "pairs")
+
+
+def mix(users: int, work: Path) -> dict:
+    """A user's answer beside background rows of the base model, of an adapter, and of
+    both (as the offline test samples live and the candidate), on one engine process with
+    the adapter loaded: seconds per answer (`users` of them, one after another, 30
+    tokens), with two background requests of 4 answers always in flight."""
+    import torch
+
+    from onjob.trainer import adapter
+    from onjob.trainer.settings import TrainSettings
+
+    model = bundled.prepare()
+    lora = work / "adapter"
+    if not lora.exists():  # the trainer's shape of adapter, as a first run writes it
+        peft_model, _ = adapter.load(TrainSettings(), None, "cpu", torch.float32)
+        peft_model.save_pretrained(lora)
+    out: dict = {}
+    with EngineProcess(["--model", str(model)], timeout=900, log=work / "mix.log") as engine:
+        httpx.post(
+            f"{engine.url.removesuffix('/v1')}/v1/load_lora_adapter",
+            json={"lora_name": "cand", "lora_path": str(lora)},
+            timeout=300,
+        ).raise_for_status()
+        base = httpx.get(f"{engine.url}/models", timeout=30).json()["data"][0]["id"]
+        ask = [{"role": "user", "content": "Name three rivers of Europe and say why."}]
+        bg = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
+        for name in MIXES:
+            models = {"none": [], "base": [base], "adapter": ["cand"], "both": [base, "cand"],
+                      "pairs": [base, "cand"]}  # fmt: skip
+            stop = threading.Event()
+
+            short = name == "pairs"
+
+            def background(model_id: str, stop: threading.Event = stop, short=short) -> None:
+                body = {"model": model_id, "messages": bg, "n": 2 if short else 4,
+                        "max_tokens": 4 if short else 48, "temperature": 1.0,
+                        "priority": BACKGROUND}  # fmt: skip
+                while not stop.is_set():
+                    httpx.post(f"{engine.url}/chat/completions", json=body, timeout=600)
+
+            lanes = [m for m in models[name] for _ in range(2 // len(models[name]))]
+            threads = [threading.Thread(target=background, args=(m,)) for m in lanes]
+            for t in threads:
+                t.start()
+            time.sleep(2 if threads else 0)  # the background rows decoding first
+            times = []
+            for _ in range(users):
+                body = {"model": base, "messages": ask, "max_tokens": 30, "temperature": 1.0,
+                        "min_tokens": 30}  # fmt: skip
+                started = time.perf_counter()
+                httpx.post(f"{engine.url}/chat/completions", json=body, timeout=600)
+                times.append(time.perf_counter() - started)
+            stop.set()
+            for t in threads:
+                t.join()
+            out[name] = quantiles(times)
+            print(f"  beside {name:8s} background rows: {out[name]['p50']:.2f} s p50", flush=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--example", default="arithmetic")
@@ -321,7 +387,24 @@ def main() -> None:
     p.add_argument(
         "--steps-only", action="store_true", help="only a decode step's cost by batch rows"
     )
+    p.add_argument(
+        "--mix",
+        type=int,
+        metavar="N",
+        help="only N users' answers beside background rows of the base model, of an "
+        "adapter and of both, on one engine",
+    )
     args = p.parse_args()
+    if args.mix:
+        import tempfile
+
+        work = args.keep or Path(tempfile.mkdtemp(prefix="onjob-priorities-"))
+        out = {"bench": "priorities-mix", "users": args.mix, "mix": mix(args.mix, work)}
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        path = ROOT / "bench" / "results" / f"priorities-mix-{stamp}.json"
+        path.write_text(json.dumps(out, indent=2))
+        print(f"wrote {path}")
+        return
     if args.steps_only:
         costs = step_costs()
         print(f"on {costs['threads']} threads, a decode step at 300 tokens of context:")

@@ -110,6 +110,11 @@ def test_adapter_lifecycle_changes_then_restores_the_outputs(
     again = client.chat.completions.create(model="tiny", **GREEDY)
     assert again.choices[0].model_extra["token_ids"] == base_ids
     assert torch.allclose(logprobs_of(again), logprobs_of(base), atol=1e-5)
+    # The LoRA layers, switched off for the base model's batches, are on again for the
+    # adapter's (they are switched only when a batch needs the other state).
+    readapted = client.chat.completions.create(model="a1", **GREEDY)
+    assert readapted.choices[0].model_extra["token_ids"] == adapter_ids
+    assert torch.allclose(logprobs_of(readapted), logprobs_of(adapted), atol=1e-5)
 
     assert unload(engine, "a1").status_code == 200
     with pytest.raises(NotFoundError):

@@ -451,7 +451,7 @@ def test_groups_sampled_before_the_runs_start_are_checked_against_their_samplers
     gone = write(tmp_path / "s4.parquet", {"h": by_one}, sampler="ckpt-gone")
     with pytest.raises(NothingToTrain):
         train(gone, tmp_path / "ckpt-four", settings, parent=two, progress=False, echo=said.append)
-    assert any("sampled by ckpt-gone: its weights are not beside" in line for line in said)
+    assert any("sampled by ckpt-gone: its weights are not found beside" in line for line in said)
 
 
 def test_a_lineage_continues_its_optimizer_moments_across_runs(tmp_path, tiny_model_dir, base):

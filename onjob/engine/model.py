@@ -51,6 +51,9 @@ class LoadedModel:
     # Those with weights in the model, least recently used first.
     resident: OrderedDict[str, None] = field(default_factory=OrderedDict)
     reloads: int = 0  # adapters loaded again after they were taken out for room
+    # Whether the LoRA layers are switched off (a batch of base-model rows runs without
+    # them); None: not known (an adapter was just loaded or taken out).
+    _layers_off: bool | None = None
 
     @classmethod
     def load(
@@ -110,9 +113,26 @@ class LoadedModel:
         if not self.resident:
             return self.model(**kwargs)
         if all(a is None for a in adapters):
-            with self.model.disable_adapter():
-                return self.model(**kwargs)
+            self._switch(off=True)
+            return self.model(**kwargs)
+        self._switch(off=False)
         return self.model(**kwargs, adapter_names=[a or BASE for a in adapters])
+
+    def _switch(self, *, off: bool) -> None:
+        """The LoRA layers off for a base-model batch, on for one with adapters, switched
+        only when that changes: peft's `disable_adapter()` around every step switched all
+        of them twice per step, 35 ms of a 61 ms step of the bundled model with one
+        adapter loaded (a user's answer took 1.8x its time while a candidate was loaded;
+        bench/priorities.py, docs/benchmarks.md). A user's steps in a row now switch
+        nothing; a background step with adapters between them switches twice (13 ms)."""
+        if self._layers_off is off:
+            return
+        lora = self.model.base_model
+        if off:
+            lora.disable_adapter_layers()
+        else:
+            lora.enable_adapter_layers()
+        self._layers_off = off
 
     def load_adapter(self, name: str, path: str, busy: Collection[str] = ()) -> None:
         """Serve the adapter at `path` as `name`. `busy`: adapters generating now, which
@@ -168,6 +188,8 @@ class LoadedModel:
             if isinstance(self.model, PeftModel) and name in self.model.peft_config:
                 self.model.delete_adapter(name)
             raise
+        finally:
+            self._layers_off = None  # new LoRA layers: switched as the next batch needs
         self.model.eval()
         self.resident[name] = None
 
@@ -183,6 +205,7 @@ class LoadedModel:
 
     def _detach(self, name: str) -> None:
         del self.resident[name]
+        self._layers_off = None
         if self.resident:
             with warnings.catch_warnings():  # peft names the adapter it makes active: none is
                 warnings.filterwarnings("ignore", "Adapter .* was active which is now deleted")

@@ -466,9 +466,10 @@ def _weights_of(model, sampler: str | None, start: str | None, parent: Path | No
         return
     path = parent.parent / sampler if parent is not None else None
     if path is None or not (path / "adapter_config.json").exists():
+        where = f"beside the run's start ({parent})" if parent else "(the run starts at the base)"
         echo(
-            f"groups sampled by {sampler}: its weights are not beside the run's start "
-            f"({parent}); their gap is measured against the start"
+            f"groups sampled by {sampler}: its weights are not found {where}; their gap is "
+            "measured against the start"
         )
         yield
         return
