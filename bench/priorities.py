@@ -4,7 +4,7 @@ requests with the loop paused, and the loop's own sampling speed with no user wa
     .venv/bin/python bench/priorities.py [--example arithmetic] [--minutes 20]
     .venv/bin/python bench/priorities.py --before /path/to/older/checkout   # side by side
     .venv/bin/python bench/priorities.py --steps-only   # a decode step's cost by batch rows
-    .venv/bin/python bench/priorities.py --mix 10   # a user beside base/adapter/both rows
+    .venv/bin/python bench/priorities.py --mix 10   # a user, with an adapter loaded or not
 
 One run, on the bundled SmolLM2-135M behind `onjob serve` as the demo starts it
 (`examples/arithmetic/demo.py`: the example's reward function, the demo's loop):
@@ -227,7 +227,10 @@ def one_run(args, root: Path, work: Path) -> dict:
     env = {"PYTHONPATH": f"{root}{os.pathsep}{ROOT}"}
     work.mkdir(parents=True, exist_ok=True)
     with EngineProcess(
-        engine_args(o, model, share=None), timeout=900, log=work / "engine.log", env=env
+        engine_args(o, model, share=args.background_share),
+        timeout=900,
+        log=work / "engine.log",
+        env=env,
     ) as engine:
         (work / "onjob.toml").write_text(config(o, model))
         server_args = ["--config", str(work / "onjob.toml"), "--engine-url", engine.url]
@@ -309,69 +312,85 @@ def lines(result: dict) -> list[str]:
     return out
 
 
-# What the background rows are sampled by: none, the base model, the adapter, both (two
-# long requests of 4 answers in flight), or `pairs`: the offline test's shape, a pair of
-# short requests (2 answers of 4 tokens, one per checkpoint) after another.
-MIXES = ("none", "base", "adapter", "both", "pairs")
+# The conditions of `--mix`: no adapter loaded and nothing beside the user; then, with
+# the adapter loaded, nothing beside, or two background requests of 4 answers always in
+# flight sampled by the base model, the adapter, or one each; or `pairs`, the offline
+# test's shape: a short request per checkpoint (2 answers of 4 tokens), again and again.
+MIXES = {
+    "no adapter": [],
+    "none": [],
+    "base": ["base", "base"],
+    "adapter": ["cand", "cand"],
+    "both": ["base", "cand"],
+    "pairs": ["base", "cand"],
+}
+ASK = [{"role": "user", "content": "Name three rivers of Europe and say why."}]
+STORY = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
 
 
 def mix(users: int, work: Path) -> dict:
-    """A user's answer beside background rows of the base model, of an adapter, and of
-    both (as the offline test samples live and the candidate), on one engine process with
-    the adapter loaded: seconds per answer (`users` of them, one after another, 30
-    tokens), with two background requests of 4 answers always in flight."""
+    """A user's answer (30 tokens, `users` of them one after another) in each of `MIXES`,
+    on one engine process with the engine's default lanes: p50 and p99 seconds."""
     import torch
 
     from onjob.trainer import adapter
     from onjob.trainer.settings import TrainSettings
 
-    model = bundled.prepare()
     lora = work / "adapter"
     if not lora.exists():  # the trainer's shape of adapter, as a first run writes it
         peft_model, _ = adapter.load(TrainSettings(), None, "cpu", torch.float32)
         peft_model.save_pretrained(lora)
     out: dict = {}
-    with EngineProcess(["--model", str(model)], timeout=900, log=work / "mix.log") as engine:
-        httpx.post(
-            f"{engine.url.removesuffix('/v1')}/v1/load_lora_adapter",
-            json={"lora_name": "cand", "lora_path": str(lora)},
-            timeout=300,
-        ).raise_for_status()
+    args = ["--model", str(bundled.prepare())]
+    with EngineProcess(args, timeout=900, log=work / "mix.log") as engine:
         base = httpx.get(f"{engine.url}/models", timeout=30).json()["data"][0]["id"]
-        ask = [{"role": "user", "content": "Name three rivers of Europe and say why."}]
-        bg = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
-        for name in MIXES:
-            models = {"none": [], "base": [base], "adapter": ["cand"], "both": [base, "cand"],
-                      "pairs": [base, "cand"]}  # fmt: skip
-            stop = threading.Event()
-
-            short = name == "pairs"
-
-            def background(model_id: str, stop: threading.Event = stop, short=short) -> None:
-                body = {"model": model_id, "messages": bg, "n": 2 if short else 4,
-                        "max_tokens": 4 if short else 48, "temperature": 1.0,
-                        "priority": BACKGROUND}  # fmt: skip
-                while not stop.is_set():
-                    httpx.post(f"{engine.url}/chat/completions", json=body, timeout=600)
-
-            lanes = [m for m in models[name] for _ in range(2 // len(models[name]))]
-            threads = [threading.Thread(target=background, args=(m,)) for m in lanes]
-            for t in threads:
-                t.start()
-            time.sleep(2 if threads else 0)  # the background rows decoding first
-            times = []
-            for _ in range(users):
-                body = {"model": base, "messages": ask, "max_tokens": 30, "temperature": 1.0,
-                        "min_tokens": 30}  # fmt: skip
-                started = time.perf_counter()
-                httpx.post(f"{engine.url}/chat/completions", json=body, timeout=600)
-                times.append(time.perf_counter() - started)
-            stop.set()
-            for t in threads:
-                t.join()
-            out[name] = quantiles(times)
-            print(f"  beside {name:8s} background rows: {out[name]['p50']:.2f} s p50", flush=True)
+        for name, lanes in MIXES.items():
+            if name == "none":  # from here on, with the adapter loaded
+                httpx.post(
+                    f"{engine.base}/v1/load_lora_adapter",
+                    json={"lora_name": "cand", "lora_path": str(lora)},
+                    timeout=300,
+                ).raise_for_status()
+            models = [base if m == "base" else m for m in lanes]
+            with _Background(engine.url, models, short=name == "pairs"):
+                out[name] = quantiles([_answer(engine.url, base) for _ in range(users)])
+            print(f"  {name:10s}: {out[name]['p50']:.2f} s p50", flush=True)
     return out
+
+
+def _answer(url: str, model: str) -> float:
+    body = {"model": model, "messages": ASK, "max_tokens": 30, "min_tokens": 30}
+    started = time.perf_counter()
+    httpx.post(f"{url}/chat/completions", json=body, timeout=600).raise_for_status()
+    return time.perf_counter() - started
+
+
+class _Background:
+    """Background requests of `models` (one thread each), sent again and again until the
+    block ends; the first ones decoding before it starts."""
+
+    def __init__(self, url: str, models: list[str], short: bool) -> None:
+        self.url, self.models, self.short = url, models, short
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(m,)) for m in models]
+
+    def __enter__(self) -> _Background:
+        for t in self.threads:
+            t.start()
+        time.sleep(2 if self.threads else 0)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+    def _run(self, model: str) -> None:
+        body = {"model": model, "messages": STORY, "n": 2 if self.short else 4,
+                "max_tokens": 4 if self.short else 48, "temperature": 1.0,
+                "priority": BACKGROUND}  # fmt: skip
+        while not self.stop.is_set():
+            httpx.post(f"{self.url}/chat/completions", json=body, timeout=600)
 
 
 def main() -> None:
@@ -383,6 +402,11 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=20, help="ceiling of the running phase")
     p.add_argument("--background", type=int, default=12, help="background requests alone")
     p.add_argument("--before", type=Path, help="an older checkout, run the same way after")
+    p.add_argument(
+        "--background-share",
+        type=float,
+        help="the engine's engine.background_share (default: the engine's own)",
+    )
     p.add_argument("--keep", type=Path, help="work directory (default: a temporary one)")
     p.add_argument(
         "--steps-only", action="store_true", help="only a decode step's cost by batch rows"
@@ -391,8 +415,8 @@ def main() -> None:
         "--mix",
         type=int,
         metavar="N",
-        help="only N users' answers beside background rows of the base model, of an "
-        "adapter and of both, on one engine",
+        help="only N users' answers on one engine, without and with an adapter loaded, "
+        "beside background rows of the base model, of the adapter and of both",
     )
     args = p.parse_args()
     if args.mix:

@@ -20,6 +20,7 @@ from openai import OpenAI
 from onjob.cli.process import ServerProcess, free_port
 from onjob.collector import Store
 from onjob.deploy.act import registry
+from onjob.deploy.loop import LoopState
 
 from .conftest import TOOL_QUESTION, TOOLS, admin_of, make_adapter, record_trained, rows
 
@@ -380,3 +381,14 @@ def test_conversations_the_canary_trained_on_and_compare_runs_never_count_for_it
     assert not {r["trajectory_id"] for r in ab} & trained  # neither drew a trained one
     [decision] = rows(db, "SELECT * FROM deployments WHERE actor = 'loop'")
     assert f'"pairs": {len(canary_pairs)}' in decision["evidence"]  # compare's not counted
+
+
+def test_the_loops_time_per_stage_counts_the_stage_under_way():
+    # An offline test cut off by a benchmark's ceiling still shows the time it took.
+    state = LoopState()
+    with state.doing("offline test"):
+        state.since -= 30  # the stage began half a minute ago
+        seen = state.view()
+    assert seen.stage == "offline test" and seen.seconds["offline test"] >= 30
+    after = state.view()
+    assert after.stage == "idle" and 30 <= after.seconds["offline test"] < 40

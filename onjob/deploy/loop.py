@@ -78,12 +78,15 @@ class LoopState:
             self.stage, self.since = "idle", time.time()
 
     def view(self) -> LoopView:
+        seconds = dict(self.seconds)
+        if self.stage != "idle":  # the stage under way counts too (a test cut off by a ceiling)
+            seconds[self.stage] = seconds.get(self.stage, 0.0) + time.time() - self.since
         return LoopView(
             stage=self.stage,
             paused=self.paused,
             since=self.since,
             iterations=self.iterations,
-            seconds={k: round(v, 1) for k, v in self.seconds.items()},
+            seconds={k: round(v, 1) for k, v in seconds.items()},
             budget=dict(self.budget),
             tenant_budgets=dict(self.tenant_budgets),
             fitted=self.fitted,
