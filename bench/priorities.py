@@ -55,6 +55,9 @@ from examples.arithmetic.demo import (  # noqa: E402
 from onjob import bundled  # noqa: E402
 from onjob.cli.process import EngineProcess, ServerProcess  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+from engine import tree  # noqa: E402  (bench/engine.py: a process and those below it)
+
 BACKGROUND = 10  # onjob.judge.sampling.BACKGROUND, spelt here so --before can run too
 
 
@@ -78,23 +81,6 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     return own, (int(fields[13]) + int(fields[14])) / TICK
 
 
-def descendants(pid: int) -> list[int]:
-    """The live processes below `pid` (the trainer a run starts, its workers)."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        parents.setdefault(ppid, []).append(int(stat.parent.name))
-    out, todo = [], list(parents.get(pid, ()))
-    while todo:
-        child = todo.pop()
-        out.append(child)
-        todo.extend(parents.get(child, ()))
-    return out
-
-
 class Cpu:
     """The CPU the engine, the server (the proxy and the loop) and the server's children
     (a training run) spend, in seconds since the last `take`."""
@@ -105,7 +91,7 @@ class Cpu:
 
     def _now(self) -> dict[str, float]:
         own, reaped = cpu_seconds(self.server)
-        children = sum(cpu_seconds(c)[0] for c in descendants(self.server))
+        children = sum(cpu_seconds(c)[0] for c in tree(self.server)[1:])  # a run, live
         return {
             "engine": cpu_seconds(self.engine)[0],
             "server": own,

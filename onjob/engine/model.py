@@ -53,7 +53,7 @@ class LoadedModel:
     reloads: int = 0  # adapters loaded again after they were taken out for room
     # Whether the LoRA layers are switched off (a batch of base-model rows runs without
     # them); None: not known (an adapter was just loaded or taken out).
-    _layers_off: bool | None = None
+    _layers_off: bool | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def load(
