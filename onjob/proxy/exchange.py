@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+from msgspec import UNSET
 
 from .. import logprobs
 from ..collector import ExchangeRecord
@@ -26,13 +27,16 @@ from ..collector.trajectories import Keys, continuations, keys, scoped
 from ..protocol import chat, completion, decode_body, engine_body
 from ..protocol.fields import HINTS
 from .errors import BadRequest, MalformedAnswer
-from .protocol import EngineAnswer, StoredResponse
+from .protocol import EngineAnswer, EngineChunk, StoredResponse
 from .routing import Route, Router
 from .settings import ProxySettings
 
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
 _convert = msgspec.convert
+_decode_chunk = msgspec.json.Decoder(EngineChunk).decode
+# What an engine's event or answer that is not JSON (or not UTF-8) raises in decoding.
+_UNREADABLE = (msgspec.DecodeError, UnicodeDecodeError)
 
 
 COMPLETIONS = "completions"  # `exchanges.api` of a legacy text completion
@@ -124,14 +128,21 @@ class _Choice:
         return message
 
     def add_tool_call_delta(self, delta: dict) -> None:
-        call = self.tool_calls.setdefault(
-            delta.get("index", 0),
-            {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
-        )
-        call["id"] = delta.get("id") or call["id"]
         fn = delta.get("function") or {}
-        call["function"]["name"] += fn.get("name") or ""
-        call["function"]["arguments"] += fn.get("arguments") or ""
+        self.add_tool_call(
+            delta.get("index", 0), delta.get("id"), fn.get("name"), fn.get("arguments")
+        )
+
+    def add_tool_call(
+        self, index: int, id: str | None, name: str | None, arguments: str | None
+    ) -> None:
+        """What one streamed delta adds to the tool call at `index`."""
+        call = self.tool_calls.setdefault(
+            index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+        )
+        call["id"] = id or call["id"]
+        call["function"]["name"] += name or ""
+        call["function"]["arguments"] += arguments or ""
 
 
 @dataclass(frozen=True)
@@ -290,18 +301,21 @@ class Exchange:
             acc.finish_reason = reason
         return acc
 
-    def _head(self, data: dict) -> None:
-        served = data.get("model")
-        route = self.route
+    def _served(self, served: str | None) -> None:
+        """The engine's `model`: who answered, which must be the route's."""
         if served:
             self.served_model = served
-        if served is not None and served != route.model:
+        if served is not None and served != self.route.model:
             # A stale or missing adapter must not pass for the checkpoint the exchange
             # records.
             raise MalformedAnswer(
-                f"the engine answered as `{served}`, not `{route.model}`: refusing to "
+                f"the engine answered as `{served}`, not `{self.route.model}`: refusing to "
                 "pass it off as that checkpoint"
             )
+
+    def _head(self, data: dict) -> None:
+        route = self.route
+        self._served(data.get("model"))
         if "prompt_token_ids" in data:
             ids = (
                 data["prompt_token_ids"] if self._wants_token_ids else data.pop("prompt_token_ids")
@@ -327,7 +341,7 @@ class Exchange:
                 acc.role = message.get("role") or acc.role
                 acc.content = [message["content"]] if message.get("content") else []
                 acc.tool_calls = dict(enumerate(message.get("tool_calls") or ()))
-        except (msgspec.DecodeError, KeyError, TypeError, AttributeError) as exc:
+        except (*_UNREADABLE, KeyError, TypeError, AttributeError) as exc:
             raise MalformedAnswer(f"the engine's answer is not a chat completion: {exc}") from exc
         self._head(data)
         self.usage = data.get("usage")
@@ -336,7 +350,16 @@ class Exchange:
 
     def chunk(self, payload: bytes) -> bytes | None:
         """One streamed event shaped for the client; None when the client did not ask for it
-        (the usage chunk the proxy requested for itself)."""
+        (the usage chunk the proxy requested for itself). A chat event of the shape the
+        engines send is read typed (`_typed_chunk`); any other (an error event, a field
+        `EngineChunk` does not declare, a legacy completion's) as a dict (`absorb`)."""
+        if not self._legacy:
+            try:
+                return self._typed_chunk(_decode_chunk(payload))
+            except msgspec.ValidationError:
+                pass  # not the declared shape: the general way, which says what is wrong
+            except _UNREADABLE as exc:
+                raise MalformedAnswer(f"the engine sent a malformed stream event: {exc}") from exc
         data = self.absorb(payload)
         if "error" in data:
             return payload
@@ -345,6 +368,61 @@ class Exchange:
             if not data["choices"]:
                 return None
         return _encode(data)
+
+    def _typed_chunk(self, event: EngineChunk) -> bytes | None:
+        """`chunk` of an event decoded as `EngineChunk`: what `absorb` takes of a dict, read
+        as attributes, and the same fields changed for the client (an absent field stays
+        absent: UNSET is not encoded)."""
+        self._served(None if event.model is UNSET else event.model)
+        wants_ids = self._wants_token_ids
+        ids = event.prompt_token_ids
+        if ids is not UNSET:
+            if ids is not None:
+                self.prompt_token_ids = ids
+            if not wants_ids:
+                event.prompt_token_ids = UNSET
+        if event.created:
+            self.created = event.created
+        event.id, event.model = self.id, self.route.alias
+        for choice in event.choices:
+            index = choice.index or 0
+            acc = self.choices.get(index)
+            if acc is None:
+                acc = self.choices[index] = _Choice()
+            if choice.token_ids:
+                acc.token_ids += choice.token_ids
+            if not wants_ids:
+                choice.token_ids = UNSET
+            logprobs = choice.logprobs
+            if logprobs:
+                acc.logprobs += [t.logprob for t in logprobs.content or ()]
+                if not self._wants_logprobs:
+                    choice.logprobs = None
+            if choice.finish_reason:
+                acc.finish_reason = choice.finish_reason
+            delta = choice.delta
+            if not delta:
+                continue
+            if delta.role:
+                acc.role = delta.role
+            if delta.content:
+                acc.content.append(delta.content)
+            if delta.reasoning_content:
+                acc.reasoning.setdefault("reasoning_content", []).append(delta.reasoning_content)
+            if delta.reasoning:
+                acc.reasoning.setdefault("reasoning", []).append(delta.reasoning)
+            for call in delta.tool_calls or ():
+                fn = call.function or None
+                acc.add_tool_call(
+                    call.index or 0, call.id or None, fn and fn.name, fn and fn.arguments
+                )
+        if event.usage:
+            self.usage = msgspec.to_builtins(event.usage)
+        if not self._wants_usage:
+            event.usage = UNSET
+            if not event.choices:
+                return None
+        return _encode(event)
 
     def absorb(self, payload: bytes) -> dict:
         """One streamed event taken in (what it adds to each choice, its usage) and returned
@@ -381,7 +459,7 @@ class Exchange:
                         acc.reasoning.setdefault(key, []).append(text)
                 for call in delta.get("tool_calls") or ():
                     acc.add_tool_call_delta(call)
-        except (msgspec.DecodeError, KeyError, TypeError, AttributeError) as exc:
+        except (*_UNREADABLE, KeyError, TypeError, AttributeError) as exc:
             raise MalformedAnswer(f"the engine sent a malformed stream event: {exc}") from exc
         usage = data.get("usage")
         if usage:

@@ -397,3 +397,82 @@ class EngineAnswer(msgspec.Struct, kw_only=True):
     choices: list[EngineChoice]
     prompt_token_ids: list[TokenId] | None = None
     usage: EngineUsage | None = None
+
+
+# -- One streamed chat event read exactly (`Exchange.chunk`'s common path): every field
+# vLLM and the local engine send is declared, a field the event leaves out stays UNSET
+# (so the event re-encoded for the client carries the fields the engine sent, no more),
+# and one the declaration does not know sends the event the general way (decoded as a
+# dict, checked as `EngineAnswer`, every field passed on). Decoding into these costs
+# what a dict does, and what the log reads of them is attribute access:
+# bench/proxy_overhead.py, issue 68.
+
+
+class _Exact(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Every field declared; an undeclared one refuses the event (the general path)."""
+
+
+class EngineChunkFunction(_Exact, kw_only=True):
+    name: str | UnsetType | None = UNSET
+    arguments: str | UnsetType | None = UNSET
+
+
+class EngineChunkToolCall(_Exact, kw_only=True):
+    index: Index | UnsetType = UNSET
+    id: str | UnsetType | None = UNSET
+    type: str | UnsetType | None = UNSET
+    function: EngineChunkFunction | UnsetType | None = UNSET
+
+
+class EngineChunkDelta(_Exact, kw_only=True):
+    role: str | UnsetType | None = UNSET
+    content: str | UnsetType | None = UNSET
+    tool_calls: list[EngineChunkToolCall] | UnsetType | None = UNSET
+    reasoning_content: str | UnsetType | None = UNSET  # vLLM's reasoning parser's (0.11)
+    reasoning: str | UnsetType | None = UNSET  # (later)
+
+
+class EngineChunkTopLogprob(_Exact, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | UnsetType | None = UNSET
+
+
+class EngineChunkTokenLogprob(_Exact, kw_only=True):
+    token: str
+    logprob: Logprob
+    bytes: list[int] | UnsetType | None = UNSET
+    top_logprobs: list[EngineChunkTopLogprob] | UnsetType | None = UNSET
+
+
+class EngineChunkLogprobs(_Exact, kw_only=True):
+    content: list[EngineChunkTokenLogprob] | UnsetType | None = UNSET
+
+
+class EngineChunkChoice(_Exact, kw_only=True):
+    index: Index | UnsetType = UNSET
+    delta: EngineChunkDelta | UnsetType | None = UNSET
+    logprobs: EngineChunkLogprobs | UnsetType | None = UNSET
+    finish_reason: str | UnsetType | None = UNSET
+    stop_reason: int | str | UnsetType | None = UNSET  # vLLM's: the stop string or token
+    token_ids: list[TokenId] | UnsetType | None = UNSET
+
+
+class EngineChunkUsage(_Exact, kw_only=True):
+    prompt_tokens: Count | UnsetType | None = UNSET
+    completion_tokens: Count | UnsetType | None = UNSET
+    total_tokens: Count | UnsetType | None = UNSET
+    prompt_tokens_details: dict[str, Any] | UnsetType | None = UNSET
+
+
+class EngineChunk(_Exact, kw_only=True):
+    """A streamed chat event as vLLM and the local engine send it."""
+
+    id: str | UnsetType = UNSET
+    object: str | UnsetType = UNSET
+    created: Count | UnsetType | None = UNSET
+    model: str | UnsetType | None = UNSET
+    choices: list[EngineChunkChoice]
+    usage: EngineChunkUsage | UnsetType | None = UNSET
+    prompt_token_ids: list[TokenId] | UnsetType | None = UNSET
+    system_fingerprint: str | UnsetType | None = UNSET
