@@ -33,6 +33,11 @@ from .auth import SCOPE_KEY, Doors
 Handler = Callable[[Any], Awaitable[Response | Stream]]
 
 
+class Last(bytes):
+    """A stream's last bytes: sent with the response's end, in one write (the chunked
+    body's terminator beside them) instead of two."""
+
+
 class Headers:
     """The request's headers as the handlers read them: `get` by any case of the name (the
     first of repeated ones, as Litestar's), decoded only when asked."""
@@ -225,11 +230,16 @@ async def _stream(response: Stream, receive: Receive, send: Send) -> None:
     iterator = response.iterator
     try:
         async for chunk in iterator:
+            if type(chunk) is Last:
+                state["done"] = True
+                await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                break
             if type(chunk) is not bytes:
                 chunk = chunk.encode(response.encoding)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        state["done"] = True
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        else:
+            state["done"] = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
     except asyncio.CancelledError:
         if not state["hung_up"]:
             raise

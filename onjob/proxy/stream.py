@@ -17,6 +17,7 @@ import msgspec
 from . import responses, sse, telemetry
 from .errors import ProxyError, StreamCut
 from .exchange import Exchange
+from .front import Last
 from .upstream import UpstreamResponse
 
 CLIENT_CLOSED = 499  # nginx's code: the client went away before the answer was complete
@@ -127,7 +128,8 @@ async def relay(
     finish: Callable[[Exchange], None],
 ) -> AsyncIterator[bytes]:
     """The engine's stream in `shape`; `finish` logs the exchange (once, whatever ends it).
-    What arrived in one read leaves in one write."""
+    What arrived in one read leaves in one write, and the stream's last bytes as `Last`
+    (with the response's end)."""
     finished = False
     try:
         opening = shape.opening()
@@ -145,7 +147,7 @@ async def relay(
                     break
                 out += shape.event(payload)
             if out:
-                yield b"".join(out)
+                yield Last(b"".join(out)) if finished else b"".join(out)
             if finished:
                 break
         else:
@@ -154,7 +156,7 @@ async def relay(
         exchange.fail(exc.status, exc.message)
         finish(exchange)
         finished = True
-        yield shape.failure(exc)
+        yield Last(shape.failure(exc))
     finally:
         await resp.aclose()
         if not finished:
