@@ -11,8 +11,9 @@ One run, on the bundled SmolLM2-135M behind `onjob serve` as the demo starts it
 
 1. the loop paused, the example's agent logs `--seed` conversations;
 2. **paused**: a user sends `--probes` requests one after another (the example's
-   questions, a pause of `--gap-s` between), the loop paused;
-3. **running**: the loop resumes and the same user goes on sending the same requests
+   questions, each answered with exactly 30 tokens on a seed of its own, so both phases
+   time the same work; a pause of `--gap-s` between), the loop paused;
+3. **running**: the loop resumes and the same user sends the same requests again, in turn,
    until the loop has run a judge pass, a training run and an offline test (or the
    `--minutes` ceiling); each request is labelled with the loop's stage when it was sent;
 4. **background alone**: with no user request, `--background` requests as the judge
@@ -140,9 +141,23 @@ class Stage:
             self._stop.wait(0.5)
 
 
-def probe(client, ex, question) -> float:
+# A user's request: the example's first messages, answered at its temperature with exactly
+# PROBE_TOKENS tokens and a seed of its own, so that the paused and the running phase time
+# the same work (an answer's length, which sampling and a promotion change, moved the
+# paused p50 by a third between runs).
+PROBE_TOKENS = 30
+
+
+def probe(client, ex, question: str, seed: int) -> float:
     started = time.perf_counter()
-    ex.converse(client, question)
+    client.chat.completions.create(
+        model="agent",
+        messages=ex.first_messages(question),
+        max_tokens=PROBE_TOKENS,
+        temperature=1.0,
+        seed=seed,
+        extra_body={"min_tokens": PROBE_TOKENS},
+    )
     return time.perf_counter() - started
 
 
@@ -233,22 +248,23 @@ def one_run(args, root: Path, work: Path) -> dict:
             questions = [q for seed in range(1000, 1100) for q in ex.questions(seed)]
             paused = []
             print(f"[{root.name}] paused: {args.probes} requests", flush=True)
-            for q in questions[: args.probes]:
-                paused.append(probe(client, ex, q))
+            asked = questions[: args.probes]  # both phases ask these, in this order
+            for i, q in enumerate(asked):
+                paused.append(probe(client, ex, q, i))
                 time.sleep(args.gap_s)
             httpx.post(loop, json={"running": True}, headers=ADMIN, timeout=60)
             print(f"[{root.name}] running: until judge, train and offline test", flush=True)
             running: dict[str, list[float]] = {}
             deadline = time.monotonic() + args.minutes * 60
             with Stage(server.base, (engine.proc.pid, server.proc.pid)) as stage:
-                i = args.probes
+                i = 0
                 wanted = {"judge", "train", "offline test"}
                 while time.monotonic() < deadline and not (
                     wanted <= stage.seen and stage.now == "idle"
                 ):
                     sent_in = stage.now
-                    running.setdefault(sent_in, []).append(probe(client, ex, questions[i]))
-                    i = (i + 1) % len(questions)
+                    running.setdefault(sent_in, []).append(probe(client, ex, asked[i], i))
+                    i = (i + 1) % len(asked)
                     time.sleep(args.gap_s)
                 seen = sorted(stage.seen)
                 cpu = {

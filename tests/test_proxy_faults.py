@@ -52,6 +52,21 @@ def assert_openai_error(resp: httpx.Response, status: int) -> dict:
     return error
 
 
+def stream_until_error(http) -> tuple[str, openai.APIError]:
+    """A streamed chat request through the `openai` client that must end in an error: the
+    text heard before it, and the error."""
+    client = openai.OpenAI(
+        base_url="http://testserver.local/v1", api_key="x", http_client=http, max_retries=0
+    )
+    heard = []
+    with pytest.raises(openai.APIError) as raised:
+        for c in client.chat.completions.create(
+            model="agent", messages=CHAT["messages"], stream=True
+        ):
+            heard.append(c.choices[0].delta.content or "")
+    return "".join(heard), raised.value
+
+
 def ok_engine(seen: list | None = None):
     def chat(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
@@ -204,17 +219,9 @@ def test_stream_cut_by_engine_returns_error_event_and_logs_partial(tmp_path, mak
     upstream, engine = make()
     try:
         with TestClient(app_for(tmp_path, upstream)) as http:
-            client = openai.OpenAI(
-                base_url="http://testserver.local/v1", api_key="x", http_client=http, max_retries=0
-            )
-            received = []
-            with pytest.raises(openai.APIError) as raised:
-                for c in client.chat.completions.create(
-                    model="agent", messages=CHAT["messages"], stream=True
-                ):
-                    received.append(c.choices[0].delta.content or "")
-            assert "cut" in str(raised.value)
-            assert "".join(received) == "Hello wor"
+            received, error = stream_until_error(http)
+            assert "cut" in str(error)
+            assert received == "Hello wor"
             # The server is still there.
             assert http.get("/health").status_code == 200
     finally:

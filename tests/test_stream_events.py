@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
 import pytest
 from litestar.testing import TestClient
 
 from .fake_engine import scripted
-from .test_proxy_faults import CHAT, app_for, rows
+from .test_proxy_faults import CHAT, app_for, rows, stream_until_error
 
 HEAD = {"id": "chatcmpl-vllm", "object": "chat.completion.chunk", "created": 7, "model": "fake"}
 
@@ -199,17 +198,9 @@ def test_a_streamed_event_the_log_cannot_keep_ends_the_stream_with_an_error_and_
 ):
     events = [_sse(EVENTS[:2])[0], _sse(EVENTS[:2])[1], event, b"data: [DONE]\n\n"]
     with TestClient(app_for(tmp_path, _engine(events))) as http:
-        client = openai.OpenAI(
-            base_url="http://testserver.local/v1", api_key="x", http_client=http, max_retries=0
-        )
-        heard = []
-        with pytest.raises(openai.APIError) as raised:
-            for c in client.chat.completions.create(
-                model="agent", messages=CHAT["messages"], stream=True
-            ):
-                heard.append(c.choices[0].delta.content or "")
-        assert said in str(raised.value)
-        assert "".join(heard) == "Hel"
+        heard, error = stream_until_error(http)
+        assert said in str(error)
+        assert heard == "Hel"
     (row,) = rows(tmp_path, "SELECT status, error, completion_token_ids FROM exchanges")
     assert row["status"] == 502 and said in row["error"]
     assert row["completion_token_ids"] == [[11]]
