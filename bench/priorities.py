@@ -5,6 +5,7 @@ requests with the loop paused, and the loop's own sampling speed with no user wa
     .venv/bin/python bench/priorities.py --before /path/to/older/checkout   # side by side
     .venv/bin/python bench/priorities.py --steps-only   # a decode step's cost by batch rows
     .venv/bin/python bench/priorities.py --mix 10   # a user, with an adapter loaded or not
+    .venv/bin/python bench/priorities.py --engine vllm   # the same on vLLM (priority policy)
 
 One run, on the bundled SmolLM2-135M behind `onjob serve` as the demo starts it
 (`examples/arithmetic/demo.py`: the example's reward function, the demo's loop):
@@ -222,7 +223,7 @@ def step_costs() -> dict:
 
 
 def one_run(args, root: Path, work: Path) -> dict:
-    o = Options(dir=work, example=args.example)
+    o = Options(dir=work, example=args.example, engine=args.engine)
     ex = example_of(o)
     model = bundled.prepare()
     env = {"PYTHONPATH": f"{root}{os.pathsep}{ROOT}"}
@@ -404,6 +405,13 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=20, help="ceiling of the running phase")
     p.add_argument("--background", type=int, default=12, help="background requests alone")
     p.add_argument("--before", type=Path, help="an older checkout, run the same way after")
+    p.add_argument(
+        "--engine",
+        choices=["local", "vllm"],
+        default="local",
+        help="the engine: onjob's own, or vLLM (`onjob engine install vllm` first) with its "
+        "priority scheduling",
+    )
     p.add_argument(
         "--background-share",
         type=float,
