@@ -12,6 +12,7 @@ import asyncio
 import json
 
 import httpx
+import pytest
 
 from onjob.collector import Collector, CollectorSettings, Store
 from onjob.deploy.act import deployments, registry
@@ -429,20 +430,34 @@ def test_a_stranded_adapter_is_unloaded_after_a_restart(db):
 # -- guards that see the candidate -----------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("metrics", "trips"),
+    [
+        ({"kl_to_base": 0.01, "kl_to_base_own": 0.9}, "0.9 nats per token"),
+        # A run that learned to avoid the old sampler's mistakes reads far on its tokens
+        # and near on its own answers (a tool task's candidates: 0.47 and 0.05).
+        ({"kl_to_base": 0.9, "kl_to_base_own": 0.05}, None),
+        # A run that read no own answers (trainer.kl_own_prompts 0): the sampler's tokens.
+        ({"kl_to_base": 0.9}, "0.9 nats per token"),
+    ],
+)
 def test_the_kl_guard_reads_the_drift_on_the_candidates_own_answers(
-    tmp_path, tiny_adapter_dir, tiny_model_dir
+    tmp_path, tiny_adapter_dir, tiny_model_dir, metrics, trips
 ):
-    """Small on the old sampler's tokens, large on the candidate's own answers: the guard
-    trips on the larger."""
+    """The guard reads the figure the trainer's trust region holds: k3 on the candidate's
+    own answers, where it is unbiased; the sampler's tokens only for a run without them."""
     from onjob.deploy.decide import trust
     from onjob.deploy.settings import LoopSettings
 
     store = Store(tmp_path / "onjob.duckdb")
     try:
-        metrics = {"kl_to_base": 0.01, "kl_to_base_own": 0.9}
         record_trained(store, "drifted", tiny_adapter_dir, "b", metrics=metrics)
         guard = trust.kl_guard(store, "drifted", LoopSettings(max_kl_to_base=0.5))
     finally:
         store.close()
-    assert (guard.kl_to_base, guard.kl_to_base_own) == (0.01, 0.9)
-    assert guard.tripped and "0.9 nats per token" in guard.tripped
+    assert (guard.kl_to_base, guard.kl_to_base_own) == (
+        metrics["kl_to_base"], metrics.get("kl_to_base_own"))  # fmt: skip
+    if trips is None:
+        assert guard.tripped is None
+    else:
+        assert guard.tripped and trips in guard.tripped

@@ -8,7 +8,8 @@
               one forward each before any update: a group they disagree on was sampled
               by other weights, tokenizer or template, and is skipped and recorded
     region  = the trust region (trust.py): a KL budget to the base model and to the
-              run's start, read on a probe of the groups' tokens
+              run's start, read on the policy's own answers (the sampler's tokens first,
+              as a screen)
     for each step of `groups_per_step` groups:
         for each group, members chunked by length (forward.chunks):
             one packed forward: the shared prompt once, each member's own tokens
@@ -16,13 +17,14 @@
             loss = clipped ratio x advantage, summed / the step's tokens; backward
         clip, step (a step whose gradient is not finite is dropped, its groups recorded)
         the region keeps the step, or undoes it and halves the learning rate, or stops
-    kl_to_base = k3(policy ‖ base) per token on the probe's tokens, each weighted by
-              policy / sampler: how far the checkpoint (its whole lineage) moved from
-              the base model, for the guard `loop.max_kl_to_base`
-    kl_to_base_own = the same on answers the trained policy samples itself from the
-              groups' prompts: drift where the candidate now goes, which the old
-              sampler's tokens do not show (the guard reads the larger; past the budget,
-              the run steps back to earlier kept weights)
+    kl_to_base_own = k3(policy ‖ base) per token on answers the trained policy samples
+              itself from the groups' prompts: how far the checkpoint (its whole
+              lineage) moved from the base model where it now goes, for the guard
+              `loop.max_kl_to_base` (past the budget, the run steps back to earlier
+              kept weights)
+    kl_to_base = the same on the probe's tokens, each weighted by policy / sampler: where
+              the old sampler went (shown beside it; the guard's figure without own
+              answers)
     save adapter (PEFT format) + optimizer.pt + onjob-manifest.json
 
 Runs as `onjob train --snapshot S --out DIR` in a child process of the server, or as a
@@ -116,10 +118,11 @@ def _train(
     if not trained:
         raise NothingToTrain(f"nothing to train on in {snapshot}: every group was skipped")
     region = trust.Region.open(model, head, trained, policy.limit, device, params, optimizer,
-                               s.kl_budget)  # fmt: skip
+                               s.kl_budget, s.kl_own_prompts)  # fmt: skip
     if s.kl_budget is not None:
+        own = f"the policy's own answers to {len(region.prompts)} prompts, screened by "
         echo(f"trust region: {s.kl_budget:g} nats per token to the base model and to the "
-             f"run's start, on {region.last.to_base.tokens} tokens of "
+             f"run's start, on {own if region.prompts else ''}the sampler's tokens of "
              f"{len(region.probe)} groups")  # fmt: skip
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda k: _warmup(s.warmup_steps)(k) * region.scale
@@ -140,9 +143,7 @@ def _train(
         )
 
     # --- checkpoint: the figures the release's KL guard reads, for the weights written
-    reading, own, at = region.settle(
-        lambda: trust.own_drift(model, head, trained[: s.kl_own_prompts], device), echo
-    )
+    reading, own, at = region.settle(echo)
     if at is not None:  # steps after the weights written: undone at the end
         history = [h if h.step <= at else msgspec.structs.replace(h, undone=True) for h in history]
     kept = [h for h in history if not h.undone]
@@ -370,6 +371,7 @@ def _record(
         tokens_per_s=tokens / took_s,
         kl_to_base=reading.to_base.kl if reading else None,
         kl_to_start=reading.to_start.kl if reading else None,
+        kl_on=reading.on if reading else None,
         undone=True if verdict != "kept" else None,
     )
 
@@ -512,7 +514,7 @@ def _check(group: Group, gap: Gap, s: TrainSettings, skipped: dict, echo) -> boo
 def _with_checks(
     metrics: Metrics,
     gaps: dict[str, Gap],
-    drift: tuple[trust.Reading, trust.Drift],
+    drift: tuple[trust.Reading, trust.Reading | None],
     skipped: dict,
     dropped: list[Dropped],
     region: trust.Region,
@@ -534,11 +536,11 @@ def _with_checks(
         logprob_gap_first_forward_max=gap_max,  # the same check since it moved before step 1
         kl_to_base=reading.to_base.kl,
         kl_to_base_tokens=reading.to_base.tokens,
-        kl_to_base_own=own.kl,
-        kl_to_base_own_tokens=own.tokens,
+        kl_to_base_own=own.to_base.kl if own else UNSET,
+        kl_to_base_own_tokens=own.to_base.tokens if own else UNSET,
         skipped_groups=len(skipped),
         kl_budget=region.budget,
-        kl_to_start=reading.to_start.kl,
+        kl_to_start=(own or reading).to_start.kl,
         undone_steps=region.backoffs,
         trust_stopped=region.stopped or UNSET,
         dropped_steps=dropped,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -32,9 +32,12 @@ class Step(msgspec.Struct, kw_only=True, omit_defaults=True):
     reward_mean: float | None = None  # of the step's groups' members
     tokens: int | None = None
     tokens_per_s: float | None = None
-    # The trust region's probe after the step (trainer/trust.py), and a step it undid.
+    # The trust region's reading after the step (trainer/trust.py): on the sampler's
+    # tokens ("probe") or, past the budget there, on the policy's own answers ("own");
+    # and a step it undid.
     kl_to_base: float | None = None
     kl_to_start: float | None = None
+    kl_on: Literal["probe", "own"] | None = None
     undone: bool | None = None
 
 
@@ -100,8 +103,9 @@ class Metrics(msgspec.Struct, kw_only=True):
     kl_to_base_own: float | UnsetType = UNSET
     kl_to_base_own_tokens: int | UnsetType = UNSET
     skipped_groups: int | UnsetType = UNSET
-    # The trust region (trainer/trust.py): its budget, the drift from the run's start on
-    # the probe, the steps undone, and why the run stopped early (absent: it did not).
+    # The trust region (trainer/trust.py): its budget, the drift from the run's start (on
+    # the policy's own answers; on the probe without them), the steps undone, and why
+    # the run stopped early (absent: it did not).
     kl_budget: float | UnsetType | None = UNSET
     kl_to_start: float | UnsetType = UNSET
     undone_steps: int | UnsetType = UNSET

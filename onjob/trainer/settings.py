@@ -78,8 +78,10 @@ class TrainSettings(BaseModel):
     kl_own_prompts: int = Field(
         4,
         ge=0,
-        description="prompts the trained policy answers itself (32 tokens each) for the KL "
-        "guard's estimate on its own samples (kl_to_base_own); 0 = off",
+        description="distinct prompts the policy answers itself (32 tokens each) for its KL "
+        "to the base model and to the run's start on its own samples: what the trust region "
+        "holds and the release's KL guard reads (kl_to_base_own); 0 = the sampler's tokens "
+        "alone, reweighted",
     )
 
     # The optimisation.
