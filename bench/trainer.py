@@ -160,8 +160,8 @@ def long_worker(length: int, layers: int | None, threads: int, checkpointing: bo
     import torch
 
     from onjob.trainer.data import Group, Sequence
-    from onjob.trainer.forward import Head, chunks, pack_limit
-    from onjob.trainer.loop import _loss
+    from onjob.trainer.forward import Head, Policy, chunks, pack_limit
+    from onjob.trainer.loop import chunk_loss
     from onjob.trainer.settings import TrainSettings
 
     torch.set_num_threads(threads)
@@ -178,8 +178,9 @@ def long_worker(length: int, layers: int | None, threads: int, checkpointing: bo
     optimizer = torch.optim.AdamW(params, lr=1e-5)
     loaded_rss = _rss_mb()
     started = time.perf_counter()
-    for chunk in chunks(group, pack_limit(model, s.max_batch_tokens)):
-        (_loss(model, head, chunk, s, "cpu").loss / member.loss_tokens).backward()
+    policy = Policy(model, head, pack_limit(model, s.max_batch_tokens), "cpu")
+    for chunk in chunks(group, policy.limit):
+        (chunk_loss(policy, chunk, s).loss / member.loss_tokens).backward()
     optimizer.step()
     wall = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from onjob.trainer.data import Sequence, sequence
-from onjob.trainer.forward import Head, sampled_logprobs
-from onjob.trainer.loop import _loss
+from onjob.trainer.forward import Head, Policy, sampled_logprobs
+from onjob.trainer.loop import chunk_loss
 from onjob.trainer.maths import advantages, k3, k3_of_sampled, policy_loss, token_logprobs
 from onjob.trainer.settings import TrainSettings
 
@@ -230,7 +230,8 @@ def test_masked_tokens_get_zero_gradient():
         grads.append(output)
 
     handle = norm.register_forward_hook(keep)
-    parts = _loss(model, Head.of(model.get_base_model()), seqs, TrainSettings(), "cpu")
+    policy = Policy(model, Head.of(model.get_base_model()), 4096, "cpu")
+    parts = chunk_loss(policy, seqs, TrainSettings())
     parts.loss.backward()
     handle.remove()
     has_grad = (grads[0].grad[0].abs().sum(-1) > 0).tolist()

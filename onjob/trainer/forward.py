@@ -24,6 +24,7 @@ Why each part is the way it is:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -91,6 +92,17 @@ class Head:
                 "does not know"
             )
         return gap
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a forward pass needs: the model being trained, its head in float32, the
+    tokens packed into one forward at most, the device."""
+
+    model: Any
+    head: Head
+    limit: int
+    device: Any
 
 
 def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
