@@ -7,6 +7,9 @@ HTTP boundary."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -45,9 +48,10 @@ def test_the_engine_serves_on_the_cores_a_run_leaves_and_gets_them_back(engine):
     during: list[int] = []
 
     async def go():
-        async with client(engine) as c, host.beside(c, 1, said.append):
+        async with client(engine) as c, host.beside(c, 1, said.append) as idle:
             during.append(threads(engine))
             assert chat(engine).status_code == 200  # traffic goes on while the run trains
+            assert idle is False  # a core of its own: the run trains at its own priority
 
     asyncio.run(go())
     assert during == [max(1, host.cores() - 1)]
@@ -94,9 +98,11 @@ def test_the_thread_route_is_guarded_and_checks_its_body(engine):
     assert threads(engine) == 3
 
 
-def test_an_engine_without_the_route_keeps_its_threads_and_the_run_goes_on():
-    # vLLM has no /onjob/threads: its 404 leaves it as it is, and the run trains beside.
+def test_an_engine_without_the_route_keeps_its_threads_and_the_run_trains_at_idle_priority():
+    # vLLM has no /onjob/threads: its 404 leaves it as it is, and the run trains beside it
+    # at idle priority (its threads would wait for the core the run holds).
     seen: list[str] = []
+    idle: list[bool] = []
 
     def vllm(request: httpx.Request) -> httpx.Response:
         seen.append(request.url.path)
@@ -108,17 +114,36 @@ def test_an_engine_without_the_route_keeps_its_threads_and_the_run_goes_on():
         transport = httpx.MockTransport(vllm)
         async with (
             httpx.AsyncClient(base_url=url, transport=transport) as c,
-            host.beside(c, 1, said.append),
+            host.beside(c, 1, said.append) as low,
         ):
-            pass
+            idle.append(low)
 
     asyncio.run(go("http://127.0.0.1:8001/v1"))
     assert seen == ["/onjob/threads"]
-    assert "keeps its own" in said[0]
+    assert "at idle priority" in said[0] and "keeps its own" in said[0]
     # An engine on another host is not asked at all: its cores are not the run's.
     seen.clear()
     asyncio.run(go("http://10.0.0.7:8001/v1"))
     assert seen == []
+    assert idle == [True, False] and "on another host" in said[1]
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_a_run_told_to_be_idle_runs_at_the_cpus_idle_priority_threads_included():
+    """The trainer's own set-up, in a process of its own (a policy cannot be raised back
+    without privileges): the process and a thread it starts after are SCHED_IDLE."""
+    code = (
+        "import os, threading\n"
+        "from onjob.trainer import TrainSettings\n"
+        "from onjob.trainer.setup import machine\n"
+        "machine(TrainSettings(idle=True, threads=1))\n"
+        "seen = []\n"
+        "t = threading.Thread(target=lambda: seen.append(os.sched_getscheduler(0)))\n"
+        "t.start(); t.join()\n"
+        "print(os.sched_getscheduler(0) == os.SCHED_IDLE, seen[0] == os.SCHED_IDLE)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"]
 
 
 def test_a_run_takes_half_the_cores_unless_told():

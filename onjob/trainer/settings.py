@@ -133,6 +133,13 @@ class TrainSettings(BaseModel):
         description="the run's CPU priority below the server's and the engine's (Unix nice): "
         "training is batch work, serving is not",
     )
+    idle: bool = Field(
+        False,
+        description="the run at the CPU's idle priority (Linux SCHED_IDLE: it runs only "
+        "while nothing else would); the loop sets it when it trains beside an engine on this "
+        "host that keeps its own threads (vLLM), whose every batch would otherwise wait for "
+        "the core the run holds",
+    )
     seed: int = 0
     max_minutes_per_day: float | None = Field(
         None,

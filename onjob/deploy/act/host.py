@@ -10,8 +10,11 @@ wall time; the engine on both and the trainer on one, 0.32x; the trainer on one 
 0.66x served and 3.9x the training time. A core each kept both at their speed alone, and
 giving the engine its second core back between runs keeps serving at full speed then.
 
-An engine that cannot change its threads (vLLM, an engine on another host) keeps them;
-the run then trains beside it on `trainer.threads` at `trainer.nice`.
+An engine on this host that cannot change its threads (vLLM) keeps them; the run then
+trains beside it on `trainer.threads` at the CPU's idle priority (`trainer.idle`, Linux's
+SCHED_IDLE): it takes a core only while the engine leaves it, so the engine's threads
+never wait for it, and the run is slower where the engine is busy. An engine on another
+host shares no core: the run trains at `trainer.nice`.
 """
 
 from __future__ import annotations
@@ -50,23 +53,30 @@ def trainer_threads(t: TrainSettings) -> int:
 @contextlib.asynccontextmanager
 async def beside(
     engine: httpx.AsyncClient | None, threads: int, echo: Callable[[str], None]
-) -> AsyncIterator[None]:
+) -> AsyncIterator[bool]:
     """While the block runs a training run on `threads` cores, a local engine on this host
     (its URL on loopback) serves on the cores left; then it has the count it started with
     again, whatever an earlier run left it at (one killed with its server: `onjob serve
     --start-engine` starts a new engine then; an engine started apart gets its cores back
-    when the next run ends)."""
+    when the next run ends). Yields whether the run should train at idle priority: an
+    engine on this host kept its threads."""
     left = max(1, cores() - threads)
-    changed = await _set(engine, left) if _local(engine) else None
-    if changed is None:
-        echo(f"training on {threads} threads beside the engine, which keeps its own")
+    here = _local(engine)
+    changed = await _set(engine, left) if here else None
+    if changed is None and here:
+        echo(
+            f"training on {threads} threads at idle priority beside the engine on this host, "
+            "which keeps its own threads: the run takes a core only while the engine leaves it"
+        )
+    elif changed is None:
+        echo(f"training on {threads} threads; the engine is on another host")
     else:
         echo(
             f"training on {threads} threads; the engine serves on {changed.threads} "
             f"(of {changed.was}) until the run ends"
         )
     try:
-        yield
+        yield changed is None and here
     finally:
         if changed is not None:
             await _set(engine, None)

@@ -136,12 +136,13 @@ async def train(
     if not info.groups:
         echo("nothing to train on: no scored group with a spread of rewards not trained on yet")
         return None
-    settings_file = snap_path.with_suffix(".json")
-    settings_file.write_text(t.model_dump_json())
     if t.runner == "job":
         code = await _by_job(t, name, snap_path, parent, parent_dir, partial, echo)
     else:
-        async with host.beside(engine, t.threads, echo):
+        async with host.beside(engine, t.threads, echo) as idle:
+            run = t.model_copy(update={"idle": t.idle or idle})
+            settings_file = snap_path.with_suffix(".json")
+            settings_file.write_text(run.model_dump_json())
             code = await _child(snap_path, partial, settings_file, parent_dir)
     if code == NOTHING_TO_TRAIN:
         await _skipped(db, t, info.groups, time.monotonic() - started, echo)
