@@ -117,62 +117,6 @@ def test_a_background_wait_ends_at_its_limit_and_an_engine_without_metrics_is_no
     assert asyncio.run(run(lambda _: httpx.Response(404), 60.0)) == 0.0
 
 
-def queue_text(waiting: int, running: int, users_first: bool) -> str:
-    """An engine's `/metrics` as vLLM states its queue (two labelled gauges), and the
-    local engine's own gauge when it gives users the background's batch slots."""
-    lines = [
-        f'vllm:num_requests_waiting{{model_name="base"}} {waiting}',
-        f'vllm:num_requests_running{{model_name="base"}} {running}',
-    ]
-    if users_first:
-        lines.append('onjob:users_first{model_name="base"} 1')
-    return "\n".join(lines) + "\n"
-
-
-def admitted_after(queues: list[str], *, n: int = 1, ours: int = 0) -> tuple[float, list[str]]:
-    """Seconds one more background request waited with `ours` of this pass already in
-    flight (each of `n` answers), the engine's `/metrics` answering `queues` in turn (then
-    an empty queue); and what the admission said."""
-    said: list[str] = []
-    left = list(queues)
-
-    def handler(_):
-        return httpx.Response(200, text=left.pop(0) if left else queue_text(0, ours * n, False))
-
-    async def run():
-        transport = httpx.MockTransport(handler)
-        async with httpx.AsyncClient(transport=transport, base_url="http://e/v1") as client:
-            admission = Admission(client, echo=said.append, n=n)
-            admission.in_flight = ours
-            async with admission.admitted():
-                pass
-            return admission.waited_s
-
-    return asyncio.run(run()), said
-
-
-def test_on_vllm_background_work_waits_while_users_decode_and_not_for_its_own_answers():
-    """vLLM decodes every running sequence in one batch: a background row beside a user's
-    slows each of the user's tokens, so the admission waits for running users too."""
-    waited, said = admitted_after([queue_text(0, 3, False)])
-    assert waited == 0.5 and said and "3 other request(s) queued or decoding" in said[0]
-    # Its own: 2 requests in flight of 4 answers each are 8 running sequences on vLLM.
-    waited, said = admitted_after([queue_text(0, 8, False)], n=4, ours=2)
-    assert waited == 0.0 and not said
-    waited, _ = admitted_after([queue_text(0, 9, False)], n=4, ours=2)
-    assert waited == 0.5  # one sequence more: a user's
-
-
-def test_on_the_local_engine_background_work_waits_for_queued_users_only():
-    """The local engine states that it gives a background sequence's batch slot to a
-    user's: users decoding there are not slowed by background rows, and only requests
-    queued for a slot hold background work back."""
-    waited, said = admitted_after([queue_text(0, 3, True)])
-    assert waited == 0.0 and not said
-    waited, said = admitted_after([queue_text(2, 3, True)])
-    assert waited == 0.5 and "2 other request(s) queued in the engine" in said[0]
-
-
 def test_a_clients_priority_never_reaches_the_engine(tmp_path):
     app, seen = recording_app(tmp_path)
     with TestClient(app) as client:

@@ -121,6 +121,7 @@ def assert_one_decision(result: dict) -> None:
     assert result["train_runs"] == 1
     assert result["promotions"] + result["rollbacks"] + result["stopped"] == 1, result
     assert result["canaries"] == result["promotions"] + result["rollbacks"]
+    assert result["why"], result  # the decision's reason as the release wrote it
 
 
 def test_shortened_demo_runs_on_vllm_end_to_end(tmp_path, tiny_vllm_model_dir):

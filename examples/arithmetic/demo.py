@@ -634,8 +634,10 @@ def _reward_summary(rows: list[dict]) -> str:
 
 def _decisions(history: list[Routing]) -> dict:
     """Canaries started, promoted and rolled back, and candidates stopped by their offline
-    test before serving anyone, from the deployments in time order."""
+    test before serving anyone, from the deployments in time order; and each change's
+    reason as the release wrote it (`why`), so a result file says why as well as how many."""
     out = {"canaries": 0, "promotions": 0, "rollbacks": 0, "stopped": 0}
+    out["why"] = [row.reason for row in history if row.reason]
     canary = None
     for row in history:
         if row.canary and row.canary != canary:

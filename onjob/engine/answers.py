@@ -127,17 +127,9 @@ async def sse(chunks: AsyncIterator[object]) -> AsyncIterator[bytes]:
     yield b"data: [DONE]\n\n"
 
 
-# The local engine's own gauge beside vLLM's: 1, a background sequence gives its batch slot
-# to a user's request (two lanes, `batching.py`). The judge's admission reads it: on an
-# engine without it (vLLM), background rows decode in the users' batch and slow them, so
-# background work waits for running users too (`judge/admission.py`).
-USERS_FIRST = "onjob:users_first"
-
-
 def queue_metrics(model: str, running: int, waiting: int) -> bytes:
     """vLLM's `vllm:num_requests_running` and `vllm:num_requests_waiting` gauges, in
-    Prometheus' text format, labelled with the served model as vLLM labels them, and
-    `USERS_FIRST`."""
+    Prometheus' text format, labelled with the served model as vLLM labels them."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Queue(model, running, waiting))
     return generate_latest(registry)
@@ -152,7 +144,6 @@ class _Queue:
         for name, value, what in (
             ("vllm:num_requests_running", running, "Number of requests in the batch."),
             ("vllm:num_requests_waiting", waiting, "Number of requests waiting for the batch."),
-            (USERS_FIRST, 1, "1: a background sequence gives its batch slot to a user's."),
         ):
             gauge = GaugeMetricFamily(name, what, labels=["model_name"])
             gauge.add_metric([model], value)

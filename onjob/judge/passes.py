@@ -212,7 +212,7 @@ async def _sample_turn_groups(
         f"re-sampling {len(planned)} logged turns, {s.group_size} alternatives each "
         f"({s.concurrency} at a time)"
     )
-    gate, admission = asyncio.Semaphore(s.concurrency), Admission(engine, echo, n=s.group_size)
+    gate, admission = asyncio.Semaphore(s.concurrency), Admission(engine, echo)
 
     async def one(row: dict, body: dict) -> None:
         async with gate, admission.admitted():

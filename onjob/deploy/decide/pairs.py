@@ -59,7 +59,7 @@ async def paired_round(
     """For each logged prompt, arm `a` and arm `b` (engine model id, checkpoint) answer it
     and the answers are judged together; returns the `ab` group ids. A prompt an arm could
     not answer is recorded as a failed pair with the arm that failed."""
-    gate, admission = asyncio.Semaphore(s.concurrency), Admission(engine, echo, n=s.group_size)
+    gate, admission = asyncio.Semaphore(s.concurrency), Admission(engine, echo)
     report, rng = PassReport(), random.Random()
 
     async def draw(model: str, prefix: dict):
