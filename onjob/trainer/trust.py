@@ -9,11 +9,14 @@ answers the policy samples itself.
     probe    = the first chunk of the first `KL_GROUPS` groups trained on, the tokens the
                previous checkpoint sampled, each weighted by policy / sampler: a reading
                without sampling, so cheap enough to screen every step
+    ratio    = how much further the own answers read than the probe at the last look
+               (at least 1): the screen's scale
     before the first step: the starting policy's logprobs on the probe
     after each optimizer step:
-        the probe within `kl_budget`  kept
-        else the policy's own answers, to the base model and to the start:
-            both within the budget    kept (the probe had read tokens it no longer says)
+        the probe x ratio within `kl_budget` (the ratio known)   kept
+        else the policy's own answers, to the base model and to the start (and the
+        ratio read again):
+            both within the budget    kept
             either past it            undone: the last kept weights and moments
                                       restored, the learning rate halved
         undone `MAX_BACKOFFS` times: the run stops there, with the last kept weights
@@ -26,9 +29,13 @@ sampler's tokens, reweighted, it reads the policy where that sampler went, and a
 that learned to avoid the sampler's mistakes moved most exactly there: on a tool task
 the probe read 0.46-0.48 nats per token after one run where the candidate's own answers
 read 0.02-0.06 (docs/benchmarks.md, issue 62's weather runs), and the probe held the run
-to a tenth of the movement the guard allows. The probe stays as a screen (within the
-budget there, a step is kept without sampling; on the single-turn tasks it read within
-1-3x of the own answers) and in the manifest (`kl_to_base`).
+to a tenth of the movement the guard allows. The probe stays as a screen (a step it
+reads within the budget, scaled by how much further the own answers read at the last
+look, is kept without sampling) and in the manifest (`kl_to_base`). On a task whose
+answers get short the own answers read further than the probe (per token, a short answer
+carries its whole drift in few tokens): sentiment's second run read 0.9 on its own
+answers after three steps the unscaled probe had kept, and the end's check stepped back
+to the first.
 
 So a candidate the trainer writes is within its budget on the figure the release's guard
 reads (`deploy/decide/trust.py`), and the budget is below the guard's bound (half of
@@ -113,6 +120,10 @@ class Region:
     scale: float = 1.0  # the learning rate's factor: halved at each back-off
     latest: Reading | None = None  # the newest reading, within the budget or not
     stopped: str | None = None
+    # How much further the own answers read than the probe at the last look (>= 1): on a
+    # task whose answers get short they read the policy further (sentiment: 0.9 on its
+    # own answers after three steps the probe read within 0.5), so the screen scales by it.
+    ratio: float | None = None
 
     @classmethod
     def open(cls, model, head: Head, groups: list[Group], limit: int, device, params,
@@ -143,11 +154,19 @@ class Region:
         return self.kept[-1].reading
 
     def read(self) -> Reading:
-        """The probe; past the budget there, the policy's own answers, which decide."""
+        """The probe, then the policy's own answers, which decide, whenever the probe
+        scaled by how much further the own answers read at the last look (`ratio`, at
+        least 1; unknown until a look at a policy that moved) is past the budget."""
         probe = self.read_probe()
-        if not self.prompts or (self.budget is not None and probe.worst() <= self.budget):
+        if not self.prompts:
             return probe
-        return self.read_own()
+        screened = self.ratio is not None and probe.worst() * self.ratio <= (self.budget or 0)
+        if screened:
+            return probe
+        own = self.read_own()
+        if probe.worst() > 0:
+            self.ratio = max(1.0, own.worst() / probe.worst())
+        return own
 
     def read_probe(self) -> Reading:
         """The probe now: policy against base and against the start, weighted by policy /
