@@ -236,7 +236,14 @@ class Region:
         own = self.read_own if self.prompts else lambda: None
         if self.budget is None:
             return self.read_probe(), own(), None
-        mine = own()
+
+        def kept_own() -> Reading | None:
+            # The weights kept last were read on their own answers already when the screen
+            # sent them there: the same weights and seed read alike, so not sampled again.
+            last = self.last
+            return last if last is not None and last.on == "own" else own()
+
+        mine = kept_own()
         while mine is not None and mine.worst() > self.budget and len(self.kept) > 1:
             dropped = self.kept.pop()
             self._restore(self.kept[-1])
@@ -246,7 +253,7 @@ class Region:
                 f"budget {self.budget:g}: the weights of step {dropped.step} dropped for "
                 f"those of step {self.kept[-1].step}"
             )
-            mine = own()
+            mine = kept_own()
         return self.read_probe(), mine, self.kept[-1].step
 
     def _save(self, step: int, reading: Reading | None) -> Saved:
@@ -256,10 +263,13 @@ class Region:
         }
         return Saved(step, [p.detach().clone() for p in self.params], moments, reading)
 
-    def _restore(self, saved: Saved) -> None:
+    def _load(self, weights: list[torch.Tensor]) -> None:
         with torch.no_grad():
-            for p, w in zip(self.params, saved.weights, strict=True):
+            for p, w in zip(self.params, weights, strict=True):
                 p.copy_(w)
+
+    def _restore(self, saved: Saved) -> None:
+        self._load(saved.weights)
         for p in self.params:
             state = saved.moments.get(id(p))
             if state is None:
@@ -274,15 +284,11 @@ class Region:
         """`saved`'s weights in the model for the block, the current ones back after it
         (the adapter's few tensors: cheap to copy)."""
         now = [p.detach().clone() for p in self.params]
-        with torch.no_grad():
-            for p, w in zip(self.params, saved.weights, strict=True):
-                p.copy_(w)
+        self._load(saved.weights)
         try:
             yield
         finally:
-            with torch.no_grad():
-                for p, w in zip(self.params, now, strict=True):
-                    p.copy_(w)
+            self._load(now)
 
 
 def _named(reading: Reading) -> str:

@@ -63,7 +63,8 @@ async def beside(
     left = max(1, cores() - threads)
     here = _local(engine)
     changed = await _set(engine, left) if here else None
-    if changed is None and here:
+    idle = here and changed is None  # beside it, sharing its cores
+    if idle:
         echo(
             f"training on {threads} threads at idle priority beside the engine on this host, "
             "which keeps its own threads: the run takes a core only while the engine leaves it"
@@ -76,7 +77,7 @@ async def beside(
             f"(of {changed.was}) until the run ends"
         )
     try:
-        yield changed is None and here
+        yield idle
     finally:
         if changed is not None:
             await _set(engine, None)
