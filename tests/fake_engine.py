@@ -52,7 +52,8 @@ def chunk(content: str | None = None, *, finish: str | None = None, usage: dict 
             {
                 "index": 0,
                 "delta": {"content": content} if content is not None else {},
-                "logprobs": {"content": [{"token": content, "logprob": -0.25}]},
+                # vLLM names every sampled token, the last one (EOS) too: "" when it has no text.
+                "logprobs": {"content": [{"token": content or "", "logprob": -0.25}]},
                 "token_ids": [42],
                 "finish_reason": finish,
             }

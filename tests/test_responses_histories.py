@@ -14,8 +14,8 @@ from openai.types.responses import EasyInputMessage, Response
 
 from onjob.cli.process import ServerProcess
 from onjob.collector.trajectories import continuations, keys
+from onjob.protocol.responses import ResponseRequest
 from onjob.proxy import responses
-from onjob.proxy.protocol import ResponseRequest
 
 from .conftest import TOOL_QUESTION, TOOLS, rows
 

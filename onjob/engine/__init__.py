@@ -27,8 +27,8 @@ handler of its own, `/metrics` vLLM's two queue gauges, sharing the `Engine` tha
 a request into the batch's work and an answer; `protocol.py`: what it refuses of
 `onjob.protocol`'s requests, and its own routes' bodies; its adapter routes answer
 loopback peers with the adapter token only: `control.py`; legacy text completions in
-`completions.py`; the answers as records (chat answers and stream events, logprobs of
-both APIs, usage) and the SSE framing in `answers.py`); the vLLM launcher (`vllm.py`:
+`completions.py`; each answer built as `onjob.protocol`'s declaration of it, the one the
+proxy reads and documents; usage and the SSE framing in `answers.py`); the vLLM launcher (`vllm.py`:
 the version it needs and the ones tested, priority scheduling, the environment it
 passes, the memory it checks, the context it caps, the Mistral grammar it refuses, the
 Hermes preamble it gives a model whose template ignores tools) and where vLLM lives

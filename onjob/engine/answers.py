@@ -1,113 +1,18 @@
 """What every answer of the engine shares, chat or legacy completion: its `usage`, and the
 SSE framing of a stream (each chunk a `data:` event, then `[DONE]`); and the queue gauges
-of `GET /metrics`."""
+of `GET /metrics`. The answers' shapes are `onjob.protocol`'s (`chat.ChatCompletion`,
+`completion.TextCompletion`, ...), the ones the proxy reads and documents."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, Literal
 
 import msgspec
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-
-class PromptDetails(msgspec.Struct, kw_only=True):
-    cached_tokens: int
-
-
-class Usage(msgspec.Struct, kw_only=True):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptDetails | UnsetType = UNSET  # left out when none was cached
-
-
-class TopLogprob(msgspec.Struct, kw_only=True):
-    token: str
-    logprob: float
-    bytes: list[int]
-
-
-class TokenLogprob(msgspec.Struct, kw_only=True):
-    """A chat answer's token in `logprobs.content`, as OpenAI and vLLM send it."""
-
-    token: str
-    logprob: float
-    bytes: list[int]
-    top_logprobs: list[TopLogprob]
-
-
-class ChoiceLogprobs(msgspec.Struct, kw_only=True):
-    content: list[TokenLogprob]
-
-
-class Message(msgspec.Struct, kw_only=True):
-    """A whole answer's message."""
-
-    role: str = "assistant"
-    content: str | None
-    tool_calls: list[dict[str, Any]] | UnsetType = UNSET  # as `chat.parse_tool_calls` reads them
-
-
-class Delta(msgspec.Struct, kw_only=True):
-    """What one streamed event adds to a choice: the first its role, then text and calls
-    (`chat.ToolCallStream`'s deltas)."""
-
-    role: str | UnsetType = UNSET
-    content: str | UnsetType = UNSET
-    tool_calls: list[dict[str, Any]] | UnsetType = UNSET
-
-
-class Choice(msgspec.Struct, kw_only=True):
-    index: int
-    message: Message
-    logprobs: ChoiceLogprobs | None = None
-    finish_reason: str | None = None
-    token_ids: list[int] | UnsetType = UNSET  # with `return_token_ids`
-
-
-class ChunkChoice(msgspec.Struct, kw_only=True):
-    index: int
-    delta: Delta
-    logprobs: ChoiceLogprobs | None = None
-    finish_reason: str | None = None
-    token_ids: list[int] | UnsetType = UNSET
-
-
-class ChatCompletion(msgspec.Struct, kw_only=True):
-    """A whole chat answer, as vLLM sends it (`prompt_token_ids` with `return_token_ids`)."""
-
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[Choice]
-    usage: Usage
-    prompt_token_ids: list[int] | UnsetType = UNSET
-
-
-class ChatCompletionChunk(msgspec.Struct, kw_only=True):
-    """One streamed event: a choice's delta, or the usage last (`choices` empty)."""
-
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChunkChoice]
-    usage: Usage | UnsetType = UNSET
-    prompt_token_ids: list[int] | UnsetType = UNSET  # on the first event, when asked
-
-
-class LegacyLogprobs(msgspec.Struct, kw_only=True):
-    """A legacy completion's `logprobs`, as vLLM sends them: each token's text, logprob,
-    alternatives (None where none were asked for) and offset in the text."""
-
-    tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float] | None]
-    text_offset: list[int]
+from ..protocol.fields import PromptTokensDetails, Usage
 
 
 def usage(prompt: int, completion: int, cached: int = 0) -> Usage:
@@ -117,7 +22,7 @@ def usage(prompt: int, completion: int, cached: int = 0) -> Usage:
         prompt_tokens=prompt,
         completion_tokens=completion,
         total_tokens=prompt + completion,
-        prompt_tokens_details=PromptDetails(cached_tokens=cached) if cached else UNSET,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached) if cached else UNSET,
     )
 
 

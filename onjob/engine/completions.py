@@ -18,11 +18,13 @@ from typing import Any
 import msgspec
 from litestar import Request, Response, post
 from litestar.response import Stream
+from msgspec import UNSET
 
+from ..openai_errors import Error
 from ..protocol import CompletionRequest, completion
 from ..protocol.checks import decoded
-from ..protocol.completion import prompt_of
-from .answers import LegacyLogprobs, sse, usage
+from ..protocol.completion import CompletionChoice, LegacyLogprobs, TextCompletion, prompt_of
+from .answers import sse, usage
 from .batching import TokenEvent
 from .errors import BadRequest, EngineError, NotFound
 from .protocol import MOST_CHOICES
@@ -124,50 +126,51 @@ async def _whole(
     async for ev in gen.events():
         events[ev.index].append(ev)
         finish[ev.index] = ev.finish_reason or finish[ev.index]
-    choices = []
-    for i in range(n):
-        choice: dict = {
-            "index": i,
-            "text": "".join(e.text for e in events[i]),
-            "logprobs": None if req.logprobs is None else logprobs_of(token_text, events[i], 0),
-            "finish_reason": finish[i],
-            "stop_reason": None,
-        }
-        if req.return_token_ids:
-            choice["token_ids"] = [e.token_id for e in events[i]]
-            choice["prompt_token_ids"] = ids
-        choices.append(choice)
+    asked_ids = bool(req.return_token_ids)
+    choices = [
+        CompletionChoice(
+            index=i,
+            text="".join(e.text for e in events[i]),
+            logprobs=None if req.logprobs is None else logprobs_of(token_text, events[i], 0),
+            finish_reason=finish[i],
+            stop_reason=None,
+            token_ids=[e.token_id for e in events[i]] if asked_ids else UNSET,
+            prompt_token_ids=ids if asked_ids else UNSET,
+        )
+        for i in range(n)
+    ]
     completion = sum(len(e) for e in events)
-    return msgspec.json.encode({**head, "choices": choices, "usage": usage(len(ids), completion)})
+    return msgspec.json.encode(
+        TextCompletion(**head, choices=choices, usage=usage(len(ids), completion))
+    )
 
 
 async def _streamed(
     token_text, req: CompletionRequest, head: dict, ids: list[int], gen, n: int
-) -> AsyncIterator[dict]:
+) -> AsyncIterator[TextCompletion | Error]:
     offsets = [0] * n
     first = [True] * n
     completion = 0
+    asked_ids = bool(req.return_token_ids)
     try:
         async for ev in gen.events():
             completion += 1
             i = ev.index
             logprobs = None if req.logprobs is None else logprobs_of(token_text, [ev], offsets[i])
-            choice: dict = {
-                "index": i,
-                "text": ev.text,
-                "logprobs": logprobs,
-                "finish_reason": ev.finish_reason,
-                "stop_reason": None,
-            }
             offsets[i] += len(ev.text)
-            if req.return_token_ids:
-                choice["token_ids"] = [ev.token_id]
-                if first[i]:
-                    choice["prompt_token_ids"] = ids
+            choice = CompletionChoice(
+                index=i,
+                text=ev.text,
+                logprobs=logprobs,
+                finish_reason=ev.finish_reason,
+                stop_reason=None,
+                token_ids=[ev.token_id] if asked_ids else UNSET,
+                prompt_token_ids=ids if asked_ids and first[i] else UNSET,
+            )
             first[i] = False
-            yield {**head, "choices": [choice]}
+            yield TextCompletion(**head, choices=[choice])
         if req.stream_options and req.stream_options.include_usage:
-            yield {**head, "choices": [], "usage": usage(len(ids), completion)}
+            yield TextCompletion(**head, choices=[], usage=usage(len(ids), completion))
     except EngineError as exc:
         yield exc.body()
     finally:

@@ -33,10 +33,21 @@ from ..logprobs import TRAINED
 from ..openai_errors import Error
 from ..openai_handlers import HANDLERS
 from ..protocol import ChatCompletionRequest
+from ..protocol.chat import (
+    AnswerMessage,
+    AnswerToolCall,
+    ChatCompletion,
+    ChatCompletionChunk,
+    Choice,
+    ChoiceLogprobs,
+    ChunkChoice,
+    TokenLogprob,
+    TopLogprob,
+)
 from ..protocol.chat import refused as chat_refused
 from ..protocol.checks import decoded
 from . import answers, chat, completions, control, grammar
-from .answers import TokenLogprob, TopLogprob, sse, usage
+from .answers import sse, usage
 from .batching import Batcher, TokenEvent
 from .errors import BadRequest, EngineError, NotFound
 from .protocol import (
@@ -175,16 +186,18 @@ class Engine:
             finish[ev.index] = ev.finish_reason or finish[ev.index]
         choices = []
         for i in range(n):
-            message = answers.Message(content=texts[i])
+            message = AnswerMessage(role="assistant", content=texts[i])
             reason = finish[i]
             if p.parse_tools:
                 cut = reason == "length" and p.tools.mode in ("required", "named")
                 content, calls = chat.parse_tool_calls(texts[i], p.call_limit, cut=cut)
                 if calls:
-                    message = answers.Message(content=content, tool_calls=calls)
+                    message = AnswerMessage(
+                        role="assistant", content=content, tool_calls=_calls(calls)
+                    )
                     reason = "length" if cut else "tool_calls"
             choices.append(
-                answers.Choice(
+                Choice(
                     index=i,
                     message=message,
                     logprobs=self._logprobs(p, tokens[i]),
@@ -196,7 +209,7 @@ class Engine:
             )
         completion_tokens = sum(len(t) for t in tokens)
         return msgspec.json.encode(
-            answers.ChatCompletion(
+            ChatCompletion(
                 id=f"chatcmpl-{uuid.uuid4().hex}",
                 created=int(time.time()),
                 model=p.request.model,
@@ -206,15 +219,13 @@ class Engine:
             )
         )
 
-    def _logprobs(self, p: _Prepared, events: list[TokenEvent]) -> answers.ChoiceLogprobs | None:
+    def _logprobs(self, p: _Prepared, events: list[TokenEvent]) -> ChoiceLogprobs | None:
         if not p.request.logprobs:
             return None
         entries = [self.logprob_entry(e.token_id, e.logprob, e.top) for e in events]
-        return answers.ChoiceLogprobs(content=entries)
+        return ChoiceLogprobs(content=entries)
 
-    async def stream_chunks(
-        self, p: _Prepared, gen
-    ) -> AsyncIterator[answers.ChatCompletionChunk | Error]:
+    async def stream_chunks(self, p: _Prepared, gen) -> AsyncIterator[ChatCompletionChunk | Error]:
         req = p.request
         head = {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -222,8 +233,8 @@ class Engine:
             "model": req.model,
         }
 
-        def chunk(choice: answers.ChunkChoice) -> answers.ChatCompletionChunk:
-            return answers.ChatCompletionChunk(**head, choices=[choice])
+        def chunk(choice: ChunkChoice) -> ChatCompletionChunk:
+            return ChatCompletionChunk(**head, choices=[choice])
 
         # With tools, the text goes through a tool-call reader: content as it comes, each
         # call as a first delta with its name, then its arguments' fragments.
@@ -233,24 +244,31 @@ class Engine:
         try:
             for i in range(p.n):
                 first = chunk(
-                    answers.ChunkChoice(index=i, delta=answers.Delta(role="assistant", content=""))
+                    ChunkChoice(
+                        index=i,
+                        delta=AnswerMessage(role="assistant", content=""),
+                        logprobs=None,
+                        finish_reason=None,
+                    )
                 )
                 if i == 0 and req.return_token_ids:
                     first.prompt_token_ids = p.prompt_ids
                 yield first
             async for ev in gen.events():
                 completion_tokens += 1
-                delta = answers.Delta(content=ev.text)
+                delta = AnswerMessage(content=ev.text)
                 reason = ev.finish_reason
                 if p.parse_tools:
                     reader = readers[ev.index]
                     content, calls = reader.feed(ev.text, final=reason is not None)
-                    delta = answers.Delta(content=content or UNSET, tool_calls=calls or UNSET)
+                    delta = AnswerMessage(
+                        content=content or UNSET, tool_calls=_calls(calls) if calls else UNSET
+                    )
                     if reason and reader.calls:
                         reason = "tool_calls"
                 if delta.content or delta.tool_calls or each_token or reason:
                     yield chunk(
-                        answers.ChunkChoice(
+                        ChunkChoice(
                             index=ev.index,
                             delta=delta,
                             logprobs=self._logprobs(p, [ev]),
@@ -260,7 +278,7 @@ class Engine:
                     )
             if req.stream_options and req.stream_options.include_usage:
                 done = usage(len(p.prompt_ids), completion_tokens, gen.cached_tokens)
-                yield answers.ChatCompletionChunk(**head, choices=[], usage=done)
+                yield ChatCompletionChunk(**head, choices=[], usage=done)
         except EngineError as exc:
             yield exc.body()
         finally:
@@ -409,3 +427,9 @@ def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[i
             )
         out.append((int(key), value))
     return tuple(out)
+
+
+def _calls(calls: list[dict]) -> list[AnswerToolCall]:
+    """The tool-call reader's calls (`chat.parse_tool_calls`, `chat.ToolCallStream`) as the
+    answer declares them."""
+    return msgspec.convert(calls, list[AnswerToolCall])

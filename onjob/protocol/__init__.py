@@ -1,12 +1,15 @@
-"""The OpenAI requests onjob takes, declared once: what the proxy checks and documents,
-what the local engine decodes, and how the engine's request is built from a client's or
-a logged one.
+"""The OpenAI requests onjob takes and the answers it gives, declared once: what the proxy
+checks, reads and documents, what the local engine decodes and builds, what the log keeps
+of an answer, and how the engine's request is built from a client's or a logged one.
 
-- `chat`: `ChatCompletionRequest` and its parts; `completion`: the legacy
-  `CompletionRequest`; `fields`: the bounds, hints and refusals both share.
+- `chat`: `ChatCompletionRequest` and its parts, the answer `ChatCompletion` and its
+  streamed `ChatCompletionChunk`; `completion`: the legacy `CompletionRequest` and its
+  answer `TextCompletion`; `fields`: the bounds, hints and refusals both share, and the
+  answers' common parts (`Exact`, `Usage`).
 - `body`: the one rule every request body is read by (UTF-8, one JSON object, bounded
   depth, no key twice), which keeps the logged bytes and the answered request one.
-- `checks`: a decoded body checked against its type, a 400 naming the offending path.
+- `checks`: a decoded body checked against its type, a 400 naming the offending path;
+  an engine's answer checked on the fields its declaration knows (`known`).
 - `engine`: the engine-bound body, token ids and logprobs asked for.
 - `errors`: `InvalidRequest`, the 400 both servers answer as it is.
 """

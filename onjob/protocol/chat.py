@@ -1,7 +1,10 @@
-"""`POST /v1/chat/completions`' request, declared once: the proxy checks a client's body
-against it and documents it in `GET /openapi.json`; the local engine decodes its
+"""`POST /v1/chat/completions`, declared once. The request: the proxy checks a client's
+body against it and documents it in `GET /openapi.json`; the local engine decodes its
 requests into it; the engine-bound body is built from a checked or a logged one by one
 function (`engine.engine_body`: the proxy's forwarded requests, the judge's re-samples).
+The answer (`ChatCompletion`, `ChatCompletionChunk` and their parts, `fields.Exact`): the
+local engine builds it, the proxy reads it (whole or streamed) and sends it on, the
+OpenAPI document shows it and the log keeps it.
 
 Every field of openai-python's chat `CompletionCreateParams` is declared
 (`tests/test_engine_fields.py` checks the list against the installed client), each in one
@@ -24,13 +27,19 @@ from .checks import validated
 from .errors import InvalidRequest
 from .fields import (
     REFUSED,
+    Count,
+    Exact,
+    Index,
     LogitBias,
+    Logprob,
     Penalty,
     StreamOptions,
     Temperature,
+    TokenId,
     Tool,
     TopLogprobs,
     TopP,
+    Usage,
 )
 
 Tokens = Annotated[int, Meta(ge=1)]  # bounded above by the server (`proxy.max_tokens_limit`)
@@ -227,3 +236,98 @@ def arguments_of(raw: Any) -> Any:
         except (json.JSONDecodeError, RecursionError):
             return raw
     return raw
+
+
+# -- The answer. Every optional field may be absent (UNSET, left out when encoded) or
+# null, as vLLM and the local engine send them; `choices` is always there.
+
+
+class AnswerFunction(Exact, kw_only=True):
+    name: str | UnsetType | None = UNSET
+    arguments: str | UnsetType | None = UNSET
+
+
+class AnswerToolCall(Exact, kw_only=True):
+    """A call in a whole answer (`id`, `type`, `function`), or a streamed fragment of one
+    (`index`, then the rest as it comes)."""
+
+    index: Index | UnsetType = UNSET
+    id: str | UnsetType | None = UNSET
+    type: str | UnsetType | None = UNSET
+    function: AnswerFunction | UnsetType | None = UNSET
+
+
+class AnswerMessage(Exact, kw_only=True):
+    """A whole answer's `message`, or what one streamed event's `delta` adds to it."""
+
+    role: str | UnsetType | None = UNSET
+    content: str | UnsetType | None = UNSET
+    tool_calls: list[AnswerToolCall] | UnsetType | None = UNSET
+    reasoning_content: str | UnsetType | None = UNSET  # vLLM's reasoning parser's (0.11)
+    reasoning: str | UnsetType | None = UNSET  # (later)
+
+
+class TopLogprob(Exact, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | UnsetType | None = UNSET
+
+
+class TokenLogprob(Exact, kw_only=True):
+    """A sampled token in `logprobs.content`, as OpenAI and vLLM send it."""
+
+    token: str
+    logprob: Logprob
+    bytes: list[int] | UnsetType | None = UNSET
+    top_logprobs: list[TopLogprob] | UnsetType | None = UNSET
+
+
+class ChoiceLogprobs(Exact, kw_only=True):
+    content: list[TokenLogprob] | UnsetType | None = UNSET
+
+
+class Choice(Exact, kw_only=True):
+    index: Index | UnsetType = UNSET
+    message: AnswerMessage | UnsetType | None = UNSET
+    logprobs: ChoiceLogprobs | UnsetType | None = UNSET
+    finish_reason: str | UnsetType | None = UNSET
+    stop_reason: int | str | UnsetType | None = UNSET  # vLLM's: the stop string or token
+    token_ids: list[TokenId] | UnsetType | None = UNSET  # with `return_token_ids`
+
+
+class ChunkChoice(Exact, kw_only=True):
+    index: Index | UnsetType = UNSET
+    delta: AnswerMessage | UnsetType | None = UNSET
+    logprobs: ChoiceLogprobs | UnsetType | None = UNSET
+    finish_reason: str | UnsetType | None = UNSET
+    stop_reason: int | str | UnsetType | None = UNSET
+    token_ids: list[TokenId] | UnsetType | None = UNSET
+
+
+class ChatCompletion(Exact, kw_only=True):
+    """A whole chat answer. Through the proxy, `id` is the exchange id (also in the
+    `X-Onjob-Exchange-Id` header) and `model` the name the client asked for; the sampler's
+    fields (`logprobs`, `token_ids`, `prompt_token_ids`) only when the client asked."""
+
+    id: str | UnsetType = UNSET
+    object: Literal["chat.completion"] = "chat.completion"
+    created: Count | UnsetType | None = UNSET
+    model: str | UnsetType | None = UNSET
+    choices: list[Choice]
+    usage: Usage | UnsetType | None = UNSET
+    prompt_token_ids: list[TokenId] | UnsetType | None = UNSET
+    system_fingerprint: str | UnsetType | None = UNSET
+
+
+class ChatCompletionChunk(Exact, kw_only=True):
+    """One server-sent event of a streamed answer: a choice's delta, or the usage last
+    (`choices` empty, when asked for with `stream_options.include_usage`)."""
+
+    id: str | UnsetType = UNSET
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: Count | UnsetType | None = UNSET
+    model: str | UnsetType | None = UNSET
+    choices: list[ChunkChoice]
+    usage: Usage | UnsetType | None = UNSET
+    prompt_token_ids: list[TokenId] | UnsetType | None = UNSET  # on the first event
+    system_fingerprint: str | UnsetType | None = UNSET

@@ -1,12 +1,16 @@
 """A decoded body checked against its API's request type, msgspec's refusal said as a 400
-naming the offending path, as OpenAI and vLLM name it (`messages[0].content`)."""
+naming the offending path, as OpenAI and vLLM name it (`messages[0].content`); and an
+engine's answer that its exact declaration refuses (a field it does not know) checked on
+the fields it does know (`known`)."""
 
 from __future__ import annotations
 
 import re
-from typing import TypeVar
+from functools import cache
+from typing import Any, TypeVar
 
 import msgspec
+from msgspec import inspect
 
 from .errors import InvalidRequest
 
@@ -57,3 +61,27 @@ def decoded(raw: bytes, kind: type[T]) -> T:
         raise InvalidRequest(f"The body is not valid UTF-8: {exc}") from None
     except RecursionError:
         raise InvalidRequest("The body is nested too deep to read.") from None
+
+
+def known(data: Any, kind: type) -> None:
+    """Check the fields of a decoded answer that `kind` declares (at every depth), as
+    `kind` types them; fields it does not declare are not read (they pass on as sent).
+    Raises `msgspec.ValidationError`."""
+    msgspec.convert(_declared(data, _info(kind)), kind)
+
+
+@cache
+def _info(kind: type) -> inspect.Type:
+    return inspect.type_info(kind)
+
+
+def _declared(value: Any, t: inspect.Type) -> Any:
+    """`value` with the keys of each object `t` does not declare left out."""
+    if isinstance(t, inspect.UnionType):  # the one struct or list in an Exact's union
+        t = next((u for u in t.types if isinstance(u, inspect.StructType | inspect.ListType)), t)
+    if isinstance(t, inspect.StructType) and type(value) is dict:
+        fields = {f.encode_name: f.type for f in t.fields}
+        return {k: _declared(v, fields[k]) for k, v in value.items() if k in fields}
+    if isinstance(t, inspect.ListType) and type(value) is list:
+        return [_declared(v, t.item_type) for v in value]
+    return value

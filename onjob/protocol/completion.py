@@ -1,17 +1,31 @@
-"""`POST /v1/completions`' request (legacy text completions), declared once for the proxy,
-its OpenAPI document and the local engine. One prompt per request: a batch of prompts
-would be several conversations in one exchange."""
+"""`POST /v1/completions` (legacy text completions), declared once for the proxy, its
+OpenAPI document and the local engine: the request (one prompt per request: a batch of
+prompts would be several conversations in one exchange) and the answer (`TextCompletion`,
+whole or each streamed event, `fields.Exact`)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import Meta
+from msgspec import UNSET, Meta, UnsetType
 
 from .checks import validated
 from .errors import InvalidRequest
-from .fields import LogitBias, Penalty, StreamOptions, Temperature, TopLogprobs, TopP
+from .fields import (
+    Count,
+    Exact,
+    Index,
+    LogitBias,
+    Logprob,
+    Penalty,
+    StreamOptions,
+    Temperature,
+    TokenId,
+    TopLogprobs,
+    TopP,
+    Usage,
+)
 
 Tokens = Annotated[int, Meta(ge=1)]  # bounded above by the server (`proxy.max_tokens_limit`)
 # Fields of chat alone: a legacy request carrying one is sent to the wrong route.
@@ -78,3 +92,36 @@ def prompt_of(prompt: Any) -> str | list[int]:
     raise InvalidRequest(
         "`prompt` must be one non-empty string or one array of token ids.", param="prompt"
     )
+
+
+class LegacyLogprobs(Exact, kw_only=True):
+    """A legacy completion's `logprobs`, as vLLM sends them: each token's text, logprob,
+    alternatives (None where none were asked for) and offset in the text."""
+
+    tokens: list[str] | UnsetType | None = UNSET
+    token_logprobs: list[Logprob] | UnsetType | None = UNSET
+    top_logprobs: list[dict[str, float] | None] | UnsetType | None = UNSET
+    text_offset: list[int] | UnsetType | None = UNSET
+
+
+class CompletionChoice(Exact, kw_only=True):
+    index: Index | UnsetType = UNSET
+    text: str | UnsetType | None = UNSET
+    logprobs: LegacyLogprobs | UnsetType | None = UNSET
+    finish_reason: str | UnsetType | None = UNSET
+    stop_reason: int | str | UnsetType | None = UNSET
+    token_ids: list[TokenId] | UnsetType | None = UNSET  # with `return_token_ids`
+    prompt_token_ids: list[TokenId] | UnsetType | None = UNSET  # per choice, on the first
+
+
+class TextCompletion(Exact, kw_only=True):
+    """A whole legacy answer, or one streamed event of this shape with a piece of text.
+    Through the proxy, `id` is the exchange id and `model` the name the client asked for."""
+
+    id: str | UnsetType = UNSET
+    object: Literal["text_completion"] = "text_completion"
+    created: Count | UnsetType | None = UNSET
+    model: str | UnsetType | None = UNSET
+    choices: list[CompletionChoice]
+    usage: Usage | UnsetType | None = UNSET
+    system_fingerprint: str | UnsetType | None = UNSET

@@ -37,19 +37,18 @@ API key picks its tenant's lineage of the alias, else the shared one (`routing.p
 tenants and their lineages, each lineage's keys as a `KeyScope` (`tenants.py`), what a
 proxy-only process shares with the primary: the routing through `routing.json` in the
 spool directory, and the requests that need the database forwarded (`replicas.py`), SSE
-(`sse.py`), the typed answers of chat, legacy completions, the Responses API and the
-proxy's own routes, and the Responses request, one declaration each: the Responses
-request checked against the type it is documented with, the Response object and a stored
-Response built as their Structs, an engine's answer as the proxy reads it
-(`EngineAnswer`; a streamed chat event field by field, `EngineChunk`) (`protocol.py`),
-the OpenAPI document from them and `onjob.protocol`'s requests with this server's
-bounds, its paths from a table of typed `Route`s built with Litestar's OpenAPI types
-(`openapi.py`), spans (`telemetry.py`), `GET /metrics` in Prometheus' text format: each
-exchange counted where its spool line is written (lineage, arm, status, the latency the
-line records), the engines, the routing and the collector's counters read at each
-scrape, in a registry of the app's own, behind `proxy.metrics_key` or the admin key; a
-proxy-only process counts nothing and forwards the scrape to the primary (`metrics.py`)
-"""
+(`sse.py`), the Responses API and the proxy's own routes, one declaration each: the
+Responses request checked against the type it is documented with, the Response object
+and a stored Response built as their Structs (`protocol.py`; chat and legacy
+completions, requests and answers, are `onjob.protocol`'s: an engine's answer read as
+their declarations, a streamed chat event field by field), the OpenAPI document from
+them with this server's bounds, its paths from a table of typed `Route`s built with
+Litestar's OpenAPI types (`openapi.py`), spans (`telemetry.py`), `GET /metrics` in
+Prometheus' text format: each exchange counted where its spool line is written (lineage,
+arm, status, the latency the line records), the engines, the routing and the collector's
+counters read at each scrape, in a registry of the app's own, behind `proxy.metrics_key`
+or the admin key; a proxy-only process counts nothing and forwards the scrape to the
+primary (`metrics.py`)"""
 
 from .app import ARM_HEADER, EXCHANGE_HEADER, SCENARIO_HEADER, TRAJECTORY_HEADER, create_app
 from .errors import ProxyError

@@ -25,16 +25,24 @@ from ..collector.linear import WHOLE, Lineage, stored
 from ..collector.records import to_json
 from ..collector.trajectories import Keys, continuations, keys, scoped
 from ..protocol import chat, completion, decode_body, engine_body
+from ..protocol.chat import (
+    AnswerMessage,
+    AnswerToolCall,
+    ChatCompletion,
+    ChatCompletionChunk,
+    Choice,
+)
+from ..protocol.checks import known
+from ..protocol.completion import TextCompletion
 from ..protocol.fields import HINTS
+from ..protocol.responses import StoredResponse
 from .errors import BadRequest, MalformedAnswer
-from .protocol import EngineAnswer, EngineChunk, StoredResponse
 from .routing import Route, Router
 from .settings import ProxySettings
 
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
-_convert = msgspec.convert
-_decode_chunk = msgspec.json.Decoder(EngineChunk).decode
+_decode_chunk = msgspec.json.Decoder(ChatCompletionChunk).decode
 # What an engine's event or answer that is not JSON (or not UTF-8) raises in decoding.
 _UNREADABLE = (msgspec.DecodeError, UnicodeDecodeError)
 
@@ -126,6 +134,17 @@ class _Choice:
         if self.tool_calls:
             message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
         return message
+
+    def answer_message(self) -> AnswerMessage:
+        """`message()` with the reasoning beside it: the answer as the log keeps it."""
+        reasoning = {k: "".join(v) for k, v in self.reasoning.items()}
+        calls = [self.tool_calls[i] for i in sorted(self.tool_calls)] or UNSET
+        return AnswerMessage(
+            role=self.role,
+            content="".join(self.content) or None,
+            tool_calls=calls if calls is UNSET else msgspec.convert(calls, list[AnswerToolCall]),
+            **reasoning,
+        )
 
     def add_tool_call_delta(self, delta: dict) -> None:
         fn = delta.get("function") or {}
@@ -332,7 +351,7 @@ class Exchange:
         """A whole (non-streamed) answer, shaped for the client."""
         try:
             data = _decode(raw)
-            _convert(data, EngineAnswer)  # ValidationError is a DecodeError
+            known(data, TextCompletion if self._legacy else ChatCompletion)
             for choice in data["choices"]:
                 acc = self._take(choice)
                 message = (
@@ -352,7 +371,8 @@ class Exchange:
         """One streamed event shaped for the client; None when the client did not ask for it
         (the usage chunk the proxy requested for itself). A chat event of the shape the
         engines send is read typed (`_typed_chunk`); any other (an error event, a field
-        `EngineChunk` does not declare, a legacy completion's) as a dict (`absorb`)."""
+        `ChatCompletionChunk` does not declare, a legacy completion's) as a dict
+        (`absorb`)."""
         if not self._legacy:
             try:
                 return self._typed_chunk(_decode_chunk(payload))
@@ -369,8 +389,8 @@ class Exchange:
                 return None
         return _encode(data)
 
-    def _typed_chunk(self, event: EngineChunk) -> bytes | None:
-        """`chunk` of an event decoded as `EngineChunk`: what `absorb` takes of a dict, read
+    def _typed_chunk(self, event: ChatCompletionChunk) -> bytes | None:
+        """`chunk` of an event decoded as `ChatCompletionChunk`: what `absorb` takes of a dict, read
         as attributes, and the same fields changed for the client (an absent field stays
         absent: UNSET is not encoded)."""
         self._served(None if event.model is UNSET else event.model)
@@ -436,7 +456,7 @@ class Exchange:
                 self.fail(code if isinstance(code, int) and code >= 400 else 500, str(error))
                 self.error_body = data
                 return data
-            _convert(data, EngineAnswer)
+            known(data, TextCompletion if self._legacy else ChatCompletionChunk)
             self._head(data)
             for choice in data["choices"]:
                 acc = self._take(choice)
@@ -472,25 +492,21 @@ class Exchange:
     def replies(self) -> list[dict]:
         return [self.choices[i].message() for i in sorted(self.choices)]
 
-    def response(self) -> dict:
-        """The answer as one chat completion, whether it was streamed or not."""
+    def response(self) -> ChatCompletion | dict:
+        """The answer as one chat completion, whether it was streamed or not (the engine's
+        error event as it came, when it failed before any choice)."""
         if self.error_body is not None and not self.choices:
             return self.error_body
-        return {
-            "id": self.id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.route.alias,
-            "choices": [
-                {
-                    "index": i,
-                    "message": c.message() | {k: "".join(v) for k, v in c.reasoning.items()},
-                    "finish_reason": c.finish_reason,
-                }
+        return ChatCompletion(
+            id=self.id,
+            created=self.created,
+            model=self.route.alias,
+            choices=[
+                Choice(index=i, message=c.answer_message(), finish_reason=c.finish_reason)
                 for i, c in sorted(self.choices.items())
             ],
-            "usage": self.usage,
-        }
+            usage=self.usage,
+        )
 
     def record(self, lineage: Lineage | None = None) -> ExchangeRecord:
         """The spool line. With `lineage` (linear storage, `collector/linear.py`) a turn that

@@ -34,20 +34,11 @@ from litestar.openapi.spec.security_scheme import SecurityScheme
 
 from ..openai_errors import Error
 from ..protocol import ChatCompletionRequest, CompletionRequest
-from .protocol import (
-    ChatCompletion,
-    ChatCompletionChunk,
-    Feedback,
-    FeedbackRecorded,
-    Health,
-    InputItems,
-    Model,
-    ModelList,
-    ResponseDeleted,
-    ResponseObject,
-    ResponseRequest,
-    TextCompletion,
-)
+from ..protocol.chat import ChatCompletion, ChatCompletionChunk
+from ..protocol.completion import TextCompletion
+from ..protocol.fields import Exact
+from ..protocol.responses import InputItems, ResponseDeleted, ResponseObject, ResponseRequest
+from .protocol import Feedback, FeedbackRecorded, Health, Model, ModelList
 from .settings import ProxySettings
 
 _REF = "#/components/schemas/{name}"
@@ -277,6 +268,10 @@ def document(settings: ProxySettings, models: list[str]) -> bytes:
         InputItems,
     ]
     _, schemas = msgspec.json.schema_components(types, ref_template=_REF)
+    # An engine's answer may carry fields its declaration does not know, which the proxy
+    # passes on as sent (`protocol.checks.known`): no answer's object is closed.
+    for name in _exact(Exact):
+        schemas.get(name, {}).pop("additionalProperties", None)
     _served(schemas, settings, models)
     paths: dict[str, PathItem] = {}
     for route in routes(settings):
@@ -303,6 +298,11 @@ def document(settings: ProxySettings, models: list[str]) -> bytes:
     # msgspec's schemas as they are: Litestar's conversion would drop their `null`s.
     out.setdefault("components", {})["schemas"] = schemas
     return msgspec.json.encode(out)
+
+
+def _exact(kind: type) -> set[str]:
+    """The names of `kind`'s subclasses, at every depth."""
+    return {n for sub in kind.__subclasses__() for n in (sub.__name__, *_exact(sub))}
 
 
 def _served(schemas: dict[str, Any], settings: ProxySettings, models: list[str]) -> None:

@@ -31,9 +31,7 @@ from ..collector.queries import LoggedExchange
 from ..protocol import decode_body
 from ..protocol.chat import JsonSchema, ResponseFormat
 from ..protocol.checks import validated
-from . import sse
-from .errors import BadRequest
-from .protocol import (
+from ..protocol.responses import (
     RESPONSES_REFUSED,
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -47,6 +45,8 @@ from .protocol import (
     StoredResponse,
     TextPart,
 )
+from . import sse
+from .errors import BadRequest
 from .settings import ProxySettings
 
 RESPONSES = "responses"  # `exchanges.api` of a Responses call
@@ -86,7 +86,7 @@ class Previous:
 
 
 def parse(raw: bytes, settings: ProxySettings) -> ResponseRequest:
-    """The client's body as the request it is (`protocol.ResponseRequest`): every field is
+    """The client's body as the request it is (`protocol.responses.ResponseRequest`): every field is
     honoured or refused with its `param`; null is absent."""
     body = {k: v for k, v in decode_body(raw).items() if v is not None}
     request = validated(body, ResponseRequest)
@@ -407,7 +407,7 @@ def response_object(
     finish_reason: str | None = None,
     error: dict | None = None,
 ) -> ResponseObject:
-    """The Response object (`protocol.ResponseObject`), echoing what the call asked."""
+    """The Response object (`protocol.responses.ResponseObject`), echoing the call."""
     asked = call.request
     incomplete = None
     if status == "completed" and finish_reason == "length":

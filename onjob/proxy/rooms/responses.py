@@ -17,17 +17,17 @@ from litestar.params import FromPath, FromQuery
 from litestar.response import Stream
 
 from ...collector import queries
-from .. import responses
-from ..auth import caller
-from ..errors import BadRequest, NotFound
-from ..exchange import Exchange, Placing, parse_request
-from ..protocol import (
+from ...protocol.responses import (
     InputItems,
     ResponseDeleted,
     ResponseObject,
     ResponseRequest,
     StoredResponse,
 )
+from .. import responses
+from ..auth import caller
+from ..errors import BadRequest, NotFound
+from ..exchange import Exchange, Placing, parse_request
 from ..stream import ResponseEvents
 from ..traffic import Traffic
 from . import Serving
