@@ -305,7 +305,7 @@ def client(engine):
 
 @pytest.fixture(scope="session")
 def fake_engine_url():
-    """bench/fake_upstream.py as a real process (canned answers, no model): the engine
+    """`onjob.testing.fake_upstream` as a real process (canned answers, no model): the engine
     behind servers whose tests are about the proxy and the database, not the model."""
     import subprocess
     import sys
@@ -316,8 +316,8 @@ def fake_engine_url():
     from onjob.cli.process import free_port
 
     port = free_port()
-    script = Path(__file__).resolve().parents[1] / "bench" / "fake_upstream.py"
-    proc = subprocess.Popen([sys.executable, str(script), "--port", str(port)])
+    cmd = [sys.executable, "-m", "onjob.testing.fake_upstream", "--port", str(port)]
+    proc = subprocess.Popen(cmd)
     url = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + 30
     while True:  # ready when it answers

@@ -3,7 +3,7 @@ keys configured makes an admin key at its first start (0600, beside the database
 after), answers no admin call without it, refuses what a web page sends (a cross-site form
 post, a foreign `Host` through DNS rebinding, `text/plain`), the CLI finds the key by
 itself; an API key pins only the checkpoints its alias serves; the dashboard refuses
-before it runs a query. The engine is bench/fake_upstream.py, a real process."""
+before it runs a query. The engine is onjob/testing/fake_upstream.py, a real process."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 same database and spool, twice: every answer a client received before a kill (a whole
 completion, or a stream that reached [DONE]) is in DuckDB afterwards, exactly once.
 
-Real processes on loopback: bench/faulty_upstream.py with no faults as the engine, 16
+Real processes on loopback: `onjob.testing.faulty_upstream` with no faults as the engine, 16
 concurrent clients, half of them streaming. The loader runs every second, so at each kill
 part of the traffic is in DuckDB and part only in the spool. ONJOB_CRASH_CYCLES sets
 how many kills (2 here, ~6 s of load each).
@@ -14,15 +14,12 @@ import asyncio
 import os
 import random
 import re
-import sys
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
-import faults
-from faulty_upstream import FaultyEngine
-
 from onjob.cli.process import ServerProcess, free_port
+from onjob.testing import faults
+from onjob.testing.faulty_upstream import FaultyEngine
 
 CYCLES = int(os.environ.get("ONJOB_CRASH_CYCLES", "2"))
 

@@ -1,7 +1,7 @@
 """A client cannot hold a connection by sending slowly: a request's headers and body each
 have a deadline, and past `proxy.max_client_connections` a request gets a 503, while
 ordinary clients go on being answered and logged. Against a real `onjob serve` (the
-engine: bench/fake_upstream.py, a real process), raw sockets on loopback and a real
+engine: onjob/testing/fake_upstream.py, a real process), raw sockets on loopback and a real
 DuckDB file."""
 
 from __future__ import annotations

@@ -258,8 +258,8 @@ def test_the_calculator_example_configures_tool_turns_trajectory_groups_and_its_
 def test_the_audit_measures_each_promotion_against_the_checkpoint_it_replaced(
     engine, tiny_adapter_dir
 ):
-    """What `bench/learning.py` counts: per promotion, the promoted checkpoint and the one it
-    replaced, each measured once on the held-out questions through the real engine (the
+    """What `bench/release/learning.py` counts: per promotion, the promoted checkpoint and the
+    one it replaced, each measured once on the held-out questions through the real engine (the
     adapter loaded for it); a rollback is not a promotion."""
     import time
     from datetime import UTC, datetime

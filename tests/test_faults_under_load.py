@@ -2,9 +2,10 @@
 restarted mid-run: `onjob serve` answers every request well-formed, keeps serving, falls
 back from a failing canary to live, and loses no answered exchange.
 
-Real processes on loopback: bench/faulty_upstream.py as the engine, `onjob serve` with a
-canary and a 1 s read timeout, 16 concurrent clients for 15 s (bench/faults.py runs the
-same scenario for longer). Set ONJOB_FAULTS_SECONDS for a longer run here.
+Real processes on loopback: `onjob.testing.faulty_upstream` as the engine, `onjob serve`
+with a canary and a 1 s read timeout, 16 concurrent clients for 15 s (`python -m
+bench.proxy.faults` runs the same scenario for longer). Set ONJOB_FAULTS_SECONDS for a
+longer run here.
 """
 
 from __future__ import annotations
@@ -12,17 +13,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
-from pathlib import Path
 
 import aiohttp
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
-import faults
-from faulty_upstream import FaultyEngine
-
 from onjob.cli.process import ServerProcess, free_port
+from onjob.testing import faults
+from onjob.testing.faulty_upstream import FaultyEngine
 
 SECONDS = float(os.environ.get("ONJOB_FAULTS_SECONDS", "15"))
 

@@ -1,7 +1,7 @@
 """Retention and deletion: `onjob forget` against a running server (admin API) and against a
 database no server holds, `collector.retention_days` in a running server, and the spool
 never bringing deleted rows back. Real `onjob serve` processes, real DuckDB files; the
-engine is bench/fake_upstream.py."""
+engine is onjob/testing/fake_upstream.py."""
 
 from __future__ import annotations
 

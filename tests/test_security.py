@@ -1,7 +1,7 @@
 """Security of a real `onjob serve` with API keys and an admin key: the admin API and the
 dashboard open only to the admin key, one API key cannot post feedback on another key's
 exchanges or conversations, no secret reaches the log, the spool or the database, and the
-body size and `n` are bounded. The engine is bench/fake_upstream.py, a real process."""
+body size and `n` are bounded. The engine is onjob/testing/fake_upstream.py, a real process."""
 
 from __future__ import annotations
 

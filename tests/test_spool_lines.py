@@ -1,7 +1,7 @@
 """The spool is newline-delimited: whatever a client sends stays on one line, a line DuckDB
 refuses is set aside alone and the rest of its segment loads, and a line torn anywhere but
 at a segment's end is reported as corruption. Against a real `onjob serve` with two API
-keys (the engine: bench/fake_upstream.py, a real process) and a real DuckDB file."""
+keys (the engine: onjob/testing/fake_upstream.py, a real process) and a real DuckDB file."""
 
 from __future__ import annotations
 

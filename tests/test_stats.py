@@ -23,7 +23,7 @@ PLANNED = ledger.planned_candidates(PRODUCTION)  # a year's training budget: 6 x
 
 
 def graded(rng: random.Random, mean: float, sd: float = 0.25, ties: float = 0.2) -> float:
-    """bench/decisions.py's model of a referee's graded scores: a tie (d = 0) with chance
+    """bench/release/decisions.py's model of a referee's graded scores: a tie (d = 0) with chance
     `ties`, else d = 2 Beta - 1 with the spread `sd`, centred so that E[d] = mean."""
     if rng.random() < ties:
         return 0.0

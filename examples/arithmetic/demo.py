@@ -229,7 +229,7 @@ def run(o: Options, echo=say) -> dict:
         engine_args(o, model), timeout=900, log=o.dir / "engine.log", die_with_parent=True
     )
     with engine:
-        base = _base_model(engine.url)
+        base = base_model_of(engine.url)
         p = plan(o, _speed(engine.url, base, ex), ex.sample_tokens)
         echo(
             f"  {p.tokens_per_s:.0f} tokens/s: {o.questions} held-out questions x {p.samples} "
@@ -265,7 +265,7 @@ def run(o: Options, echo=say) -> dict:
             )
             before = ex.evaluate(engine.url, base, o.questions, p.samples)
             seconds["eval_before"] = clock.lap()
-            echo(f"  base model: {_pct(before)} answers right")
+            echo(f"  base model: {pct(before)} answers right")
             # Leave time for the same evaluation again (slower on a LoRA adapter: ~1.3x
             # here), the shutdown and the plot.
             deadline = started + o.ceiling_s - seconds["eval_before"] * 1.4 - 15
@@ -273,7 +273,7 @@ def run(o: Options, echo=say) -> dict:
                 f"the agent's traffic through {server.url}; the loop re-samples, judges, "
                 f"trains, canaries and decides, until {o.rounds} decision(s)"
             )
-            with _Traffic(server.url, ex, o.agents, paused=o.paused) as traffic:
+            with Traffic(server.url, ex, o.agents, paused=o.paused) as traffic:
                 status = _watch(server, clock, deadline, o.rounds, o.ceiling_s, traffic)
             # The loop stops before the final measurement, which has the engine to itself.
             httpx.post(
@@ -284,7 +284,7 @@ def run(o: Options, echo=say) -> dict:
             clock.stage(f"measuring {live or base} on the same questions")
             after = ex.evaluate(engine.url, live or base, o.questions, p.samples)
             seconds["eval_after"] = clock.lap()
-            echo(f"  {'live checkpoint' if live else 'base model'}: {_pct(after)} answers right")
+            echo(f"  {'live checkpoint' if live else 'base model'}: {pct(after)} answers right")
         store = Store(o.dir / "onjob.duckdb")  # the server is gone: the database is free
         try:
             groups = progress.group_rewards(store)
@@ -316,7 +316,7 @@ def run(o: Options, echo=say) -> dict:
         "training": timeline,
         "kl_guard_stops": sum("KL guard" in (h.reason or "") for h in history),
         "groups_formed": formed,
-        **_decisions(history),
+        **decisions_of(history),
         "agent": {"requests": traffic.done, "errors": traffic.errors},
         "rewards": status["rewards"],
         "plan": {"tokens_per_s": p.tokens_per_s, "samples": p.samples, "eta_s": p.eta_s},
@@ -367,7 +367,7 @@ def _audit(
                     timeout=300,
                 )  # an adapter already loaded answers 400: as good
                 measured[name] = example_of(o).evaluate(engine_url, name, o.questions, p.samples)
-                clock.line(f"{name}: {_pct(measured[name])} answers right")
+                clock.line(f"{name}: {pct(measured[name])} answers right")
         old, new = measured[promotion["replaced"]], measured[promotion["promoted"]]
         change = new["success"] - old["success"]
         spread = 1.96 * math.sqrt(
@@ -496,12 +496,14 @@ def _fresh(path: Path) -> Path:
     return path
 
 
-def _base_model(engine_url: str) -> str:
+def base_model_of(engine_url: str) -> str:
+    """The id of the base model the engine at `engine_url` serves (the model without a
+    `parent`, which its adapters have)."""
     models = httpx.get(f"{engine_url}/models", timeout=30).json()["data"]
     return next(m["id"] for m in models if not m.get("parent"))
 
 
-class _Traffic:
+class Traffic:
     """The example's agent: `agents` conversations at a time through the proxy, with the
     official client, until stopped, as production traffic: it never waits for the loop
     (with `paused`, the old mode, it holds new requests while the loop trains: `pace`).
@@ -525,7 +527,7 @@ class _Traffic:
         self._go.set()
         self._threads: list[threading.Thread] = []
 
-    def __enter__(self) -> _Traffic:
+    def __enter__(self) -> Traffic:
         for seed in range(self.agents):
             t = threading.Thread(target=self._run, args=(seed,), daemon=True)
             t.start()
@@ -574,7 +576,7 @@ def _watch(
     deadline: float,
     rounds: int,
     ceiling_s: float,
-    traffic: _Traffic,
+    traffic: Traffic,
 ) -> dict:
     """Relay the loop's progress until `rounds` decisions or the ceiling (the agent paused
     while the loop trains only in the `paused` mode); the last status."""
@@ -590,7 +592,7 @@ def _watch(
         if summary and summary != rewards:
             clock.line(f"reward of re-sampled answers: {summary}")
             rewards = summary
-        decided = _decisions(msgspec.convert(status["deployments"][::-1], list[Routing]))
+        decided = decisions_of(msgspec.convert(status["deployments"][::-1], list[Routing]))
         made = decided["promotions"] + decided["rollbacks"] + decided["stopped"]
         if made >= rounds:
             clock.line(f"{rounds} canary decision(s) made: stopping the traffic")
@@ -632,7 +634,7 @@ def _reward_summary(rows: list[dict]) -> str:
     )
 
 
-def _decisions(history: list[Routing]) -> dict:
+def decisions_of(history: list[Routing]) -> dict:
     """Canaries started, promoted and rolled back, and candidates stopped by their offline
     test before serving anyone, from the deployments in time order; and each change's
     reason as the release wrote it (`why`), so a result file says why as well as how many."""
@@ -650,7 +652,8 @@ def _decisions(history: list[Routing]) -> dict:
     return out
 
 
-def _pct(r: dict) -> str:
+def pct(r: dict) -> str:
+    """A held-out measurement as a line: success with its 95% interval, of how many."""
     low, high = r["ci95"]
     return f"{r['success']:.1%} [95% CI {low:.1%}, {high:.1%}] of {r['n']}"
 
@@ -718,8 +721,8 @@ def _table(r: dict) -> str:
         [
             "",
             f"held-out success ({b['n']} sampled answers to the held-out questions):",
-            f"  before  {b['model']:<{width}}  {_pct(b)}",
-            f"  after   {a['model']:<{width}}  {_pct(a)}",
+            f"  before  {b['model']:<{width}}  {pct(b)}",
+            f"  after   {a['model']:<{width}}  {pct(a)}",
             f"  change  {(a['success'] - b['success']) * 100:+.1f} points",
             *r.get("example_lines", ()),
             *_audit_lines(r.get("audit")),

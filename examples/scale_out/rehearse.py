@@ -34,7 +34,6 @@ import httpx
 from onjob.bucket import Bucket
 from onjob.cli.process import EngineProcess, ServerProcess, free_port
 
-ROOT = Path(__file__).resolve().parents[2]
 ADMIN = "rehearsal-admin"
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "rehearsal",
@@ -78,8 +77,8 @@ def start_engines(kind: str, work: Path, stack: contextlib.ExitStack) -> list[st
     for i in range(2):
         if kind == "fake":
             port = free_port()
-            script = ROOT / "bench" / "fake_upstream.py"
-            proc = subprocess.Popen([sys.executable, str(script), "--port", str(port)])
+            cmd = [sys.executable, "-m", "onjob.testing.fake_upstream", "--port", str(port)]
+            proc = subprocess.Popen(cmd)
             stack.callback(lambda p=proc: (p.terminate(), p.wait()))
             url = f"http://127.0.0.1:{port}/v1"
             ready(f"{url}/models", proc, "the fake engine")

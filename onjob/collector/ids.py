@@ -10,7 +10,7 @@ a capability (a Response's id retrieves it, a trajectory's id takes feedback), a
 `random.Random` (Mersenne Twister) can be predicted from ~624 of its outputs, which ids
 already issued give away. One `os.urandom` call per id costs a syscall (~5% of a
 proxied request here, as `uuid.uuid4()` did); the buffer costs one syscall per 408
-ids (`bench/ids.py` prints ns per id of each way).
+ids (`bench/collector/ids.py` prints ns per id of each way).
 """
 
 from __future__ import annotations

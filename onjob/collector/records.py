@@ -111,7 +111,7 @@ def encode(record: Record) -> bytes:
     break can come only from a `Raw` field: the bytes a client sent (a pretty-printed
     body). There it is whitespace between tokens (a JSON string cannot hold a raw control
     character, and the proxy's decoder refuses one), so a space in its place keeps the
-    JSON value exactly as sent. The check is two `memchr`s; bench/proxy_overhead.py
+    JSON value exactly as sent. The check is two `memchr`s; bench/proxy/proxy_overhead.py
     measured no cost (docs/security.md)."""
     line = _encode(record)
     if b"\n" in line or b"\r" in line:

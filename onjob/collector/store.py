@@ -187,7 +187,7 @@ DELETE FROM segment WHERE id IN (
 # first among the ids recent loads inserted (held in memory), then by the primary key's
 # index, a bounded list of constants at a time. A join with `exchanges` would scan its
 # whole id column on every load (all 117 row groups of a 208,000-exchange table: a load's
-# cost grew with the table, `bench/loader_statements.py --prefill`).
+# cost grew with the table, `python -m bench.collector.loader_statements --prefill`).
 _OUTSIDE = """
 SELECT DISTINCT parent_id FROM segment WHERE parent_id IS NOT NULL
 EXCEPT SELECT id FROM segment WHERE id IS NOT NULL
@@ -358,7 +358,8 @@ class Store:
         """Evict every buffer DuckDB can (the next load reads back the few index and table
         blocks it needs, from the OS's page cache) and drop every stale eviction-queue
         entry, then return the allocator's free pages to the OS. docs/collector.md says
-        why; bench/loader_memory.py measures it. False, and nothing done, while `read` runs.
+        why; bench/collector/loader_memory.py measures it. False, and nothing done, while
+        `read` runs.
 
         DuckDB evicts only to reach a `memory_limit` being set: asked for one byte it walks
         every queue, evicts all it can, and refuses the limit (what is pinned stays over it),
@@ -432,7 +433,7 @@ class Store:
         DuckDB 2.0 runs that as a merge that scans the whole table, so its cost grows with
         the table; looking a row up in the primary key's index costs ~200 µs (ids fall in
         random row groups) against ~0.3 µs per row of the table scanned
-        (`bench/loader_statements.py`). So a load that touches few rows of a large table
+        (`bench/collector/loader_statements.py`). So a load that touches few rows of a large table
         looks them up, updates them through the index (an `UPDATE` filtered by the ids as
         constants) and inserts the others; any other takes the merge."""
         con = self.con

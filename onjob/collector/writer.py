@@ -311,6 +311,12 @@ class Collector:
         nothing and hands its traffic to the bucket until that lease ends."""
         return self._lease is not None and not self._lease.held
 
+    @property
+    def spool(self) -> Spool | None:
+        """The spool this collector appends to (None before `start`): its `segments()` and
+        `max_segment_bytes`, for tools that measure loading (bench/collector/)."""
+        return self._spool
+
     async def _leading(self) -> bool:
         """Whether this server loads now. A standby hands its directory's segments to the
         bucket every `rotate_s`, as a proxy host does; on taking the lease it takes over

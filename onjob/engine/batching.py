@@ -27,7 +27,7 @@ each a batch with its own cache: the **front** holds the most urgent rows and st
 time; the **behind** lane holds less urgent rows, which step only on their share of the
 engine's time (`background_share`) while the front decodes. On two cores a background
 row in a user's step costs that step 0.6x of its speed, whatever the number of rows
-(bench/priorities.py --steps-only), so a user's rows never share a step with background
+(bench/engine/priorities.py --steps-only), so a user's rows never share a step with background
 rows, and a user sees background work take at most that share of the time. A less urgent
 request's prompt is prefilled a chunk of `prefill_chunk` tokens at a time (vLLM's
 chunked prefill), on the behind lane's share; when the front empties the behind lane
@@ -184,7 +184,7 @@ class _Call:
 
 
 # Prompt tokens per chunk of a less urgent request's prefill while a more urgent row
-# decodes (`engine.prefill_chunk`): bench/priorities.py measures what it costs users.
+# decodes (`engine.prefill_chunk`): bench/engine/priorities.py measures what it costs users.
 PREFILL_CHUNK = 32
 # The behind lane's share of the engine's time while the front decodes
 # (`engine.background_share`): a user's answer takes at most 1 / (1 - share) of its time

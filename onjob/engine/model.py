@@ -123,7 +123,7 @@ class LoadedModel:
         only when that changes: peft's `disable_adapter()` around every step switched all
         of them twice per step, 35 ms of a 61 ms step of the bundled model with one
         adapter loaded (a user's answer took 1.8x its time while a candidate was loaded;
-        bench/priorities.py, docs/benchmarks.md). A user's steps in a row now switch
+        bench/engine/priorities.py, docs/benchmarks.md). A user's steps in a row now switch
         nothing; a background step with adapters between them switches twice (13 ms)."""
         if self._layers_off is off:
             return

@@ -36,7 +36,8 @@ class EngineSettings(BaseSettings):
         32,
         ge=1,
         description="local: prompt tokens per step of a background request's prefill while "
-        "a user's request decodes (onjob's own work waits behind users: bench/priorities.py)",
+        "a user's request decodes (onjob's own work waits behind users: "
+        "bench/engine/priorities.py)",
     )
     background_share: float = Field(
         0.15,

@@ -47,7 +47,7 @@ class JudgeSettings(BaseModel):
         ge=0,
         description="a scenario whose last this many scored groups each had all-equal "
         "rewards (nothing to learn) is re-sampled after the others, e.g. 2; 0 = off (not "
-        "yet shown to help by bench/learn_offline.py)",
+        "yet shown to help by bench/trainer/learn_offline.py)",
     )
     tool_turns_per_scenario: int = Field(
         4,
@@ -133,7 +133,7 @@ class JudgeSettings(BaseModel):
         description="the most a training group's answer cut at its token cap (finish_reason "
         "length) is rewarded, whatever its scorers said, e.g. 0: the release path stops "
         "candidates whose answers are cut more often than live's, so the coach need not pay "
-        "for them (none: scored as any other; not yet shown to help by bench/learning.py)",
+        "for them (none: scored as any other; not yet shown to help by bench/release/learning.py)",
     )
     ruler_weight: float = Field(1.0, ge=0)
     feedback_weight: float = Field(

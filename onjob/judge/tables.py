@@ -193,7 +193,7 @@ def scenario_candidates(
     scenarios in `skip`, none of the API keys in `untrained`."""
     # The key is the last exchange's, looked up for the few trajectories in no group yet:
     # joined before that filter, the lookup cost a pass 206 ms CPU against 81 ms with no
-    # key at all, and 84 ms materialised first (`bench/tenant_queries.py`: 1M exchanges,
+    # key at all, and 84 ms materialised first (`bench/scale/tenant_queries.py`: 1M exchanges,
     # 200 conversations to group).
     rows = store.query(
         f"""

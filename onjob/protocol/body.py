@@ -20,7 +20,7 @@ dropped (the strings are the same, and JSON never escapes a colon unless a clien
 it `\u003a`). Only a body with more colons than its re-encoding, or with `\u003a`, is
 parsed a second time, by `json`, to name the key. `decode_body` as a whole (the depth
 bound's bracket count included) takes 27-32 µs for a 6 KB chat body where msgspec alone
-takes 9-14, and 3.8 ms for 700 KB against 0.9 (`bench/body_check.py`, an idle 2-core
+takes 9-14, and 3.8 ms for 700 KB against 0.9 (`bench/proxy/body_check.py`, an idle 2-core
 machine); a second parse with `json` would cost about 50 µs for the 6 KB body.
 """
 

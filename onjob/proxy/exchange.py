@@ -64,7 +64,7 @@ def parse_request(raw: bytes, settings: ProxySettings) -> dict:
     if type(messages) is list and len(messages) > settings.max_messages:
         # Checked before any message is looked at: each is checked and hashed on the event
         # loop, and 400,000 of them (12 MiB) held it 0.76 s; refused here, 0.12 s, mostly
-        # the decoding (bench/many_messages.py).
+        # the decoding (bench/proxy/many_messages.py).
         raise BadRequest(
             f"`messages` holds {len(messages)} messages; at most {settings.max_messages} are "
             "accepted (proxy.max_messages).",

@@ -3,7 +3,7 @@
 Litestar's machinery per request (its exception middleware, router, signature model,
 response objects, an anyio task group per stream) costs as much CPU as uvicorn and the
 aiohttp client together: a bare relay on Litestar spends ~237 µs per request on these
-machines, the same relay as a bare ASGI app on uvicorn ~118 (`bench/proxy_overhead.py`
+machines, the same relay as a bare ASGI app on uvicorn ~118 (`bench/proxy/proxy_overhead.py`
 and its `litestar` peer). So `ProxyApp` takes `POST` to the few paths that carry the
 traffic (chat, legacy completions, the Responses API) as uvicorn hands them over, calls
 the same handler functions Litestar routes to, and sends what they return. Everything

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 # projection, under the names the family uses (vLLM serves adapters on these). Phi-3
 # fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj`: the Llama names would
 # silently miss them. Other families fall back to peft's "all-linear".
-# The fitted learning rate (`TrainSettings.rate_for`): bench/learn_offline.py's best for
+# The fitted learning rate (`TrainSettings.rate_for`): bench/trainer/learn_offline.py's best for
 # SmolLM2-135M (CISPO, rank 16), scaled by the width it was measured at.
 FITTED_RATE, FITTED_WIDTH = 5e-4, 576
 
@@ -89,7 +89,7 @@ class TrainSettings(BaseModel):
         None,
         gt=0,
         description="none: fitted to the model's width, 5e-4 x 576 / hidden_size (the rate "
-        "bench/learn_offline.py measured best for SmolLM2-135M, hidden size 576, with a "
+        "bench/trainer/learn_offline.py measured best for SmolLM2-135M, hidden size 576, with a "
         "rank-16 LoRA; about 7e-5 for a 4096-wide 8B model)",
     )
     warmup_steps: int = Field(

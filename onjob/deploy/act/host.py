@@ -4,7 +4,7 @@ them back when the run ends. The agent's traffic never waits for training.
 
 Why a split, not a priority: torch's OpenMP threads wait for each other at every
 parallel region, so a thread of either side that loses its core stalls its whole team.
-Measured on 2 cores (bench/sharing.py, one closed-loop agent, a run of 4 groups): both
+Measured on 2 cores (bench/trainer/sharing.py, one closed-loop agent, a run of 4 groups): both
 on both cores served 0.29x the tokens at 2.9x the p50 latency and trained in 2.9x the
 wall time; the engine on both and the trainer on one, 0.32x; the trainer on one at nice 5,
 0.66x served and 3.9x the training time. A core each kept both at their speed alone, and

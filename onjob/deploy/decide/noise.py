@@ -24,7 +24,7 @@ difference is the candidate's mean edge whatever k it was drawn with, so the e-p
 pair at the edge the test is powered for (`delta` over the margin) and the measured
 variance, the second-order growth of log-wealth of a bet capped as `stats.PLUG_IN_CAP`
 caps it, and the pairs that growth needs to reach 1 / alpha_k (half the wealth is the
-plug-in's: log 2 more). On bench/decisions.py's graded model it says 76 pairs at the
+plug-in's: log 2 more). On bench/release/decisions.py's graded model it says 76 pairs at the
 first level and 186 at the 500th, where the simulation's medians are 72 and 180.
 """
 
@@ -36,18 +36,18 @@ from dataclasses import dataclass
 from .stats import PLUG_IN_CAP
 
 # Answers per arm before the referee's noise is known: two is the fewest that measure
-# the within part, and bench/pair_noise.py's real model decided fastest per engine
+# the within part, and bench/release/pair_noise.py's real model decided fastest per engine
 # second at two on one seed.
 FIRST_ANSWERS = 2
 # The most answers per arm: a RULER referee reads both arms' answers in one call (32 at
 # this cap), and past it a pass/fail referee's within part is under a tenth of its
-# between part on bench/decisions.py's model.
+# between part on bench/release/decisions.py's model.
 MOST_ANSWERS = 16
 # Pairs with k >= 2 answers before the measured noise sizes k (fewer: FIRST_ANSWERS).
 MIN_MEASURED = 4
 # The share of `max_pairs` a test is sized to decide in at this level: the pairs to a
 # decision spread around their forecast, and at half the cap a +delta candidate decides
-# before it in bench/decisions.py's models 9 times in 10 or more.
+# before it in bench/release/decisions.py's models 9 times in 10 or more.
 SIZED_SHARE = 0.5
 
 

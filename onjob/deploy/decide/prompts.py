@@ -41,7 +41,7 @@ of conversations before it runs out of engine, decides on a third of them. Two s
   Why conversation length is a stratum and the odds stay fixed: a draw takes one turn and
   its whole conversation out, so a ten-turn conversation leaves ten turns' weight for one
   pair. With odds by the turns *left*, long conversations ran out first and the turns
-  drawn late were the short ones' (bench/decisions.py's low-traffic agent case: a
+  drawn late were the short ones' (bench/release/decisions.py's low-traffic agent case: a
   candidate no better over the turns served, better on short conversations, was promoted
   at twice its level). Within a length the conversations are alike in weight, so the next
   undrawn one is as good as any; across lengths the odds are the day's. Each pair's
@@ -180,7 +180,7 @@ def shortfalls(
         return []
     profile = _profile(store, lineage, since)
     total = sum(profile.values())
-    turns = _turns(store, lineage, "e.arm = 'live' AND e.ts > ?", [since], chain, tests)
+    turns = source_turns(store, lineage, "e.arm = 'live' AND e.ts > ?", [since], chain, tests)
     left: dict[Stratum, set[str]] = {}
     for t in turns:
         if t["usable"]:
@@ -246,7 +246,7 @@ def _choose(store, lineage, where, params, n, chain, tests, profile) -> Draw:
     """The turns the source allows, in hash order, of up to `n` conversations (`_draw`):
     drawn by stratum when `profile` is given, else in that order."""
     key = tests[0] if tests else ""
-    turns = _turns(store, lineage, where, params, chain, tests)
+    turns = source_turns(store, lineage, where, params, chain, tests)
     draw = _draw(turns, n, profile, f"{key}:{pairs_made(store, tests)}")
     if draw.prompts:
         ids = [t["id"] for t in draw.prompts]
@@ -256,9 +256,11 @@ def _choose(store, lineage, where, params, n, chain, tests, profile) -> Draw:
     return draw
 
 
-def _turns(store, lineage, where, params, chain, tests) -> list[dict]:
+def source_turns(store, lineage, where, params, chain, tests) -> list[dict]:
     """The turns of the source, in the test's hash order, each with its stratum and
-    whether the test may use it."""
+    whether the test may use it. `where` (with `params`) narrows `exchanges e`; `chain`
+    and `tests` are the lineage's checkpoints and its tests, as `fresh` and `shortfalls`
+    pass them (bench/release/decisions.py replays an older draw on these turns)."""
     key = tests[0] if tests else ""
     chain = [c for c in chain if c]
     mine, scope = lineage.scope.sql("e.api_key_id")

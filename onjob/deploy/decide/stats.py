@@ -26,7 +26,7 @@ FUTILITY_BETS = (0.95, 0.8, 0.6, 0.4, 0.25)
 # The other half follows the pairs: each bet sized by the mean and variance of the pairs
 # before it (Waudby-Smith & Ramdas's aGRAPA), capped at this share of the largest bet.
 # It stakes everything near the best bet once the pairs show it, where the fixed half
-# keeps a seventh there. bench/decisions.py's graded model, a +0.1 candidate at the first
+# keeps a seventh there. bench/release/decisions.py's graded model, a +0.1 candidate at the first
 # candidate's level: median pairs to a decision 70 -> 60; the sign model's 159 -> 154.
 PLUG_IN_CAP = 0.9
 TIE = 1e-9  # differences closer to 0 than this are ties
@@ -227,7 +227,7 @@ class Rule:
     a RULER call that failed whole, both arms' answers unread alike (a provider's 429, a
     timeout, its budget). Should such failures still follow the candidate's worst
     answers, the hold bounds what they can gain: the pairs read are at least
-    1 - `max_unjudged_share` of those drawn; bench/decisions.py measures that case (its
+    1 - `max_unjudged_share` of those drawn; bench/release/decisions.py measures that case (its
     `by_rank_stuck_on_losses`)."""
 
     margin: float = 0.0

@@ -1,0 +1,1 @@
+"""The judge: what a RULER call costs on the local engine."""
