@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import re
 from functools import cache
-from typing import Any, TypeVar
+from types import UnionType
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import msgspec
-from msgspec import inspect
 
 from .errors import InvalidRequest
 
@@ -67,21 +67,29 @@ def known(data: Any, kind: type) -> None:
     """Check the fields of a decoded answer that `kind` declares (at every depth), as
     `kind` types them; fields it does not declare are not read (they pass on as sent).
     Raises `msgspec.ValidationError`."""
-    msgspec.convert(_declared(data, _info(kind)), kind)
+    msgspec.convert(data, _open(kind))
 
 
 @cache
-def _info(kind: type) -> inspect.Type:
-    return inspect.type_info(kind)
+def _open(kind: Any) -> Any:
+    """`kind` with every struct in it (at any depth) taking fields it does not declare:
+    the same fields, types and defaults, so msgspec checks them as fast as it decodes."""
+    if isinstance(kind, type) and issubclass(kind, msgspec.Struct):
+        hints = get_type_hints(kind, include_extras=True)
+        fields = [(f.name, _open(hints[f.name]), _default(f)) for f in msgspec.structs.fields(kind)]
+        return msgspec.defstruct(kind.__name__, fields, kw_only=True)
+    args = get_args(kind)
+    if not args:
+        return kind
+    origin = get_origin(kind)
+    if origin is Annotated:
+        return Annotated[(_open(args[0]), *kind.__metadata__)]
+    if origin in (Union, UnionType):
+        return Union[tuple(_open(a) for a in args)]  # noqa: UP007
+    return origin[tuple(_open(a) for a in args)]
 
 
-def _declared(value: Any, t: inspect.Type) -> Any:
-    """`value` with the keys of each object `t` does not declare left out."""
-    if isinstance(t, inspect.UnionType):  # the one struct or list in an Exact's union
-        t = next((u for u in t.types if isinstance(u, inspect.StructType | inspect.ListType)), t)
-    if isinstance(t, inspect.StructType) and type(value) is dict:
-        fields = {f.encode_name: f.type for f in t.fields}
-        return {k: _declared(v, fields[k]) for k, v in value.items() if k in fields}
-    if isinstance(t, inspect.ListType) and type(value) is list:
-        return [_declared(v, t.item_type) for v in value]
-    return value
+def _default(field: msgspec.structs.FieldInfo) -> Any:
+    if field.default_factory is not msgspec.NODEFAULT:
+        return msgspec.field(default_factory=field.default_factory)
+    return field.default
