@@ -1,13 +1,14 @@
 """One chat exchange on its way through the proxy.
 
-`Exchange.open()` checks the client's request, computes what the loader will place it
-in its trajectory by (`collector.trajectories.keys`) and picks its arm from the
-conversation's opening; `upstream_body()` is the engine's request (logprobs and token
-ids always on: the trainer needs them). `answer()` shapes a whole answer for the client,
-`chunk()` one streamed event; both take out what the client did not ask for, put the
-exchange id and the client's model name in, and keep what the collector stores.
-`record()` is the spool line.
-"""
+`parse_request` checks the client's request into an `Asked`: the request as its protocol
+declares it, which the proxy reads, beside the body as sent, which the engine gets.
+`Exchange.open()` takes it, computes what the loader will place it in its trajectory by
+(`collector.trajectories.keys`) and picks its arm from the conversation's opening;
+`upstream_body()` is the engine's request (logprobs and token ids always on: the trainer
+needs them). `answer()` shapes a whole answer for the client, `chunk()` one streamed
+event; both take out what the client did not ask for, put the exchange id and the
+client's model name in, and keep what the collector stores. `record()` is the spool
+line."""
 
 from __future__ import annotations
 
@@ -24,7 +25,14 @@ from ..collector.ids import new_id
 from ..collector.linear import WHOLE, Lineage, stored
 from ..collector.records import to_json
 from ..collector.trajectories import Keys, continuations, keys, scoped
-from ..protocol import chat, completion, decode_body, engine_body
+from ..protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    chat,
+    completion,
+    decode_body,
+    engine_body,
+)
 from ..protocol.chat import (
     AnswerMessage,
     AnswerToolCall,
@@ -53,12 +61,21 @@ COMPLETIONS = "completions"  # `exchanges.api` of a legacy text completion
 _REASONING = ("reasoning_content", "reasoning")
 
 
-def parse_request(raw: bytes, settings: ProxySettings) -> dict:
+@dataclass(frozen=True)
+class Asked:
+    """A client's request after its check: as its protocol declares it (`typed`, what the
+    proxy reads of it) and as sent (`body`, less its hints and nulls: what the engine gets,
+    the fields the protocol does not declare as the client wrote them)."""
+
+    typed: ChatCompletionRequest | CompletionRequest
+    body: dict
+
+
+def parse_request(raw: bytes, settings: ProxySettings) -> Asked:
     """The client's body, decoded by the one rule (`protocol.decode_body`) and checked as
     the chat request it is (`protocol.chat`: every declared field's type and bounds, the
     refused fields), with this server's bounds on `n`, `max_tokens` and the number of
-    messages. Returned as sent, less its hints and nulls: fields the protocol does not
-    declare reach the engine as the client wrote them."""
+    messages."""
     body = decode_body(raw)
     messages = body.get("messages")
     if type(messages) is list and len(messages) > settings.max_messages:
@@ -85,7 +102,9 @@ def parse_request(raw: bytes, settings: ProxySettings) -> dict:
         )
     # null is absent (OpenAI's rule): dropped here, so no engine ever sees a null field.
     # `include_reasoning: true` is vLLM's default, dropped for engines that do not know it.
-    return {k: v for k, v in body.items() if v is not None and k not in _NOT_FORWARDED}
+    return Asked(
+        request, {k: v for k, v in body.items() if v is not None and k not in _NOT_FORWARDED}
+    )
 
 
 # Hints (the answer is the same without them), `modalities` (["text"] alone is taken)
@@ -95,7 +114,7 @@ _SCHEDULING = frozenset({"priority"})
 _NOT_FORWARDED = HINTS | _SCHEDULING | {"modalities", "include_reasoning"}
 
 
-def parse_completion_request(raw: bytes, settings: ProxySettings) -> tuple[dict, str]:
+def parse_completion_request(raw: bytes, settings: ProxySettings) -> tuple[Asked, str]:
     """A legacy text completion's body, checked like chat's (`protocol.completion`), and
     its prompt as text (how the exchange is placed: one user message, a conversation of
     its own)."""
@@ -107,7 +126,7 @@ def parse_completion_request(raw: bytes, settings: ProxySettings) -> tuple[dict,
     _check_bound("max_tokens", request.max_tokens, settings.max_tokens_limit)
     body.pop("echo", None)
     body.pop("best_of", None)
-    return body, prompt if type(prompt) is str else _encode(prompt).decode()
+    return Asked(request, body), prompt if type(prompt) is str else _encode(prompt).decode()
 
 
 def _check_bound(key: str, value: int | None, most: int) -> None:
@@ -191,7 +210,7 @@ class Where:
 @dataclass
 class Exchange:
     id: str
-    request: dict  # as the client sent it
+    asked: Asked
     raw_request: bytes
     route: Route
     where: Where
@@ -220,18 +239,22 @@ class Exchange:
     _wants_usage: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        request = self.request
+        asked = self.asked.typed
         self._legacy = legacy = self.api == COMPLETIONS
-        self._wants_token_ids = bool(request.get("return_token_ids"))
+        self._wants_token_ids = bool(asked.return_token_ids)
         # A legacy completion's `logprobs` counts alternatives: 0 asks for the sampled one.
-        logprobs = request.get("logprobs")
-        self._wants_logprobs = logprobs is not None if legacy else bool(logprobs)
-        self._wants_usage = bool((request.get("stream_options") or {}).get("include_usage"))
+        self._wants_logprobs = asked.logprobs is not None if legacy else bool(asked.logprobs)
+        self._wants_usage = bool(asked.stream_options and asked.stream_options.include_usage)
+
+    @property
+    def request(self) -> dict:
+        """The request as the client sent it (less its hints and nulls)."""
+        return self.asked.body
 
     @classmethod
     async def open(
         cls,
-        body: dict,
+        asked: Asked,
         raw: bytes,
         placing: Placing,
         *,
@@ -249,10 +272,10 @@ class Exchange:
         Responses call after the turn it continues (already the stored id); `messages`
         stand for a request that has none (a legacy completion's prompt as one user
         message)."""
-        metadata = body.get("metadata") or {}
+        metadata = asked.body.get("metadata") or {}  # as sent: any key is kept
         api_key_id = placing.api_key_id
         k = keys(
-            messages if messages is not None else body["messages"],
+            messages if messages is not None else asked.body["messages"],
             placing.scenario or _str(metadata.get("scenario")),
         )
         named = placing.trajectory_id or _str(metadata.get("trajectory_id"))
@@ -261,10 +284,14 @@ class Exchange:
         conversation = named or f"{api_key_id or ''}\0{k.opening}"
         where = Where(k, conversation, named, after_turn)
         route = await placing.router.resolve(
-            body["model"], conversation, placing.pin, placing.any_checkpoint, api_key_id=api_key_id
+            asked.typed.model,
+            conversation,
+            placing.pin,
+            placing.any_checkpoint,
+            api_key_id=api_key_id,
         )
         return cls(
-            new_id(id_prefix), body, raw, route, where, api_key_id, api=api, id_prefix=id_prefix
+            new_id(id_prefix), asked, raw, route, where, api_key_id, api=api, id_prefix=id_prefix
         )
 
     def rerouted(self, route: Route) -> Exchange:
@@ -272,7 +299,7 @@ class Exchange:
         keeps this one's prefix)."""
         return Exchange(
             new_id(self.id_prefix),
-            self.request,
+            self.asked,
             self.raw_request,
             route,
             self.where,
@@ -289,7 +316,7 @@ class Exchange:
 
     @property
     def stream(self) -> bool:
-        return bool(self.request.get("stream"))
+        return bool(self.asked.typed.stream)
 
     def _take(self, choice: dict) -> _Choice:
         """Keep the sampler's token ids and logprobs; leave them only if the client asked."""

@@ -14,7 +14,7 @@ from .exchange import Exchange
 def start(tracer: Tracer | None, exchange: Exchange) -> Span | None:
     if tracer is None:
         return None
-    request = exchange.request
+    asked = exchange.asked.typed
     attributes = {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": "onjob",
@@ -27,14 +27,14 @@ def start(tracer: Tracer | None, exchange: Exchange) -> Span | None:
         "onjob.arm": exchange.route.arm,
         "onjob.stream": exchange.stream,
     }
-    for name, key in (
-        ("gen_ai.request.temperature", "temperature"),
-        ("gen_ai.request.top_p", "top_p"),
-        ("gen_ai.request.max_tokens", "max_tokens"),
-        ("gen_ai.request.choice.count", "n"),
+    for name, value in (
+        ("gen_ai.request.temperature", asked.temperature),
+        ("gen_ai.request.top_p", asked.top_p),
+        ("gen_ai.request.max_tokens", asked.max_tokens),
+        ("gen_ai.request.choice.count", asked.n),
     ):
-        if isinstance(request.get(key), int | float):
-            attributes[name] = request[key]
+        if value is not None:
+            attributes[name] = value
     return tracer.start_span(
         f"chat {exchange.route.alias}", kind=SpanKind.SERVER, attributes=attributes
     )

@@ -20,10 +20,10 @@ async def chat_completions(
     request: Request, serving: NamedDependency[Serving]
 ) -> Response | Stream:
     raw = await request.body()
-    body = parse_request(raw, serving.settings)
+    asked = parse_request(raw, serving.settings)
     traffic = serving.traffic
     where = traffic.placing(request.headers, caller(request))
-    return await traffic.answer(await Exchange.open(body, raw, where), Chunks)
+    return await traffic.answer(await Exchange.open(asked, raw, where), Chunks)
 
 
 @post("/v1/completions", status_code=200)
@@ -31,12 +31,12 @@ async def completions(request: Request, serving: NamedDependency[Serving]) -> Re
     """Legacy text completions: forwarded as they are, logged like chat, each its own
     single-turn conversation (a prompt has no turns to continue)."""
     raw = await request.body()
-    body, prompt = parse_completion_request(raw, serving.settings)
+    asked, prompt = parse_completion_request(raw, serving.settings)
     traffic = serving.traffic
     where = traffic.placing(request.headers, caller(request))
     where = replace(where, trajectory_id=new_id("traj_"))  # a conversation of its own
     exchange = await Exchange.open(
-        body,
+        asked,
         raw,
         where,
         api=COMPLETIONS,
