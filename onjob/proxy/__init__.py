@@ -22,8 +22,9 @@ guard per router, leaving the `Caller` in the request's scope (`auth.py`), its h
 routes (chat, completions, responses) answered as bare ASGI in front of Litestar's
 router by the same handlers, with Litestar's answers and errors (`front.py`), request
 validation by `onjob.protocol` with this server's bounds (at most `proxy.max_messages`
-messages, refused before any is hashed) and the exchange record, every field of OpenAI's
-chat request passed on as sent, honoured or refused by name (`exchange.py`), the
+messages, refused before any is hashed), carried typed after its check beside the body
+as sent (`Asked`), and the exchange record, every field of OpenAI's chat request passed
+on as sent, honoured or refused by name (`exchange.py`), the
 Responses API translated into chat and back, its typed stream events, stored Responses
 on the exchange row (`responses.py`), the one engine client, a lean keep-alive HTTP/1.1
 client over httptools that refuses what h11 refuses: bytes past a complete answer, a
