@@ -54,8 +54,9 @@ class Shapes:
 
     def add(self, request: dict, choice: dict, length: int | None) -> None:
         message = choice.get("message") or {}
-        content = message.get("content")
-        text = content if isinstance(content, str) else json.dumps(content or "")
+        # A legacy completion's answer is its `text`; a chat answer's, its message.
+        content = message.get("content") if message else choice.get("text")
+        text = content if isinstance(content, str) else json.dumps(content) if content else ""
         calls = message.get("tool_calls") or []
         self.answers += 1
         if length is not None:
