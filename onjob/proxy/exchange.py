@@ -35,7 +35,6 @@ from ..protocol import (
 )
 from ..protocol.chat import (
     AnswerMessage,
-    AnswerToolCall,
     ChatCompletion,
     ChatCompletionChunk,
     Choice,
@@ -157,13 +156,7 @@ class _Choice:
     def answer_message(self) -> AnswerMessage:
         """`message()` with the reasoning beside it: the answer as the log keeps it."""
         reasoning = {k: "".join(v) for k, v in self.reasoning.items()}
-        calls = [self.tool_calls[i] for i in sorted(self.tool_calls)] or UNSET
-        return AnswerMessage(
-            role=self.role,
-            content="".join(self.content) or None,
-            tool_calls=calls if calls is UNSET else msgspec.convert(calls, list[AnswerToolCall]),
-            **reasoning,
-        )
+        return msgspec.convert(self.message() | reasoning, AnswerMessage)
 
     def add_tool_call_delta(self, delta: dict) -> None:
         fn = delta.get("function") or {}
