@@ -336,7 +336,8 @@ BYPASSES = [
     ("COPY exchanges TO '{d}/stolen.csv'", "only a SELECT"),
     ("COPY (SELECT 1) TO '{d}/stolen.csv'", "only a SELECT"),
     ("EXPORT DATABASE '{d}/dump'", "only a SELECT"),
-    ("PRAGMA version", "only a SELECT"),
+    # DuckDB 1.5 parses this one as a SELECT of `pragma_version()`, refused by its plan.
+    ("PRAGMA version", ("only a SELECT", "pragma_version()")),
     ("SET enable_external_access = true", "only a SELECT"),
     ("RESET lock_configuration", "only a SELECT"),
     ("INSTALL httpfs", "only a SELECT"),
@@ -346,7 +347,8 @@ BYPASSES = [
     ("DETACH onjob", "only a SELECT"),
     ("CHECKPOINT", "only a SELECT"),
     (f"EXPLAIN ANALYZE SELECT * FROM '{F}'", "only a SELECT"),
-    ("PIVOT exchanges ON status USING count(*)", "only a SELECT"),
+    # DuckDB 2.0 makes it one statement (MULTI), 1.5 two.
+    ("PIVOT exchanges ON status USING count(*)", ("only a SELECT", "exactly one statement")),
     (f"SELECT 1; SELECT * FROM '{F}'", "exactly one statement"),
     ("SELECT 1 /* ; */; DELETE FROM exchanges", "exactly one statement"),
     ("SELECT 1 -- a comment\n; DROP TABLE exchanges", "exactly one statement"),
@@ -363,7 +365,9 @@ def test_no_query_reads_a_file_of_the_host(served, host, query, said):
     resp = admin_sql(served, query)
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
-    assert error["type"] == "invalid_request_error" and said in error["message"], error
+    reasons = said if isinstance(said, tuple) else (said,)
+    assert error["type"] == "invalid_request_error", error
+    assert any(reason in error["message"] for reason in reasons), error
     assert SECRET not in resp.text
     assert not (host / "stolen.csv").exists() and not (host / "dump").exists()
 

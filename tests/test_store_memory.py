@@ -33,7 +33,13 @@ def segment(tmp_path, n: int, rows: int = 20):
 
 
 def queued(store: Store) -> int:
-    """Entries in DuckDB's eviction queues, stale ones included."""
+    """Entries in DuckDB's eviction queues, stale ones included (0 where DuckDB does not
+    list them: `duckdb_eviction_queues()` is new in 2.0)."""
+    listed = store.con.execute(
+        "SELECT count(*) FROM duckdb_functions() WHERE function_name = 'duckdb_eviction_queues'"
+    ).fetchone()[0]
+    if not listed:
+        return 0
     return store.con.execute(
         "SELECT sum(approximate_size) FROM duckdb_eviction_queues()"
     ).fetchone()[0]

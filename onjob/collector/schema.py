@@ -448,6 +448,28 @@ ALTER TABLE candidates ADD COLUMN verdict_stage VARCHAR;
 ALTER TABLE candidates ADD COLUMN verdict_at TIMESTAMPTZ;
 """
 
+# The rebuild's ancestors read only the rows' own trajectories (a parent is always of the
+# same trajectory, as `links` already reads; openings are few and shared): DuckDB 2.0
+# pushes the join's keys into the scan of `exchanges` by itself, 1.5 reads every row's
+# `request` for it (at a million exchanges, one turn rebuilt: 1.6-4.9 s against 11 ms;
+# bench/collector/dashboard.py's group page).
+_REBUILT_OWN_TRAJECTORIES = _REBUILT_TEMPLATE.replace(
+    "{ancestors}",
+    """(
+    SELECT id, request, prompt_token_ids, completion_token_ids, messages_kept, prompt_kept
+    FROM exchanges WHERE every OR trajectory_id IN (
+        SELECT trajectory_id FROM exchanges WHERE list_contains(ids, id))
+    UNION ALL
+    SELECT id, request, prompt_token_ids, NULL, NULL, NULL FROM openings)""",
+)
+V21_REBUILT_OWN_TRAJECTORIES = (
+    """
+DROP VIEW exchanges_full;
+DROP MACRO TABLE exchanges_rebuilt;
+"""
+    + _REBUILT_OWN_TRAJECTORIES
+)
+
 MIGRATIONS: list[str] = [
     V1,
     V2,
@@ -469,6 +491,7 @@ MIGRATIONS: list[str] = [
     V18_FEEDBACK_METRIC,
     V19_JUDGE_ATTEMPTS,
     V20_VERDICTS,
+    V21_REBUILT_OWN_TRAJECTORIES,
 ]
 
 

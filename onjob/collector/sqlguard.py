@@ -306,7 +306,7 @@ def _query_node(node: Any, ctes: frozenset[str], own: Own) -> None:
         raise QueryRefused(f"a {kind} is not answered here")
     # Each CTE sees those defined before it; the node's body sees them all.
     for entry in (node.get("cte_map") or {}).get("map") or []:
-        body = (entry.get("value") or {}).get("query_node")
+        body = _cte_body(entry.get("value") or {})
         if not isinstance(body, dict):
             raise QueryRefused("DuckDB's tree of the query has a CTE this check cannot read")
         _query_node(body, ctes, own)
@@ -319,6 +319,14 @@ def _query_node(node: Any, ctes: frozenset[str], own: Own) -> None:
             _visit(value, ctes | {fold(node.get("cte_name", ""))}, own)
         else:
             _visit(value, ctes, own)
+
+
+def _cte_body(cte: dict) -> Any:
+    """A CTE's query node: DuckDB 2.0 writes it as `query_node`, 1.5 inside the statement
+    it wraps (`query.node`)."""
+    if "query_node" in cte:
+        return cte["query_node"]
+    return (cte.get("query") or {}).get("node")
 
 
 def _visit(value: Any, ctes: frozenset[str], own: Own) -> None:
@@ -368,7 +376,10 @@ def _table_ref(ref: dict, ctes: frozenset[str], own: Own) -> None:
         # `DESCRIBE x` / `SUMMARIZE x` carry `x` as a query, checked as any other, and
         # no name; `SHOW x` names `x` here.
         name = str(ref.get("table_name") or "")
-        if not name or (ref.get("show_type") == "SHOW_SPECIAL" and name in _SHOW_SPECIAL):
+        # DuckDB 2.0 marks them SHOW_SPECIAL, 1.5 SHOW_UNQUALIFIED (where `SHOW "tables"`
+        # reads as `SHOW TABLES`); the plan check sees what either reads.
+        special = ref.get("show_type") in ("SHOW_SPECIAL", "SHOW_UNQUALIFIED")
+        if not name or (special and name in _SHOW_SPECIAL):
             return
         catalog = fold(ref.get("catalog_name") or "")
         schema = fold(ref.get("schema_name") or "")
