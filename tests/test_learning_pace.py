@@ -7,6 +7,8 @@ is no signal. Real DuckDB files."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,11 @@ import pytest
 from onjob.collector import Store
 from onjob.collector.scope import EVERY_KEY
 from onjob.deploy.decide import fit
+from onjob.deploy.loop import LoopState, run_once
 from onjob.deploy.settings import DeploySettings
 from onjob.judge import signal
+
+from .test_reward_hacking import QUESTION, scripted, settings
 
 
 @pytest.fixture
@@ -141,3 +146,39 @@ def test_the_guards_count_a_tool_agents_turns_toward_their_floor(store):
     served(store, "canary", 1, 3, first=6)  # 7 conversations, 21 turns each: enough
     (service, _) = guards.on_traffic(store, lineage, since, LoopSettings())
     assert service.found.holding is None and service.found.tripped is None
+
+
+def test_status_shows_the_groups_a_judge_pass_scored_before_the_iteration_ends(tmp_path):
+    """An iteration's judge pass, run and offline test take minutes on a CPU: what `onjob
+    status` shows of a lineage (its signal, the groups ready) is counted again after the
+    pass, not left as the iteration found it (a newcomer read "no signal" while a run
+    trained on the pass's groups). The real `run_once` on a real DuckDB file, the engine
+    scripted at its HTTP boundary (live right one time in four)."""
+    s = settings(tmp_path / "onjob.duckdb", "exact", train=False)
+    s = s.model_copy(update={"judge": s.judge.model_copy(update={"max_groups": 8})})
+    store = Store(s.collector.db)
+    for i in range(6):
+        store.con.execute(
+            "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, model_alias, "
+            "stream, request, response, status, latency_ms, source) VALUES "
+            "(?, now(), ?, 0, ?, 'agent', false, ?, ?, 200, 50, 'production')",
+            [
+                f"x-{i}",
+                f"t-{i}",
+                f"scn-{i}",
+                json.dumps({"model": "agent", "messages": QUESTION}),
+                json.dumps({"choices": [{"index": 0, "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": "4"}}]}),
+            ],
+        )  # fmt: skip
+    store.close()
+    state, said = LoopState(), []
+
+    async def iterate():
+        async with scripted(s, "4") as (collector, client, op):
+            await run_once(collector, client, op, s, said.append, state)
+
+    asyncio.run(iterate())
+    shown = state.lineages["agent"]
+    assert shown.signal is not None and shown.signal.scored >= 1, (shown, said)
+    assert shown.ready_groups == shown.signal.scored - shown.signal.flat >= 1, shown

@@ -131,15 +131,25 @@ async def run_once(
         echo(f"judge pass skipped while comparing: groups wait for the next runs ({waiting})")
         return
     await _judge_pass(db, engine, settings, held, echo, state)
+    await _recount(lines, held, state)  # what the pass scored, in `onjob status` now
     if not settings.loop.train:
         return
     ready = [line for line in lines if not line.comparing]
     for line in _round_robin(ready, state.last_trained):
-        await line.count(held)
         if await _may_train(line, echo, state, shares.get(line.pipeline.lineage.tenant)):
             state.last_trained = line.name
             await _train_and_release(line, state)
+            await _recount([line], held, state)  # its groups used, its first run done
             return  # one run per iteration: the next lineage's turn comes next time
+
+
+async def _recount(lines: list[Line], held, state: LoopState) -> None:
+    """Count each lineage's groups again and show them: an iteration's judge pass, run and
+    offline test take minutes on a CPU, and `onjob status` would otherwise show the
+    counts from its start meanwhile (no signal while a run trains on the pass's groups)."""
+    for line in lines:
+        await line.count(held)
+        state.lineages[line.name] = line.state()
 
 
 @dataclass
