@@ -327,6 +327,8 @@ def test_an_orphaned_candidate_is_decided_at_the_next_loop_start(
     assert routing.canary == "ckpt-new", said  # the newest goes on to its canary
     assert "orphaned candidate ckpt-new: recorded but never decided" in said
     assert "offline test of ckpt-new" in said
+    # Progress before each round of pairs, not silence for the minutes a round takes.
+    assert "offline test of ckpt-new against base: " in said and "pairs on held-out" in said
     statuses = {r["name"]: r["status"] for r in rows(s.collector.db, "SELECT * FROM checkpoints")}
     # A person's candidates (`onjob train`, `onjob checkpoints add`) are theirs to decide.
     assert statuses == {

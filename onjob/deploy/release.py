@@ -124,7 +124,12 @@ async def offline_test(r: Release, *, live: str | None, candidate: str) -> Verdi
 
         chosen = await r.db.query(held_prompts)
         sized = await _sized(r, s, candidate, drawn_by)
-        await pairs.paired_round(r.db, r.engine, sized, fns, chosen, arms, test=slice_test)
+        # Progress, round by round: on a CPU a round of pairs takes minutes.
+        said = f"offline test of {candidate} against {live or 'base'}"
+        r.echo(f"{said}: {len(chosen)} pairs on held-out prompts")
+        await pairs.paired_round(
+            r.db, r.engine, sized, fns, chosen, arms, test=slice_test, echo=r.echo
+        )
         since = await r.db.query(lambda st: prompts.window_start(st, candidate))
         first = True
         while since is not None:
@@ -135,6 +140,7 @@ async def offline_test(r: Release, *, live: str | None, candidate: str) -> Verdi
             )
             if verdict.decision != "wait":
                 return verdict
+            r.echo(f"{said}: {verdict.reason}")
             if first and verdict.evidence.forecast is not None:
                 # Said before the release test draws its first prompt.
                 for short in verdict.evidence.forecast.short:
@@ -144,7 +150,10 @@ async def offline_test(r: Release, *, live: str | None, candidate: str) -> Verdi
             if not chosen:
                 break  # on to the canary, its test open: its pairs go on from live's traffic
             sized = await _sized(r, s, candidate, drawn_by)
-            await pairs.paired_round(r.db, r.engine, sized, fns, chosen, arms, test=tests[0])
+            r.echo(f"{said}: {len(chosen)} more pairs on live traffic it was not trained on")
+            await pairs.paired_round(
+                r.db, r.engine, sized, fns, chosen, arms, test=tests[0], echo=r.echo
+            )
     return await r.db.query(lambda st: decide(st, r.settings, candidate, live, lineage=r.lineage))
 
 
