@@ -30,12 +30,21 @@ def traffic(db: Path, scenarios: int, conversations_each: int = 1, groups: int =
                 "VALUES (?, 'scn-0', 'turn', 'scored', now())",
                 [f"g{i}"],
             )
-        # An old group and an unscored one are not the last ten minutes' traffic.
+        # An old group and an unscored one are not the last ten minutes' traffic, nor is
+        # a flat one (every member alike: nothing a run learns from).
         store.con.execute(
             "INSERT INTO groups (id, scenario_id, kind, status, created) VALUES "
             "('old', 'scn-0', 'turn', 'scored', now() - INTERVAL 1 HOUR), "
-            "('open', 'scn-0', 'turn', 'sampling', now())"
+            "('open', 'scn-0', 'turn', 'sampling', now()), "
+            "('flat', 'scn-0', 'turn', 'scored', now())"
         )
+        for group in [f"g{i}" for i in range(groups)] + ["old", "flat"]:
+            for m, score in enumerate((0.0, 0.0) if group == "flat" else (0.0, 1.0)):
+                store.con.execute(
+                    "INSERT INTO scores (id, group_id, member_id, source, score) "
+                    "VALUES (?, ?, ?, 'combined', ?)",
+                    [f"{group}-s{m}", group, f"{group}-m{m}", score],
+                )
     finally:
         store.close()
 
@@ -127,8 +136,8 @@ def test_onjob_status_says_what_it_fitted(tmp_path):
     assert (
         "loop settings: holdout_share 30% (fitted), min_new_groups 5 (fitted), "
         "canary_fraction 50% (fitted), settle_s 120 (fitted); from 12 scenarios, 48 "
-        "conversations, 5 groups scored and 0 conversations started in the last 10 minutes"
-        in done.stdout
+        "conversations, 5 groups with a spread of rewards scored and 0 conversations started "
+        "in the last 10 minutes" in done.stdout
     ), done.stdout
 
 

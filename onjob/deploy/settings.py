@@ -82,7 +82,8 @@ class LoopSettings(BaseModel):
         None,
         ge=1,
         description="trainable groups that start a run (none: fitted to the traffic, the "
-        "groups scored in the last 10 minutes, at least 4, at most trainer.max_groups)",
+        "groups with a spread of rewards scored in the last 10 minutes, at least 4, at most "
+        "trainer.max_groups; 6 for a lineage's first run)",
     )
     canary_fraction: float | None = Field(
         None,

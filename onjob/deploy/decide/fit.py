@@ -98,20 +98,27 @@ def _line(f: Fitted) -> str:
         f"{said('min_new_groups', f.min_new_groups)}, "
         f"{said('canary_fraction', f'{f.canary_fraction:.0%}')}, "
         f"{said('settle_s', f'{f.settle_s:.0f}')}; from {t.scenarios} "
-        f"scenarios, {t.conversations} conversations, {t.recent_groups} groups scored "
+        f"scenarios, {t.conversations} conversations, {t.recent_groups} groups with a "
+        f"spread of rewards scored "
         f"and {t.recent_conversations} conversations started in the last "
         f"{GROUPS_WINDOW_S // 60} minutes"
     )
 
 
-def observe(store) -> Traffic:
+def observe(store, min_spread: float = 0.0) -> Traffic:
+    """The traffic; its recent groups are those a run can learn from (their rewards spread
+    more than `min_spread`), as each lineage counts its own (`recent_groups`): the line
+    `onjob status` prints then agrees with the count a lineage's run waits for."""
     row = store.query(
         f"""
         SELECT (SELECT count(*) FROM scenarios) AS scenarios,
                (SELECT coalesce(sum(count), 0) FROM scenarios) AS conversations,
                (SELECT count(*) FROM groups WHERE status = 'scored'
                   AND kind IN ('turn', 'trajectory')
-                  AND created > now() - INTERVAL {GROUPS_WINDOW_S} SECOND) AS recent_groups,
+                  AND created > now() - INTERVAL {GROUPS_WINDOW_S} SECOND
+                  AND id IN (SELECT group_id FROM scores WHERE source = 'combined'
+                             GROUP BY group_id HAVING max(score) - min(score) > ?))
+                  AS recent_groups,
                (SELECT count(*) FROM trajectories WHERE source = 'production'
                   AND first_ts > now() - INTERVAL {GROUPS_WINDOW_S} SECOND)
                   AS recent_conversations,
@@ -120,7 +127,8 @@ def observe(store) -> Traffic:
                                                     ORDER BY turn, ts)) AS gap
                     FROM exchanges WHERE source = 'production'
                       AND ts > now() - INTERVAL 1 HOUR)) AS turn_gap_p95_s
-        """
+        """,
+        [min_spread],
     )[0]
     gap = row["turn_gap_p95_s"]
     return Traffic(
@@ -243,7 +251,7 @@ def judge_settings(settings: DeploySettings, fitted: Fitted) -> JudgeSettings:
 
 
 def current(store, settings: DeploySettings) -> Fitted:
-    return fit(settings, observe(store))
+    return fit(settings, observe(store, settings.trainer.min_spread))
 
 
 def held_out(store, settings: DeploySettings) -> list[str]:
