@@ -219,14 +219,16 @@ class Line:
         said = ledger.recorded(store, self.name, self.routing)
         if said is None:
             return f"canary {canary}: its first round comes next iteration"
-        return f"canary {canary}: {said.verdict.reason}"
+        reason = said.verdict.reason  # it may name the canary itself ("canary X won ...")
+        return reason if reason.startswith(f"canary {canary} ") else f"canary {canary}: {reason}"
 
     def waiting(self) -> str:
         """What a run of it waits for, in words."""
         waited = f", the oldest {self.oldest_s / 60:.0f} min old" if self.oldest_s else ""
         first = "its first run (cold start)" if self.runs == 0 else "a run"
         said = f"{self.ready} new trainable groups{waited}; {first} starts at {self.wanted}"
-        if self.runs and self.pipeline.settings.loop.min_new_groups is None:
+        fitted = self.pipeline.settings.loop.min_new_groups is None
+        if self.runs and fitted and self.wanted > fit.MIN_GROUPS:
             said += (
                 f", or at {fit.MIN_GROUPS} once the oldest is {fit.GROUPS_WINDOW_S // 60} min old"
             )

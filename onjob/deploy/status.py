@@ -65,7 +65,8 @@ class LoopView(msgspec.Struct, frozen=True, kw_only=True):
         )
         return (
             f"{'paused' if self.paused else 'running'}, {doing}; {self.iterations} "
-            f"iterations, {last}, one every {self.interval_s:g} s; scorer: "
+            f"iteration{'' if self.iterations == 1 else 's'}, {last}, one every "
+            f"{self.interval_s:g} s; scorer: "
             f"{self.scorer or 'none'}"
         )
 
