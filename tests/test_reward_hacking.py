@@ -17,7 +17,7 @@ import pytest
 from onjob.collector import Collector, CollectorSettings, Store
 from onjob.deploy.act import deployments, registry, reviews
 from onjob.deploy.act.operator import Operator
-from onjob.deploy.loop import run_once
+from onjob.deploy.loop import LoopState, run_once
 from onjob.deploy.settings import DeploySettings, GateSettings, LoopSettings
 from onjob.judge import JudgeSettings
 from onjob.judge.settings import RewardFn
@@ -116,6 +116,7 @@ def decide(
     s: DeploySettings,
     live: int = 12,
     rounds: int = 1,
+    state: LoopState | None = None,
 ):
     db = s.collector.db
     store = Store(db)
@@ -150,7 +151,7 @@ def decide(
 
             await collector.query(log)
             for _ in range(rounds):
-                await run_once(collector, client, op, s, lines.append)
+                await run_once(collector, client, op, s, lines.append, state)
             return (await collector.query(deployments.current))["agent"]
 
     return asyncio.run(run()), "\n".join(lines)
@@ -164,10 +165,13 @@ def test_without_a_referee_the_hedging_canary_is_ready_for_review_not_promoted(
     # quarter; three rounds of 12 give the e-process what it needs). By default that is
     # not a promotion.
     s = settings(tmp_path / "onjob.duckdb", "partial")
+    state = LoopState()
     routing, said = decide(
-        tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, s, live=36, rounds=3
+        tmp_path, tiny_adapter_dir, tiny_model_dir, HEDGING, s, live=36, rounds=3, state=state
     )
     assert "canary ckpt-hack against base: ready for review: " in said
+    # Status says a run waits for the canary, never "a run may start" while none can.
+    assert "the next run waits for the canary's decision" in state.lineages["agent"].waiting
     assert (routing.live, routing.canary) == (None, "ckpt-hack"), said  # unchanged
     store = Store(s.collector.db)
     try:

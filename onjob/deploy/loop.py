@@ -224,6 +224,10 @@ class Line:
 
     def waiting(self) -> str:
         """What a run of it waits for, in words."""
+        if self.comparing:  # a lineage with a canary trains nothing until it is decided
+            return (
+                f"{self.ready} new trainable groups; the next run waits for the canary's decision"
+            )
         waited = f", the oldest {self.oldest_s / 60:.0f} min old" if self.oldest_s else ""
         first = "its first run (cold start)" if self.runs == 0 else "a run"
         said = f"{self.ready} new trainable groups{waited}; {first} starts at {self.wanted}"
@@ -245,7 +249,7 @@ class Line:
             canary=self.routing.canary if self.routing else None,
             ready_groups=self.ready,
             wanted_groups=self.wanted,
-            waiting="" if self.due else self.waiting(),
+            waiting=self.waiting() if self.comparing or not self.due else "",
             signal=self.signal,
             deciding=self.deciding,
         )
