@@ -5,6 +5,7 @@ keep it when a bench changes."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -61,6 +62,8 @@ def machine_info(extra: dict | None = None) -> dict:
         "memory_gib": memory_gib,
         "python": platform.python_version(),
         "platform": platform.platform(),
+        # The storage engine's release: figures move with it (docs/scaling.md).
+        "duckdb": importlib.metadata.version("duckdb"),
         **(extra or {}),
     }
 
