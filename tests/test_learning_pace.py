@@ -140,7 +140,8 @@ def test_the_guards_count_a_tool_agents_turns_toward_their_floor(store):
     served(store, "canary", 6, 3)
     (service, _) = guards.on_traffic(store, lineage, since, LoopSettings())
     assert service.found.holding == (
-        "the guards need 20 turns served per arm (live 18 in 6 conversations, canary 18 in 6)"
+        "the guards need 20 turns served per arm (live 18 in 6 conversations, canary 18 in 6: "
+        "50.0% of the turns)"
     )
     served(store, "live", 1, 3, first=6)
     served(store, "canary", 1, 3, first=6)  # 7 conversations, 21 turns each: enough

@@ -130,9 +130,12 @@ def _errors_and_latency(store, lineage: Lineage, since, settings: LoopSettings) 
     # canary for the guards alone; the tests above keep their alpha either way.
     need = settings.min_guard_conversations
     if not out.holding and min(live.turns, canary.turns) < need:
+        # The share the canary got, beside the fraction status shows: an arm is drawn per
+        # opening, so conversations that open alike get far less (or more) than asked.
+        share = canary.turns / max(live.turns + canary.turns, 1)
         out.holding = (
             f"the guards need {need} turns served per arm (live {live.turns} in "
             f"{live.conversations} conversations, canary {canary.turns} in "
-            f"{canary.conversations})"
+            f"{canary.conversations}: {share:.1%} of the turns)"
         )
     return out
