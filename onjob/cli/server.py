@@ -9,6 +9,7 @@ import gc
 import logging
 import secrets
 import sys
+import time
 from urllib.parse import urlsplit
 
 import httpx
@@ -39,7 +40,7 @@ from .exits import Failed, Refused
 from .process import EngineProcess
 from .settings import ServeSettings
 from .stopping import Interrupted, Server, Signals
-from .supervisor import Supervisor
+from .supervisor import Eta, Supervisor
 from .telemetry import tracer
 from .workers import Workers, listening_socket, worker_argv
 
@@ -68,14 +69,17 @@ def build_pool(settings: ServeSettings, judge_engine: httpx.AsyncClient) -> Pool
     return Pool(replicas, interval_s=p.health_interval_s, resolves=p.engines_resolve_adapters)
 
 
-def build_app(settings: ServeSettings, workers: Workers | None = None):
+def build_app(settings: ServeSettings, workers: Workers | None = None, eta: Eta | None = None):
     """The server's app; `workers` (its proxy-only processes) stop before the collector's
-    last load, so what they spooled is in the database when it exits."""
+    last load, so what they spooled is in the database when it exits; `eta`: when the
+    engine child being restarted should serve again (`--start-engine`)."""
     if settings.proxy.primary_url:
         return build_proxy_app(settings)
     collector = Collector(settings.collector)
     engine = engine_client(settings)
     pool = build_pool(settings, engine)
+    if eta is not None:
+        pool.restart_eta = eta.back_in
     router = Router.from_settings(settings.proxy, pool)
     pool.wanted = router.adapters
     operator = Operator(collector, router, engine, settings.proxy.aliases, pool=pool)
@@ -235,7 +239,8 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
         # The child's adapter routes answer this process alone, not every local process.
         p = p.model_copy(update={"engine_token": secrets.token_urlsafe(32)})
         settings = settings.model_copy(update={"proxy": p})
-    app = build_app(settings, workers)
+    eta = Eta() if settings.engine.start else None
+    app = build_app(settings, workers, eta)
     supervisor, gave_up = None, []
     with Signals().installed() as signals:
 
@@ -247,12 +252,15 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
 
         try:
             if settings.engine.start:
+                began = time.monotonic()
                 signals.engine = _start_engine(settings)
+                eta.start_s = time.monotonic() - began  # a restart's first estimate
                 supervisor = Supervisor(
                     signals.engine,
                     restarts=settings.engine.restarts,
                     window_s=settings.engine.restart_window_s,
                     give_up=give_up,
+                    eta=eta,
                 ).start()
             _say_started(settings, configured_key)
             config = uvicorn.Config(

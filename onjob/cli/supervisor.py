@@ -28,6 +28,39 @@ _POLL_S = 0.5
 _MAX_BACKOFF_S = 60.0
 
 
+# Past the child's start: the proxy's health check finds it (every
+# `proxy.health_interval_s`) and loads its adapters before serving through it.
+_SERVING_S = 2.0
+
+
+class Eta:
+    """When the engine child being restarted should answer again, for the 503s the proxy
+    answers meanwhile (`Retry-After`, `Pool.restart_eta`): written by the supervisor's
+    thread, read on the event loop (one float: nothing to lock)."""
+
+    def __init__(self, start_s: float = 10.0) -> None:
+        self.start_s = start_s  # how long the child's last start took
+        self.at: float | None = None  # monotonic: when it should serve again
+        self.restarting = False  # from its death until it is started again
+
+    def died(self, delay_s: float) -> None:
+        """The child died and starts again after `delay_s`."""
+        self.at, self.restarting = time.monotonic() + delay_s + self.start_s + _SERVING_S, True
+
+    def back(self, start_s: float) -> None:
+        """Started again, in `start_s`: the proxy serves through it once it sees it."""
+        self.start_s, self.restarting = start_s, False
+        self.at = time.monotonic() + _SERVING_S
+
+    def back_in(self) -> float | None:
+        """Seconds until the child should serve again (at least 1 while a restart running
+        late is still under way), None when none is."""
+        left = None if self.at is None else self.at - time.monotonic()
+        if left is not None and left > 0:
+            return max(1.0, left)
+        return 1.0 if self.restarting else None
+
+
 class Supervisor:
     """Watches `engine` (started) until `stop()`; calls `give_up(why)` once, when the
     child died more than `restarts` times within `window_s`."""
@@ -39,11 +72,13 @@ class Supervisor:
         restarts: int,
         window_s: float,
         give_up: Callable[[str], None],
+        eta: Eta | None = None,
     ) -> None:
         self.engine = engine
         self.restarts = restarts
         self.window_s = window_s
         self.give_up = give_up
+        self.eta = eta or Eta()
         self.started: list[float] = []  # when each restart began (monotonic)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="engine-supervisor", daemon=True)
@@ -74,6 +109,7 @@ class Supervisor:
                 )
                 return
             delay = min(_MAX_BACKOFF_S, 2.0 ** len(recent))
+            self.eta.died(delay)
             log.warning(
                 "the engine child (pid %d) exited with code %s; starting it again in %.0f s "
                 "(restart %d of %d within %.0f s). Its last lines:\n%s",
@@ -87,7 +123,7 @@ class Supervisor:
             )
             if self._stopping.wait(delay):
                 return
-            self.started.append(time.monotonic())
+            self.started.append(began := time.monotonic())
             self.engine.stop()  # what the dead child started and left behind (vLLM's core)
             try:
                 self.engine.start()
@@ -95,6 +131,7 @@ class Supervisor:
                 if not self._stopping.is_set():
                     log.error("starting the engine child again failed: %s", _tail(str(exc)))
                 continue  # the child is not running: the next round counts it
+            self.eta.back(time.monotonic() - began)
             log.warning("the engine child is back (pid %d)", self.engine.proc.pid)
 
 

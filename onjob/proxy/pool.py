@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -119,6 +120,9 @@ class Pool:
         self.resolves = resolves
         # The operator's hook: load `names` into a replica's engine (from the registry).
         self.reload: Callable[[Replica, set[str]], Awaitable[None]] | None = None
+        # The server's hook (`onjob serve --start-engine`): seconds until the engine child
+        # it is restarting should answer again, None when it is not restarting one.
+        self.restart_eta: Callable[[], float | None] | None = None
         self._turn = itertools.count()
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -236,10 +240,17 @@ class Pool:
         answering (each one tried), the 503 that tells the client to come back (a dying or
         restarting engine is not a bad gateway)."""
         if isinstance(last, NotConnected | HungUp) and self.checked:
-            return EngineUnavailable(
+            gone = EngineUnavailable(
                 f"No engine answers ({last}); onjob serves again once one is back. "
                 "Retry in a few seconds."
             )
+            # A restart takes longer than the default wait (7 s for the bundled model on
+            # 2 cores): an `openai` client, which waits `Retry-After` twice, would give up
+            # in the middle of it. Clients honour up to 60 s.
+            eta = self.restart_eta() if self.restart_eta is not None else None
+            if eta is not None:
+                gone.retry_after_s = min(60, max(gone.retry_after_s, math.ceil(eta)))
+            return gone
         return last
 
     async def aclose(self) -> None:
