@@ -5,8 +5,9 @@ after a back-off (1 s, 2 s, 4 s, ... at most 60 s), at most `engine.restarts` ti
 `engine.restart_window_s`; one more death in that window and the server stops and exits 1,
 so that whatever runs it (systemd, Kubernetes) sees the failure rather than a proxy that
 answers 503 for ever. Meanwhile the proxy's pool finds the engine down (requests get 503
-with `Retry-After`, `/health` is 503), and once the child is back it loads the adapters
-the router sends to before serving them again (`proxy/pool.py`).
+with `Retry-After`: when the child should serve again, `Eta`; `/health` is 503), and once
+the child is back it loads the adapters the router sends to before serving them again
+(`proxy/pool.py`).
 
 The watcher is a thread of its own, and it starts the new child: Linux sends the child's
 parent-death signal when the thread that forked it exits (`process._die_with_parent`), and
@@ -36,7 +37,8 @@ _SERVING_S = 2.0
 class Eta:
     """When the engine child being restarted should answer again, for the 503s the proxy
     answers meanwhile (`Retry-After`, `Pool.restart_eta`): written by the supervisor's
-    thread, read on the event loop (one float: nothing to lock)."""
+    thread, read on the event loop (plain assignments: a read between two of them tells
+    a client a second or two off, nothing worse)."""
 
     def __init__(self, start_s: float = 10.0) -> None:
         self.start_s = start_s  # how long the child's last start took
