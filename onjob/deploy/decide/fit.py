@@ -105,6 +105,11 @@ def _line(f: Fitted) -> str:
     )
 
 
+# The groups a run can learn from: their combined rewards spread more than the parameter.
+_SPREAD = """(SELECT group_id FROM scores WHERE source = 'combined'
+               GROUP BY group_id HAVING max(score) - min(score) > ?)"""
+
+
 def observe(store, min_spread: float = 0.0) -> Traffic:
     """The traffic; its recent groups are those a run can learn from (their rewards spread
     more than `min_spread`), as each lineage counts its own (`recent_groups`): the line
@@ -116,9 +121,7 @@ def observe(store, min_spread: float = 0.0) -> Traffic:
                (SELECT count(*) FROM groups WHERE status = 'scored'
                   AND kind IN ('turn', 'trajectory')
                   AND created > now() - INTERVAL {GROUPS_WINDOW_S} SECOND
-                  AND id IN (SELECT group_id FROM scores WHERE source = 'combined'
-                             GROUP BY group_id HAVING max(score) - min(score) > ?))
-                  AS recent_groups,
+                  AND id IN {_SPREAD}) AS recent_groups,
                (SELECT count(*) FROM trajectories WHERE source = 'production'
                   AND first_ts > now() - INTERVAL {GROUPS_WINDOW_S} SECOND)
                   AS recent_conversations,
@@ -204,8 +207,7 @@ def recent_groups(store, scope: KeyScope, min_spread: float = 0.0) -> int:
         JOIN members m ON m.group_id = g.id JOIN exchanges e ON e.id = m.exchange_id
         WHERE g.status = 'scored' AND g.kind IN ('turn', 'trajectory')
           AND g.created > now() - INTERVAL {GROUPS_WINDOW_S} SECOND AND {condition}
-          AND g.id IN (SELECT group_id FROM scores WHERE source = 'combined'
-                       GROUP BY group_id HAVING max(score) - min(score) > ?)
+          AND g.id IN {_SPREAD}
         """,
         [*params, min_spread],
     )[0]["n"]
