@@ -13,7 +13,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[local,dev,demo]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[local,dev,demo,lake]'
 	touch $@
 
 # vLLM in a virtualenv of its own ($ONJOB_CACHE_DIR/vllm, default ~/.cache/onjob/vllm):

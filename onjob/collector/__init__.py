@@ -58,7 +58,10 @@ sent (`records.py`), read queries (`queries.py`), which API keys' rows a lineage
 read, one SQL condition the snapshot, the test prompts and the canary's guards share,
 and how a lineage is named (`alias`, `alias@tenant`) and spelt on the command line, and
 what one tenant's export takes (`TenantRows`) (`scope.py`), the judge's and the
-trainer's daily budgets read from their rows (`budgets.py`)
+trainer's daily budgets read from their rows (`budgets.py`), DuckDB's extensions loaded
+from their installed packages, never from the network (`extensions.py`), and the log in
+DuckLake as far as it goes: a lake attached, made in the schema's end state, loaded by
+`Store` (`lake.py`; docs/scaling.md, "The path to a shared catalog", says what is left)
 """
 
 from . import budgets, queries, readonly

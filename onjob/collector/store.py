@@ -25,6 +25,7 @@ from typing import NamedTuple, TypeVar
 import duckdb
 import msgspec
 
+from . import lake
 from .errors import StorageError
 from .records import KINDS
 from .schema import migrate
@@ -218,13 +219,21 @@ GROUP BY id
 
 
 class Store:
+    """The database: the file at `path`, or with `catalog` the DuckLake whose catalog is that
+    Postgres database and whose data files lie under `data_path` (`lake.py`; `path` then
+    only places DuckDB's temporary files)."""
+
     def __init__(
         self,
         path: Path | str,
         threads: int | None = None,
         memory_limit: str | None = None,
         scan_per_lookup: int = SCAN_PER_LOOKUP,
+        *,
+        catalog: str | None = None,
+        data_path: str | None = None,
     ) -> None:
+        self.in_lake = catalog is not None
         try:
             # Spills beside the file, as DuckDB puts them for a file it opens itself: an
             # in-memory connection's default is `.tmp` in whatever directory onjob runs in.
@@ -238,17 +247,13 @@ class Store:
             self.exporting = False  # True: each load queues its exchanges (`export.py`)
             self.scan_per_lookup = scan_per_lookup  # `_upsert`'s choice
             self.con = duckdb.connect(":memory:", config=config)
-            # As the file is named when opened directly (`current_database()`), unless that
-            # name is one DuckDB keeps for itself.
-            name = Path(path).stem
-            name = "onjob" if name.lower() in _RESERVED else name
-            catalog = '"{}"'.format(name.replace('"', '""'))
-            self._use = f"USE {catalog}"
-            file = "'{}'".format(str(path).replace("'", "''"))
-            self.con.execute(f"ATTACH {file} AS {catalog} (ROW_GROUP_SIZE {ROW_GROUP_ROWS})")
-            _private(Path(path), Path(f"{path}.wal"))
-            self.con.execute(self._use)
-            self.schema_before = migrate(self.con)
+            if catalog is not None:
+                lake.attach(self.con, catalog, data_path or "")
+                self._use = f"USE {lake.NAME}"
+                self.schema_before = lake.migrate(self.con)
+            else:
+                self._use = self._attach_file(Path(path))
+                self.schema_before = migrate(self.con)
             # The limit set again after each eviction (`release_memory`): as given, or DuckDB's
             # default (RESET: its displayed value is rounded).
             self._limit = (
@@ -265,6 +270,19 @@ class Store:
             ) from exc
         except duckdb.Error as exc:  # e.g. a memory limit DuckDB cannot parse
             raise StorageError(f"cannot open {path}: {exc}") from exc
+
+    def _attach_file(self, path: Path) -> str:
+        """Attach the database file; the `USE` statement that makes it the default. Named as
+        the file is when opened directly (`current_database()`), unless that name is one
+        DuckDB keeps for itself."""
+        name = path.stem
+        name = "onjob" if name.lower() in _RESERVED else name
+        catalog = '"{}"'.format(name.replace('"', '""'))
+        file = "'{}'".format(str(path).replace("'", "''"))
+        self.con.execute(f"ATTACH {file} AS {catalog} (ROW_GROUP_SIZE {ROW_GROUP_ROWS})")
+        _private(path, Path(f"{path}.wal"))
+        self.con.execute(f"USE {catalog}")
+        return f"USE {catalog}"
 
     def close(self) -> None:
         self.con.close()
@@ -441,6 +459,9 @@ class Store:
         looks them up, updates them through the index (an `UPDATE` filtered by the ids as
         constants) and inserts the others; any other takes the merge."""
         con = self.con
+        if self.in_lake:  # no key, no index: DuckLake merges by the id (`merge`)
+            con.execute(merge(table, self._columns(table), rows, update))
+            return
         (held,) = con.execute(f"SELECT count(*) FROM {table}").fetchone()
         if most * self.scan_per_lookup > held:
             con.execute(f"INSERT INTO {table} {rows} ON CONFLICT (id) DO UPDATE SET {update}")
@@ -460,6 +481,16 @@ class Store:
         )
         con.execute("DROP TABLE upserted")
 
+    def _columns(self, table: str) -> list[str]:
+        return [
+            name
+            for (name,) in self.con.execute(
+                "SELECT column_name FROM duckdb_columns() WHERE database_name = "
+                "current_database() AND table_name = ? ORDER BY column_index",
+                [table],
+            ).fetchall()
+        ]
+
     def _found(self, table: str, ids: list[str]) -> list[str]:
         """Which of these ids (at most `LOOKUP`) `table` holds: a lookup in its primary key's
         index (for constants, not parameters, DuckDB uses the index; a join scans)."""
@@ -474,6 +505,8 @@ class Store:
         """The database file copied whole to `target`, its WAL written in first; no user's
         query runs meanwhile (one in a transaction would keep the checkpoint from taking
         it all). Raises `StorageError` when DuckDB cannot checkpoint: no partial copy."""
+        if self.in_lake:
+            raise StorageError("a DuckLake is not copied: every host attaches it")
         with self._reading:
             try:
                 self.con.execute("CHECKPOINT")
@@ -492,7 +525,17 @@ class Store:
     def checkpoint(self) -> bool:
         """Write the WAL into the database file (DuckDB then deletes the WAL): after a
         deletion, so the log of writes no longer holds what was deleted. False when DuckDB
-        could not (the WAL then goes at the next automatic checkpoint, or on close)."""
+        could not (the WAL then goes at the next automatic checkpoint, or on close).
+
+        A lake refuses: DuckLake keeps a deleted row readable in its older snapshots, its
+        text in the catalog's column statistics (min and max) and in files written before
+        the deletion, and expiring the snapshots and cleaning up the files does not reach
+        the statistics (docs/scaling.md, "The path to a shared catalog")."""
+        if self.in_lake:
+            raise StorageError(
+                "forgetting on a DuckLake is not supported yet: its column statistics and "
+                "older files keep what was deleted"
+            )
         try:
             self.con.execute("CHECKPOINT")
         except duckdb.Error:
@@ -553,6 +596,19 @@ class Store:
         cur = self.con.execute(sql, params or [])
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def merge(table: str, columns: list[str], rows: str, update: str) -> str:
+    """`INSERT INTO table rows ON CONFLICT (id) DO UPDATE SET update` for a table with no
+    key (a lake's): a MERGE on the id, `rows` named as the table's `columns` and read as
+    `excluded`, as ON CONFLICT reads them."""
+    names = ", ".join(columns)
+    values = ", ".join(f"excluded.{c}" for c in columns)
+    return (
+        f"MERGE INTO {table} USING ({rows}) AS excluded({names}) ON {table}.id = excluded.id "
+        f"WHEN MATCHED THEN UPDATE SET {update} "
+        f"WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})"
+    )
 
 
 def _private(*files: Path) -> None:

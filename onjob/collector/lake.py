@@ -1,0 +1,123 @@
+"""The log in DuckLake: its catalog a Postgres database, its data files under an S3 prefix
+or a directory, shared by every host that attaches it (docs/scaling.md, "The path to a
+shared catalog": what is in place and what stands before it is offered).
+
+DuckLake has no PRIMARY KEY or UNIQUE constraint, and its ALTER TABLE only widens a
+column's type, so the embedded migrations (`schema.py`) cannot be replayed on it. A new
+lake is made in the embedded schema's *end state* instead, read off an in-memory
+database the migrations built: every table with its columns' types, NOT NULL and
+defaults, every view and macro, no key constraints (what a key guarded, a writer must:
+ids are made unique where they are made, `ids.new_id`). Its `schema_version` is the
+migrations' count, so the two back ends name one schema by one number.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+from . import extensions, schema
+from .errors import StorageError
+
+NAME = "onjob"  # the catalog name a lake is attached as (`current_database()`)
+
+
+def attach(
+    con: duckdb.DuckDBPyConnection,
+    catalog: str,
+    data_path: str,
+    *,
+    name: str = NAME,
+    read_only: bool = False,
+) -> None:
+    """Attach the lake whose catalog is the Postgres database `catalog` (a libpq
+    connection string or URI) and whose files lie under `data_path`, as `name`, and
+    make it the connection's default database."""
+    extensions.load(con, "ducklake", "postgres")
+    if data_path.startswith(("s3://", "gcs://", "r2://", "https://")):
+        extensions.load(con, "httpfs")
+    options = [f"DATA_PATH {_literal(data_path)}"]
+    if read_only:
+        options.append("READ_ONLY")
+    try:
+        con.execute(
+            f"ATTACH {_literal('ducklake:postgres:' + catalog)} AS {_ident(name)} "
+            f"({', '.join(options)})"
+        )
+        con.execute(f"USE {_ident(name)}")
+    except duckdb.Error as exc:
+        raise StorageError(f"cannot attach the DuckLake catalog {catalog!r}: {exc}") from exc
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> int:
+    """Give the attached lake the schema's end state if it has no schema yet; return the
+    version it had. A lake of another version is refused: its migration is not written."""
+    before = schema.version(con)
+    latest = len(schema.MIGRATIONS)
+    if before == latest:
+        return before
+    if before:
+        raise StorageError(
+            f"the DuckLake catalog holds schema version {before}; this onjob writes "
+            f"version {latest}, and migrating a lake between versions is not supported yet"
+        )
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for statement in end_state():
+            con.execute(statement)
+        con.execute("INSERT INTO schema_version VALUES (?)", [latest])
+        con.execute("COMMIT")
+    except duckdb.Error:
+        con.execute("ROLLBACK")
+        raise
+    return before
+
+
+def end_state() -> list[str]:
+    """The embedded schema after every migration, as DuckLake statements: tables without
+    key constraints, then macros and views in the order they were made."""
+    con = duckdb.connect()
+    try:
+        schema.migrate(con)
+        tables = [t for (t,) in con.execute(_TABLES).fetchall() if t != "schema_version"]
+        statements = [_table(con, t) for t in tables]
+        for name, params, body in con.execute(_MACROS).fetchall():
+            statements.append(f"CREATE MACRO {_ident(name)}({', '.join(params)}) AS TABLE {body}")
+        statements += [sql for (sql,) in con.execute(_VIEWS).fetchall()]
+        return statements
+    finally:
+        con.close()
+
+
+_TABLES = "SELECT table_name FROM duckdb_tables() WHERE NOT internal ORDER BY table_oid"
+_MACROS = """
+SELECT function_name, parameters, macro_definition FROM duckdb_functions()
+WHERE function_type = 'table_macro' AND NOT internal AND schema_name = 'main'
+ORDER BY function_oid
+"""
+_VIEWS = "SELECT sql FROM duckdb_views() WHERE NOT internal ORDER BY view_oid"
+
+
+def _table(con: duckdb.DuckDBPyConnection, table: str) -> str:
+    columns = con.execute(
+        """
+        SELECT column_name, data_type, is_nullable, column_default FROM duckdb_columns()
+        WHERE table_name = ? ORDER BY column_index
+        """,
+        [table],
+    ).fetchall()
+    spelt = []
+    for column, kind, nullable, default in columns:
+        spelt.append(
+            f"{_ident(column)} {kind}"
+            + ("" if nullable else " NOT NULL")
+            + (f" DEFAULT {default}" if default is not None else "")
+        )
+    return f"CREATE TABLE {_ident(table)} ({', '.join(spelt)})"
+
+
+def _ident(name: str) -> str:
+    return '"{}"'.format(name.replace('"', '""'))
+
+
+def _literal(text: str) -> str:
+    return "'{}'".format(text.replace("'", "''"))

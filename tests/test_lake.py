@@ -1,0 +1,239 @@
+"""The log in DuckLake, its ground: DuckDB's extensions loaded from the installed wheels,
+a lake whose catalog is a real Postgres cluster (Debian's package, on a free port), the
+embedded schema's end state made in it, and writers in several processes at once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import duckdb
+import msgspec
+import pytest
+
+from onjob.collector import Store, extensions, lake, schema
+from onjob.collector.errors import StorageError
+from onjob.collector.records import ExchangeRecord, encode
+from onjob.collector.spool import Spool
+from onjob.testing.postgres import Postgres
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    with Postgres() as pg:
+        yield pg
+
+
+@pytest.fixture
+def catalog(postgres, request):
+    """A database of its own in the cluster for each test: a lake's catalog."""
+    return postgres.database("lake_" + request.node.name.lower()[5:45])
+
+
+def test_the_extensions_load_from_the_installed_wheels_for_this_duckdb():
+    file = extensions.path("ducklake")
+    assert file.parent.name == f"v{duckdb.__version__}" and "site-packages" in str(file)
+    con = duckdb.connect()
+    extensions.load(con, "ducklake", "postgres", "httpfs")
+    loaded = {
+        name
+        for (name,) in con.execute(
+            "SELECT extension_name FROM duckdb_extensions() WHERE loaded"
+        ).fetchall()
+    }
+    assert {"ducklake", "postgres_scanner", "httpfs"} <= loaded
+
+
+def test_a_missing_extension_names_the_wheel_to_install():
+    with pytest.raises(extensions.ExtensionMissing) as caught:
+        extensions.path("spatial")
+    assert f"duckdb-extension-spatial=={duckdb.__version__}" in str(caught.value)
+
+
+def _columns(con: duckdb.DuckDBPyConnection, database: str) -> set[tuple]:
+    """Each column's table, name, type, nullability and default (DuckLake states "no
+    default" as NULL, and a number's as a quoted text: `'0'`)."""
+    return {
+        (*column[:4], None if column[4] in (None, "NULL") else column[4].strip("'"))
+        for column in con.execute(
+            """
+            SELECT table_name, column_name, data_type, is_nullable, column_default
+            FROM duckdb_columns() WHERE database_name = ?
+            """,
+            [database],
+        ).fetchall()
+    }
+
+
+def test_a_new_lake_gets_the_embedded_schemas_end_state(catalog, tmp_path):
+    embedded = duckdb.connect()
+    schema.migrate(embedded)
+    con = duckdb.connect()
+    lake.attach(con, catalog, str(tmp_path / "data"))
+    assert lake.migrate(con) == 0
+    assert lake.migrate(con) == len(schema.MIGRATIONS)  # made once; again, nothing to do
+    assert _columns(con, lake.NAME) == _columns(embedded, "memory")
+    # Defaults fill in as in the file: a number's a number, a text's its text.
+    con.execute("INSERT INTO groups (id, kind, status) VALUES ('g', 'turn', 'new')")
+    assert con.execute("SELECT attempts FROM groups").fetchone() == (0,)
+    con.execute("DELETE FROM groups")
+    con.close()
+    # Another connection (another host) attaches the same lake and finds it made.
+    other = duckdb.connect()
+    lake.attach(other, catalog, str(tmp_path / "data"), read_only=True)
+    assert other.execute("SELECT max(version) FROM schema_version").fetchone() == (
+        len(schema.MIGRATIONS),
+    )
+    assert other.execute("SELECT count(*) FROM exchanges_full").fetchone() == (0,)
+
+
+def test_a_lake_of_another_schema_version_is_refused_not_rewritten(catalog, tmp_path):
+    con = duckdb.connect()
+    lake.attach(con, catalog, str(tmp_path / "data"))
+    lake.migrate(con)
+    con.execute("INSERT INTO schema_version VALUES (?)", [len(schema.MIGRATIONS) + 1])
+    with pytest.raises(StorageError, match="schema version"):
+        lake.migrate(con)
+    assert con.execute("SELECT count(*) FROM exchanges").fetchone() == (0,)
+
+
+def _line(eid: str, parent: str | None, turn: int, content: str) -> bytes:
+    """A spool line placed already, one user message, stored against `parent` (keeping
+    its `turn` messages and prompt ids: the whole conversation before it) when there is
+    one."""
+    request = {"model": "m", "messages": [{"role": "user", "content": content}]}
+    return encode(
+        ExchangeRecord(
+            id=eid,
+            ts=float(turn),
+            trajectory_id="t" if eid != "x" else "x",
+            turn=turn,
+            scenario_id="s",
+            scenario_key="k",
+            scenario_keyed="derived",
+            request=msgspec.Raw(msgspec.json.encode(request)),
+            prompt_token_ids=[turn],
+            parent_id=parent,
+            messages_kept=turn if parent else None,
+            prompt_kept=turn if parent else None,
+        )
+    )
+
+
+def _load(store: Store, spool_dir, *lines: bytes) -> int:
+    spool = Spool(spool_dir)
+    for line in lines:
+        spool.append(line)
+    spool.rotate()
+    (segment,) = spool.loadable()
+    loaded = store.load_segment(segment.path)
+    segment.path.unlink()
+    spool.close()
+    return loaded
+
+
+def _tables(store: Store) -> dict[str, list]:
+    return {
+        "exchanges_full": store.con.execute(
+            "SELECT id, trajectory_id, turn, request, prompt_token_ids FROM exchanges_full "
+            "ORDER BY id"
+        ).fetchall(),
+        "trajectories": store.con.execute(
+            "SELECT * EXCLUDE (first_ts, last_ts) FROM trajectories ORDER BY id"
+        ).fetchall(),
+        "scenarios": store.con.execute(
+            "SELECT * EXCLUDE (first_seen) FROM scenarios ORDER BY id"
+        ).fetchall(),
+        "loaded_segments": store.con.execute("SELECT count(*) FROM loaded_segments").fetchall(),
+    }
+
+
+def test_spool_segments_load_into_a_lake_as_into_the_file(catalog, tmp_path):
+    """The loader on a lake: the same segments, loaded one after another into the file and
+    into a lake, leave the same conversations, trajectories (merged by id where the file
+    upserts by its key) and scenarios; a conversation stored turn by turn against its
+    parent rebuilds the same through the lake's macro and view."""
+    file = Store(tmp_path / "db.duckdb")
+    lake_store = Store(tmp_path / "lake.duckdb", catalog=catalog, data_path=str(tmp_path / "d"))
+    first = (_line("a", None, 0, "first"), _line("x", None, 0, "other"))
+    second = (_line("b", "a", 1, "second"), _line("c", "b", 2, "third"))
+    try:
+        for store, spool in ((file, "spool-file"), (lake_store, "spool-lake")):
+            assert _load(store, tmp_path / spool, *first) == 2
+            assert _load(store, tmp_path / spool, *second) == 2
+        assert _tables(lake_store) == _tables(file)
+        (turns,) = lake_store.con.execute(
+            "SELECT n_turns FROM trajectories WHERE id = 't'"
+        ).fetchone()
+        assert turns == 3
+        row = lake_store.query(
+            "SELECT request, prompt_token_ids FROM exchanges_full WHERE id = 'c'"
+        )
+        assert [m["content"] for m in json.loads(row[0]["request"])["messages"]] == [
+            "first", "second", "third"
+        ]  # fmt: skip
+        assert row[0]["prompt_token_ids"] == [0, 1, 2]
+    finally:
+        file.close()
+        lake_store.close()
+
+
+def test_forgetting_on_a_lake_is_refused_until_it_can_reach_the_statistics(catalog, tmp_path):
+    """DuckLake keeps a deleted row's text in its column statistics; a lake's store says
+    so rather than report a deletion it cannot finish."""
+    store = Store(tmp_path / "lake.duckdb", catalog=catalog, data_path=str(tmp_path / "d"))
+    try:
+        with pytest.raises(StorageError, match="column statistics"):
+            store.checkpoint()
+        with pytest.raises(StorageError, match="not copied"):
+            store.copy_file(tmp_path / "copy.duckdb")
+    finally:
+        store.close()
+
+
+_WRITER = textwrap.dedent(
+    """
+    import sys, duckdb
+    from onjob.collector import lake
+    catalog, data, host = sys.argv[1], sys.argv[2], sys.argv[3]
+    con = duckdb.connect()
+    lake.attach(con, catalog, data)
+    for batch in range(5):
+        for attempt in range(50):  # DuckLake commits optimistically: a clash is retried
+            try:
+                con.execute("BEGIN TRANSACTION")
+                con.execute(
+                    "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id) "
+                    "SELECT ? || '-' || ? || '-' || i, now(), 't', 0, 's' FROM range(40) r(i)",
+                    [host, batch],
+                )
+                con.execute("COMMIT")
+                break
+            except duckdb.TransactionException:
+                con.execute("ROLLBACK")
+        else:
+            raise SystemExit(f"{host}: batch {batch} never committed")
+    """
+)
+
+
+def test_eight_writer_processes_commit_into_one_lake_at_once(catalog, tmp_path):
+    """Eight processes, each a host writing its own batches: every row lands, once."""
+    con = duckdb.connect()
+    lake.attach(con, catalog, str(tmp_path / "data"))
+    lake.migrate(con)
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, catalog, str(tmp_path / "data"), f"host{n}"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(8)
+    ]
+    for w in writers:
+        _, err = w.communicate(timeout=300)
+        assert w.returncode == 0, err
+    count, distinct = con.execute("SELECT count(*), count(DISTINCT id) FROM exchanges").fetchone()
+    assert (count, distinct) == (8 * 5 * 40, 8 * 5 * 40)
