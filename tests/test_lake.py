@@ -15,6 +15,7 @@ import pytest
 
 from onjob.collector import Store, extensions, lake, schema
 from onjob.collector.errors import StorageError
+from onjob.collector.forget import Forget, forget
 from onjob.collector.records import ExchangeRecord, encode
 from onjob.collector.spool import Spool
 from onjob.testing.postgres import Postgres
@@ -180,15 +181,38 @@ def test_spool_segments_load_into_a_lake_as_into_the_file(catalog, tmp_path):
         lake_store.close()
 
 
-def test_forgetting_on_a_lake_is_refused_until_it_can_reach_the_statistics(catalog, tmp_path):
-    """DuckLake keeps a deleted row's text in its column statistics; a lake's store says
-    so rather than report a deletion it cannot finish."""
-    store = Store(tmp_path / "lake.duckdb", catalog=catalog, data_path=str(tmp_path / "d"))
+def _files_holding(root, text: bytes) -> list:
+    return [f for f in root.rglob("*") if f.is_file() and text in f.read_bytes()]
+
+
+def test_a_conversation_forgotten_on_a_lake_is_nowhere_in_it(postgres, catalog, tmp_path):
+    """`onjob forget` on a lake: the conversation's text is in no snapshot, no data file
+    and no statistic of the catalog (`pg_dump` of its Postgres database), and the other
+    conversations read back whole, found by the filters that statistics prune by."""
+    data = tmp_path / "d"
+    store = Store(tmp_path / "lake.duckdb", catalog=catalog, data_path=str(data))
+    secret = "zz-the-secret-address"  # the largest text of its columns: their maximum
     try:
-        with pytest.raises(StorageError, match="column statistics"):
-            store.checkpoint()
-        with pytest.raises(StorageError, match="not copied"):
-            store.copy_file(tmp_path / "copy.duckdb")
+        _load(store, tmp_path / "spool", _line("a", None, 0, "first"), _line("x", None, 0, secret))
+        _load(store, tmp_path / "spool", _line("b", "a", 1, "second"))
+        before = postgres.dump(catalog.split("dbname=")[1])
+        assert secret in before or _files_holding(data, secret.encode())
+        forgotten = forget(store, Forget(trajectory="x"))
+        assert forgotten.exchanges == 1 and forgotten.checkpointed
+        assert secret not in postgres.dump(catalog.split("dbname=")[1])
+        assert _files_holding(data, secret.encode()) == []
+        with pytest.raises(duckdb.InvalidInputException, match="No snapshot"):
+            store.con.execute("SELECT count(*) FROM exchanges AT (VERSION => 1)")
+        rows = store.query("SELECT id, request FROM exchanges_full ORDER BY id")
+        assert [r["id"] for r in rows] == ["a", "b"]
+        assert [m["content"] for m in json.loads(rows[1]["request"])["messages"]] == [
+            "first", "second"
+        ]  # fmt: skip
+        # The statistics measured again still bound what is there: a filter finds it.
+        (found,) = store.con.execute(
+            "SELECT count(*) FROM exchanges WHERE request::VARCHAR >= '{\"messages\"'"
+        ).fetchone()
+        assert found == 2
     finally:
         store.close()
 

@@ -48,6 +48,54 @@ def attach(
         raise StorageError(f"cannot attach the DuckLake catalog {catalog!r}: {exc}") from exc
 
 
+def forget_history(con: duckdb.DuckDBPyConnection, name: str = NAME) -> None:
+    """After a deletion, leave what was deleted nowhere in the lake. DuckLake keeps a
+    deleted row in three places besides the live table: its older snapshots (readable
+    `AT (VERSION => n)`), the data file that held it (a deletion only adds a file saying
+    which rows are gone), and each column's minimum and maximum, per file and per table,
+    in the catalog. So: every file with a deletion written again without the deleted rows,
+    every snapshot but the newest expired, every file none reads removed (their
+    statistics go with them), then each text column's table-wide minimum and maximum
+    measured again on what is left. `tests/test_lake.py` checks the catalog (`pg_dump`)
+    and the files for a forgotten text.
+
+    The table-wide statistics are written into the catalog directly (the DuckLake format's
+    `ducklake_table_column_stats`); DuckLake offers no call that measures them again. A
+    writer that commits meanwhile may write back the old bounds it read before: one writer
+    at a time, for now."""
+    con.execute(f"CALL ducklake_rewrite_data_files({_literal(name)}, delete_threshold => 0)")
+    con.execute(f"CALL ducklake_expire_snapshots({_literal(name)}, older_than => now())")
+    con.execute(f"CALL ducklake_cleanup_old_files({_literal(name)}, cleanup_all => true)")
+    metadata = _ident(f"__ducklake_metadata_{name}")
+    columns = con.execute(
+        f"""
+        SELECT t.table_id, t.table_name, c.column_id, coalesce(p.column_name, c.column_name),
+               p.column_id IS NOT NULL
+        FROM {metadata}.ducklake_table t
+        JOIN {metadata}.ducklake_column c ON c.table_id = t.table_id AND c.end_snapshot IS NULL
+        LEFT JOIN {metadata}.ducklake_column p
+               ON p.column_id = c.parent_column AND p.table_id = t.table_id
+              AND p.end_snapshot IS NULL
+        JOIN {metadata}.ducklake_table_column_stats s
+          ON s.table_id = t.table_id AND s.column_id = c.column_id
+        WHERE t.end_snapshot IS NULL AND c.column_type IN ('varchar', 'json')
+          AND (s.min_value IS NOT NULL OR s.max_value IS NOT NULL)
+          AND (c.parent_column IS NULL OR p.parent_column IS NULL)
+        """
+    ).fetchall()
+    for table_id, table, column_id, column, in_list in columns:
+        values = f"unnest({_ident(column)})" if in_list else _ident(column)
+        low, high = con.execute(
+            f"SELECT min(v)::VARCHAR, max(v)::VARCHAR FROM (SELECT {values} AS v FROM "
+            f"{_ident(name)}.{_ident(table)})"
+        ).fetchone()
+        con.execute(
+            f"UPDATE {metadata}.ducklake_table_column_stats SET min_value = ?, max_value = ? "
+            "WHERE table_id = ? AND column_id = ?",
+            [low, high, table_id, column_id],
+        )
+
+
 def migrate(con: duckdb.DuckDBPyConnection) -> int:
     """Give the attached lake the schema's end state if it has no schema yet; return the
     version it had. A lake of another version is refused: its migration is not written."""

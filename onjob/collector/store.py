@@ -523,21 +523,17 @@ class Store:
         self.con.execute("DELETE FROM loaded_segments WHERE name = ?", [segment])
 
     def checkpoint(self) -> bool:
-        """Write the WAL into the database file (DuckDB then deletes the WAL): after a
-        deletion, so the log of writes no longer holds what was deleted. False when DuckDB
-        could not (the WAL then goes at the next automatic checkpoint, or on close).
-
-        A lake refuses: DuckLake keeps a deleted row readable in its older snapshots, its
-        text in the catalog's column statistics (min and max) and in files written before
-        the deletion, and expiring the snapshots and cleaning up the files does not reach
-        the statistics (docs/scaling.md, "The path to a shared catalog")."""
-        if self.in_lake:
-            raise StorageError(
-                "forgetting on a DuckLake is not supported yet: its column statistics and "
-                "older files keep what was deleted"
-            )
+        """After a deletion, so nothing of the database still holds what was deleted. The
+        file: its WAL written into it (DuckDB then deletes the WAL). A lake: its history of
+        the deleted rows taken out (`lake.forget_history`: older snapshots, the files that
+        held them, the column statistics that bounded them). False when DuckDB could not
+        (the file's WAL then goes at the next automatic checkpoint, or on close; a lake's
+        history at its next deletion)."""
         try:
-            self.con.execute("CHECKPOINT")
+            if self.in_lake:
+                lake.forget_history(self.con)
+            else:
+                self.con.execute("CHECKPOINT")
         except duckdb.Error:
             return False
         return True

@@ -73,6 +73,14 @@ class Postgres:
         )
         return self.dsn.replace("dbname=postgres", f"dbname={name}")
 
+    def dump(self, name: str = "postgres") -> str:
+        """Everything the database `name` holds, as `pg_dump` writes it (SQL text)."""
+        cmd = [_tool("pg_dump"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", name]
+        if os.geteuid() == 0:
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+        return done.stdout
+
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():
             self._run(_tool("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
