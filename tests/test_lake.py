@@ -5,20 +5,26 @@ embedded schema's end state made in it, and writers in several processes at once
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import uuid
 
 import duckdb
 import msgspec
 import pytest
+from openai import OpenAI
 
-from onjob.collector import Store, extensions, lake, schema
+from onjob.cli.process import ServerProcess
+from onjob.collector import CollectorSettings, Store, extensions, lake, schema
 from onjob.collector.errors import StorageError
 from onjob.collector.forget import Forget, forget
 from onjob.collector.records import ExchangeRecord, encode
 from onjob.collector.spool import Spool
 from onjob.testing.postgres import Postgres
+
+from .s3_server import bucket_url, s3_endpoint  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +34,9 @@ def postgres():
 
 
 @pytest.fixture
-def catalog(postgres, request):
+def catalog(postgres):
     """A database of its own in the cluster for each test: a lake's catalog."""
-    return postgres.database("lake_" + request.node.name.lower()[5:45])
+    return postgres.database(f"lake_{uuid.uuid4().hex[:12]}")
 
 
 def test_the_extensions_load_from_the_installed_wheels_for_this_duckdb():
@@ -185,22 +191,51 @@ def _files_holding(root, text: bytes) -> list:
     return [f for f in root.rglob("*") if f.is_file() and text in f.read_bytes()]
 
 
-def test_a_conversation_forgotten_on_a_lake_is_nowhere_in_it(postgres, catalog, tmp_path):
+def _objects_holding(data_path: str, endpoint: str, text: bytes) -> list:
+    import boto3
+
+    bucket, _, prefix = data_path.removeprefix("s3://").partition("/")
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
+    return [k for k in keys if text in s3.get_object(Bucket=bucket, Key=k)["Body"].read()]
+
+
+@pytest.fixture(params=["directory", "s3"])
+def data_path(request, tmp_path, monkeypatch):
+    """Where a lake's files go, and what finds the files that hold a text: a directory, or
+    a bucket of moto's S3 server (DuckDB given its key and endpoint by the AWS variables)."""
+    if request.param == "directory":
+        return str(tmp_path / "d"), lambda text: _files_holding(tmp_path / "d", text)
+    endpoint = request.getfixturevalue("s3_endpoint")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    url = request.getfixturevalue("bucket_url") + "/lake/"
+    return url, lambda text: _objects_holding(url, endpoint, text)
+
+
+def test_a_conversation_forgotten_on_a_lake_is_nowhere_in_it(
+    postgres, catalog, tmp_path, data_path
+):
     """`onjob forget` on a lake: the conversation's text is in no snapshot, no data file
     and no statistic of the catalog (`pg_dump` of its Postgres database), and the other
     conversations read back whole, found by the filters that statistics prune by."""
-    data = tmp_path / "d"
-    store = Store(tmp_path / "lake.duckdb", catalog=catalog, data_path=str(data))
+    path, holding = data_path
+    store = Store(tmp_path / "lake.duckdb", catalog=catalog, data_path=path)
     secret = "zz-the-secret-address"  # the largest text of its columns: their maximum
     try:
         _load(store, tmp_path / "spool", _line("a", None, 0, "first"), _line("x", None, 0, secret))
         _load(store, tmp_path / "spool", _line("b", "a", 1, "second"))
+        # Enough rows beside it that DuckLake writes a data file, not only catalog rows.
+        store.con.execute(
+            "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, request) "
+            "SELECT 'bulk-' || i, now(), 'x', 1, 's', '{\"q\": \"zz-the-secret-address\"}' "
+            "FROM range(3000) r(i)"
+        )
         before = postgres.dump(catalog.split("dbname=")[1])
-        assert secret in before or _files_holding(data, secret.encode())
+        assert secret in before and holding(secret.encode())
         forgotten = forget(store, Forget(trajectory="x"))
-        assert forgotten.exchanges == 1 and forgotten.checkpointed
+        assert forgotten.exchanges == 3001 and forgotten.checkpointed
         assert secret not in postgres.dump(catalog.split("dbname=")[1])
-        assert _files_holding(data, secret.encode()) == []
+        assert holding(secret.encode()) == []
         with pytest.raises(duckdb.InvalidInputException, match="No snapshot"):
             store.con.execute("SELECT count(*) FROM exchanges AT (VERSION => 1)")
         rows = store.query("SELECT id, request FROM exchanges_full ORDER BY id")
@@ -261,3 +296,87 @@ def test_eight_writer_processes_commit_into_one_lake_at_once(catalog, tmp_path):
         assert w.returncode == 0, err
     count, distinct = con.execute("SELECT count(*), count(DISTINCT id) FROM exchanges").fetchone()
     assert (count, distinct) == (8 * 5 * 40, 8 * 5 * 40)
+
+
+def _onjob(*args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "onjob.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=300,
+    )
+
+
+def test_a_server_logs_into_a_lake_that_readers_attach_beside_it(
+    postgres, catalog, tmp_path, fake_engine_url
+):
+    """`onjob serve` with `collector.catalog`: an unchanged `openai` agent's conversation is
+    logged into the lake, stitched into one trajectory; `onjob sql` reads it through the
+    server and, with the server stopped, by attaching the lake itself; a restarted server
+    continues the same conversation; `onjob forget` through the server leaves its text
+    nowhere in the catalog or the data files; the start-up line never shows the catalog's
+    password."""
+    data = tmp_path / "data"
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "0",
+        "ONJOB_PROXY__ADMIN_KEY": "adm-lake-5c1e",
+        "ONJOB_COLLECTOR__CATALOG": catalog + " password=unused-but-secret",
+        "ONJOB_COLLECTOR__DATA_PATH": str(data),
+    }
+    args = ["--engine-url", fake_engine_url, "--db", str(tmp_path / "onjob.duckdb")]
+    question = "Which harbour does the night ferry leave from?"
+    messages = [{"role": "user", "content": question}]
+
+    def turn(server: ServerProcess) -> str:
+        client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=30)
+        reply = client.chat.completions.create(model="agent", messages=messages)
+        messages.extend(
+            [
+                {"role": "assistant", "content": reply.choices[0].message.content},
+                {"role": "user", "content": "And when?"},
+            ]
+        )
+        return reply.id
+
+    with ServerProcess(args, env=env, log=tmp_path / "server.log") as server:
+        turn(server)
+        turn(server)
+        assert "unused-but-secret" not in server.output()
+        assert "logging to the DuckLake of" in server.output()
+        given = ("--server", server.base, "--admin-key", env["ONJOB_PROXY__ADMIN_KEY"])
+        sql = "SELECT count(*) AS n, count(DISTINCT trajectory_id) AS t FROM exchanges"
+        asked = _onjob("sql", sql, "--json", *given, env={})
+        assert asked.returncode == 0, asked.stderr
+        assert json.loads(asked.stdout)["rows"] == [[2, 1]]
+    with ServerProcess(args, env=env, log=tmp_path / "server2.log") as server:
+        turn(server)
+    # The server gone, a reader attaches the lake itself (read-only, locked down).
+    offline = _onjob("sql", sql, "--json", "--db", str(tmp_path / "onjob.duckdb"), env=env)
+    assert offline.returncode == 0, offline.stderr
+    assert json.loads(offline.stdout)["rows"] == [[3, 1]]
+    refused = _onjob("sql", "SELECT * FROM read_text('/etc/passwd')", "--db", "x", env=env)
+    assert refused.returncode != 0 and "root:" not in refused.stdout
+    reader = duckdb.connect()
+    lake.attach(reader, catalog, str(data), read_only=True)
+    (trajectory, request) = reader.execute(
+        "SELECT trajectory_id, request FROM exchanges_full ORDER BY turn DESC LIMIT 1"
+    ).fetchone()
+    reader.close()
+    assert json.loads(request)["messages"] == messages[:-2]  # the third turn asked, whole
+    with ServerProcess(args, env=env, log=tmp_path / "server3.log") as server:
+        given = ("--server", server.base, "--admin-key", env["ONJOB_PROXY__ADMIN_KEY"])
+        forgot = _onjob("forget", "--trajectory", trajectory, "--json", *given, env={})
+        assert forgot.returncode == 0, forgot.stderr
+    database = catalog.split("dbname=")[1]
+    assert question not in postgres.dump(database)
+    assert _files_holding(data, question.encode()) == []
+
+
+def test_a_lake_is_named_whole_and_not_beside_the_bucket_hand_off():
+    with pytest.raises(ValueError, match="go together"):
+        CollectorSettings(catalog="host=127.0.0.1 dbname=lake")
+    with pytest.raises(ValueError, match="hand-off of spool"):
+        CollectorSettings(catalog="dbname=lake", data_path="/tmp/lake", bucket="s3://b/p")
+    assert lake.shown("host=h dbname=d password=hunter2") == "host=h dbname=d password=***"
+    assert lake.shown("postgresql://me:hunter2@h/d") == "postgresql://me:***@h/d"

@@ -152,10 +152,10 @@ def offline(settings, fn):
     from ..deploy.act.deployments import DeployError
 
     db = settings.collector.db
-    if not Path(db).exists():
+    if not settings.collector.catalog and not Path(db).exists():
         raise no_database(db, asked=True)
     try:
-        store = Store(db)
+        store = Store.open(settings.collector)
     except StorageError as exc:
         raise Refused(str(exc)) from exc
     try:

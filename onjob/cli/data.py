@@ -40,13 +40,26 @@ def _asked(args: argparse.Namespace) -> bool:
 
 
 def _open_read_only(args: argparse.Namespace, settings, for_queries: bool = False):
-    """The database file opened read-only; `for_queries`: with DuckDB's ways out of the
-    file switched off too (`readonly.connect`), which `export`'s COPY cannot have."""
+    """The database opened read-only (the file, or the lake attached); `for_queries`: with
+    DuckDB's ways out of it switched off too (`readonly.connect`, `connect_lake`), which
+    `export`'s COPY cannot have."""
     import duckdb
 
     from ..collector import readonly
 
-    db = settings.collector.db
+    c = settings.collector
+    if c.catalog is not None:  # a lake: any number of readers attach it beside the server
+        from ..collector import StorageError, lake
+
+        try:
+            if for_queries:
+                return readonly.connect_lake(c.catalog, c.data_path)
+            con = duckdb.connect()
+            lake.attach(con, c.catalog, c.data_path, read_only=True)
+            return con
+        except (StorageError, duckdb.Error) as exc:
+            raise Refused(str(exc).splitlines()[0]) from exc
+    db = c.db
     if not Path(db).exists():
         raise no_database(db, asked=_asked(args))
     try:
@@ -94,10 +107,10 @@ def _forget_here(args: argparse.Namespace, settings, what) -> Removed:
     from ..collector.forget import forget, scrub
     from ..deploy.act.training import drop_snapshots
 
-    if not Path(settings.collector.db).exists():
+    if not settings.collector.catalog and not Path(settings.collector.db).exists():
         raise no_database(settings.collector.db, asked=_asked(args))
     try:
-        store = Store(settings.collector.db)
+        store = Store.open(settings.collector)
     except StorageError as exc:
         raise Refused(str(exc)) from exc
     try:

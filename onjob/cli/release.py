@@ -29,7 +29,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     if args.action == "add" and not (args.path and args.name):
         raise Refused("add: give PATH and --name")
     try:
-        store = Store(settings.collector.db)
+        store = Store.open(settings.collector)
     except StorageError as exc:
         raise Refused(str(exc)) from exc
     try:

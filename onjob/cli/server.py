@@ -230,7 +230,7 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
     if not settings.proxy.primary_url:
         # Open (and migrate) the database once up front: a locked or unreadable file is a
         # clear error here rather than a failed start-up hook inside uvicorn.
-        Store(settings.collector.db).close()
+        Store.open(settings.collector).close()
     configured_key = settings.proxy.admin_key is not None
     settings = with_admin_key(settings)
     p = settings.proxy  # the settings in force (what the app is built with)
@@ -336,6 +336,15 @@ def _start_engine(settings: ServeSettings) -> EngineProcess:
     return engine
 
 
+def _log_at(c) -> str:
+    """Where the log goes, as the start-up line says it (a catalog's password left out)."""
+    if c.catalog is None:
+        return str(c.db)
+    from ..collector.lake import shown
+
+    return f"the DuckLake of {shown(c.catalog)} (data in {c.data_path})"
+
+
 def _say_started(settings: ServeSettings, configured_key: bool) -> None:
     """The start-up line on stderr: where it listens, what it logs to, what is open."""
     p = settings.proxy
@@ -343,7 +352,7 @@ def _say_started(settings: ServeSettings, configured_key: bool) -> None:
     role = (
         f"proxy only, for {p.primary_url}; spool {settings.collector.spool}"
         if p.primary_url
-        else f"logging to {settings.collector.db}"
+        else f"logging to {_log_at(settings.collector)}"
         + (f"; {p.workers} worker{'s' * (p.workers > 1)}" if p.workers > 1 or apart else "")
         + ("; this process answers none (--loader-apart)" if apart else "")
     )

@@ -60,8 +60,8 @@ and how a lineage is named (`alias`, `alias@tenant`) and spelt on the command li
 what one tenant's export takes (`TenantRows`) (`scope.py`), the judge's and the
 trainer's daily budgets read from their rows (`budgets.py`), DuckDB's extensions loaded
 from their installed packages, never from the network (`extensions.py`), and the log in
-DuckLake as far as it goes: a lake attached, made in the schema's end state, loaded by
-`Store` (`lake.py`; docs/scaling.md, "The path to a shared catalog", says what is left)
+DuckLake (`collector.catalog`): a lake attached, made in the schema's end state, its
+history taken out after a deletion (`lake.py`; docs/scaling.md, "The log in DuckLake")
 """
 
 from . import budgets, queries, readonly

@@ -1,6 +1,6 @@
-"""The log in DuckLake: its catalog a Postgres database, its data files under an S3 prefix
-or a directory, shared by every host that attaches it (docs/scaling.md, "The path to a
-shared catalog": what is in place and what stands before it is offered).
+"""The log in DuckLake (`collector.catalog`): its catalog a Postgres database, its data
+files under an S3 prefix or a directory, which any reader attaches (docs/scaling.md,
+"The log in DuckLake").
 
 DuckLake has no PRIMARY KEY or UNIQUE constraint, and its ALTER TABLE only widens a
 column's type, so the embedded migrations (`schema.py`) cannot be replayed on it. A new
@@ -13,12 +13,24 @@ migrations' count, so the two back ends name one schema by one number.
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
 import duckdb
 
 from . import extensions, schema
 from .errors import StorageError
 
 NAME = "onjob"  # the catalog name a lake is attached as (`current_database()`)
+
+
+def shown(catalog: str) -> str:
+    """The catalog's connection string as it may be printed or logged: its password out
+    (`password=...` of a libpq string, `user:password@` of a URI)."""
+    catalog = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", catalog)
+    return re.sub(r"(://[^:/@\s]+:)[^@\s]*@", r"\1***@", catalog)
 
 
 def attach(
@@ -33,8 +45,9 @@ def attach(
     connection string or URI) and whose files lie under `data_path`, as `name`, and
     make it the connection's default database."""
     extensions.load(con, "ducklake", "postgres")
-    if data_path.startswith(("s3://", "gcs://", "r2://", "https://")):
+    if data_path.startswith("s3://"):
         extensions.load(con, "httpfs")
+        s3_secret(con)
     options = [f"DATA_PATH {_literal(data_path)}"]
     if read_only:
         options.append("READ_ONLY")
@@ -45,7 +58,10 @@ def attach(
         )
         con.execute(f"USE {_ident(name)}")
     except duckdb.Error as exc:
-        raise StorageError(f"cannot attach the DuckLake catalog {catalog!r}: {exc}") from exc
+        raise StorageError(
+            f"cannot attach the DuckLake catalog {shown(catalog)!r}: "
+            + str(exc).replace(catalog, shown(catalog))
+        ) from exc
 
 
 def forget_history(con: duckdb.DuckDBPyConnection, name: str = NAME) -> None:
@@ -94,6 +110,33 @@ def forget_history(con: duckdb.DuckDBPyConnection, name: str = NAME) -> None:
             "WHERE table_id = ? AND column_id = ?",
             [low, high, table_id, column_id],
         )
+
+
+def s3_secret(con: duckdb.DuckDBPyConnection, env: Mapping[str, str] = os.environ) -> None:
+    """DuckDB's S3 credentials from the variables boto3 and the AWS tools read: the key
+    (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`), the region
+    (`AWS_REGION` or `AWS_DEFAULT_REGION`) and an endpoint other than AWS's
+    (`AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL`: MinIO, R2, moto), as a temporary secret
+    of this connection. Without a key, none: DuckDB asks anonymously."""
+    key = env.get("AWS_ACCESS_KEY_ID")
+    if not key:
+        return
+    fields = {"KEY_ID": key, "SECRET": env.get("AWS_SECRET_ACCESS_KEY", "")}
+    if env.get("AWS_SESSION_TOKEN"):
+        fields["SESSION_TOKEN"] = env["AWS_SESSION_TOKEN"]
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        fields["REGION"] = region
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        url = urlsplit(endpoint)
+        fields["ENDPOINT"] = url.netloc or url.path
+        fields["URL_STYLE"] = "path"  # a custom endpoint's buckets are paths, not hosts
+        fields["USE_SSL"] = "true" if url.scheme != "http" else "false"
+    spelt = ", ".join(
+        f"{k} {v}" if k == "USE_SSL" else f"{k} {_literal(v)}" for k, v in fields.items()
+    )
+    con.execute(f"CREATE OR REPLACE TEMPORARY SECRET onjob_s3 (TYPE s3, {spelt})")
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> int:

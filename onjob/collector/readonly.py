@@ -19,6 +19,7 @@ from typing import Any
 
 import duckdb
 
+from . import lake
 from .scope import TenantRows
 from .sqlguard import (
     Own,
@@ -30,7 +31,16 @@ from .sqlguard import (
     no_extensions_on_demand,
 )
 
-__all__ = ["MAX_ROWS", "Answer", "QueryRefused", "connect", "export", "query", "tables"]
+__all__ = [
+    "MAX_ROWS",
+    "Answer",
+    "QueryRefused",
+    "connect",
+    "connect_lake",
+    "export",
+    "query",
+    "tables",
+]
 
 MAX_ROWS = 100_000
 
@@ -71,6 +81,21 @@ def connect(path: Path | str) -> duckdb.DuckDBPyConnection:
     file but the database, no network, no extension loaded on demand, none of it undone
     by a `SET`. Not for `export`, which writes its Parquet file through DuckDB."""
     return lock_down(str(path))
+
+
+def connect_lake(catalog: str, data_path: str) -> duckdb.DuckDBPyConnection:
+    """The lake attached read-only for users' queries, then every other way out switched
+    off as `connect` does: the lake's data files stay readable (DuckDB's
+    `allowed_directories`), no other file, no new connection to any database, no
+    extension loaded on demand, none of it undone by a `SET`."""
+    con = duckdb.connect(
+        config={"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    )
+    lake.attach(con, catalog, data_path, read_only=True)
+    con.execute("SET allowed_directories = ?", [[data_path]])
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+    return con
 
 
 def tables(con: duckdb.DuckDBPyConnection) -> list[str]:

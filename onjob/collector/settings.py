@@ -99,6 +99,21 @@ class CollectorSettings(BaseModel):
         3600, gt=0, description="how often the running server applies retention_days"
     )
 
+    catalog: str | None = Field(
+        None,
+        description="the log in DuckLake instead of the file collector.db: the lake's "
+        "catalog, a Postgres database (a libpq connection string, 'host=... dbname=... "
+        "user=...', or a postgresql:// URI); its data files go under collector.data_path, "
+        "the spool and DuckDB's temporary files beside collector.db. Needs the `lake` "
+        "extra; one server writes it for now (docs/scaling.md, 'The path to a shared "
+        "catalog'); default: the file",
+    )
+    data_path: str | None = Field(
+        None,
+        description="with collector.catalog: where the lake's data files go, a directory "
+        "or an s3:// prefix",
+    )
+
     bucket: str | None = Field(
         None,
         description="s3://name/prefix: hosts hand their spool segments to the one loader "
@@ -153,6 +168,22 @@ class CollectorSettings(BaseModel):
     def _export_needs_a_bucket(self) -> CollectorSettings:
         if self.export_s is not None and not self.bucket:
             raise ValueError("collector.export_s needs collector.bucket (where it exports to)")
+        return self
+
+    @model_validator(mode="after")
+    def _a_lake_whole(self) -> CollectorSettings:
+        if (self.catalog is None) != (self.data_path is None):
+            raise ValueError(
+                "collector.catalog and collector.data_path go together: the lake's catalog "
+                "(a Postgres database) and where its data files go"
+            )
+        if self.catalog is not None and self.bucket is not None:
+            raise ValueError(
+                "collector.catalog with collector.bucket: the bucket's hand-off of spool "
+                "segments to one loader, and its copies of the database file, are the "
+                "file's; a lake is written by one server for now, which every host's "
+                "readers can attach"
+            )
         return self
 
     @property

@@ -113,6 +113,9 @@ RELATIONAL = frozenset(
 )
 # The scan of a stored table, with its `Table` (`catalog.schema.name`) in `extra_info`.
 TABLE_SCANS = frozenset({"SEQ_SCAN", "INDEX_SCAN", "TABLE_SCAN"})
+# A DuckLake's (`lake.py`), whose `Table` is the bare name: the database's own when the
+# database is the lake (the only lake attached) and the name one of its relations.
+LAKE_SCAN = "DUCKLAKE_SCAN"
 
 _QUERY_NODES = frozenset({"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NODE"})
 # Table references the tree check understands: a name, a table function, or what only
@@ -142,6 +145,7 @@ class Own:
     database: str  # `current_database()`: the catalog the user's tables live in
     relations: frozenset[str]  # tables and views of its `main` schema
     catalogue_views: frozenset[tuple[str, str]]  # (schema, view) of information_schema…
+    lake: bool = False  # the database is a DuckLake (its scans name bare tables)
 
     @classmethod
     def of(cls, con: duckdb.DuckDBPyConnection) -> Own:
@@ -156,11 +160,15 @@ class Own:
             "SELECT schema_name, view_name FROM duckdb_views() "
             "WHERE schema_name IN ('information_schema', 'pg_catalog')"
         ).fetchall()
+        (kind,) = con.execute(
+            "SELECT type FROM duckdb_databases() WHERE database_name = current_database()"
+        ).fetchone()
         return cls(
             con=con,
             database=fold(database),
             relations=frozenset(fold(n) for (n,) in relations),
             catalogue_views=frozenset((fold(s), fold(v)) for s, v in catalogue),
+            lake=kind == "ducklake",
         )
 
     @cached_property
@@ -217,6 +225,10 @@ def check_plan(con: duckdb.DuckDBPyConnection, statement: duckdb.Statement, own:
         if name in TABLE_SCANS:
             table = str(info.get("Table") or "") if isinstance(info, dict) else ""
             if _identifiers(fold(table)) not in tables:
+                raise QueryRefused(f"the query reads {table or 'a table'}, not this database's")
+        elif name == LAKE_SCAN:
+            table = str(info.get("Table") or "") if isinstance(info, dict) else ""
+            if not own.lake or fold(table) not in own.relations:
                 raise QueryRefused(f"the query reads {table or 'a table'}, not this database's")
         elif name in SAFE_FUNCTIONS or name in PLAN_ONLY_FUNCTIONS or name in RELATIONAL:
             continue

@@ -29,6 +29,7 @@ from . import lake
 from .errors import StorageError
 from .records import KINDS
 from .schema import migrate
+from .settings import CollectorSettings
 
 T = TypeVar("T")
 R = TypeVar("R")  # a record `Store.rows` builds
@@ -270,6 +271,19 @@ class Store:
             ) from exc
         except duckdb.Error as exc:  # e.g. a memory limit DuckDB cannot parse
             raise StorageError(f"cannot open {path}: {exc}") from exc
+
+    @classmethod
+    def open(cls, settings: CollectorSettings, *, tuned: bool = False) -> Store:
+        """The database `settings` name: the file `db`, or the lake of `catalog`. `tuned`:
+        with `duckdb_threads` and `duckdb_memory_limit` (the server's loader; a command's
+        short use takes DuckDB's defaults)."""
+        return cls(
+            settings.db,
+            settings.duckdb_threads if tuned else None,
+            settings.duckdb_memory_limit if tuned else None,
+            catalog=settings.catalog,
+            data_path=settings.data_path,
+        )
 
     def _attach_file(self, path: Path) -> str:
         """Attach the database file; the `USE` statement that makes it the default. Named as

@@ -371,7 +371,7 @@ class Collector:
 
     def _open_store(self) -> Store:
         s = self.settings
-        store = Store(s.db, s.duckdb_threads, s.duckdb_memory_limit)
+        store = Store.open(s, tuned=True)
         store.exporting = s.export_s is not None
         return store
 
