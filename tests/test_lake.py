@@ -12,6 +12,7 @@ import textwrap
 import uuid
 
 import duckdb
+import httpx
 import msgspec
 import pytest
 from openai import OpenAI
@@ -380,3 +381,44 @@ def test_a_lake_is_named_whole_and_not_beside_the_bucket_hand_off():
         CollectorSettings(catalog="dbname=lake", data_path="/tmp/lake", bucket="s3://b/p")
     assert lake.shown("host=h dbname=d password=hunter2") == "host=h dbname=d password=***"
     assert lake.shown("postgresql://me:hunter2@h/d") == "postgresql://me:***@h/d"
+
+
+def test_the_loop_runs_every_stage_on_a_lake(
+    catalog, tmp_path, tool_engine, tool_model_dir, monkeypatch
+):
+    """`onjob loop --once` with the log in a lake: the judge's groups, a training run, its
+    checkpoint as a candidate and a canary, then the next iteration's paired comparison
+    against live on traffic logged since, every row in the lake."""
+    from .test_loop import REWARDS, ROME, TRAIN, converse
+
+    data = tmp_path / "data"
+    monkeypatch.setenv("ONJOB_COLLECTOR__CATALOG", catalog)  # the servers' and the loop's
+    monkeypatch.setenv("ONJOB_COLLECTOR__DATA_PATH", str(data))
+    db = tmp_path / "onjob.duckdb"
+    converse(db, tool_engine.url, 12, "conv", temperature=0)
+    assert not db.exists()  # the lake, not the file
+    (tmp_path / "my_rewards.py").write_text(REWARDS)
+    (tmp_path / "onjob.toml").write_text(TRAIN.replace("{model}", str(tool_model_dir)))
+    cmd = [sys.executable, "-m", "onjob.cli", "loop", "--once", "--engine-url", tool_engine.url]
+
+    def lake_rows(sql: str) -> list[tuple]:
+        reader = duckdb.connect()
+        try:
+            lake.attach(reader, catalog, str(data), read_only=True)
+            return reader.execute(sql).fetchall()
+        finally:
+            reader.close()
+
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "recorded as a candidate" in done.stdout and "canary: ckpt-" in done.stdout
+    [(name, status)] = lake_rows("SELECT name, status FROM checkpoints")
+    assert status == "canary"
+    assert lake_rows("SELECT canary FROM deployments") == [(name,)]
+    assert lake_rows("SELECT DISTINCT kind FROM groups") == [("turn",)]
+    converse(db, tool_engine.url, 6, "after", ROME, extra_headers={"X-Onjob-Arm": "live"})
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"canary {name} against base" in done.stdout
+    assert lake_rows("SELECT count(*) FROM groups WHERE kind = 'ab'")[0][0] >= 1
+    httpx.post(f"{tool_engine.url}/unload_lora_adapter", json={"lora_name": name}, timeout=60)

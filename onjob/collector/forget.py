@@ -334,11 +334,15 @@ def _remember(con, kind: str, value, exchanges: int, actor: str) -> None:
     lines up to now, or every line before a date. Retention keeps one row, moved forward."""
     now = dt.datetime.now(dt.UTC)
     if kind == "before" and actor == "retention":
+        # A MERGE on the id, not ON CONFLICT: a lake's table has no key to conflict on.
         con.execute(
-            "INSERT INTO forgotten (id, ts, until, exchanges, actor) VALUES "
-            "('retention', ?, ?, ?, 'retention') ON CONFLICT (id) DO UPDATE SET "
+            "MERGE INTO forgotten USING (SELECT 'retention' AS id, ?::TIMESTAMPTZ AS ts, "
+            "?::TIMESTAMPTZ AS until, ?::BIGINT AS exchanges) AS excluded "
+            "ON forgotten.id = excluded.id WHEN MATCHED THEN UPDATE SET "
             "ts = excluded.ts, until = greatest(forgotten.until, excluded.until), "
-            "exchanges = forgotten.exchanges + excluded.exchanges",
+            "exchanges = forgotten.exchanges + excluded.exchanges "
+            "WHEN NOT MATCHED THEN INSERT (id, ts, until, exchanges, actor) "
+            "VALUES (excluded.id, excluded.ts, excluded.until, excluded.exchanges, 'retention')",
             [now, value, exchanges],
         )
         return

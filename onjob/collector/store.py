@@ -559,13 +559,14 @@ class Store:
     def forget_response(self, exchange_id: str) -> bool:
         """`DELETE /v1/responses/{id}`: the stored Response goes (the exchange stays, to
         learn from); committed before the client hears it is gone. False if none was."""
-        return bool(
-            self.con.execute(
-                "UPDATE exchanges SET api_object = NULL WHERE id = ? AND api_object IS NOT NULL "
-                "RETURNING id",
+        with self.transaction() as con:  # no RETURNING: a lake's UPDATE has none
+            (stored,) = con.execute(
+                "SELECT count(*) FROM exchanges WHERE id = ? AND api_object IS NOT NULL",
                 [exchange_id],
-            ).fetchall()
-        )
+            ).fetchone()
+            if stored:
+                con.execute("UPDATE exchanges SET api_object = NULL WHERE id = ?", [exchange_id])
+        return bool(stored)
 
     def warm_rows(self, limit: int) -> list[tuple]:
         """The stitcher's state for the most recent `limit` exchanges, oldest first."""

@@ -169,12 +169,16 @@ def count_round(store, alias: str, checkpoint: str, routing_ts: datetime) -> int
     """One more look at the canary of the routing made at `routing_ts`; how many so far
     (a new routing of the same checkpoint starts again from 1)."""
     enter(store, alias, checkpoint)
-    rows = store.query(
-        "UPDATE candidates SET rounds = CASE WHEN rounds_of = ? THEN coalesce(rounds, 0) + 1 "
-        "ELSE 1 END, rounds_of = ? WHERE alias = ? AND checkpoint = ? RETURNING rounds",
-        [routing_ts, routing_ts, alias, checkpoint],
-    )
-    return rows[0]["rounds"]
+    with store.transaction() as con:  # no RETURNING: a lake's UPDATE has none
+        con.execute(
+            "UPDATE candidates SET rounds = CASE WHEN rounds_of = ? THEN coalesce(rounds, 0) "
+            "+ 1 ELSE 1 END, rounds_of = ? WHERE alias = ? AND checkpoint = ?",
+            [routing_ts, routing_ts, alias, checkpoint],
+        )
+        (rounds,) = con.execute(
+            "SELECT rounds FROM candidates WHERE alias = ? AND checkpoint = ?", [alias, checkpoint]
+        ).fetchone()
+    return rounds
 
 
 def backoff_s(settings: LoopSettings, failures: int) -> float:
