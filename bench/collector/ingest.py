@@ -23,6 +23,7 @@ compares the loader's rate per CPU-second with it: both are what one core does.
 
     .venv/bin/python -m bench.collector.ingest          # 100,000 exchanges, ~1-3 minutes
     .venv/bin/python -m bench.collector.ingest --exchanges 1000000 --loader-nice 0
+    .venv/bin/python -m bench.collector.ingest --lake   # into a DuckLake, Postgres catalog
 
 At a million, expect ~10x the default's time, ~8 GB of database and up to ~22 GB of
 spool on disk while the loader catches up (in segments of `collector.max_segment_bytes`,
@@ -53,12 +54,13 @@ import duckdb
 import msgspec
 
 from bench import harness
-from onjob.collector import Collector, CollectorSettings, ExchangeRecord, Store
+from onjob.collector import Collector, CollectorSettings, ExchangeRecord, Store, extensions
 from onjob.collector.ids import new_id
 from onjob.collector.linear import stored
 from onjob.collector.records import encode, to_json
 from onjob.collector.trajectories import Keys, continuations, keys
 from onjob.proxy.routing import canary_share
+from onjob.testing.postgres import Postgres
 
 SCENARIOS = 200
 AGENTS = 256  # conversations in flight at once: a segment holds turns of many
@@ -471,6 +473,26 @@ def empty_size(directory: Path) -> tuple[int, int]:
     return size_on_disk(db)
 
 
+def lake_size(postgres: Postgres, database: str, data: Path) -> int:
+    """A lake's bytes: its data files, and its catalog's Postgres database."""
+    con = duckdb.connect()
+    extensions.load(con, "postgres")
+    dsn = postgres.dsn.replace("dbname=postgres", f"dbname={database}")
+    con.execute(f"ATTACH '{dsn}' AS pg (TYPE postgres, READ_ONLY)")
+    (catalog,) = con.execute(
+        "SELECT * FROM postgres_query('pg', 'SELECT pg_database_size(current_database())')"
+    ).fetchone()
+    con.close()
+    return int(catalog) + sum(f.stat().st_size for f in data.rglob("*") if f.is_file())
+
+
+def empty_lake_size(postgres: Postgres, directory: Path) -> int:
+    """A lake made with no rows: its fixed part."""
+    dsn = postgres.database("empty")
+    Store(directory / "empty.duckdb", catalog=dsn, data_path=str(directory / "empty")).close()
+    return lake_size(postgres, "empty", directory / "empty")
+
+
 def proxy_rate(seconds: float, directory: Path) -> dict:
     """Requests/s one `onjob serve` process answers, logging on (bench/proxy/proxy_overhead.py's
     layout: the proxy and a fake engine on one core, the load generator on the other)."""
@@ -554,6 +576,13 @@ def main() -> int:
         "--progress", type=float, default=5.0, help="seconds between progress lines"
     )
     parser.add_argument(
+        "--lake",
+        action="store_true",
+        help="log into a DuckLake (collector.catalog) instead of the file: its catalog a "
+        "throwaway Postgres cluster on this machine (Debian's postgresql), its data files "
+        "in a directory beside; the size is the files' plus the catalog database's",
+    )
+    parser.add_argument(
         "--proxy-seconds",
         type=float,
         default=0,
@@ -568,12 +597,19 @@ def main() -> int:
     db = directory / "ingest.duckdb"
     if db.exists():
         parser.error(f"{db} exists: give --dir a fresh folder")
+    postgres = Postgres().start() if args.lake else None
+    lake = (
+        {"catalog": postgres.database("ingest"), "data_path": str(directory / "lake")}
+        if postgres
+        else {}
+    )
     settings = CollectorSettings(
         db=db,
         loader_nice=args.loader_nice,
         duckdb_memory_limit=args.duckdb_memory_limit,
         max_segment_bytes=args.max_segment_bytes,
         flush_interval_s=args.flush_interval_s,
+        **lake,
     )
     proxied = proxy_rate(args.proxy_seconds, directory) if args.proxy_seconds else None
     load_before = os.getloadavg()
@@ -589,9 +625,16 @@ def main() -> int:
                 linear=not args.whole,
             )
         )
-        size, used = size_on_disk(db)
-        empty, empty_used = empty_size(directory)
+        if postgres:
+            size = used = lake_size(postgres, "ingest", directory / "lake")
+            empty = empty_used = empty_lake_size(postgres, directory)
+        else:
+            size, used = size_on_disk(db)
+            empty, empty_used = empty_size(directory)
     finally:
+        if postgres:
+            postgres.stop()
+            shutil.rmtree(postgres.dir, ignore_errors=True)
         if args.dir is None:
             shutil.rmtree(directory, ignore_errors=True)
     load_after = os.getloadavg()
@@ -652,7 +695,8 @@ def main() -> int:
         ),
         f"  building each record (the proxy's work, stitching included): "
         f"{f['build_records_us_per_exchange']:.0f} us",
-        f"DuckDB file after CHECKPOINT: {size / 1e6:,.1f} MB = {per_exchange / 1e3:.2f} KB per "
+        f"{'the lake (files and catalog)' if args.lake else 'DuckDB file after CHECKPOINT'}: "
+        f"{size / 1e6:,.1f} MB = {per_exchange / 1e3:.2f} KB per "
         f"exchange -> {f['db_gb_per_million_exchanges']:.1f} GB per million exchanges; in used "
         f"blocks {used / 1e6:,.1f} MB -> {f['db_used_gb_per_million_exchanges']:.1f} GB per "
         f"million, {f['spool_to_db_used_ratio']:.1f}x smaller than the spool",
