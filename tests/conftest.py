@@ -21,7 +21,8 @@ import torch
 from onjob import bundled
 from onjob.cli import admin_key
 from onjob.cli.process import EngineProcess
-from onjob.collector import Store
+from onjob.collector import ExchangeRecord, Store
+from onjob.collector.records import encode
 from onjob.trainer.manifest import Manifest, Metrics
 from onjob.trainer.records import record_run
 
@@ -345,3 +346,27 @@ def debian_program(path: str, package: str) -> str:
             check=True, env=env, timeout=1200,
         )  # fmt: skip
     return path
+
+
+def placed_line(
+    eid: str, parent: str | None, turn: int, *, trajectory: str, content: str, kept: int
+) -> bytes:
+    """A spool line placed already, one user message, stored against `parent` (keeping
+    `kept` of its messages and prompt ids) when there is one."""
+    request = {"model": "m", "messages": [{"role": "user", "content": content}]}
+    return encode(
+        ExchangeRecord(
+            id=eid,
+            ts=float(turn),
+            trajectory_id=trajectory,
+            turn=turn,
+            scenario_id="s",
+            scenario_key="k",
+            scenario_keyed="derived",
+            request=msgspec.Raw(msgspec.json.encode(request)),
+            prompt_token_ids=[turn],
+            parent_id=parent,
+            messages_kept=kept if parent else None,
+            prompt_kept=kept if parent else None,
+        )
+    )

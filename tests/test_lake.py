@@ -13,7 +13,6 @@ import uuid
 
 import duckdb
 import httpx
-import msgspec
 import pytest
 from openai import OpenAI
 
@@ -21,10 +20,10 @@ from onjob.cli.process import ServerProcess
 from onjob.collector import CollectorSettings, Store, extensions, lake, schema
 from onjob.collector.errors import StorageError
 from onjob.collector.forget import Forget, forget
-from onjob.collector.records import ExchangeRecord, encode
 from onjob.collector.spool import Spool
 from onjob.testing.postgres import Postgres
 
+from .conftest import placed_line
 from .s3_server import bucket_url, s3_endpoint  # noqa: F401  (fixtures)
 
 
@@ -108,26 +107,9 @@ def test_a_lake_of_another_schema_version_is_refused_not_rewritten(catalog, tmp_
 
 
 def _line(eid: str, parent: str | None, turn: int, content: str) -> bytes:
-    """A spool line placed already, one user message, stored against `parent` (keeping
-    its `turn` messages and prompt ids: the whole conversation before it) when there is
-    one."""
-    request = {"model": "m", "messages": [{"role": "user", "content": content}]}
-    return encode(
-        ExchangeRecord(
-            id=eid,
-            ts=float(turn),
-            trajectory_id="t" if eid != "x" else "x",
-            turn=turn,
-            scenario_id="s",
-            scenario_key="k",
-            scenario_keyed="derived",
-            request=msgspec.Raw(msgspec.json.encode(request)),
-            prompt_token_ids=[turn],
-            parent_id=parent,
-            messages_kept=turn if parent else None,
-            prompt_kept=turn if parent else None,
-        )
-    )
+    """Trajectory `t`'s line (`x` its own), keeping the whole conversation before it."""
+    trajectory = "x" if eid == "x" else "t"
+    return placed_line(eid, parent, turn, trajectory=trajectory, content=content, kept=turn)
 
 
 def _load(store: Store, spool_dir, *lines: bytes) -> int:

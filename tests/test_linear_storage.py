@@ -28,13 +28,14 @@ from onjob.collector import (
 )
 from onjob.collector.forget import Forget, forget
 from onjob.collector.linear import common_prefix, digest, stored
-from onjob.collector.records import encode
 from onjob.collector.schema import MIGRATIONS, migrate
 from onjob.collector.spool import Spool
 from onjob.collector.trajectories import Keys, continuations, keys
 from onjob.judge import JudgeSettings, tables
 from onjob.trainer import snapshot
 from onjob.trainer.settings import TrainSettings
+
+from .conftest import placed_line
 
 SYSTEM = {"role": "system", "content": "You answer in a few words."}
 
@@ -424,30 +425,6 @@ def test_spooled_deltas_load_and_rebuild_exactly_whatever_the_client_changes(tmp
         assert row["prompt_token_ids"] == prompt, row["id"]
 
 
-def _placed_line(
-    eid: str, parent: str | None, turn: int, *, trajectory: str, content: str, kept: int
-) -> bytes:
-    """A spool line placed already, one user message, stored against `parent` (keeping
-    `kept` of its messages and prompt ids) when there is one."""
-    request = {"model": "m", "messages": [{"role": "user", "content": content}]}
-    return encode(
-        ExchangeRecord(
-            id=eid,
-            ts=float(turn),
-            trajectory_id=trajectory,
-            turn=turn,
-            scenario_id="s",
-            scenario_key="k",
-            scenario_keyed="derived",
-            request=msgspec.Raw(msgspec.json.encode(request)),
-            prompt_token_ids=[turn],
-            parent_id=parent,
-            messages_kept=kept if parent else None,
-            prompt_kept=kept if parent else None,
-        )
-    )
-
-
 def test_a_turn_whose_parent_was_deleted_is_dropped_not_read_back_wrong(tmp_path):
     """A parent deleted while its next turns waited in the spool: those turns cannot be
     rebuilt, so the loader drops them (and only them)."""
@@ -456,7 +433,7 @@ def test_a_turn_whose_parent_was_deleted_is_dropped_not_read_back_wrong(tmp_path
 
     def line(eid: str, parent: str | None, turn: int) -> bytes:
         trajectory = "t" if parent or eid == "gone" else eid
-        return _placed_line(eid, parent, turn, trajectory=trajectory, content=eid, kept=0)
+        return placed_line(eid, parent, turn, trajectory=trajectory, content=eid, kept=0)
 
     try:
         spool.append(line("gone", None, 0))
@@ -486,7 +463,7 @@ def test_a_turn_whose_parent_an_earlier_run_loaded_is_kept_and_rebuilt(tmp_path)
     db = tmp_path / "db.duckdb"
 
     def line(eid: str, parent: str | None, turn: int, content: str) -> bytes:
-        return _placed_line(eid, parent, turn, trajectory="t", content=content, kept=1)
+        return placed_line(eid, parent, turn, trajectory="t", content=content, kept=1)
 
     def load(*lines: bytes) -> Store:
         store, spool = Store(db), Spool(tmp_path / "spool")
