@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 
 import duckdb
@@ -81,7 +82,10 @@ def test_a_new_lake_gets_the_embedded_schemas_end_state(catalog, tmp_path):
     lake.attach(con, catalog, str(tmp_path / "data"))
     assert lake.migrate(con) == 0
     assert lake.migrate(con) == len(schema.MIGRATIONS)  # made once; again, nothing to do
-    assert _columns(con, lake.NAME) == _columns(embedded, "memory")
+    # Every table of the file's, as the file has it; and the writer's lease, the lake's own.
+    in_lake = _columns(con, lake.NAME)
+    assert {c for c in in_lake if c[0] != "lake_writer"} == _columns(embedded, "memory")
+    assert {c[1] for c in in_lake if c[0] == "lake_writer"} == {"holder", "until"}
     # Defaults fill in as in the file: a number's a number, a text's its text.
     con.execute("INSERT INTO groups (id, kind, status) VALUES ('g', 'turn', 'new')")
     assert con.execute("SELECT attempts FROM groups").fetchone() == (0,)
@@ -168,6 +172,36 @@ def test_spool_segments_load_into_a_lake_as_into_the_file(catalog, tmp_path):
     finally:
         file.close()
         lake_store.close()
+
+
+def test_one_process_writes_a_lake_at_a_time(catalog, tmp_path):
+    """The writer's lease: a second writer is refused while the first holds it, and takes
+    it once the first stops, or once a first that stopped renewing (a dead host) has let
+    it run out; that first one's next load is then refused, not committed, and its
+    segment waits in the spool for the writer that holds the lease."""
+    data = str(tmp_path / "d")
+    first = Store(tmp_path / "a.duckdb", catalog=catalog, data_path=data)
+    with pytest.raises(StorageError, match="another onjob writes this DuckLake") as refused:
+        Store(tmp_path / "b.duckdb", catalog=catalog, data_path=data)
+    assert first.holder in str(refused.value)
+    first.close()
+    second = Store(tmp_path / "b.duckdb", catalog=catalog, data_path=data, lease_s=1)
+    # The second stops renewing, as a host that died would; a third waits out its lease.
+    time.sleep(1.2)
+    third = Store(tmp_path / "c.duckdb", catalog=catalog, data_path=data)
+    spool = Spool(tmp_path / "spool")
+    spool.append(_line("a", None, 0, "first"))
+    spool.rotate()
+    (segment,) = spool.loadable()
+    try:
+        with pytest.raises(StorageError, match="no longer holds"):
+            second.load_segment(segment.path)
+        assert second.query("SELECT count(*) AS n FROM exchanges")[0]["n"] == 0
+        assert third.load_segment(segment.path) == 1
+    finally:
+        spool.close()
+        second.close()
+        third.close()
 
 
 def _files_holding(root, text: bytes) -> list:
@@ -332,6 +366,9 @@ def test_a_server_logs_into_a_lake_that_readers_attach_beside_it(
         asked = _onjob("sql", sql, "--json", *given, env={})
         assert asked.returncode == 0, asked.stderr
         assert json.loads(asked.stdout)["rows"] == [[2, 1]]
+        # Writing beside the server is refused, as a file's lock refuses it.
+        beside = _onjob("forget", "--trajectory", "t", "--db", "x", env=env)
+        assert beside.returncode == 2 and "another onjob writes this DuckLake" in beside.stderr
     with ServerProcess(args, env=env, log=tmp_path / "server2.log") as server:
         turn(server)
     # The server gone, a reader attaches the lake itself (read-only, locked down).

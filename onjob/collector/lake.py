@@ -13,9 +13,11 @@ migrations' count, so the two back ends name one schema by one number.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Mapping
+from datetime import datetime
 from urllib.parse import urlsplit
 
 import duckdb
@@ -139,9 +141,71 @@ def s3_secret(con: duckdb.DuckDBPyConnection, env: Mapping[str, str] = os.enviro
     con.execute(f"CREATE OR REPLACE TEMPORARY SECRET onjob_s3 (TYPE s3, {spelt})")
 
 
+# One server writes a lake at a time, by a lease in the lake itself: a row that a writer
+# claims while it is free or its own, renews inside each load's transaction (a load
+# committed without it is refused: fencing) and between loads, and gives back when it
+# stops. DuckLake's commits are optimistic: of two writers updating the row at once, one
+# commit fails and that one reads the row again. A writer that dies leaves it to the
+# next after `WRITER_LEASE_S`.
+WRITER_LEASE_S = 30.0
+_LEASE = "lake_writer"
+
+
+def claim(
+    con: duckdb.DuckDBPyConnection, holder: str, lease_s: float = WRITER_LEASE_S
+) -> tuple[str, datetime] | None:
+    """Take the writer's lease for `holder`, or renew it: None when `holder` holds it now,
+    else who does and until when."""
+    for _ in range(10):
+        try:
+            con.execute("BEGIN TRANSACTION")
+            renewed = _renew(con, holder, lease_s, free_too=True)
+            con.execute("COMMIT")
+        except duckdb.TransactionException:  # another claim committed first: look again
+            with contextlib.suppress(duckdb.Error):
+                con.execute("ROLLBACK")
+            continue
+        return None if renewed[0] == holder else renewed
+    raise StorageError("could not claim the lake's writer lease: other claims kept winning")
+
+
+def renewed(con: duckdb.DuckDBPyConnection, holder: str, lease_s: float) -> bool:
+    """Within the caller's transaction: the lease renewed, if `holder` still holds it."""
+    return _renew(con, holder, lease_s, free_too=False)[0] == holder
+
+
+def release(con: duckdb.DuckDBPyConnection, holder: str) -> None:
+    """Give the lease back (a stopping writer): the next may take it at once."""
+    con.execute(
+        f"UPDATE {_LEASE} SET until = now() - INTERVAL 1 SECOND WHERE holder = ?", [holder]
+    )
+
+
+def _renew(con, holder: str, lease_s: float, *, free_too: bool) -> tuple[str, datetime]:
+    free = " OR until < now()" if free_too else ""
+    con.execute(
+        f"UPDATE {_LEASE} SET holder = ?, until = now() + to_microseconds(?::BIGINT) "
+        f"WHERE holder = ?{free}",
+        [holder, int(lease_s * 1e6), holder],
+    )
+    return con.execute(f"SELECT holder, until FROM {_LEASE}").fetchone()
+
+
 def migrate(con: duckdb.DuckDBPyConnection) -> int:
     """Give the attached lake the schema's end state if it has no schema yet; return the
-    version it had. A lake of another version is refused: its migration is not written."""
+    version it had. A lake of another version is refused: its migration is not written.
+    Two writers making one new lake at once: one commit fails, and that one finds the
+    lake made."""
+    for _ in range(5):
+        try:
+            return _migrate(con)
+        except duckdb.TransactionException:
+            with contextlib.suppress(duckdb.Error):
+                con.execute("ROLLBACK")
+    return _migrate(con)
+
+
+def _migrate(con: duckdb.DuckDBPyConnection) -> int:
     before = schema.version(con)
     latest = len(schema.MIGRATIONS)
     if before == latest:
@@ -155,6 +219,8 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
     try:
         for statement in end_state():
             con.execute(statement)
+        con.execute(f"CREATE TABLE {_LEASE} (holder VARCHAR, until TIMESTAMPTZ)")
+        con.execute(f"INSERT INTO {_LEASE} VALUES ('', now() - INTERVAL 1 SECOND)")
         con.execute("INSERT INTO schema_version VALUES (?)", [latest])
         con.execute("COMMIT")
     except duckdb.Error:

@@ -13,9 +13,12 @@ through `read`, while no eviction runs.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
+import socket
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,6 +30,7 @@ import msgspec
 
 from . import lake
 from .errors import StorageError
+from .ids import new_id
 from .records import KINDS
 from .schema import migrate
 from .settings import CollectorSettings
@@ -233,8 +237,14 @@ class Store:
         *,
         catalog: str | None = None,
         data_path: str | None = None,
+        lease_s: float = lake.WRITER_LEASE_S,
     ) -> None:
         self.in_lake = catalog is not None
+        # A lake's writer: who this process is in its lease (`lake.claim`), and when it
+        # last claimed it (monotonic).
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{new_id('w')}"
+        self.lease_s = lease_s
+        self.claimed = -math.inf
         try:
             # Spills beside the file, as DuckDB puts them for a file it opens itself: an
             # in-memory connection's default is `.tmp` in whatever directory onjob runs in.
@@ -252,6 +262,11 @@ class Store:
                 lake.attach(self.con, catalog, data_path or "")
                 self._use = f"USE {lake.NAME}"
                 self.schema_before = lake.migrate(self.con)
+                try:
+                    self.keep_lease()
+                except StorageError:
+                    self.con.close()
+                    raise
             else:
                 self._use = self._attach_file(Path(path))
                 self.schema_before = migrate(self.con)
@@ -298,7 +313,24 @@ class Store:
         self.con.execute(f"USE {catalog}")
         return f"USE {catalog}"
 
+    def keep_lease(self) -> None:
+        """A lake's writer: claim or renew its lease (`lake.claim`); `StorageError`, naming
+        the holder, while another writer holds it."""
+        held = lake.claim(self.con, self.holder, self.lease_s)
+        if held is not None:
+            who, until = held
+            raise StorageError(
+                f"another onjob writes this DuckLake ({who}, its lease until "
+                f"{until:%Y-%m-%d %H:%M:%S %Z}): ask it instead (--server URL), or start "
+                f"this one once it has stopped (a writer that died holds it {self.lease_s:g} "
+                "s more)"
+            )
+        self.claimed = time.monotonic()
+
     def close(self) -> None:
+        if self.in_lake:
+            with contextlib.suppress(duckdb.Error):
+                lake.release(self.con, self.holder)
         self.con.close()
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
@@ -358,6 +390,11 @@ class Store:
                     [p.name, inserted if p is paths[0] else 0],
                 )
             self._insert(inserted)
+            if self.in_lake and not lake.renewed(con, self.holder, self.lease_s):
+                raise StorageError(
+                    "this process no longer holds the DuckLake's writer lease: its load is "
+                    "not committed (the segments wait in the spool)"
+                )
             if self.exporting:
                 con.execute(
                     "INSERT INTO export_queue SELECT id, NULL FROM segment WHERE kind = 'exchange'"

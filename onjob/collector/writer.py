@@ -143,6 +143,7 @@ class Collector:
         self._roomed = self._said_full = -math.inf  # monotonic: last look, last error
         self.unlogged = 0  # exchanges and feedback answered but not logged (`_full`)
         self._task: asyncio.Task | None = None
+        self._lease_tried = -math.inf  # a lake's writer: its last try to renew (monotonic)
         self._flushing = asyncio.Lock()
         self._openings_in: tuple[int, set[str]] = (0, set())  # a segment's openings spooled
         self.spooled = 0  # exchanges handed over since start
@@ -684,6 +685,7 @@ class Collector:
             except Exception:
                 # The segments stay on disk and are retried next round: nothing is dropped.
                 log.exception("loading the spool into DuckDB failed; will retry")
+            await self._keep_lake_lease()
             if self._archive is not None and not self.standby:
                 try:
                     await self._handing(self._archive.upload)
@@ -704,6 +706,21 @@ class Collector:
                     await self.export()
                 except Exception:  # the rows stay queued: the next round writes them
                     log.exception("exporting exchanges to the bucket failed; will retry")
+
+    async def _keep_lake_lease(self) -> None:
+        """A lake's writer renews its lease between loads too (each load renews it within
+        its own transaction), a third of the lease apart; one that lost it says so and
+        loads nothing until it has it back (the spool holds what it answers)."""
+        store = self._store
+        if store is None or not store.in_lake:
+            return
+        if time.monotonic() - max(store.claimed, self._lease_tried) < store.lease_s / 3:
+            return
+        self._lease_tried = time.monotonic()
+        try:
+            await self._run(store.keep_lease)
+        except Exception as exc:
+            log.error("%s; loading waits for the lease", exc)
 
     async def close(self) -> None:
         if self._task:
