@@ -176,9 +176,7 @@ def renewed(con: duckdb.DuckDBPyConnection, holder: str, lease_s: float) -> bool
 
 def release(con: duckdb.DuckDBPyConnection, holder: str) -> None:
     """Give the lease back (a stopping writer): the next may take it at once."""
-    con.execute(
-        f"UPDATE {_LEASE} SET until = now() - INTERVAL 1 SECOND WHERE holder = ?", [holder]
-    )
+    con.execute(f"UPDATE {_LEASE} SET until = now() - INTERVAL 1 SECOND WHERE holder = ?", [holder])
 
 
 def _renew(con, holder: str, lease_s: float, *, free_too: bool) -> tuple[str, datetime]:
