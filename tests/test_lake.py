@@ -288,7 +288,10 @@ _WRITER = textwrap.dedent(
                 con.execute("COMMIT")
                 break
             except duckdb.TransactionException:
-                con.execute("ROLLBACK")
+                try:  # a failed COMMIT has ended the transaction already
+                    con.execute("ROLLBACK")
+                except duckdb.TransactionException:
+                    pass
         else:
             raise SystemExit(f"{host}: batch {batch} never committed")
     """

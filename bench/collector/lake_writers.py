@@ -37,6 +37,7 @@ _WRITER = textwrap.dedent(
     catalog, data, host, seconds, batch, size = sys.argv[1:7]
     seconds, batch, size = float(seconds), int(batch), int(size)
     con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")  # stdout is the report
     lake.attach(con, catalog, data)
     print("ready", flush=True)
     sys.stdin.readline()  # every writer starts together
@@ -56,7 +57,10 @@ _WRITER = textwrap.dedent(
                 commits += 1
                 break
             except duckdb.TransactionException:
-                con.execute("ROLLBACK")
+                try:  # a failed COMMIT has ended the transaction already
+                    con.execute("ROLLBACK")
+                except duckdb.TransactionException:
+                    pass
                 clashes += 1
     print(json.dumps({"commits": commits, "clashes": clashes}), flush=True)
     """
