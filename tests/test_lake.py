@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 
@@ -269,35 +268,6 @@ def test_a_conversation_forgotten_on_a_lake_is_nowhere_in_it(
         store.close()
 
 
-_WRITER = textwrap.dedent(
-    """
-    import sys, duckdb
-    from onjob.collector import lake
-    catalog, data, host = sys.argv[1], sys.argv[2], sys.argv[3]
-    con = duckdb.connect()
-    lake.attach(con, catalog, data)
-    for batch in range(5):
-        for attempt in range(50):  # DuckLake commits optimistically: a clash is retried
-            try:
-                con.execute("BEGIN TRANSACTION")
-                con.execute(
-                    "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id) "
-                    "SELECT ? || '-' || ? || '-' || i, now(), 't', 0, 's' FROM range(40) r(i)",
-                    [host, batch],
-                )
-                con.execute("COMMIT")
-                break
-            except duckdb.TransactionException:
-                try:  # a failed COMMIT has ended the transaction already
-                    con.execute("ROLLBACK")
-                except duckdb.TransactionException:
-                    pass
-        else:
-            raise SystemExit(f"{host}: batch {batch} never committed")
-    """
-)
-
-
 def test_eight_writer_processes_commit_into_one_lake_at_once(catalog, tmp_path):
     """Eight processes, each a host writing its own batches: every row lands, once."""
     con = duckdb.connect()
@@ -305,7 +275,18 @@ def test_eight_writer_processes_commit_into_one_lake_at_once(catalog, tmp_path):
     lake.migrate(con)
     writers = [
         subprocess.Popen(
-            [sys.executable, "-c", _WRITER, catalog, str(tmp_path / "data"), f"host{n}"],
+            [
+                sys.executable,
+                "-m",
+                "onjob.testing.lake_writer",
+                catalog,
+                str(tmp_path / "data"),
+                f"host{n}",
+                "--batches",
+                "5",
+                "--batch",
+                "40",
+            ],
             stderr=subprocess.PIPE,
             text=True,
         )

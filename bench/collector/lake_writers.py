@@ -4,7 +4,7 @@ catalog is a throwaway Postgres cluster on this machine and whose files lie in a
 directory beside (the ground under issue 65's many hosts: what DuckLake's optimistic
 commits take before onjob's own work is added).
 
-Each writer attaches the lake (`onjob.collector.lake`), then for `--seconds` commits
+Each writer (`onjob.testing.lake_writer`) attaches the lake, then for `--seconds` commits
 batches of `--batch` rows shaped as the exchanges table's (ids, a request and an answer
 of `--bytes` each), retrying a commit that clashes with another's. Reported per writer
 count: commits/s, exchanges/s, clashes retried, and every row there once.
@@ -21,7 +21,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 
 import duckdb
@@ -29,42 +28,6 @@ import duckdb
 from bench import harness
 from onjob.collector import lake
 from onjob.testing.postgres import Postgres
-
-_WRITER = textwrap.dedent(
-    """
-    import json, sys, time, duckdb
-    from onjob.collector import lake
-    catalog, data, host, seconds, batch, size = sys.argv[1:7]
-    seconds, batch, size = float(seconds), int(batch), int(size)
-    con = duckdb.connect()
-    con.execute("SET enable_progress_bar = false")  # stdout is the report
-    lake.attach(con, catalog, data)
-    print("ready", flush=True)
-    sys.stdin.readline()  # every writer starts together
-    commits = clashes = 0
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        while True:
-            try:
-                con.execute("BEGIN TRANSACTION")
-                con.execute(
-                    "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, request, "
-                    "response) SELECT ? || '-' || ? || '-' || i, now(), ? || '-' || i, 0, 's', "
-                    "to_json(repeat('r', ?)), to_json(repeat('a', ?)) FROM range(?) r(i)",
-                    [host, commits, host, size, size, batch],
-                )
-                con.execute("COMMIT")
-                commits += 1
-                break
-            except duckdb.TransactionException:
-                try:  # a failed COMMIT has ended the transaction already
-                    con.execute("ROLLBACK")
-                except duckdb.TransactionException:
-                    pass
-                clashes += 1
-    print(json.dumps({"commits": commits, "clashes": clashes}), flush=True)
-    """
-)
 
 
 def run(writers: int, seconds: float, batch: int, size: int, postgres: Postgres, work: Path):
@@ -74,10 +37,19 @@ def run(writers: int, seconds: float, batch: int, size: int, postgres: Postgres,
     con = duckdb.connect()
     lake.attach(con, catalog, str(data))
     lake.migrate(con)
-    given = [str(seconds), str(batch), str(size)]
+    given = ["--seconds", str(seconds), "--batch", str(batch), "--bytes", str(size)]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _WRITER, catalog, str(data), f"host{n}", *given],
+            [
+                sys.executable,
+                "-m",
+                "onjob.testing.lake_writer",
+                catalog,
+                str(data),
+                f"host{n}",
+                *given,
+                "--wait",
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -8,6 +8,10 @@
 - `faults`: load through `onjob serve` in front of the faulty engine, every answer
   classified and checked against DuckDB (the fault and crash tests, the fault and soak
   benches). Needs aiohttp (the dev extra).
+- `postgres`: a throwaway Postgres cluster on a free port (Debian's package), a DuckLake
+  catalog's server for the lake tests and benches.
+- `lake_writer`: a host committing its own batches into a DuckLake, as a process
+  (`python -m onjob.testing.lake_writer CATALOG DATA_PATH HOST --batches N`).
 
 Nothing in the product imports this package (import-linter's contracts say so).
 """
