@@ -105,8 +105,8 @@ class CollectorSettings(BaseModel):
         "catalog, a Postgres database (a libpq connection string, 'host=... dbname=... "
         "user=...', or a postgresql:// URI); its data files go under collector.data_path, "
         "the spool and DuckDB's temporary files beside collector.db. Needs the `lake` "
-        "extra; one server writes it for now (docs/scaling.md, 'The path to a shared "
-        "catalog'); default: the file",
+        "extra; one server writes it for now (docs/scaling.md, 'The log in DuckLake'); "
+        "default: the file",
     )
     data_path: str | None = Field(
         None,

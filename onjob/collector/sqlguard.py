@@ -222,13 +222,14 @@ def check_plan(con: duckdb.DuckDBPyConnection, statement: duckdb.Statement, own:
     for op in operators:
         name = str(op.get("name", "")).strip().upper()
         info = op.get("extra_info") or {}
-        if name in TABLE_SCANS:
+        if name in TABLE_SCANS or name == LAKE_SCAN:
             table = str(info.get("Table") or "") if isinstance(info, dict) else ""
-            if _identifiers(fold(table)) not in tables:
-                raise QueryRefused(f"the query reads {table or 'a table'}, not this database's")
-        elif name == LAKE_SCAN:
-            table = str(info.get("Table") or "") if isinstance(info, dict) else ""
-            if not own.lake or fold(table) not in own.relations:
+            ours = (
+                own.lake and fold(table) in own.relations
+                if name == LAKE_SCAN
+                else _identifiers(fold(table)) in tables
+            )
+            if not ours:
                 raise QueryRefused(f"the query reads {table or 'a table'}, not this database's")
         elif name in SAFE_FUNCTIONS or name in PLAN_ONLY_FUNCTIONS or name in RELATIONAL:
             continue
