@@ -6,6 +6,7 @@ task.
 
     .venv/bin/python -m bench.release.learning [--example arithmetic] [--repeats 3] [--rounds 2]
     .venv/bin/python -m bench.release.learning --suite --repeats 3 --minutes 30   # issue 45's suite
+    .venv/bin/python -m bench.release.learning --example weather --loop-minutes 30  # evals apart
 
 Each repeat is `onjob demo` (production's settings but for its stated alpha, delta and KL
 bound; the agent's traffic never paused unless `--paused`) plus an audit: every
@@ -93,6 +94,12 @@ def main() -> None:
         help="canary decisions per run (default 2; with --suite, as many as fit the ceiling)",
     )
     parser.add_argument("--minutes", type=float, default=60, help="each run's wall-clock ceiling")
+    parser.add_argument(
+        "--loop-minutes",
+        type=float,
+        help="instead of --minutes: the loop's time with the agent's traffic, the held-out "
+        "evaluations before and after outside it (a user's agent has those minutes whole)",
+    )
     parser.add_argument("--questions", type=int, default=25)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--keep", action="store_true", help="keep the work directories")
@@ -118,6 +125,7 @@ def main() -> None:
                 dir=work / f"{task}-run{i + 1}",
                 rounds=rounds,
                 ceiling_s=args.minutes * 60,
+                loop_s=args.loop_minutes * 60 if args.loop_minutes else None,
                 questions=args.questions,
                 samples=args.samples,
                 audit=True,
@@ -142,6 +150,7 @@ def main() -> None:
                 "engine": args.engine,
                 "traffic": "paused while training" if args.paused else "never paused",
                 "minutes": args.minutes,
+                "loop_minutes": args.loop_minutes,
                 "rounds": rounds,
             }
             harness.save("learning", record, path=out)

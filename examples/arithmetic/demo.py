@@ -72,6 +72,10 @@ class Options:
     dir: Path = Path("onjob-demo")
     rounds: int = 2  # canary decisions to make (promotions or rollbacks)
     ceiling_s: float = 3600.0  # the wall clock's limit, evaluations included
+    # The loop's time with the agent's traffic, the evaluations before and after outside
+    # it (as a user's agent has the engine to itself and measures apart): with it, the
+    # ceiling is not read. None: whatever the ceiling leaves after the evaluations.
+    loop_s: float | None = None
     judge: str | None = None  # a litellm model for RULER instead of the reward function
     reward: str | None = None  # None: the example's
     gate: str | None = None  # the referee (`loop.gate`); None: the example's; "reward": none
@@ -236,7 +240,7 @@ def run(o: Options, echo=say) -> dict:
             f"samples; ETA about {p.eta_s / 60:.0f} minutes for "
             f"{o.rounds} decisions (ceiling {o.ceiling_s / 60:.0f})"
         )
-        if p.eta_s > o.ceiling_s:
+        if o.loop_s is None and p.eta_s > o.ceiling_s:
             echo(
                 f"  the ETA is past the {o.ceiling_s / 60:.0f}-minute ceiling: this machine is "
                 "slow or busy (the engine shares its cores); stop other work or raise --minutes"
@@ -268,13 +272,17 @@ def run(o: Options, echo=say) -> dict:
             echo(f"  base model: {pct(before)} answers right")
             # Leave time for the same evaluation again (slower on a LoRA adapter: ~1.3x
             # here), the shutdown and the plot.
-            deadline = started + o.ceiling_s - seconds["eval_before"] * 1.4 - 15
+            deadline = (
+                time.monotonic() + o.loop_s
+                if o.loop_s is not None
+                else started + o.ceiling_s - seconds["eval_before"] * 1.4 - 15
+            )
             clock.stage(
                 f"the agent's traffic through {server.url}; the loop re-samples, judges, "
                 f"trains, canaries and decides, until {o.rounds} decision(s)"
             )
             with Traffic(server.url, ex, o.agents, paused=o.paused) as traffic:
-                status = _watch(server, clock, deadline, o.rounds, o.ceiling_s, traffic)
+                status = _watch(server, clock, deadline, o.rounds, _limit(o), traffic)
             # The loop stops before the final measurement, which has the engine to itself.
             httpx.post(
                 f"{server.base}/admin/loop", json={"running": False}, headers=ADMIN, timeout=60
@@ -335,11 +343,17 @@ def run(o: Options, echo=say) -> dict:
     )
     if result["promotions"] + result["rollbacks"] + result["stopped"] == 0:
         raise NoDecision(
-            f"no canary decision was made within the {o.ceiling_s / 60:.0f}-minute ceiling "
+            f"no canary decision was made within the {_limit(o)} "
             "(the engine was slower than the ETA assumed, or the loop had too little to train "
             "on): run again with a higher --minutes; what ran is in " + str(o.dir)
         )
     return result
+
+
+def _limit(o: Options) -> str:
+    if o.loop_s is not None:
+        return f"{o.loop_s / 60:.0f}-minute loop (evaluations apart)"
+    return f"{o.ceiling_s / 60:.0f}-minute ceiling"
 
 
 def _gate(o: Options, ex: Example) -> str:
@@ -575,7 +589,7 @@ def _watch(
     clock: _Clock,
     deadline: float,
     rounds: int,
-    ceiling_s: float,
+    limit: str,
     traffic: Traffic,
 ) -> dict:
     """Relay the loop's progress until `rounds` decisions or the ceiling (the agent paused
@@ -600,7 +614,7 @@ def _watch(
         if time.monotonic() >= deadline:
             canary = status["aliases"]["agent"]["canary"]
             clock.line(
-                f"the {ceiling_s / 60:.0f}-minute ceiling is near after "
+                f"the {limit} is near after "
                 f"{made} of {rounds} decision(s)"
                 + (f"; canary {canary} left undecided" if canary else "")
             )
