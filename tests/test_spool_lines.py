@@ -17,7 +17,7 @@ import pytest
 from onjob.cli.process import ServerProcess
 from onjob.collector import Collector, CollectorSettings
 from onjob.collector.records import FeedbackRecord, encode
-from onjob.collector.trajectories import Stitcher
+from onjob.collector.trajectories import Stitcher, continuations, keys
 
 from .test_collector import record, unplaced
 
@@ -157,6 +157,38 @@ def test_a_refused_line_is_set_aside_alone_and_the_rest_of_its_segment_loads(tmp
     # The pieces the segment was loaded in leave nothing behind.
     assert list((spool / ".pieces").iterdir()) == []
     assert rows(db, "SELECT count(*) FROM loaded_segments WHERE name LIKE '%restored%'") == [(0,)]
+
+
+def test_a_turn_in_a_refused_segment_still_continues_its_conversation(tmp_path):
+    """The segment is refused whole (a line reuses a loaded id), then loaded line by line:
+    the second turn it holds was placed by the refused attempt too, and placed again it must
+    not read that first placement as its conversation's latest turn and fork."""
+    db, spool = tmp_path / "db.duckdb", tmp_path / "db.duckdb.spool"
+    asked = [{"role": "user", "content": "first question"}]
+    reply = {"role": "assistant", "content": "a"}  # `_common`'s answer
+    first = unplaced(
+        asked, 0, status=200, continuation_hashes=continuations(keys(asked).prefix_hash, [reply])
+    )
+    second = unplaced([*asked, reply, {"role": "user", "content": "and then?"}], 1, status=200)
+
+    async def main():
+        c = Collector(CollectorSettings(db=db, flush_interval_s=3600))
+        await c.start()
+        c.log(first)
+        await c.flush()
+        segment = spool / "0000000000001-0000000000002-restored-000001.jsonl"
+        segment.write_bytes(encode(second) + b"\n" + encode(first) + b"\n")
+        await c.flush()
+        placed = await c.query(
+            lambda s: s.query("SELECT id, trajectory_id, turn FROM exchanges ORDER BY turn")
+        )
+        await c.close()
+        return placed
+
+    placed = asyncio.run(main())
+    assert [(r["id"], r["turn"]) for r in placed] == [(first.id, 0), (second.id, 1)]
+    assert placed[0]["trajectory_id"] == placed[1]["trajectory_id"]
+    assert (spool / "failed" / "0000000000001-0000000000002-restored-000001-line2.jsonl").exists()
 
 
 def test_a_line_one_reader_accepts_and_the_other_refuses_is_set_aside_never_skipped(

@@ -18,7 +18,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -213,6 +215,9 @@ class _Trajectory:
     scenario: tuple[str, str, str]
 
 
+_TRAJECTORIES, _CONTINUATIONS = 0, 1  # `Stitcher._kept`'s two halves
+
+
 def _slot(api_key_id: str | None, h: str) -> str:
     """The index's key for a continuation: the hash within its API key's own space."""
     return h if api_key_id is None else f"{api_key_id}\0{h}"
@@ -227,6 +232,42 @@ class Stitcher:
         self.capacity = capacity
         self._continuations: OrderedDict[str, tuple[str, int]] = OrderedDict()
         self._trajectories: OrderedDict[str, _Trajectory] = OrderedDict()
+        # While `staged`: each entry's value before the stage first changed it (None:
+        # absent), per index.
+        self._kept: tuple[dict[str, _Trajectory | None], dict[str, tuple | None]] | None = None
+
+    @contextmanager
+    def staged(self) -> Iterator[None]:
+        """Placements that stand only if the block ends without an exception: a load that
+        fails (a commit refused, a line DuckDB cannot read) leaves the index as it found
+        it, so its lines are placed afresh when they load again. Placed twice, a turn
+        would find its own first placement as the trajectory's latest turn and fork."""
+        self._kept = ({}, {})
+        try:
+            yield
+        except BaseException:
+            indexes = (self._trajectories, self._continuations)
+            for index, kept in zip(indexes, self._kept, strict=True):
+                for key, value in kept.items():
+                    if value is None:
+                        index.pop(key, None)
+                    else:
+                        index[key] = value
+            raise
+        finally:
+            self._kept = None
+
+    def _keep(self, which: int, index: OrderedDict, key: str) -> None:
+        """While staged, note an entry's value before its first change (a copy: a
+        trajectory's state changes in place)."""
+        if self._kept is not None and key not in self._kept[which]:
+            value = index.get(key)
+            self._kept[which][key] = replace(value) if isinstance(value, _Trajectory) else value
+
+    def _trim(self, which: int, index: OrderedDict) -> None:
+        while len(index) > self.capacity:
+            self._keep(which, index, next(iter(index)))
+            index.popitem(last=False)
 
     def place(
         self,
@@ -303,10 +344,10 @@ class Stitcher:
         """The answered exchange's replies (`continuations()`) are what its next turn continues."""
         for h in hashes:
             slot = _slot(placement.api_key_id, h)
+            self._keep(_CONTINUATIONS, self._continuations, slot)
             self._continuations[slot] = (placement.trajectory_id, placement.turn)
             self._continuations.move_to_end(slot)
-        while len(self._continuations) > self.capacity:
-            self._continuations.popitem(last=False)
+        self._trim(_CONTINUATIONS, self._continuations)
 
     def record_replies(self, placement: Placement, replies: list[dict]) -> list[str]:
         """`register` the replies the client received; return their hashes."""
@@ -318,6 +359,7 @@ class Stitcher:
         """The exchange failed: its turn never happened, so a retry continues the trajectory."""
         known = self._trajectories.get(placement.trajectory_id)
         if known is not None and known.latest_turn == placement.turn:
+            self._keep(_TRAJECTORIES, self._trajectories, placement.trajectory_id)
             if placement.turn == 0:
                 del self._trajectories[placement.trajectory_id]
             else:
@@ -333,8 +375,7 @@ class Stitcher:
                 self._remember_trajectory(traj, _Trajectory(turn, (scen_id, key, keyed)))
             for h in hashes or []:
                 self._continuations[_slot(api_key_id, h)] = (traj, turn)
-        while len(self._continuations) > self.capacity:
-            self._continuations.popitem(last=False)
+        self._trim(_CONTINUATIONS, self._continuations)
 
     def forget(self, trajectory_ids: list[str]) -> None:
         """Deleted conversations: a request continuing one starts a new trajectory."""
@@ -347,7 +388,7 @@ class Stitcher:
             del self._continuations[slot]
 
     def _remember_trajectory(self, traj: str, state: _Trajectory) -> None:
+        self._keep(_TRAJECTORIES, self._trajectories, traj)
         self._trajectories[traj] = state
         self._trajectories.move_to_end(traj)
-        while len(self._trajectories) > self.capacity:
-            self._trajectories.popitem(last=False)
+        self._trim(_TRAJECTORIES, self._trajectories)

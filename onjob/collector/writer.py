@@ -19,6 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import duckdb
@@ -391,8 +392,7 @@ class Collector:
         memory, its segments go one at a time, in order, and a segment refused alone goes
         line by line (`lines.load_by_line`): each line refused alone is set aside with its
         reason (`Spool.set_aside_line`) and the rest of its segment loads, so one bad line
-        holds up nothing. (The refused attempts' placements stay in the stitcher's memory:
-        their lines are placed again when they load.)"""
+        holds up nothing. (A refused attempt's placements are undone: `_load_placing`.)"""
         try:
             loaded = await self._run(self._load, batch)
         except Exception as exc:
@@ -410,7 +410,7 @@ class Collector:
         """A segment DuckDB refused: load what it can of it, set aside what it cannot. Every
         line either loads or is set aside, but a torn tail, which is skipped with a warning."""
         path = segment.path
-        out = load_by_line(path, lambda piece: self._store.load([piece], self._place), _transient)
+        out = load_by_line(path, lambda piece: self._load_placing([piece]), _transient)
         reported = self._report_unreadable(path)
         refused = [line for line in out.refused if line.number not in reported]
         if refused and len(out.refused) == out.lines:
@@ -479,7 +479,7 @@ class Collector:
             # Loaded by a flush whose task was cancelled while this thread finished it (a
             # shutdown during a flush): the files are gone and their rows are in.
             return 0
-        inserted = self._store.load(paths, self._place)
+        inserted = self._load_placing(paths)
         names = ", ".join(p.name for p in paths)
         if self._store.orphaned:
             log.warning(
@@ -494,6 +494,19 @@ class Collector:
                 path.unlink()
                 self._store.forget_segment(path.name)
         return inserted
+
+    def _load_placing(self, paths: list[Path]) -> int:
+        """`Store.load` placing its lines (`_place`). A load that fails leaves the stitcher
+        and the failed exchanges' places as it found them: its lines are placed afresh
+        when they load (on a retry, or one segment or line at a time), where placing them
+        twice would make each continuation a fork of its own first placement."""
+        failed = dict(self._failed)
+        with self.stitcher.staged():
+            try:
+                return self._store.load(paths, self._place)
+            except BaseException:
+                self._failed = failed
+                raise
 
     def _place(self, lines: list[Unplaced]) -> list[Placed]:
         """Place spool lines (in the order their requests arrived) in their trajectories: on
