@@ -4,6 +4,7 @@ embedded schema's end state made in it, and writers in several processes at once
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ from onjob.collector import CollectorSettings, Store, extensions, lake, schema
 from onjob.collector.errors import StorageError
 from onjob.collector.forget import Forget, forget
 from onjob.collector.spool import Spool
+from onjob.deploy.act import registry
 from onjob.testing.postgres import Postgres
 
 from .conftest import placed_line
@@ -67,9 +69,10 @@ def _columns(con: duckdb.DuckDBPyConnection, database: str) -> set[tuple]:
         for column in con.execute(
             """
             SELECT table_name, column_name, data_type, is_nullable, column_default
-            FROM duckdb_columns() WHERE database_name = ?
+            FROM duckdb_columns() WHERE database_name = ? AND table_name IN (
+                SELECT table_name FROM duckdb_tables() WHERE database_name = ?)
             """,
-            [database],
+            [database, database],
         ).fetchall()
     }
 
@@ -81,10 +84,19 @@ def test_a_new_lake_gets_the_embedded_schemas_end_state(catalog, tmp_path):
     lake.attach(con, catalog, str(tmp_path / "data"))
     assert lake.migrate(con) == 0
     assert lake.migrate(con) == len(schema.MIGRATIONS)  # made once; again, nothing to do
-    # Every table of the file's, as the file has it; and the writer's lease, the lake's own.
-    in_lake = _columns(con, lake.NAME)
+    # Every table of the file's, as the file has it (the two every load updates as parts
+    # only appended, each read through a view of the table's name: `lake.PARTS`); and the
+    # leader's lease, the lake's own.
+    parts = {part: table for table, part in lake.PARTS.items()}
+    in_lake = {(parts.get(c[0], c[0]), *c[1:]) for c in _columns(con, lake.NAME)}
     assert {c for c in in_lake if c[0] != "lake_writer"} == _columns(embedded, "memory")
     assert {c[1] for c in in_lake if c[0] == "lake_writer"} == {"holder", "until"}
+    for table in lake.PARTS:  # the views read with the table's columns and types
+        shape = (
+            "SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = ? "
+            "ORDER BY column_index"
+        )
+        assert con.execute(shape, [table]).fetchall() == embedded.execute(shape, [table]).fetchall()
     # Defaults fill in as in the file: a number's a number, a text's its text.
     con.execute("INSERT INTO groups (id, kind, status) VALUES ('g', 'turn', 'new')")
     assert con.execute("SELECT attempts FROM groups").fetchone() == (0,)
@@ -139,7 +151,6 @@ def _tables(store: Store) -> dict[str, list]:
         "scenarios": store.con.execute(
             "SELECT * EXCLUDE (first_seen) FROM scenarios ORDER BY id"
         ).fetchall(),
-        "loaded_segments": store.con.execute("SELECT count(*) FROM loaded_segments").fetchall(),
     }
 
 
@@ -168,39 +179,54 @@ def test_spool_segments_load_into_a_lake_as_into_the_file(catalog, tmp_path):
             "first", "second", "third"
         ]  # fmt: skip
         assert row[0]["prompt_token_ids"] == [0, 1, 2]
+        # A lake keeps no ledger of segments: one replayed (a crash between its commit and
+        # its removal) drops the lines already in, by their ids.
+        spool = Spool(tmp_path / "spool-replay")
+        spool.append(_line("y", None, 0, "once"))
+        spool.rotate()
+        (segment,) = spool.loadable()
+        assert [lake_store.load_segment(segment.path) for _ in range(2)] == [1, 0]
+        assert lake_store.query("SELECT count(*) AS n FROM exchanges WHERE id = 'y'") == [{"n": 1}]
+        spool.close()
     finally:
         file.close()
         lake_store.close()
 
 
-def test_one_process_writes_a_lake_at_a_time(catalog, tmp_path):
-    """The writer's lease: a second writer is refused while the first holds it, and takes
-    it once the first stops, or once a first that stopped renewing (a dead host) has let
-    it run out; that first one's next load is then refused, not committed, and its
-    segment waits in the spool for the writer that holds the lease."""
+def test_every_server_writes_a_lake_and_one_leads_at_a_time(catalog, tmp_path):
+    """The leader's lease: a command that must lead (`onjob loop`, `onjob forget --db`) is
+    refused while a server leads, naming it; a server that does not lead still commits its
+    loads; the lease passes on once the leader stops, or once a leader that stopped renewing
+    (a dead host) has let it run out."""
     data = str(tmp_path / "d")
     first = Store(tmp_path / "a.duckdb", catalog=catalog, data_path=data)
-    with pytest.raises(StorageError, match="another onjob writes this DuckLake") as refused:
+    with pytest.raises(StorageError, match="another onjob leads this DuckLake") as refused:
         Store(tmp_path / "b.duckdb", catalog=catalog, data_path=data)
     assert first.holder in str(refused.value)
-    first.close()
-    second = Store(tmp_path / "b.duckdb", catalog=catalog, data_path=data, lease_s=1)
-    # The second stops renewing, as a host that died would; a third waits out its lease.
-    time.sleep(1.2)
-    third = Store(tmp_path / "c.duckdb", catalog=catalog, data_path=data)
+    follower = Store(tmp_path / "b.duckdb", catalog=catalog, data_path=data, follow=True)
     spool = Spool(tmp_path / "spool")
     spool.append(_line("a", None, 0, "first"))
     spool.rotate()
     (segment,) = spool.loadable()
     try:
-        with pytest.raises(StorageError, match="no longer holds"):
-            second.load_segment(segment.path)
-        assert second.query("SELECT count(*) AS n FROM exchanges")[0]["n"] == 0
-        assert third.load_segment(segment.path) == 1
-    finally:
-        spool.close()
+        assert first.leading and not follower.leading and follower.leader == first.holder
+        assert follower.load_segment(segment.path) == 1
+        assert first.query("SELECT count(*) AS n FROM exchanges")[0]["n"] == 1
+        first.close()
+        follower.keep_lease()
+        assert follower.leading
+        follower.close()
+        second = Store(tmp_path / "c.duckdb", catalog=catalog, data_path=data, lease_s=1)
+        # The second stops renewing, as a host that died would; a third waits out its lease.
+        time.sleep(1.2)
+        third = Store(tmp_path / "d.duckdb", catalog=catalog, data_path=data)
+        assert third.leading
+        second.keep_lease()
+        assert not second.leading and second.leader == third.holder
         second.close()
         third.close()
+    finally:
+        spool.close()
 
 
 def _files_holding(root, text: bytes) -> list:
@@ -266,6 +292,45 @@ def test_a_conversation_forgotten_on_a_lake_is_nowhere_in_it(
         assert found == 2
     finally:
         store.close()
+
+
+def test_a_forget_holds_while_another_server_commits_beside_it(postgres, catalog, tmp_path):
+    """Two servers on one lake: the leader forgets a conversation whose text is its column's
+    largest while the other has a load open; that load, committed after the forget, puts
+    no statistic of the forgotten text back into the catalog."""
+    data = str(tmp_path / "d")
+    leader = Store(tmp_path / "a.duckdb", catalog=catalog, data_path=data)
+    writer = Store(tmp_path / "b.duckdb", catalog=catalog, data_path=data, follow=True)
+    secret = "zz-the-secret-address"
+    database = catalog.split("dbname=")[1]
+    try:
+        _load(leader, tmp_path / "spool", _line("a", None, 0, "first"), _line("x", None, 0, secret))
+        # Rows enough for data files, not only rows inlined in the catalog, on both sides.
+        bulk = (
+            "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, request) "
+            "SELECT '{0}-' || i, now(), '{0}', 1, 's', '{{\"q\": \"{1}\"}}' FROM range(3000) r(i)"
+        )
+        leader.con.execute(bulk.format("x", secret))
+        writer.con.execute("BEGIN TRANSACTION")
+        writer.con.execute(bulk.format("y", "an answer"))
+        writer.con.execute(
+            "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, request) "
+            "VALUES ('late', now(), 'y', 0, 's', '{\"q\": \"an answer\"}')"
+        )
+        assert secret in postgres.dump(database)
+        forget(leader, Forget(trajectory="x"))
+        assert secret not in postgres.dump(database)
+        try:
+            writer.con.execute("COMMIT")
+        except duckdb.TransactionException:
+            # Refused, beside the forget's deletes (a load is then placed and committed
+            # again: `Collector._load_placing`).
+            with contextlib.suppress(duckdb.Error):
+                writer.con.execute("ROLLBACK")
+        assert secret not in postgres.dump(database)
+    finally:
+        writer.close()
+        leader.close()
 
 
 def test_eight_writer_processes_commit_into_one_lake_at_once(catalog, tmp_path):
@@ -350,9 +415,9 @@ def test_a_server_logs_into_a_lake_that_readers_attach_beside_it(
         asked = _onjob("sql", sql, "--json", *given, env={})
         assert asked.returncode == 0, asked.stderr
         assert json.loads(asked.stdout)["rows"] == [[2, 1]]
-        # Writing beside the server is refused, as a file's lock refuses it.
+        # Forgetting beside the server is refused: the leading server forgets.
         beside = _onjob("forget", "--trajectory", "t", "--db", "x", env=env)
-        assert beside.returncode == 2 and "another onjob writes this DuckLake" in beside.stderr
+        assert beside.returncode == 2 and "another onjob leads this DuckLake" in beside.stderr
     with ServerProcess(args, env=env, log=tmp_path / "server2.log") as server:
         turn(server)
     # The server gone, a reader attaches the lake itself (read-only, locked down).
@@ -425,3 +490,131 @@ def test_the_loop_runs_every_stage_on_a_lake(
     assert f"canary {name} against base" in done.stdout
     assert lake_rows("SELECT count(*) FROM groups WHERE kind = 'ab'")[0][0] >= 1
     httpx.post(f"{tool_engine.url}/unload_lora_adapter", json={"lora_name": name}, timeout=60)
+
+
+def test_two_servers_write_one_lake_and_a_conversation_moves_between_them(
+    catalog, tmp_path, fake_engine_url
+):
+    """Two `onjob serve`s on one lake, each with its own spool, as two hosts behind a load
+    balancer: an `openai` agent's conversation whose turns alternate between them, sent
+    back to back, is one trajectory in order; a Responses chain started on one continues on
+    the other; feedback on one names the other's answer; the one that leads says so, the
+    other refuses a release by hand naming it, and leads once the first has stopped."""
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "0",
+        "ONJOB_PROXY__ADMIN_KEY": "adm-lake-2h0s",
+        "ONJOB_COLLECTOR__CATALOG": catalog,
+        "ONJOB_COLLECTOR__DATA_PATH": str(tmp_path / "data"),
+    }
+    admin = {"Authorization": f"Bearer {env['ONJOB_PROXY__ADMIN_KEY']}"}
+
+    def server(name: str) -> ServerProcess:
+        args = ["--engine-url", fake_engine_url, "--db", str(tmp_path / f"{name}.duckdb")]
+        return ServerProcess(args, env=env, log=tmp_path / f"{name}.log")
+
+    def loader(s: ServerProcess) -> str:
+        status = httpx.get(f"{s.base}/admin/status", headers=admin, timeout=30).json()
+        return status["collector"]["loader"]
+
+    with server("a") as a, server("b") as b:
+        clients = [OpenAI(base_url=s.url, api_key="unused", max_retries=0) for s in (a, b)]
+        messages = [{"role": "user", "content": "Plan a walk along the old canal."}]
+        ids = []
+        for k in range(4):  # a, b, a, b: each turn sent the moment the last one answered
+            reply = clients[k % 2].chat.completions.create(model="agent", messages=messages)
+            ids.append(reply.id)
+            messages += [
+                {"role": "assistant", "content": reply.choices[0].message.content},
+                {"role": "user", "content": f"And after stop {k + 1}?"},
+            ]
+        first = clients[1].responses.create(model="agent", input="Name a canal lock.")
+        chained = clients[0].responses.create(
+            model="agent", input="And the next one?", previous_response_id=first.id
+        )
+        rated = httpx.post(
+            f"{a.url}/feedback", json={"exchange_id": ids[1], "value": 1.0}, timeout=30
+        )
+        assert rated.status_code == 200, rated.text
+        assert "leads the DuckLake" in loader(a)
+        assert "writes the DuckLake" in loader(b) and "leads" in loader(b)
+        refused = httpx.post(
+            f"{b.base}/admin/rollback", json={"alias": "agent"}, headers=admin, timeout=30
+        )
+        assert refused.status_code == 409 and "leads this DuckLake" in refused.text
+        given = ("--server", b.base, "--admin-key", env["ONJOB_PROXY__ADMIN_KEY"])
+        asked = _onjob(
+            "sql",
+            "SELECT id, trajectory_id, turn, api FROM exchanges ORDER BY ts",
+            "--json",
+            *given,
+            env={},
+        )
+        assert asked.returncode == 0, asked.stderr
+        rows = json.loads(asked.stdout)["rows"]
+        chat = [r for r in rows if r[0] in ids]
+        assert [r[0] for r in chat] == ids and [r[2] for r in chat] == [0, 1, 2, 3]
+        assert len({r[1] for r in chat}) == 1
+        by_id = {r[0]: r for r in rows}
+        assert by_id[chained.id][1] == by_id[first.id][1] and by_id[chained.id][2] == 1
+        # Each turn, stored against the last one its own server logged, reads back whole.
+        rebuilt = _onjob("sql", "SELECT id, request FROM exchanges_full", "--json", *given, env={})
+        requests = {r[0]: json.loads(r[1]) for r in json.loads(rebuilt.stdout)["rows"]}
+        assert requests[ids[-1]]["messages"] == messages[:-2]
+        a.stop()
+        deadline = time.monotonic() + lake.LEADER_LEASE_S / 3 + 5  # its next claim
+        while "leads the DuckLake" not in loader(b):
+            assert time.monotonic() < deadline, b.output()[-2000:]
+            time.sleep(0.5)
+        assert "this server leads now" in b.output()
+
+
+def test_a_server_that_does_not_lead_routes_as_the_leader_decides(
+    catalog, tmp_path, engine, tiny_adapter_dir, tiny_model_dir
+):
+    """Two servers on one lake before one engine: a canary set on the leader reaches the
+    other's router (it reads the leader's `deployments` rows), which then serves the
+    canary's slice of conversations too; the loop stands by on the one that does not lead."""
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "1",
+        "ONJOB_LOOP__TRAIN": "false",
+        "ONJOB_PROXY__ADMIN_KEY": "adm-lake-r0ut",
+        "ONJOB_COLLECTOR__CATALOG": catalog,
+        "ONJOB_COLLECTOR__DATA_PATH": str(tmp_path / "data"),
+    }
+    admin = {"Authorization": f"Bearer {env['ONJOB_PROXY__ADMIN_KEY']}"}
+    first = Store(
+        tmp_path / "r.duckdb",
+        catalog=catalog,
+        data_path=env["ONJOB_COLLECTOR__DATA_PATH"],
+        follow=True,
+    )
+    registry.add(first, tiny_adapter_dir, "cand-1", tiny_model_dir)
+    first.close()
+
+    def server(name: str) -> ServerProcess:
+        args = ["--engine-url", engine.url, "--db", str(tmp_path / f"{name}.duckdb")]
+        return ServerProcess(args, env=env, log=tmp_path / f"{name}.log")
+
+    def arms(s: ServerProcess) -> list[str]:
+        client = OpenAI(base_url=s.url, api_key="unused", max_retries=0)
+        return [
+            client.chat.completions.with_raw_response.create(
+                model="agent", messages=[{"role": "user", "content": f"c{i}"}], max_tokens=2
+            ).headers["x-onjob-arm"]
+            for i in range(30)
+        ]
+
+    with server("a") as a, server("b") as b:
+        assert set(arms(b)) == {"live"}
+        canary = {"alias": "agent", "checkpoint": "cand-1", "fraction": 0.5}
+        set_ = httpx.post(f"{a.base}/admin/canary", json=canary, headers=admin, timeout=60)
+        assert set_.status_code == 200, set_.text
+        deadline = time.monotonic() + 30
+        while True:
+            status = httpx.get(f"{b.base}/admin/status", headers=admin, timeout=30).json()
+            if status["aliases"]["agent"]["canary"] == "cand-1":
+                break
+            assert time.monotonic() < deadline, b.output()[-2000:]
+            time.sleep(0.5)
+        assert 3 < arms(b).count("canary") < 27
+        assert status["loop"]["stage"] == "standby"

@@ -163,14 +163,17 @@ def cmd_status(args: argparse.Namespace) -> int:
         release, fitted, ckpts = status.release, status.fitted, None
     if release:
         _show_release(release)
-    if status is not None and status.collector.loader:  # hosts sharing a bucket
+    if status is not None and status.collector.loader:  # hosts sharing a bucket or a lake
         c = status.collector
-        hosts = ", ".join(c.hosts_live) or "none"
-        dropped = ", ".join(c.hosts_dropped)
-        print(
-            f"loader: {c.loader}; hosts live: {hosts}"
-            + (f"; past their lease (taken for dead): {dropped}" if dropped else "")
-        )
+        if c.lake:
+            print(f"loader: {c.loader}")
+        else:
+            hosts = ", ".join(c.hosts_live) or "none"
+            dropped = ", ".join(c.hosts_dropped)
+            print(
+                f"loader: {c.loader}; hosts live: {hosts}"
+                + (f"; past their lease (taken for dead): {dropped}" if dropped else "")
+            )
     if status is not None:
         print(f"loop: {status.loop.line(time.time())}")
     scorer = status.loop.scorer if status is not None else settings.judge.scorer()

@@ -106,6 +106,16 @@ def build_app(settings: ServeSettings, workers: Workers | None = None, eta: Eta 
 
     # A standby that takes over with the old loader's database routes as it did.
     collector.on_takeover.append(routing_from_database)
+    following: list[asyncio.Task] = []
+
+    async def follow_the_leader() -> None:
+        """With a DuckLake: while another server leads, route as it decides."""
+        if settings.collector.catalog is not None:
+            following.append(asyncio.create_task(_follow_leader(collector, operator)))
+
+    async def stop_following() -> None:
+        for task in following:
+            task.cancel()
 
     return create_app(
         settings.proxy,
@@ -117,11 +127,25 @@ def build_app(settings: ServeSettings, workers: Workers | None = None, eta: Eta 
             *admin.routes(settings, collector, router, operator, loop),
             *dashboard.routes(settings, collector, router, loop, operator),
         ],
-        on_startup=[restore_routing, loop.start, settle_gc],
+        on_startup=[restore_routing, follow_the_leader, loop.start, settle_gc],
         # The pool closes every engine client, the judge's too.
-        on_shutdown=[*([stop_workers] if workers else []), loop.stop, unfreeze_gc],
+        on_shutdown=[*([stop_workers] if workers else []), stop_following, loop.stop, unfreeze_gc],
         metrics=metrics,
     )
+
+
+FOLLOW_S = 2.0  # how often a DuckLake's server that does not lead reads the leader's routing
+
+
+async def _follow_leader(collector: Collector, operator: Operator) -> None:
+    while True:
+        await asyncio.sleep(FOLLOW_S)
+        if not collector.standby:
+            continue
+        try:
+            await operator.follow()
+        except Exception as exc:  # the next round reads again
+            log.error("could not follow the leader's routing: %s", exc)
 
 
 def build_proxy_app(settings: ServeSettings):
@@ -230,7 +254,7 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
     if not settings.proxy.primary_url:
         # Open (and migrate) the database once up front: a locked or unreadable file is a
         # clear error here rather than a failed start-up hook inside uvicorn.
-        Store.open(settings.collector).close()
+        Store.open(settings.collector, follow=True).close()
     configured_key = settings.proxy.admin_key is not None
     settings = with_admin_key(settings)
     p = settings.proxy  # the settings in force (what the app is built with)

@@ -61,11 +61,14 @@ what one tenant's export takes (`TenantRows`) (`scope.py`), the judge's and the
 trainer's daily budgets read from their rows (`budgets.py`), DuckDB's extensions loaded
 from their installed packages, never from the network (`extensions.py`), and the log in
 DuckLake (`collector.catalog`): a lake attached, made in the schema's end state, its
-history taken out after a deletion (`lake.py`; docs/scaling.md, "The log in DuckLake")
+history taken out after a deletion, every server writing its own exchanges and one
+leading by a lease in the lake (`lake.py`; a writer's stitcher asks the lake for the
+conversations other writers placed, `Store.continuing`; docs/scaling.md, "The log in
+DuckLake")
 """
 
 from . import budgets, queries, readonly
-from .errors import CollectorError, StorageError
+from .errors import CollectorError, NotLeading, StorageError
 from .forget import Forget, ForgetError, Forgotten
 from .linear import Lineage, rebuilt
 from .records import ExchangeRecord, FeedbackRecord
@@ -84,6 +87,7 @@ __all__ = [
     "ForgetError",
     "Forgotten",
     "Lineage",
+    "NotLeading",
     "Placement",
     "Stitcher",
     "StorageError",

@@ -9,3 +9,8 @@ class CollectorError(OnjobError):
 
 class StorageError(CollectorError):
     """The database cannot be opened or written."""
+
+
+class NotLeading(CollectorError):
+    """A change only the leading server of a DuckLake makes (`collector.lake`), asked of
+    one that does not lead."""

@@ -13,17 +13,19 @@ on them. docs/collector.md, "Forgetting", has the whole rule.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import duckdb
 import msgspec
 
-from .errors import CollectorError
+from .errors import CollectorError, StorageError
 from .ids import new_id
 from .lines import PIECES
 from .scope import lineage_flags
 from .spool import CLOSED, FAILED
-from .store import Store
+from .store import LAKE_RETRIES, Store
 
 # Copies of deleted data that `forget` cannot reach, said in every answer.
 NOT_REACHED = (
@@ -160,59 +162,77 @@ def forget(store: Store, what: Forget, *, actor: str = "cli") -> Forgotten:
         if what.api_key is not None
         else ("before", what.before)
     )
-    out = Forgotten(what.describe())
     store.forgot()  # a parent recent loads inserted may be among the deleted
-    with store.transaction() as con:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE doomed_t AS {_DOOMED[kind]}", [value])
-        con.execute(
-            "CREATE OR REPLACE TEMP TABLE doomed_e AS SELECT id, scenario_id FROM exchanges "
-            "WHERE trajectory_id IN (SELECT id FROM doomed_t)"
-        )
-        con.execute(
-            """
-            CREATE OR REPLACE TEMP TABLE doomed_g AS
-            SELECT id FROM groups WHERE prefix_exchange IN (SELECT id FROM doomed_e)
-            UNION
-            SELECT group_id FROM members WHERE exchange_id IN (SELECT id FROM doomed_e)
-                OR trajectory_id IN (SELECT id FROM doomed_t)
-            """
-        )
-        out.trained_on = _trained_on(con)
-        out.trajectory_ids = [r[0] for r in con.execute("SELECT id FROM doomed_t").fetchall()]
-        out.exchange_ids = [r[0] for r in con.execute("SELECT id FROM doomed_e").fetchall()]
-        out.group_ids = [r[0] for r in con.execute("SELECT id FROM doomed_g").fetchall()]
-        scenarios = [
-            r[0] for r in con.execute("SELECT DISTINCT scenario_id FROM doomed_e").fetchall()
-        ]
-        out.scores = _delete(
-            con,
-            "scores WHERE group_id IN (SELECT id FROM doomed_g) OR member_id IN "
-            "(SELECT id FROM members WHERE group_id IN (SELECT id FROM doomed_g))",
-        )
-        out.judgements = _delete(con, "judgements WHERE group_id IN (SELECT id FROM doomed_g)")
-        out.members = _delete(con, "members WHERE group_id IN (SELECT id FROM doomed_g)")
-        out.groups = _delete(con, "groups WHERE id IN (SELECT id FROM doomed_g)")
-        feedback = (
-            "feedback WHERE trajectory_id IN (SELECT id FROM doomed_t) "
-            "OR exchange_id IN (SELECT id FROM doomed_e)"
-        )
-        if kind == "api_key":
-            out.feedback = _delete(con, feedback + " OR api_key_id = ?", [value])
-        else:
-            out.feedback = _delete(con, feedback)
-        out.exchanges = _delete(con, "exchanges WHERE id IN (SELECT id FROM doomed_e)")
-        out.trajectories = _delete(con, "trajectories WHERE id IN (SELECT id FROM doomed_t)")
-        out.openings = _delete(
-            con,
-            "openings WHERE id NOT IN (SELECT DISTINCT parent_id FROM exchanges "
-            "WHERE parent_id IS NOT NULL)",
-        )
-        out.scenarios = _recount_scenarios(con, scenarios)
-        _remember(con, kind, value, out.exchanges, actor)
-        for temp in ("doomed_t", "doomed_e", "doomed_g"):
-            con.execute(f"DROP TABLE {temp}")
+    attempts = LAKE_RETRIES if store.in_lake else 1
+    for attempt in range(attempts):
+        out = Forgotten(what.describe())
+        try:
+            with store.transaction() as con:
+                _delete_all(con, out, kind, value, actor, lake=store.in_lake)
+            break
+        except StorageError as exc:
+            clash = isinstance(exc.__cause__, duckdb.TransactionException)
+            if not (store.in_lake and clash) or attempt == attempts - 1:
+                raise
+            # Another server committed to the same tables first (DuckLake's commits are
+            # optimistic): the deletion is made again on what it wrote.
+            time.sleep(0.05 * (attempt + 1))
     out.checkpointed = store.checkpoint()
     return out
+
+
+def _delete_all(con, out: Forgotten, kind: str, value, actor: str, *, lake: bool) -> None:
+    """Within `forget`'s transaction: the rows doomed by the rule, then the rule itself."""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE doomed_t AS {_DOOMED[kind]}", [value])
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE doomed_e AS SELECT id, scenario_id FROM exchanges "
+        "WHERE trajectory_id IN (SELECT id FROM doomed_t)"
+    )
+    con.execute(
+        """
+        CREATE OR REPLACE TEMP TABLE doomed_g AS
+        SELECT id FROM groups WHERE prefix_exchange IN (SELECT id FROM doomed_e)
+        UNION
+        SELECT group_id FROM members WHERE exchange_id IN (SELECT id FROM doomed_e)
+            OR trajectory_id IN (SELECT id FROM doomed_t)
+        """
+    )
+    out.trained_on = _trained_on(con)
+    out.trajectory_ids = [r[0] for r in con.execute("SELECT id FROM doomed_t").fetchall()]
+    out.exchange_ids = [r[0] for r in con.execute("SELECT id FROM doomed_e").fetchall()]
+    out.group_ids = [r[0] for r in con.execute("SELECT id FROM doomed_g").fetchall()]
+    scenarios = [r[0] for r in con.execute("SELECT DISTINCT scenario_id FROM doomed_e").fetchall()]
+    out.scores = _delete(
+        con,
+        "scores WHERE group_id IN (SELECT id FROM doomed_g) OR member_id IN "
+        "(SELECT id FROM members WHERE group_id IN (SELECT id FROM doomed_g))",
+    )
+    out.judgements = _delete(con, "judgements WHERE group_id IN (SELECT id FROM doomed_g)")
+    out.members = _delete(con, "members WHERE group_id IN (SELECT id FROM doomed_g)")
+    out.groups = _delete(con, "groups WHERE id IN (SELECT id FROM doomed_g)")
+    feedback = (
+        "feedback WHERE trajectory_id IN (SELECT id FROM doomed_t) "
+        "OR exchange_id IN (SELECT id FROM doomed_e)"
+    )
+    if kind == "api_key":
+        out.feedback = _delete(con, feedback + " OR api_key_id = ?", [value])
+    else:
+        out.feedback = _delete(con, feedback)
+    out.exchanges = _delete(con, "exchanges WHERE id IN (SELECT id FROM doomed_e)")
+    if lake:  # a row of parts (`lake.PARTS`)
+        _delete(con, "trajectory_parts WHERE id IN (SELECT id FROM doomed_t)")
+        out.trajectories = len(out.trajectory_ids)
+    else:
+        out.trajectories = _delete(con, "trajectories WHERE id IN (SELECT id FROM doomed_t)")
+    out.openings = _delete(
+        con,
+        "openings WHERE id NOT IN (SELECT DISTINCT parent_id FROM exchanges "
+        "WHERE parent_id IS NOT NULL)",
+    )
+    out.scenarios = _recount_scenarios(con, scenarios, lake=lake)
+    _remember(con, kind, value, out.exchanges, actor)
+    for temp in ("doomed_t", "doomed_e", "doomed_g"):
+        con.execute(f"DROP TABLE {temp}")
 
 
 class _Line(msgspec.Struct):
@@ -307,11 +327,38 @@ def _removing(c: Tainted) -> str:
     }.get(c.status, "it serves no one")
 
 
-def _recount_scenarios(con, scenario_ids: list[str]) -> int:
+_COUNTED = """
+    SELECT count(*) FROM exchanges e WHERE e.scenario_id = {row}.id
+      AND e.turn = 0 AND e.status < 400 AND e.source <> 'resample'
+"""
+
+
+def _recount_scenarios(con, scenario_ids: list[str], *, lake: bool = False) -> int:
     """A scenario counts its conversations (turns 0 that were answered): recount those that
-    lost some; delete those left with none. Returns how many were deleted."""
+    lost some; delete those left with none. Returns how many were deleted. On a lake, a
+    scenario's parts (`lake.PARTS`) become one part holding the count."""
     if not scenario_ids:
         return 0
+    if lake:
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE recounted AS
+            SELECT s.id, s.key, s.keyed, s.first_seen, ({_COUNTED.format(row="s")}) AS count,
+                   EXISTS (SELECT 1 FROM exchanges e WHERE e.scenario_id = s.id) AS used
+            FROM scenarios s WHERE list_contains(?, s.id)
+            """,
+            [scenario_ids],
+        )
+        con.execute("DELETE FROM scenario_parts WHERE list_contains(?, id)", [scenario_ids])
+        con.execute(
+            "INSERT INTO scenario_parts SELECT id, key, keyed, first_seen, count "
+            "FROM recounted WHERE count > 0 OR used"
+        )
+        (gone,) = con.execute(
+            "SELECT count(*) FROM recounted WHERE count = 0 AND NOT used"
+        ).fetchone()
+        con.execute("DROP TABLE recounted")
+        return gone
     con.execute(
         """
         UPDATE scenarios SET count = (

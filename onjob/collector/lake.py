@@ -79,8 +79,9 @@ def forget_history(con: duckdb.DuckDBPyConnection, name: str = NAME) -> None:
 
     The table-wide statistics are written into the catalog directly (the DuckLake format's
     `ducklake_table_column_stats`); DuckLake offers no call that measures them again. A
-    writer that commits meanwhile may write back the old bounds it read before: one writer
-    at a time, for now."""
+    load another server had open meanwhile is refused at its commit (DuckLake refuses an
+    insert beside a delete in the same table) and made again on what is left, so it
+    writes back no old bound: `tests/test_lake.py` reads the catalog after one."""
     con.execute(f"CALL ducklake_rewrite_data_files({_literal(name)}, delete_threshold => 0)")
     con.execute(f"CALL ducklake_expire_snapshots({_literal(name)}, older_than => now())")
     con.execute(f"CALL ducklake_cleanup_old_files({_literal(name)}, cleanup_all => true)")
@@ -141,49 +142,45 @@ def s3_secret(con: duckdb.DuckDBPyConnection, env: Mapping[str, str] = os.enviro
     con.execute(f"CREATE OR REPLACE TEMPORARY SECRET onjob_s3 (TYPE s3, {spelt})")
 
 
-# One server writes a lake at a time, by a lease in the lake itself: a row that a writer
-# claims while it is free or its own, renews inside each load's transaction (a load
-# committed without it is refused: fencing) and between loads, and gives back when it
-# stops. DuckLake's commits are optimistic: of two writers updating the row at once, one
-# commit fails and that one reads the row again. A writer that dies leaves it to the
-# next after `WRITER_LEASE_S`.
-WRITER_LEASE_S = 30.0
+# Every server writes its own exchanges into the lake (DuckLake's commits are optimistic:
+# inserts by several writers at once all land; a commit that clashes is retried). One
+# server at a time *leads*: it runs the loop (judging, training, releases), retention and
+# forgetting, by a lease in the lake itself: a row it claims while the row is free or its
+# own, renews a third of the lease apart, and gives back when it stops. Of two claims at
+# once, one commit fails and that one reads the row again. A leader that dies leaves the
+# lease to the next after `LEADER_LEASE_S`. A command that runs the loop or forgets
+# (`onjob loop`, `onjob forget --db`) must hold it.
+LEADER_LEASE_S = 30.0
 _LEASE = "lake_writer"
 
 
 def claim(
-    con: duckdb.DuckDBPyConnection, holder: str, lease_s: float = WRITER_LEASE_S
+    con: duckdb.DuckDBPyConnection, holder: str, lease_s: float = LEADER_LEASE_S
 ) -> tuple[str, datetime] | None:
-    """Take the writer's lease for `holder`, or renew it: None when `holder` holds it now,
+    """Take the leader's lease for `holder`, or renew it: None when `holder` holds it now,
     else who does and until when."""
     for _ in range(10):
         try:
             con.execute("BEGIN TRANSACTION")
-            renewed = _renew(con, holder, lease_s, free_too=True)
+            renewed = _renew(con, holder, lease_s)
             con.execute("COMMIT")
         except duckdb.TransactionException:  # another claim committed first: look again
             with contextlib.suppress(duckdb.Error):
                 con.execute("ROLLBACK")
             continue
         return None if renewed[0] == holder else renewed
-    raise StorageError("could not claim the lake's writer lease: other claims kept winning")
-
-
-def renewed(con: duckdb.DuckDBPyConnection, holder: str, lease_s: float) -> bool:
-    """Within the caller's transaction: the lease renewed, if `holder` still holds it."""
-    return _renew(con, holder, lease_s, free_too=False)[0] == holder
+    raise StorageError("could not claim the lake's leader lease: other claims kept winning")
 
 
 def release(con: duckdb.DuckDBPyConnection, holder: str) -> None:
-    """Give the lease back (a stopping writer): the next may take it at once."""
+    """Give the lease back (a stopping leader): the next may take it at once."""
     con.execute(f"UPDATE {_LEASE} SET until = now() - INTERVAL 1 SECOND WHERE holder = ?", [holder])
 
 
-def _renew(con, holder: str, lease_s: float, *, free_too: bool) -> tuple[str, datetime]:
-    free = " OR until < now()" if free_too else ""
+def _renew(con, holder: str, lease_s: float) -> tuple[str, datetime]:
     con.execute(
         f"UPDATE {_LEASE} SET holder = ?, until = now() + to_microseconds(?::BIGINT) "
-        f"WHERE holder = ?{free}",
+        "WHERE holder = ? OR until < now()",
         [holder, int(lease_s * 1e6), holder],
     )
     return con.execute(f"SELECT holder, until FROM {_LEASE}").fetchone()
@@ -207,6 +204,15 @@ def _migrate(con: duckdb.DuckDBPyConnection) -> int:
     before = schema.version(con)
     latest = len(schema.MIGRATIONS)
     if before == latest:
+        if not con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+            "AND table_name = 'trajectory_parts'"
+        ).fetchone()[0]:
+            raise StorageError(
+                "this DuckLake was made by an earlier onjob (one writer, its trajectories "
+                "and scenarios kept as tables, not parts): give collector.catalog a new "
+                "database"
+            )
         return before
     if before:
         raise StorageError(
@@ -227,14 +233,43 @@ def _migrate(con: duckdb.DuckDBPyConnection) -> int:
     return before
 
 
+# The two tables every load updates, a row per conversation and per scenario: on a lake
+# each is a view over parts that loads only append (`PARTS`), since DuckLake's commits
+# are optimistic and two writers updating one row at once clash (a conversation whose
+# turns two servers place, a scenario many conversations share). What a file's upsert
+# keeps (`Store._insert`), the view computes: a trajectory's first checkpoint, arm and
+# exchange are its earliest part's, its last exchange the longest part's; a scenario's
+# count is its parts' sum.
+PARTS = {"trajectories": "trajectory_parts", "scenarios": "scenario_parts"}
+_VIEWS_OF_PARTS = (
+    """
+    CREATE VIEW trajectories AS
+    SELECT id, any_value(scenario_id) AS scenario_id,
+           arg_min(checkpoint, first_ts) AS checkpoint, arg_min(arm, first_ts) AS arm,
+           arg_min(first_exchange, first_ts) AS first_exchange,
+           arg_max(last_exchange, n_turns) AS last_exchange, max(n_turns) AS n_turns,
+           any_value(source) AS source, min(first_ts) AS first_ts, max(last_ts) AS last_ts
+    FROM trajectory_parts GROUP BY id
+    """,
+    """
+    CREATE VIEW scenarios AS
+    SELECT id, any_value(key) AS key, any_value(keyed) AS keyed,
+           min(first_seen) AS first_seen, sum(count)::BIGINT AS count
+    FROM scenario_parts GROUP BY id
+    """,
+)
+
+
 def end_state() -> list[str]:
     """The embedded schema after every migration, as DuckLake statements: tables without
-    key constraints, then macros and views in the order they were made."""
+    key constraints (`PARTS` for two of them), then macros and views in the order they
+    were made."""
     con = duckdb.connect()
     try:
         schema.migrate(con)
         tables = [t for (t,) in con.execute(_TABLES).fetchall() if t != "schema_version"]
-        statements = [_table(con, t) for t in tables]
+        statements = [_table(con, t, PARTS.get(t, t)) for t in tables]
+        statements += [" ".join(view.split()) for view in _VIEWS_OF_PARTS]
         for name, params, body in con.execute(_MACROS).fetchall():
             statements.append(f"CREATE MACRO {_ident(name)}({', '.join(params)}) AS TABLE {body}")
         statements += [sql for (sql,) in con.execute(_VIEWS).fetchall()]
@@ -252,7 +287,7 @@ ORDER BY function_oid
 _VIEWS = "SELECT sql FROM duckdb_views() WHERE NOT internal ORDER BY view_oid"
 
 
-def _table(con: duckdb.DuckDBPyConnection, table: str) -> str:
+def _table(con: duckdb.DuckDBPyConnection, table: str, name: str) -> str:
     columns = con.execute(
         """
         SELECT column_name, data_type, is_nullable, column_default FROM duckdb_columns()
@@ -267,7 +302,7 @@ def _table(con: duckdb.DuckDBPyConnection, table: str) -> str:
             + ("" if nullable else " NOT NULL")
             + (f" DEFAULT {default}" if default is not None else "")
         )
-    return f"CREATE TABLE {_ident(table)} ({', '.join(spelt)})"
+    return f"CREATE TABLE {_ident(name)} ({', '.join(spelt)})"
 
 
 def _ident(name: str) -> str:

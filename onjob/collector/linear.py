@@ -122,9 +122,14 @@ class Lineage:
 
     OPENINGS = 4096  # starts held (LRU), within a quarter of `max_tokens`
 
-    def __init__(self, capacity: int = 200_000, max_tokens: int = 8_000_000) -> None:
+    def __init__(
+        self, capacity: int = 200_000, max_tokens: int = 8_000_000, salt: bytes = b""
+    ) -> None:
         self.capacity = capacity
         self.max_tokens = max_tokens
+        # In an opening's id: a lake's writers each make their own openings (two writers
+        # inserting one id at once would leave it twice: a lake has no key to refuse it).
+        self.salt = salt
         self._last: OrderedDict[str, _Last] = OrderedDict()
         self._tokens = 0
         self._seeds: OrderedDict[bytes, _Seed] = OrderedDict()
@@ -233,7 +238,7 @@ class Lineage:
         if prompt is not None and seed.tokens is not None:
             shared = prompt[: common_prefix(prompt, seed.tokens)]
         raw = _encode({"messages": request["messages"][:lead], **{k: request[k] for k in large}})
-        ident = hashlib.blake2b(key + raw, digest_size=16)
+        ident = hashlib.blake2b(self.salt + key + raw, digest_size=16)
         if shared is not None:
             ident.update(shared.tobytes())
         self._seed_tokens -= seed.held

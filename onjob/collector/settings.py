@@ -105,13 +105,20 @@ class CollectorSettings(BaseModel):
         "catalog, a Postgres database (a libpq connection string, 'host=... dbname=... "
         "user=...', or a postgresql:// URI); its data files go under collector.data_path, "
         "the spool and DuckDB's temporary files beside collector.db. Needs the `lake` "
-        "extra; one server writes it for now (docs/scaling.md, 'The log in DuckLake'); "
-        "default: the file",
+        "extra; every server given the same catalog writes its own exchanges into it, one "
+        "leads (docs/scaling.md, 'The log in DuckLake'); default: the file",
     )
     data_path: str | None = Field(
         None,
         description="with collector.catalog: where the lake's data files go, a directory "
         "or an s3:// prefix",
+    )
+    stitch_wait_s: float = Field(
+        5.0,
+        ge=0,
+        description="with collector.catalog: how long a turn that continues no conversation "
+        "this server or the lake knows is held back for another server's commit to place "
+        "its previous turn, before it starts a conversation of its own",
     )
 
     bucket: str | None = Field(

@@ -22,6 +22,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
@@ -38,6 +39,11 @@ from .settings import CollectorSettings
 T = TypeVar("T")
 R = TypeVar("R")  # a record `Store.rows` builds
 
+# A lake's writer looks this far back for the conversations other writers placed that a
+# turn continues (`Store.continuing`): older ones it starts anew, as a file's loader does
+# those past its stitcher's memory.
+CONTINUED_DAYS = 1
+LAKE_RETRIES = 8  # a lake's statement retried this many times when another writer's commit clashed
 ROW_GROUP_ROWS = 2048  # docs/collector.md, "Loading into DuckDB", says why
 _RESERVED = {"memory", "system", "temp", "main"}  # catalog names an attached file cannot take
 
@@ -132,6 +138,7 @@ class Unplaced(msgspec.Struct, frozen=True):
     selects, by name, so their order lives here alone."""
 
     id: str
+    ts: datetime  # when its request arrived (this host's clock)
     api_key_id: str | None
     trajectory_id: str | None  # a conversation the client named, or a Responses API chain
     after_turn: int | None
@@ -178,15 +185,32 @@ Placer = Callable[[list[Unplaced]], list[Placed]]
 # maximum for the dates.
 _FORGOTTEN = """
 DELETE FROM segment WHERE id IN (
-    SELECT s.id FROM segment s JOIN forgotten f
+    SELECT s.id FROM segment s JOIN {forgotten} f
         ON f.trajectory_id = s.trajectory_id AND s.ts <= f.until
     UNION ALL
-    SELECT s.id FROM segment s JOIN forgotten f
+    SELECT s.id FROM segment s JOIN {forgotten} f
         ON f.api_key_id = s.api_key_id AND s.ts <= f.until
     UNION ALL
     SELECT id FROM segment WHERE ts < (
-        SELECT max(until) FROM forgotten WHERE trajectory_id IS NULL AND api_key_id IS NULL)
+        SELECT max(until) FROM {forgotten} WHERE trajectory_id IS NULL AND api_key_id IS NULL)
 )
+"""
+
+# A lake keeps no ledger of loaded segments (`loaded_segments`: each writer deleting its
+# rows after each load clashed with every other writer's load, DuckLake refusing an
+# insert beside a delete of the same table's inlined rows). Each load drops the lines
+# already in instead, by their ids: a segment replayed after a crash between its commit
+# and its removal, a segment loaded again for the lines it held back (`Store.load`).
+# Bounded by the segment's own times (constants, so DuckLake reads only the files whose
+# statistics may hold them): without the bounds each load read every file's ids, and a
+# load's cost grew with the lake (100,000 exchanges: 2.6 ms of loader CPU each).
+_LOADED_ALREADY = """
+DELETE FROM segment WHERE (kind = 'exchange' AND id IN (
+    SELECT id FROM exchanges WHERE ts BETWEEN $low AND $high
+      AND id IN (SELECT id FROM segment WHERE kind = 'exchange')))
+  OR (kind = 'feedback' AND id IN (
+    SELECT id FROM feedback WHERE ts BETWEEN $low AND $high
+      AND id IN (SELECT id FROM segment WHERE kind = 'feedback')))
 """
 
 # Linear storage (`linear.py`): a turn stored against a parent that is nowhere (neither in
@@ -237,13 +261,16 @@ class Store:
         *,
         catalog: str | None = None,
         data_path: str | None = None,
-        lease_s: float = lake.WRITER_LEASE_S,
+        lease_s: float = lake.LEADER_LEASE_S,
+        follow: bool = False,
     ) -> None:
         self.in_lake = catalog is not None
-        # A lake's writer: who this process is in its lease (`lake.claim`), and when it
-        # last claimed it (monotonic).
+        # A lake's writer: who this process is in the leader's lease (`lake.claim`), who
+        # holds it (None: this one), and when it last tried (monotonic). `follow`: write
+        # whether or not it leads (a server); else it must lead (`keep_lease`).
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{new_id('w')}"
         self.lease_s = lease_s
+        self.leader: str | None = None
         self.claimed = -math.inf
         try:
             # Spills beside the file, as DuckDB puts them for a file it opens itself: an
@@ -255,6 +282,8 @@ class Store:
                 config["memory_limit"] = memory_limit
             self.path = Path(path)
             self.orphaned = 0  # turns the last load dropped: their parent was deleted
+            self.held = 0  # a lake's lines the last load held back (`load`)
+            self.forgotten_rows: int | None = None  # a lake's forget rules, at the last load
             self.exporting = False  # True: each load queues its exchanges (`export.py`)
             self.scan_per_lookup = scan_per_lookup  # `_upsert`'s choice
             self.con = duckdb.connect(":memory:", config=config)
@@ -263,7 +292,7 @@ class Store:
                 self._use = f"USE {lake.NAME}"
                 self.schema_before = lake.migrate(self.con)
                 try:
-                    self.keep_lease()
+                    self.keep_lease(required=not follow)
                 except StorageError:
                     self.con.close()
                     raise
@@ -279,6 +308,7 @@ class Store:
             )
             self._reading = threading.Lock()  # held while `read` runs a user's query
             self._recent: OrderedDict[str, None] = OrderedDict()  # `RECENT_IDS`, oldest first
+            self._openings_in: set[str] = set()  # a lake's openings known to be in it
         except duckdb.IOException as exc:
             raise StorageError(
                 f"cannot open {path}: {exc}. DuckDB allows one read-write process per file; "
@@ -288,16 +318,20 @@ class Store:
             raise StorageError(f"cannot open {path}: {exc}") from exc
 
     @classmethod
-    def open(cls, settings: CollectorSettings, *, tuned: bool = False) -> Store:
+    def open(
+        cls, settings: CollectorSettings, *, tuned: bool = False, follow: bool = False
+    ) -> Store:
         """The database `settings` name: the file `db`, or the lake of `catalog`. `tuned`:
         with `duckdb_threads` and `duckdb_memory_limit` (the server's loader; a command's
-        short use takes DuckDB's defaults)."""
+        short use takes DuckDB's defaults). `follow`: a lake's server, which writes whether
+        or not it leads (a command must lead)."""
         return cls(
             settings.db,
             settings.duckdb_threads if tuned else None,
             settings.duckdb_memory_limit if tuned else None,
             catalog=settings.catalog,
             data_path=settings.data_path,
+            follow=follow,
         )
 
     def _attach_file(self, path: Path) -> str:
@@ -313,22 +347,28 @@ class Store:
         self.con.execute(f"USE {catalog}")
         return f"USE {catalog}"
 
-    def keep_lease(self) -> None:
-        """A lake's writer: claim or renew its lease (`lake.claim`); `StorageError`, naming
-        the holder, while another writer holds it."""
+    @property
+    def leading(self) -> bool:
+        """A file's one writer always; a lake's, while it holds the leader's lease."""
+        return not self.in_lake or self.leader is None
+
+    def keep_lease(self, *, required: bool = False) -> None:
+        """A lake's writer: claim or renew the leader's lease (`lake.claim`), and note who
+        holds it. `required`: `StorageError`, naming the holder, while another does."""
         held = lake.claim(self.con, self.holder, self.lease_s)
-        if held is not None:
+        self.claimed = time.monotonic()
+        self.leader = None if held is None else held[0]
+        if held is not None and required:
             who, until = held
             raise StorageError(
-                f"another onjob writes this DuckLake ({who}, its lease until "
-                f"{until:%Y-%m-%d %H:%M:%S %Z}): ask it instead (--server URL), or start "
-                f"this one once it has stopped (a writer that died holds it {self.lease_s:g} "
+                f"another onjob leads this DuckLake ({who}, its lease until "
+                f"{until:%Y-%m-%d %H:%M:%S %Z}): ask it instead (--server URL), or run "
+                f"this once it has stopped (a leader that died holds it {self.lease_s:g} "
                 "s more)"
             )
-        self.claimed = time.monotonic()
 
     def close(self) -> None:
-        if self.in_lake:
+        if self.in_lake and self.leading:
             with contextlib.suppress(duckdb.Error):
                 lake.release(self.con, self.holder)
         self.con.close()
@@ -343,35 +383,47 @@ class Store:
         """`load([path], place)`."""
         return self.load([path], place)
 
-    def load(self, paths: list[Path], place: Placer | None = None) -> int:
+    def load(self, paths: list[Path], place: Placer | None = None, *, again: bool = True) -> int:
         """Load spool segments in one transaction, each exactly once per file name: the
         exchanges inserted. A line DuckDB cannot read as a spool record (not JSON, a field
         of the wrong type, no `kind` a record has) refuses the whole load (`StorageError`).
         Lines not yet placed in a trajectory are placed by `place`, in the order their
-        requests arrived (without it they must come placed)."""
+        requests arrived (without it they must come placed). On a lake `place` may hold
+        lines back (it returns no place for them): they, and the turns stored against
+        them, wait in their segment, which loads again later (`held`; what is in by then is
+        dropped by its id, `_LOADED_ALREADY`). `again`: on a lake, whether some of the lines
+        may be in already (a segment loaded before, or replayed after a crash); False
+        spares the look."""
         con = self.con
+        self.held = 0
         con.execute("BEGIN TRANSACTION")
         try:
-            loaded = {
-                name
-                for (name,) in con.execute(
-                    "SELECT name FROM loaded_segments WHERE list_contains(?, name)",
-                    [[p.name for p in paths]],
-                ).fetchall()
-            }
-            paths = [p for p in paths if p.name not in loaded]
+            if not self.in_lake:
+                loaded = {
+                    name
+                    for (name,) in con.execute(
+                        "SELECT name FROM loaded_segments WHERE list_contains(?, name)",
+                        [[p.name for p in paths]],
+                    ).fetchall()
+                }
+                paths = [p for p in paths if p.name not in loaded]
             if not paths:
                 con.execute("ROLLBACK")
                 return 0
             longest = max(_longest_line(p) for p in paths)
             con.execute(_read(longest), [[str(p) for p in paths]])
+            if self.in_lake and again:
+                low, high = con.execute("SELECT min(ts), max(ts) FROM segment").fetchone()
+                con.execute(_LOADED_ALREADY, {"low": low, "high": high})
             unplaced = self.rows(Unplaced, _UNPLACED)
             if unplaced:
                 if place is None:
                     raise StorageError("spool lines with no trajectory and nothing to place them")
                 placed = [p._asdict() for p in place(unplaced)]
                 con.execute(_PLACE, [msgspec.json.encode(placed).decode()])
-            con.execute(_FORGOTTEN)
+                if len(placed) < len(unplaced):
+                    self._hold({u.id for u in unplaced} - {p["id"] for p in placed})
+            self._drop_forgotten()
             self.orphaned = 0
             missing = self._absent([p for (p,) in con.execute(_OUTSIDE).fetchall()])
             while missing:  # a level of turns a pass: the turns stored against those dropped
@@ -384,17 +436,12 @@ class Store:
             ).fetchone()
             if strays:  # JSON, but no spool record: refused like a line DuckDB cannot read
                 raise StorageError(f"{strays} lines with no kind a spool record has")
-            for p in paths:  # the batch's count on its first name
+            for p in paths if not self.in_lake else ():  # the batch's count on its first name
                 con.execute(
                     "INSERT INTO loaded_segments VALUES (?, ?, now())",
                     [p.name, inserted if p is paths[0] else 0],
                 )
             self._insert(inserted)
-            if self.in_lake and not lake.renewed(con, self.holder, self.lease_s):
-                raise StorageError(
-                    "this process no longer holds the DuckLake's writer lease: its load is "
-                    "not committed (the segments wait in the spool)"
-                )
             if self.exporting:
                 con.execute(
                     "INSERT INTO export_queue SELECT id, NULL FROM segment WHERE kind = 'exchange'"
@@ -403,7 +450,9 @@ class Store:
             con.execute("DROP TABLE segment")  # not kept (or spilled to disk) until the next load
             con.execute("COMMIT")
         except BaseException as exc:
-            con.execute("ROLLBACK")
+            # A lake's COMMIT that clashed has ended its transaction already.
+            with contextlib.suppress(duckdb.Error):
+                con.execute("ROLLBACK")
             if isinstance(exc, duckdb.Error):
                 names = ", ".join(p.name for p in paths)
                 raise StorageError(f"loading spool segments {names} failed: {exc}") from exc
@@ -414,6 +463,34 @@ class Store:
             self._recent.popitem(last=False)
         self.release_memory()
         return inserted
+
+    def _drop_forgotten(self) -> None:
+        """The lines a forget's rule covers (`forget._remember`) out of the load. On a lake,
+        where each statement reading a lake table costs its catalog's round trips (~20 ms
+        here), the rules are read once into a temporary table (and their count kept:
+        `forgotten_rows`), and none are looked for when there are none."""
+        con = self.con
+        if not self.in_lake:
+            con.execute(_FORGOTTEN.format(forgotten="forgotten"))
+            return
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE rules AS "
+            "SELECT trajectory_id, api_key_id, until FROM forgotten"
+        )
+        (self.forgotten_rows,) = con.execute("SELECT count(*) FROM rules").fetchone()
+        if self.forgotten_rows:
+            con.execute(_FORGOTTEN.format(forgotten="rules"))
+
+    def _hold(self, ids: set[str]) -> None:
+        """Lines the placer held back, and the turns stored against them, out of this load."""
+        if not self.in_lake:
+            raise StorageError("a file's loader places every line it loads")
+        held = list(ids)
+        while held:
+            self.held += len(held)
+            con = self.con
+            con.execute("DELETE FROM segment WHERE list_contains(?, id)", [held])
+            held = [i for (i,) in con.execute(_DROP_CHILDREN, [held]).fetchall()]
 
     def _absent(self, parents: list[str]) -> list[str]:
         """Of these parent ids, those neither in `exchanges` nor in `openings`."""
@@ -426,6 +503,7 @@ class Store:
     def forgot(self) -> None:
         """Rows were deleted: no id recent loads inserted is known to be there any more."""
         self._recent.clear()
+        self._openings_in.clear()
 
     def release_memory(self) -> bool:
         """Evict every buffer DuckDB can (the next load reads back the few index and table
@@ -459,7 +537,10 @@ class Store:
 
     def _insert(self, exchanges: int) -> None:
         con = self.con
-        con.execute(_OPENINGS)
+        if self.in_lake:
+            self._lake_openings()
+        else:
+            con.execute(_OPENINGS)
         con.execute(
             f"INSERT INTO exchanges ({_COLUMNS}) SELECT {_COLUMNS} FROM segment "
             "WHERE kind = 'exchange'"
@@ -498,6 +579,32 @@ class Store:
             "comment, ts, metric FROM segment WHERE kind = 'feedback'"
         )
 
+    def _lake_openings(self) -> None:
+        """`_OPENINGS` on a lake, whose every statement reading a table costs its catalog's
+        round trips: the openings this writer knows are in (its own: `Lineage.salt`) are
+        kept in memory, and the lake is asked only about the others."""
+        con = self.con
+        needed = [
+            i
+            for (i,) in con.execute(
+                "SELECT DISTINCT id FROM segment WHERE kind = 'opening' "
+                "AND id IN (SELECT parent_id FROM segment WHERE kind = 'exchange')"
+            ).fetchall()
+            if i not in self._openings_in
+        ]
+        if not needed:
+            return
+        there = {i for chunk in _chunks(needed) for i in self._found("openings", chunk)}
+        con.execute(
+            "INSERT INTO openings SELECT id, any_value(api_key_id), min(ts), any_value(request), "
+            "any_value(prompt_token_ids) FROM segment WHERE kind = 'opening' "
+            "AND list_contains(?, id) GROUP BY id",
+            [[i for i in needed if i not in there]],
+        )
+        if len(self._openings_in) > RECENT_IDS:
+            self._openings_in.clear()
+        self._openings_in.update(needed)
+
     def _upsert(self, table: str, rows: str, update: str, most: int) -> None:
         """`INSERT INTO table rows ON CONFLICT (id) DO UPDATE SET update` (`rows`: the
         table's columns in order, `id` first, at most `most` of them; `update` names them
@@ -510,8 +617,8 @@ class Store:
         looks them up, updates them through the index (an `UPDATE` filtered by the ids as
         constants) and inserts the others; any other takes the merge."""
         con = self.con
-        if self.in_lake:  # no key, no index: DuckLake merges by the id (`merge`)
-            con.execute(merge(table, self._columns(table), rows, update))
+        if self.in_lake:  # a part of the row, appended (`lake.PARTS`)
+            con.execute(f"INSERT INTO {lake.PARTS[table]} {rows}")
             return
         (held,) = con.execute(f"SELECT count(*) FROM {table}").fetchone()
         if most * self.scan_per_lookup > held:
@@ -531,16 +638,6 @@ class Store:
             [existing],
         )
         con.execute("DROP TABLE upserted")
-
-    def _columns(self, table: str) -> list[str]:
-        return [
-            name
-            for (name,) in self.con.execute(
-                "SELECT column_name FROM duckdb_columns() WHERE database_name = "
-                "current_database() AND table_name = ? ORDER BY column_index",
-                [table],
-            ).fetchall()
-        ]
 
     def _found(self, table: str, ids: list[str]) -> list[str]:
         """Which of these ids (at most `LOOKUP`) `table` holds: a lookup in its primary key's
@@ -570,8 +667,10 @@ class Store:
         return self.con.execute("SELECT epoch_ms(max(ts)) FROM exchanges").fetchone()[0]
 
     def forget_segment(self, segment: str) -> None:
-        """The segment file is deleted: its ledger row is no longer needed."""
-        self.con.execute("DELETE FROM loaded_segments WHERE name = ?", [segment])
+        """The segment file is deleted: its ledger row is no longer needed (a lake keeps
+        none, `_LOADED_ALREADY`)."""
+        if not self.in_lake:
+            self.con.execute("DELETE FROM loaded_segments WHERE name = ?", [segment])
 
     def checkpoint(self) -> bool:
         """After a deletion, so nothing of the database still holds what was deleted. The
@@ -580,18 +679,24 @@ class Store:
         held them, the column statistics that bounded them). False when DuckDB could not
         (the file's WAL then goes at the next automatic checkpoint, or on close; a lake's
         history at its next deletion)."""
-        try:
-            if self.in_lake:
-                lake.forget_history(self.con)
-            else:
-                self.con.execute("CHECKPOINT")
-        except duckdb.Error:
-            return False
-        return True
+        for attempt in range(LAKE_RETRIES if self.in_lake else 1):
+            try:
+                if self.in_lake:
+                    lake.forget_history(self.con)
+                else:
+                    self.con.execute("CHECKPOINT")
+                return True
+            except duckdb.TransactionException:  # another writer committed first: again
+                time.sleep(0.05 * (attempt + 1))
+            except duckdb.Error:
+                return False
+        return False
 
     def forget_pieces(self, prefix: str) -> None:
-        """A refused segment is done with (`lines.load_by_line`): its pieces' ledger rows go."""
-        self.con.execute("DELETE FROM loaded_segments WHERE starts_with(name, ?)", [prefix])
+        """A refused segment is done with (`lines.load_by_line`): its pieces' ledger rows go
+        (a lake keeps none)."""
+        if not self.in_lake:
+            self.con.execute("DELETE FROM loaded_segments WHERE starts_with(name, ?)", [prefix])
 
     def forget_response(self, exchange_id: str) -> bool:
         """`DELETE /v1/responses/{id}`: the stored Response goes (the exchange stays, to
@@ -618,6 +723,29 @@ class Store:
             [limit],
         ).fetchall()
 
+    def continuing(self, hashes: list[str], trajectories: list[str]) -> list[tuple]:
+        """`warm_rows`' rows for every turn of the trajectories holding a reply among
+        `hashes` (a continuation's candidates) or named in `trajectories`, by any writer of
+        a lake, within `CONTINUED_DAYS`: what a writer's stitcher learns before placing
+        turns that continue conversations another writer placed."""
+        return self.con.execute(
+            """
+            WITH wanted AS (
+                SELECT trajectory_id FROM exchanges
+                WHERE ts >= now() - to_days(?) AND source <> 'resample'
+                  AND list_has_any(continuation_hashes, ?::VARCHAR[])
+                UNION SELECT unnest(?::VARCHAR[])
+            )
+            SELECT e.trajectory_id, e.turn, e.scenario_id, s.key, s.keyed, e.continuation_hashes,
+                   e.api_key_id
+            FROM exchanges e JOIN scenarios s ON s.id = e.scenario_id
+            WHERE e.ts >= now() - to_days(?) AND e.source <> 'resample'
+              AND e.trajectory_id IN (SELECT trajectory_id FROM wanted)
+            ORDER BY e.ts
+            """,
+            [CONTINUED_DAYS, hashes, trajectories, CONTINUED_DAYS],
+        ).fetchall()
+
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """Several writes that land together or not at all."""
@@ -627,7 +755,8 @@ class Store:
             yield con
             con.execute("COMMIT")
         except BaseException as exc:
-            con.execute("ROLLBACK")
+            with contextlib.suppress(duckdb.Error):  # a lake's failed COMMIT ended it already
+                con.execute("ROLLBACK")
             if isinstance(exc, duckdb.Error):
                 raise StorageError(f"write failed: {exc}") from exc
             raise
@@ -644,19 +773,6 @@ class Store:
         cur = self.con.execute(sql, params or [])
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-
-
-def merge(table: str, columns: list[str], rows: str, update: str) -> str:
-    """`INSERT INTO table rows ON CONFLICT (id) DO UPDATE SET update` for a table with no
-    key (a lake's): a MERGE on the id, `rows` named as the table's `columns` and read as
-    `excluded`, as ON CONFLICT reads them."""
-    names = ", ".join(columns)
-    values = ", ".join(f"excluded.{c}" for c in columns)
-    return (
-        f"MERGE INTO {table} USING ({rows}) AS excluded({names}) ON {table}.id = excluded.id "
-        f"WHEN MATCHED THEN UPDATE SET {update} "
-        f"WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})"
-    )
 
 
 def _private(*files: Path) -> None:

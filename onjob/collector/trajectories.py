@@ -340,6 +340,20 @@ class Stitcher:
         self._remember_trajectory(traj, _Trajectory(turn, scen))
         return Placement(traj, turn, *scen, prefix_hash=k.prefix_hash, api_key_id=api_key_id)
 
+    def knows(self, trajectory_id: str, turn: int | None = None) -> bool:
+        """Whether this index holds the trajectory, and `turn` of it when given (a chain's
+        previous turn: one placed by another process since is not held yet)."""
+        known = self._trajectories.get(trajectory_id)
+        return known is not None and (turn is None or known.latest_turn >= turn)
+
+    def continues(self, api_key_id: str | None, candidates: list[str]) -> bool:
+        """Whether this index holds the reply a request's latest assistant message is (its
+        first candidate), in a trajectory it knows. A request whose latest reply it does not
+        hold may still continue an earlier one it does; but where several processes place
+        turns, that latest reply may be a turn another placed (a lake's writers)."""
+        hit = self._continuations.get(_slot(api_key_id, candidates[0])) if candidates else None
+        return hit is not None and hit[0] in self._trajectories
+
     def register(self, placement: Placement, hashes: list[str]) -> None:
         """The answered exchange's replies (`continuations()`) are what its next turn continues."""
         for h in hashes:
@@ -367,7 +381,14 @@ class Stitcher:
 
     def warm(self, rows: list[tuple]) -> None:
         """Reload after a restart from (trajectory, turn, scenario id, key, keyed, hashes[,
-        API key id]) rows."""
+        API key id]) rows; within a stage too (what is committed stays learnt)."""
+        kept, self._kept = self._kept, None
+        try:
+            self._warm(rows)
+        finally:
+            self._kept = kept
+
+    def _warm(self, rows: list[tuple]) -> None:
         for traj, turn, scen_id, key, keyed, hashes, *tenant in rows:
             api_key_id = tenant[0] if tenant else None
             known = self._trajectories.get(traj)

@@ -16,6 +16,8 @@ import datetime as dt
 import logging
 import math
 import os
+import random
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -27,7 +29,7 @@ import msgspec
 
 from ..bucket import Bucket, BucketError
 from ..logprobs import Untrainable
-from .errors import StorageError
+from .errors import NotLeading, StorageError
 from .export import export_round
 from .forget import Forget, Forgotten, forget, scrub
 from .handoff import FORGOTTEN, HOSTS, Fetcher, Remote, Uploader
@@ -38,7 +40,7 @@ from .records import NULL, ExchangeRecord, Record, encode
 from .settings import CollectorSettings
 from .snapshots import Archive
 from .spool import Segment, Spool, batches
-from .store import Placed, Store, Unplaced
+from .store import LAKE_RETRIES, Placed, Store, Unplaced
 from .trajectories import Keys, Stitcher
 
 log = logging.getLogger("onjob.collector")
@@ -63,11 +65,20 @@ class CollectorStats(msgspec.Struct, kw_only=True):
     hosts_live: list[str] = []  # the loader: hosts whose watermark counts
     hosts_dropped: list[str] = []  # and those past their lease
     loader: str | None = None  # who loads (`_loader_state`)
+    lake: bool = False  # the log is a DuckLake (`collector.catalog`): every server loads
+
+
+def _salt(settings: CollectorSettings) -> bytes:
+    """A lake's writer's own openings (`Lineage.salt`): this host and spool directory's,
+    which its proxy-only processes share with it."""
+    if settings.catalog is None:
+        return b""
+    return f"{socket.gethostname()}\0{settings.spool.resolve()}\0".encode()
 
 
 def _transient(exc: BaseException) -> bool:
-    """Whether a failed load may succeed as it is later (a full disk, memory, an interrupt)
-    rather than being refused for the segment's content."""
+    """Whether a failed load may succeed as it is later (a full disk, memory, an interrupt,
+    another writer's commit) rather than being refused for the segment's content."""
     if isinstance(exc, StorageError) and exc.__cause__ is not None:
         exc = exc.__cause__
     return isinstance(
@@ -103,7 +114,8 @@ class Collector:
         self.settings = settings
         self.loads = load  # False: this process only writes the spool
         self.stitcher = Stitcher(settings.stitch_capacity)
-        self.lineage = Lineage(settings.stitch_capacity, settings.lineage_tokens)
+        self._lineage = Lineage(settings.stitch_capacity, settings.lineage_tokens, _salt(settings))
+        self._lineage_stale = False  # set on the database thread (`_follow_forgets`)
         self._failed: dict[str, tuple[str, int]] = {}  # recent failed exchanges' places
         self._db = concurrent.futures.ThreadPoolExecutor(
             1,
@@ -145,6 +157,10 @@ class Collector:
         self.unlogged = 0  # exchanges and feedback answered but not logged (`_full`)
         self._task: asyncio.Task | None = None
         self._lease_tried = -math.inf  # a lake's writer: its last try to renew (monotonic)
+        self._forgets_known: int | None = None  # a lake's writer: rows in `forgotten`
+        # A lake's segments some of whose lines may be in already (by stem): those in the
+        # spool at start, those a load held lines of or failed on (`Store.load`'s `again`).
+        self._again: set[str] = set()
         self._flushing = asyncio.Lock()
         self._openings_in: tuple[int, set[str]] = (0, set())  # a segment's openings spooled
         self.spooled = 0  # exchanges handed over since start
@@ -160,6 +176,9 @@ class Collector:
             fsync=self.settings.fsync,
             max_segment_bytes=self.settings.max_segment_bytes,
         )
+        # What a run before left may be in a lake already (it stopped between a load's
+        # commit and its segment's removal): loaded as such (`_again`).
+        self._again = {path.name.split(".")[0] for path in self._spool.segments()}
         if self.settings.bucket:
             bucket = Bucket.from_url(
                 self.settings.bucket,
@@ -201,6 +220,15 @@ class Collector:
         if replayed:
             log.warning("replayed %d exchanges from the spool at start", replayed)
         self._task = asyncio.create_task(self._loop(), name="onjob-collector")
+
+    @property
+    def lineage(self) -> Lineage:
+        """What this process's next turns are stored against (`linear.py`; the proxy's,
+        on the event loop): cleared first when a forget was seen on a lake's load."""
+        if self._lineage_stale:
+            self._lineage_stale = False
+            self._lineage.clear()
+        return self._lineage
 
     def log(self, record: Record) -> None:
         """Durably hand over one exchange or feedback (one append to the spool); never waits
@@ -309,9 +337,22 @@ class Collector:
 
     @property
     def standby(self) -> bool:
-        """Whether another server holds the loader's lease (`lease.py`): this one loads
-        nothing and hands its traffic to the bucket until that lease ends."""
+        """Whether another server leads: with a bucket, it holds the loader's lease
+        (`lease.py`) and this one loads nothing, handing its traffic to the bucket until
+        that lease ends; with a DuckLake, it holds the leader's lease (`lake.claim`) and
+        runs the loop, while this one writes its own exchanges and serves."""
+        if self._store is not None and self._store.in_lake:
+            return not self._store.leading
         return self._lease is not None and not self._lease.held
+
+    def must_lead(self, what: str) -> None:
+        """`NotLeading` when another server leads this DuckLake: the loop, releases and
+        forgetting are the leader's, so that one server decides each."""
+        if self._store is not None and self._store.in_lake and not self._store.leading:
+            raise NotLeading(
+                f"{what} is the leading server's to do: {self._store.leader} leads this "
+                "DuckLake (the loop, releases and forgetting are its own); send it there"
+            )
 
     @property
     def spool(self) -> Spool | None:
@@ -373,7 +414,7 @@ class Collector:
 
     def _open_store(self) -> Store:
         s = self.settings
-        store = Store.open(s, tuned=True)
+        store = Store.open(s, tuned=True, follow=True)
         store.exporting = s.export_s is not None
         return store
 
@@ -487,6 +528,8 @@ class Collector:
                 names,
                 self._store.orphaned,
             )
+        if self._store.held:  # a lake's turns held back: their segments load again later
+            return inserted
         for path in paths:
             if self._archive is not None:  # its ledger row stays until a copy holds it
                 self._archive.keep(path)
@@ -500,19 +543,55 @@ class Collector:
         and the failed exchanges' places as it found them: its lines are placed afresh
         when they load (on a retry, or one segment or line at a time), where placing them
         twice would make each continuation a fork of its own first placement."""
-        failed = dict(self._failed)
-        with self.stitcher.staged():
+        stems = {p.name.split(".")[0] for p in paths}  # a segment's pieces share its stem
+        for attempt in range(LAKE_RETRIES + 1):
+            failed = dict(self._failed)
             try:
-                return self._store.load(paths, self._place)
+                with self.stitcher.staged():
+                    loaded = self._store.load(paths, self._place, again=bool(stems & self._again))
+                if self._store.in_lake:
+                    self._follow_forgets()
+                    if self._store.held:  # loaded again later: what is in by then is dropped
+                        self._again |= stems
+                return loaded
+            except StorageError as exc:
+                self._failed = failed
+                self._again |= stems  # committed or not, it cannot be known for sure
+                clash = isinstance(exc.__cause__, duckdb.TransactionException)
+                if not (self._store.in_lake and clash) or attempt == LAKE_RETRIES:
+                    raise
+                # Another writer committed to the same rows first (DuckLake's commits are
+                # optimistic): load again on what it wrote.
+                time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
             except BaseException:
                 self._failed = failed
+                self._again |= stems
                 raise
+        raise AssertionError("unreachable")
+
+    def _follow_forgets(self) -> None:
+        """A lake's writer, after each load: when a forget (this server's or another's) has
+        been recorded since the last load, the stitcher and the lineage start afresh (what
+        they would continue may be gone; the stitcher asks the lake again, the lineage
+        stores the next turns whole)."""
+        n = self._store.forgotten_rows
+        if n is not None and n != self._forgets_known:
+            if self._forgets_known is not None:
+                self._store.forgot()
+                self.stitcher = Stitcher(self.settings.stitch_capacity)
+                self._lineage_stale = True  # cleared on the event loop, its own thread
+                self.forgets_seen += 1
+            self._forgets_known = n
 
     def _place(self, lines: list[Unplaced]) -> list[Placed]:
         """Place spool lines (in the order their requests arrived) in their trajectories: on
-        the database thread, the one user of the stitcher."""
+        the database thread, the one user of the stitcher. On a lake, a turn that may
+        continue another writer's uncommitted turn is held back (`_learn_from_lake`)."""
+        held = self._learn_from_lake(lines) if self._store.in_lake else set()
         out = []
         for line in lines:
+            if line.id in held:
+                continue
             keys = Keys(
                 line.stitch or [],
                 line.prefix_hash or "",
@@ -537,12 +616,61 @@ class Collector:
             out.append(Placed(line.id, p.trajectory_id, p.turn, p.scenario_id))
         return out
 
+    def _learn_from_lake(self, lines: list[Unplaced]) -> set[str]:
+        """Other writers' turns these lines may continue, into the stitcher before they are
+        placed: the trajectories of any line whose latest reply this server's memory does
+        not hold, and those named by the lines that it does not know (`Store.continuing`).
+        A continuation this server placed itself is taken from its memory. Returns the
+        lines to hold back: those whose latest reply the lake does not hold either, for
+        `collector.stitch_wait_s` after they arrived (their previous turn may be in another
+        writer's load still; later turns of theirs then wait with them, as theirs is not
+        placed)."""
+
+        def unsure(line: Unplaced, replied: set[tuple]) -> bool:
+            """Its latest reply is neither in the stitcher nor an earlier line's of this
+            load (a chain's turn is placed by its `after_turn`)."""
+            return bool(
+                line.after_turn is None
+                and line.stitch
+                and (line.api_key_id, line.stitch[0]) not in replied
+                and not self.stitcher.continues(line.api_key_id, line.stitch)
+            )
+
+        def walk(hold: bool) -> tuple[list[Unplaced], set[str]]:
+            """The lines in arrival order: those unsure, and of them those held back (a
+            held line's replies are none this load gives)."""
+            replied: set[tuple] = set()
+            unsure_lines, held = [], set()
+            for line in lines:
+                if unsure(line, replied):
+                    unsure_lines.append(line)
+                    if hold and line.ts > young:
+                        held.add(line.id)
+                        continue
+                if line.status is not None and line.status < 400:
+                    replied.update((line.api_key_id, h) for h in line.continuation_hashes or ())
+            return unsure_lines, held
+
+        young = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=self.settings.stitch_wait_s)
+        named = [
+            line.trajectory_id
+            for line in lines
+            if line.trajectory_id is not None
+            and not self.stitcher.knows(line.trajectory_id, line.after_turn)
+        ]
+        hashes = [h for line in walk(hold=False)[0] for h in line.stitch]
+        if not (hashes or named):
+            return set()
+        self.stitcher.warm(self._store.continuing(hashes, named))
+        return walk(hold=True)[1]
+
     async def forget(self, what: Forget, *, actor: str = "admin-api") -> Forgotten:
         """Delete `what` while serving: the spool is loaded first (so what is in it goes
         too), then the rows in one transaction on the database thread, then the
         stitcher's memory of those conversations. Lines spooled meanwhile are loaded
         later, through the rule `forget` records: none of the deleted comes back, nothing
         else is lost."""
+        self.must_lead("forgetting")
         await self.caught_up()
         async with self._flushing:
             await self._load_ready()  # what came in meanwhile, in the same hold of the lock
@@ -593,11 +721,16 @@ class Collector:
             hosts_live=list(self._remote.live),
             hosts_dropped=list(self._remote.dropped),
             loader=self._loader_state(),
+            lake=self._store is not None and self._store.in_lake,
         )
 
     def _loader_state(self) -> str | None:
-        """Who loads, for `/health` and `onjob status` (None without a bucket or in a
-        proxy-only process)."""
+        """Who loads, for `/health` and `onjob status` (None with one file and no bucket,
+        or in a proxy-only process)."""
+        if self._store is not None and self._store.in_lake:
+            if self._store.leading:
+                return "this server leads the DuckLake (every server writes its own)"
+            return f"this server writes the DuckLake; {self._store.leader} leads"
         if self._lease is None:
             return None
         if self._lease.held:
@@ -707,7 +840,8 @@ class Collector:
                 except Exception:  # kept on this disk: the next round tries again
                     log.exception("copying to the bucket for a standby failed; will retry")
                     self._snapped = time.monotonic()
-            if time.monotonic() - retained >= self.settings.retention_check_s:
+            leads = self._store is None or not self._store.in_lake or self._store.leading
+            if time.monotonic() - retained >= self.settings.retention_check_s and leads:
                 retained = time.monotonic()
                 try:
                     await self.apply_retention()
@@ -721,19 +855,24 @@ class Collector:
                     log.exception("exporting exchanges to the bucket failed; will retry")
 
     async def _keep_lake_lease(self) -> None:
-        """A lake's writer renews its lease between loads too (each load renews it within
-        its own transaction), a third of the lease apart; one that lost it says so and
-        loads nothing until it has it back (the spool holds what it answers)."""
+        """A lake's writer claims or renews the leader's lease a third of the lease apart,
+        and says when it starts or stops leading."""
         store = self._store
         if store is None or not store.in_lake:
             return
         if time.monotonic() - max(store.claimed, self._lease_tried) < store.lease_s / 3:
             return
         self._lease_tried = time.monotonic()
+        leading = store.leading
         try:
             await self._run(store.keep_lease)
         except Exception as exc:
-            log.error("%s; loading waits for the lease", exc)
+            log.error("could not claim or renew the DuckLake's leader lease: %s", exc)
+            return
+        if store.leading and not leading:
+            log.warning("this server leads now (the DuckLake's leader lease is its own)")
+        elif leading and not store.leading:
+            log.warning("%s leads now: this server writes and serves", store.leader)
 
     async def close(self) -> None:
         if self._task:

@@ -26,7 +26,7 @@ from litestar.di import NamedDependency, Provide
 from litestar.exceptions import ValidationException
 from litestar.response import File
 
-from ..collector import Collector, Forget, ForgetError, readonly
+from ..collector import Collector, Forget, ForgetError, NotLeading, readonly
 from ..collector.forget import Removed, parse_date
 from ..judge import judge_agreement
 from ..openai_handlers import openai_error
@@ -97,6 +97,7 @@ def _invalid_body(request: Request, exc: ValidationException) -> Response:
 
 # Each domain error is mapped to its HTTP answer here, once for every admin route.
 ERRORS = {
+    NotLeading: _conflict,
     deployments.DeployError: _conflict,
     adapters.EngineControlError: _conflict,
     ValidationException: _invalid_body,

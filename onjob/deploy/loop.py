@@ -381,6 +381,7 @@ class PeriodicLoop:
         loop's state after. Refused with `LoopOff` where the loop is off (interval 0)."""
         if self.settings.loop.interval_s <= 0:
             raise LoopOff(OFF)
+        self.collector.must_lead("pausing or resuming the loop")
         await (self.resume() if running else self.pause())
         return self.state.view()
 

@@ -86,6 +86,15 @@ class Operator:
         arms = row.arms
         self.router.set(alias, arms.live, arms.canary, arms.fraction)
 
+    async def follow(self) -> bool:
+        """A server that does not lead a DuckLake: route as the leader's latest `deployments`
+        rows say, once they differ from this router's arms (`restore`). Whether they did."""
+        routing = await self.collector.query(deployments.current)
+        if all(self.router.arms.get(alias) == row.arms for alias, row in routing.items()):
+            return False
+        await self.restore()
+        return True
+
     async def resync(self) -> None:
         """Route as the database says, loading nothing: after a change was interrupted."""
         routing = await self.collector.query(deployments.current)
@@ -96,6 +105,7 @@ class Operator:
     async def set_canary(
         self, alias, checkpoint, fraction, *, reason, actor, evidence=None
     ) -> Change:
+        self.collector.must_lead("a routing change")
         await self.load(checkpoint)
         return await self._change(
             alias,
@@ -113,6 +123,7 @@ class Operator:
         """The canary becomes live. The old live adapter stays loaded: requests in flight on
         it finish, and a revert to it is instant; the one it had replaced leaves the engine.
         `expected`: the routing the decision was made on (see `deployments.promote`)."""
+        self.collector.must_lead("a routing change")
         before = self.router.arms.get(alias)
         row = await self._change(
             alias,
@@ -132,6 +143,7 @@ class Operator:
     async def rollback(
         self, alias, *, reason, actor, evidence=None, expected: Routing | None = None
     ) -> Change:
+        self.collector.must_lead("a routing change")
         before = self.router.arms.get(alias)
         row = await self._change(
             alias,
