@@ -4,6 +4,7 @@ embedded schema's end state made in it, and writers in several processes at once
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -618,3 +619,47 @@ def test_a_server_that_does_not_lead_routes_as_the_leader_decides(
             time.sleep(0.5)
         assert 3 < arms(b).count("canary") < 27
         assert status["loop"]["stage"] == "standby"
+
+
+def test_a_turn_no_server_answered_before_waits_then_starts_its_own_conversation(catalog, tmp_path):
+    """A request whose latest assistant message no server gave (a few-shot prompt, an
+    edited reply) could be a turn whose previous one another server has not committed: its
+    load holds it back for `collector.stitch_wait_s`, the rest of the load going in, then
+    places it as a conversation of its own."""
+    from onjob.collector import Collector
+
+    from .test_collector import unplaced
+
+    settings = CollectorSettings(
+        db=tmp_path / "w.duckdb",
+        catalog=catalog,
+        data_path=str(tmp_path / "d"),
+        stitch_wait_s=2.0,
+        flush_interval_s=3600,
+    )
+    shot = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},  # an example, no server's answer
+        {"role": "user", "content": "3+3?"},
+    ]
+    fresh = [{"role": "user", "content": "hello"}]
+
+    async def main() -> tuple[list, list]:
+        c = Collector(settings)
+        await c.start()
+        c.log(unplaced(shot, 0, status=200))
+        c.log(unplaced(fresh, 1, status=200))
+        await c.flush()
+        first = await c.query(lambda s: s.query("SELECT turn FROM exchanges ORDER BY ts"))
+        await asyncio.sleep(2.1)
+        await c.flush()
+        after = await c.query(
+            lambda s: s.query("SELECT trajectory_id, turn FROM exchanges ORDER BY ts")
+        )
+        await c.close()
+        return first, after
+
+    first, after = asyncio.run(main())
+    assert first == [{"turn": 0}]  # the fresh conversation went in; the other waited
+    assert [r["turn"] for r in after] == [0, 0]
+    assert after[0]["trajectory_id"] != after[1]["trajectory_id"]
