@@ -23,6 +23,8 @@ from onjob.collector import CollectorSettings, Store, extensions, lake, schema
 from onjob.collector.errors import StorageError
 from onjob.collector.forget import Forget, forget
 from onjob.collector.spool import Spool
+from onjob.collector.store import Placed
+from onjob.collector.trajectories import Keys, Stitcher
 from onjob.deploy.act import registry
 from onjob.testing.postgres import Postgres
 
@@ -436,6 +438,18 @@ def test_a_server_logs_into_a_lake_that_readers_attach_beside_it(
     assert json.loads(request)["messages"] == messages[:-2]  # the third turn asked, whole
     with ServerProcess(args, env=env, log=tmp_path / "server3.log") as server:
         given = ("--server", server.base, "--admin-key", env["ONJOB_PROXY__ADMIN_KEY"])
+        # It leads at once, or, where a busy machine cut the last server's stop short (its
+        # lease not given back), once that lease has run out: the leader forgets.
+        admin = {"Authorization": f"Bearer {env['ONJOB_PROXY__ADMIN_KEY']}"}
+        deadline = time.monotonic() + lake.LEADER_LEASE_S * 4 / 3 + 5
+        while (
+            "leads the DuckLake"
+            not in httpx.get(f"{server.base}/admin/status", headers=admin, timeout=30).json()[
+                "collector"
+            ]["loader"]
+        ):
+            assert time.monotonic() < deadline, server.output()[-2000:]
+            time.sleep(0.5)
         forgot = _onjob("forget", "--trajectory", trajectory, "--json", *given, env={})
         assert forgot.returncode == 0, forgot.stderr
     database = catalog.split("dbname=")[1]
@@ -562,7 +576,9 @@ def test_two_servers_write_one_lake_and_a_conversation_moves_between_them(
         requests = {r[0]: json.loads(r[1]) for r in json.loads(rebuilt.stdout)["rows"]}
         assert requests[ids[-1]]["messages"] == messages[:-2]
         a.stop()
-        deadline = time.monotonic() + lake.LEADER_LEASE_S / 3 + 5  # its next claim
+        # Its next claim: a third of the lease after a stop that gave the lease back, the
+        # whole lease more where the stop was cut short (a busy machine's SIGKILL).
+        deadline = time.monotonic() + lake.LEADER_LEASE_S * 4 / 3 + 5
         while "leads the DuckLake" not in loader(b):
             assert time.monotonic() < deadline, b.output()[-2000:]
             time.sleep(0.5)
@@ -663,3 +679,52 @@ def test_a_turn_no_server_answered_before_waits_then_starts_its_own_conversation
     assert first == [{"turn": 0}]  # the fresh conversation went in; the other waited
     assert [r["turn"] for r in after] == [0, 0]
     assert after[0]["trajectory_id"] != after[1]["trajectory_id"]
+
+
+def test_a_server_killed_after_answering_loses_nothing_and_writes_nothing_twice(
+    catalog, tmp_path, fake_engine_url
+):
+    """`kill -9` of a lake's server whose answers are still in its spool: restarted on the
+    same spool, it writes every one into the lake, and those a load had committed before
+    the kill (here: loaded from its spool by hand, the files left as a kill between a
+    commit and the files' removal leaves them) are there once."""
+    data = str(tmp_path / "data")
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "0",
+        "ONJOB_PROXY__ADMIN_KEY": "adm-lake-k1ll",
+        "ONJOB_COLLECTOR__CATALOG": catalog,
+        "ONJOB_COLLECTOR__DATA_PATH": data,
+    }
+    args = ["--engine-url", fake_engine_url, "--db", str(tmp_path / "k.duckdb")]
+    slow = {**env, "ONJOB_COLLECTOR__FLUSH_INTERVAL_S": "3600"}  # nothing loads on its own
+    ids = []
+    with ServerProcess(args, env=slow, log=tmp_path / "k1.log") as server:
+        client = OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+        for i in range(10):
+            ask = [{"role": "user", "content": f"question {i}"}]
+            ids.append(client.chat.completions.create(model="agent", messages=ask).id)
+        server.kill()
+    spool = Spool(tmp_path / "k.duckdb.spool")
+    segments = spool.loadable()  # the dead server's, claimed
+    spool.close()
+    stitcher = Stitcher()
+
+    def place(lines: list) -> list[Placed]:  # as a loader places first turns
+        out = []
+        for line in lines:
+            k = Keys(line.stitch or [], "", "", line.scenario_key, line.scenario_keyed)
+            p = stitcher.place_keys(k, api_key_id=line.api_key_id)
+            out.append(Placed(line.id, p.trajectory_id, p.turn, p.scenario_id))
+        return out
+
+    by_hand = Store(tmp_path / "h.duckdb", catalog=catalog, data_path=data, follow=True)
+    assert segments and by_hand.load_segment(segments[0].path, place) > 0
+    by_hand.close()
+    with ServerProcess(args, env=env, log=tmp_path / "k2.log") as server:
+        given = ("--server", server.base, "--admin-key", env["ONJOB_PROXY__ADMIN_KEY"])
+        asked = _onjob(
+            "sql", "SELECT id FROM exchanges WHERE api IS NULL", "--json", *given, env={}
+        )
+    assert asked.returncode == 0, asked.stderr
+    logged = [r[0] for r in json.loads(asked.stdout)["rows"]]
+    assert sorted(logged) == sorted(ids)  # every answer, each once
