@@ -17,9 +17,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import duckdb
 import msgspec
 
+from . import lake
 from .errors import CollectorError, StorageError
 from .ids import new_id
 from .lines import PIECES
@@ -171,8 +171,7 @@ def forget(store: Store, what: Forget, *, actor: str = "cli") -> Forgotten:
                 _delete_all(con, out, kind, value, actor, lake=store.in_lake)
             break
         except StorageError as exc:
-            clash = isinstance(exc.__cause__, duckdb.TransactionException)
-            if not (store.in_lake and clash) or attempt == attempts - 1:
+            if not (store.in_lake and lake.clashed(exc)) or attempt == attempts - 1:
                 raise
             # Another server committed to the same tables first (DuckLake's commits are
             # optimistic): the deletion is made again on what it wrote.

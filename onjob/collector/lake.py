@@ -172,6 +172,12 @@ def claim(
     raise StorageError("could not claim the lake's leader lease: other claims kept winning")
 
 
+def clashed(exc: BaseException) -> bool:
+    """Whether a failed write lost to another writer's commit (DuckLake's commits are
+    optimistic): made again, it may succeed."""
+    return isinstance(exc.__cause__ or exc, duckdb.TransactionException)
+
+
 def release(con: duckdb.DuckDBPyConnection, holder: str) -> None:
     """Give the lease back (a stopping leader): the next may take it at once."""
     con.execute(f"UPDATE {_LEASE} SET until = now() - INTERVAL 1 SECOND WHERE holder = ?", [holder])

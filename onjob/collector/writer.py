@@ -29,6 +29,7 @@ import msgspec
 
 from ..bucket import Bucket, BucketError
 from ..logprobs import Untrainable
+from . import lake
 from .errors import NotLeading, StorageError
 from .export import export_round
 from .forget import Forget, Forgotten, forget, scrub
@@ -345,10 +346,16 @@ class Collector:
             return not self._store.leading
         return self._lease is not None and not self._lease.held
 
+    @property
+    def _follows(self) -> bool:
+        """A lake's writer while another server leads."""
+        store = self._store
+        return store is not None and store.in_lake and not store.leading
+
     def must_lead(self, what: str) -> None:
         """`NotLeading` when another server leads this DuckLake: the loop, releases and
         forgetting are the leader's, so that one server decides each."""
-        if self._store is not None and self._store.in_lake and not self._store.leading:
+        if self._follows:
             raise NotLeading(
                 f"{what} is the leading server's to do: {self._store.leader} leads this "
                 "DuckLake (the loop, releases and forgetting are its own); send it there"
@@ -557,8 +564,7 @@ class Collector:
             except StorageError as exc:
                 self._failed = failed
                 self._again |= stems  # committed or not, it cannot be known for sure
-                clash = isinstance(exc.__cause__, duckdb.TransactionException)
-                if not (self._store.in_lake and clash) or attempt == LAKE_RETRIES:
+                if not (self._store.in_lake and lake.clashed(exc)) or attempt == LAKE_RETRIES:
                     raise
                 # Another writer committed to the same rows first (DuckLake's commits are
                 # optimistic): load again on what it wrote.
@@ -840,8 +846,7 @@ class Collector:
                 except Exception:  # kept on this disk: the next round tries again
                     log.exception("copying to the bucket for a standby failed; will retry")
                     self._snapped = time.monotonic()
-            leads = self._store is None or not self._store.in_lake or self._store.leading
-            if time.monotonic() - retained >= self.settings.retention_check_s and leads:
+            if time.monotonic() - retained >= self.settings.retention_check_s and not self._follows:
                 retained = time.monotonic()
                 try:
                     await self.apply_retention()
