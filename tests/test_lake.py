@@ -15,11 +15,14 @@ import uuid
 
 import duckdb
 import httpx
+import openai
 import pytest
 from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
 
 from onjob.cli.process import ServerProcess
 from onjob.collector import CollectorSettings, Store, extensions, lake, schema
+from onjob.collector import store as store_module
 from onjob.collector.errors import StorageError
 from onjob.collector.forget import Forget, forget
 from onjob.collector.spool import Spool
@@ -728,3 +731,124 @@ def test_a_server_killed_after_answering_loses_nothing_and_writes_nothing_twice(
     assert asked.returncode == 0, asked.stderr
     logged = [r[0] for r in json.loads(asked.stdout)["rows"]]
     assert sorted(logged) == sorted(ids)  # every answer, each once
+
+
+def test_a_postgres_restart_under_two_servers_loses_no_answer_and_says_so_once(
+    tmp_path, fake_engine_url
+):
+    """The catalog's Postgres stopped while two servers write a lake, then started again:
+    every request is answered meanwhile; what must read the lake (a chained call,
+    feedback, `/admin/status`) is a 503 with `Retry-After` naming the catalog, without its
+    password; each server says once that the catalog does not answer and once that it
+    answers again (no traceback per retry); then every answer is in the lake once, and the
+    servers' connections take statements again (none left in an aborted transaction)."""
+    with Postgres() as pg:
+        pg._run(
+            "psql", "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres", "-c",
+            "ALTER USER postgres PASSWORD 's3cret-pw'",
+        )  # fmt: skip
+        catalog = pg.database("lake_restart").replace(
+            "user=postgres", "user=postgres password=s3cret-pw"
+        )
+        env = {
+            "ONJOB_LOOP__INTERVAL_S": "0",
+            "ONJOB_PROXY__ADMIN_KEY": "adm-lake-pgre",
+            "ONJOB_COLLECTOR__CATALOG": catalog,
+            "ONJOB_COLLECTOR__DATA_PATH": str(tmp_path / "data"),
+        }
+        admin = {"Authorization": f"Bearer {env['ONJOB_PROXY__ADMIN_KEY']}"}
+
+        def server(name: str) -> ServerProcess:
+            args = ["--engine-url", fake_engine_url, "--db", str(tmp_path / f"{name}.duckdb")]
+            return ServerProcess(args, env=env, log=tmp_path / f"{name}.log")
+
+        with server("a") as a, server("b") as b:
+            clients = [OpenAI(base_url=s.url, api_key="unused", max_retries=0) for s in (a, b)]
+            ids: list[str] = []
+
+            def ask(n: int) -> None:
+                for _ in range(n):
+                    ask = [{"role": "user", "content": f"question {len(ids)}"}]
+                    reply = clients[len(ids) % 2].chat.completions.create(
+                        model="agent", messages=ask
+                    )
+                    ids.append(reply.id)
+
+            ask(4)
+            first = clients[0].responses.create(model="agent", input="Name a canal lock.")
+            pg.stop()
+            ask(10)  # answered from the engine, each line in its server's spool
+            with pytest.raises(openai.InternalServerError) as chained:
+                clients[1].responses.create(
+                    model="agent", input="And the next?", previous_response_id=first.id
+                )
+            assert chained.value.status_code == 503
+            rated = httpx.post(
+                f"{b.url}/feedback", json={"exchange_id": ids[0], "value": 1.0}, timeout=30
+            )
+            status = httpx.get(f"{a.base}/admin/status", headers=admin, timeout=30)
+            for refused in (rated, status):
+                assert refused.status_code == 503 and refused.headers["retry-after"] == "5"
+                message = refused.json()["error"]["message"]
+                assert "catalog cannot be reached" in message and "s3cret-pw" not in message
+            deadline = time.monotonic() + 30
+            while True:  # the loaders notice on their next round
+                health = httpx.get(f"{a.base}/health", headers=admin, timeout=30).json()
+                if health["collector"]["catalog_unreachable_s"] is not None:
+                    break
+                assert time.monotonic() < deadline, a.output()[-2000:]
+                time.sleep(0.5)
+            assert "has not answered" in health["collector"]["loader"]
+            scraped = httpx.get(f"{a.base}/metrics", headers=admin, timeout=30).text
+            gauge = next(
+                m for m in text_string_to_metric_families(scraped)
+                if m.name == "onjob_catalog_unreachable_seconds"
+            )  # fmt: skip
+            assert gauge.samples[0].value > 0
+            time.sleep(3)  # a few rounds of retries, each of which once logged a traceback
+            pg.start()
+            ask(2)
+            deadline = time.monotonic() + 60
+            query = {"query": "SELECT id FROM exchanges WHERE api IS NULL"}
+            while True:
+                asked = httpx.post(f"{a.base}/admin/sql", json=query, headers=admin, timeout=30)
+                if asked.status_code == 200 and len(asked.json()["rows"]) == len(ids):
+                    break
+                assert time.monotonic() < deadline, (asked.text, a.output()[-3000:])
+                time.sleep(0.5)
+            assert sorted(r[0] for r in asked.json()["rows"]) == sorted(ids)
+            for s in (a, b):
+                answered = httpx.get(f"{s.base}/admin/status", headers=admin, timeout=30)
+                assert answered.status_code == 200, answered.text
+                log_ = s.output()
+                assert log_.count("catalog cannot be reached") == 1, log_[-3000:]
+                assert log_.count("catalog answers again") == 1
+                assert "Traceback" not in log_ and "s3cret-pw" not in log_
+            rated = httpx.post(
+                f"{b.url}/feedback", json={"exchange_id": ids[0], "value": 1.0}, timeout=30
+            )
+            assert rated.status_code == 200, rated.text
+
+
+def test_a_leader_whose_catalog_does_not_answer_stops_leading_before_its_lease_ends(
+    tmp_path,
+):
+    """A leader that cannot renew trusts its lease for less than the lease: by the time the
+    catalog's own lease ends (and another may take it), it no longer leads; once the
+    catalog answers, its claim is not stuck in the transaction the failed one began."""
+    with Postgres() as pg:
+        catalog = pg.database("lake_lapse")
+        store = Store(
+            tmp_path / "l.duckdb", catalog=catalog, data_path=str(tmp_path / "d"), lease_s=2.0
+        )
+        assert store.leading
+        pg.stop()
+        with pytest.raises(duckdb.Error) as lost:
+            store.keep_lease()
+        assert lake.unreachable(lost.value)
+        time.sleep(2.0 * store_module.LEASE_TRUSTED)
+        assert not store.leading  # before the catalog's lease (2 s after the last claim) ends
+        pg.start()
+        store.keep_lease()
+        assert store.leading
+        store.close()

@@ -140,8 +140,8 @@ FOLLOW_S = 2.0  # how often a DuckLake's server that does not lead reads the lea
 async def _follow_leader(collector: Collector, operator: Operator) -> None:
     while True:
         await asyncio.sleep(FOLLOW_S)
-        if not collector.standby:
-            continue
+        if not collector.standby or collector.outage.since is not None:
+            continue  # leading, or the catalog does not answer (the loader says so)
         try:
             await operator.follow()
         except Exception as exc:  # the next round reads again

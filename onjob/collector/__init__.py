@@ -63,12 +63,13 @@ from their installed packages, never from the network (`extensions.py`), and the
 DuckLake (`collector.catalog`): a lake attached, made in the schema's end state, its
 history taken out after a deletion, every server writing its own exchanges and one
 leading by a lease in the lake (`lake.py`; a writer's stitcher asks the lake for the
-conversations other writers placed, `Store.continuing`; docs/scaling.md, "The log in
-DuckLake")
+conversations other writers placed, `Store.continuing`; a catalog that does not answer,
+its answers waiting in the spool, its loads backed off, said once each way, raised as
+`CatalogUnreachable`: `outage.py`; docs/scaling.md, "The log in DuckLake")
 """
 
 from . import budgets, queries, readonly
-from .errors import CollectorError, NotLeading, StorageError
+from .errors import CatalogUnreachable, CollectorError, NotLeading, StorageError
 from .forget import Forget, ForgetError, Forgotten
 from .linear import Lineage, rebuilt
 from .records import ExchangeRecord, FeedbackRecord
@@ -78,6 +79,7 @@ from .trajectories import Placement, Stitcher
 from .writer import Collector
 
 __all__ = [
+    "CatalogUnreachable",
     "Collector",
     "CollectorError",
     "CollectorSettings",

@@ -14,3 +14,8 @@ class StorageError(CollectorError):
 class NotLeading(CollectorError):
     """A change only the leading server of a DuckLake makes (`collector.lake`), asked of
     one that does not lead."""
+
+
+class CatalogUnreachable(StorageError):
+    """A DuckLake's catalog (its Postgres) does not answer: answers are still served and
+    wait in the spool, which loads once it answers again (`collector/outage.py`)."""

@@ -164,12 +164,37 @@ def claim(
             con.execute("BEGIN TRANSACTION")
             renewed = _renew(con, holder, lease_s)
             con.execute("COMMIT")
-        except duckdb.TransactionException:  # another claim committed first: look again
+        except duckdb.Error as exc:
             with contextlib.suppress(duckdb.Error):
-                con.execute("ROLLBACK")
-            continue
+                con.execute("ROLLBACK")  # not left open (a catalog that went away mid-claim)
+            if isinstance(exc, duckdb.TransactionException):
+                continue  # another claim committed first: look again
+            raise
         return None if renewed[0] == holder else renewed
     raise StorageError("could not claim the lake's leader lease: other claims kept winning")
+
+
+# What DuckDB's Postgres scanner says when the catalog's server cannot be reached: down,
+# restarting (its connections cut), or the network. DuckDB raises these as IOException,
+# as it does a full disk, so the text tells them apart.
+_UNREACHABLE = (
+    "Unable to connect to Postgres",
+    "server closed the connection",
+    "terminating connection",
+    "connection to server",
+    "no connection to the server",
+    "could not connect",
+)
+
+
+def unreachable(exc: BaseException | None) -> bool:
+    """Whether a failed statement (or what it was raised from) could not reach the
+    catalog's Postgres: the same statement succeeds once it answers again."""
+    while exc is not None:
+        if isinstance(exc, duckdb.Error) and any(s in str(exc) for s in _UNREACHABLE):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 def clashed(exc: BaseException) -> bool:

@@ -43,6 +43,9 @@ R = TypeVar("R")  # a record `Store.rows` builds
 # turn continues (`Store.continuing`): older ones it starts anew, as a file's loader does
 # those past its stitcher's memory.
 CONTINUED_DAYS = 1
+# A lake's leader trusts its lease for this share of it after its last claim: the claim's
+# own round trip and the renewals a third apart leave the rest as the margin.
+LEASE_TRUSTED = 0.9
 LAKE_RETRIES = 8  # a lake's statement retried this many times when another writer's commit clashed
 ROW_GROUP_ROWS = 2048  # docs/collector.md, "Loading into DuckDB", says why
 _RESERVED = {"memory", "system", "temp", "main"}  # catalog names an attached file cannot take
@@ -349,14 +352,21 @@ class Store:
 
     @property
     def leading(self) -> bool:
-        """A file's one writer always; a lake's, while it holds the leader's lease."""
-        return not self.in_lake or self.leader is None
+        """A file's one writer always; a lake's, while it holds the leader's lease: its
+        last claim was its own and is younger than the lease, less a margin. A leader that
+        cannot renew (its catalog unreachable) stops leading before the lease it holds in
+        the catalog ends, so that when another takes it over, this one no longer leads."""
+        if not self.in_lake:
+            return True
+        fresh = time.monotonic() - self.claimed < self.lease_s * LEASE_TRUSTED
+        return self.leader is None and fresh
 
     def keep_lease(self, *, required: bool = False) -> None:
         """A lake's writer: claim or renew the leader's lease (`lake.claim`), and note who
         holds it. `required`: `StorageError`, naming the holder, while another does."""
+        asked = time.monotonic()  # the lease runs from the catalog's commit, after this
         held = lake.claim(self.con, self.holder, self.lease_s)
-        self.claimed = time.monotonic()
+        self.claimed = asked
         self.leader = None if held is None else held[0]
         if held is not None and required:
             who, until = held
@@ -366,6 +376,15 @@ class Store:
                 f"this once it has stopped (a leader that died holds it {self.lease_s:g} "
                 "s more)"
             )
+
+    def abandon(self) -> None:
+        """End whatever transaction a statement that could not reach a lake's catalog left
+        open (DuckDB's ROLLBACK of it needs no catalog; none open: nothing to do)."""
+        try:
+            self.con.execute("ROLLBACK")
+        except duckdb.Error as exc:
+            if lake.unreachable(exc):
+                raise
 
     def close(self) -> None:
         if self.in_lake and self.leading:

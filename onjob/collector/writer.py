@@ -30,13 +30,14 @@ import msgspec
 from ..bucket import Bucket, BucketError
 from ..logprobs import Untrainable
 from . import lake
-from .errors import NotLeading, StorageError
+from .errors import CatalogUnreachable, NotLeading, StorageError
 from .export import export_round
 from .forget import Forget, Forgotten, forget, scrub
 from .handoff import FORGOTTEN, HOSTS, Fetcher, Remote, Uploader
 from .lease import LoaderLease, loader_id
 from .linear import Lineage
 from .lines import load_by_line, pieces_of, unreadable
+from .outage import Outage, translated
 from .records import NULL, ExchangeRecord, Record, encode
 from .settings import CollectorSettings
 from .snapshots import Archive
@@ -67,6 +68,7 @@ class CollectorStats(msgspec.Struct, kw_only=True):
     hosts_dropped: list[str] = []  # and those past their lease
     loader: str | None = None  # who loads (`_loader_state`)
     lake: bool = False  # the log is a DuckLake (`collector.catalog`): every server loads
+    catalog_unreachable_s: float | None = None  # a lake's catalog has not answered this long
 
 
 def _salt(settings: CollectorSettings) -> bytes:
@@ -158,6 +160,9 @@ class Collector:
         self.unlogged = 0  # exchanges and feedback answered but not logged (`_full`)
         self._task: asyncio.Task | None = None
         self._lease_tried = -math.inf  # a lake's writer: its last try to renew (monotonic)
+        self._led = False  # ...whether it last said it leads (`_say_lead`)
+        self.outage = Outage()  # a lake's catalog that does not answer
+        self._abandoned = False  # a statement failed so: its transaction to end (`_run`)
         self._forgets_known: int | None = None  # a lake's writer: rows in `forgotten`
         # A lake's segments some of whose lines may be in already (by stem): those in the
         # spool at start, those a load held lines of or failed on (`Store.load`'s `again`).
@@ -209,6 +214,7 @@ class Collector:
             self._task = asyncio.create_task(self._rotating(), name="onjob-spool")
             return
         self._store = await self._run(self._open_store)
+        self._led = self._store.in_lake and self._store.leading  # the banner says which
         if not self._store.exporting:  # queued by a run that exported: not wanted now
             await self._run(self._store.con.execute, "DELETE FROM export_queue")
         rows = await self._run(lambda: self._store.warm_rows(self.settings.warm_exchanges))
@@ -355,6 +361,12 @@ class Collector:
     def must_lead(self, what: str) -> None:
         """`NotLeading` when another server leads this DuckLake: the loop, releases and
         forgetting are the leader's, so that one server decides each."""
+        if self._follows and self._store.leader is None:
+            raise NotLeading(
+                f"{what} is the leading server's to do, and no server leads this DuckLake "
+                "now: this one's lease lapsed while its catalog did not answer; try again "
+                "once it does"
+            )
         if self._follows:
             raise NotLeading(
                 f"{what} is the leading server's to do: {self._store.leader} leads this "
@@ -728,15 +740,21 @@ class Collector:
             hosts_dropped=list(self._remote.dropped),
             loader=self._loader_state(),
             lake=self._store is not None and self._store.in_lake,
+            catalog_unreachable_s=self.outage.age_s,
         )
 
     def _loader_state(self) -> str | None:
         """Who loads, for `/health` and `onjob status` (None with one file and no bucket,
         or in a proxy-only process)."""
         if self._store is not None and self._store.in_lake:
+            if (age := self.outage.age_s) is not None:
+                return (
+                    f"the DuckLake's catalog has not answered for {age:.0f} s: answers wait "
+                    "in this server's spool"
+                )
             if self._store.leading:
                 return "this server leads the DuckLake (every server writes its own)"
-            return f"this server writes the DuckLake; {self._store.leader} leads"
+            return f"this server writes the DuckLake; {self._store.leader or 'no server'} leads"
         if self._lease is None:
             return None
         if self._lease.held:
@@ -762,9 +780,31 @@ class Collector:
             with contextlib.suppress(Exception):
                 await job
             raise
+        except Exception as exc:
+            if (unreachable := translated(exc)) is None or unreachable is exc:
+                raise
+            raise unreachable from exc
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
+        """`fn(*args)` on the database thread; a lake's catalog that does not answer raised
+        as `CatalogUnreachable` (translated here, for every caller)."""
+        loop = asyncio.get_running_loop()
+        try:
+            if self._abandoned:
+                await loop.run_in_executor(self._db, self._store.abandon)
+                self._abandoned = False
+            done = await loop.run_in_executor(self._db, fn, *args)
+        except Exception as exc:
+            if (unreachable := translated(exc)) is None:
+                raise
+            # The failed statement may have left its transaction open (its ROLLBACK could
+            # not reach the catalog either): ended before the next one runs.
+            self._abandoned = True
+            if unreachable is exc:
+                raise
+            raise unreachable from exc
+        self.outage.answered()  # whoever asked: the loader goes on at once
+        return done
 
     async def _rotating(self) -> None:
         """A proxy-only process closes its segment every `rotate_s`: the loader may load it.
@@ -833,11 +873,23 @@ class Collector:
             await asyncio.sleep(self.settings.flush_interval_s)
             self._check_room()
             try:
-                await self.flush()
-            except Exception:
-                # The segments stay on disk and are retried next round: nothing is dropped.
-                log.exception("loading the spool into DuckDB failed; will retry")
-            await self._keep_lake_lease()
+                if self.outage.since is not None:
+                    if not self.outage.due():
+                        continue
+                    await self._keep_lake_lease(now=True)  # the lead first, then the loads
+                    self.outage.answered()
+                try:
+                    await self.flush()
+                except CatalogUnreachable:
+                    raise
+                except Exception:
+                    # The segments stay on disk and are retried next round: nothing is dropped.
+                    log.exception("loading the spool into DuckDB failed; will retry")
+                await self._keep_lake_lease()
+            except CatalogUnreachable as exc:  # the spool keeps every answer meanwhile
+                self.outage.failed(exc, self._spool.bytes_held())
+                self._say_lead()
+                continue
             if self._archive is not None and not self.standby:
                 try:
                     await self._handing(self._archive.upload)
@@ -859,25 +911,41 @@ class Collector:
                 except Exception:  # the rows stay queued: the next round writes them
                     log.exception("exporting exchanges to the bucket failed; will retry")
 
-    async def _keep_lake_lease(self) -> None:
-        """A lake's writer claims or renews the leader's lease a third of the lease apart,
-        and says when it starts or stops leading."""
+    async def _keep_lake_lease(self, *, now: bool = False) -> None:
+        """A lake's writer claims or renews the leader's lease a third of the lease apart
+        (`now`: at once), and says when it starts or stops leading. A catalog that does
+        not answer raises `CatalogUnreachable`."""
         store = self._store
         if store is None or not store.in_lake:
             return
-        if time.monotonic() - max(store.claimed, self._lease_tried) < store.lease_s / 3:
+        if not now and time.monotonic() - max(store.claimed, self._lease_tried) < store.lease_s / 3:
             return
         self._lease_tried = time.monotonic()
-        leading = store.leading
         try:
             await self._run(store.keep_lease)
+        except CatalogUnreachable:
+            raise
         except Exception as exc:
             log.error("could not claim or renew the DuckLake's leader lease: %s", exc)
             return
-        if store.leading and not leading:
+        self._say_lead()
+
+    def _say_lead(self) -> None:
+        """Say when this lake's writer starts or stops leading (its lease claimed, another's
+        seen, or its own past trusting while the catalog does not answer)."""
+        store = self._store
+        if store is None or not store.in_lake or store.leading == self._led:
+            return
+        self._led = store.leading
+        if store.leading:
             log.warning("this server leads now (the DuckLake's leader lease is its own)")
-        elif leading and not store.leading:
+        elif store.leader is not None:
             log.warning("%s leads now: this server writes and serves", store.leader)
+        else:
+            log.warning(
+                "this server no longer leads: its leader lease could not be renewed; it "
+                "claims the lease again once the catalog answers"
+            )
 
     async def close(self) -> None:
         if self._task:

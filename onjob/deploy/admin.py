@@ -26,13 +26,13 @@ from litestar.di import NamedDependency, Provide
 from litestar.exceptions import ValidationException
 from litestar.response import File
 
-from ..collector import Collector, Forget, ForgetError, NotLeading, readonly
+from ..collector import CatalogUnreachable, Collector, Forget, ForgetError, NotLeading, readonly
 from ..collector.forget import Removed, parse_date
 from ..judge import judge_agreement
 from ..openai_handlers import openai_error
 from ..proxy import Router
 from ..proxy.auth import Doors
-from ..proxy.errors import BadRequest, Conflict
+from ..proxy.errors import BadRequest, Conflict, log_unavailable
 from ..proxy.tenants import Tenants, UnknownTenant
 from . import progress
 from .act import adapters, deployments, registry, reviews, training
@@ -101,6 +101,7 @@ ERRORS = {
     deployments.DeployError: _conflict,
     adapters.EngineControlError: _conflict,
     ValidationException: _invalid_body,
+    CatalogUnreachable: log_unavailable,
 }
 
 

@@ -19,11 +19,11 @@ from litestar.di import Provide
 from litestar.exceptions import NotFoundException
 from opentelemetry.trace import Tracer
 
-from ..collector import Collector
+from ..collector import CatalogUnreachable, Collector
 from ..openai_errors import error_body
 from ..openai_handlers import HANDLERS
 from .auth import Doors
-from .errors import Forbidden, Unauthorized
+from .errors import Forbidden, Unauthorized, log_unavailable
 from .front import ProxyApp
 from .metrics import Metrics, Readings
 from .metrics import routes as metrics_routes
@@ -115,7 +115,11 @@ def create_app(
         ],
         on_startup=[collector.start, *on_startup, pool.start],
         on_shutdown=[shutdown],
-        exception_handlers={**HANDLERS, NotFoundException: _no_route},
+        exception_handlers={
+            **HANDLERS,
+            NotFoundException: _no_route,
+            CatalogUnreachable: log_unavailable,
+        },
         request_max_body_size=settings.max_body_bytes,
         openapi_config=None,
         logging_config=None,  # the host application owns logging (and root stays quiet)

@@ -7,7 +7,10 @@ and nowhere else.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..openai_errors import OpenAIError
+from ..openai_handlers import openai_error
 
 
 class ProxyError(OpenAIError):
@@ -49,6 +52,21 @@ class PrimaryUnreachable(ProxyError):
 
     status = 503
     type = "service_unavailable"
+
+
+class LogUnavailable(ProxyError):
+    """The log's DuckLake catalog does not answer (`collector.CatalogUnreachable`): a
+    request that must read it (a chained call, feedback, the admin API) may succeed after
+    `Retry-After`. Requests that only answer are served meanwhile."""
+
+    status = 503
+    type = "service_unavailable"
+    retry_after_s = 5
+
+
+def log_unavailable(request: Any, exc: Exception) -> Any:
+    """The handler the proxy's and the admin's routes install for `CatalogUnreachable`."""
+    return openai_error(request, LogUnavailable(str(exc)))
 
 
 class UpstreamError(ProxyError):

@@ -197,6 +197,11 @@ class Readings:
                 "Segments, or lines of one, set aside in the spool's failed/ directory.",
                 value=stats.failed_segments,
             ),
+            GaugeMetricFamily(
+                "onjob_catalog_unreachable_seconds",
+                "How long a DuckLake's catalog has not answered this server (0: it answers).",
+                value=stats.catalog_unreachable_s or 0.0,
+            ),
         ]
 
 
