@@ -10,8 +10,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import duckdb
 import httpx
@@ -852,3 +854,127 @@ def test_a_leader_whose_catalog_does_not_answer_stops_leading_before_its_lease_e
         store.keep_lease()
         assert store.leading
         store.close()
+
+
+def test_eight_servers_write_one_lake_in_s3_and_a_killed_one_loses_nothing(
+    catalog,
+    tmp_path,
+    fake_engine_url,
+    bucket_url,
+    s3_endpoint,  # noqa: F811  (fixtures)
+):
+    """Eight `onjob serve`s on one lake whose files are in S3 (moto), as eight hosts behind
+    a load balancer, eight `openai` agents at once: each conversation's turns go to a
+    different server each, back to back, and each is one trajectory in order; a Responses
+    chain continued on another server and feedback sent to a third answer 100%. Then one
+    server is killed with SIGKILL while the agents send on (the balancer skipping it), and
+    started again on its spool: every answer is in the lake, each once."""
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "0",
+        "ONJOB_PROXY__ADMIN_KEY": "adm-lake-8srv",
+        "ONJOB_COLLECTOR__CATALOG": catalog,
+        "ONJOB_COLLECTOR__DATA_PATH": bucket_url + "/lake/",
+        "AWS_ENDPOINT_URL": s3_endpoint,
+    }
+    admin = {"Authorization": f"Bearer {env['ONJOB_PROXY__ADMIN_KEY']}"}
+    n = 8
+
+    def server(k: int) -> ServerProcess:
+        args = ["--engine-url", fake_engine_url, "--db", str(tmp_path / f"h{k}.duckdb")]
+        return ServerProcess(args, env=env, log=tmp_path / f"h{k}.log")
+
+    servers = [server(k) for k in range(n)]
+    with contextlib.ExitStack() as stack, ThreadPoolExecutor(n) as pool:
+        for s in servers:
+            stack.callback(s.stop)
+        list(pool.map(lambda s: s.start(), servers))
+        clients = [OpenAI(base_url=s.url, api_key="unused", max_retries=0) for s in servers]
+
+        def agent(i: int) -> dict:
+            """Three conversations of three turns, a chain, and feedback, over the servers."""
+            done: dict = {"conversations": [], "chains": [], "rated": []}
+            for c in range(3):
+                messages = [{"role": "user", "content": f"Agent {i}, trip {c}: where first?"}]
+                ids = []
+                for t in range(3):  # each turn to the next server: never the same twice
+                    reply = clients[(i + c + t) % n].chat.completions.create(
+                        model="agent", messages=messages
+                    )
+                    ids.append(reply.id)
+                    messages += [
+                        {"role": "assistant", "content": reply.choices[0].message.content},
+                        {"role": "user", "content": f"And after stop {t + 1}?"},
+                    ]
+                done["conversations"].append(ids)
+                rated = httpx.post(
+                    f"{servers[(i + c + 4) % n].url}/feedback",
+                    json={"exchange_id": ids[0], "value": 1.0},
+                    timeout=60,
+                )
+                done["rated"].append(rated.status_code)
+            first = clients[i].responses.create(model="agent", input=f"Agent {i}: a lock?")
+            chained = clients[(i + 1) % n].responses.create(
+                model="agent", input="And the next one?", previous_response_id=first.id
+            )
+            done["chains"].append((first.id, chained.id))
+            return done
+
+        results = list(pool.map(agent, range(n)))
+        assert all(code == 200 for r in results for code in r["rated"])
+
+        def lake_rows(sql: str) -> list:
+            asked = httpx.post(
+                f"{servers[0].base}/admin/sql",
+                json={"query": sql, "limit": 100000},
+                headers=admin,
+                timeout=60,
+            )
+            assert asked.status_code == 200, asked.text
+            return asked.json()["rows"]
+
+        def wait_for(ids: set[str]) -> dict:
+            deadline = time.monotonic() + 90
+            while True:
+                rows = lake_rows("SELECT id, trajectory_id, turn FROM exchanges")
+                if ids <= {r[0] for r in rows}:
+                    return {r[0]: r for r in rows}, rows
+                assert time.monotonic() < deadline, len(ids - {r[0] for r in rows})
+                time.sleep(1)
+
+        chats = [ids for r in results for ids in r["conversations"]]
+        chains = [pair for r in results for pair in r["chains"]]
+        by_id, _ = wait_for({i for ids in chats for i in ids} | {i for p in chains for i in p})
+        for ids in chats:  # every conversation one trajectory, turns 0, 1, 2
+            assert [by_id[i][2] for i in ids] == [0, 1, 2]
+            assert len({by_id[i][1] for i in ids}) == 1
+        for first, chained in chains:
+            assert by_id[chained][1] == by_id[first][1] and by_id[chained][2] == 1
+        assert lake_rows("SELECT count(*) FROM feedback")[0][0] == n * 3
+
+        # A host dies mid-traffic: what it answered is in its spool; the balancer skips it.
+        answered: list[str] = []
+        lock = threading.Lock()
+
+        def single(i: int) -> None:
+            for k in range(12):
+                for step in range(n):  # the next server that answers
+                    try:
+                        reply = clients[(i + k + step) % n].chat.completions.create(
+                            model="agent", messages=[{"role": "user", "content": f"{i}/{k}"}]
+                        )
+                        break
+                    except openai.APIConnectionError:
+                        continue
+                with lock:
+                    answered.append(reply.id)
+                if i == 0 and k == 6:
+                    servers[5].kill()
+
+        list(pool.map(single, range(n)))
+        servers[5] = server(5)
+        stack.callback(servers[5].stop)
+        servers[5].start()  # on the dead one's spool: it writes what it had not
+        _, rows = wait_for(set(answered))
+        ids = [r[0] for r in rows]
+        assert len(ids) == len(set(ids))  # none twice
+        assert len(answered) == n * 12

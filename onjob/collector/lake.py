@@ -220,12 +220,13 @@ def _renew(con, holder: str, lease_s: float) -> tuple[str, datetime]:
 def migrate(con: duckdb.DuckDBPyConnection) -> int:
     """Give the attached lake the schema's end state if it has no schema yet; return the
     version it had. A lake of another version is refused: its migration is not written.
-    Two writers making one new lake at once: one commit fails, and that one finds the
-    lake made."""
-    for _ in range(5):
+    Servers making one new lake at once (eight hosts rolled out together): the first
+    commit wins; each other one's commit fails, or its CREATE finds the table the first
+    made, and it finds the lake made when it looks again."""
+    for _ in range(10):
         try:
             return _migrate(con)
-        except duckdb.TransactionException:
+        except (duckdb.TransactionException, duckdb.CatalogException):
             with contextlib.suppress(duckdb.Error):
                 con.execute("ROLLBACK")
     return _migrate(con)
@@ -259,7 +260,8 @@ def _migrate(con: duckdb.DuckDBPyConnection) -> int:
         con.execute("INSERT INTO schema_version VALUES (?)", [latest])
         con.execute("COMMIT")
     except duckdb.Error:
-        con.execute("ROLLBACK")
+        with contextlib.suppress(duckdb.Error):  # a failed COMMIT ended it already
+            con.execute("ROLLBACK")
         raise
     return before
 
