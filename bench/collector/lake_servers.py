@@ -13,8 +13,18 @@ waits until that server's load is committed: the lag), and what the lake holds o
 every server has loaded: conversations whole (every turn in one trajectory, in order),
 Responses chains whole, feedback rows.
 
+Then, with `--load-seconds`, every server takes single-turn chat requests from two
+clients of its own at once for that long: answered/s, and how fast the lake took them
+(exchanges/s from the phase's start until its last answer was in the lake, and the
+lake's commits/s: DuckLake snapshots made in that time). `--file` runs that phase alone
+against one server on the embedded file, for the side by side. Last, the leader's
+take-over: the server that leads is killed with SIGKILL, and the time until another says
+it leads is measured; then that one is stopped (SIGINT, giving the lease back) and timed
+the same way.
+
     .venv/bin/python -m bench.collector.lake_servers                  # 2 servers
-    .venv/bin/python -m bench.collector.lake_servers --servers 3 --conversations 60
+    .venv/bin/python -m bench.collector.lake_servers --servers 8 --load-seconds 20
+    .venv/bin/python -m bench.collector.lake_servers --file --load-seconds 20
 """
 
 from __future__ import annotations
@@ -24,7 +34,9 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
@@ -93,6 +105,88 @@ def traffic(urls: list[str], conversations: int, turns: int) -> tuple[dict, dict
     return {kind: _ms(s) for kind, s in took.items() if s}, {"chats": chats, "chains": chains}
 
 
+def load(urls: list[str], seconds: float) -> list[str]:
+    """Two clients per server sending single-turn chat requests for `seconds`; the ids
+    answered."""
+    answered: list[str] = []
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def client(url: str, k: int) -> None:
+        with httpx.Client(base_url=url, timeout=60) as http:
+            n = 0
+            while time.monotonic() < stop:
+                body = {"model": "agent", "messages": [{"role": "user", "content": f"{k}/{n}"}]}
+                reply = http.post("/chat/completions", json=body)
+                reply.raise_for_status()
+                with lock:
+                    answered.append(reply.json()["id"])
+                n += 1
+
+    threads = [threading.Thread(target=client, args=(u, k)) for k, u in enumerate(urls + urls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return answered
+
+
+def load_phase(urls: list[str], seconds: float, count) -> dict:
+    """`load` and how fast the log took it: `count(since)` gives the rows logged since a
+    time and the commits made since then (None for a file)."""
+    since = datetime.now(UTC)
+    started = time.monotonic()
+    answered = load(urls, seconds)
+    took = time.monotonic() - started
+    while (rows := count(since))[0] < len(answered):
+        if time.monotonic() - started > seconds + 120:
+            break
+        time.sleep(0.1)
+    logged_s = time.monotonic() - started
+    rows, commits = count(since)
+    return {
+        "answered": len(answered),
+        "answered_per_s": len(answered) / took,
+        "logged": rows,
+        "logged_per_s": rows / logged_s,
+        "logged_s": logged_s,
+        "commits": commits,
+        "commits_per_s": None if commits is None else commits / logged_s,
+    }
+
+
+def takeover(servers: list[ServerProcess], admin: dict) -> dict:
+    """Seconds from the leader's SIGKILL until another server leads, then from that one's
+    stop (SIGINT, its lease given back) until a third does."""
+
+    def loader(s: ServerProcess) -> str:
+        status = httpx.get(f"{s.base}/admin/status", headers=admin, timeout=30).json()
+        return status["collector"]["loader"] or ""
+
+    def leader(alive: list[ServerProcess]) -> ServerProcess:
+        return next(s for s in alive if "leads the DuckLake" in loader(s))
+
+    def next_leader(alive: list[ServerProcess], since: float) -> float:
+        while True:
+            for s in alive:
+                if "leads the DuckLake" in loader(s):
+                    return time.monotonic() - since
+            time.sleep(0.1)
+
+    alive = list(servers)
+    first = leader(alive)
+    alive.remove(first)
+    started = time.monotonic()
+    first.kill()
+    killed_s = next_leader(alive, started)
+    second = leader(alive)
+    alive.remove(second)
+    started = time.monotonic()
+    second.stop()
+    stopped_s = next_leader(alive, started)
+    return {"after_sigkill_s": killed_s, "after_stop_s": stopped_s}
+
+
 def whole(con: duckdb.DuckDBPyConnection, conversations: list[list[str]]) -> int:
     """How many of these conversations (their exchange ids in turn order) the lake holds as
     one trajectory, turns 0, 1, 2, ... in order."""
@@ -118,16 +212,25 @@ def main() -> int:
     parser.add_argument("--servers", type=int, default=2)
     parser.add_argument("--conversations", type=int, default=30)
     parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument(
+        "--load-seconds", type=float, default=0, help="the load phase's length (0: none)"
+    )
+    parser.add_argument(
+        "--file", action="store_true", help="the load phase alone, one server on a file"
+    )
     args = harness.parse(parser)
+    if args.file:
+        return _file(args)
     work = Path(tempfile.mkdtemp(prefix="onjob-lake-servers-"))
     port = procs.free_port()
     engine = procs.start(procs.fake_engine_cmd(port), port, ready="/v1/models")
     servers: list[ServerProcess] = []
+    phase = moves = None
     try:
         with Postgres() as postgres:
             catalog, data = postgres.database("servers"), work / "data"
             env = {
-                "ONJOB_LOOP__INTERVAL_S": "0",
+                **ENV,
                 "ONJOB_COLLECTOR__CATALOG": catalog,
                 "ONJOB_COLLECTOR__DATA_PATH": str(data),
             }
@@ -136,6 +239,12 @@ def main() -> int:
                 args_ = ["--engine-url", f"http://127.0.0.1:{port}/v1", "--db", db]
                 servers.append(ServerProcess(args_, env=env, log=work / f"s{n}.log").start())
             latency, ids = traffic([s.url for s in servers], args.conversations, args.turns)
+            reader = duckdb.connect()
+            lake.attach(reader, catalog, str(data), read_only=True)
+            if args.load_seconds:
+                phase = load_phase([s.url for s in servers], args.load_seconds, _lake_count(reader))
+            if args.servers >= 3:
+                moves = takeover(servers, ADMIN)
             for s in servers:  # each loads what its spool holds as it stops
                 s.stop()
             con = duckdb.connect()
@@ -147,6 +256,7 @@ def main() -> int:
                 "feedback_rows": con.execute("SELECT count(*) FROM feedback").fetchone()[0],
             }
             con.close()
+            reader.close()
     finally:
         for s in servers:
             s.stop()
@@ -159,10 +269,83 @@ def main() -> int:
         f"whole, {held['chains_whole']} of {held['conversations']} chains whole, "
         f"{held['feedback_rows']} feedback rows"
     )
-    settings = {"servers": args.servers, "conversations": args.conversations, "turns": args.turns}
-    harness.save("lake_servers", {"settings": settings, "latency": latency, "lake": held}, args.out)
+    if phase:
+        _say(phase, f"{args.servers} servers into one lake")
+    if moves:
+        print(
+            f"the lead moved {moves['after_sigkill_s']:.1f} s after the leader's SIGKILL, "
+            f"{moves['after_stop_s']:.1f} s after the next one's stop"
+        )
+    settings = {
+        "servers": args.servers,
+        "conversations": args.conversations,
+        "turns": args.turns,
+        "load_seconds": args.load_seconds,
+    }
+    fields = {"settings": settings, "latency": latency, "lake": held, "load": phase}
+    harness.save("lake_servers", fields | {"takeover": moves}, args.out)
     whole_all = held["conversations_whole"] == held["chains_whole"] == held["conversations"]
     return 0 if whole_all else 1
+
+
+ADMIN_KEY = "adm-bench-lake"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+ENV = {"ONJOB_LOOP__INTERVAL_S": "0", "ONJOB_PROXY__ADMIN_KEY": ADMIN_KEY}
+
+
+def _lake_count(reader: duckdb.DuckDBPyConnection):
+    def count(since: datetime) -> tuple[int, int]:
+        rows = reader.execute("SELECT count(*) FROM exchanges WHERE ts >= ?", [since]).fetchone()[0]
+        commits = reader.execute(
+            f"SELECT count(*) FROM ducklake_snapshots('{lake.NAME}') WHERE snapshot_time >= ?",
+            [since],
+        ).fetchone()[0]
+        return rows, commits
+
+    return count
+
+
+def _say(phase: dict, what: str) -> None:
+    commits = (
+        f", {phase['commits_per_s']:.1f} commits/s" if phase["commits_per_s"] is not None else ""
+    )
+    print(
+        f"{what}: {phase['answered_per_s']:.0f} answered/s ({phase['answered']}), "
+        f"{phase['logged_per_s']:.0f} logged/s ({phase['logged']} in "
+        f"{phase['logged_s']:.1f} s){commits}"
+    )
+
+
+def _file(args: argparse.Namespace) -> int:
+    """The load phase against one server on the embedded file."""
+    work = Path(tempfile.mkdtemp(prefix="onjob-lake-servers-"))
+    port = procs.free_port()
+    engine = procs.start(procs.fake_engine_cmd(port), port, ready="/v1/models")
+    db = work / "f.duckdb"
+    args_ = ["--engine-url", f"http://127.0.0.1:{port}/v1", "--db", str(db)]
+    try:
+        with ServerProcess(args_, env=ENV, log=work / "f.log") as server:
+
+            def count(since: datetime) -> tuple[int, None]:
+                asked = httpx.post(
+                    f"{server.base}/admin/sql",
+                    json={
+                        "query": f"SELECT count(*) FROM exchanges WHERE ts >= '{since.isoformat()}'"
+                    },
+                    headers=ADMIN,
+                    timeout=60,
+                )
+                asked.raise_for_status()
+                return asked.json()["rows"][0][0], None
+
+            phase = load_phase([server.url], args.load_seconds or 20, count)
+    finally:
+        engine.kill()
+        shutil.rmtree(work, ignore_errors=True)
+    _say(phase, "one server into the file")
+    settings = {"file": True, "load_seconds": args.load_seconds or 20}
+    harness.save("lake_servers", {"settings": settings, "load": phase}, args.out)
+    return 0
 
 
 if __name__ == "__main__":
