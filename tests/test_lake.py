@@ -860,20 +860,22 @@ def test_eight_servers_write_one_lake_in_s3_and_a_killed_one_loses_nothing(
     catalog,
     tmp_path,
     fake_engine_url,
-    bucket_url,
-    s3_endpoint,  # noqa: F811  (fixtures)
+    bucket_url,  # noqa: F811  (fixtures)
+    s3_endpoint,  # noqa: F811
 ):
     """Eight `onjob serve`s on one lake whose files are in S3 (moto), as eight hosts behind
     a load balancer, eight `openai` agents at once: each conversation's turns go to a
     different server each, back to back, and each is one trajectory in order; a Responses
     chain continued on another server and feedback sent to a third answer 100%. Then one
     server is killed with SIGKILL while the agents send on (the balancer skipping it), and
-    started again on its spool: every answer is in the lake, each once."""
+    started again on its spool: every answer is in the lake, each once. The leader
+    compacts the lake's files meanwhile."""
     env = {
         "ONJOB_LOOP__INTERVAL_S": "0",
         "ONJOB_PROXY__ADMIN_KEY": "adm-lake-8srv",
         "ONJOB_COLLECTOR__CATALOG": catalog,
         "ONJOB_COLLECTOR__DATA_PATH": bucket_url + "/lake/",
+        "ONJOB_COLLECTOR__COMPACT_S": "3",  # the leader merges the loads' small files
         "AWS_ENDPOINT_URL": s3_endpoint,
     }
     admin = {"Authorization": f"Bearer {env['ONJOB_PROXY__ADMIN_KEY']}"}
@@ -978,3 +980,70 @@ def test_eight_servers_write_one_lake_in_s3_and_a_killed_one_loses_nothing(
         ids = [r[0] for r in rows]
         assert len(ids) == len(set(ids))  # none twice
         assert len(answered) == n * 12
+        assert any("compacted the DuckLake" in s.output() for s in servers)
+
+
+def test_compaction_merges_a_lakes_small_files_beside_a_writer_and_keeps_every_row(
+    catalog, tmp_path
+):
+    """Each load leaves a data file per table it inserts into; `Store.compact` merges them
+    while another writer process commits beside it, and removes the files no kept
+    snapshot reads: fewer files, on disk and in the lake's list, every row there once."""
+    data = tmp_path / "data"
+    store = Store(tmp_path / "c.duckdb", catalog=catalog, data_path=str(data))
+    try:
+        for n in range(30):  # thirty commits, as thirty loads of one server
+            store.con.execute(
+                "INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, request) "
+                "SELECT 'c' || ? || '-' || i, now(), 't', 0, 's', '{}' FROM range(100) r(i)",
+                [n],
+            )
+
+        def files() -> tuple[int, int]:
+            listed = store.con.execute(
+                f"SELECT count(*) FROM ducklake_list_files('{lake.NAME}', 'exchanges')"
+            ).fetchone()[0]
+            return listed, sum(1 for _ in (data / "main" / "exchanges").glob("*.parquet"))
+
+        assert files() == (30, 30)
+        beside = subprocess.Popen(
+            [sys.executable, "-m", "onjob.testing.lake_writer", catalog, str(data), "w",
+             "--batches", "20", "--batch", "50"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        merged = store.compact(keep_s=0)
+        _, err = beside.communicate(timeout=300)
+        assert beside.returncode == 0, err
+        assert merged >= 30
+        listed, on_disk = files()
+        assert listed <= 21 and on_disk <= listed + 20  # the writer's own files may follow
+        count, distinct = store.con.execute(
+            "SELECT count(*), count(DISTINCT id) FROM exchanges"
+        ).fetchone()
+        assert count == distinct == 30 * 100 + 20 * 50
+    finally:
+        store.close()
+
+
+def test_eight_processes_making_one_new_lake_at_once_all_attach_it(catalog, tmp_path):
+    """Eight servers rolled out together on an empty catalog each create DuckLake's tables
+    and then onjob's schema in it at once: each loser finds them made and attaches (before,
+    seven of eight exited with "already exists")."""
+    make = (
+        "import sys, duckdb; from onjob.collector import lake; con = duckdb.connect(); "
+        "lake.attach(con, sys.argv[1], sys.argv[2]); print(lake.migrate(con))"
+    )
+    makers = [
+        subprocess.Popen(
+            [sys.executable, "-c", make, catalog, str(tmp_path / "d")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(8)
+    ]
+    made = [m.communicate(timeout=120) for m in makers]
+    assert [m.returncode for m in makers] == [0] * 8, [err for _, err in made]
+    # One made the schema (it found version 0), the others found it made.
+    assert sorted(int(out) for out, _ in made).count(0) == 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 from collections.abc import Mapping
 from datetime import datetime
 from urllib.parse import urlsplit
@@ -26,6 +27,7 @@ from . import extensions, schema
 from .errors import StorageError
 
 NAME = "onjob"  # the catalog name a lake is attached as (`current_database()`)
+_INIT_RACES = 10  # a new catalog's creation lost to another server's, attached again
 
 
 def shown(catalog: str) -> str:
@@ -53,17 +55,42 @@ def attach(
     options = [f"DATA_PATH {_literal(data_path)}"]
     if read_only:
         options.append("READ_ONLY")
+    statement = (
+        f"ATTACH {_literal('ducklake:postgres:' + catalog)} AS {_ident(name)} "
+        f"({', '.join(options)})"
+    )
     try:
-        con.execute(
-            f"ATTACH {_literal('ducklake:postgres:' + catalog)} AS {_ident(name)} "
-            f"({', '.join(options)})"
-        )
+        for attempt in range(_INIT_RACES):
+            try:
+                con.execute(statement)
+                break
+            except duckdb.Error as exc:
+                # Servers attaching a new catalog at once each create DuckLake's tables in
+                # it; the losers find them made ("already exists", or Postgres' own race on
+                # a new table's type) and attach as to any made catalog when they try again.
+                raced = "already exists" in str(exc) or "duplicate key" in str(exc)
+                if not raced or attempt == _INIT_RACES - 1:
+                    raise
+                time.sleep(0.1 * (attempt + 1))
         con.execute(f"USE {_ident(name)}")
     except duckdb.Error as exc:
         raise StorageError(
             f"cannot attach the DuckLake catalog {shown(catalog)!r}: "
             + str(exc).replace(catalog, shown(catalog))
         ) from exc
+
+
+def compact(con: duckdb.DuckDBPyConnection, keep_s: float, name: str = NAME) -> int:
+    """Merge the small data files each writer's loads leave (a Parquet file per table a
+    commit inserts into: about 15 a second from two busy servers here) into larger ones,
+    then expire the snapshots older than `keep_s` and remove the files none younger reads
+    (a reader's transaction older than that may lose its files); the files merged. Runs
+    beside other writers' loads (DuckLake commits a merge as any other change)."""
+    merged = con.execute(f"CALL ducklake_merge_adjacent_files({_literal(name)})").fetchall()
+    older = f"now() - to_microseconds({int(keep_s * 1e6)}::BIGINT)"
+    con.execute(f"CALL ducklake_expire_snapshots({_literal(name)}, older_than => {older})")
+    con.execute(f"CALL ducklake_cleanup_old_files({_literal(name)}, older_than => {older})")
+    return sum(row[2] for row in merged)
 
 
 def forget_history(con: duckdb.DuckDBPyConnection, name: str = NAME) -> None:

@@ -113,6 +113,13 @@ class CollectorSettings(BaseModel):
         description="with collector.catalog: where the lake's data files go, a directory "
         "or an s3:// prefix",
     )
+    compact_s: float = Field(
+        3600,
+        gt=0,
+        description="with collector.catalog: how often the leading server merges the lake's "
+        "small data files (a few per load) and removes the files and snapshots older than "
+        "an hour that nothing reads",
+    )
     stitch_wait_s: float = Field(
         5.0,
         ge=0,

@@ -46,6 +46,9 @@ CONTINUED_DAYS = 1
 # A lake's leader trusts its lease for this share of it after its last claim: the claim's
 # own round trip and the renewals a third apart leave the rest as the margin.
 LEASE_TRUSTED = 0.9
+# A lake's snapshots, and the files only they read, are kept this long after a newer one
+# replaces them (`compact`): a reader's transaction older than that may lose its files.
+KEEP_SNAPSHOTS_S = 3600
 LAKE_RETRIES = 8  # a lake's statement retried this many times when another writer's commit clashed
 ROW_GROUP_ROWS = 2048  # docs/collector.md, "Loading into DuckDB", says why
 _RESERVED = {"memory", "system", "temp", "main"}  # catalog names an attached file cannot take
@@ -710,6 +713,21 @@ class Store:
             except duckdb.Error:
                 return False
         return False
+
+    def compact(self, keep_s: float = KEEP_SNAPSHOTS_S) -> int:
+        """A lake's small data files merged and its history older than `keep_s` removed
+        (`lake.compact`), made again when another writer's commit clashed; the files merged
+        (a file: 0, DuckDB keeps it compact itself)."""
+        if not self.in_lake:
+            return 0
+        for attempt in range(LAKE_RETRIES):
+            try:
+                return lake.compact(self.con, keep_s)
+            except duckdb.TransactionException:
+                with contextlib.suppress(duckdb.Error):
+                    self.con.execute("ROLLBACK")
+                time.sleep(0.05 * (attempt + 1))
+        return lake.compact(self.con, keep_s)
 
     def forget_pieces(self, prefix: str) -> None:
         """A refused segment is done with (`lines.load_by_line`): its pieces' ledger rows go

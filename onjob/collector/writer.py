@@ -148,6 +148,8 @@ class Collector:
         self._loading: bool | None = None  # False while a standby; None: not known yet
         self._archive: Archive | None = None  # the database's way to a standby (`snapshots`)
         self._snapped = time.monotonic()  # the last copy of the database to the bucket
+        self._retained = -math.inf  # retention runs at start, then every retention_check_s
+        self._exported = self._compacted = time.monotonic()  # the export's, a lake's merge
         self._copying = asyncio.Lock()  # one copy at a time (the loop's, a deletion's)
         self._handed = -math.inf  # a standby's last hand-off round (monotonic)
         self.on_takeover: list[Callable[[], Awaitable[None]]] = []  # after a restore
@@ -867,49 +869,67 @@ class Collector:
         return await self._run(export_round, self._store, self._bucket, scratch)
 
     async def _loop(self) -> None:
-        retained = -math.inf  # retention runs at start, then every retention_check_s
-        exported = time.monotonic()
         while True:
             await asyncio.sleep(self.settings.flush_interval_s)
             self._check_room()
+            if await self._load_round():
+                await self._upkeep()
+
+    async def _load_round(self) -> bool:
+        """Load the spool and keep a lake's lease; False while a lake's catalog does not
+        answer (`outage.py`: tried again after a wait, said once each way)."""
+        try:
+            if self.outage.since is not None:
+                if not self.outage.due():
+                    return False
+                await self._keep_lake_lease(now=True)  # the lead first, then the loads
+                self.outage.answered()
             try:
-                if self.outage.since is not None:
-                    if not self.outage.due():
-                        continue
-                    await self._keep_lake_lease(now=True)  # the lead first, then the loads
-                    self.outage.answered()
-                try:
-                    await self.flush()
-                except CatalogUnreachable:
-                    raise
-                except Exception:
-                    # The segments stay on disk and are retried next round: nothing is dropped.
-                    log.exception("loading the spool into DuckDB failed; will retry")
-                await self._keep_lake_lease()
-            except CatalogUnreachable as exc:  # the spool keeps every answer meanwhile
-                self.outage.failed(exc, self._spool.bytes_held())
-                self._say_lead()
-                continue
-            if self._archive is not None and not self.standby:
-                try:
-                    await self._handing(self._archive.upload)
-                    if time.monotonic() - self._snapped >= self.settings.snapshot_s:
-                        await self.snapshot()
-                except Exception:  # kept on this disk: the next round tries again
-                    log.exception("copying to the bucket for a standby failed; will retry")
-                    self._snapped = time.monotonic()
-            if time.monotonic() - retained >= self.settings.retention_check_s and not self._follows:
-                retained = time.monotonic()
-                try:
-                    await self.apply_retention()
-                except Exception:
-                    log.exception("applying collector.retention_days failed; will retry")
-            if self.settings.export_s and time.monotonic() - exported >= self.settings.export_s:
-                exported = time.monotonic()
-                try:
-                    await self.export()
-                except Exception:  # the rows stay queued: the next round writes them
-                    log.exception("exporting exchanges to the bucket failed; will retry")
+                await self.flush()
+            except CatalogUnreachable:
+                raise
+            except Exception:
+                # The segments stay on disk and are retried next round: nothing is dropped.
+                log.exception("loading the spool into DuckDB failed; will retry")
+            await self._keep_lake_lease()
+        except CatalogUnreachable as exc:  # the spool keeps every answer meanwhile
+            self.outage.failed(exc, self._spool.bytes_held())
+            self._say_lead()
+            return False
+        return True
+
+    async def _upkeep(self) -> None:
+        """What the loader does beside loading, each at its own pace: the bucket's copies
+        for a standby, retention and a lake's compaction (the leader's), the export."""
+        now = time.monotonic()
+        if self._archive is not None and not self.standby:
+            try:
+                await self._handing(self._archive.upload)
+                if now - self._snapped >= self.settings.snapshot_s:
+                    await self.snapshot()
+            except Exception:  # kept on this disk: the next round tries again
+                log.exception("copying to the bucket for a standby failed; will retry")
+                self._snapped = time.monotonic()
+        if now - self._retained >= self.settings.retention_check_s and not self._follows:
+            self._retained = now
+            try:
+                await self.apply_retention()
+            except Exception:
+                log.exception("applying collector.retention_days failed; will retry")
+        lake_leader = self._store.in_lake and not self._follows
+        if lake_leader and now - self._compacted >= self.settings.compact_s:
+            self._compacted = now
+            try:
+                merged = await self._run(self._store.compact)
+                log.info("compacted the DuckLake: %d small data files merged", merged)
+            except Exception:  # the files stay as they are: the next round merges them
+                log.exception("compacting the DuckLake failed; will retry")
+        if self.settings.export_s and now - self._exported >= self.settings.export_s:
+            self._exported = now
+            try:
+                await self.export()
+            except Exception:  # the rows stay queued: the next round writes them
+                log.exception("exporting exchanges to the bucket failed; will retry")
 
     async def _keep_lake_lease(self, *, now: bool = False) -> None:
         """A lake's writer claims or renews the leader's lease a third of the lease apart
