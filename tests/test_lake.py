@@ -1047,3 +1047,72 @@ def test_eight_processes_making_one_new_lake_at_once_all_attach_it(catalog, tmp_
     assert [m.returncode for m in makers] == [0] * 8, [err for _, err in made]
     # One made the schema (it found version 0), the others found it made.
     assert sorted(int(out) for out, _ in made).count(0) == 1
+
+
+def test_a_leader_killed_mid_training_leaves_the_loop_to_another_server(
+    catalog, tmp_path, tool_engine, tool_model_dir, monkeypatch
+):
+    """Two servers on one lake, the loop on: the leader judges the logged traffic and
+    starts a training run, and is killed (SIGKILL, its trainer with it) mid-run. The other
+    server leads once the lease has run out (30 s) and trains on the same groups, judged
+    once: its checkpoint becomes the candidate, and no prompt has two groups."""
+    from .test_loop import REWARDS, TRAIN, converse
+
+    data = str(tmp_path / "data")
+    monkeypatch.setenv("ONJOB_COLLECTOR__CATALOG", catalog)
+    monkeypatch.setenv("ONJOB_COLLECTOR__DATA_PATH", data)
+    converse(tmp_path / "log.duckdb", tool_engine.url, 8, "conv", temperature=0)
+    (tmp_path / "my_rewards.py").write_text(REWARDS)
+    config = tmp_path / "onjob.toml"
+    config.write_text(TRAIN.replace("{model}", str(tool_model_dir)))
+    admin = {"Authorization": "Bearer adm-lake-m1d"}
+    env = {
+        "ONJOB_LOOP__INTERVAL_S": "1",
+        "ONJOB_PROXY__ADMIN_KEY": "adm-lake-m1d",
+        "PYTHONPATH": str(tmp_path),  # my_rewards, as from the directory of onjob.toml
+    }
+
+    def server(name: str, **more: str) -> ServerProcess:
+        args = ["--config", str(config), "--engine-url", tool_engine.url]
+        args += ["--db", str(tmp_path / f"{name}.duckdb")]
+        return ServerProcess(args, env=env | more, log=tmp_path / f"{name}.log")
+
+    def status(s: ServerProcess) -> dict:
+        return httpx.get(f"{s.base}/admin/status", headers=admin, timeout=30).json()
+
+    def lake_rows(sql: str) -> list[tuple]:
+        reader = duckdb.connect()
+        try:
+            lake.attach(reader, catalog, data, read_only=True)
+            return reader.execute(sql).fetchall()
+        finally:
+            reader.close()
+
+    # The first server's run would take minutes: it is killed long before it ends.
+    with server("a", ONJOB_TRAINER__EPOCHS="5000") as a, server("b") as b:
+        deadline = time.monotonic() + 180
+        while status(a)["loop"]["stage"] != "train":
+            assert time.monotonic() < deadline, a.output()[-3000:]
+            time.sleep(0.5)
+        assert status(b)["loop"]["stage"] == "standby"
+        judged = lake_rows("SELECT count(*) FROM groups")[0][0]
+        assert judged > 0
+        time.sleep(2)  # the trainer's process under way
+        a.kill()
+        killed = time.monotonic()
+        while "leads the DuckLake" not in status(b)["collector"]["loader"]:
+            assert time.monotonic() - killed < lake.LEADER_LEASE_S + 15, b.output()[-3000:]
+            time.sleep(0.5)
+        took_over_s = time.monotonic() - killed
+        while not lake_rows("SELECT name FROM checkpoints"):
+            assert time.monotonic() - killed < 300, b.output()[-3000:]
+            time.sleep(1)
+        [(name, status_)] = lake_rows("SELECT name, status FROM checkpoints")
+        assert status_ in ("candidate", "canary"), status_
+        assert lake_rows("SELECT count(*) FROM train_runs")[0][0] == 1
+        twice = lake_rows(
+            "SELECT prefix_exchange FROM groups WHERE kind = 'turn' "
+            "GROUP BY prefix_exchange HAVING count(*) > 1"
+        )
+        assert twice == [] and took_over_s > 5  # the dead leader's lease ran out first
+    httpx.post(f"{tool_engine.url}/unload_lora_adapter", json={"lora_name": name}, timeout=60)
