@@ -168,6 +168,34 @@ def test_a_taken_port_is_one_line_with_exit_2_and_nothing_is_made(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_reward_function_that_does_not_import_stops_serve_in_one_line(tmp_path):
+    """Was a server that started and then logged the import error at every loop iteration,
+    learning nothing."""
+    (tmp_path / "my_rewards.py").write_text("def correct(r):\n    return 1.0\n")
+    config = '[judge.rewards]\nc = { fn = "my_reward:correct" }\n'  # the module misspelt
+    (tmp_path / "onjob.toml").write_text(config)
+    port = str(free_port())
+    done = onjob("serve", "--db", str(tmp_path / "x.duckdb"), "--port", port, cwd=tmp_path)
+    assert done.returncode == Exit.REFUSED, done.stderr
+    assert done.stderr.splitlines() == [
+        "onjob serve: reward function c = 'my_reward:correct': No module named 'my_reward' "
+        "(a module is imported from beside onjob.toml, from the directory onjob runs in, "
+        f"{tmp_path}, or from PYTHONPATH)"
+    ]
+
+
+def test_a_reward_module_beside_onjob_toml_imports_from_any_directory(tmp_path, fake_engine_url):
+    """The README's `my_rewards.py beside onjob.toml`, with `onjob serve --config` run
+    from another directory (this test's): it starts."""
+    (tmp_path / "my_rewards_beside.py").write_text("def correct(r):\n    return 1.0\n")
+    config = tmp_path / "onjob.toml"
+    config.write_text('[judge.rewards]\nc = { fn = "my_rewards_beside:correct" }\n')
+    args = ["--config", str(config), "--engine-url", fake_engine_url]
+    with ServerProcess([*args, "--db", str(tmp_path / "x.duckdb")]) as server:
+        assert "my_rewards_beside" not in server.output()
+    assert Path.cwd() != tmp_path
+
+
 def test_a_misspelt_environment_variable_is_refused_like_a_file_typo(tmp_path):
     env = {**os.environ, "ONJOB_PROXY__PORTT": "9000", "ONJOB_LOOPP__INTERVAL_S": "5"}
     done = subprocess.run(

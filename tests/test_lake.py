@@ -1069,7 +1069,7 @@ def test_a_leader_killed_mid_training_leaves_the_loop_to_another_server(
     env = {
         "ONJOB_LOOP__INTERVAL_S": "1",
         "ONJOB_PROXY__ADMIN_KEY": "adm-lake-m1d",
-        "PYTHONPATH": str(tmp_path),  # my_rewards, as from the directory of onjob.toml
+        "ONJOB_TRAINER__CHECKPOINTS_DIR": str(tmp_path / "checkpoints"),
     }
 
     def server(name: str, **more: str) -> ServerProcess:

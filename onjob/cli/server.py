@@ -23,7 +23,7 @@ from ..deploy.act.operator import Operator
 from ..deploy.decide.trust import static_mode
 from ..deploy.loop import PeriodicLoop
 from ..deploy.metrics import LoopReadings
-from ..judge import NO_SCORER
+from ..judge import NO_SCORER, rewards
 from ..proxy import (
     ProxySettings,
     Router,
@@ -255,6 +255,9 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
         # Open (and migrate) the database once up front: a locked or unreadable file is a
         # clear error here rather than a failed start-up hook inside uvicorn.
         Store.open(settings.collector, follow=True).close()
+        # A reward function that does not import (a misspelt module, run from another
+        # directory) is one clear line here, not a loop that fails every iteration.
+        rewards.load({**settings.judge.rewards, **settings.loop.gate.rewards})
     configured_key = settings.proxy.admin_key is not None
     settings = with_admin_key(settings)
     p = settings.proxy  # the settings in force (what the app is built with)

@@ -79,6 +79,7 @@ def _dry_run(settings: EngineSettings, build: str) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..collector import StorageError
+    from ..judge.errors import ConfigError as JudgeConfigError
     from .server import serve
 
     engine_flags = [
@@ -110,7 +111,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = settings.model_copy(update={"engine": engine})
     try:
         serve(settings, argv=sys.argv[1:])
-    except (StorageError, RuntimeError, TimeoutError, OSError) as exc:
+    except (StorageError, JudgeConfigError, RuntimeError, TimeoutError, OSError) as exc:
         raise Refused(str(exc)) from exc
     return Exit.OK
 

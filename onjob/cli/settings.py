@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -104,6 +105,11 @@ class ServeSettings(DeploySettings, BaseSettings):
         cls._toml = Path(path) if path else None
         if cls._toml is not None:
             _check_keys(cls, cls._toml)
+            # The reward functions it names live beside it (`my_rewards.py`), wherever onjob
+            # runs from: their modules import from its directory (`judge/rewards.py`).
+            beside = str(cls._toml.resolve().parent)
+            if beside not in sys.path:
+                sys.path.insert(0, beside)
         _check_environment(cls, os.environ)
         try:
             return cls(**overrides)

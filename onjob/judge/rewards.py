@@ -28,7 +28,13 @@ def load(rewards: dict[str, RewardFn]) -> dict[str, Callable]:
         module_name, _, attr = spec.fn.partition(":")
         try:
             fn = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
+        except ImportError as exc:
+            raise ConfigError(
+                f"reward function {name} = {spec.fn!r}: {exc} (a module is imported from "
+                f"beside onjob.toml, from the directory onjob runs in, {os.getcwd()}, or "
+                "from PYTHONPATH)"
+            ) from exc
+        except AttributeError as exc:
             raise ConfigError(f"reward function {name} = {spec.fn!r}: {exc}") from exc
         if not callable(fn):
             raise ConfigError(f"reward function {name} = {spec.fn!r} is not callable")
