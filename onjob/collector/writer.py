@@ -914,6 +914,8 @@ class Collector:
             self._retained = now
             try:
                 await self.apply_retention()
+            except CatalogUnreachable as exc:  # said once, as the loads say it
+                self.outage.failed(exc, self._spool.bytes_held())
             except Exception:
                 log.exception("applying collector.retention_days failed; will retry")
         lake_leader = self._store.in_lake and not self._follows
@@ -922,6 +924,8 @@ class Collector:
             try:
                 merged = await self._run(self._store.compact)
                 log.info("compacted the DuckLake: %d small data files merged", merged)
+            except CatalogUnreachable as exc:
+                self.outage.failed(exc, self._spool.bytes_held())
             except Exception:  # the files stay as they are: the next round merges them
                 log.exception("compacting the DuckLake failed; will retry")
         if self.settings.export_s and now - self._exported >= self.settings.export_s:
