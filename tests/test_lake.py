@@ -49,6 +49,33 @@ def catalog(postgres):
     return postgres.database(f"lake_{uuid.uuid4().hex[:12]}")
 
 
+class Hosts:
+    """`onjob serve`s on one lake before one engine, each with its own spool and log in
+    `tmp_path`: the hosts a load balancer spreads an agent's traffic over. `env` adds to
+    (or overrides) the settings every one gets; `server(name, **env)` one's own."""
+
+    def __init__(
+        self, tmp_path, catalog: str, data_path: str, engine_url: str, *args: str, **env: str
+    ):
+        self.tmp, self.engine_url, self.args = tmp_path, engine_url, args
+        self.key = f"adm-lake-{uuid.uuid4().hex[:8]}"
+        self.admin = {"Authorization": f"Bearer {self.key}"}
+        self.env = {
+            "ONJOB_LOOP__INTERVAL_S": "0",
+            "ONJOB_PROXY__ADMIN_KEY": self.key,
+            "ONJOB_COLLECTOR__CATALOG": catalog,
+            "ONJOB_COLLECTOR__DATA_PATH": data_path,
+        } | env
+
+    def server(self, name: str, **env: str) -> ServerProcess:
+        args = [*self.args, "--engine-url", self.engine_url]
+        args += ["--db", str(self.tmp / f"{name}.duckdb")]
+        return ServerProcess(args, env=self.env | env, log=self.tmp / f"{name}.log")
+
+    def status(self, s: ServerProcess) -> dict:
+        return httpx.get(f"{s.base}/admin/status", headers=self.admin, timeout=30).json()
+
+
 def test_the_extensions_load_from_the_installed_wheels_for_this_duckdb():
     file = extensions.path("ducklake")
     assert file.parent.name == f"v{duckdb.__version__}" and "site-packages" in str(file)
@@ -520,23 +547,13 @@ def test_two_servers_write_one_lake_and_a_conversation_moves_between_them(
     back to back, is one trajectory in order; a Responses chain started on one continues on
     the other; feedback on one names the other's answer; the one that leads says so, the
     other refuses a release by hand naming it, and leads once the first has stopped."""
-    env = {
-        "ONJOB_LOOP__INTERVAL_S": "0",
-        "ONJOB_PROXY__ADMIN_KEY": "adm-lake-2h0s",
-        "ONJOB_COLLECTOR__CATALOG": catalog,
-        "ONJOB_COLLECTOR__DATA_PATH": str(tmp_path / "data"),
-    }
-    admin = {"Authorization": f"Bearer {env['ONJOB_PROXY__ADMIN_KEY']}"}
-
-    def server(name: str) -> ServerProcess:
-        args = ["--engine-url", fake_engine_url, "--db", str(tmp_path / f"{name}.duckdb")]
-        return ServerProcess(args, env=env, log=tmp_path / f"{name}.log")
+    hosts = Hosts(tmp_path, catalog, str(tmp_path / "data"), fake_engine_url)
+    admin = hosts.admin
 
     def loader(s: ServerProcess) -> str:
-        status = httpx.get(f"{s.base}/admin/status", headers=admin, timeout=30).json()
-        return status["collector"]["loader"]
+        return hosts.status(s)["collector"]["loader"]
 
-    with server("a") as a, server("b") as b:
+    with hosts.server("a") as a, hosts.server("b") as b:
         clients = [OpenAI(base_url=s.url, api_key="unused", max_retries=0) for s in (a, b)]
         messages = [{"role": "user", "content": "Plan a walk along the old canal."}]
         ids = []
@@ -561,7 +578,7 @@ def test_two_servers_write_one_lake_and_a_conversation_moves_between_them(
             f"{b.base}/admin/rollback", json={"alias": "agent"}, headers=admin, timeout=30
         )
         assert refused.status_code == 409 and "leads this DuckLake" in refused.text
-        given = ("--server", b.base, "--admin-key", env["ONJOB_PROXY__ADMIN_KEY"])
+        given = ("--server", b.base, "--admin-key", hosts.key)
         asked = _onjob(
             "sql",
             "SELECT id, trajectory_id, turn, api FROM exchanges ORDER BY ts",
@@ -596,26 +613,14 @@ def test_a_server_that_does_not_lead_routes_as_the_leader_decides(
     """Two servers on one lake before one engine: a canary set on the leader reaches the
     other's router (it reads the leader's `deployments` rows), which then serves the
     canary's slice of conversations too; the loop stands by on the one that does not lead."""
-    env = {
-        "ONJOB_LOOP__INTERVAL_S": "1",
-        "ONJOB_LOOP__TRAIN": "false",
-        "ONJOB_PROXY__ADMIN_KEY": "adm-lake-r0ut",
-        "ONJOB_COLLECTOR__CATALOG": catalog,
-        "ONJOB_COLLECTOR__DATA_PATH": str(tmp_path / "data"),
-    }
-    admin = {"Authorization": f"Bearer {env['ONJOB_PROXY__ADMIN_KEY']}"}
-    first = Store(
-        tmp_path / "r.duckdb",
-        catalog=catalog,
-        data_path=env["ONJOB_COLLECTOR__DATA_PATH"],
-        follow=True,
+    data = str(tmp_path / "data")
+    hosts = Hosts(
+        tmp_path, catalog, data, engine.url, ONJOB_LOOP__INTERVAL_S="1", ONJOB_LOOP__TRAIN="false"
     )
+    admin = hosts.admin
+    first = Store(tmp_path / "r.duckdb", catalog=catalog, data_path=data, follow=True)
     registry.add(first, tiny_adapter_dir, "cand-1", tiny_model_dir)
     first.close()
-
-    def server(name: str) -> ServerProcess:
-        args = ["--engine-url", engine.url, "--db", str(tmp_path / f"{name}.duckdb")]
-        return ServerProcess(args, env=env, log=tmp_path / f"{name}.log")
 
     def arms(s: ServerProcess) -> list[str]:
         client = OpenAI(base_url=s.url, api_key="unused", max_retries=0)
@@ -626,14 +631,14 @@ def test_a_server_that_does_not_lead_routes_as_the_leader_decides(
             for i in range(30)
         ]
 
-    with server("a") as a, server("b") as b:
+    with hosts.server("a") as a, hosts.server("b") as b:
         assert set(arms(b)) == {"live"}
         canary = {"alias": "agent", "checkpoint": "cand-1", "fraction": 0.5}
         set_ = httpx.post(f"{a.base}/admin/canary", json=canary, headers=admin, timeout=60)
         assert set_.status_code == 200, set_.text
         deadline = time.monotonic() + 30
         while True:
-            status = httpx.get(f"{b.base}/admin/status", headers=admin, timeout=30).json()
+            status = hosts.status(b)
             if status["aliases"]["agent"]["canary"] == "cand-1":
                 break
             assert time.monotonic() < deadline, b.output()[-2000:]
@@ -752,19 +757,10 @@ def test_a_postgres_restart_under_two_servers_loses_no_answer_and_says_so_once(
         catalog = pg.database("lake_restart").replace(
             "user=postgres", "user=postgres password=s3cret-pw"
         )
-        env = {
-            "ONJOB_LOOP__INTERVAL_S": "0",
-            "ONJOB_PROXY__ADMIN_KEY": "adm-lake-pgre",
-            "ONJOB_COLLECTOR__CATALOG": catalog,
-            "ONJOB_COLLECTOR__DATA_PATH": str(tmp_path / "data"),
-        }
-        admin = {"Authorization": f"Bearer {env['ONJOB_PROXY__ADMIN_KEY']}"}
+        hosts = Hosts(tmp_path, catalog, str(tmp_path / "data"), fake_engine_url)
+        admin = hosts.admin
 
-        def server(name: str) -> ServerProcess:
-            args = ["--engine-url", fake_engine_url, "--db", str(tmp_path / f"{name}.duckdb")]
-            return ServerProcess(args, env=env, log=tmp_path / f"{name}.log")
-
-        with server("a") as a, server("b") as b:
+        with hosts.server("a") as a, hosts.server("b") as b:
             clients = [OpenAI(base_url=s.url, api_key="unused", max_retries=0) for s in (a, b)]
             ids: list[str] = []
 
@@ -870,22 +866,16 @@ def test_eight_servers_write_one_lake_in_s3_and_a_killed_one_loses_nothing(
     server is killed with SIGKILL while the agents send on (the balancer skipping it), and
     started again on its spool: every answer is in the lake, each once. The leader
     compacts the lake's files meanwhile."""
-    env = {
-        "ONJOB_LOOP__INTERVAL_S": "0",
-        "ONJOB_PROXY__ADMIN_KEY": "adm-lake-8srv",
-        "ONJOB_COLLECTOR__CATALOG": catalog,
-        "ONJOB_COLLECTOR__DATA_PATH": bucket_url + "/lake/",
-        "ONJOB_COLLECTOR__COMPACT_S": "3",  # the leader merges the loads' small files
-        "AWS_ENDPOINT_URL": s3_endpoint,
-    }
-    admin = {"Authorization": f"Bearer {env['ONJOB_PROXY__ADMIN_KEY']}"}
-    n = 8
-
-    def server(k: int) -> ServerProcess:
-        args = ["--engine-url", fake_engine_url, "--db", str(tmp_path / f"h{k}.duckdb")]
-        return ServerProcess(args, env=env, log=tmp_path / f"h{k}.log")
-
-    servers = [server(k) for k in range(n)]
+    hosts = Hosts(
+        tmp_path,
+        catalog,
+        bucket_url + "/lake/",
+        fake_engine_url,
+        ONJOB_COLLECTOR__COMPACT_S="3",  # the leader merges the loads' small files
+        AWS_ENDPOINT_URL=s3_endpoint,
+    )
+    admin, n = hosts.admin, 8
+    servers = [hosts.server(f"h{k}") for k in range(n)]
     with contextlib.ExitStack() as stack, ThreadPoolExecutor(n) as pool:
         for s in servers:
             stack.callback(s.stop)
@@ -973,7 +963,7 @@ def test_eight_servers_write_one_lake_in_s3_and_a_killed_one_loses_nothing(
                     servers[5].kill()
 
         list(pool.map(single, range(n)))
-        servers[5] = server(5)
+        servers[5] = hosts.server("h5")
         stack.callback(servers[5].stop)
         servers[5].start()  # on the dead one's spool: it writes what it had not
         _, rows = wait_for(set(answered))
@@ -1065,20 +1055,17 @@ def test_a_leader_killed_mid_training_leaves_the_loop_to_another_server(
     (tmp_path / "my_rewards.py").write_text(REWARDS)
     config = tmp_path / "onjob.toml"
     config.write_text(TRAIN.replace("{model}", str(tool_model_dir)))
-    admin = {"Authorization": "Bearer adm-lake-m1d"}
-    env = {
-        "ONJOB_LOOP__INTERVAL_S": "1",
-        "ONJOB_PROXY__ADMIN_KEY": "adm-lake-m1d",
-        "ONJOB_TRAINER__CHECKPOINTS_DIR": str(tmp_path / "checkpoints"),
-    }
-
-    def server(name: str, **more: str) -> ServerProcess:
-        args = ["--config", str(config), "--engine-url", tool_engine.url]
-        args += ["--db", str(tmp_path / f"{name}.duckdb")]
-        return ServerProcess(args, env=env | more, log=tmp_path / f"{name}.log")
-
-    def status(s: ServerProcess) -> dict:
-        return httpx.get(f"{s.base}/admin/status", headers=admin, timeout=30).json()
+    hosts = Hosts(
+        tmp_path,
+        catalog,
+        data,
+        tool_engine.url,
+        "--config",
+        str(config),
+        ONJOB_LOOP__INTERVAL_S="1",
+        ONJOB_TRAINER__CHECKPOINTS_DIR=str(tmp_path / "checkpoints"),
+    )
+    status = hosts.status
 
     def lake_rows(sql: str) -> list[tuple]:
         reader = duckdb.connect()
@@ -1089,7 +1076,7 @@ def test_a_leader_killed_mid_training_leaves_the_loop_to_another_server(
             reader.close()
 
     # The first server's run would take minutes: it is killed long before it ends.
-    with server("a", ONJOB_TRAINER__EPOCHS="5000") as a, server("b") as b:
+    with hosts.server("a", ONJOB_TRAINER__EPOCHS="5000") as a, hosts.server("b") as b:
         deadline = time.monotonic() + 180
         while status(a)["loop"]["stage"] != "train":
             assert time.monotonic() < deadline, a.output()[-3000:]

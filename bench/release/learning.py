@@ -100,6 +100,12 @@ def main() -> None:
         help="instead of --minutes: the loop's time with the agent's traffic, the held-out "
         "evaluations before and after outside it (a user's agent has those minutes whole)",
     )
+    parser.add_argument(
+        "--agents",
+        type=int,
+        default=1,
+        help="the example's agents, each one conversation at a time (the traffic's pace)",
+    )
     parser.add_argument("--questions", type=int, default=25)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--keep", action="store_true", help="keep the work directories")
@@ -132,6 +138,7 @@ def main() -> None:
                 engine=args.engine,
                 paused=args.paused,
                 example=task,
+                agents=args.agents,
             )
             try:
                 result = run(options)
@@ -151,6 +158,7 @@ def main() -> None:
                 "traffic": "paused while training" if args.paused else "never paused",
                 "minutes": args.minutes,
                 "loop_minutes": args.loop_minutes,
+                "agents": args.agents,
                 "rounds": rounds,
             }
             harness.save("learning", record, path=out)
