@@ -504,7 +504,7 @@ def test_the_loop_runs_every_stage_on_a_lake(
     """`onjob loop --once` with the log in a lake: the judge's groups, a training run, its
     checkpoint as a candidate and a canary, then the next iteration's paired comparison
     against live on traffic logged since, every row in the lake."""
-    from .test_loop import REWARDS, ROME, TRAIN, converse
+    from .test_loop import REWARDS, ROME, TRAIN, assert_compared_since, converse
 
     data = tmp_path / "data"
     monkeypatch.setenv("ONJOB_COLLECTOR__CATALOG", catalog)  # the servers' and the loop's
@@ -535,7 +535,7 @@ def test_the_loop_runs_every_stage_on_a_lake(
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"canary {name} against base" in done.stdout
-    assert lake_rows("SELECT count(*) FROM groups WHERE kind = 'ab'")[0][0] >= 1
+    assert_compared_since(lake_rows, done.stdout)
     httpx.post(f"{tool_engine.url}/unload_lora_adapter", json={"lora_name": name}, timeout=60)
 
 

@@ -68,6 +68,25 @@ def converse(
             )
 
 
+def assert_compared_since(sql_rows, stdout: str) -> None:
+    """The canary's round drew pairs from the "after-" conversations. Unless a quarter of
+    the UTC day ended between the "conv-" ones it trained on and them: a test's draw keeps
+    the day's mix of turns, quarter by quarter (`deploy/decide/prompts.py`), so a quarter
+    whose turns were all trained on ends the round when drawn, and the loop says it waits
+    for that quarter's traffic. `sql_rows(sql)`: the log's rows, as tuples."""
+    part = "CAST(hour(timezone('UTC', ts)) // 6 AS INTEGER)"
+
+    def parts(name: str) -> set[int]:
+        sql = f"SELECT DISTINCT {part} FROM exchanges WHERE trajectory_id LIKE '{name}-%'"
+        return {p for (p,) in sql_rows(sql)}
+
+    if parts("conv") - parts("after"):  # rare: logged either side of 00, 06, 12 or 18 UTC
+        assert "the test waits for more " in stdout, stdout
+    else:
+        [(pairs,)] = sql_rows("SELECT count(*) FROM groups WHERE kind = 'ab'")
+        assert pairs >= 1, stdout
+
+
 @pytest.fixture(scope="module")
 def traffic(tmp_path_factory, tool_engine) -> Path:
     """A database with 12 logged tool-question conversations, served by the base model."""
@@ -302,7 +321,7 @@ def test_a_fresh_database_runs_every_stage_and_a_run_killed_mid_train_resumes_cl
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"canary {checkpoint['name']} against base" in done.stdout
-    assert rows(db, "SELECT count(*) AS n FROM groups WHERE kind = 'ab'")[0]["n"] >= 1
+    assert_compared_since(lambda sql: [tuple(r.values()) for r in rows(db, sql)], done.stdout)
     httpx.post(
         f"{tool_engine.url}/unload_lora_adapter", json={"lora_name": checkpoint["name"]}, timeout=60
     )
