@@ -1,8 +1,9 @@
-"""What a candidate's test is tested on (`deploy/decide/prompts.py`): a sample of the traffic it
-would serve. Turns, not conversations, are sampled; each draw keeps a whole day's mix of
-tool-call and answer turns and hours, and answers its conversation's turns, which the
-test reads as one pair; a prompt in the words of one the candidate trained on is not a
-fresh prompt. Real DuckDB files; the rows as the proxy logs them."""
+"""What a candidate's test is tested on (`deploy/decide/prompts.py`): a sample of the traffic
+it would serve. Turns, not conversations, are sampled; each draw keeps a whole day's mix
+of tool-call and answer turns and hours, and answers its conversation's turns (the drawn
+one alone where conversations are plenty), which the test reads as one pair; a prompt in
+the words of one the candidate trained on is not a fresh prompt. Real DuckDB files; the
+rows as the proxy logs them."""
 
 from __future__ import annotations
 
@@ -91,11 +92,27 @@ def test_a_long_conversation_is_drawn_as_often_as_the_turns_it_served(store):
     # The long ones served 8 turns in 9: about 36 of the 40 draws (20 if conversations
     # were drawn alike).
     assert sum(c.startswith("long") for c in drawn) >= 30
-    # A draw of a long one answers TURNS_PER_DRAW of its turns; of a short one, its one.
-    for d in draws:
-        for c in conversations(d):
-            turns = [p["turn"] for p in d.prompts if p["trajectory_id"] == c]
-            assert len(set(turns)) == (prompts.TURNS_PER_DRAW if c.startswith("long") else 1)
+    # 80 conversations for 10 pairs: plenty (the engine, not the traffic, is short), so a
+    # draw answers the one turn it drew, of a long conversation as of a short one.
+    assert all(len(d.prompts) == 10 for d in draws)
+
+
+def test_a_draw_answers_a_conversations_turns_while_conversations_are_few(store):
+    now = datetime.now(UTC)
+    for i in range(5):
+        log(store, f"short{i}", at=now - timedelta(minutes=5))
+        log(store, f"long{i}", turns=8, at=now - timedelta(minutes=5))
+    since = now - timedelta(hours=1)
+    # 10 conversations for 4 pairs: fewer than `PLENTY` a pair, so each draw gives its
+    # conversation's evidence, TURNS_PER_DRAW turns of a long one, its one of a short one.
+    draw = prompts.fresh(store, AGENT, since, 4, tests=["offline:a"])
+    assert len(conversations(draw)) == 4
+    for c in conversations(draw):
+        turns = [p["turn"] for p in draw.prompts if p["trajectory_id"] == c]
+        assert len(set(turns)) == (prompts.TURNS_PER_DRAW if c.startswith("long") else 1)
+    # 10 for 3 pairs: plenty, one turn each.
+    draw = prompts.fresh(store, AGENT, since, 3, tests=["offline:b"])
+    assert len(draw.prompts) == len(conversations(draw)) == 3
 
 
 def test_a_draw_keeps_the_days_mix_of_turns_whatever_is_left_to_draw_from(
@@ -219,8 +236,9 @@ def scored(store, group: str, prefix: str, test: str, d: float | None) -> None:
 
 def test_the_turns_a_draw_answers_of_one_conversation_are_one_pair_their_mean(store):
     now = datetime.now(UTC)
-    # A tool agent: each conversation finds, fetches, then answers.
-    for i in range(6):
+    # A tool agent: each conversation finds, fetches, then answers. Four conversations,
+    # fewer than `PLENTY` for each pair drawn: each draw answers its conversation's turns.
+    for i in range(4):
         log(store, f"c{i}", turns=3, called=[True, True, False],
             at=now - timedelta(minutes=5), says=f"weather {words(i)}")  # fmt: skip
     test = pairs.offline_test_id("cand", None)

@@ -19,11 +19,15 @@ conversation of ten turns is drawn about ten times as often as one of one: the s
 of turns served, not of conversations. A fresh draw then takes that conversation's other
 usable turns too (`TURNS_PER_DRAW` in all at most, the rest in hash order) and the pair
 is their mean difference (`pairs`: one pair per conversation, so pairs stay independent
-evidence). Its expected difference is still the day's mean over the turns served: a
-conversation is drawn at the odds of its turns, and its pair is the mean of its turns
-(of all of them, or of the drawn one and a random few). A three-turn tool agent so gives
-three turns' evidence per conversation where it gave one, and its test, which runs out
-of conversations before it runs out of engine, decides on a third of them. Two sources:
+evidence); where the source holds `PLENTY` undrawn conversations for each pair a round
+wants, the drawn turn alone is the pair (the engine, not the traffic, is then what the
+test waits on, and one turn gives more evidence per answer sampled than a mean of four).
+Its expected difference is still the day's mean over the turns served: a conversation is
+drawn at the odds of its turns, and its pair is the mean of its turns (of all of them,
+or of the drawn one and a random few). A quiet three-turn tool agent, whose test runs
+out of conversations before it runs out of engine, so gives three turns' evidence per
+conversation where it gave one; a busy one's test pairs a turn at a third of the
+engine's time. Two sources:
 
 - `held_out`: the held-out slice's scenarios (`holdout`), whenever logged; its own test,
   one turn per conversation.
@@ -71,6 +75,10 @@ LENGTHS = (1, 2, 4, 8)
 # The turns one draw of a fresh sample answers from its conversation: the pair is their
 # mean difference. Four keep a long agent run's pair at four turns' cost.
 TURNS_PER_DRAW = 4
+# Undrawn conversations per pair a round wants, from which a draw answers the one turn it
+# drew: conversations are then not what the test runs short of, the engine is, and a
+# turn's pair is the most evidence per answer sampled (`_draw`).
+PLENTY = 3
 
 # Conversations in the training snapshot of a checkpoint or any of its ancestors: the
 # lineage's train runs, their groups, and every conversation those groups' members are in.
@@ -302,7 +310,8 @@ def _draw(turns: list[dict], n: int, profile: dict[Stratum, int] | None, seed: s
     """Up to `n` conversations' usable `turns` (in their order): the first turn of each of
     the first `n`, or with a `profile`, each draw a stratum picked at the odds of the
     profile's turns (the day's, fixed), that stratum's next turn of a conversation not
-    drawn yet, and the conversation's other turns (`_unit`)."""
+    drawn yet, and (unless the source holds `PLENTY` conversations a pair) the
+    conversation's other turns (`_unit`)."""
     usable = [t for t in turns if t["usable"]]
     if profile is None:
         firsts = {}  # each conversation's first usable turn, in order
@@ -316,6 +325,12 @@ def _draw(turns: list[dict], n: int, profile: dict[Stratum, int] | None, seed: s
     for t in usable:
         conversations.setdefault(t["trajectory_id"], []).append(t)
     strata = sorted(s for s, count in profile.items() if count > 0)
+    # A busy agent's traffic brings more conversations than the engine can pair (users
+    # first: the test samples in what they leave): one turn a pair. A quiet one's brings
+    # fewer: each conversation gives up to TURNS_PER_DRAW turns' evidence. Either way a
+    # pair's expected difference is the day's mean over the turns served, and the choice
+    # reads what the source holds, never an outcome, so the e-process keeps its level.
+    per_draw = 1 if len(conversations) >= PLENTY * n else TURNS_PER_DRAW
     rng, out, used = random.Random(seed), [], set()
     while len(used) < n and strata:
         stratum = rng.choices(strata, weights=[profile[s] for s in strata])[0]
@@ -325,19 +340,19 @@ def _draw(turns: list[dict], n: int, profile: dict[Stratum, int] | None, seed: s
         if not queue:  # its turns not drawn yet are all ones the test may not use
             return Draw(out, stratum)
         turn = queue.pop(0)
-        out.extend(_unit(turn, conversations[turn["trajectory_id"]]))
+        out.extend(_unit(turn, conversations[turn["trajectory_id"]], per_draw))
         used.add(turn["trajectory_id"])
     return Draw(out)
 
 
-def _unit(turn: dict, turns: list[dict]) -> list[dict]:
+def _unit(turn: dict, turns: list[dict], most: int) -> list[dict]:
     """The turns one draw takes from the conversation of `turn` (the one it drew): that
     turn and its conversation's other usable turns in the test's hash order, at most
-    `TURNS_PER_DRAW` in all. The pair is their mean difference (`pairs`): every turn of
-    a conversation of up to that many, else the drawn one and a random few of the rest,
+    `most` in all. The pair is their mean difference (`pairs`): every turn of a
+    conversation of up to that many, else the drawn one and a random few of the rest,
     whose mean is the conversation's own, expected."""
     rest = [t for t in turns if t["id"] != turn["id"]]
-    return [turn, *rest[: TURNS_PER_DRAW - 1]]
+    return [turn, *rest[: most - 1]]
 
 
 def pairs_made(store, tests) -> int:
