@@ -208,4 +208,4 @@ def _record(store, alias, live, canary, fraction, reason, actor, evidence, *, st
         ],
     )
     for name, status in statuses.items():
-        store.con.execute("UPDATE checkpoints SET status = ? WHERE name = ?", [status, name])
+        registry.set_status(store, name, status)

@@ -212,11 +212,7 @@ class Operator:
     async def _mark(self, name: str, status: str) -> None:
         """A retired adapter's status: `stranded` while an engine still holds it."""
         await self.collector.query(
-            lambda st: st.query(
-                "UPDATE checkpoints SET status = ? WHERE name = ? AND status IN "
-                "('retired', 'stranded')",
-                [status, name],
-            )
+            lambda st: registry.set_status(st, name, status, only_from=("retired", "stranded"))
         )
 
     def _kept(self, name: str) -> bool:

@@ -37,10 +37,18 @@ def get(store: Store, name: str) -> Checkpoint | None:
     return rows[0] if rows else None
 
 
-def set_status(store: Store, name: str, status: Status) -> None:
+def set_status(
+    store: Store, name: str, status: Status, *, only_from: tuple[Status, ...] = ()
+) -> None:
+    """The one writer of a checkpoint's status (in the caller's transaction, if any); with
+    `only_from`, only a checkpoint in one of those statuses changes."""
     if status not in STATUSES:
         raise RegistryError(f"unknown status {status!r} (one of {', '.join(STATUSES)})")
-    store.query("UPDATE checkpoints SET status = ? WHERE name = ?", [status, name])
+    sql, params = "UPDATE checkpoints SET status = ? WHERE name = ?", [status, name]
+    if only_from:
+        sql += " AND list_contains(?::VARCHAR[], status)"
+        params.append(list(only_from))
+    store.con.execute(sql, params)
 
 
 def add(store: Store, path: Path, name: str, base_model: Path) -> Checkpoint:

@@ -23,6 +23,7 @@ from ..decide import trust
 from ..decide.evidence import Evidence, ReleaseMode, stored_json
 from ..records import Routing
 from ..settings import DeploySettings
+from . import registry
 from .deployments import current
 
 
@@ -57,10 +58,7 @@ def mark(
                 "evidence) VALUES (?, ?, ?, now(), ?, ?)",
                 [alias, routing.canary, routing.ts, reason, stored_json(evidence)],
             )
-            store.con.execute(
-                "UPDATE checkpoints SET status = 'review' WHERE name = ? AND status = 'canary'",
-                [routing.canary],
-            )
+            registry.set_status(store, routing.canary, "review", only_from=("canary",))
     return _of(store, alias, routing)
 
 
