@@ -138,9 +138,14 @@ def _plain_config(config: PretrainedConfig) -> PretrainedConfig:
     return AutoConfig.for_model(**data)
 
 
+def names_bundled(name_or_path: str | None) -> bool:
+    """Whether `--model` names the bundled model (given none, it does)."""
+    return name_or_path in (None, "", MODEL_NAME, MODEL_NAME.lower(), "bundled")
+
+
 def resolve(name_or_path: str | None) -> Path:
     """Map `--model` to a local directory: None or the bundled name prepares the bundled model."""
-    if name_or_path in (None, "", MODEL_NAME, MODEL_NAME.lower(), "bundled"):
+    if names_bundled(name_or_path):
         return prepare()
     path = Path(name_or_path).expanduser()
     if not (path / "config.json").is_file():

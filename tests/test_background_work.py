@@ -156,3 +156,6 @@ def test_a_server_with_no_scorer_says_so_and_status_shows_the_loop(tmp_path, fak
     assert f"NO SCORER: {NO_SCORER}" in status.stdout
     assert "groups ready to train: 0 of 6" in status.stdout  # a cold start waits for 6
     assert 'id="no-scorer"' in page and "add a reward function or a judge" in page
+    assert (
+        "<code>[judge.rewards]</code>" in page and "`" not in page.split('id="no-scorer"')[1][:600]
+    )

@@ -18,6 +18,7 @@ import pytest
 
 from onjob.cli.exits import Exit, table
 from onjob.cli.process import ServerProcess, free_port
+from onjob.collector import Store
 
 from .conftest import admin_of
 
@@ -330,3 +331,17 @@ def test_a_model_that_is_not_there_is_one_line_from_the_engine_and_from_serve(tm
     assert serve.returncode == Exit.REFUSED
     assert f"onjob serve: onjob engine: {why}" in serve.stderr
     assert "Traceback" not in serve.stderr
+
+
+def test_output_piped_into_head_ends_quietly_with_the_shells_status(tmp_path):
+    """`onjob sql ... | head -1` printed a BrokenPipeError traceback and exited 1."""
+    db = tmp_path / "onjob.duckdb"
+    Store(db).close()
+    query = "SELECT range AS n FROM range(100000)"  # more than a pipe's buffer holds
+    onjob_sql = f"{sys.executable} -m onjob.cli sql --db {db} --limit 100000"
+    cmd = f"{onjob_sql} '{query}' 2>{tmp_path / 'err'} | head -1"
+    done = subprocess.run(
+        ["bash", "-c", cmd + "; echo ${PIPESTATUS[0]}"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.stdout.split() == ["n", "141"]
+    assert (tmp_path / "err").read_text() == ""

@@ -1,7 +1,9 @@
 """An engine started by `onjob serve --start-engine` never outlives the server (issue 36
 item 7): killed with SIGKILL, where none of the server's shutdown code runs, its engine
 exits too; and a start that finds the engine's port already served refuses, naming what
-serves it, instead of serving through an engine it did not start. Real processes."""
+serves it, instead of serving through an engine it did not start (and makes no database
+nor key first). The child's adapter token is kept beside the database, where `onjob
+doctor` finds it. Real processes."""
 
 from __future__ import annotations
 
@@ -50,6 +52,24 @@ def test_the_engine_dies_with_a_killed_server_and_a_second_start_on_its_port_ref
         assert f"port {engine_port} is already taken (it serves {served}" in second.stderr
         assert "drop --start-engine and point --engine-url at it" in second.stderr
         assert alive(engine_pid)  # the refusal touched nothing
+        # Not even its database, nor the admin key it would have shown once.
+        assert not any(p.name.startswith("db2") for p in tmp_path.iterdir())
+
+        # The child's adapter routes answer only the token the server keeps beside its
+        # database (0600), which `onjob doctor` finds there as the server's other commands do.
+        token = tmp_path / "db.engine-token"
+        assert token.stat().st_mode & 0o777 == 0o600
+        refused = httpx.post(f"{url}/unload_lora_adapter", json={"lora_name": "x"}, timeout=10)
+        assert refused.status_code == 401
+        doctor = subprocess.run(
+            [sys.executable, "-m", "onjob.cli", "doctor", "--engine-url", url],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, **env, "ONJOB_COLLECTOR__DB": str(tmp_path / "db")},
+            cwd=tmp_path,
+        )
+        assert "ok       runtime LoRA loading" in doctor.stdout, doctor.stdout + doctor.stderr
 
         server.proc.send_signal(signal.SIGKILL)
         server.proc.wait(timeout=10)

@@ -134,7 +134,7 @@ def test_onjob_status_says_what_it_fitted(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert (
-        "loop settings: holdout_share 30% (fitted), min_new_groups 5 (fitted), "
+        "loop settings: holdout_share 30% (fitted), min_new_groups 5 (fitted; a first run: 6), "
         "canary_fraction 50% (fitted), settle_s 120 (fitted); from 12 scenarios, 48 "
         "conversations, 5 groups with a spread of rewards scored and 0 conversations started "
         "in the last 10 minutes" in done.stdout

@@ -254,6 +254,19 @@ def test_the_checks_are_duckdbs_own(tmp_path: Path):
     assert con.execute("SELECT count(*) FROM t").fetchone() == (2,)
 
 
+def test_a_misspelt_column_is_said_of_the_query_as_written():
+    """The caret quoted the plan's `EXPLAIN (FORMAT json) ...`, which nobody typed."""
+    con = duckdb.connect()
+    con.execute("CREATE TABLE exchanges (ts INTEGER, source VARCHAR)")
+    with pytest.raises(readonly.QueryRefused) as refused:
+        readonly.query(con, "SELECT ts, sourc FROM exchanges")
+    said = str(refused.value)
+    assert 'Candidate bindings: "source"' in said and "EXPLAIN" not in said
+    quote, caret = said.split("\n")[-2:]
+    assert quote == "LINE 1: SELECT ts, sourc FROM exchanges"
+    assert caret.index("^") == quote.index("sourc")
+
+
 # -- no file of the host, however a query names it ------------------------------------
 
 SECRET = "canary-5e81d0c7"  # in the host's files below: no answer may carry it

@@ -67,7 +67,24 @@ def load_settings(args: argparse.Namespace, **sections: dict):
         who = f"onjob {args.command}" if getattr(args, "command", None) else "onjob"
         for line in environment_warnings(ServeSettings, os.environ):
             print(f"{who}: warning: {line}", file=sys.stderr)
-    return settings
+    return _with_engine_token(settings)
+
+
+def _with_engine_token(settings):
+    """The settings with the adapter token `onjob serve --start-engine` keeps beside the
+    database (`admin_key.py`) when none is configured: the commands that load adapters
+    into that engine, or ask it (`onjob doctor`), send it as the server does."""
+    if settings.proxy.engine_token is not None:
+        return settings
+    try:
+        token = admin_key.read(settings.collector.db, admin_key.ENGINE_TOKEN)
+    except admin_key.KeyFileError as exc:
+        print(f"onjob: {exc}", file=sys.stderr)
+        return settings
+    if token is None:
+        return settings
+    proxy = settings.proxy.model_copy(update={"engine_token": token})
+    return settings.model_copy(update={"proxy": proxy})
 
 
 Offline = Literal["when_down", "with_db"]

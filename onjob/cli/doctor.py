@@ -353,22 +353,25 @@ async def _adapter(engine: httpx.AsyncClient, path: Path) -> Check:
     return Check(name, True, f"{path} loaded as {lora}, answered, unloaded")
 
 
-async def _run(urls: list[str], adapter: Path | None, timeout: float) -> list[list[Check]]:
+async def _run(
+    urls: list[str], adapter: Path | None, timeout: float, token: str | None
+) -> list[list[Check]]:
+    # The adapter token onjob sends (proxy.engine_token, or the one `onjob serve
+    # --start-engine` keeps beside the database): an engine that asks for one answers the
+    # adapter routes only with it.
+    headers = {"Authorization": f"Bearer {token}"} if token else None
     reports = []
     for url in urls:
-        async with httpx.AsyncClient(base_url=url, timeout=timeout) as engine:
+        async with httpx.AsyncClient(base_url=url, timeout=timeout, headers=headers) as engine:
             reports.append(await diagnose(engine, adapter))
     return reports
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    if args.engine_url:
-        urls = [args.engine_url]
-    else:
-        settings = load_settings(args)
-        urls = settings.proxy.replica_urls
+    settings = load_settings(args)
+    urls = [args.engine_url] if args.engine_url else settings.proxy.replica_urls
     adapter = Path(args.adapter) if args.adapter else None
-    reports = asyncio.run(_run(urls, adapter, args.timeout))
+    reports = asyncio.run(_run(urls, adapter, args.timeout, settings.proxy.engine_token))
     for url, checks in zip(urls, reports, strict=True):
         print(f"engine {url}")
         for c in checks:

@@ -19,6 +19,7 @@ class Exit(IntEnum):
     REFUSED = 2
     NOTHING = 3
     INTERRUPTED = 130
+    PIPE_CLOSED = 141  # 128 + SIGPIPE, as a shell's own commands end
 
 
 MEANING = {
@@ -30,6 +31,7 @@ MEANING = {
     Exit.NOTHING: "nothing to do: train found nothing to train on, demo made no decision "
     "before --minutes",
     Exit.INTERRUPTED: "interrupted (Ctrl-C)",
+    Exit.PIPE_CLOSED: "the reader of its output stopped reading (`| head`): nothing more said",
 }
 
 

@@ -31,13 +31,20 @@ def main(argv: list[str] | None = None) -> int:
     os.umask(0o077)
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or Exit.OK)
+        code = int(args.func(args) or Exit.OK)
+        sys.stdout.flush()  # here, where a closed pipe is caught below, not at exit
+        return code
     except CliError as exc:
         for line in str(exc).splitlines() or [""]:
             print(f"onjob {args.command}: {line}", file=sys.stderr)
         return int(exc.code)
     except KeyboardInterrupt:
         return int(Exit.INTERRUPTED)
+    except BrokenPipeError:
+        # `onjob sql ... | head -1`: the reader has what it wanted. Nothing more is written
+        # (stdout pointed at /dev/null, so the flush at exit cannot fail again).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return int(Exit.PIPE_CLOSED)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,19 @@ def port_taken(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
+def must_be_free(port: int, command: str) -> None:
+    """`PortTaken`, saying what serves it and the ways out, when `port` already answers."""
+    if port_taken(port):
+        base = f"http://127.0.0.1:{port}"
+        raise PortTaken(
+            f"port {port} is already taken ({_served_models(base)}), so `onjob {command}` "
+            f"cannot listen there: stop the process holding it (`ss -ltnp 'sport = :{port}'` "
+            "names it); or, to use that engine as it is, drop --start-engine and point "
+            "--engine-url at it; or start onjob's on another port, --engine-url "
+            f"http://127.0.0.1:{port + 10}/v1 beside --start-engine"
+        )
+
+
 def _served_models(base: str) -> str:
     """What the engine already on a port says it serves, for the refusal's message."""
     try:
@@ -122,13 +135,7 @@ class OnjobProcess:
         # A port already served would pass the readiness probe below while the child fails
         # to bind: onjob would serve through a process it did not start or configure (an
         # engine a killed server left behind holds its port and GPU memory).
-        if port_taken(self.port):
-            raise PortTaken(
-                f"port {self.port} is already taken ({_served_models(self.base)}), so "
-                f"`onjob {self.command}` cannot listen there: stop the process holding it "
-                f"(`ss -ltnp 'sport = :{self.port}'` names it), or, to use that engine as "
-                "it is, drop --start-engine and point --engine-url at it"
-            )
+        must_be_free(self.port, self.command)
         cmd = [sys.executable, "-m", "onjob.cli", self.command, "--port", str(self.port)]
         self.proc = subprocess.Popen(
             [*cmd, *self.args],

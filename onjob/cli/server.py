@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import secrets
 import sys
 import time
 from urllib.parse import urlsplit
@@ -15,7 +14,7 @@ from urllib.parse import urlsplit
 import httpx
 import uvicorn
 
-from .. import dashboard
+from .. import bundled, dashboard
 from ..collector import Collector, Store
 from ..deploy import admin
 from ..deploy.act.engine import engine_client
@@ -37,7 +36,7 @@ from ..proxy.pool import Pool, Replica
 from . import admin_key, deadlines
 from .common import local_url
 from .exits import Failed, Refused
-from .process import EngineProcess
+from .process import EngineProcess, must_be_free
 from .settings import ServeSettings
 from .stopping import Interrupted, Server, Signals
 from .supervisor import Eta, Supervisor
@@ -251,6 +250,8 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
     command's arguments, which `--workers` starts its workers with."""
     # The port first: taken, it is one clear line, before a database or a key is made.
     sockets, workers = _sockets(settings.proxy, argv)
+    if settings.engine.start:  # the engine's port too, before a database or a key is made
+        must_be_free(urlsplit(settings.proxy.engine_url).port or 8001, "engine")
     if not settings.proxy.primary_url:
         # Open (and migrate) the database once up front: a locked or unreadable file is a
         # clear error here rather than a failed start-up hook inside uvicorn.
@@ -263,8 +264,14 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
     p = settings.proxy  # the settings in force (what the app is built with)
     log_to_stderr()
     if settings.engine.start and p.engine_token is None:
-        # The child's adapter routes answer this process alone, not every local process.
-        p = p.model_copy(update={"engine_token": secrets.token_urlsafe(32)})
+        # The child's adapter routes answer onjob alone, not every local process: this
+        # server, and the commands that find the token beside the database (`onjob doctor`,
+        # `onjob loop`, `onjob compare`).
+        try:
+            token, _ = admin_key.ensure(settings.collector.db, admin_key.ENGINE_TOKEN)
+        except admin_key.KeyFileError as exc:
+            raise Refused(str(exc)) from exc
+        p = p.model_copy(update={"engine_token": token})
         settings = settings.model_copy(update={"proxy": p})
     eta = Eta() if settings.engine.start else None
     app = build_app(settings, workers, eta)
@@ -349,6 +356,16 @@ def _start_engine(settings: ServeSettings) -> EngineProcess:
     p = settings.proxy
     port = urlsplit(p.engine_url).port or 8001
     print(f"onjob serve: starting `onjob engine` on port {port}...", file=sys.stderr)
+    args = settings.engine.args
+    model = args[args.index("--model") + 1] if "--model" in args[:-1] else None
+    if bundled.names_bundled(model) and not bundled.is_prepared(bundled.prepared_path()):
+        # The engine converts it, in its own log: said here, or a first start is silent
+        # for the ~40 s it takes.
+        print(
+            "onjob serve: first start: the engine converts the bundled model once (about "
+            "30-40 s here); later starts take seconds",
+            file=sys.stderr,
+        )
     # Started from this, the main, thread: it dies with this process even on SIGKILL
     # (`process._die_with_parent`).
     engine = EngineProcess(

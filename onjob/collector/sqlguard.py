@@ -207,10 +207,30 @@ def check_syntax(con: duckdb.DuckDBPyConnection, sql: str, own: Own) -> duckdb.S
     return statement
 
 
+_EXPLAIN = "EXPLAIN (FORMAT json) "
+
+
+def _as_written(message: str) -> str:
+    """DuckDB's error of the planned query, its `LINE 1: ...` quote and the caret under it
+    as they would read for the query alone (the quote began with `_EXPLAIN`)."""
+    lines = message.split("\n")
+    for i, line in enumerate(lines[:-1]):
+        head, sep, quoted = line.partition(": ")
+        if line.startswith("LINE ") and sep and quoted.startswith(_EXPLAIN):
+            lines[i] = head + sep + quoted.removeprefix(_EXPLAIN)
+            caret = lines[i + 1]
+            if caret[: len(_EXPLAIN)].isspace():
+                lines[i + 1] = caret[len(_EXPLAIN) :]
+    return "\n".join(lines)
+
+
 def check_plan(con: duckdb.DuckDBPyConnection, statement: duckdb.Statement, own: Own) -> None:
     """Refuse the statement unless each operator of its bound plan is relational, a scan of
     one of the database's own tables, or an allowed table function."""
-    rows = con.execute("EXPLAIN (FORMAT json) " + statement.query).fetchall()
+    try:
+        rows = con.execute(_EXPLAIN + statement.query).fetchall()
+    except duckdb.Error as exc:  # a binder's error, said of the query the user wrote
+        raise type(exc)(_as_written(str(exc))) from None
     try:
         plans = [json.loads(value) for key, value in rows if key == "physical_plan"]
         operators = list(_operators(plans[0])) if len(plans) == 1 else []

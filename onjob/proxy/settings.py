@@ -46,7 +46,9 @@ class ProxySettings(BaseModel):
         description="the engines' adapter token (the local engine's "
         "ONJOB_ENGINE_ADAPTER_TOKEN), sent as `Authorization: Bearer` with onjob's own "
         "requests to them (adapter loads, health checks, the judge's samples); with "
-        "--start-engine and none set, onjob makes one for its child",
+        "--start-engine and none set, onjob makes one for its child and keeps it beside "
+        "the database (<db>.engine-token, mode 0600), where `onjob doctor`, `onjob loop` "
+        "and the other commands read it",
     )
     engines_resolve_adapters: bool = Field(
         False,

@@ -52,7 +52,8 @@ def static_mode(settings: DeploySettings) -> ReleaseMode:
     coach = ", ".join(settings.judge.scorers) or "feedback alone"
     return ReleaseMode.of(
         "review",
-        f"review: no loop.gate, so canaries are judged by their coach ({coach}); one that "
+        "review: no loop.gate, so canaries are judged by their coach (the scorer they were "
+        f"trained on: {coach}); one that "
         "wins its pairs waits for `onjob promote` (automatic once users' feedback agrees "
         f"with the coach on {agreement.MIN_PAIRS}+ rated pairs per judge, with the "
         "canary's own answers in each)",
