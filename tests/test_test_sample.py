@@ -77,12 +77,18 @@ def conversations(draw: prompts.Draw) -> list[str]:
     return list(dict.fromkeys(p["trajectory_id"] for p in draw.prompts))
 
 
-def test_a_long_conversation_is_drawn_as_often_as_the_turns_it_served(store):
+def short_and_long(store, n: int) -> datetime:
+    """`n` one-turn and `n` eight-turn conversations logged five minutes ago; the start of
+    the window that holds them."""
     now = datetime.now(UTC)
-    for i in range(40):
+    for i in range(n):
         log(store, f"short{i}", at=now - timedelta(minutes=5))
         log(store, f"long{i}", turns=8, at=now - timedelta(minutes=5))
-    since = now - timedelta(hours=1)
+    return now - timedelta(hours=1)
+
+
+def test_a_long_conversation_is_drawn_as_often_as_the_turns_it_served(store):
+    since = short_and_long(store, 40)
     draws = [
         prompts.fresh(store, AGENT, since, 10, tests=[t])
         for t in ("offline:a", "offline:b", "offline:c", "offline:d")
@@ -98,11 +104,7 @@ def test_a_long_conversation_is_drawn_as_often_as_the_turns_it_served(store):
 
 
 def test_a_draw_answers_a_conversations_turns_while_conversations_are_few(store):
-    now = datetime.now(UTC)
-    for i in range(5):
-        log(store, f"short{i}", at=now - timedelta(minutes=5))
-        log(store, f"long{i}", turns=8, at=now - timedelta(minutes=5))
-    since = now - timedelta(hours=1)
+    since = short_and_long(store, 5)
     # 10 conversations for 4 pairs: fewer than `PLENTY` a pair, so each draw gives its
     # conversation's evidence, TURNS_PER_DRAW turns of a long one, its one of a short one.
     draw = prompts.fresh(store, AGENT, since, 4, tests=["offline:a"])

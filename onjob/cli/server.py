@@ -251,7 +251,7 @@ def serve(settings: ServeSettings, argv: list[str] | None = None) -> None:
     # The port first: taken, it is one clear line, before a database or a key is made.
     sockets, workers = _sockets(settings.proxy, argv)
     if settings.engine.start:  # the engine's port too, before a database or a key is made
-        must_be_free(urlsplit(settings.proxy.engine_url).port or 8001, "engine")
+        must_be_free(_engine_port(settings.proxy), "engine")
     if not settings.proxy.primary_url:
         # Open (and migrate) the database once up front: a locked or unreadable file is a
         # clear error here rather than a failed start-up hook inside uvicorn.
@@ -352,9 +352,14 @@ def _sockets(p, argv: list[str] | None) -> tuple[list, Workers | None]:
     return sockets, workers
 
 
+def _engine_port(p) -> int:
+    """The port `--start-engine` starts its child on: `proxy.engine_url`'s."""
+    return urlsplit(p.engine_url).port or 8001
+
+
 def _start_engine(settings: ServeSettings) -> EngineProcess:
     p = settings.proxy
-    port = urlsplit(p.engine_url).port or 8001
+    port = _engine_port(p)
     print(f"onjob serve: starting `onjob engine` on port {port}...", file=sys.stderr)
     args = settings.engine.args
     model = args[args.index("--model") + 1] if "--model" in args[:-1] else None

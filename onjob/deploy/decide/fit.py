@@ -88,16 +88,16 @@ class Fitted(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _line(f: Fitted) -> str:
-    def said(name: str, value) -> str:
+    def said(name: str, value, note: str = "") -> str:
         how = "fitted" if name in f.fitted else "set"
-        return f"{name} {value} ({how})"
+        return f"{name} {value} ({how}{note})"
 
     # A fitted count's cold start, which `onjob status` shows a new lineage waiting for.
     first = f"; a first run: {COLD_START_GROUPS}" if "min_new_groups" in f.fitted else ""
     t = f.traffic
     return (
         f"{said('holdout_share', f'{f.holdout_share:.0%}')}, "
-        f"{said('min_new_groups', f.min_new_groups)[:-1]}{first}), "
+        f"{said('min_new_groups', f.min_new_groups, first)}, "
         f"{said('canary_fraction', f'{f.canary_fraction:.0%}')}, "
         f"{said('settle_s', f'{f.settle_s:.0f}')}; from {t.scenarios} "
         f"scenarios, {t.conversations} conversations, {t.recent_groups} groups with a "
