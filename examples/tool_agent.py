@@ -13,10 +13,13 @@ several tools, `tool` maps each tool's name to what runs it.
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from openai import OpenAI
+
+from examples.success import success
 
 
 def solve(
@@ -65,6 +68,62 @@ def run(tool: Callable[[str], str] | dict[str, Callable[[str], str]], call) -> s
     if call.function.name not in tool:
         return f"error: no tool named {call.function.name!r}; the tools are {', '.join(tool)}"
     return tool[call.function.name](call.function.arguments)
+
+
+def evaluate_chain(
+    base_url: str,
+    model: str,
+    task,
+    solve_one,
+    needed: tuple[str, Callable[[str], str]],
+    questions: int,
+    samples: int,
+) -> dict:
+    """Held-out success of a two-tool chain (examples/weather, examples/library): the
+    fraction of conversations (temperature 1, the tools run for real) whose final answer
+    `task.correct` passes, with a 95% Wilson interval, how often the model called a tool,
+    its right-first-call rate and how often the conversation got the result the answer
+    needs (`needed`: its key in the figures, and what gives it for a question: the second
+    call's result, the model's own choice)."""
+    client = OpenAI(base_url=base_url, api_key="unused", max_retries=2, timeout=600)
+    key, result_of = needed
+
+    def run(q: str) -> tuple[bool, int, bool, bool]:
+        results: list[str] = []
+
+        def recorded(name: str):
+            def call(arguments: str | None) -> str:
+                results.append(task.RUN[name](arguments))
+                return results[-1]
+
+            return call
+
+        tools = {name: recorded(name) for name in task.RUN}
+        answer, _, calls, right_first = solve_one(client, model, q, tools=tools)
+        return task.correct(q, answer), calls, right_first, result_of(q) in results
+
+    asked = [q for q in task.heldout_questions(questions) for _ in range(samples)]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(run, asked))
+    right_calls = sum(right for _, _, right, _ in results)
+    return {
+        **success(sum(ok for ok, _, _, _ in results), len(asked)),
+        "used_tool": sum(calls > 0 for _, calls, _, _ in results),
+        "right_call_rate": right_calls / len(asked) if asked else 0.0,
+        "right_call": success(right_calls, len(asked)),
+        key: success(sum(got for _, _, _, got in results), len(asked)),
+    }
+
+
+def evaluate_main(doc: str, evaluate) -> None:
+    """An evaluation's command line: the figures of `evaluate` as one JSON line."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--base-url", default="http://127.0.0.1:8001/v1")
+    parser.add_argument("--model", default="SmolLM2-135M-Instruct")
+    parser.add_argument("--questions", type=int, default=30)
+    parser.add_argument("--samples", type=int, default=4)
+    args = parser.parse_args()
+    print(json.dumps(evaluate(args.base_url, args.model, args.questions, args.samples)))
 
 
 def main(doc: str, task, solve_one, max_turns: int = 3) -> None:

@@ -1,5 +1,5 @@
 """The learning suite's tasks (issue 45 item 4: examples/antonyms, capitals, plurals and
-lookup; then languages, extract, sentiment and weather): each split is fixed and
+lookup; then languages, extract, sentiment and weather; then library): each split is fixed and
 disjoint, the agent asks training questions only, and each reward and referee score
 hand-made rollouts as their docstrings say, the referee passing the reward's top grade
 alone. No engine."""
@@ -18,6 +18,7 @@ from examples.arithmetic.demo import EXAMPLES, Options, example_of
 from examples.capitals import task as capitals
 from examples.extract import task as extract
 from examples.languages import task as languages
+from examples.library import task as library
 from examples.lookup import task as lookup
 from examples.plurals import task as plurals
 from examples.sentiment import task as sentiment
@@ -33,6 +34,7 @@ SUITE = (
     "extract",
     "sentiment",
     "weather",
+    "library",
 )
 
 
@@ -69,6 +71,7 @@ def test_the_split_is_the_one_in_the_docstrings():
     assert (len(extract.HELDOUT), len(extract.TRAIN)) == (30, 90)
     assert (len(sentiment.HELDOUT), len(sentiment.TRAIN)) == (30, 90)
     assert (len(weather.HELDOUT), len(weather.TRAIN)) == (30, 90)
+    assert (len(library.HELDOUT), len(library.TRAIN)) == (30, 90)
     # Seeded: every import draws the same split.
     assert antonyms.HELDOUT[0] == 'What is the opposite of "import"?'
     assert lookup.HELDOUT[0] == "How many units of item 1017 are in stock?"
@@ -82,6 +85,7 @@ def test_the_split_is_the_one_in_the_docstrings():
         "Is this review positive, negative or neutral? Answer with one word."
     )
     assert weather.HELDOUT[0] == "What is the temperature today in the town of Coldton?"
+    assert library.HELDOUT[0] == 'Which shelf is "The Crimson Harbor" on?'
     # The made-up tables are drawn the same way each time, and asked evenly.
     assert [extract.FIELDS[q]["asked"] for q in list(extract.FIELDS)[:4]] == [
         "order",
@@ -91,6 +95,7 @@ def test_the_split_is_the_one_in_the_docstrings():
     ]
     assert sorted(sentiment.REVIEWS.values()) == sorted([*sentiment.LABELS] * 40)
     assert len({city_id for city_id, _, _ in weather.TOWNS.values()}) == len(weather.TOWNS)
+    assert len(library.CODES) == len(library.BOOKS)
 
 
 def test_antonyms_give_partial_credit_and_the_referee_passes_the_word_alone():
@@ -444,6 +449,94 @@ def test_the_weather_agent_runs_both_tools_by_name_and_forces_its_first_two_turn
     assert client.requests[1]["messages"][-1]["content"].startswith("error: no tool named")
 
 
+def test_the_library_reward_scores_each_step_on_the_step_it_takes():
+    q = library.HELDOUT[0]
+    title = library.title_of(q)
+    book = library.BOOKS[title]
+    asked = library.messages(q)
+    find = _call("find_book", {"title": title})
+    find_loose = _call("find_book", {"title": f'"{title.lower().removeprefix("the ")}"'})
+    find_wrong = _call("find_book", {"title": "The Great Gatsby"})
+    where = _call("locate", {"code": book.code})
+    where_lower = _call("locate", {"code": f" {book.code.lower()} "})
+    where_wrong = _call("locate", {"code": "ZZ-0000"})
+
+    def reward(prompt: list[dict], message: dict, kind: str = "turn") -> float:
+        return library.reward(Rollout("m", [*prompt, {"role": "assistant", **message}], kind))
+
+    def calls(*made: dict) -> dict:
+        return {"content": None, "tool_calls": list(made)}
+
+    # The first step: find_book with the title as a catalogue matches it; locate with its
+    # code is right too.
+    assert reward(asked, calls(find)) == reward(asked, calls(find_loose)) == 1.0
+    assert reward(asked, calls(where)) == reward(asked, calls(where_lower)) == 1.0
+    assert reward(asked, calls(find_wrong)) == reward(asked, calls(where_wrong)) == 0.0
+    assert reward(asked, calls(_call("forecast", {"code": book.code}))) == 0.0
+    assert reward(asked, calls(find, find_wrong)) == 0.5
+    # The second: once the code is known, locate with it; find_book again is no progress.
+    found = library.find_book(find["function"]["arguments"])
+    assert found.startswith(f"{title}: book code {book.code}.")
+    known_code = [
+        *asked,
+        {"role": "assistant", "content": None, "tool_calls": [find]},
+        {"role": "tool", "tool_call_id": "c1", "content": found},
+    ]
+    assert reward(known_code, calls(where)) == 1.0
+    assert reward(known_code, calls(find)) == 0.0
+    assert reward(known_code, calls(where, find)) == 0.5
+    # The third: once the shelf is known, an answer with it (any case); any call, 0; the
+    # floor or the code alone is not the shelf.
+    shelf_now = library.locate(where["function"]["arguments"])
+    assert shelf_now == library.located(q)
+    assert f"floor {book.floor}, shelf {book.shelf}, {book.out} of {book.copies}" in shelf_now
+    known = [
+        *known_code,
+        {"role": "assistant", "content": None, "tool_calls": [where]},
+        {"role": "tool", "tool_call_id": "c1", "content": shelf_now},
+    ]
+    assert reward(known, calls(where)) == 0.0
+    assert reward(known, {"content": f"It is on shelf {book.shelf}, floor {book.floor}."}) == 1.0
+    assert reward(known, {"content": f"Shelf {book.shelf.lower()}"}, kind="trajectory") == 1.0
+    assert reward(known, {"content": f"Shelf 1{book.shelf}."}) == 0.0
+    assert reward(known, {"content": f"Shelf {book.shelf}C."}) == 0.0
+    assert reward(known, {"content": f"Floor {book.floor}, code {book.code}."}) == 0.0
+    # A whole conversation that ends on a call was never answered.
+    assert reward(known_code, calls(where), kind="trajectory") == 0.0
+    assert library.referee(Rollout("m", [*asked, {"role": "assistant", **calls(find)}]))
+    assert not library.referee(Rollout("m", [*asked, {"role": "assistant", **calls(where_wrong)}]))
+    # The tools answer errors as text, as a real tool would.
+    assert library.find_book('{"title": "Dune"}') == "error: no book titled 'Dune'"
+    assert library.locate('{"code": "zz-1"}') == "error: no book with code 'ZZ-1'"
+    for bad in ("not json", "[1]", '{"name": "x"}'):
+        assert library.find_book(bad).startswith("error:"), bad
+        assert library.locate(bad).startswith("error:"), bad
+    assert [t["function"]["name"] for t in library.TOOLS] == ["find_book", "locate"]
+
+
+def test_the_library_agent_runs_both_tools_by_name_and_forces_its_first_two_turns():
+    from examples.library.agent import FORCED_TURNS, solve
+
+    q = library.TRAIN[0]
+    book = library.BOOKS[library.title_of(q)]
+    client = ScriptedClient(
+        [
+            _said(None, _call("find_book", {"title": library.title_of(q)}, "c1")),
+            _said(None, _call("locate", {"code": book.code}, "c2")),
+            _said(f"Shelf {book.shelf}."),
+        ]
+    )
+    answer, turns, calls, right_first = solve(client, "agent", q)
+    assert (turns, calls, right_first) == (3, 2, True) and library.correct(q, answer)
+    assert FORCED_TURNS == 2
+    assert [r.get("tool_choice") for r in client.requests] == ["required", "required", None]
+    sent = [m["content"] for m in client.requests[-1]["messages"] if m["role"] == "tool"]
+    assert sent == [
+        library.find_book(json.dumps({"title": library.title_of(q)})),
+        library.located(q),
+    ]
+
+
 def test_a_one_tool_agent_still_runs_its_tool_whatever_the_name_and_forces_one_turn():
     call = SimpleNamespace(function=SimpleNamespace(name="anything", arguments='{"a": 2}'))
     assert tool_agent.run(lambda arguments: f"ran {arguments}", call) == 'ran {"a": 2}'
@@ -455,8 +548,10 @@ def test_a_one_tool_agent_still_runs_its_tool_whatever_the_name_and_forces_one_t
     assert [r.get("tool_choice") for r in client.requests] == ["required", None]
 
 
-def test_the_weather_example_asks_each_question_several_times_in_a_row():
-    from examples.weather.example import ASKED, EXAMPLE
+@pytest.mark.parametrize("name", ["weather", "library"])
+def test_a_two_tool_example_asks_each_question_several_times_in_a_row(name):
+    example = __import__(f"examples.{name}.example", fromlist=["example"])
+    ASKED, EXAMPLE = example.ASKED, example.EXAMPLE
 
     asked = EXAMPLE.questions(1)
     assert len(asked) == 2 * ASKED and len(set(asked)) < len(asked)

@@ -64,6 +64,7 @@ EXAMPLES = (
     "extract",
     "sentiment",
     "weather",
+    "library",
 )
 
 
