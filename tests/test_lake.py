@@ -23,7 +23,7 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from onjob.cli.process import ServerProcess
-from onjob.collector import CollectorSettings, Store, extensions, lake, schema
+from onjob.collector import CollectorSettings, Store, extensions, jobs, lake, schema
 from onjob.collector import store as store_module
 from onjob.collector.errors import StorageError
 from onjob.collector.forget import Forget, forget
@@ -229,7 +229,7 @@ def test_spool_segments_load_into_a_lake_as_into_the_file(catalog, tmp_path):
 
 
 def test_every_server_writes_a_lake_and_one_leads_at_a_time(catalog, tmp_path):
-    """The leader's lease: a command that must lead (`onjob loop`, `onjob forget --db`) is
+    """The leader's lease: a command that must lead (`onjob forget --db`) is
     refused while a server leads, naming it; a server that does not lead still commits its
     loads; the lease passes on once the leader stops, or once a leader that stopped renewing
     (a dead host) has let it run out."""
@@ -399,6 +399,87 @@ def test_eight_writer_processes_commit_into_one_lake_at_once(catalog, tmp_path):
     assert (count, distinct) == (8 * 5 * 40, 8 * 5 * 40)
 
 
+def test_a_lineages_work_is_one_workers_at_a_time(catalog, tmp_path):
+    """Workers' leases (`collector/jobs.py`): of eight workers claiming one lineage at once,
+    one holds it and the others are told who; its holder renews it and gives it back, and
+    the next takes it at once; a lease not renewed (a dead worker) runs out; eight
+    lineages claimed at once by eight workers are each one's own."""
+    cons = []
+    for i in range(8):
+        con = duckdb.connect()
+        lake.attach(con, catalog, str(tmp_path / "data"))
+        if i == 0:
+            lake.migrate(con)
+        jobs.make(con)  # made once; each other worker finds it made
+        cons.append(con)
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            said = list(pool.map(lambda i: jobs.claim(cons[i], "agent", f"w{i}", 30), range(8)))
+        holders = [i for i, held in enumerate(said) if held is None]
+        assert len(holders) == 1, said
+        w = holders[0]
+        assert {held[0] for held in said if held is not None} == {f"w{w}"}
+        assert jobs.holders(cons[(w + 1) % 8]) == {"agent": f"w{w}"}
+        assert jobs.claim(cons[w], "agent", f"w{w}", 30) is None  # renewed
+        other = (w + 1) % 8
+        assert jobs.claim(cons[other], "agent", f"w{other}", 30)[0] == f"w{w}"
+        jobs.release(cons[w], "agent", f"w{w}")
+        assert jobs.claim(cons[other], "agent", f"w{other}", 1) is None  # at once
+        time.sleep(1.2)  # the holder stops renewing, as a killed worker would
+        assert jobs.holders(cons[w]) == {}
+        assert jobs.claim(cons[w], "agent", f"w{w}", 30) is None
+        with ThreadPoolExecutor(8) as pool:
+            said = list(pool.map(lambda i: jobs.claim(cons[i], f"l{i}", f"w{i}", 30), range(8)))
+        assert said == [None] * 8
+        assert jobs.holders(cons[0]) == {"agent": f"w{w}"} | {f"l{i}": f"w{i}" for i in range(8)}
+    finally:
+        for con in cons:
+            con.close()
+
+
+def test_a_worker_whose_hold_another_took_stops_its_job_before_deciding(catalog, tmp_path):
+    """A worker's hold (`deploy/act/holds.py`) on a lake: held while its job runs, renewed
+    past its lease; when another worker has taken the lineage (the first stalled past its
+    lease), the next renewal cancels the job with `LineageLost`, and the job's next step
+    never runs. Meanwhile a second worker asking for the lineage is told who holds it."""
+    from onjob.collector import Collector
+    from onjob.deploy.act.holds import held
+    from onjob.deploy.errors import LineageBusy, LineageLost
+
+    settings = CollectorSettings(
+        db=tmp_path / "w.duckdb", catalog=catalog, data_path=str(tmp_path / "d"), job_lease_s=1.5
+    )
+    steps: list[str] = []
+
+    async def main() -> None:
+        first, second = Collector(settings), Collector(settings.model_copy(
+            update={"db": tmp_path / "v.duckdb"}))  # fmt: skip
+        await first.start()
+        await second.start()
+        try:
+            async with held(first, "agent"):
+                await asyncio.sleep(2.5)  # past its lease: renewed meanwhile
+                steps.append("renewed")
+                with pytest.raises(LineageBusy, match="works lineage agent now"):
+                    async with held(second, "agent"):
+                        pass
+            async with held(second, "agent"):  # given back at the job's end: taken at once
+                steps.append("given back")
+            with pytest.raises(LineageLost, match="thief holds it now"):
+                async with held(first, "agent"):
+                    await second.query(lambda st: st.con.execute(
+                        "UPDATE lake_jobs SET holder = 'thief', "
+                        "until = now() + INTERVAL 1 HOUR WHERE name = 'agent'"))  # fmt: skip
+                    await asyncio.sleep(5)
+                    steps.append("decided")  # never: the job was stopped first
+        finally:
+            await first.close()
+            await second.close()
+
+    asyncio.run(main())
+    assert steps == ["renewed", "given back"]
+
+
 def _onjob(*args: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "onjob.cli", *args],
@@ -546,7 +627,8 @@ def test_two_servers_write_one_lake_and_a_conversation_moves_between_them(
     balancer: an `openai` agent's conversation whose turns alternate between them, sent
     back to back, is one trajectory in order; a Responses chain started on one continues on
     the other; feedback on one names the other's answer; the one that leads says so, the
-    other refuses a release by hand naming it, and leads once the first has stopped."""
+    other refuses to forget by hand naming it (forgetting is the leader's), takes a
+    routing change by hand (any server's), and leads once the first has stopped."""
     hosts = Hosts(tmp_path, catalog, str(tmp_path / "data"), fake_engine_url)
     admin = hosts.admin
 
@@ -575,9 +657,13 @@ def test_two_servers_write_one_lake_and_a_conversation_moves_between_them(
         assert "leads the DuckLake" in loader(a)
         assert "writes the DuckLake" in loader(b) and "leads" in loader(b)
         refused = httpx.post(
-            f"{b.base}/admin/rollback", json={"alias": "agent"}, headers=admin, timeout=30
+            f"{b.base}/admin/forget", json={"trajectory": "nothing"}, headers=admin, timeout=30
         )
         assert refused.status_code == 409 and "leads this DuckLake" in refused.text
+        taken = httpx.post(
+            f"{b.base}/admin/rollback", json={"alias": "agent"}, headers=admin, timeout=30
+        )  # taken on b: refused only for want of a canary, not for b's not leading
+        assert taken.status_code == 409 and "has no canary to roll back" in taken.text
         given = ("--server", b.base, "--admin-key", hosts.key)
         asked = _onjob(
             "sql",
@@ -607,12 +693,14 @@ def test_two_servers_write_one_lake_and_a_conversation_moves_between_them(
         assert "this server leads now" in b.output()
 
 
-def test_a_server_that_does_not_lead_routes_as_the_leader_decides(
+def test_a_canary_set_on_a_server_that_does_not_lead_reaches_the_leaders_router(
     catalog, tmp_path, engine, tiny_adapter_dir, tiny_model_dir
 ):
-    """Two servers on one lake before one engine: a canary set on the leader reaches the
-    other's router (it reads the leader's `deployments` rows), which then serves the
-    canary's slice of conversations too; the loop stands by on the one that does not lead."""
+    """Two servers on one lake before one engine, the loop on in both: a canary set by hand
+    on the one that does not lead is taken there (a routing change is no longer the
+    leader's alone), and reaches the leader's router (each server reads the `deployments`
+    rows any worker or person wrote), which then serves the canary's slice of
+    conversations too."""
     data = str(tmp_path / "data")
     hosts = Hosts(
         tmp_path, catalog, data, engine.url, ONJOB_LOOP__INTERVAL_S="1", ONJOB_LOOP__TRAIN="false"
@@ -632,19 +720,22 @@ def test_a_server_that_does_not_lead_routes_as_the_leader_decides(
         ]
 
     with hosts.server("a") as a, hosts.server("b") as b:
-        assert set(arms(b)) == {"live"}
+        assert set(arms(a)) == {"live"}
+        assert "leads the DuckLake" not in hosts.status(b)["collector"]["loader"]
         canary = {"alias": "agent", "checkpoint": "cand-1", "fraction": 0.5}
-        set_ = httpx.post(f"{a.base}/admin/canary", json=canary, headers=admin, timeout=60)
+        set_ = httpx.post(f"{b.base}/admin/canary", json=canary, headers=admin, timeout=60)
         assert set_.status_code == 200, set_.text
         deadline = time.monotonic() + 30
         while True:
-            status = hosts.status(b)
+            status = hosts.status(a)
             if status["aliases"]["agent"]["canary"] == "cand-1":
                 break
-            assert time.monotonic() < deadline, b.output()[-2000:]
+            assert time.monotonic() < deadline, a.output()[-2000:]
             time.sleep(0.5)
-        assert 3 < arms(b).count("canary") < 27
-        assert status["loop"]["stage"] == "standby"
+        assert 3 < arms(a).count("canary") < 27
+        # Both loops work (none stands by): each iteration holds the lineage in turn.
+        assert status["loop"]["stage"] != "standby" and status["loop"]["iterations"] > 0
+        assert hosts.status(b)["loop"]["iterations"] > 0
 
 
 def test_a_turn_no_server_answered_before_waits_then_starts_its_own_conversation(catalog, tmp_path):
@@ -1039,13 +1130,27 @@ def test_eight_processes_making_one_new_lake_at_once_all_attach_it(catalog, tmp_
     assert sorted(int(out) for out, _ in made).count(0) == 1
 
 
-def test_a_leader_killed_mid_training_leaves_the_loop_to_another_server(
+def _lake_rows(catalog: str, data: str):
+    def rows(sql: str) -> list[tuple]:
+        reader = duckdb.connect()
+        try:
+            lake.attach(reader, catalog, data, read_only=True)
+            return reader.execute(sql).fetchall()
+        finally:
+            reader.close()
+
+    return rows
+
+
+def test_a_worker_killed_mid_training_leaves_its_lineage_to_another_server(
     catalog, tmp_path, tool_engine, tool_model_dir, monkeypatch
 ):
-    """Two servers on one lake, the loop on: the leader judges the logged traffic and
-    starts a training run, and is killed (SIGKILL, its trainer with it) mid-run. The other
-    server leads once the lease has run out (30 s) and trains on the same groups, judged
-    once: its checkpoint becomes the candidate, and no prompt has two groups."""
+    """Two servers on one lake, the loop on in both: the first judges the logged traffic
+    and starts a training run, holding the lineage, which the second passes by; the first
+    is killed (SIGKILL, its trainer with it) mid-run. Once its lease has run out
+    (`collector.job_lease_s`, 10 s here) the second takes the lineage and trains on the
+    groups the first judged (and any it judged since): its checkpoint becomes the
+    candidate, no prompt has two groups and no member two scores from one source."""
     from .test_loop import REWARDS, TRAIN, converse
 
     data = str(tmp_path / "data")
@@ -1055,6 +1160,7 @@ def test_a_leader_killed_mid_training_leaves_the_loop_to_another_server(
     (tmp_path / "my_rewards.py").write_text(REWARDS)
     config = tmp_path / "onjob.toml"
     config.write_text(TRAIN.replace("{model}", str(tool_model_dir)))
+    lease_s = 10
     hosts = Hosts(
         tmp_path,
         catalog,
@@ -1064,42 +1170,117 @@ def test_a_leader_killed_mid_training_leaves_the_loop_to_another_server(
         str(config),
         ONJOB_LOOP__INTERVAL_S="1",
         ONJOB_TRAINER__CHECKPOINTS_DIR=str(tmp_path / "checkpoints"),
+        ONJOB_COLLECTOR__JOB_LEASE_S=str(lease_s),
     )
-    status = hosts.status
-
-    def lake_rows(sql: str) -> list[tuple]:
-        reader = duckdb.connect()
-        try:
-            lake.attach(reader, catalog, data, read_only=True)
-            return reader.execute(sql).fetchall()
-        finally:
-            reader.close()
-
+    status, lake_rows = hosts.status, _lake_rows(catalog, data)
     # The first server's run would take minutes: it is killed long before it ends.
-    with hosts.server("a", ONJOB_TRAINER__EPOCHS="5000") as a, hosts.server("b") as b:
+    with hosts.server("a", ONJOB_TRAINER__EPOCHS="5000") as a:
         deadline = time.monotonic() + 180
         while status(a)["loop"]["stage"] != "train":
             assert time.monotonic() < deadline, a.output()[-3000:]
             time.sleep(0.5)
-        assert status(b)["loop"]["stage"] == "standby"
         judged = lake_rows("SELECT count(*) FROM groups")[0][0]
         assert judged > 0
-        time.sleep(2)  # the trainer's process under way
-        a.kill()
-        killed = time.monotonic()
-        while "leads the DuckLake" not in status(b)["collector"]["loader"]:
-            assert time.monotonic() - killed < lake.LEADER_LEASE_S + 15, b.output()[-3000:]
-            time.sleep(0.5)
-        took_over_s = time.monotonic() - killed
-        while not lake_rows("SELECT name FROM checkpoints"):
-            assert time.monotonic() - killed < 300, b.output()[-3000:]
-            time.sleep(1)
-        [(name, status_)] = lake_rows("SELECT name, status FROM checkpoints")
-        assert status_ in ("candidate", "canary"), status_
-        assert lake_rows("SELECT count(*) FROM train_runs")[0][0] == 1
-        twice = lake_rows(
+        with hosts.server("b") as b:
+            while not (status(b)["loop"]["lineages"].get("agent") or {}).get("worker"):
+                assert time.monotonic() < deadline, b.output()[-3000:]
+                time.sleep(0.5)
+            worker = status(b)["loop"]["lineages"]["agent"]["worker"]
+            assert "works this lineage now; this worker passes it by" in b.output()
+            shown = _onjob("status", "--server", b.base, env={"ONJOB_PROXY__ADMIN_KEY": hosts.key})
+            assert f"worked by: {worker}" in shown.stdout, shown.stdout + shown.stderr
+            assert status(b)["loop"]["stage"] != "train"
+            a.kill()
+            killed = time.monotonic()
+            while status(b)["loop"]["stage"] != "train":
+                assert time.monotonic() - killed < lease_s + 30, b.output()[-3000:]
+                time.sleep(0.5)
+            took_over_s = time.monotonic() - killed
+            while not lake_rows("SELECT name FROM checkpoints"):
+                assert time.monotonic() - killed < 300, b.output()[-3000:]
+                time.sleep(1)
+            [(name, status_)] = lake_rows("SELECT name, status FROM checkpoints")
+            assert status_ in ("candidate", "canary"), status_
+            assert lake_rows("SELECT count(*) FROM train_runs")[0][0] == 1
+            twice = lake_rows(
+                "SELECT prefix_exchange FROM groups WHERE kind = 'turn' "
+                "GROUP BY prefix_exchange HAVING count(*) > 1"
+            )
+            scored_twice = lake_rows(
+                "SELECT member_id, source FROM scores GROUP BY ALL HAVING count(*) > 1"
+            )
+            assert twice == [] and scored_twice == [], (twice, scored_twice)
+            assert took_over_s > lease_s / 2, took_over_s
+            assert worker.split(":")[1] == str(a.proc.pid)  # the killed server was named
+    httpx.post(f"{tool_engine.url}/unload_lora_adapter", json={"lora_name": name}, timeout=60)
+
+
+TENANTS = """
+[proxy]
+api_keys = { "acme" = "sk-acme-5c1f", "beta" = "sk-beta-0e9a" }
+tenants = { acme = ["acme"], beta = ["beta"] }
+"""
+
+
+def test_two_workers_share_a_lakes_lineages_each_judged_and_trained_once(
+    catalog, tmp_path, tool_engine, tool_model_dir, monkeypatch
+):
+    """Two `onjob loop --once` at once on one lake, two tenants' traffic in it: the
+    workers hold the lineages in turn (one held by the other is passed by; an iteration
+    trains one run), so each trains one: one run per lineage, every turn grouped once and
+    every member scored once."""
+    from .test_loop import REWARDS, TOOL_QUESTION, TOOLS, TRAIN
+
+    data = str(tmp_path / "data")
+    monkeypatch.setenv("ONJOB_COLLECTOR__CATALOG", catalog)
+    monkeypatch.setenv("ONJOB_COLLECTOR__DATA_PATH", data)
+    (tmp_path / "my_rewards.py").write_text(REWARDS)
+    config = TENANTS + TRAIN.replace("{model}", str(tool_model_dir)) + "holdout_share = 0\n"
+    (tmp_path / "onjob.toml").write_text(config)
+    args = ["--engine-url", tool_engine.url, "--db", str(tmp_path / "log.duckdb")]
+    env = {"ONJOB_LOOP__INTERVAL_S": "0"}
+    with ServerProcess([*args, "--config", str(tmp_path / "onjob.toml")], env=env) as server:
+        for key in ("sk-acme-5c1f", "sk-beta-0e9a"):
+            client = OpenAI(base_url=server.url, api_key=key, max_retries=0, timeout=120)
+            for i in range(3):
+                client.chat.completions.create(
+                    model="agent",
+                    messages=TOOL_QUESTION,
+                    tools=TOOLS,
+                    max_tokens=24,
+                    temperature=0,
+                    metadata={"trajectory_id": f"{key}-{i}"},
+                )
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "onjob.cli", "loop", "--once", "--engine-url", tool_engine.url],
+            cwd=tmp_path,
+            env={**os.environ, "ONJOB_COLLECTOR__DB": str(tmp_path / f"w{i}.duckdb")},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    said = [w.communicate(timeout=600)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], said
+    lake_rows = _lake_rows(catalog, data)
+    runs = lake_rows("SELECT json_extract_string(config, '$.lineage') FROM train_runs ORDER BY 1")
+    assert runs == [("agent@acme",), ("agent@beta",)], said
+    assert all("recorded as a candidate" in out for out in said), said  # one run each
+    assert (
+        lake_rows(
             "SELECT prefix_exchange FROM groups WHERE kind = 'turn' "
             "GROUP BY prefix_exchange HAVING count(*) > 1"
         )
-        assert twice == [] and took_over_s > 5  # the dead leader's lease ran out first
-    httpx.post(f"{tool_engine.url}/unload_lora_adapter", json={"lora_name": name}, timeout=60)
+        == []
+    )
+    assert (
+        lake_rows(
+            "SELECT member_id, source FROM scores GROUP BY member_id, source HAVING count(*) > 1"
+        )
+        == []
+    )
+    names = [n for (n,) in lake_rows("SELECT name FROM checkpoints")]
+    for name in names:
+        httpx.post(f"{tool_engine.url}/unload_lora_adapter", json={"lora_name": name}, timeout=60)

@@ -225,8 +225,10 @@ def _loop_command(sub) -> None:
             "the engine's speed (held-out prompts, then the last day's traffic it did not "
             "train on, judged by the referee: loop.gate or the training reward) and is "
             "stopped there or becomes the canary. State lives in DuckDB, so an interrupted "
-            "iteration is resumed by the next. For a database no server holds; `onjob serve` "
-            "runs it every loop.interval_s. Settings: [loop], [judge], [trainer]."
+            "iteration is resumed by the next. For a database no server holds, or as one more "
+            "worker on a DuckLake (collector.catalog), where each lineage is worked by one "
+            "worker at a time and one held by another is passed by; `onjob serve` runs it "
+            "every loop.interval_s. Settings: [loop], [judge], [trainer]."
         ),
         parents=[CONFIG, DATABASE, ENGINE],
     )

@@ -197,8 +197,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             line += f"  [{whose}]"
             if alias in last:
                 line += f"; last: {(last[alias].reason or '')[:80]} ({last[alias].actor})"
-        if alias in lineages:  # what its next run and decision wait for, and the signal
-            state = lineages[alias]
+        state = lineages.get(alias)
+        if state is not None and state.worker:  # a lake's lineage another worker holds now
+            line += f"\n  worked by: {state.worker} (another server's worker; ask it)"
+        elif state is not None:  # what its next run and decision wait for, and the signal
             line += f"\n  groups ready to train: {state.ready_groups} of {state.wanted_groups}"
             if state.waiting:
                 line += f"\n  training: {state.waiting}"

@@ -107,10 +107,11 @@ def build_app(settings: ServeSettings, workers: Workers | None = None, eta: Eta 
     collector.on_takeover.append(routing_from_database)
     following: list[asyncio.Task] = []
 
-    async def follow_the_leader() -> None:
-        """With a DuckLake: while another server leads, route as it decides."""
+    async def follow_the_routing() -> None:
+        """With a DuckLake: route as the `deployments` rows say, whichever server's worker
+        decided (each lineage's decisions are the worker's that holds it)."""
         if settings.collector.catalog is not None:
-            following.append(asyncio.create_task(_follow_leader(collector, operator)))
+            following.append(asyncio.create_task(_follow_routing(collector, operator)))
 
     async def stop_following() -> None:
         for task in following:
@@ -126,25 +127,25 @@ def build_app(settings: ServeSettings, workers: Workers | None = None, eta: Eta 
             *admin.routes(settings, collector, router, operator, loop),
             *dashboard.routes(settings, collector, router, loop, operator),
         ],
-        on_startup=[restore_routing, follow_the_leader, loop.start, settle_gc],
+        on_startup=[restore_routing, follow_the_routing, loop.start, settle_gc],
         # The pool closes every engine client, the judge's too.
         on_shutdown=[*([stop_workers] if workers else []), stop_following, loop.stop, unfreeze_gc],
         metrics=metrics,
     )
 
 
-FOLLOW_S = 2.0  # how often a DuckLake's server that does not lead reads the leader's routing
+FOLLOW_S = 2.0  # how often a DuckLake's server reads the routing other workers decided
 
 
-async def _follow_leader(collector: Collector, operator: Operator) -> None:
+async def _follow_routing(collector: Collector, operator: Operator) -> None:
     while True:
         await asyncio.sleep(FOLLOW_S)
-        if not collector.standby or collector.outage.since is not None:
-            continue  # leading, or the catalog does not answer (the loader says so)
+        if collector.outage.since is not None:
+            continue  # the catalog does not answer (the loader says so)
         try:
             await operator.follow()
         except Exception as exc:  # the next round reads again
-            log.error("could not follow the leader's routing: %s", exc)
+            log.error("could not follow the routing in the lake: %s", exc)
 
 
 def build_proxy_app(settings: ServeSettings):

@@ -63,7 +63,8 @@ from their installed packages, never from the network (`extensions.py`), and the
 DuckLake (`collector.catalog`): a lake attached, made in the schema's end state, its
 history taken out after a deletion, every server writing its own exchanges and one
 leading by a lease in the lake, its small files merged by the leader every
-`collector.compact_s` (`lake.py`; a writer's stitcher asks the lake for the
+`collector.compact_s` (`lake.py`; each lineage's work one worker's at a time, by a lease
+per lineage: `jobs.py`; a writer's stitcher asks the lake for the
 conversations other writers placed, `Store.continuing`; a catalog that does not answer,
 its answers waiting in the spool, its loads backed off, said once each way, raised as
 `CatalogUnreachable`: `outage.py`; docs/scaling.md, "The log in DuckLake")

@@ -170,13 +170,13 @@ def s3_secret(con: duckdb.DuckDBPyConnection, env: Mapping[str, str] = os.enviro
 
 
 # Every server writes its own exchanges into the lake (DuckLake's commits are optimistic:
-# inserts by several writers at once all land; a commit that clashes is retried). One
-# server at a time *leads*: it runs the loop (judging, training, releases), retention and
-# forgetting, by a lease in the lake itself: a row it claims while the row is free or its
-# own, renews a third of the lease apart, and gives back when it stops. Of two claims at
-# once, one commit fails and that one reads the row again. A leader that dies leaves the
-# lease to the next after `LEADER_LEASE_S`. A command that runs the loop or forgets
-# (`onjob loop`, `onjob forget --db`) must hold it.
+# inserts by several writers at once all land; a commit that clashes is retried), and
+# works the lineages no other worker holds (`jobs.py`). One server at a time *leads*: it
+# runs retention, forgetting and the merge of small files, by a lease in the lake itself:
+# a row it claims while the row is free or its own, renews a third of the lease apart,
+# and gives back when it stops. Of two claims at once, one commit fails and that one reads
+# the row again. A leader that dies leaves the lease to the next after `LEADER_LEASE_S`. A
+# command that forgets (`onjob forget --db`) must hold it.
 LEADER_LEASE_S = 30.0
 _LEASE = "lake_writer"
 

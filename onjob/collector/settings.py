@@ -105,8 +105,9 @@ class CollectorSettings(BaseModel):
         "catalog, a Postgres database (a libpq connection string, 'host=... dbname=... "
         "user=...', or a postgresql:// URI); its data files go under collector.data_path, "
         "the spool and DuckDB's temporary files beside collector.db. Needs the `lake` "
-        "extra; every server given the same catalog writes its own exchanges into it, one "
-        "leads (docs/scaling.md, 'The log in DuckLake'); default: the file",
+        "extra; every server given the same catalog writes its own exchanges into it and "
+        "runs the loop, each lineage on one at a time; one leads retention and forgetting "
+        "(docs/scaling.md, 'The log in DuckLake'); default: the file",
     )
     data_path: str | None = Field(
         None,
@@ -119,6 +120,14 @@ class CollectorSettings(BaseModel):
         description="with collector.catalog: how often the leading server merges the lake's "
         "small data files (a few per load) and removes the files and snapshots older than "
         "an hour that nothing reads",
+    )
+    job_lease_s: float = Field(
+        30,
+        gt=0,
+        description="with collector.catalog: how long a worker's hold on a lineage's work "
+        "(its judge pass, training run and release decisions) outlives the worker, renewed "
+        "a third of it apart: a worker killed mid-job leaves the lineage to another after "
+        "this",
     )
     stitch_wait_s: float = Field(
         5.0,

@@ -29,7 +29,7 @@ from typing import NamedTuple, TypeVar
 import duckdb
 import msgspec
 
-from . import lake
+from . import jobs, lake
 from .errors import StorageError
 from .ids import new_id
 from .records import KINDS
@@ -297,6 +297,7 @@ class Store:
                 lake.attach(self.con, catalog, data_path or "")
                 self._use = f"USE {lake.NAME}"
                 self.schema_before = lake.migrate(self.con)
+                jobs.make(self.con)  # a lake made before workers had leases lacks it
                 try:
                     self.keep_lease(required=not follow)
                 except StorageError:
@@ -379,6 +380,18 @@ class Store:
                 f"this once it has stopped (a leader that died holds it {self.lease_s:g} "
                 "s more)"
             )
+
+    def claim_job(self, name: str, lease_s: float) -> str | None:
+        """Take or renew this process's lease on a lineage's work (`jobs.claim`): None when
+        it holds it now, else who does. A file's one writer always holds every lineage."""
+        if not self.in_lake:
+            return None
+        held = jobs.claim(self.con, name, self.holder, lease_s)
+        return None if held is None else held[0]
+
+    def release_job(self, name: str) -> None:
+        if self.in_lake:
+            jobs.release(self.con, name, self.holder)
 
     def abandon(self) -> None:
         """End whatever transaction a statement that could not reach a lake's catalog left

@@ -349,7 +349,8 @@ class Collector:
         """Whether another server leads: with a bucket, it holds the loader's lease
         (`lease.py`) and this one loads nothing, handing its traffic to the bucket until
         that lease ends; with a DuckLake, it holds the leader's lease (`lake.claim`) and
-        runs the loop, while this one writes its own exchanges and serves."""
+        runs retention, forgetting and the merge, while this one writes its own exchanges,
+        serves and works lineages as any server does (`jobs.py`)."""
         if self._store is not None and self._store.in_lake:
             return not self._store.leading
         return self._lease is not None and not self._lease.held
@@ -360,9 +361,23 @@ class Collector:
         store = self._store
         return store is not None and store.in_lake and not store.leading
 
+    @property
+    def in_lake(self) -> bool:
+        """Whether the log is a DuckLake (`collector.catalog`), which many servers share."""
+        return self.settings.catalog is not None
+
+    async def claim_job(self, name: str) -> str | None:
+        """Take or renew this process's lease on lineage `name`'s work (`jobs.py`): None
+        when it holds it now, else who does (a file's one writer always holds it)."""
+        return await self._run(self._store.claim_job, name, self.settings.job_lease_s)
+
+    async def release_job(self, name: str) -> None:
+        """Give lineage `name`'s lease back at the end of a job."""
+        await self._run(self._store.release_job, name)
+
     def must_lead(self, what: str) -> None:
-        """`NotLeading` when another server leads this DuckLake: the loop, releases and
-        forgetting are the leader's, so that one server decides each."""
+        """`NotLeading` when another server leads this DuckLake: retention and forgetting
+        are the leader's, so that one server does each."""
         if self._follows and self._store.leader is None:
             raise NotLeading(
                 f"{what} is the leading server's to do, and no server leads this DuckLake "
@@ -372,7 +387,7 @@ class Collector:
         if self._follows:
             raise NotLeading(
                 f"{what} is the leading server's to do: {self._store.leader} leads this "
-                "DuckLake (the loop, releases and forgetting are its own); send it there"
+                "DuckLake (retention and forgetting are its own); send it there"
             )
 
     @property

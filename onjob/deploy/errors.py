@@ -44,3 +44,19 @@ class AdapterPathUnreadable(EngineControlError):
 
 class EngineUnreachable(EngineControlError):
     """No connection to the engine (down, or restarting): it can be loaded when it is back."""
+
+
+class LineageBusy(DeployError):
+    """Another worker holds the lineage's work now (a lake's lease, `collector/jobs.py`)."""
+
+    def __init__(self, lineage: str, holder: str) -> None:
+        self.lineage, self.holder = lineage, holder
+        super().__init__(
+            f"{holder} works lineage {lineage} now (its release decisions are that worker's "
+            "until its job ends); try again then"
+        )
+
+
+class LineageLost(DeployError):
+    """This worker's hold on a lineage ended mid-job (not renewed within its lease): the
+    job stopped before deciding anything another worker may decide now."""

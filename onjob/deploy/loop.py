@@ -1,6 +1,8 @@
 """The loop: re-sample and judge, train, and hand each candidate to the release pipeline.
 
-One iteration (`run_once`):
+One iteration (`run_once`), each lineage of the alias in a job of its own, held by one
+worker at a time (`act/holds.py`; on a DuckLake any server's loop or `onjob loop` is a
+worker, and a lineage another holds is passed by until its job ends):
 
     orphans (no canary)      candidates an earlier iteration recorded and never decided
                              (`release.orphans`)
@@ -15,7 +17,8 @@ One iteration (`run_once`):
 Every stage reads its state from DuckDB (groups not trained on, the latest deployment,
 pairs already judged), so an iteration killed anywhere, even mid-train, is picked up by
 the next one without duplicates. `onjob serve` runs it every `loop.interval_s`
-(`PeriodicLoop`); `onjob loop [--once]` runs it on a database no server holds.
+(`PeriodicLoop`); `onjob loop [--once]` runs it on a database no server holds, or as one
+more worker on a lake.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import partial
 
 import httpx
 
@@ -37,11 +41,11 @@ from ..proxy import Router
 from ..proxy.tenants import Tenants
 from ..trainer import snapshot
 from . import release
-from .act import deployments, training
+from .act import deployments, holds, training
 from .act.engine import engine_client
 from .act.operator import Operator
 from .decide import fair, fit, holdout, ledger
-from .errors import DeployError, LoopOff
+from .errors import DeployError, LineageBusy, LoopOff
 from .records import Routing
 from .settings import DeploySettings
 from .status import LineState, LoopView
@@ -64,6 +68,7 @@ class LoopState:
     fitted: fit.Fitted | None = None  # the settings fitted to the traffic, this iteration
     lineages: dict[str, LineState] = field(default_factory=dict)  # name -> live, canary, groups
     last_trained: str | None = None  # the lineage that trained last (the trainer's turn)
+    workers: dict[str, str] = field(default_factory=dict)  # lineage -> another worker on it
     scorer: str | None = None  # what scores re-sampled answers (None: nothing does)
     last_iteration: float | None = None  # Unix time the last iteration ended
     interval_s: float = 0.0  # between iterations (0: the loop is off)
@@ -114,42 +119,73 @@ async def run_once(
     state.fitted = fitted
     held = await db.query(lambda st: holdout.held_out(st, fitted.holdout_share))
     # Each lineage of the alias (the shared one, then each tenant's) decides its own
-    # candidates; one judge pass serves them all (a group is one key's, so one lineage's).
+    # candidates from its own keys' groups, each in a job of its own: on a lake, any
+    # worker's that holds it (`act/holds.py`), the others passing it by.
     lines = [
         Line(release.Release(db, engine, operator, settings, echo, lineage=lineage))
         for lineage in Tenants.of(settings.proxy).lineages(settings.loop.alias)
     ]
-    for line in lines:
-        await line.decide_open(held, state)
-    state.lineages = {line.name: line.state() for line in lines}
     shares = await db.query(lambda st: fair.shares(st, settings))
     state.tenant_budgets = {name: share.state() for name, share in shares.items()}
-    needs_groups = [line for line in lines if not line.due]
-    if any(line.comparing for line in lines) and not needs_groups:
-        # While a comparison needs the engine, sample no more than the next runs will use.
-        waiting = ", ".join(f"{line.name} {line.ready}" for line in lines)
-        echo(f"judge pass skipped while comparing: groups wait for the next runs ({waiting})")
-        return
-    await _judge_pass(db, engine, settings, held, echo, state)
-    await _recount(lines, held, state)  # what the pass scored, in `onjob status` now
+    for line in lines:
+        await _work(line, state, echo, partial(_decide_and_judge, line, held, state))
     if not settings.loop.train:
         return
-    ready = [line for line in lines if not line.comparing]
-    for line in _round_robin(ready, state.last_trained):
-        if await _may_train(line, echo, state, shares.get(line.pipeline.lineage.tenant)):
-            state.last_trained = line.name
-            await _train_and_release(line, state)
-            await _recount([line], held, state)  # its groups used, its first run done
+    for line in _round_robin(lines, state.last_trained):
+        if line.worker is not None or line.comparing:
+            continue
+        share = shares.get(line.pipeline.lineage.tenant)
+        if not await _may_train(line, echo, state, share):  # as counted; says why not
+            continue
+        if await _work(line, state, echo, partial(_train, line, held, state, share)):
             return  # one run per iteration: the next lineage's turn comes next time
 
 
-async def _recount(lines: list[Line], held, state: LoopState) -> None:
-    """Count each lineage's groups again and show them: an iteration's judge pass, run and
-    offline test take minutes on a CPU, and `onjob status` would otherwise show the
-    counts from its start meanwhile (no signal while a run trains on the pass's groups)."""
-    for line in lines:
-        await line.count(held)
+async def _work(line: Line, state: LoopState, echo, job) -> bool | None:
+    """Run `job` holding the lineage's work, and return what it returns; False when
+    another worker holds it (the lineage then shown as that worker's, said once when it
+    changes hands)."""
+    try:
+        async with holds.held(line.pipeline.db, line.name):
+            line.worker = None
+            done = await job()
+    except LineageBusy as busy:
+        if state.workers.get(line.name) != busy.holder:
+            echo(f"{line.name}: {busy.holder} works this lineage now; this worker passes it by")
+        line.worker = state.workers[line.name] = busy.holder
         state.lineages[line.name] = line.state()
+        return False
+    state.workers.pop(line.name, None)
+    state.lineages[line.name] = line.state()
+    return done
+
+
+async def _decide_and_judge(line: Line, held, state: LoopState) -> None:
+    """The lineage's open decisions, then its judge pass (skipped while its canary needs
+    the engine and its next run has its groups)."""
+    await line.decide_open(held, state)
+    state.lineages[line.name] = line.state()
+    r = line.pipeline
+    if line.comparing and line.due:
+        r.echo(
+            f"judge pass{line.of} skipped while comparing: its groups wait for the next run "
+            f"({line.ready})"
+        )
+        return
+    await _judge_pass(r.db, r.engine, r.settings, held, r.echo, state, line)
+    await line.count(held)  # what the pass scored, in `onjob status` now
+
+
+async def _train(line: Line, held, state: LoopState, share: fair.Share | None) -> bool:
+    """A run of the lineage when it may start (read again: another worker may have acted
+    since this iteration counted), its candidate to the release pipeline; whether it ran."""
+    await line.refresh(held)
+    if line.comparing or not await _may_train(line, line.pipeline.echo, state, share):
+        return False
+    state.last_trained = line.name
+    await _train_and_release(line, state)
+    await line.count(held)  # its groups used, its first run done
+    return True
 
 
 @dataclass
@@ -165,10 +201,17 @@ class Line:
     runs: int = 0  # the lineage's training runs so far (0: its cold start)
     signal: Signal | None = None  # whether its scored groups carry anything to learn from
     deciding: str = ""  # its canary's last verdict, in words
+    worker: str | None = None  # another worker that holds it now (a lake's), or None
 
     @property
     def name(self) -> str:
         return self.pipeline.alias
+
+    @property
+    def of(self) -> str:
+        """How a line of the log names it: nothing for the shared lineage, " of
+        alias@tenant" for a tenant's."""
+        return "" if self.pipeline.lineage.tenant is None else f" of {self.name}"
 
     @property
     def live(self) -> str | None:
@@ -192,6 +235,11 @@ class Line:
             with state.doing("compare"):
                 await release.canary_round(r, self.routing)
             await self._read()
+        await self.count(held)
+
+    async def refresh(self, held) -> None:
+        """Its routing and groups as the database has them now."""
+        await self._read()
         await self.count(held)
 
     async def _read(self) -> None:
@@ -252,6 +300,7 @@ class Line:
             waiting=self.waiting() if self.comparing or not self.due else "",
             signal=self.signal,
             deciding=self.deciding,
+            worker=self.worker,
         )
 
 
@@ -263,7 +312,8 @@ def _round_robin(lines: list[Line], last: str | None) -> list[Line]:
     return lines[start:] + lines[:start]
 
 
-async def _judge_pass(db, engine, settings: DeploySettings, held, echo, state) -> None:
+async def _judge_pass(db, engine, settings: DeploySettings, held, echo, state, line) -> None:
+    """The lineage's judge pass: its keys' turns re-sampled and its groups scored."""
     with state.doing("judge"):
         # Held-out scenarios are never trained on: re-sampling them would spend for nothing.
         report = await run_pass(
@@ -275,8 +325,9 @@ async def _judge_pass(db, engine, settings: DeploySettings, held, echo, state) -
             untrained_keys=settings.proxy.untrained_keys,
             key_budgets=fair.judge_shares(settings),
             engine_logprobs=settings.proxy.engine_logprobs,
+            scope=line.pipeline.lineage.scope,
         )
-    echo(f"judge pass: {report.summary()}")
+    echo(f"judge pass{line.of}: {report.summary()}")
     if report.budget is not None:
         state.budget["judge"] = report.budget.state()
 
@@ -378,17 +429,19 @@ class PeriodicLoop:
 
     async def switch(self, running: bool) -> LoopView:
         """Resume (`running`) or pause, for the admin API and the dashboard's button; the
-        loop's state after. Refused with `LoopOff` where the loop is off (interval 0)."""
+        loop's state after. Refused with `LoopOff` where the loop is off (interval 0). On a
+        lake this server's worker pauses; the other servers' go on."""
         if self.settings.loop.interval_s <= 0:
             raise LoopOff(OFF)
-        self.collector.must_lead("pausing or resuming the loop")
         await (self.resume() if running else self.pause())
         return self.state.view()
 
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.settings.loop.interval_s)
-            if self.collector.standby:  # the loader's database is the one to learn from
+            # A bucket's standby: the loader's database is the one to learn from. (On a
+            # lake every server's loop works, each lineage on one at a time.)
+            if self.collector.standby and not self.collector.in_lake:
                 self.state.stage = "standby"
                 continue
             try:

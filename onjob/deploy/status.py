@@ -30,6 +30,7 @@ class LineState(msgspec.Struct, frozen=True, kw_only=True):
     waiting: str = ""  # what a run waits for, in words
     signal: Signal | None = None  # whether its scored groups carry anything to learn from
     deciding: str = ""  # its canary's last verdict, in words: what the decision waits for
+    worker: str | None = None  # on a lake, another worker that holds it now (None: this one)
 
 
 class LoopView(msgspec.Struct, frozen=True, kw_only=True):

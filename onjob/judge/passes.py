@@ -28,6 +28,7 @@ import httpx
 
 from .. import logprobs
 from ..collector import Collector, budgets
+from ..collector.scope import EVERY_KEY, KeyScope
 from ..logprobs import TRAINED
 from . import rewards, ruler, sampling, signal, tables, tenants
 from .admission import Admission
@@ -110,6 +111,7 @@ async def run_pass(
     untrained_keys: list[str] = (),
     key_budgets: Sequence[KeyBudget] = (),
     engine_logprobs: str = TRAINED,
+    scope: KeyScope = EVERY_KEY,
 ) -> PassReport:
     """Sample new groups (none from `skip_scenarios`: the loop's held-out slice, which no
     training run uses; none of the API keys in `untrained_keys`, whose traffic is never
@@ -118,7 +120,9 @@ async def run_pass(
     need a RULER call their share cannot pay for today: left for a later pass). With no
     judge and no reward function, no turn is re-sampled: nothing could score it.
     `engine_logprobs`: the engine's logprob definition when its model list does not
-    state one (vLLM's)."""
+    state one (vLLM's). `scope`: the keys of the lineage whose pass this is (a worker
+    holds one lineage at a time on a lake); its untrained keys' groups are still
+    scored, as failed."""
     started = time.perf_counter()
     fns = rewards.load(settings.rewards)  # a reward function that does not import stops here
     report = PassReport()
@@ -148,10 +152,10 @@ async def run_pass(
         report.no_scorer = settings.scorer() is None
         if not report.no_scorer:
             await _sample_turn_groups(
-                db, engine, settings, report, echo, skip, kept_out, engine_logprobs
+                db, engine, settings, report, echo, skip, kept_out, engine_logprobs, scope
             )
         if settings.scenario_groups:
-            await _gather_trajectory_groups(db, settings, report, echo, skip, kept_out)
+            await _gather_trajectory_groups(db, settings, report, echo, skip, kept_out, scope)
     await _score_groups(
         db,
         settings,
@@ -161,6 +165,7 @@ async def run_pass(
         rng or random.Random(),
         frozenset(untrained_keys),
         tuple(key_budgets),
+        scope,
     )
     report.budget = await judge_budget(db, settings)
     report.seconds = time.perf_counter() - started
@@ -183,10 +188,11 @@ async def _sample_turn_groups(
     skip: list[str],
     untrained: list[str],
     declared: str,
+    scope: KeyScope,
 ) -> None:
     def chosen(store):
         later = settled_scenarios(store, s.settled_after)
-        return tables.turn_candidates(store, s, skip, untrained, later)
+        return tables.turn_candidates(store, s, skip, untrained, later, scope)
 
     candidates = await db.query(chosen)
     if not candidates:
@@ -243,9 +249,17 @@ async def _sample_turn_groups(
 
 
 async def _gather_trajectory_groups(
-    db, s: JudgeSettings, report: PassReport, echo, skip: list[str], untrained: list[str]
+    db,
+    s: JudgeSettings,
+    report: PassReport,
+    echo,
+    skip: list[str],
+    untrained: list[str],
+    scope: KeyScope,
 ) -> None:
-    ready = await db.query(lambda store: tables.scenario_candidates(store, s, skip, untrained))
+    ready = await db.query(
+        lambda store: tables.scenario_candidates(store, s, skip, untrained, scope)
+    )
     for c in ready:
         group_id = await db.query(
             lambda st, c=c: tables.add_trajectory_group(st, c.scenario_id, c.trajectories)
@@ -265,8 +279,11 @@ async def _score_groups(
     rng,
     untrained: frozenset[str],
     key_budgets: tuple[KeyBudget, ...] = (),
+    scope: KeyScope = EVERY_KEY,
 ) -> None:
-    groups = await db.query(lambda store: tables.groups_to_score(store, 1000))
+    # The lineage's groups, its untrained keys' too: those are refused (failed) here.
+    owned = KeyScope(scope.only, tuple(k for k in scope.never if k not in untrained))
+    groups = await db.query(lambda store: tables.groups_to_score(store, 1000, owned))
     if not groups:
         return
     if not s.scorers:

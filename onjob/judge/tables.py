@@ -15,6 +15,7 @@ import msgspec
 from .. import logprobs
 from ..collector import Store
 from ..collector.ids import new_id
+from ..collector.scope import EVERY_KEY, KeyScope
 from .rollouts import json_value
 from .ruler import Judgement
 from .sampling import Sample
@@ -52,6 +53,7 @@ def turn_candidates(
     skip: list[str] = (),
     untrained: list[str] = (),
     later: list[str] = (),
+    scope: KeyScope = EVERY_KEY,
 ) -> list[dict]:
     """Logged turns to re-sample: answered production chat exchanges (Responses API calls
     included: they are logged as the chat they became) no group has used, recent
@@ -59,11 +61,12 @@ def turn_candidates(
     those its `tool_turns_per_scenario` most recent turns whose logged answer called a
     tool), in each round the scenarios in `later` (`settled.settled_scenarios`) last, then
     those with fewer groups so far first; none of the scenarios in `skip`, none of the API
-    keys in `untrained`.
+    keys in `untrained`, only keys of `scope` (a lineage's: its worker's pass).
 
     Tool-call turns have their own quota: in a tool agent's conversations they are most
     of the turns whose alternatives differ (a right call or a wrong one), while the
     answer turn after a failed call is often wrong whatever is sampled."""
+    in_scope, scoped = scope.sql("e.api_key_id")
     return store.query(
         f"""
         WITH t AS (
@@ -74,7 +77,7 @@ def turn_candidates(
               -- re-sampled through chat: a legacy completion's prompt has no messages
               AND e.api IS DISTINCT FROM 'completions'
               AND NOT coalesce(list_contains(?::VARCHAR[], e.scenario_id), false)
-              AND {_TRAINED_KEY}
+              AND {_TRAINED_KEY} AND {in_scope}
               AND NOT EXISTS (
                   SELECT 1 FROM groups g WHERE g.prefix_exchange = e.id AND g.kind = 'turn')
         ), c AS (
@@ -96,6 +99,7 @@ def turn_candidates(
             s.max_age_s,
             list(skip),
             list(untrained),
+            *scoped,
             s.per_scenario,
             s.tool_turns_per_scenario,
             list(later),
@@ -184,13 +188,18 @@ class Conversations:
 
 
 def scenario_candidates(
-    store: Store, s: JudgeSettings, skip: list[str] = (), untrained: list[str] = ()
+    store: Store,
+    s: JudgeSettings,
+    skip: list[str] = (),
+    untrained: list[str] = (),
+    scope: KeyScope = EVERY_KEY,
 ) -> list[Conversations]:
     """Finished production conversations in no trajectory group yet, by scenario and API
     key (a scenario is one key's, and one made before that rule, or before a server had
     keys, may hold several keys' conversations: they are never put in one group), with at
     least `min_trajectories` in it (the most recent `max_trajectories`); none of the
-    scenarios in `skip`, none of the API keys in `untrained`."""
+    scenarios in `skip`, none of the API keys in `untrained`, only keys of `scope`."""
+    in_scope, scoped = scope.sql("e.api_key_id")
     # The key is the last exchange's, looked up for the few trajectories in no group yet:
     # joined before that filter, the lookup cost a pass 206 ms CPU against 81 ms with no
     # key at all, and 84 ms materialised first (`bench/scale/tenant_queries.py`: 1M exchanges,
@@ -208,10 +217,10 @@ def scenario_candidates(
         )
         SELECT t.id, t.scenario_id, t.last_exchange, e.api_key_id
         FROM t JOIN exchanges e ON e.id = t.last_exchange
-        WHERE {_TRAINED_KEY}
+        WHERE {_TRAINED_KEY} AND {in_scope}
         ORDER BY t.last_ts DESC
         """,
-        [s.settled_s(), list(skip), list(untrained)],
+        [s.settled_s(), list(skip), list(untrained), *scoped],
     )
     by_tenant: dict[tuple[str, str | None], list[dict]] = {}
     for row in rows:
@@ -243,14 +252,28 @@ def add_trajectory_group(store: Store, scenario_id: str, trajectories: list[dict
     return group_id
 
 
-def groups_to_score(store: Store, limit: int) -> list[dict]:
-    """The judge pass's work: sampled groups, never `ab` pairs. A pair is evidence for a
-    release test and is judged by that test's referee (`deploy.decide.pairs`), which retries
-    the ones left unscored; scored here with the coach's settings, it would be judged by
-    the reward the candidate was trained on."""
+def groups_to_score(store: Store, limit: int, scope: KeyScope = EVERY_KEY) -> list[dict]:
+    """The judge pass's work: sampled groups, never `ab` pairs, of `scope`'s keys (a group
+    is its first member's key's). A pair is evidence for a release test and is judged by
+    that test's referee (`deploy.decide.pairs`), which retries the ones left unscored;
+    scored here with the coach's settings, it would be judged by the reward the candidate
+    was trained on."""
+    if scope == EVERY_KEY:
+        return store.query(
+            "SELECT * FROM groups WHERE status = 'sampled' AND kind <> 'ab' "
+            "ORDER BY created LIMIT ?",
+            [limit],
+        )
+    in_scope, scoped = scope.sql("e.api_key_id")
     return store.query(
-        "SELECT * FROM groups WHERE status = 'sampled' AND kind <> 'ab' ORDER BY created LIMIT ?",
-        [limit],
+        f"""
+        SELECT g.* FROM groups g
+        WHERE g.status = 'sampled' AND g.kind <> 'ab' AND EXISTS (
+            SELECT 1 FROM members m JOIN exchanges e ON e.id = m.exchange_id
+            WHERE m.group_id = g.id AND m.position = 0 AND {in_scope})
+        ORDER BY g.created LIMIT ?
+        """,
+        [*scoped, limit],
     )
 
 

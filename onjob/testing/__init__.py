@@ -12,6 +12,8 @@
   catalog's server for the lake tests and benches.
 - `lake_writer`: a host committing its own batches into a DuckLake, as a process
   (`python -m onjob.testing.lake_writer CATALOG DATA_PATH HOST --batches N`).
+- `lake_worker`: a worker claiming and renewing lineages' leases in a DuckLake, as a
+  process (`python -m onjob.testing.lake_worker CATALOG DATA_PATH HOLDER LINEAGE...`).
 
 Nothing in the product imports this package (import-linter's contracts say so).
 """

@@ -87,8 +87,9 @@ class Operator:
         self.router.set(alias, arms.live, arms.canary, arms.fraction)
 
     async def follow(self) -> bool:
-        """A server that does not lead a DuckLake: route as the leader's latest `deployments`
-        rows say, once they differ from this router's arms (`restore`). Whether they did."""
+        """A DuckLake's server: route as the latest `deployments` rows say (any worker's
+        decisions, or a change by hand on any server), once they differ from this router's
+        arms (`restore`). Whether they did."""
         routing = await self.collector.query(deployments.current)
         if all(self.router.arms.get(alias) == row.arms for alias, row in routing.items()):
             return False
@@ -105,7 +106,6 @@ class Operator:
     async def set_canary(
         self, alias, checkpoint, fraction, *, reason, actor, evidence=None
     ) -> Change:
-        self.collector.must_lead("a routing change")
         await self.load(checkpoint)
         return await self._change(
             alias,
@@ -123,7 +123,6 @@ class Operator:
         """The canary becomes live. The old live adapter stays loaded: requests in flight on
         it finish, and a revert to it is instant; the one it had replaced leaves the engine.
         `expected`: the routing the decision was made on (see `deployments.promote`)."""
-        self.collector.must_lead("a routing change")
         before = self.router.arms.get(alias)
         row = await self._change(
             alias,
@@ -143,7 +142,6 @@ class Operator:
     async def rollback(
         self, alias, *, reason, actor, evidence=None, expected: Routing | None = None
     ) -> Change:
-        self.collector.must_lead("a routing change")
         before = self.router.arms.get(alias)
         row = await self._change(
             alias,
