@@ -30,8 +30,9 @@ _RACES = 10  # a claim lost to another's commit, read again
 
 
 def make(con: duckdb.DuckDBPyConnection) -> None:
-    """The table, in a lake made before it (a new lake gets it with its schema). Servers
-    making it at once: one CREATE commits, each other's fails and finds it made."""
+    """The table, made at a writer's attach when the lake lacks it (new lakes and lakes
+    made before workers had leases alike). Servers making it at once: one CREATE commits,
+    each other's fails and finds it made."""
     for _ in range(_RACES):
         try:
             con.execute(

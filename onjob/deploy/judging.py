@@ -44,8 +44,7 @@ async def judge(settings: DeploySettings, *, once: bool, echo: Callable[[str], N
                     except LineageBusy as busy:
                         echo(f"{lineage.name}: passed by, {busy}")
                         continue
-                    of = "" if lineage.tenant is None else f" of {lineage.name}"
-                    echo(f"judge pass{of}: {report.summary()}")
+                    echo(f"judge pass{lineage.of}: {report.summary()}")
                 if once or settings.loop.interval_s <= 0:
                     return
                 await asyncio.sleep(settings.loop.interval_s)

@@ -168,7 +168,7 @@ async def _decide_and_judge(line: Line, held, state: LoopState) -> None:
     r = line.pipeline
     if line.comparing and line.due:
         r.echo(
-            f"judge pass{line.of} skipped while comparing: its groups wait for the next run "
+            f"judge pass{r.lineage.of} skipped while comparing: its groups wait for the next run "
             f"({line.ready})"
         )
         return
@@ -206,12 +206,6 @@ class Line:
     @property
     def name(self) -> str:
         return self.pipeline.alias
-
-    @property
-    def of(self) -> str:
-        """How a line of the log names it: nothing for the shared lineage, " of
-        alias@tenant" for a tenant's."""
-        return "" if self.pipeline.lineage.tenant is None else f" of {self.name}"
 
     @property
     def live(self) -> str | None:
@@ -327,7 +321,7 @@ async def _judge_pass(db, engine, settings: DeploySettings, held, echo, state, l
             engine_logprobs=settings.proxy.engine_logprobs,
             scope=line.pipeline.lineage.scope,
         )
-    echo(f"judge pass{line.of}: {report.summary()}")
+    echo(f"judge pass{line.pipeline.lineage.of}: {report.summary()}")
     if report.budget is not None:
         state.budget["judge"] = report.budget.state()
 

@@ -40,6 +40,12 @@ class Lineage:
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def of(self) -> str:
+        """How a line of the log names it after what it did: nothing for the shared
+        lineage, " of alias@tenant" for a tenant's."""
+        return "" if self.tenant is None else f" of {self.name}"
+
 
 @dataclass(frozen=True)
 class Tenants:
