@@ -4,6 +4,8 @@ Litestar). No HTTP framework here: the request protocol and the collector import
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import msgspec
 
 from .errors import OnjobError
@@ -38,7 +40,7 @@ class OpenAIError(OnjobError):
     def body(self) -> Error:
         return error_body(self.message, self.type, self.status, self.param)
 
-    def headers(self) -> dict[str, str]:
+    def headers(self) -> Mapping[str, str]:
         return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
 
 

@@ -56,7 +56,7 @@ def rows(db, sql: str, params=None) -> list[dict]:
     """Read a DuckDB file no server holds."""
     store = Store(db)
     try:
-        return store.query(sql, params)
+        return store.dicts(sql, params)
     finally:
         store.close()
 

@@ -154,8 +154,8 @@ def test_loading_the_same_segment_twice_changes_nothing(tmp_path):
     assert store.load_segment(segment) == 1
     # A crash between the commit and the file's deletion: the replay loads nothing.
     assert store.load_segment(segment) == 0
-    assert store.query("SELECT n_turns FROM trajectories") == [{"n_turns": 1}]
-    assert store.query("SELECT count FROM scenarios") == [{"count": 1}]
+    assert store.dicts("SELECT n_turns FROM trajectories") == [{"n_turns": 1}]
+    assert store.dicts("SELECT count FROM scenarios") == [{"count": 1}]
 
 
 def test_rows_come_back_as_typed_records_by_column_name(tmp_path):
@@ -225,7 +225,7 @@ def test_scenario_counts_trajectories_not_turns(tmp_path):
         await c.flush()
         await log_conversations(c, conversations=1, turns=1)  # same first message: same scenario
         await c.flush()
-        rows = await c.query(lambda s: s.query("SELECT count FROM scenarios"))
+        rows = await c.query(lambda s: s.dicts("SELECT count FROM scenarios"))
         await c.close()
         return rows
 
@@ -276,7 +276,7 @@ def test_exchanges_survive_kill_9_and_are_replayed_at_start(tmp_path):
                 {"role": "user", "content": f"more {t}"},
             ]
         placement = c.stitcher.place(msgs)
-        rows = await c.query(lambda s: s.query("SELECT id FROM exchanges"))
+        rows = await c.query(lambda s: s.dicts("SELECT id FROM exchanges"))
         await c.close()
         return replayed, placement, rows
 
@@ -299,7 +299,7 @@ def test_torn_last_line_is_skipped_and_the_rest_loaded(tmp_path):
     async def main():
         c = Collector(CollectorSettings(db=tmp_path / "db.duckdb"))
         await c.start()
-        rows = await c.query(lambda s: s.query("SELECT id FROM exchanges"))
+        rows = await c.query(lambda s: s.dicts("SELECT id FROM exchanges"))
         await c.close()
         return rows
 
@@ -324,7 +324,7 @@ def test_a_segment_duckdb_refuses_is_set_aside_and_the_segments_after_it_load(tm
         ids = await log_conversations(c, conversations=2, turns=3)
         await c.flush()
         stats = c.stats()
-        rows = await c.query(lambda s: s.query("SELECT id FROM exchanges"))
+        rows = await c.query(lambda s: s.dicts("SELECT id FROM exchanges"))
         await c.close()
         return first.id, bad, ids, stats, rows
 
@@ -349,7 +349,7 @@ def test_a_segment_duckdb_refuses_at_start_does_not_stop_the_server_starting(tmp
     async def main():
         c = Collector(CollectorSettings(db=db))
         await c.start()
-        rows = await c.query(lambda s: s.query("SELECT id FROM exchanges ORDER BY id"))
+        rows = await c.query(lambda s: s.dicts("SELECT id FROM exchanges ORDER BY id"))
         stats = c.stats()
         await c.close()
         return rows, stats

@@ -145,7 +145,7 @@ def test_the_dashboard_shows_what_the_database_holds(site, browser):
     # its counts agree); one answer is marked as the proxy marks a short stream.
     store = Store(db)
     marked = "SELECT count(*) AS n FROM exchanges WHERE untrainable IS NOT NULL AND source = ?"
-    assert store.query(marked, ["production"]) == [{"n": 0}]
+    assert store.dicts(marked, ["production"]) == [{"n": 0}]
     store.con.execute(
         "UPDATE exchanges SET untrainable = 'count' WHERE id = "
         "(SELECT min(id) FROM exchanges WHERE source = 'production')"
@@ -282,8 +282,8 @@ def test_the_dashboard_shows_what_the_database_holds(site, browser):
         page.click("text=Learning")
         page.wait_for_url("**/dashboard/learning")
         for r in rewards:
-            row = page.locator(f'#rewards tr[data-checkpoint="{r["checkpoint"] or "base"}"]')
-            assert row.locator(".reward").inner_text() == f"{r['reward']:.3f}"
+            row = page.locator(f'#rewards tr[data-checkpoint="{r.checkpoint or "base"}"]')
+            assert row.locator(".reward").inner_text() == f"{r.reward:.3f}"
         assert page.evaluate("Chart.getChart('reward-curve') !== undefined")
         shot(page, "learning")
 

@@ -125,7 +125,7 @@ def test_the_ab_page_states_each_source_of_answers_shape_once(tmp_path):
     evidence, the KL and judge guards included, as an answers' shape."""
     settings = settings_in(tmp_path)
     store = Store(settings.collector.db)
-    store.query("INSERT INTO checkpoints (name, status) VALUES ('mild', 'candidate')")
+    store.dicts("INSERT INTO checkpoints (name, status) VALUES ('mild', 'candidate')")
     deployments.set_canary(
         store, "agent", "mild", 0.5, default_live=None, reason="by hand", actor="test"
     )

@@ -16,7 +16,7 @@ from onjob.collector import Collector, CollectorSettings, Store
 from onjob.deploy.act import deployments, registry
 from onjob.deploy.act.operator import Operator
 from onjob.deploy.decide import pairs, stats
-from onjob.judge import JudgeSettings
+from onjob.judge import JudgeSettings, tables
 from onjob.proxy import Router
 from onjob.proxy.routing import canary_share
 
@@ -180,7 +180,7 @@ def test_a_canary_that_cannot_answer_loses_the_pair(tmp_path):
             "'live', false, ?, 200, 'production')",
             [f"x-{i}", f"t-{i}", json.dumps({"messages": [{"role": "user", "content": "2+2"}]})],
         )
-    prompts = store.query("SELECT * FROM exchanges")
+    prompts = store.rows(tables.LoggedTurn, f"SELECT {tables.LOGGED_TURN} FROM exchanges e")
     store.close()
 
     async def run():
@@ -207,6 +207,6 @@ def test_a_canary_that_cannot_answer_loses_the_pair(tmp_path):
 def rows_of(db, sql):
     store = Store(db)
     try:
-        return store.query(sql)
+        return store.dicts(sql)
     finally:
         store.close()

@@ -78,7 +78,7 @@ def test_new_scenarios_are_placed_at_the_share_fitted_when_first_seen(tmp_path):
     store = Store(db)
     try:
         held = set(fit.held_out(store, DeploySettings()))
-        rows = store.query("SELECT scenario_id, held, share FROM holdout_slice ORDER BY share")
+        rows = store.dicts("SELECT scenario_id, held, share FROM holdout_slice ORDER BY share")
     finally:
         store.close()
     # The first scenario seen is trained on (one cannot be both); the others by their

@@ -269,9 +269,9 @@ def test_loading_a_spool_segment_again_never_brings_deleted_rows_back(tmp_path):
         for name in ("000000000003-again.jsonl", "000000000004-late.jsonl"):
             shutil.copy(segment, tmp_path / name)
             assert store.load_segment(tmp_path / name) == 0
-        ids = {r["id"] for r in store.query("SELECT id FROM exchanges")}
+        ids = {r["id"] for r in store.dicts("SELECT id FROM exchanges")}
         assert ids == {f"chatcmpl-{bob.trajectory_id}-{i}" for i in range(2)}
-        feedback = store.query("SELECT api_key_id FROM feedback")
+        feedback = store.dicts("SELECT api_key_id FROM feedback")
         assert feedback == [{"api_key_id": "bob"}]
         # Alice's traffic after the forget is hers to keep.
         late = s.place([{"role": "user", "content": "new"}], api_key_id="alice")

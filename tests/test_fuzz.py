@@ -423,7 +423,7 @@ def test_hostile_chat_bodies_get_200_or_an_openai_4xx_and_none_passes_the_limits
     # Whatever was answered was logged, and loading it into DuckDB tripped on none of it.
     store = Store(tmp_path / "onjob.duckdb")
     try:
-        logged = {row["id"] for row in store.query("SELECT id FROM exchanges")}
+        logged = {row["id"] for row in store.dicts("SELECT id FROM exchanges")}
     finally:
         store.close()
     assert set(answered) < logged and len(logged) == len(answered) + 1
@@ -627,7 +627,7 @@ def test_what_the_engine_saw_is_what_the_log_shows(tmp_path, raw):
     [sent] = seen
     store = Store(tmp_path / "onjob.duckdb")
     try:
-        [row] = store.query(
+        [row] = store.dicts(
             "SELECT request->>'$.messages[0].content' AS first, "
             "json_extract(request, '$.messages') AS messages FROM exchanges_full"
         )
@@ -756,7 +756,7 @@ def test_a_broken_engine_answer_is_relayed_or_a_502_and_always_logged(tmp_path):
         truncated()
     store = Store(tmp_path / "onjob.duckdb")
     try:
-        logged = {r["id"]: r["status"] for r in store.query("SELECT id, status FROM exchanges")}
+        logged = {r["id"]: r["status"] for r in store.dicts("SELECT id, status FROM exchanges")}
     finally:
         store.close()
     assert logged == got

@@ -69,7 +69,7 @@ def test_held_out_scenarios_never_enter_a_training_snapshot(tmp_path, engine):
     try:
         trained_on = {
             r["scenario_id"]
-            for r in store.query("SELECT DISTINCT scenario_id FROM groups WHERE kind = 'turn'")
+            for r in store.dicts("SELECT DISTINCT scenario_id FROM groups WHERE kind = 'turn'")
         }
         assert len(trained_on) >= 2, trained_on
         held = sorted(trained_on)[:1]
@@ -77,7 +77,7 @@ def test_held_out_scenarios_never_enter_a_training_snapshot(tmp_path, engine):
         every = snapshot.export(store, tmp_path / "all.parquet", t)
         kept = snapshot.export(store, tmp_path / "kept.parquet", t, held_out=held)
         scenario_of = {
-            r["id"]: r["scenario_id"] for r in store.query("SELECT id, scenario_id FROM groups")
+            r["id"]: r["scenario_id"] for r in store.dicts("SELECT id, scenario_id FROM groups")
         }
         assert {scenario_of[g] for g in every.groups} & set(held)  # it was there to take
         assert not {scenario_of[g] for g in kept.groups} & set(held)
@@ -125,12 +125,12 @@ def test_a_scenario_the_loop_has_not_placed_yet_is_placed_before_a_run_can_train
         asyncio.run(run())
     store = Store(db)
     try:
-        placed = {r["scenario_id"]: r["held"] for r in store.query("SELECT * FROM holdout_slice")}
+        placed = {r["scenario_id"]: r["held"] for r in store.dicts("SELECT * FROM holdout_slice")}
         assert set(placed) == set(scenario_of_ids(store)) and sum(placed.values()) == 2
         snap = next((tmp_path / "ck" / ".snapshots").glob("*.parquet"))
         taken = set(pq.read_table(snap).column("group_id").to_pylist())
         scenario_of = {
-            r["id"]: r["scenario_id"] for r in store.query("SELECT id, scenario_id FROM groups")
+            r["id"]: r["scenario_id"] for r in store.dicts("SELECT id, scenario_id FROM groups")
         }
         assert taken and {scenario_of[g] for g in taken} == {
             s for s, held in placed.items() if not held
@@ -140,7 +140,7 @@ def test_a_scenario_the_loop_has_not_placed_yet_is_placed_before_a_run_can_train
 
 
 def scenario_of_ids(store) -> list[str]:
-    return [r["id"] for r in store.query("SELECT id FROM scenarios")]
+    return [r["id"] for r in store.dicts("SELECT id FROM scenarios")]
 
 
 def candidate_against_live(tmp_path, tiny_adapter_dir, tiny_model_dir, candidate_says, gate):
@@ -224,7 +224,7 @@ def test_the_judge_spends_nothing_on_held_out_scenarios(tmp_path, engine):
             )  # fmt: skip
     store = Store(db)
     try:
-        seen = [r["id"] for r in store.query("SELECT id FROM scenarios ORDER BY first_seen, id")]
+        seen = [r["id"] for r in store.dicts("SELECT id FROM scenarios ORDER BY first_seen, id")]
     finally:
         store.close()
     shares = sorted((holdout.share(i), i) for i in seen)
@@ -244,7 +244,7 @@ def test_the_judge_spends_nothing_on_held_out_scenarios(tmp_path, engine):
     assert judged.returncode == 0, judged.stderr
     store = Store(db)
     try:
-        sampled = {r["scenario_id"] for r in store.query("SELECT scenario_id FROM groups")}
+        sampled = {r["scenario_id"] for r in store.dicts("SELECT scenario_id FROM groups")}
     finally:
         store.close()
     assert sampled == {i for _, i in shares} - held

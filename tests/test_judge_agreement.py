@@ -313,7 +313,7 @@ def test_for_a_canary_only_users_ratings_of_its_own_answers_check_its_coach(db, 
         assert unrated.mode == "review", unrated.reason
         assert "no rated pairs on ckpt-x's answers" in unrated.reason
         # The canary answered the first conversations of every scenario; users rated them.
-        store.query(
+        store.dicts(
             "UPDATE exchanges SET checkpoint = 'ckpt-x', arm = 'canary' "
             "WHERE json_extract_string(metadata, '$.k') IN ('0', '1', '2')"
         )

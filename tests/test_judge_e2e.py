@@ -346,8 +346,8 @@ def test_ruler_scores_groups_and_a_cached_judgement_makes_no_call(tmp_path, logg
             )
         }
         store = Store(db)
-        store.query("DELETE FROM scores WHERE group_id = ?", [group_id])
-        store.query("UPDATE groups SET status = 'sampled' WHERE id = ?", [group_id])
+        store.dicts("DELETE FROM scores WHERE group_id = ?", [group_id])
+        store.dicts("UPDATE groups SET status = 'sampled' WHERE id = ?", [group_id])
         store.close()
         rescore = {"ONJOB_JUDGE__MAX_GROUPS": "0"}  # no new turn groups this time
         out = judge_once(tmp_path, logged["engine"], "--model", "openai/judge", env=rescore)
@@ -399,7 +399,7 @@ def test_an_engine_that_is_down_leaves_the_turns_for_the_next_pass(tmp_path, log
 def test_a_turn_the_engine_refuses_is_marked_failed_not_retried_forever(tmp_path, logged):
     db = workdir(tmp_path, logged, CONFIG)
     store = Store(db)
-    store.query(
+    store.dicts(
         "UPDATE exchanges SET checkpoint = 'retired-adapter' WHERE id = ?", [logged["hello"]]
     )
     store.close()

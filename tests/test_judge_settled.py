@@ -62,10 +62,10 @@ def test_a_scenario_whose_last_groups_were_all_equal_is_re_sampled_after_the_oth
     assert settled_scenarios(store, 0) == []
 
     s = JudgeSettings(max_groups=3, per_scenario=1)
-    order = [c["scenario_id"] for c in turn_candidates(store, s, later=["flat"])]
+    order = [c.scenario_id for c in turn_candidates(store, s, later=["flat"])]
     assert order == ["mixed", "spread", "flat"]
     # Without it, fewer groups first: the settled scenario came before `spread`.
-    old = [c["scenario_id"] for c in turn_candidates(store, s)]
+    old = [c.scenario_id for c in turn_candidates(store, s)]
     assert old.index("flat") < old.index("spread"), old
     one = JudgeSettings(max_groups=1, per_scenario=1)
-    assert [c["scenario_id"] for c in turn_candidates(store, one, later=["flat"])] == ["mixed"]
+    assert [c.scenario_id for c in turn_candidates(store, one, later=["flat"])] == ["mixed"]

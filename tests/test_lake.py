@@ -207,7 +207,7 @@ def test_spool_segments_load_into_a_lake_as_into_the_file(catalog, tmp_path):
             "SELECT n_turns FROM trajectories WHERE id = 't'"
         ).fetchone()
         assert turns == 3
-        row = lake_store.query(
+        row = lake_store.dicts(
             "SELECT request, prompt_token_ids FROM exchanges_full WHERE id = 'c'"
         )
         assert [m["content"] for m in json.loads(row[0]["request"])["messages"]] == [
@@ -221,7 +221,7 @@ def test_spool_segments_load_into_a_lake_as_into_the_file(catalog, tmp_path):
         spool.rotate()
         (segment,) = spool.loadable()
         assert [lake_store.load_segment(segment.path) for _ in range(2)] == [1, 0]
-        assert lake_store.query("SELECT count(*) AS n FROM exchanges WHERE id = 'y'") == [{"n": 1}]
+        assert lake_store.dicts("SELECT count(*) AS n FROM exchanges WHERE id = 'y'") == [{"n": 1}]
         spool.close()
     finally:
         file.close()
@@ -246,7 +246,7 @@ def test_every_server_writes_a_lake_and_one_leads_at_a_time(catalog, tmp_path):
     try:
         assert first.leading and not follower.leading and follower.leader == first.holder
         assert follower.load_segment(segment.path) == 1
-        assert first.query("SELECT count(*) AS n FROM exchanges")[0]["n"] == 1
+        assert first.dicts("SELECT count(*) AS n FROM exchanges")[0]["n"] == 1
         first.close()
         follower.keep_lease()
         assert follower.leading
@@ -315,7 +315,7 @@ def test_a_conversation_forgotten_on_a_lake_is_nowhere_in_it(
         assert holding(secret.encode()) == []
         with pytest.raises(duckdb.InvalidInputException, match="No snapshot"):
             store.con.execute("SELECT count(*) FROM exchanges AT (VERSION => 1)")
-        rows = store.query("SELECT id, request FROM exchanges_full ORDER BY id")
+        rows = store.dicts("SELECT id, request FROM exchanges_full ORDER BY id")
         assert [r["id"] for r in rows] == ["a", "b"]
         assert [m["content"] for m in json.loads(rows[1]["request"])["messages"]] == [
             "first", "second"
@@ -767,11 +767,11 @@ def test_a_turn_no_server_answered_before_waits_then_starts_its_own_conversation
         c.log(unplaced(shot, 0, status=200))
         c.log(unplaced(fresh, 1, status=200))
         await c.flush()
-        first = await c.query(lambda s: s.query("SELECT turn FROM exchanges ORDER BY ts"))
+        first = await c.query(lambda s: s.dicts("SELECT turn FROM exchanges ORDER BY ts"))
         await asyncio.sleep(2.1)
         await c.flush()
         after = await c.query(
-            lambda s: s.query("SELECT trajectory_id, turn FROM exchanges ORDER BY ts")
+            lambda s: s.dicts("SELECT trajectory_id, turn FROM exchanges ORDER BY ts")
         )
         await c.close()
         return first, after

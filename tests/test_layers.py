@@ -65,3 +65,41 @@ def test_every_exception_onjob_defines_hangs_under_one_root():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert out.split(",") == ["onjob.cli.stopping.Interrupted"]  # a signal, not an error
+
+
+def test_rows_leave_the_collector_as_records_not_dicts():
+    # `Store.dicts` is the collector's own: every other package reads rows as records
+    # (`Store.rows`), values (`scalar`, `column`) or writes (`execute`), so a renamed
+    # column is a TypeError where it is read, not a KeyError three modules away.
+    # (`Collector.query(fn)` runs a function on the database thread: fine anywhere.)
+    import ast
+    from pathlib import Path
+
+    def sql(node: ast.expr, constants: set[str]) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id in constants
+        return isinstance(node, ast.JoinedStr | ast.BinOp) or (
+            isinstance(node, ast.Constant) and isinstance(node.value, str)
+        )
+
+    root = Path(__file__).parent.parent / "onjob"
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.is_relative_to(root / "collector"):
+            continue
+        tree = ast.parse(path.read_text())
+        constants = {
+            t.id
+            for n in tree.body
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant | ast.JoinedStr)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if node.func.attr == "dicts" or (
+                node.func.attr == "query" and node.args and sql(node.args[0], constants)
+            ):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    assert found == []

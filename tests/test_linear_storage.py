@@ -94,7 +94,7 @@ def logged(tmp_path_factory, engine) -> dict:
 
 
 def _trajectory_of(store: Store, first_request: dict) -> str:
-    for row in store.query("SELECT id, trajectory_id, request FROM exchanges_full"):
+    for row in store.dicts("SELECT id, trajectory_id, request FROM exchanges_full"):
         if json.loads(row["request"]) == first_request:
             return row["trajectory_id"]
     raise AssertionError("the first turn is not in the database")
@@ -113,7 +113,7 @@ def test_twenty_turns_are_stored_linearly_and_read_back_exactly(logged):
     try:
         long = logged["long"]
         tid = _trajectory_of(store, long[0]["request"])
-        stored_rows = store.query(
+        stored_rows = store.dicts(
             "SELECT turn, parent_id, messages_kept, prompt_kept, len(prompt_token_ids) AS tail, "
             "json_array_length(request -> '$.messages') AS sent FROM exchanges "
             "WHERE trajectory_id = ? ORDER BY turn",
@@ -128,7 +128,7 @@ def test_twenty_turns_are_stored_linearly_and_read_back_exactly(logged):
         # What every reader gets: the collector's queries (the Responses API, the dashboard's
         # trajectory page), the view users query and export, the judge, the trainer.
         _check(queries.trajectory(store, tid), long)
-        full = store.query(
+        full = store.dicts(
             "SELECT * FROM exchanges_full WHERE trajectory_id = ? ORDER BY turn", [tid]
         )
         _check(full, long)
@@ -136,8 +136,10 @@ def test_twenty_turns_are_stored_linearly_and_read_back_exactly(logged):
             row = queries.exchange(store, full[turn]["id"])
             _check([msgspec.structs.asdict(row)], [long[turn]])
         candidates = tables.turn_candidates(store, JudgeSettings(per_scenario=100, max_groups=100))
-        by_id = {c["id"]: c for c in candidates}
-        _check([by_id[r["id"]] for r in full], long)
+        by_id = {c.id: c for c in candidates}
+        for r, mine in zip(full, long, strict=True):
+            assert json.loads(by_id[r["id"]].request) == mine["request"]
+            assert by_id[r["id"]].prompt_token_ids == mine["prompt"]
     finally:
         store.close()
 
@@ -148,7 +150,7 @@ def test_a_client_that_re_renders_history_still_reads_back_exactly(logged):
         sent = logged["rerendered"]
         tid = _trajectory_of(store, sent[0]["request"])
         _check(queries.trajectory(store, tid), sent)
-        kept = store.query(
+        kept = store.dicts(
             "SELECT turn, messages_kept FROM exchanges WHERE trajectory_id = ? ORDER BY turn",
             [tid],
         )
@@ -165,14 +167,14 @@ def test_a_conversation_that_starts_as_another_stores_its_start_once(logged):
     try:
         long, alike = logged["long"], logged["alike"]
         tid = _trajectory_of(store, alike[0]["request"])
-        first = store.query(
+        first = store.dicts(
             "SELECT parent_id, messages_kept, prompt_kept, prompt_token_ids, request "
             "FROM exchanges WHERE trajectory_id = ? AND turn = 0",
             [tid],
         )[0]
         # Stored against the opening it shares with `long`: the system prompt and the prompt
         # ids both conversations began with, held once.
-        (opening,) = store.query("SELECT * FROM openings WHERE id = ?", [first["parent_id"]])
+        (opening,) = store.dicts("SELECT * FROM openings WHERE id = ?", [first["parent_id"]])
         assert json.loads(opening["request"]) == {"messages": [SYSTEM]}
         shared = opening["prompt_token_ids"]
         assert len(shared) > 10
@@ -181,7 +183,7 @@ def test_a_conversation_that_starts_as_another_stores_its_start_once(logged):
         assert json.loads(first["request"])["messages"] == alike[0]["request"]["messages"][1:]
         assert first["prompt_token_ids"] == alike[0]["prompt"][len(shared) :]
         _check(queries.trajectory(store, tid), alike)
-        full = store.query(
+        full = store.dicts(
             "SELECT * FROM exchanges_full WHERE trajectory_id = ? ORDER BY turn", [tid]
         )
         _check(full, alike)
@@ -196,17 +198,22 @@ def test_the_judge_and_the_trainer_snapshot_see_full_requests_and_token_ids(logg
     try:
         long, rerendered = logged["long"], logged["rerendered"]
         trajectories = [
-            store.query("SELECT * FROM trajectories WHERE id = ?", [t])[0]
+            store.rows(
+                tables.Finished,
+                "SELECT id, scenario_id, last_exchange, NULL AS api_key_id FROM trajectories "
+                "WHERE id = ?",
+                [t],
+            )[0]
             for t in (
                 _trajectory_of(store, long[0]["request"]),
                 _trajectory_of(store, rerendered[0]["request"]),
             )
         ]
-        scenario = trajectories[0]["scenario_id"]
+        scenario = trajectories[0].scenario_id
         group = tables.add_trajectory_group(store, scenario, trajectories)
         members = tables.members_of(store, group)
-        assert json.loads(members[0]["request"]) == long[-1]["request"]
-        assert json.loads(members[1]["request"]) == rerendered[-1]["request"]
+        assert json.loads(members[0].request) == long[-1]["request"]
+        assert json.loads(members[1].request) == rerendered[-1]["request"]
         tables.save_scores(
             store,
             group,
@@ -214,8 +221,8 @@ def test_the_judge_and_the_trainer_snapshot_see_full_requests_and_token_ids(logg
             reason=None,
             judgements=[],
             scores=[
-                (members[0]["member_id"], "combined", 1.0, None),
-                (members[1]["member_id"], "combined", 0.0, None),
+                (members[0].member_id, "combined", 1.0, None),
+                (members[1].member_id, "combined", 0.0, None),
             ],
         )
         out = snapshot.export(store, tmp_path / "snap.parquet", TrainSettings())
@@ -397,7 +404,7 @@ def test_spooled_deltas_load_and_rebuild_exactly_whatever_the_client_changes(tmp
                 latest = await conversation(collector, number, start)
             await collector.flush()
             counts = await collector.query(
-                lambda store: store.query(
+                lambda store: store.dicts(
                     "SELECT count(*) FILTER (WHERE request_kept IS NOT NULL) AS left_out, "
                     "count(*) FILTER (WHERE parent_id IS NOT NULL) AS deltas, "
                     "count(*) FILTER (WHERE parent_id LIKE 'opn_%') AS opened, "
@@ -405,7 +412,7 @@ def test_spooled_deltas_load_and_rebuild_exactly_whatever_the_client_changes(tmp
                 )[0]
             )
             full = await collector.query(
-                lambda store: store.query(
+                lambda store: store.dicts(
                     "SELECT id, request, prompt_token_ids FROM exchanges_full"
                 )
             )
@@ -450,7 +457,7 @@ def test_a_turn_whose_parent_was_deleted_is_dropped_not_read_back_wrong(tmp_path
         spool.rotate()
         (second,) = spool.loadable()
         assert store.load_segment(second.path) == 2 and store.orphaned == 2
-        ids = {r["id"] for r in store.query("SELECT id FROM exchanges_full")}
+        ids = {r["id"] for r in store.dicts("SELECT id FROM exchanges_full")}
         assert ids == {"other", "other-next"}
     finally:
         spool.close()
@@ -480,7 +487,7 @@ def test_a_turn_whose_parent_an_earlier_run_loaded_is_kept_and_rebuilt(tmp_path)
     store = load(line("second", "it's-first", 1, "second"))
     try:
         assert store.orphaned == 0
-        row = store.query(
+        row = store.dicts(
             "SELECT request, prompt_token_ids FROM exchanges_full WHERE id = 'second'"
         )
         assert json.loads(row[0]["request"])["messages"] == [
@@ -559,13 +566,13 @@ def test_conversations_that_start_alike_share_one_opening_until_none_is_left(tmp
             def rows(store: Store) -> dict:
                 return {
                     r["trajectory_id"]: r
-                    for r in store.query(
+                    for r in store.dicts(
                         "SELECT trajectory_id, request, prompt_token_ids FROM exchanges_full"
                     )
                 }
 
             def openings(store: Store) -> set[str]:
-                return {r["id"] for r in store.query("SELECT id FROM openings")}
+                return {r["id"] for r in store.dicts("SELECT id FROM openings")}
 
             def check(got: dict) -> None:
                 for tid, row in got.items():
@@ -575,7 +582,7 @@ def test_conversations_that_start_alike_share_one_opening_until_none_is_left(tmp
             check(await collector.query(rows))
             assert await collector.query(openings) == {parents["b"], parents["y"]}
             stored_b = await collector.query(
-                lambda s: s.query("SELECT request, prompt_token_ids FROM exchanges WHERE id='e-b'")
+                lambda s: s.dicts("SELECT request, prompt_token_ids FROM exchanges WHERE id='e-b'")
             )
             assert json.loads(stored_b[0]["request"]) == {
                 "model": "m",

@@ -368,12 +368,12 @@ def test_conversations_the_canary_trained_on_and_compare_runs_never_count_for_it
     with_routing(tmp_path, tool_model_dir, live="scrambled", canary="mild")
     # mild's parent was trained on the judged groups: their conversations are its lineage's.
     store = Store(db)
-    groups = [r["id"] for r in store.query("SELECT id FROM groups WHERE kind = 'turn'")]
+    groups = [r["id"] for r in store.dicts("SELECT id FROM groups WHERE kind = 'turn'")]
     record_trained(store, "mild-parent", tmp_path / "mild", tool_model_dir, groups=groups)
     store.con.execute("UPDATE checkpoints SET parent = 'mild-parent' WHERE name = 'mild'")
     trained = {
         r["trajectory_id"]
-        for r in store.query(
+        for r in store.dicts(
             "SELECT DISTINCT trajectory_id FROM members WHERE group_id IN "
             "(SELECT id FROM groups WHERE kind = 'turn')"
         )

@@ -241,7 +241,7 @@ def test_the_draw_keeps_the_days_share_of_long_conversations_to_the_end(store):
     day(store, now, short=250, long=100)
     drawn = prompts.fresh(store, AGENT, now - timedelta(hours=2), 300, tests=["offline:mix"])
     # Each draw, one conversation (it answers up to four of its turns: one pair).
-    conversations = dict.fromkeys(p["trajectory_id"] for p in drawn.prompts)
+    conversations = dict.fromkeys(p.trajectory_id for p in drawn.prompts)
     longs = [c.startswith("l") for c in conversations]
     assert drawn.short is not None and drawn.short.length == 3  # the long ones, used up
     assert "conversations of 8+ turns" in str(drawn.short)

@@ -39,7 +39,7 @@ def app_for(tmp_path, upstream: Upstream, tracer=None, **proxy):
 def rows(tmp_path, sql: str) -> list[dict]:
     store = Store(tmp_path / "onjob.duckdb")
     try:
-        return store.query(sql)
+        return store.dicts(sql)
     finally:
         store.close()
 

@@ -346,7 +346,7 @@ def test_a_keys_store_false_responses_are_logged_but_never_judged_when_its_setti
     }
     store = Store(tmp_path / "onjob.duckdb")
     try:
-        judged = {c["id"] for c in turn_candidates(store, JudgeSettings())}
+        judged = {c.id for c in turn_candidates(store, JudgeSettings())}
     finally:
         store.close()
     assert judged and all(sent[i] != ("private", False) for i in judged)

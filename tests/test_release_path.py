@@ -31,7 +31,7 @@ from .test_reward_hacking import HEDGING, QUESTION, engine, scripted, settings
 AGENT = Lineage("agent")  # the shared lineage of a server with no tenants
 
 
-def logged(db, n: int, scenario: str = "scn", prefix: str = "x") -> list[dict]:
+def logged(db, n: int, scenario: str = "scn", prefix: str = "x") -> list[tables.LoggedTurn]:
     """`n` answered production turns of `scenario`, one per conversation."""
     store = Store(db)
     try:
@@ -43,7 +43,11 @@ def logged(db, n: int, scenario: str = "scn", prefix: str = "x") -> list[dict]:
                 [f"{prefix}-{i}", f"{prefix}t-{i}", scenario,
                  json.dumps({"model": "agent", "messages": QUESTION})],
             )  # fmt: skip
-        return store.query("SELECT * FROM exchanges WHERE id LIKE ? ORDER BY id", [f"{prefix}-%"])
+        return store.rows(
+            tables.LoggedTurn,
+            f"SELECT {tables.LOGGED_TURN} FROM exchanges e WHERE e.id LIKE ? ORDER BY e.id",
+            [f"{prefix}-%"],
+        )
     finally:
         store.close()
 
@@ -52,7 +56,9 @@ def fn(name: str) -> dict[str, RewardFn]:
     return {name: RewardFn(fn=f"tests.hacking_rewards:{name}")}
 
 
-async def paired(db, judge: JudgeSettings, prompts: list[dict], test: str, seen=None) -> None:
+async def paired(
+    db, judge: JudgeSettings, prompts: list[tables.LoggedTurn], test: str, seen=None
+) -> None:
     """A paired round: live (the base model) against `ckpt-hack`, which hedges. `seen`: a
     list the engine's request bodies are added to."""
     collector = Collector(CollectorSettings(db=db))
@@ -152,7 +158,7 @@ def test_ab_pairs_are_never_scored_by_the_coach_and_the_referee_retries_them(tmp
         try:
             await run_pass(collector, client, coach, echo=lambda _: None)
             left = await collector.query(
-                lambda st: st.query("SELECT count(*) AS n FROM groups WHERE status = 'sampled'")
+                lambda st: st.dicts("SELECT count(*) AS n FROM groups WHERE status = 'sampled'")
             )
             from onjob.judge import rewards
 
@@ -283,7 +289,7 @@ def test_held_out_prompts_leave_out_conversations_the_lineage_trained_on(
         registry.add(store, tiny_adapter_dir, "cand", tiny_model_dir)
         store.con.execute("UPDATE checkpoints SET parent = 'parent' WHERE name = 'cand'")
         chosen = prompts.held_out(store, AGENT, ["scn-held"], 10, chain=[None, "cand"])
-        assert {p["trajectory_id"] for p in chosen} == {"ht-1", "ht-2", "ht-3"}
+        assert {p.trajectory_id for p in chosen} == {"ht-1", "ht-2", "ht-3"}
         every = prompts.held_out(store, AGENT, ["scn-held"], 10)
         assert len(every) == len(logged_turns)
     finally:

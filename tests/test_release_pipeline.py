@@ -240,7 +240,7 @@ def test_a_test_draws_a_sample_of_the_traffic_not_its_newest_conversations(tmp_p
             log(store, 1, f"k{i}", "now() - INTERVAL 40 SECOND", arm="canary")
         since = datetime.now(UTC) - timedelta(hours=1)
         drawn = [
-            {p["trajectory_id"] for p in prompts.fresh(store, AGENT, since, 10, tests=[t]).prompts}
+            {p.trajectory_id for p in prompts.fresh(store, AGENT, since, 10, tests=[t]).prompts}
             for t in ("offline:a", "offline:b", "offline:c")
         ]
         newest = {f"m{i:02d}t-0" for i in range(30, 40)}
@@ -250,7 +250,7 @@ def test_a_test_draws_a_sample_of_the_traffic_not_its_newest_conversations(tmp_p
         # Over a few tests, the whole hour is drawn from: its first half as well.
         assert any(int(c[1:3]) < 20 for chosen in drawn for c in chosen)
         held = prompts.held_out(store, AGENT, ["scn"], 100, tests=["holdout:a"])
-        assert len(held) == 40 and not any(p["trajectory_id"].startswith("k") for p in held)
+        assert len(held) == 40 and not any(p.trajectory_id.startswith("k") for p in held)
     finally:
         store.close()
 
@@ -262,12 +262,12 @@ def test_a_test_draws_each_conversation_once_from_any_turn(tmp_path):
         since = datetime.now(UTC) - timedelta(minutes=1)
         chosen = prompts.fresh(store, AGENT, since, 100, tests=["offline:x"]).prompts
         # Each conversation once, with its three turns (one pair, their mean).
-        assert len({p["trajectory_id"] for p in chosen}) == 30 and len(chosen) == 90
+        assert len({p.trajectory_id for p in chosen}) == 30 and len(chosen) == 90
         # The turn a draw took first is any turn, tool calls and earlier turns included,
         # not only each conversation's last.
-        assert {chosen[i]["turn"] for i in range(0, 90, 3)} == {0, 1, 2}
+        assert {chosen[i].turn for i in range(0, 90, 3)} == {0, 1, 2}
         # The same test draws the same turns again (a resumed test repeats nothing).
         again = prompts.fresh(store, AGENT, since, 100, tests=["offline:x"]).prompts
-        assert {p["id"] for p in again} == {p["id"] for p in chosen}
+        assert {p.id for p in again} == {p.id for p in chosen}
     finally:
         store.close()

@@ -93,7 +93,7 @@ def test_each_client_shape_of_a_resent_history_continues_the_answer_it_got():
         chat, call = responses.translate(
             ResponseRequest(model="m", input=first, instructions="Be brief."), None
         )
-        left = continuations(keys(chat["messages"]).prefix_hash, [reply])[0]
+        left = continuations(keys(msgspec.to_builtins(chat.messages)).prefix_hash, [reply])[0]
         output = responses.output_items(reply, "x")
         built = responses.response_object(
             call, "resp_x", "agent", status="completed", output=output
@@ -104,7 +104,7 @@ def test_each_client_shape_of_a_resent_history_continues_the_answer_it_got():
         chat, _ = responses.translate(
             ResponseRequest(model="m", input=history, instructions="Be brief."), None
         )
-        assert keys(chat["messages"]).candidates[0] == left, shape
+        assert keys(msgspec.to_builtins(chat.messages)).candidates[0] == left, shape
 
 
 def test_a_stateless_tool_loop_is_one_trajectory_in_every_client_shape(tmp_path, tool_engine):

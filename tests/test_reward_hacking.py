@@ -183,7 +183,7 @@ def test_without_a_referee_the_hedging_canary_is_ready_for_review_not_promoted(
         assert review.evidence["paired"]["wins"] >= 12
         assert review.evidence["paired"]["losses"] == 0
         assert review.evidence["referee"] == ["fn:partial"]
-        pairs = store.query("SELECT count(*) AS n FROM groups WHERE kind = 'ab'")[0]["n"]
+        pairs = store.dicts("SELECT count(*) AS n FROM groups WHERE kind = 'ab'")[0]["n"]
     finally:
         store.close()
 
@@ -200,7 +200,7 @@ def test_without_a_referee_the_hedging_canary_is_ready_for_review_not_promoted(
     assert "ready for review since" in said
     store = Store(s.collector.db)
     try:
-        assert store.query("SELECT count(*) AS n FROM groups WHERE kind = 'ab'")[0]["n"] == pairs
+        assert store.dicts("SELECT count(*) AS n FROM groups WHERE kind = 'ab'")[0]["n"] == pairs
     finally:
         store.close()
 

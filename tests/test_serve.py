@@ -104,7 +104,7 @@ def test_server_killed_mid_traffic_loses_no_answered_exchange(tmp_path, engine):
         pass  # the restart replays the spool; stopping it loads everything
     store = Store(db)
     try:
-        logged = {r["id"] for r in store.query("SELECT id FROM exchanges")}
+        logged = {r["id"] for r in store.dicts("SELECT id FROM exchanges")}
     finally:
         store.close()
     assert set(answered) <= logged

@@ -52,7 +52,7 @@ def loaded_ids(db: Path, segment: Path, data: bytes) -> set[str]:
         await c.start()
         segment.write_bytes(data)
         await c.flush()
-        loaded = await c.query(lambda s: s.query("SELECT id FROM exchanges"))
+        loaded = await c.query(lambda s: s.dicts("SELECT id FROM exchanges"))
         await c.close()
         return {r["id"] for r in loaded}
 
@@ -142,7 +142,7 @@ def test_a_refused_line_is_set_aside_alone_and_the_rest_of_its_segment_loads(tmp
         segment = spool / "0000000000001-0000000000002-restored-000001.jsonl"
         segment.write_bytes(b"\n".join(lines) + b"\n")
         await c.flush()
-        loaded = await c.query(lambda s: s.query("SELECT id FROM exchanges"))
+        loaded = await c.query(lambda s: s.dicts("SELECT id FROM exchanges"))
         stats = c.stats()
         await c.close()
         return first.id, [o.id for o in others], segment, loaded, stats
@@ -180,7 +180,7 @@ def test_a_turn_in_a_refused_segment_still_continues_its_conversation(tmp_path):
         segment.write_bytes(encode(second) + b"\n" + encode(first) + b"\n")
         await c.flush()
         placed = await c.query(
-            lambda s: s.query("SELECT id, trajectory_id, turn FROM exchanges ORDER BY turn")
+            lambda s: s.dicts("SELECT id, trajectory_id, turn FROM exchanges ORDER BY turn")
         )
         await c.close()
         return placed
@@ -252,7 +252,7 @@ def test_a_set_aside_line_moved_back_loads(tmp_path):
         aside.write_bytes(encode(feedback) + b"\n")
         aside.replace(spool / aside.name)
         await c.flush()
-        n = await c.query(lambda s: s.query("SELECT count(*) AS n FROM feedback"))
+        n = await c.query(lambda s: s.dicts("SELECT count(*) AS n FROM feedback"))
         await c.close()
         return n
 

@@ -170,7 +170,7 @@ def test_a_pair_being_judged_again_holds_the_pairs_after_it():
         assert (paired.pairs, paired.pending, paired.unjudged) == (1, 9, 0)
         assert [m.counted for m in weighed.missing] == ["pending"]
         assert "9 more waiting" in weighed.decide()[1]
-        store.query("UPDATE groups SET attempts = ? WHERE status = 'failed'",
+        store.dicts("UPDATE groups SET attempts = ? WHERE status = 'failed'",
                     [PRODUCTION.rejudge_attempts])  # fmt: skip
         weighed = pairs.weigh(store, "agent", "ckpt-wait", tests, PRODUCTION)
         paired = weighed.paired
@@ -276,14 +276,14 @@ def _judged_pairs(
     for i, d in enumerate(differences):
         group = f"g-{candidate}-{i:03d}"  # ids sort as the pairs were made
         if d is None:
-            store.query(
+            store.dicts(
                 "INSERT INTO groups (id, scenario_id, kind, status, reason, created, test, "
                 "attempts) VALUES (?, 'scn-held', 'ab', 'failed', 'reward function raised', "
                 "now(), ?, ?)",
                 [group, test, tries],
             )
             continue
-        store.query(
+        store.dicts(
             "INSERT INTO groups (id, scenario_id, kind, status, created, test) "
             "VALUES (?, 'scn-held', 'ab', 'scored', now(), ?)",
             [group, test],
@@ -291,12 +291,12 @@ def _judged_pairs(
         live, cand = (0.0, d) if d >= 0 else (-d, 0.0)
         for position, (arm, score) in enumerate((("a", live), ("b", cand))):
             member = f"{group}-{arm}"
-            store.query(
+            store.dicts(
                 "INSERT INTO members (id, group_id, position, exchange_id, choice, origin) "
                 "VALUES (?, ?, ?, ?, 0, ?)",
                 [member, group, position, f"x-{member}", arm],
             )
-            store.query(
+            store.dicts(
                 "INSERT INTO scores (id, group_id, member_id, source, score) "
                 "VALUES (?, ?, ?, 'combined', ?)",
                 [f"s-{member}", group, member, score],

@@ -70,8 +70,8 @@ def test_many_small_loads_leave_neither_the_file_cached_nor_stale_queue_entries(
     assert used_blocks >= 8
     assert cached(store, "BASE_TABLE") <= 4 * block_size
     assert limit(store) == before == "244.1 MiB"
-    assert store.query("SELECT count(*) AS n FROM exchanges") == [{"n": 1200}]
-    assert store.query("SELECT count(*) AS n FROM trajectories") == [{"n": 1200}]
+    assert store.dicts("SELECT count(*) AS n FROM exchanges") == [{"n": 1200}]
+    assert store.dicts("SELECT count(*) AS n FROM trajectories") == [{"n": 1200}]
 
 
 def test_with_nothing_pinned_the_limit_is_set_back_and_loading_goes_on(tmp_path):

@@ -103,7 +103,7 @@ def snapshot_keys(db: Path, path: Path, untrained: list[str]) -> set[str]:
         info = snapshot.export(store, path, TrainSettings(min_spread=0.0), scope=scope)
         ids = [i for turns in pq.read_table(path).column("exchange_ids").to_pylist() for i in turns]
         assert info.groups and ids
-        keys = store.query(
+        keys = store.dicts(
             "SELECT DISTINCT api_key_id FROM exchanges WHERE list_contains(?, id)", [ids]
         )
         assert snapshot.trainable(store, TrainSettings(min_spread=0.0), scope=scope).groups
@@ -168,7 +168,7 @@ def test_groups_and_ruler_prompts_hold_one_keys_traffic_and_an_untrained_key_non
     try:
         legacy = {}
         for name, keys in (("mixed", ("alice", "bob")), ("carols", ("carol",))):
-            ends = store.query(
+            ends = store.dicts(
                 "SELECT t.id, t.last_exchange FROM trajectories t JOIN exchanges e "
                 "ON e.id = t.last_exchange WHERE list_contains(?, e.api_key_id) "
                 "AND (t.id LIKE '%:t1' OR t.id LIKE '%:t2')",
@@ -260,9 +260,9 @@ def test_a_scenario_an_older_database_shares_between_keys_makes_a_group_per_key(
             ("scn_shared", "bob"),
         ]
         for c in ready:
-            assert {t["id"] for t in c.trajectories} == {f"{c.api_key_id}:c0", f"{c.api_key_id}:c1"}
+            assert {t.id for t in c.trajectories} == {f"{c.api_key_id}:c0", f"{c.api_key_id}:c1"}
         turns = tables.turn_candidates(store, s, untrained=["carol"])
-        assert {t["api_key_id"] for t in turns} == {"alice", "bob"}
+        assert {t.api_key_id for t in turns} == {"alice", "bob"}
     finally:
         store.close()
 
@@ -283,9 +283,9 @@ def test_canary_held_out_and_compare_prompts_leave_untrained_keys_out(tmp_path):
         for untrained, keys in (([], {"alice", "carol"}), (["carol"], {"alice"})):
             agent = Lineage("agent", scope=KeyScope(never=tuple(untrained)))
             picked = prompts.fresh(store, agent, since, 10).prompts
-            assert {p["api_key_id"] for p in picked} == keys
+            assert {p.api_key_id for p in picked} == keys
             held = prompts.held_out(store, agent, ["scn_a", "scn_c"], 10)
-            assert {p["api_key_id"] for p in held} == keys
+            assert {p.api_key_id for p in held} == keys
     finally:
         store.close()
 
@@ -297,7 +297,7 @@ def test_canary_held_out_and_compare_prompts_leave_untrained_keys_out(tmp_path):
             chosen = await compare._prompts(collector, 10, None, None, [], scope)
         finally:
             await collector.close()
-        return {p["api_key_id"] for p in chosen}
+        return {p.api_key_id for p in chosen}
 
     assert asyncio.run(compared([])) == {"alice", "carol"}
     assert asyncio.run(compared(["carol"])) == {"alice"}

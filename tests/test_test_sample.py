@@ -74,7 +74,7 @@ def words(i: int) -> str:
 
 def conversations(draw: prompts.Draw) -> list[str]:
     """The conversations a draw took, in order (each draw takes several of one's turns)."""
-    return list(dict.fromkeys(p["trajectory_id"] for p in draw.prompts))
+    return list(dict.fromkeys(p.trajectory_id for p in draw.prompts))
 
 
 def short_and_long(store, n: int) -> datetime:
@@ -110,7 +110,7 @@ def test_a_draw_answers_a_conversations_turns_while_conversations_are_few(store)
     draw = prompts.fresh(store, AGENT, since, 4, tests=["offline:a"])
     assert len(conversations(draw)) == 4
     for c in conversations(draw):
-        turns = [p["turn"] for p in draw.prompts if p["trajectory_id"] == c]
+        turns = [p.turn for p in draw.prompts if p.trajectory_id == c]
         assert len(set(turns)) == (prompts.TURNS_PER_DRAW if c.startswith("long") else 1)
     # 10 for 3 pairs: plenty, one turn each.
     draw = prompts.fresh(store, AGENT, since, 3, tests=["offline:b"])
@@ -132,7 +132,7 @@ def test_a_draw_keeps_the_days_mix_of_turns_whatever_is_left_to_draw_from(
     trained(store, [f"t{i}" for i in range(6, 60)], tiny_adapter_dir, tiny_model_dir)
     since = prompts.window_start(store, "cand")
     draw = prompts.fresh(store, AGENT, since, 40, chain=[None, "cand"], tests=["offline:x"])
-    kinds = [p["trajectory_id"][0] for p in draw.prompts]
+    kinds = [p.trajectory_id[0] for p in draw.prompts]
     # Each draw is a tool-call turn half the time (as the day served them), so the 6
     # are drawn among the first dozen or so, and the round stops when a draw asks for
     # a seventh: the test waits rather than go on on answers alone.
@@ -141,7 +141,7 @@ def test_a_draw_keeps_the_days_mix_of_turns_whatever_is_left_to_draw_from(
     assert "tool-call turns" in str(draw.short)
     # The same test's next round asks again and stops at once: nothing new to draw.
     again = prompts.fresh(store, AGENT, since, 40, chain=[None, "cand"], tests=["offline:x"])
-    assert {p["id"] for p in again.prompts} == {p["id"] for p in draw.prompts}
+    assert {p.id for p in again.prompts} == {p.id for p in draw.prompts}
 
 
 def test_a_conversation_of_both_kinds_of_turn_is_drawn_by_either(store):
@@ -156,7 +156,7 @@ def test_a_conversation_of_both_kinds_of_turn_is_drawn_by_either(store):
     assert sorted(conversations(draw)) == sorted(f"c{i}" for i in range(20))
     # Each draw answers both turns, the one it drew first: either turn, about as often.
     assert len(draw.prompts) == 40
-    firsts = [draw.prompts[i]["turn"] for i in range(0, 40, 2)]
+    firsts = [draw.prompts[i].turn for i in range(0, 40, 2)]
     assert 4 <= firsts.count(0) <= 16
 
 
@@ -167,7 +167,7 @@ def test_a_draw_reaches_every_hour_of_the_day_in_proportion(store):
         log(store, f"n{i}", at=now - timedelta(minutes=30))
         log(store, f"d{i}", at=now - timedelta(hours=7 + (i % 3) * 6))
     draw = prompts.fresh(store, AGENT, now - timedelta(days=1), 40, tests=["offline:y"])
-    earlier = sum(p["trajectory_id"].startswith("d") for p in draw.prompts)
+    earlier = sum(p.trajectory_id.startswith("d") for p in draw.prompts)
     assert draw.short is None and len(draw.prompts) == 40
     assert 10 <= earlier <= 30  # about half, as served; not the newest hour alone
 
@@ -196,11 +196,11 @@ def test_a_prompt_in_the_words_of_a_trained_one_is_not_a_fresh_prompt(
     since = prompts.window_start(store, "cand", now)
     assert since == now - prompts.PROFILE
     chosen = prompts.fresh(store, AGENT, since, 10, chain=[None, "cand"]).prompts
-    assert {p["trajectory_id"] for p in chosen} == {"other", "ticket", "number"}
-    assert [p["turn"] for p in chosen if p["trajectory_id"] == "ticket"] == [1]
+    assert {p.trajectory_id for p in chosen} == {"other", "ticket", "number"}
+    assert [p.turn for p in chosen if p.trajectory_id == "ticket"] == [1]
     # Without the candidate's chain nothing is trained, so nothing is alike.
     every = prompts.fresh(store, AGENT, since, 10).prompts
-    assert {p["trajectory_id"] for p in every} == {
+    assert {p.trajectory_id for p in every} == {
         "trained",
         "alike",
         "other",
@@ -250,7 +250,7 @@ def test_the_turns_a_draw_answers_of_one_conversation_are_one_pair_their_mean(st
     # -1, -1, +1. Two pairs, +1/3 and -1/3, not six of which four tie.
     diffs = {conversations(draw)[0]: [1.0, 0.0, 0.0], conversations(draw)[1]: [-1.0, -1.0, 1.0]}
     for i, p in enumerate(draw.prompts):
-        scored(store, f"g-{i:02d}", p["id"], test, diffs[p["trajectory_id"]].pop(0))
+        scored(store, f"g-{i:02d}", p.id, test, diffs[p.trajectory_id].pop(0))
     weighed = pairs.weigh(store, "agent", "cand", [test], LoopSettings())
     tally = weighed.paired.tally
     assert (weighed.paired.pairs, tally.wins, tally.ties, tally.losses) == (2, 1, 0, 1)
@@ -260,6 +260,6 @@ def test_the_turns_a_draw_answers_of_one_conversation_are_one_pair_their_mean(st
     again = prompts.fresh(store, AGENT, now - timedelta(hours=1), 1, tests=[test])
     assert not set(conversations(again)) & set(conversations(draw))
     for i, p in enumerate(again.prompts):
-        scored(store, f"g-{6 + i:02d}", p["id"], test, 1.0 if i else None)
+        scored(store, f"g-{6 + i:02d}", p.id, test, 1.0 if i else None)
     weighed = pairs.weigh(store, "agent", "cand", [test], LoopSettings())
     assert weighed.paired.pairs == 2 and weighed.paired.pending == 3

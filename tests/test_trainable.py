@@ -118,9 +118,9 @@ def test_answers_that_do_not_add_up_are_logged_untrainable_counted_and_never_jud
     }
     store = Store(db)
     try:
-        judged = {c["id"] for c in turn_candidates(store, JudgeSettings(max_age_s=10**6))}
+        judged = {c.id for c in turn_candidates(store, JudgeSettings(max_age_s=10**6))}
         trainable = {
-            r["id"] for r in store.query("SELECT id FROM exchanges WHERE untrainable IS NULL")
+            r["id"] for r in store.dicts("SELECT id FROM exchanges WHERE untrainable IS NULL")
         }
     finally:
         store.close()

@@ -65,8 +65,8 @@ def test_a_manifest_from_before_the_logprob_check_loads_without_its_later_keys(t
     store = Store(tmp_path / "onjob.duckdb")
     try:
         record_run(store, "run-1", manifest, tmp_path, None)
-        run = store.query("SELECT groups_used, duration_s FROM train_runs")[0]
-        checkpoint = store.query("SELECT name, base_model, status FROM checkpoints")[0]
+        run = store.dicts("SELECT groups_used, duration_s FROM train_runs")[0]
+        checkpoint = store.dicts("SELECT name, base_model, status FROM checkpoints")[0]
     finally:
         store.close()
     assert run == {"groups_used": ["g1", "g2"], "duration_s": 12.5}
@@ -78,7 +78,7 @@ def test_the_groups_a_run_skipped_are_recorded_as_used(tmp_path):
     store = Store(tmp_path / "onjob.duckdb")
     try:
         record_run(store, "run-1", Manifest.read(tmp_path), tmp_path, None)
-        used = store.query("SELECT groups_used FROM train_runs")[0]["groups_used"]
+        used = store.dicts("SELECT groups_used FROM train_runs")[0]["groups_used"]
     finally:
         store.close()
     assert used == ["g1", "g2", "g3"]

@@ -266,7 +266,7 @@ def test_a_group_the_sampler_disagrees_with_is_skipped_and_recorded_and_the_run_
     assert manifest.metrics.logprob_gap_step0_max > 1e3  # the metric shows it
     store = Store(tmp_path / "onjob.duckdb")
     record_run(store, "run-1", manifest, tmp_path / "ckpt", None)
-    used = store.query("SELECT groups_used FROM train_runs")[0]["groups_used"]
+    used = store.dicts("SELECT groups_used FROM train_runs")[0]["groups_used"]
     store.close()
     assert sorted(used) == ["bad", "good"]
 

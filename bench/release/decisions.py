@@ -515,27 +515,27 @@ def old_draw(store: Store, test: str, n: int) -> list[str]:
     undrawn conversations (a whole conversation out per draw)."""
     turns = prompts.source_turns(store, AGENT, "e.arm = 'live' AND e.ts > ?",
                            [NOW - prompts.PROFILE], [], [test])  # fmt: skip
-    queues: dict[tuple, list[dict]] = {}
+    queues: dict[tuple, list[prompts.Turn]] = {}
     strata_of: dict[str, list[tuple]] = {}
     for t in turns:
-        queues.setdefault((t["called"], t["part"]), []).append(t)
-        strata_of.setdefault(t["trajectory_id"], []).append((t["called"], t["part"]))
+        queues.setdefault((t.called, t.part), []).append(t)
+        strata_of.setdefault(t.trajectory_id, []).append((t.called, t.part))
     left: dict[tuple, int] = {}
     for t in turns:
-        left[(t["called"], t["part"])] = left.get((t["called"], t["part"]), 0) + 1
+        left[(t.called, t.part)] = left.get((t.called, t.part), 0) + 1
     strata = sorted(left)
     rng, out, used = random.Random(test), [], set()
     while len(out) < n and any(left.values()):
         st = rng.choices(strata, weights=[left[x] for x in strata])[0]
         q = queues[st]
-        while q and q[0]["trajectory_id"] in used:
+        while q and q[0].trajectory_id in used:
             q.pop(0)
         if not q:
             break
         t = q.pop(0)
-        out.append(t["id"])
-        used.add(t["trajectory_id"])
-        for x in strata_of[t["trajectory_id"]]:
+        out.append(t.id)
+        used.add(t.trajectory_id)
+        for x in strata_of[t.trajectory_id]:
             left[x] = max(0, left[x] - 1)
     return out
 
@@ -553,7 +553,7 @@ def low_traffic(s: LoopSettings, ref: Referee, judge: Judge, reps: int, seed: in
         try:
             effects = day_of_agent_traffic(store, rng)
             out["effects"] = effects
-            out["conversations"] = store.query(
+            out["conversations"] = store.dicts(
                 "SELECT count(DISTINCT trajectory_id) AS n FROM exchanges")[0]["n"]  # fmt: skip
             since = NOW - prompts.PROFILE
             warned = prompts.shortfalls(store, AGENT, since, s.max_pairs, tests=["offline:w"])
@@ -568,8 +568,8 @@ def low_traffic(s: LoopSettings, ref: Referee, judge: Judge, reps: int, seed: in
                         drawn = prompts.fresh(store, AGENT, since, s.max_pairs, tests=[test])
                         units: dict[str, list[float]] = {}
                         for p in drawn.prompts:
-                            effect = effects[p["id"].rsplit("-", 1)[1]]
-                            units.setdefault(p["trajectory_id"], []).append(effect)
+                            effect = effects[p.id.rsplit("-", 1)[1]]
+                            units.setdefault(p.trajectory_id, []).append(effect)
                         kinds = [statistics.fmean(u) for u in units.values()]
                     else:
                         ids = old_draw(store, test, s.max_pairs)

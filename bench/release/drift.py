@@ -89,14 +89,14 @@ def day_of_traffic(store: Store, case: str, rng: random.Random) -> None:
 
 
 def served_mean(store: Store, case: str) -> float:
-    kinds = [r["id"].rsplit("-", 1)[1] for r in store.query("SELECT id FROM exchanges")]
+    kinds = [r["id"].rsplit("-", 1)[1] for r in store.dicts("SELECT id FROM exchanges")]
     return statistics.mean(EFFECTS[case][k] for k in kinds)
 
 
 def before_issue_50(store: Store, rng: random.Random, n: int) -> list[str]:
     """The old sampling: conversations logged after the snapshot (an hour before `NOW`),
     newest first, one turn of each at random: the kinds of the turns drawn."""
-    rows = store.query(
+    rows = store.dicts(
         "SELECT trajectory_id, list(id) AS ids, max(ts) AS ts FROM exchanges "
         "WHERE ts > ? GROUP BY trajectory_id ORDER BY ts DESC",
         [NOW - timedelta(hours=1)],
@@ -107,7 +107,7 @@ def before_issue_50(store: Store, rng: random.Random, n: int) -> list[str]:
 def now_drawn(store: Store, test: str, n: int) -> list[str]:
     """Today's sampling: `prompts.fresh` over the last day, in its mix of strata."""
     picked = prompts.fresh(store, AGENT, NOW - prompts.PROFILE, n, tests=[test])
-    return [p["id"].rsplit("-", 1)[1] for p in picked.prompts]
+    return [p.id.rsplit("-", 1)[1] for p in picked.prompts]
 
 
 def decide(kinds: list[str], case: str, s: LoopSettings, alpha: float, judge, rng) -> tuple:

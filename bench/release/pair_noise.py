@@ -85,7 +85,7 @@ async def measure(url: str, samples: int) -> dict:
             started, rows = time.monotonic(), []
             for i, q in enumerate(QUESTIONS):
                 if way == "one seed per pair":
-                    seed_a = seed_b = pair_seed("bench", {"id": q})
+                    seed_a = seed_b = pair_seed("bench", q)
                 else:
                     seed_a, seed_b = 2 * i + 1, 2 * i + 2
                 a, b = await asyncio.gather(

@@ -197,7 +197,7 @@ def main() -> None:
             for e in engines:
                 e.stop()
         store = Store(db)
-        logged = store.query("SELECT status, arm, checkpoint, served_model FROM exchanges")
+        logged = store.dicts("SELECT status, arm, checkpoint, served_model FROM exchanges")
         store.close()
 
     log = out["log"]

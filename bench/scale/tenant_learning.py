@@ -192,7 +192,7 @@ def cross_tenant(db: Path, served: dict[str, str]) -> tuple[int, int]:
     lineage than the key's (from the log and the train runs' lineage)."""
     store = Store(db)
     try:
-        rows = store.query(
+        rows = store.dicts(
             "SELECT e.api_key_id AS key, t.config->>'lineage' AS lineage FROM exchanges e "
             "JOIN checkpoints c ON c.name = e.checkpoint JOIN train_runs t ON t.id = c.train_run "
             "WHERE e.api_key_id IS NOT NULL"

@@ -82,7 +82,7 @@ def main() -> None:
     s = JudgeSettings(settle_s=0)
     try:
         figures = {
-            "trajectory candidates, no key": cpu_ms(lambda: store.query(NO_KEY, [0, []])),
+            "trajectory candidates, no key": cpu_ms(lambda: store.dicts(NO_KEY, [0, []])),
             "trajectory candidates, per key": cpu_ms(
                 lambda: tables.scenario_candidates(store, s, [], ["key4"])
             ),

@@ -298,7 +298,7 @@ def run(o: Options, echo=say) -> dict:
         try:
             groups = progress.group_rewards(store)
             history = list(reversed(deployments.history(store, 1000)))
-            runs = store.query("SELECT count(*) AS n FROM train_runs")[0]["n"]
+            runs = store.scalar("SELECT count(*) FROM train_runs")
             timeline = training_timeline(store)
             formed = groups_formed(store)
             paths = {c.name: c.path for c in registry.checkpoints(store)}
@@ -676,8 +676,8 @@ def pct(r: dict) -> str:
 def training_timeline(store: Store) -> dict:
     """When each training run started, counted from the agent's first request, with its
     groups, steps and the trust region's figures (the KL the release's guard reads)."""
-    first = store.query("SELECT min(ts) AS ts FROM exchanges WHERE source = 'production'")[0]["ts"]
-    rows = store.query(
+    first = store.dicts("SELECT min(ts) AS ts FROM exchanges WHERE source = 'production'")[0]["ts"]
+    rows = store.dicts(
         "SELECT created, duration_s, len(groups_used) AS groups, metrics FROM train_runs "
         "ORDER BY created"
     )
@@ -698,7 +698,7 @@ def training_timeline(store: Store) -> dict:
 def groups_formed(store: Store) -> dict:
     """The groups the judge formed: turn groups on turns whose logged answer called a tool
     and on other turns, and trajectory groups with the conversations in them."""
-    row = store.query(
+    row = store.dicts(
         """
         SELECT count(*) FILTER (WHERE g.kind = 'turn' AND coalesce(json_array_length(
                    e.response -> '$.choices[0].message.tool_calls'), 0) > 0) AS tool_call_turns,

@@ -15,10 +15,13 @@ matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt
 
 if TYPE_CHECKING:
+    from onjob.deploy.progress import GroupReward
     from onjob.deploy.records import Routing
 
 
-def learning_curve(path: Path, groups: list[dict], history: list[Routing], result: dict) -> None:
+def learning_curve(
+    path: Path, groups: list[GroupReward], history: list[Routing], result: dict
+) -> None:
     start = result["started"]
 
     def minutes(ts) -> float:
@@ -32,11 +35,11 @@ def learning_curve(path: Path, groups: list[dict], history: list[Routing], resul
         dpi=110,
         gridspec_kw={"height_ratios": [5, 0.4 + 0.22 * len(events)]},
     )
-    names = list(dict.fromkeys(g["checkpoint"] for g in groups))
+    names = list(dict.fromkeys(g.checkpoint for g in groups))
     colours = plt.get_cmap("tab10")
     for i, name in enumerate(names):
-        mine = [g for g in groups if g["checkpoint"] == name]
-        xs, ys = [minutes(g["created"]) for g in mine], [g["reward"] for g in mine]
+        mine = [g for g in groups if g.checkpoint == name]
+        xs, ys = [minutes(g.created) for g in mine], [g.reward for g in mine]
         mean = sum(ys) / len(ys)
         label = f"{_short(name)}: mean {mean:.2f} over {len(ys)} groups"
         ax.scatter(xs, ys, s=14, alpha=0.5, color=colours(i % 10), label=label)

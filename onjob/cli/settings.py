@@ -221,7 +221,7 @@ def _unknown(model: type[BaseModel], data: dict, prefix: str):
             yield from _unknown(field.annotation, value, f"{name}.")
 
 
-def _names(model: type[BaseModel]) -> dict[str, FieldInfo]:
+def _names(model: type[BaseModel]) -> Mapping[str, FieldInfo]:
     """Each field by its name and by every alias it is read under (an old name kept)."""
     out: dict[str, FieldInfo] = {}
     for name, field in model.model_fields.items():

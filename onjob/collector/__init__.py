@@ -7,67 +7,75 @@ that owns the database loads the spool into DuckDB in batches, placing each exch
 its trajectory and scenario as it goes. `queries` holds the questions other
 parts ask (`await collector.query(lambda store: queries.trajectory(store, trajectory_id))`).
 
-What each module holds:
+Other packages read and write through `Store`, on the collector's database thread:
+rows leave as typed records (`Store.rows(Record, sql)`, each field filled by its
+column's name), single values (`scalar`, `column`) or nothing (`execute`); `dicts` is the
+collector's own (`tests/test_layers.py` holds it).
 
-(the why of each rule below, at length: `docs/collector.md`) the schema and its
-migrations (`schema.py`), the spool (durable before the answer leaves; a segment per
-writing process of one host, which closed segments may be loaded so a turn is never
-placed before the one it continues, a dead writer's segment claimed, a segment DuckDB
-refuses for its content loaded line by line, each line refused alone set aside in
-`failed/` with its reason so the rest still load, a line torn anywhere but at a
-segment's end reported as corruption, segments read strictly so every line loads or is
-set aside, each load sized to its longest line, an exchange past
-`collector.max_line_bytes` stored without its bodies: `spool.py`, `lines.py`,
-`writer.py`), the hand-off between hosts through object storage with `collector.bucket`
-(each host uploads its closed segments create-only and a watermark, the earliest opening
-of what it has not uploaded; the loader fetches them into its spool and holds back what
-closed after the lowest live watermark, so turns alternating between hosts load in
-order; a host past `collector.host_lease_s` on the bucket's clock holds nothing back,
-and uploads its open segment when it restarts; one loader at a time, by a lease in the
-bucket written with conditional requests, the others standbys that hand their traffic
-over and take the lease when it ends (`lease.py`), each segment's tombstone naming its
-loader; the loader's database copied to the bucket every `collector.snapshot_s` with the
-segments it loaded since, which a server taking the lease restores (`snapshots.py`); a
-deletion reaches the hosts' memory of conversations through `forgotten.mark` in the
-bucket: `handoff.py`), the continuous export of exchanges as day-partitioned Parquet in
-the bucket with `collector.export_s` (`export.py`), bulk loading into DuckDB, placing
-each line as it loads, the parent check, and the trajectory and scenario upserts of a
-load that touches few of their rows, through the primary keys' indexes, so a small
-load's cost does not grow with the tables, into row groups of 2,048 rows (a checkpoint's
-memory grows with the last row group's list values), with DuckDB's cache and stale
-eviction-queue entries handed back after each load (`store.py`; rows cross to other
-packages as typed records through `Store.rows(Record, sql)`, each field filled by its
-column's name, as the lines the loader places do, `Unplaced`, and the dashboard's list
-pages, `dashboard/queries.py`), linear storage: what a turn stores against the exchange
-it continues, or a first turn against the opening its conversation shares with others of
-its system prompt and tools, decided where the record is made, with its bounded memory
-of live conversations and openings (`linear.py`; each spool segment carries the openings
-its lines need: `writer.py`; the rebuild is `exchanges_rebuilt` / `exchanges_full` in
-`schema.py`), trajectory stitching and scenarios, one API key's apart from another's:
-the keys the proxy computes, the placement the loader makes (`trajectories.py`), the
-writer task (`writer.py`; a proxy-only process's collector only writes), deleting
-conversations and all derived from them, for `onjob forget` and
-`collector.retention_days`, with the rule the loader applies so no spool segment brings
-them back, then a checkpoint so the WAL no longer holds them and their lines set aside
-in `failed/` removed (`forget.py`), users' read-only queries and Parquet exports (of one
-tenant's rows too, table by table as forget finds a key's), run in a read-only
-transaction on a cursor of their own (`readonly.py`), each query checked to read only
-the database's own tables on DuckDB's syntax tree, CTE scope included, and again on its
-bound plan (`sqlguard.py`), typed records, each one spool line whatever bytes a client
-sent (`records.py`), read queries (`queries.py`), which API keys' rows a lineage may
-read, one SQL condition the snapshot, the test prompts and the canary's guards share,
-and how a lineage is named (`alias`, `alias@tenant`) and spelt on the command line, and
-what one tenant's export takes (`TenantRows`) (`scope.py`), the judge's and the
-trainer's daily budgets read from their rows (`budgets.py`), DuckDB's extensions loaded
-from their installed packages, never from the network (`extensions.py`), and the log in
-DuckLake (`collector.catalog`): a lake attached, made in the schema's end state, its
-history taken out after a deletion, every server writing its own exchanges and one
-leading by a lease in the lake, its small files merged by the leader every
-`collector.compact_s` (`lake.py`; each lineage's work one worker's at a time, by a lease
-per lineage: `jobs.py`; a writer's stitcher asks the lake for the
-conversations other writers placed, `Store.continuing`; a catalog that does not answer,
-its answers waiting in the spool, its loads backed off, said once each way, raised as
-`CatalogUnreachable`: `outage.py`; docs/scaling.md, "The log in DuckLake")
+What each module holds (the why of each rule, at length: `docs/collector.md`):
+
+- `schema.py`: the schema and its migrations; the rebuild of linear storage
+  (`exchanges_rebuilt`, `exchanges_full`).
+- `spool.py`, `lines.py`, `writer.py`: the spool, durable before the answer leaves: a
+  segment per writing process of one host; closed segments loaded so a turn is never
+  placed before the one it continues; a dead writer's segment claimed; a segment DuckDB
+  refuses for its content loaded line by line, each line refused alone set aside in
+  `failed/` with its reason so the rest still load; a line torn anywhere but at a
+  segment's end reported as corruption; each load sized to its longest line; an
+  exchange past `collector.max_line_bytes` stored without its bodies. `writer.py` is the
+  writer task (a proxy-only process's collector only writes).
+- `handoff.py`, `lease.py`, `snapshots.py`: the hand-off between hosts through object
+  storage (`collector.bucket`): each host uploads its closed segments create-only and a
+  watermark, the earliest opening of what it has not uploaded; the loader fetches them
+  and holds back what closed after the lowest live watermark, so turns alternating
+  between hosts load in order; a host past `collector.host_lease_s` on the bucket's
+  clock holds nothing back, and uploads its open segment when it restarts. One loader at
+  a time, by a lease in the bucket written with conditional requests; the others are
+  standbys that hand their traffic over and take the lease when it ends, each segment's
+  tombstone naming its loader. The loader's database is copied to the bucket every
+  `collector.snapshot_s` with the segments loaded since, which a server taking the lease
+  restores. A deletion reaches the hosts' memory of conversations through
+  `forgotten.mark` in the bucket.
+- `export.py`: the continuous export of exchanges as day-partitioned Parquet in the
+  bucket (`collector.export_s`).
+- `store.py`: bulk loading into DuckDB, placing each line as it loads, the parent
+  check, and the trajectory and scenario upserts of a load that touches few of their
+  rows through the primary keys' indexes (a small load's cost does not grow with the
+  tables), into row groups of 2,048 rows (a checkpoint's memory grows with the last row
+  group's list values), DuckDB's cache and stale eviction-queue entries handed back after
+  each load; the typed reads above.
+- `linear.py`: linear storage: what a turn stores against the exchange it continues, or
+  a first turn against the opening its conversation shares with others of its system
+  prompt and tools, decided where the record is made, with its bounded memory of live
+  conversations and openings (each spool segment carries the openings its lines need).
+- `trajectories.py`: stitching and scenarios, one API key's apart from another's: the
+  keys the proxy computes, the placement the loader makes.
+- `forget.py`: deleting conversations and all derived from them, for `onjob forget` and
+  `collector.retention_days`, with the rule the loader applies so no spool segment
+  brings them back, then a checkpoint so the WAL no longer holds them, and their lines
+  set aside in `failed/` removed.
+- `readonly.py`, `sqlguard.py`: users' read-only queries and Parquet exports (of one
+  tenant's rows too, table by table as forget finds a key's), in a read-only transaction
+  on a cursor of their own; each query checked to read only the database's own tables on
+  DuckDB's syntax tree, CTE scope included, and again on its bound plan.
+- `records.py`: typed records, each one spool line whatever bytes a client sent.
+- `queries.py`: read queries other packages ask.
+- `scope.py`: which API keys' rows a lineage may read (one SQL condition the snapshot,
+  the test prompts and the canary's guards share), how a lineage is named (`alias`,
+  `alias@tenant`) and spelt on the command line, and what one tenant's export takes
+  (`TenantRows`).
+- `budgets.py`: the judge's and the trainer's daily budgets, read from their rows.
+- `extensions.py`: DuckDB's extensions loaded from their installed packages, never from
+  the network.
+- `lake.py`, `jobs.py`, `outage.py`: the log in DuckLake (`collector.catalog`;
+  docs/scaling.md, "The log in DuckLake"): a lake attached, made in the schema's end
+  state, its history taken out after a deletion, every server writing its own exchanges
+  and one leading by a lease in the lake, its small files merged by the leader every
+  `collector.compact_s`; each lineage's work one worker's at a time, by a lease per
+  lineage (`jobs.py`); a writer's stitcher asks the lake for the conversations other
+  writers placed (`Store.continuing`); a catalog that does not answer, its answers
+  waiting in the spool, its loads backed off, said once each way, raised as
+  `CatalogUnreachable` (`outage.py`).
 """
 
 from . import budgets, queries, readonly

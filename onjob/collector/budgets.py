@@ -98,7 +98,7 @@ def judge(
         else " AND group_id IN (SELECT m.group_id FROM members m JOIN exchanges e "
         "ON e.id = m.exchange_id WHERE list_contains(?, e.api_key_id))"
     )
-    [row] = store.query(
+    [row] = store.dicts(
         "SELECT coalesce(sum(cost_usd), 0) AS spent FROM judgements "
         "WHERE created >= ? AND created < ?" + mine,
         [start, end] + ([] if keys is None else [list(keys)]),
@@ -119,7 +119,7 @@ def train(
     `lineages`: only the runs trained for these (a tenant's), `whose` their tenant."""
     start, end = day_of(now)
     mine = "" if lineages is None else " AND list_contains(?, config->>'lineage')"
-    [row] = store.query(
+    [row] = store.dicts(
         "SELECT coalesce(sum(duration_s), 0) / 60 AS spent FROM train_runs "
         "WHERE created >= ? AND created < ?" + mine,
         [start, end] + ([] if lineages is None else [list(lineages)]),

@@ -19,6 +19,7 @@ rows again: one holder per lineage, whatever the number of rows.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from datetime import datetime
 
 import duckdb
@@ -89,7 +90,7 @@ def release(con: duckdb.DuckDBPyConnection, name: str, holder: str) -> None:
                 con.execute("ROLLBACK")
 
 
-def holders(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+def holders(con: duckdb.DuckDBPyConnection) -> Mapping[str, str]:
     """Each lineage whose lease runs now -> its holder."""
     rows = con.execute(
         f"SELECT name, arg_max(holder, until) FROM {TABLE} GROUP BY name HAVING max(until) >= now()"

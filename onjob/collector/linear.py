@@ -17,10 +17,12 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import msgspec
 
+from ..protocol import JsonObject
 from .records import OpeningRecord
 from .trajectories import Keys
 
@@ -36,7 +38,7 @@ def digest(message: object) -> bytes:
 LARGE_FIELD = 256  # bytes of JSON: a top-level field this large is stored once per conversation
 
 
-def fields(request: dict) -> dict[str, bytes]:
+def fields(request: JsonObject) -> Mapping[str, bytes]:
     """Digests of a request's large top-level fields other than `messages` (`tools`, a JSON
     schema): a turn that sends the same leaves them out. Small ones are not worth a name."""
     out = {}
@@ -65,7 +67,7 @@ WHOLE = Delta()
 class _Last:
     exchange_id: str
     digests: list[bytes]
-    fields: dict[str, bytes]  # digests of the large top-level fields (`fields()`)
+    fields: Mapping[str, bytes]  # digests of the large top-level fields (`fields()`)
     tokens: array | None  # prompt + first completion; None: the engine gave no token ids
 
 
@@ -141,7 +143,7 @@ class Lineage:
         candidates: list[str],
         api_key_id: str | None,
         digests: list[bytes],
-        large: dict[str, bytes],
+        large: Mapping[str, bytes],
         prompt_token_ids: list[int] | None,
     ) -> tuple[Delta, array | None, str | None]:
         """How a request whose stitching `candidates` are these is stored: against the
@@ -172,7 +174,7 @@ class Lineage:
         api_key_id: str | None,
         exchange_id: str,
         digests: list[bytes],
-        large: dict[str, bytes],
+        large: Mapping[str, bytes],
         prompt: array | None,
         completion_token_ids: list[int] | None,
         parent: str | None = None,
@@ -197,7 +199,7 @@ class Lineage:
         api_key_id: str | None,
         request: dict,
         digests: list[bytes],
-        large: dict[str, bytes],
+        large: Mapping[str, bytes],
         prompt: array | None,
     ) -> Delta:
         """How a request with no parent held is stored: against the opening of the
@@ -228,7 +230,7 @@ class Lineage:
         api_key_id: str | None,
         request: dict,
         lead: int,
-        large: dict[str, bytes],
+        large: Mapping[str, bytes],
         prompt: array | None,
     ) -> None:
         """A second conversation starts as the seed's first did: the opening is what the

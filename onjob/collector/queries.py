@@ -44,26 +44,27 @@ def exchange(store: Store, exchange_id: str) -> LoggedExchange | None:
     return rows[0] if rows else None
 
 
-def trajectory_owner(store: Store, trajectory_id: str) -> list[dict]:
-    """The API key id of a conversation ([] when there is none): every turn's, since a
-    trajectory never spans two keys (`trajectories.scoped`)."""
-    return store.query(
+class Owner(msgspec.Struct, frozen=True):
+    """The API key a conversation is logged under (None: sent without one)."""
+
+    api_key_id: str | None
+
+
+def trajectory_owner(store: Store, trajectory_id: str) -> Owner | None:
+    """The key of a conversation (None when there is no such conversation): every turn's,
+    since a trajectory never spans two keys (`trajectories.scoped`)."""
+    rows = store.rows(
+        Owner,
         "SELECT api_key_id FROM exchanges WHERE trajectory_id = ? ORDER BY turn, ts LIMIT 1",
         [trajectory_id],
     )
+    return rows[0] if rows else None
 
 
 def trajectory(store: Store, trajectory_id: str) -> list[dict]:
-    """The successful turns of one conversation, in order."""
+    """The successful turns of one conversation, in order, every column (the collector's
+    tests read linear storage back whole with it)."""
     ids = (
         "SELECT id FROM exchanges WHERE trajectory_id = ? AND status < 400 AND source <> 'resample'"
     )
-    return store.query(f"SELECT * FROM {rebuilt(ids)} ORDER BY turn, ts", [trajectory_id])
-
-
-def scenarios(store: Store) -> list[dict]:
-    return store.query("SELECT * FROM scenarios ORDER BY count DESC, first_seen")
-
-
-def feedback(store: Store, limit: int = 1000) -> list[dict]:
-    return store.query("SELECT * FROM feedback ORDER BY ts DESC LIMIT ?", [limit])
+    return store.dicts(f"SELECT * FROM {rebuilt(ids)} ORDER BY turn, ts", [trajectory_id])

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import duckdb
 import msgspec
@@ -819,7 +819,24 @@ class Store:
         names = [d[0] for d in cur.description]
         return [record(**dict(zip(names, row, strict=True))) for row in cur.fetchall()]
 
-    def query(self, sql: str, params: list | dict | None = None) -> list[dict]:
+    def scalar(self, sql: str, params: list | dict | None = None) -> Any:
+        """The first column of the first row of `sql` (None when it has no row): a count,
+        a maximum, one flag."""
+        row = self.con.execute(sql, params or []).fetchone()
+        return None if row is None else row[0]
+
+    def column(self, sql: str, params: list | dict | None = None) -> list[Any]:
+        """The first column of every row of `sql`, in order: ids, names."""
+        return [row[0] for row in self.con.execute(sql, params or []).fetchall()]
+
+    def execute(self, sql: str, params: list | dict | None = None) -> None:
+        """A write (or any statement whose rows nobody reads)."""
+        self.con.execute(sql, params or [])
+
+    def dicts(self, sql: str, params: list | dict | None = None) -> list[dict]:
+        """The rows of `sql` as dicts, for the collector's own modules: a row that leaves
+        the collector is a record (`rows`), a value (`scalar`, `column`), or nothing
+        (`execute`); `tests/test_layers.py` holds it."""
         cur = self.con.execute(sql, params or [])
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]

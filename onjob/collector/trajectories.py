@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from ..protocol import JsonObject
 from ..protocol.chat import arguments_of
 from .ids import new_id
 
@@ -135,7 +136,7 @@ def scenario_id(key: str, keyed: str, tenant: str | None = None) -> str:
 MAX_CANDIDATES = 8  # assistant messages, from the latest, a request may continue from
 
 
-def alone(call: dict) -> dict:
+def alone(call: JsonObject) -> JsonObject:
     """A tool call as the assistant message holding it alone, with no text: how a reply
     is keyed for a client that hands back only some of its calls, or the calls without
     the reply's text. A Responses client sends an answer back as separate output items

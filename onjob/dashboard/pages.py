@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -33,6 +34,7 @@ from ..deploy.admin import ERRORS
 from ..deploy.decide import ledger, pairs
 from ..deploy.decide.evidence import Evidence
 from ..deploy.loop import OFF, LoopState, PeriodicLoop
+from ..deploy.records import Routing
 from ..deploy.settings import DeploySettings
 from ..judge import NO_SCORER, judge_agreement
 from ..judge.rollouts import json_value
@@ -395,7 +397,7 @@ def _ab_chart(evidence: Evidence, path: list[dict]) -> AbChart:
     )
 
 
-def _tenant_rows(router: ArmRouter, decided: dict, shares: dict) -> list[dict]:
+def _tenant_rows(router: ArmRouter, decided: Mapping[str, Routing], shares: dict) -> list[dict]:
     """A row per tenant's lineage: whose keys, live, canary, the last decision, and what is
     left of the tenant's budgets today."""
     rows = []

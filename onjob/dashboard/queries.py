@@ -4,6 +4,7 @@ rows, never whole tables, so a page stays fast with millions of exchanges."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Literal
 
 import msgspec
@@ -83,7 +84,7 @@ class Explore(msgspec.Struct, frozen=True, kw_only=True):
     q: str | None = None  # text the request's new messages or the answer contain
     minutes: int | None = None  # only the last N minutes
 
-    def params(self) -> dict[str, str]:
+    def params(self) -> Mapping[str, str]:
         """The filters set, for the pager's links."""
         return {k: str(v) for k, v in msgspec.structs.asdict(self).items() if v not in (None, "")}
 
@@ -139,12 +140,23 @@ def traffic(store: Store, minutes: int) -> list[Traffic]:
     )
 
 
-def per_minute(store: Store, minutes: int) -> list[dict]:
+class Minute(msgspec.Struct, frozen=True):
+    """One bucket of one alias on the overview's chart (`per_minute`): requests and errors
+    per minute in it."""
+
+    minute: dt.datetime
+    alias: str
+    requests: float
+    errors: float
+
+
+def per_minute(store: Store, minutes: int) -> list[Minute]:
     """Requests and errors per minute and alias over the last `minutes`, every bucket of
     the window given (a quiet one as 0, so the chart shows the gap), in at most ~240
     buckets: one minute each up to four hours, wider beyond (still per minute)."""
     width = max(1, -(-minutes // 240))
-    return store.query(
+    return store.rows(
+        Minute,
         """
         WITH counts AS (
             SELECT time_bucket(to_minutes(CAST($width AS BIGINT)), ts) AS minute,
@@ -257,6 +269,30 @@ class JudgeCall(msgspec.Struct, frozen=True):
     created: dt.datetime | None
 
 
+class _Group(msgspec.Struct, frozen=True, kw_only=True):
+    """A `groups` row as its page heads it (`group`)."""
+
+    id: str
+    kind: str
+    status: str
+    reason: str | None
+    scenario_id: str | None
+    created: dt.datetime | None
+
+
+class _Member(msgspec.Struct, frozen=True, kw_only=True):
+    """A member with its exchange's logged answer, JSON text (`group`)."""
+
+    id: str
+    position: int
+    origin: str
+    choice: int | None
+    exchange_id: str
+    trajectory_id: str | None
+    checkpoint: str | None
+    response: str | None
+
+
 class GroupMember(msgspec.Struct, frozen=True, kw_only=True):
     """A member of a group with the answer it is judged on and its scores (`group`)."""
 
@@ -288,13 +324,15 @@ class GroupPage(msgspec.Struct, frozen=True, kw_only=True):
 def group(store: Store, group_id: str) -> GroupPage | None:
     """A group, its members (each with the answer it is judged on and its scores by
     source, with the judge's explanation) and the judge's calls."""
-    found = store.query(
+    found = store.rows(
+        _Group,
         "SELECT id, kind, status, reason, scenario_id, created FROM groups WHERE id = ?",
         [group_id],
     )
     if not found:
         return None
-    rows = store.query(
+    rows = store.rows(
+        _Member,
         """
         SELECT m.id, m.position, m.origin, m.choice, m.exchange_id,
                coalesce(m.trajectory_id, e.trajectory_id) AS trajectory_id,
@@ -312,30 +350,51 @@ def group(store: Store, group_id: str) -> GroupPage | None:
     )
     members = []
     for r in rows:
-        choices = (json_value(r.pop("response")) or {}).get("choices") or []
-        message = next((c.get("message") for c in choices if c.get("index") == r["choice"]), {})
-        mine = [s for s in scores if s.member_id == r["id"]]
-        members.append(GroupMember(**r, message=message or {}, scores=mine))
+        choices = (json_value(r.response) or {}).get("choices") or []
+        message = next((c.get("message") for c in choices if c.get("index") == r.choice), {})
+        members.append(
+            GroupMember(
+                id=r.id,
+                position=r.position,
+                origin=r.origin,
+                choice=r.choice,
+                exchange_id=r.exchange_id,
+                trajectory_id=r.trajectory_id,
+                checkpoint=r.checkpoint,
+                message=message or {},
+                scores=[s for s in scores if s.member_id == r.id],
+            )
+        )
     judgements = store.rows(
         JudgeCall,
         "SELECT judge, status, error, attempts, prompt_tokens, completion_tokens, cost_usd, "
         "latency_ms, created FROM judgements WHERE group_id = ? ORDER BY created",
         [group_id],
     )
-    prompt = _prompt(store, found[0]["kind"], rows)
-    return GroupPage(**found[0], members=members, judgements=judgements, prompt=prompt)
+    head = found[0]
+    return GroupPage(
+        id=head.id,
+        kind=head.kind,
+        status=head.status,
+        reason=head.reason,
+        scenario_id=head.scenario_id,
+        created=head.created,
+        members=members,
+        judgements=judgements,
+        prompt=_prompt(store, head.kind, rows),
+    )
 
 
-def _prompt(store: Store, kind: str, members: list[dict]) -> list[dict]:
+def _prompt(store: Store, kind: str, members: list[_Member]) -> list[dict]:
     """The messages a turn or pair group's members answer (one prompt, whole: a turn's
     request rebuilt from what its conversation stored); a trajectory group's members are
     whole conversations, each on its own page."""
     if kind == "trajectory" or not members:
         return []
-    found = store.query(
-        "SELECT request FROM exchanges_rebuilt([?], false)", [members[0]["exchange_id"]]
+    found = store.column(
+        "SELECT request FROM exchanges_rebuilt([?], false)", [members[0].exchange_id]
     )
-    request = json_value(found[0]["request"]) if found else None
+    request = json_value(found[0]) if found else None
     return list((request or {}).get("messages") or [])
 
 
@@ -375,6 +434,34 @@ class TurnScore(msgspec.Struct, frozen=True):
     explanation: str | None
 
 
+class _Head(msgspec.Struct, frozen=True, kw_only=True):
+    """A conversation's `trajectories` row, or the same made from its exchanges
+    (`trajectory`)."""
+
+    id: str
+    scenario_id: str | None
+    n_turns: int
+    first_ts: dt.datetime | None
+    last_ts: dt.datetime | None
+
+
+class _Served(msgspec.Struct, frozen=True, kw_only=True):
+    """An exchange of the conversation with its request rebuilt and its answer, JSON text
+    (`trajectory`)."""
+
+    id: str
+    turn: int | None
+    ts: dt.datetime
+    checkpoint: str | None
+    served_model: str | None
+    arm: str | None
+    status: int
+    latency_ms: float | None
+    error: str | None
+    request: str | None
+    response: str | None
+
+
 class Conversation(msgspec.Struct, kw_only=True):
     """A conversation as its page shows it (`trajectory`)."""
 
@@ -394,10 +481,12 @@ def trajectory(store: Store, trajectory_id: str) -> Conversation | None:
     the last answer, for reading as one dialogue. A failed exchange is no turn, so a
     conversation whose every request failed (its first one refused, the engine down) has
     no `trajectories` row: it is shown from its exchanges, with their errors."""
-    found = store.query(
+    found = store.rows(
+        _Head,
         "SELECT id, scenario_id, n_turns, first_ts, last_ts FROM trajectories WHERE id = ?",
         [trajectory_id],
-    ) or store.query(
+    ) or store.rows(
+        _Head,
         "SELECT trajectory_id AS id, any_value(scenario_id) AS scenario_id, 0 AS n_turns, "
         "min(ts) AS first_ts, max(ts) AS last_ts FROM exchanges "
         "WHERE trajectory_id = ? AND source = 'production' GROUP BY trajectory_id",
@@ -405,7 +494,8 @@ def trajectory(store: Store, trajectory_id: str) -> Conversation | None:
     )
     if not found:
         return None
-    rows = store.query(
+    rows = store.rows(
+        _Served,
         "SELECT id, turn, ts, checkpoint, served_model, arm, status, latency_ms, error, request, "
         "response FROM exchanges_rebuilt((SELECT list(id) FROM exchanges WHERE trajectory_id = ? "
         "AND source = 'production'), false) ORDER BY turn, ts",
@@ -414,15 +504,28 @@ def trajectory(store: Store, trajectory_id: str) -> Conversation | None:
     messages: list[dict] = []
     turns = []
     for t in rows:
-        request = json_value(t.pop("request")) or {}
-        response = json_value(t.pop("response")) or {}
+        request = json_value(t.request) or {}
+        response = json_value(t.response) or {}
         asked = request.get("messages") or []
         if len(asked) >= len(messages):
             messages = list(asked)
         choices = response.get("choices") or []
         if choices and choices[0].get("message"):
-            messages.append({**choices[0]["message"], "turn": t["turn"]})
-        turns.append(Turn(**t, tools=request.get("tools")))
+            messages.append({**choices[0]["message"], "turn": t.turn})
+        turns.append(
+            Turn(
+                id=t.id,
+                turn=t.turn,
+                ts=t.ts,
+                checkpoint=t.checkpoint,
+                served_model=t.served_model,
+                arm=t.arm,
+                status=t.status,
+                latency_ms=t.latency_ms,
+                error=t.error,
+                tools=request.get("tools"),
+            )
+        )
     # What users said of it, and what the judges said of its logged answers.
     posted = store.rows(
         Posted,
@@ -446,7 +549,18 @@ def trajectory(store: Store, trajectory_id: str) -> Conversation | None:
         """,
         [trajectory_id],
     )
-    return Conversation(**found[0], turns=turns, messages=messages, feedback=posted, scores=scores)
+    head = found[0]
+    return Conversation(
+        id=head.id,
+        scenario_id=head.scenario_id,
+        n_turns=head.n_turns,
+        first_ts=head.first_ts,
+        last_ts=head.last_ts,
+        turns=turns,
+        messages=messages,
+        feedback=posted,
+        scores=scores,
+    )
 
 
 def exchanges(store: Store, f: Explore, page: int) -> list[ExchangeRow]:
@@ -486,12 +600,23 @@ def exchanges(store: Store, f: Explore, page: int) -> list[ExchangeRow]:
     )
 
 
-def feedback(store: Store, page: int) -> tuple[list[dict], list[FeedbackRow]]:
+class MetricRow(msgspec.Struct, frozen=True):
+    """One feedback metric (None: the unnamed): how much was posted, its mean, and when
+    last (`feedback`)."""
+
+    metric: str | None
+    n: int
+    mean: float
+    last: dt.datetime
+
+
+def feedback(store: Store, page: int) -> tuple[list[MetricRow], list[FeedbackRow]]:
     """Per metric (None: the unnamed), how much was posted and its mean; then a page of
     feedback rows, newest first, each with its conversation."""
-    metrics = store.query(
+    metrics = store.rows(
+        MetricRow,
         "SELECT metric, count(*) AS n, avg(value) AS mean, max(ts) AS last FROM feedback "
-        "GROUP BY metric ORDER BY metric NULLS FIRST"
+        "GROUP BY metric ORDER BY metric NULLS FIRST",
     )
     found = store.rows(
         FeedbackRow,
@@ -529,21 +654,44 @@ def checkpoints(store: Store) -> list[CheckpointRow]:
     )
 
 
-def train_runs(store: Store) -> list[dict]:
-    return store.query(
+class TrainRunRow(msgspec.Struct, frozen=True):
+    """A checkpoint with its training run (`train_runs`): `metrics` as JSON text."""
+
+    name: str
+    parent: str | None
+    status: str
+    created: dt.datetime | None
+    duration_s: float | None
+    metrics: str | None
+    groups: int | None
+
+
+def train_runs(store: Store) -> list[TrainRunRow]:
+    return store.rows(
+        TrainRunRow,
         """
         SELECT c.name, c.parent, c.status, c.created, r.duration_s, r.metrics,
                len(r.groups_used) AS groups
         FROM checkpoints c LEFT JOIN train_runs r ON r.id = c.train_run
         ORDER BY c.created DESC LIMIT 100
-        """
+        """,
     )
 
 
-def reward_curve(store: Store) -> list[dict]:
+class RewardPoint(msgspec.Struct, frozen=True):
+    """One checkpoint's mean combined reward in one 5-minute bucket (`reward_curve`)."""
+
+    bucket: dt.datetime
+    checkpoint: str
+    reward: float
+    groups: int
+
+
+def reward_curve(store: Store) -> list[RewardPoint]:
     """Mean combined reward of re-sampled groups per checkpoint and 5-minute bucket: the
     learning curve, at a size that does not grow with traffic."""
-    return store.query(
+    return store.rows(
+        RewardPoint,
         """
         SELECT time_bucket(INTERVAL 5 MINUTE, g.created) AS bucket,
                coalesce(g.checkpoints[1], 'base') AS checkpoint,
@@ -551,5 +699,5 @@ def reward_curve(store: Store) -> list[dict]:
         FROM groups g JOIN scores s ON s.group_id = g.id AND s.source = 'combined'
         WHERE g.kind = 'turn' AND g.status = 'scored'
         GROUP BY ALL ORDER BY bucket
-        """
+        """,
     )

@@ -21,6 +21,7 @@ from ..collector import Collector, rebuilt
 from ..collector.ids import new_id
 from ..collector.scope import KeyScope
 from ..judge import rewards, sampling
+from ..judge.tables import LOGGED_TURN, LoggedTurn
 from ..proxy.tenants import Tenants
 from .act import adapters, registry
 from .act.engine import engine_client
@@ -115,28 +116,16 @@ async def _prompts(
     file: Path | None,
     trained: list[str],
     scope: KeyScope,
-) -> list[dict]:
+) -> list[LoggedTurn]:
     """The file's requests; or recent production turns (of one scenario), one per
     conversation, in no conversation either checkpoint's lineage trained on, of the keys in
     `scope`."""
     if file is not None:
-        out = []
-        for i, line in enumerate(file.read_text().splitlines()):
-            if line.strip():
-                request = json.loads(line)
-                out.append(
-                    {
-                        "id": None,
-                        "scenario_id": f"file:{file.name}",
-                        "trajectory_id": new_id("compare-"),
-                        "turn": 0,
-                        "model_alias": None,
-                        "arm": None,
-                        "checkpoint": None,
-                        "request": json.dumps({"model": "-", **request}),
-                        "line": i,
-                    }
-                )
+        out = [
+            _from_file(file, json.loads(line))
+            for line in file.read_text().splitlines()
+            if line.strip()
+        ]
         return out[:n] if n else out
     mine, keys = scope.sql("e.api_key_id")
     ids = (
@@ -147,9 +136,27 @@ async def _prompts(
         + "QUALIFY row_number() OVER (PARTITION BY e.trajectory_id ORDER BY e.ts DESC) = 1 "
         + "ORDER BY e.ts DESC LIMIT ?"
     )
-    sql = f"SELECT * FROM {rebuilt(ids)} ORDER BY ts DESC"
+    sql = f"SELECT {LOGGED_TURN} FROM {rebuilt(ids)} e ORDER BY e.ts DESC"
     params = [*keys, trained] + ([scenario, scenario, n] if scenario else [n])
-    return await db.query(lambda st: st.query(sql, params))
+    return await db.query(lambda st: st.rows(LoggedTurn, sql, params))
+
+
+def _from_file(file: Path, request: dict) -> LoggedTurn:
+    """A request of the file as a prompt never logged: no exchange, a conversation of its
+    own (each pair its own seed), the file as its scenario."""
+    return LoggedTurn(
+        id=None,
+        trajectory_id=new_id("compare-"),
+        turn=0,
+        scenario_id=f"file:{file.name}",
+        api_key_id=None,
+        model_alias=None,
+        checkpoint=None,
+        arm=None,
+        request=json.dumps({"model": "-", **request}),
+        response=None,
+        prompt_token_ids=None,
+    )
 
 
 class Comparison(msgspec.Struct, kw_only=True):

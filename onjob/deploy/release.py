@@ -25,13 +25,15 @@ repeating a pair.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import httpx
+import msgspec
 
 from ..collector import Collector
 from ..judge import rewards, sampling
+from ..judge.tables import LoggedTurn
 from ..proxy.tenants import Lineage
 from .act import deployments, reviews
 from .act.operator import Operator
@@ -229,28 +231,37 @@ async def orphans(r: Release, routing: Routing | None) -> None:
     resumes at its offline test; any other was trained from a live that has since changed,
     or is superseded by a newer one, and is retired with the reason."""
     live = routing.live if routing else r.default_live
-    found = await r.db.query(lambda st: st.query(ORPHANS, [r.settings.loop.alias, r.alias]))
-    chosen = found[0] if found and found[0]["parent"] == live else None
+    found = await r.db.query(lambda st: st.rows(Orphan, ORPHANS, [r.settings.loop.alias, r.alias]))
+    chosen = found[0] if found and found[0].parent == live else None
     for i, row in enumerate(found):
         if row is chosen:
             continue
-        name = row["name"]
+        name = row.name
         why = (
             "a newer candidate supersedes it"
             if i
-            else f"its parent {row['parent'] or 'base'} is no longer live"
+            else f"its parent {row.parent or 'base'} is no longer live"
         )
         reason = f"orphaned candidate {name} retired: recorded but never decided, and {why}"
         await r.db.query(lambda st, name=name, reason=reason: _retire(st, r, name, reason))
         await r.operator.unload(name)
         r.echo(f"orphaned candidate {name} retired: {why}")
     if chosen is not None:
-        r.echo(f"orphaned candidate {chosen['name']}: recorded but never decided; deciding it now")
-        await trained(r, live=live, candidate=chosen["name"], trained_on=chosen["trained_on"])
+        r.echo(f"orphaned candidate {chosen.name}: recorded but never decided; deciding it now")
+        await trained(r, live=live, candidate=chosen.name, trained_on=chosen.trained_on)
 
 
 # Candidates the loop trained (a train run) for one lineage that nothing routes to and
 # nothing decided. A run recorded before lineages is the loop alias's shared lineage's.
+class Orphan(msgspec.Struct, frozen=True, kw_only=True):
+    """A candidate the loop recorded and never decided (`ORPHANS`): its parent, and how
+    many groups its run trained on."""
+
+    name: str
+    parent: str | None
+    trained_on: int | None
+
+
 ORPHANS = """
 SELECT c.name, c.parent, len(t.groups_used) AS trained_on
 FROM checkpoints c JOIN train_runs t ON t.id = c.train_run
@@ -306,7 +317,7 @@ async def _sized(r: Release, s, candidate: str, tests: list[str]):
     return s.model_copy(update={"group_size": k})
 
 
-async def _fresh_round(r: Release, since, chain: list, tests: list[str]) -> list[dict]:
+async def _fresh_round(r: Release, since, chain: list, tests: list[str]) -> list[LoggedTurn]:
     """A round's prompts of the lineage's keys logged on the live arm after `since`, none
     the test drew yet, in the mix of a day's traffic (`prompts.fresh`)."""
     draw = await r.db.query(
@@ -319,7 +330,9 @@ async def _fresh_round(r: Release, since, chain: list, tests: list[str]) -> list
     return draw.prompts
 
 
-async def _arms(r: Release, live: str | None, candidate: str) -> dict[str, tuple[str, str | None]]:
+async def _arms(
+    r: Release, live: str | None, candidate: str
+) -> Mapping[str, tuple[str, str | None]]:
     """Each arm of the test by its name (`a` live, `b` the candidate): the engine's model
     id it samples and the checkpoint it stands for (None: the base model)."""
     base = await sampling.base_model(r.engine)

@@ -17,6 +17,7 @@ from ..judge.signal import Signal
 from ..proxy.routing import Arms
 from .act.reviews import ReleaseStatus
 from .decide import fair, fit
+from .progress import CheckpointReward
 from .records import Routing
 
 
@@ -84,7 +85,7 @@ class ServerStatus(msgspec.Struct, kw_only=True):
     collector: CollectorStats
     deployments: list[Routing]  # newest first
     loop: LoopView
-    rewards: list[dict[str, Any]]  # per sampling checkpoint: its groups' mean reward
+    rewards: list[CheckpointReward]  # per sampling checkpoint: its groups' mean reward
     judge_agreement: list[Agreement]
     release: ReleaseStatus
     fitted: fit.Fitted

@@ -13,6 +13,7 @@ import re
 import uuid
 from typing import Any
 
+from ..protocol import JsonObject
 from ..protocol.chat import Message, ToolCall, arguments_of, text_of
 from ..protocol.fields import Tool
 from .errors import BadRequest
@@ -130,7 +131,7 @@ def _refuse_unseen(messages: list[Message]) -> None:
                 )
 
 
-def _schema(tool: Tool) -> dict:
+def _schema(tool: Tool) -> JsonObject:
     fn = {"name": tool.function.name}
     if tool.function.description:
         fn["description"] = tool.function.description
@@ -138,7 +139,7 @@ def _schema(tool: Tool) -> dict:
     return {"type": "function", "function": fn}
 
 
-def _native(m: Message) -> dict:
+def _native(m: Message) -> JsonObject:
     out: dict[str, Any] = {"role": m.role, "content": text_of(m.content)}
     if m.tool_calls:
         out["tool_calls"] = [
@@ -150,7 +151,7 @@ def _native(m: Message) -> dict:
     return out
 
 
-def _plain(m: Message) -> dict:
+def _plain(m: Message) -> JsonObject:
     """A message for a template that knows only role and string content."""
     content = text_of(m.content)
     if m.role == "developer":
@@ -377,7 +378,7 @@ class ToolCallStream:
         else:
             self._pos += len(rest) - _partial(rest, _OPEN)
 
-    def _first(self, name: str) -> dict:
+    def _first(self, name: str) -> JsonObject:
         self.calls += 1
         return {
             "index": self.calls - 1,

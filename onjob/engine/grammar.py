@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import torch
 
-from ..protocol import ChatCompletionRequest
+from ..protocol import ChatCompletionRequest, JsonObject
 from ..protocol.fields import Tool
 from .errors import BadRequest
 
@@ -117,7 +117,7 @@ def _response_schema(req: ChatCompletionRequest) -> Any:
     return rf.json_schema.schema
 
 
-def _calls(tools: Tools) -> dict:
+def _calls(tools: Tools) -> JsonObject:
     tags = [
         {
             "type": "tag",
@@ -140,7 +140,7 @@ def _calls(tools: Tools) -> dict:
     }
 
 
-def _json_format(schema: Any, param: str) -> dict:
+def _json_format(schema: Any, param: str) -> JsonObject:
     """A JSON schema as a structural-tag element, one line in `json.dumps`' style (the
     structural tag's own `json_schema` element allows any whitespace)."""
     import xgrammar as xgr

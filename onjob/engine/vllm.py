@@ -22,6 +22,7 @@ from pathlib import Path
 from .. import bundled
 from ..errors import OnjobError
 from ..logprobs import TRAINED
+from ..protocol import JsonObject
 from . import tool_parsers, vllm_install
 from .settings import EngineSettings
 
@@ -178,7 +179,7 @@ CPU_KV_CACHE = "VLLM_CPU_KVCACHE_SPACE"
 
 def command(
     settings: EngineSettings, model: str, found: vllm_install.Installed | None = None
-) -> tuple[list[str], dict[str, str]]:
+) -> tuple[list[str], Mapping[str, str]]:
     """argv and the extra environment that start vLLM's OpenAI server with `found`'s
     interpreter (a GPU build's `python` when None: `--dry-run` with nothing installed)."""
     found = found or vllm_install.Installed("python", vllm_install.GPU, "")
@@ -261,7 +262,7 @@ def _tool_flags(settings: EngineSettings, model: str) -> list[str]:
     return flags
 
 
-def _environment(settings: EngineSettings, found: vllm_install.Installed) -> dict[str, str]:
+def _environment(settings: EngineSettings, found: vllm_install.Installed) -> Mapping[str, str]:
     """The variables vLLM's server starts with: runtime LoRA loading, the CPU build's KV
     cache and thread binding, the resolver's directory and bucket."""
     env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
@@ -313,7 +314,7 @@ def _one_api_server(args: list[str]) -> None:
         )
 
 
-def _config(model: Path) -> dict:
+def _config(model: Path) -> JsonObject:
     try:
         config = json.loads((model / "config.json").read_text())
     except (OSError, ValueError):

@@ -102,8 +102,16 @@ def judge_agreement(
         lambda: defaultdict(list)
     )
     for row in _pair_counts(store, checkpoint):
-        key = (row.pop("scenario_id"), row.pop("scenario"))
-        by_judge[row.pop("judge"), row.pop("metric")][key].append(PairCounts(**row))
+        by_judge[row.judge, row.metric][row.scenario_id, row.scenario].append(
+            PairCounts(
+                pairs=row.pairs,
+                judge_ties=row.judge_ties,
+                feedback_ties=row.feedback_ties,
+                concordant=row.concordant,
+                discordant=row.discordant,
+                judge_ties_rated=row.judge_ties_rated,
+            )
+        )
     out: list[Agreement] = []
     for judge, metric in sorted(by_judge):
         said = {"judge": judge, "metric": metric or None}
@@ -118,11 +126,27 @@ def judge_agreement(
     return out
 
 
-def _pair_counts(store: Store, checkpoint: str | None = None) -> list[dict]:
+class _GroupPairs(msgspec.Struct, frozen=True, kw_only=True):
+    """One group's `PairCounts` for one judge and feedback metric (`_pair_counts`)."""
+
+    judge: str
+    metric: str  # '' for the unnamed feedback
+    scenario_id: str | None
+    scenario: str | None
+    pairs: int
+    judge_ties: int
+    feedback_ties: int
+    concordant: int
+    discordant: int
+    judge_ties_rated: int
+
+
+def _pair_counts(store: Store, checkpoint: str | None = None) -> list[_GroupPairs]:
     """Per judge, feedback metric ('' for the unnamed), scenario and group, the pairs of
     members both judged and rated (one of whose answers `checkpoint` gave, when set): one
     DuckDB query (a self-join within groups)."""
-    return store.query(
+    return store.rows(
+        _GroupPairs,
         f"""
         WITH judged AS (
             SELECT source AS judge, group_id, member_id, avg(score) AS judge_score

@@ -21,7 +21,7 @@ import logging
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -207,7 +207,7 @@ async def _sample_turn_groups(
     definition = said if stated else declared
     budget, planned = s.max_sample_tokens, []
     for row in candidates:
-        body = sampling.request_for(row, row["checkpoint"] or base, s)
+        body = sampling.request_for(row, row.checkpoint or base, s)
         cost = sampling.token_estimate(body, row)
         if cost > budget:
             report.over_budget += 1
@@ -231,17 +231,17 @@ async def _sample_turn_groups(
             except SamplingFailed as exc:
                 report.sampling_failed += 1
                 if not exc.permanent:
-                    echo(f"  {row['id']}: {exc} (retried next pass)")
+                    echo(f"  {row.id}: {exc} (retried next pass)")
                     return
                 reason = str(exc)
                 group_id = await db.query(lambda st: tables.add_turn_group(st, row, None, reason))
-                echo(f"  {row['id']}: {reason} (group {group_id} failed)")
+                echo(f"  {row.id}: {reason} (group {group_id} failed)")
                 return
         group_id = await db.query(lambda st: tables.add_turn_group(st, row, sample))
         report.turn_groups += 1
         report.sampled_tokens += (sample.usage or {}).get("total_tokens") or 0
         echo(
-            f"  turn group {group_id}: {sample.n} alternatives to {row['id']} "
+            f"  turn group {group_id}: {sample.n} alternatives to {row.id} "
             f"in {sample.latency_ms / 1000:.1f} s"
         )
 
@@ -290,10 +290,10 @@ async def _score_groups(
         echo("no scorer configured ([judge] model or [judge.rewards]): feedback alone scores")
     gate = asyncio.Semaphore(s.concurrency)
 
-    async def one(group: dict) -> None:
+    async def one(group: tables.Pending) -> None:
         async with gate:
             await score_group(
-                db, s, fns, group["id"], group["kind"], report, echo, rng,
+                db, s, fns, group.id, group.kind, report, echo, rng,
                 untrained=untrained, key_budgets=key_budgets,
             )  # fmt: skip
 
@@ -314,7 +314,7 @@ async def score_group(
     key_budgets: tuple[KeyBudget, ...] = (),
 ) -> None:
     rows = await db.query(lambda store: tables.members_of(store, group_id))
-    exchanges = [r["exchange_id"] for r in rows]
+    exchanges = [r.exchange_id for r in rows]
     owners = await db.query(lambda store: tables.owners(store, exchanges))
     keys = tenants.member_keys(owners)
     refused = tenants.refusal(keys, untrained)
@@ -389,9 +389,9 @@ async def _functions_and_feedback(fns, rollouts, rows, by_member, failures: list
         for r, value in zip(rollouts, values, strict=True):
             by_member[r.member_id][f"fn:{name}"] = (value, None)
     for row in rows:
-        for posted in row["feedback"] or ():
+        for posted in row.feedback or ():
             source = tables.feedback_source(posted["metric"])
-            by_member[row["member_id"]][source] = (posted["value"], None)
+            by_member[row.member_id][source] = (posted["value"], None)
 
 
 async def _ruler(
@@ -424,7 +424,7 @@ async def _ruler(
 
 def combine(
     s: JudgeSettings, by_member: dict[str, dict[str, tuple[float, str | None]]]
-) -> dict[str, float]:
+) -> Mapping[str, float]:
     """Each member's reward: the weighted mean of the sources *every* member of the group
     has, each read on [0, 1].
 
@@ -445,7 +445,7 @@ def combine(
     }
 
 
-def cap_truncated(cap: float, combined: dict[str, float], rollouts) -> dict[str, float]:
+def cap_truncated(cap: float, combined: Mapping[str, float], rollouts) -> Mapping[str, float]:
     """A training group's answers cut at their token cap (`finish_reason: length`) reward at
     most `cap`. The release path stops a candidate whose answers are cut more often than
     live's (`deploy/decide/shape.py`), so a reward that pays for a rambling answer that holds

@@ -13,14 +13,14 @@ import inspect
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from .errors import ConfigError, RewardFnFailed
 from .rollouts import Rollout
 from .settings import RewardFn
 
 
-def load(rewards: dict[str, RewardFn]) -> dict[str, Callable]:
+def load(rewards: Mapping[str, RewardFn]) -> Mapping[str, Callable]:
     if rewards and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     loaded = {}

@@ -12,8 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..collector.trajectories import text_of
+from ..protocol import JsonObject
+
+if TYPE_CHECKING:
+    from .tables import MemberRow
 
 
 @dataclass(frozen=True)
@@ -29,7 +34,7 @@ class Rollout:
     finish_reason: str | None = None  # of this member's answer: `length` = cut at its cap
 
     @property
-    def completion(self) -> dict:
+    def completion(self) -> JsonObject:
         """The assistant message this member is judged on. A dict, as each of `messages`
         is: users' reward functions read it in OpenAI's message shape (`["content"]`)."""
         return self.messages[-1]
@@ -47,26 +52,26 @@ class Rollout:
         return list(self.completion.get("tool_calls") or ())
 
 
-def from_row(row: dict) -> Rollout:
+def from_row(row: MemberRow) -> Rollout:
     """A member from the judge's query: its member row joined with its exchange."""
-    request = json_value(row["request"]) or {}
-    response = json_value(row["response"]) or {}
+    request = json_value(row.request) or {}
+    response = json_value(row.response) or {}
     choices = {c.get("index", i): c for i, c in enumerate(response.get("choices") or ())}
-    choice = choices.get(row["choice"]) or {}
+    choice = choices.get(row.choice) or {}
     message = choice.get("message") or {}
     # The answer as the conversation would carry it on: role, content, tool calls.
     answer = {"role": message.get("role") or "assistant", "content": message.get("content")}
     if message.get("tool_calls"):
         answer["tool_calls"] = message["tool_calls"]
     return Rollout(
-        member_id=row["member_id"],
+        member_id=row.member_id,
         messages=[*request.get("messages", []), answer],
-        kind=row["kind"],
-        scenario=row.get("scenario_key"),
+        kind=row.kind,
+        scenario=row.scenario_key,
         metadata=request.get("metadata") or {},
         tools=request.get("tools"),
-        exchange_id=row["exchange_id"],
-        trajectory_id=row.get("trajectory_id"),
+        exchange_id=row.exchange_id,
+        trajectory_id=row.trajectory_id,
         finish_reason=choice.get("finish_reason"),
     )
 

@@ -18,6 +18,7 @@ import os
 import random
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from . import rubric as prompts
@@ -33,7 +34,7 @@ class Judgement:
     judge: str
     cache_key: str
     status: str = "failed"  # ok | failed | cached
-    scores: dict[str, tuple[float, str]] = field(default_factory=dict)  # member id -> score
+    scores: Mapping[str, tuple[float, str]] = field(default_factory=dict)  # member id -> score
     order: list[str] = field(default_factory=list)  # member ids as the judge saw them
     error: str | None = None
     attempts: int = 0
@@ -58,7 +59,7 @@ def cache_key(judge: str, rubric: str, rollouts: list[Rollout], orders: int = 1)
 
 def result_by_content(
     judgement: Judgement, rollouts: list[Rollout]
-) -> dict[str, tuple[float, str]]:
+) -> Mapping[str, tuple[float, str]]:
     """What the cache keeps: scores keyed by member content, so they map onto any group
     with the same answers."""
     n = common_prefix(rollouts)
@@ -70,8 +71,8 @@ def result_by_content(
 
 
 def from_cache(
-    result: dict[str, tuple[float, str]], rollouts: list[Rollout]
-) -> dict[str, tuple[float, str]]:
+    result: Mapping[str, tuple[float, str]], rollouts: list[Rollout]
+) -> Mapping[str, tuple[float, str]]:
     """The cached scores (`result_by_content`) on this group's members."""
     n = common_prefix(rollouts)
     return {r.member_id: result[content_hash(r.messages[n:])] for r in rollouts}
@@ -93,7 +94,7 @@ async def judge(
     n = common_prefix(rollouts)
     await _litellm()  # its import takes seconds: not the judge's latency
     started = time.perf_counter()
-    readings: list[dict[str, tuple[float, str]]] = []
+    readings: list[Mapping[str, tuple[float, str]]] = []
     for k in range(orders):
         fixed = list(reversed(result.order)) if k == 1 else None
         read = await _judged_in_order(settings, rollouts, rubric, n, result, rng, fixed)
@@ -122,7 +123,7 @@ async def _judged_in_order(
     result: Judgement,
     rng: random.Random,
     order_ids: list[str] | None,
-) -> tuple[dict[str, tuple[float, str]], list[str]] | None:
+) -> tuple[Mapping[str, tuple[float, str]], list[str]] | None:
     """One reading of the group, its scores and the order it was shown in: `order_ids`,
     or a fresh shuffle at each attempt (None), tried up to `settings.attempts` times.
     None when every attempt failed or the judge refused (the error is in `result`)."""
@@ -156,8 +157,8 @@ async def _judged_in_order(
 
 
 def _same_answer_same_score(
-    scores: dict[str, tuple[float, str]], rollouts: list[Rollout], n: int
-) -> dict[str, tuple[float, str]]:
+    scores: Mapping[str, tuple[float, str]], rollouts: list[Rollout], n: int
+) -> Mapping[str, tuple[float, str]]:
     """Members with identical answers get the mean of what the judge gave them: a judge that
     scores the same text differently by position is showing its bias, not a difference."""
     by_content: dict[str, list[str]] = {}
@@ -212,7 +213,7 @@ async def _call(settings: JudgeSettings, messages: list[dict], result: Judgement
         raise InvalidAnswer("the judge's answer has no message") from exc
 
 
-def parse(text: str, n: int) -> dict[int, tuple[float, str]]:
+def parse(text: str, n: int) -> Mapping[int, tuple[float, str]]:
     """Candidate position (1..n) -> (score, explanation), or `InvalidAnswer` saying why."""
     entries = _find_scores(text)
     scores: dict[int, tuple[float, str]] = {}

@@ -12,15 +12,19 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httpx
 import msgspec
 
 from .. import logprobs
 from ..collector.ids import new_id
-from ..protocol import engine_body
+from ..protocol import JsonObject, engine_body
 from .errors import SamplingFailed, from_httpx
 from .settings import JudgeSettings
+
+if TYPE_CHECKING:
+    from .tables import LoggedTurn
 
 # What the client asked that must not shape the alternatives: they are sampled fresh,
 # whole, with the trainer's fields on (a client seed would make every pass draw the same
@@ -63,8 +67,8 @@ class Sample:
         return len(self.completion_token_ids)
 
 
-def request_for(logged: dict, model: str, s: JudgeSettings) -> dict:
-    request = json.loads(logged["request"]) if isinstance(logged["request"], str) else {}
+def request_for(logged: LoggedTurn, model: str, s: JudgeSettings) -> JsonObject:
+    request = json.loads(logged.request) if isinstance(logged.request, str) else {}
     body = engine_body(request, model, drop=_DROP)
     top_p = request.get("top_p")
     # The alternatives' sampling settings, written out in full (the request is stored with
@@ -81,9 +85,9 @@ def request_for(logged: dict, model: str, s: JudgeSettings) -> dict:
     return body
 
 
-def token_estimate(body: dict, logged: dict) -> int:
+def token_estimate(body: JsonObject, logged: LoggedTurn) -> int:
     """What a sample may cost the engine: the prompt once, every completion at its cap."""
-    prompt = len(logged.get("prompt_token_ids") or ()) or 1000
+    prompt = len(logged.prompt_token_ids or ()) or 1000
     cap = body.get("max_completion_tokens") or body.get("max_tokens")
     return prompt + body["n"] * cap
 

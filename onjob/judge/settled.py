@@ -17,7 +17,7 @@ def settled_scenarios(store: Store, last: int) -> list[str]:
     all-equal combined rewards; none when `last` is 0."""
     if last <= 0:
         return []
-    rows = store.query(
+    return store.column(
         """
         WITH spread AS (
             SELECT g.scenario_id, g.created, max(s.score) - min(s.score) AS spread,
@@ -31,4 +31,3 @@ def settled_scenarios(store: Store, last: int) -> list[str]:
         """,
         [last, last, EQUAL],
     )
-    return [r["scenario_id"] for r in rows]

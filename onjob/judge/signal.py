@@ -36,7 +36,7 @@ _FLATNESS = f"""
 def silent_scenarios(store: Store) -> list[str]:
     """The scenarios whose last `SILENT_GROUPS` scored groups were all flat, the newest of
     them scored within `SILENT_S`."""
-    rows = store.query(
+    return store.column(
         f"""
         WITH f AS ({_FLATNESS}), ranked AS (
             SELECT *, row_number() OVER (PARTITION BY scenario_id ORDER BY created DESC) AS nth
@@ -48,7 +48,6 @@ def silent_scenarios(store: Store) -> list[str]:
         ORDER BY scenario_id
         """
     )
-    return [r["scenario_id"] for r in rows]
 
 
 class Signal(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,9 +66,19 @@ class Signal(msgspec.Struct, frozen=True, kw_only=True):
         return self.scored > 0 and self.flat >= MOSTLY * self.scored
 
 
+class _Counts(msgspec.Struct, frozen=True, kw_only=True):
+    """The window's scored groups, counted (`signal`)."""
+
+    scored: int
+    flat: int
+    all_zero: int
+    all_top: int
+
+
 def signal(store: Store, keys_sql: str = "true", params: list | None = None) -> Signal:
     """The window's `Signal`; `keys_sql` (on `e.api_key_id`) narrows it to some keys."""
-    row = store.query(
+    row = store.rows(
+        _Counts,
         f"""
         WITH f AS ({_FLATNESS})
         SELECT count(*) AS scored, count(*) FILTER (flat) AS flat,
@@ -82,10 +91,10 @@ def signal(store: Store, keys_sql: str = "true", params: list | None = None) -> 
         params or [],
     )[0]
     s = Signal(
-        scored=int(row["scored"]),
-        flat=int(row["flat"]),
-        all_zero=int(row["all_zero"]),
-        all_top=int(row["all_top"]),
+        scored=int(row.scored),
+        flat=int(row.flat),
+        all_zero=int(row.all_zero),
+        all_top=int(row.all_top),
         silent=len(silent_scenarios(store)),
     )
     return msgspec.structs.replace(s, line=_line(s))

@@ -8,6 +8,7 @@ short query or one transaction.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -42,6 +43,69 @@ MEMBER_FEEDBACK = """(SELECT list({'metric': metric, 'value': value} ORDER BY me
                       GROUP BY 1))"""
 
 
+class LoggedTurn(msgspec.Struct, frozen=True, kw_only=True):
+    """A logged turn a group is made on (`turn_candidates`, a release test's draw): what
+    the judge re-samples (its request rebuilt whole, its prompt's token ids), the logged
+    answer, and what the re-sampled exchange copies. JSON columns as their text."""
+
+    id: str | None  # None: a request `onjob compare --file` read, never logged
+    trajectory_id: str | None
+    turn: int | None
+    scenario_id: str | None
+    api_key_id: str | None
+    model_alias: str | None
+    checkpoint: str | None
+    arm: str | None
+    request: str | None
+    response: str | None
+    prompt_token_ids: list[int] | None
+
+
+# Its columns, for a SELECT over `exchanges_rebuilt` (as `e`).
+LOGGED_TURN = ", ".join(f"e.{name}" for name in LoggedTurn.__struct_fields__)
+
+
+class Finished(msgspec.Struct, frozen=True, kw_only=True):
+    """A finished conversation a trajectory group may take (`scenario_candidates`): its
+    last exchange, the member that stands for it, and whose it is."""
+
+    id: str
+    scenario_id: str | None
+    last_exchange: str
+    api_key_id: str | None
+
+
+class Pending(msgspec.Struct, frozen=True, kw_only=True):
+    """A sampled group waiting for its scores (`groups_to_score`)."""
+
+    id: str
+    kind: str
+
+
+class MemberRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A member as the scorers read it (`members_of`): its exchange's request and answer
+    (JSON text), the scenario key, and the feedback posted on it, per metric ('' the
+    unnamed; None: none)."""
+
+    member_id: str
+    exchange_id: str
+    choice: int | None
+    trajectory_id: str | None
+    origin: str
+    kind: str
+    request: str | None
+    response: str | None
+    scenario_key: str | None
+    feedback: list[dict[str, float | str]] | None
+
+
+class ExchangeOwner(msgspec.Struct, frozen=True, kw_only=True):
+    """Whose an exchange is (`owners`): its API key and its `source`."""
+
+    api_key_id: str | None
+    source: str
+
+
 def feedback_source(metric: str | None) -> str:
     """The score source of feedback of `metric`: `feedback`, or `feedback:<metric>`."""
     return f"feedback:{metric}" if metric else "feedback"
@@ -54,7 +118,7 @@ def turn_candidates(
     untrained: list[str] = (),
     later: list[str] = (),
     scope: KeyScope = EVERY_KEY,
-) -> list[dict]:
+) -> list[LoggedTurn]:
     """Logged turns to re-sample: answered production chat exchanges (Responses API calls
     included: they are logged as the chat they became) no group has used, recent
     first, round-robin over scenarios (the `per_scenario` most recent of each, and besides
@@ -67,7 +131,8 @@ def turn_candidates(
     of the turns whose alternatives differ (a right call or a wrong one), while the
     answer turn after a failed call is often wrong whatever is sampled."""
     in_scope, scoped = scope.sql("e.api_key_id")
-    return store.query(
+    return store.rows(
+        LoggedTurn,
         f"""
         WITH t AS (
             SELECT e.id, e.scenario_id, e.ts, {CALLED} AS called
@@ -86,7 +151,7 @@ def turn_candidates(
                    row_number() OVER (PARTITION BY scenario_id, called ORDER BY ts DESC) AS nth_of
             FROM t
         ), judged AS (SELECT scenario_id, count(*) AS n FROM groups GROUP BY scenario_id)
-        SELECT e.* FROM c
+        SELECT {LOGGED_TURN} FROM c
         JOIN exchanges_rebuilt((SELECT list(id) FROM c
                                 WHERE nth <= ? OR (called AND nth_of <= ?)), false) e
           ON e.id = c.id
@@ -109,36 +174,36 @@ def turn_candidates(
 
 
 def add_turn_group(
-    store: Store, prefix: dict, sample: Sample | None, error: str | None = None
+    store: Store, prefix: LoggedTurn, sample: Sample | None, error: str | None = None
 ) -> str:
     """The logged answer's choices and the sampled alternatives as one group, with the
     sample as a `resample` exchange (same trajectory, turn and scenario); or, when the
     engine could not sample, a `failed` group so the turn is not retried forever."""
     group_id = new_id("group-")
-    logged = len((json_value(prefix["response"]) or {}).get("choices") or ()) or 1
+    logged = len((json_value(prefix.response) or {}).get("choices") or ()) or 1
     with store.transaction() as con:
         con.execute(
             "INSERT INTO groups (id, scenario_id, prefix_exchange, kind, checkpoints, status, "
             "reason, created) VALUES (?, ?, ?, 'turn', ?, ?, ?, now())",
             [
                 group_id,
-                prefix["scenario_id"],
-                prefix["id"],
-                [prefix["checkpoint"]],
+                prefix.scenario_id,
+                prefix.id,
+                [prefix.checkpoint],
                 "sampled" if sample else "failed",
                 error,
             ],
         )
-        members = [(prefix["id"], c, "logged") for c in range(logged)]
+        members = [(prefix.id, c, "logged") for c in range(logged)]
         if sample is not None:
-            _insert_sample(con, prefix, sample, group_id, prefix["checkpoint"])
+            _insert_sample(con, prefix, sample, group_id, prefix.checkpoint)
             members += [(sample.id, c, "sampled") for c in range(sample.n)]
-        _add_members(con, group_id, prefix["trajectory_id"], members)
+        _add_members(con, group_id, prefix.trajectory_id, members)
     return group_id
 
 
 def add_ab_group(
-    store: Store, prefix: dict, samples: dict[str, tuple[str | None, Sample]], *, test: str
+    store: Store, prefix: LoggedTurn, samples: dict[str, tuple[str | None, Sample]], *, test: str
 ) -> str:
     """A paired comparison: for one logged request, each arm's samples (arm -> (checkpoint,
     sample)) in one group, judged together; members' `origin` is their arm. `test` names
@@ -150,8 +215,8 @@ def add_ab_group(
             "created, test) VALUES (?, ?, ?, 'ab', ?, 'sampled', now(), ?)",
             [
                 group_id,
-                prefix["scenario_id"],
-                prefix["id"],
+                prefix.scenario_id,
+                prefix.id,
                 [c for c, _ in samples.values()],
                 test,
             ],
@@ -160,12 +225,18 @@ def add_ab_group(
         for arm, (checkpoint, sample) in samples.items():
             _insert_sample(con, prefix, sample, group_id, checkpoint)
             members += [(sample.id, c, arm) for c in range(sample.n)]
-        _add_members(con, group_id, prefix["trajectory_id"], members)
+        _add_members(con, group_id, prefix.trajectory_id, members)
     return group_id
 
 
 def add_failed_ab_group(
-    store: Store, prefix: dict, checkpoints: list[str | None], *, test: str, arm: str, reason: str
+    store: Store,
+    prefix: LoggedTurn,
+    checkpoints: list[str | None],
+    *,
+    test: str,
+    arm: str,
+    reason: str,
 ) -> str:
     """A pair that could not be sampled: `arm` ("a", "b", or "both") failed to answer. It
     stays in the record so the comparison can count it (`deploy.decide.pairs`)."""
@@ -173,7 +244,7 @@ def add_failed_ab_group(
     store.con.execute(
         "INSERT INTO groups (id, scenario_id, prefix_exchange, kind, checkpoints, status, "
         "reason, created, test, failed_arm) VALUES (?, ?, ?, 'ab', ?, 'failed', ?, now(), ?, ?)",
-        [group_id, prefix["scenario_id"], prefix["id"], checkpoints, reason, test, arm],
+        [group_id, prefix.scenario_id, prefix.id, checkpoints, reason, test, arm],
     )
     return group_id
 
@@ -184,7 +255,7 @@ class Conversations:
 
     scenario_id: str
     api_key_id: str | None
-    trajectories: list[dict]  # id, scenario_id, last_exchange, api_key_id
+    trajectories: list[Finished]
 
 
 def scenario_candidates(
@@ -204,7 +275,8 @@ def scenario_candidates(
     # joined before that filter, the lookup cost a pass 206 ms CPU against 81 ms with no
     # key at all, and 84 ms materialised first (`bench/scale/tenant_queries.py`: 1M exchanges,
     # 200 conversations to group).
-    rows = store.query(
+    rows = store.rows(
+        Finished,
         f"""
         WITH t AS MATERIALIZED (
             SELECT t.id, t.scenario_id, t.last_exchange, t.last_ts FROM trajectories t
@@ -222,9 +294,9 @@ def scenario_candidates(
         """,
         [s.settled_s(), list(skip), list(untrained), *scoped],
     )
-    by_tenant: dict[tuple[str, str | None], list[dict]] = {}
+    by_tenant: dict[tuple[str | None, str | None], list[Finished]] = {}
     for row in rows:
-        mine = by_tenant.setdefault((row["scenario_id"], row["api_key_id"]), [])
+        mine = by_tenant.setdefault((row.scenario_id, row.api_key_id), [])
         if len(mine) < s.max_trajectories:
             mine.append(row)
     ready = [
@@ -235,39 +307,41 @@ def scenario_candidates(
     return ready[: s.max_groups]
 
 
-def add_trajectory_group(store: Store, scenario_id: str, trajectories: list[dict]) -> str:
+def add_trajectory_group(store: Store, scenario_id: str, trajectories: list[Finished]) -> str:
     group_id = new_id("group-")
     with store.transaction() as con:
         con.execute(
             "INSERT INTO groups (id, scenario_id, kind, checkpoints, status, created) "
             "SELECT ?, ?, 'trajectory', list(DISTINCT checkpoint), 'sampled', now() "
             "FROM trajectories WHERE id IN (SELECT unnest(?))",
-            [group_id, scenario_id, [t["id"] for t in trajectories]],
+            [group_id, scenario_id, [t.id for t in trajectories]],
         )
         for position, t in enumerate(trajectories):
             con.execute(
                 "INSERT INTO members VALUES (?, ?, ?, ?, 0, ?, 'production')",
-                [new_id("member-"), group_id, position, t["last_exchange"], t["id"]],
+                [new_id("member-"), group_id, position, t.last_exchange, t.id],
             )
     return group_id
 
 
-def groups_to_score(store: Store, limit: int, scope: KeyScope = EVERY_KEY) -> list[dict]:
+def groups_to_score(store: Store, limit: int, scope: KeyScope = EVERY_KEY) -> list[Pending]:
     """The judge pass's work: sampled groups, never `ab` pairs, of `scope`'s keys (a group
     is its first member's key's). A pair is evidence for a release test and is judged by
     that test's referee (`deploy.decide.pairs`), which retries the ones left unscored;
     scored here with the coach's settings, it would be judged by the reward the candidate
     was trained on."""
     if scope == EVERY_KEY:
-        return store.query(
-            "SELECT * FROM groups WHERE status = 'sampled' AND kind <> 'ab' "
+        return store.rows(
+            Pending,
+            "SELECT id, kind FROM groups WHERE status = 'sampled' AND kind <> 'ab' "
             "ORDER BY created LIMIT ?",
             [limit],
         )
     in_scope, scoped = scope.sql("e.api_key_id")
-    return store.query(
+    return store.rows(
+        Pending,
         f"""
-        SELECT g.* FROM groups g
+        SELECT g.id, g.kind FROM groups g
         WHERE g.status = 'sampled' AND g.kind <> 'ab' AND EXISTS (
             SELECT 1 FROM members m JOIN exchanges e ON e.id = m.exchange_id
             WHERE m.group_id = g.id AND m.position = 0 AND {in_scope})
@@ -277,11 +351,12 @@ def groups_to_score(store: Store, limit: int, scope: KeyScope = EVERY_KEY) -> li
     )
 
 
-def members_of(store: Store, group_id: str) -> list[dict]:
+def members_of(store: Store, group_id: str) -> list[MemberRow]:
     """Each member with what scorers need: its exchange's request and answer, the scenario
     key, and the feedback posted on it (on the exchange; for a whole conversation, on the
     trajectory too)."""
-    return store.query(
+    return store.rows(
+        MemberRow,
         f"""
         SELECT m.id AS member_id, m.exchange_id, m.choice, m.trajectory_id, m.origin, g.kind,
                e.request, e.response, s.key AS scenario_key,
@@ -299,7 +374,7 @@ def members_of(store: Store, group_id: str) -> list[dict]:
     )
 
 
-def owners(store: Store, exchange_ids: list[str]) -> list[dict]:
+def owners(store: Store, exchange_ids: list[str]) -> list[ExchangeOwner]:
     """Whose each exchange is: its `api_key_id` and `source` (`tenants.member_keys`).
 
     A query of its own, the ids as constants: under 1 ms CPU on 1M exchanges, where reading
@@ -309,21 +384,23 @@ def owners(store: Store, exchange_ids: list[str]) -> list[dict]:
     if not ids:
         return []
     marks = ", ".join("?" * len(ids))
-    return store.query(f"SELECT api_key_id, source FROM exchanges WHERE id IN ({marks})", ids)
+    return store.rows(
+        ExchangeOwner, f"SELECT api_key_id, source FROM exchanges WHERE id IN ({marks})", ids
+    )
 
 
-def cached_result(store: Store, cache_key: str) -> dict[str, tuple[float, str]] | None:
+def cached_result(store: Store, cache_key: str) -> Mapping[str, tuple[float, str]] | None:
     """What the judge said of these answers before (`ruler.result_by_content`); None when
     it has not, or when the row is not one this version reads (judged again then)."""
-    rows = store.query(
+    results = store.column(
         "SELECT result FROM judgements WHERE cache_key = ? AND status = 'ok' "
         "ORDER BY created DESC LIMIT 1",
         [cache_key],
     )
-    if not rows:
+    if not results:
         return None
     try:
-        return msgspec.convert(json_value(rows[0]["result"]), dict[str, tuple[float, str]])
+        return msgspec.convert(json_value(results[0]), dict[str, tuple[float, str]])
     except msgspec.ValidationError:
         return None
 
@@ -387,7 +464,7 @@ def save_scores(
         )
 
 
-def _insert_sample(con, prefix: dict, sample: Sample, group_id: str, checkpoint) -> None:
+def _insert_sample(con, prefix: LoggedTurn, sample: Sample, group_id: str, checkpoint) -> None:
     """A re-sampled answer as a `resample` exchange in the logged turn's place, of the same
     API key (its prompt is that key's): the tenant checks read it (`tenants.refusal`)."""
     con.execute(
@@ -402,13 +479,13 @@ def _insert_sample(con, prefix: dict, sample: Sample, group_id: str, checkpoint)
         [
             sample.id,
             sample.ts,
-            prefix["trajectory_id"],
-            prefix["turn"],
-            prefix["scenario_id"],
-            prefix.get("api_key_id"),
-            prefix["model_alias"],
+            prefix.trajectory_id,
+            prefix.turn,
+            prefix.scenario_id,
+            prefix.api_key_id,
+            prefix.model_alias,
             checkpoint,
-            prefix["arm"],
+            prefix.arm,
             json.dumps(sample.request),
             json.dumps(sample.response),
             sample.prompt_token_ids,
@@ -416,7 +493,7 @@ def _insert_sample(con, prefix: dict, sample: Sample, group_id: str, checkpoint)
             sample.completion_logprobs,
             json.dumps(sample.usage),
             sample.latency_ms,
-            json.dumps({"group_id": group_id, "resample_of": prefix["id"]}),
+            json.dumps({"group_id": group_id, "resample_of": prefix.id}),
             sample.logprobs_mode,
             logprobs.untrainable(
                 sample.logprobs_mode,

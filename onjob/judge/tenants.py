@@ -12,17 +12,19 @@ made: such a group is `failed` with the reason, and no scorer sees it.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .tables import ExchangeOwner
 
 RESAMPLE = "resample"  # `exchanges.source` of an answer the judge or a comparison sampled
 
 
-def member_keys(owners: Iterable[dict]) -> set[str | None]:
+def member_keys(owners: Iterable[ExchangeOwner]) -> set[str | None]:
     """The API keys of a group's members' exchanges (`tables.owners` rows). A re-sampled
     answer logged before samples carried their source's key has none: it answers its
     group's logged request, so it adds no key of its own."""
-    return {
-        o["api_key_id"] for o in owners if o["api_key_id"] is not None or o["source"] != RESAMPLE
-    }
+    return {o.api_key_id for o in owners if o.api_key_id is not None or o.source != RESAMPLE}
 
 
 def refusal(keys: Iterable[str | None], untrained: Collection[str] = ()) -> str | None:

@@ -33,15 +33,19 @@ import msgspec
 
 from .errors import InvalidRequest
 
-__all__ = ["MAX_DEPTH", "decode_body"]
+__all__ = ["MAX_DEPTH", "JsonObject", "decode_body"]
 
 MAX_DEPTH = 64
+
+JsonObject = dict[str, Any]
+"""A JSON object carried as its writer wrote it (a client's body, an engine's answer, a
+schema): read where needed, passed on as is, every key kept."""
 
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
 
 
-def decode_body(raw: bytes) -> dict:
+def decode_body(raw: bytes) -> JsonObject:
     """A request body as every OpenAI route reads it: valid UTF-8, one JSON object, no
     deeper than `MAX_DEPTH`, no key twice in one object."""
     try:
@@ -68,7 +72,7 @@ def _refuse_duplicates(raw: bytes) -> None:
     """Parse again, seeing each object's keys in order; a duplicate is a 400 naming it.
     (Where the colons told nothing, none may be found: the body is then as decoded.)"""
 
-    def pairs(items: list[tuple[str, Any]]) -> dict:
+    def pairs(items: list[tuple[str, Any]]) -> JsonObject:
         seen: dict[str, Any] = {}
         for key, value in items:
             if key in seen:

@@ -12,7 +12,9 @@ of three groups: honoured, a hint (`fields.HINTS`: the answer is the same withou
 or refused with a 400 naming it (`refused`). Every field may be `null`, meaning absent,
 as OpenAI allows. Fields outside OpenAI's schema (vLLM's extensions, anything newer) are
 accepted and passed on as sent; wrong types and out-of-range values are a 400 whose
-`param` is the offending path (`checks.validated`).
+`param` is the offending path (`checks.validated`). The Responses edge builds its chat
+request as this type (`proxy.responses.translate`), encoded with the fields it set and no
+others (`omit_defaults`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from .checks import validated
+from .body import JsonObject
+from .checks import invalid, validated
 from .errors import InvalidRequest
 from .fields import (
     REFUSED,
@@ -64,11 +67,13 @@ class ContentPart(msgspec.Struct, kw_only=True):
     text: str | UnsetType = UNSET  # a string when present: the stitcher hashes it
 
 
-class Message(msgspec.Struct, kw_only=True):
+# Encoded (a Responses call's messages), a null field is left out, absent as OpenAI reads
+# it; but `content` as it came: an assistant's calls with `content: null` keep it, as sent.
+class Message(msgspec.Struct, kw_only=True, omit_defaults=True):
     role: Annotated[
         str, Meta(description="system, developer, user, assistant, tool, or the engine's own")
     ]
-    content: str | list[ContentPart] | None = None
+    content: str | list[ContentPart] | UnsetType | None = UNSET
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -79,6 +84,17 @@ class Metadata(msgspec.Struct, kw_only=True):
 
     trajectory_id: Annotated[str, Meta(description="names the conversation")] | None = None
     scenario: Annotated[str, Meta(description="names its starting situation")] | None = None
+
+
+class _MetadataOf(msgspec.Struct):
+    metadata: Metadata
+
+
+# The request's `metadata` is the object as sent, every key kept (the exchange logs it),
+# documented and checked (`refused`) on the keys `Metadata` declares.
+_METADATA = Annotated[
+    JsonObject, Meta(extra_json_schema=msgspec.json.schema_components([Metadata])[1]["Metadata"])
+]
 
 
 class JsonSchema(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -119,7 +135,7 @@ def _refused(why: str) -> Any:
     return Annotated[Any, Meta(description=f"refused when set: {why}")]
 
 
-class ChatCompletionRequest(msgspec.Struct, kw_only=True):
+class ChatCompletionRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     model: Annotated[str, Meta(min_length=1)]
     messages: Annotated[list[Message], Meta(min_length=1)]
 
@@ -148,7 +164,7 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     modalities: list[Literal["text", "audio"]] | None = None  # ["text"] only; audio refused
 
     # Kept with the exchange, not sent to the engine.
-    metadata: Metadata | None = None
+    metadata: _METADATA | None = None
 
     # Hints (`fields.HINTS`) and bookkeeping: the answer does not depend on them.
     user: str | None = None
@@ -189,7 +205,13 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
 
 
 def refused(request: ChatCompletionRequest) -> InvalidRequest | None:
-    """The 400 for the first field no engine behind onjob honours, or None."""
+    """The 400 for `metadata` keys onjob reads that are not as `Metadata` declares them, or
+    for the first field no engine behind onjob honours; or None."""
+    if request.metadata is not None:
+        try:
+            msgspec.convert({"metadata": request.metadata}, _MetadataOf, strict=True)
+        except msgspec.ValidationError as exc:
+            return invalid(exc)
     for name, why in REFUSED.items():
         if getattr(request, name) is not None:
             return InvalidRequest(f"`{name}` is not supported: {why}.", param=name)
@@ -208,7 +230,7 @@ def refused(request: ChatCompletionRequest) -> InvalidRequest | None:
     return None
 
 
-def checked(body: dict) -> ChatCompletionRequest:
+def checked(body: JsonObject) -> ChatCompletionRequest:
     """A client's decoded body as the chat request it is, or the 400 naming what is not."""
     request = validated(body, ChatCompletionRequest)
     if error := refused(request):
@@ -216,10 +238,10 @@ def checked(body: dict) -> ChatCompletionRequest:
     return request
 
 
-def text_of(content: str | list[ContentPart] | None) -> str:
+def text_of(content: str | list[ContentPart] | UnsetType | None) -> str:
     """A message's content (a string or a list of parts) as plain text; non-text parts (an
     image, a refusal) add nothing."""
-    if content is None:
+    if content is None or content is UNSET:
         return ""
     if isinstance(content, str):
         return content

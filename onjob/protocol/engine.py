@@ -7,18 +7,19 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from .. import logprobs
+from .body import JsonObject
 
 # Kept with the exchange and never sent: vLLM does not know it.
 KEPT_HERE = "metadata"
 
 
 def engine_body(
-    request: dict,
+    request: JsonObject,
     model: str,
     *,
     legacy: bool = False,
     drop: Collection[str] = (),
-) -> dict:
+) -> JsonObject:
     """`request` for `model`, with each sampled token's id and logprob asked for
     (`logprobs.ask_for_tokens`). A streamed one always asks for the usage (the exchange
     records it); `stream_options` go only with `stream: true`, as vLLM answers them on a

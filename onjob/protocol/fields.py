@@ -47,7 +47,7 @@ REFUSED: dict[str, str] = {
 }
 
 
-class FunctionDefinition(msgspec.Struct, kw_only=True):
+class FunctionDefinition(msgspec.Struct, kw_only=True, omit_defaults=True):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None

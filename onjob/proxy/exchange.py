@@ -28,6 +28,7 @@ from ..collector.trajectories import Keys, continuations, keys, scoped
 from ..protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    JsonObject,
     chat,
     completion,
     decode_body,
@@ -147,7 +148,7 @@ class _Choice:
     # messages are matched against (clients do not send reasoning back).
     reasoning: dict[str, list[str]] = field(default_factory=dict)
 
-    def message(self) -> dict:
+    def message(self) -> JsonObject:
         message: dict[str, Any] = {"role": self.role, "content": "".join(self.content) or None}
         if self.tool_calls:
             message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
@@ -240,7 +241,7 @@ class Exchange:
         self._wants_usage = bool(asked.stream_options and asked.stream_options.include_usage)
 
     @property
-    def request(self) -> dict:
+    def request(self) -> JsonObject:
         """The request as the client sent it (less its hints and nulls)."""
         return self.asked.body
 
@@ -464,7 +465,7 @@ class Exchange:
                 return None
         return _encode(event)
 
-    def absorb(self, payload: bytes) -> dict:
+    def absorb(self, payload: bytes) -> JsonObject:
         """One streamed event taken in (what it adds to each choice, its usage) and returned
         decoded, the sampler's fields taken out unless asked for; an error event is the
         exchange's error."""

@@ -12,6 +12,7 @@ Litestar's OpenAPI types. Litestar does not generate this document from the hand
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import msgspec
@@ -75,7 +76,7 @@ class Route(msgspec.Struct, frozen=True, kw_only=True):
     summary: str
     body: str | None = None  # the request body's component
     params: tuple[Param, ...] = ()
-    answers: dict[str, Answer]
+    answers: Mapping[str, Answer]
     open: bool = False  # answered without an API key
 
 
@@ -94,7 +95,7 @@ _RESPONSE_ID = Param(name="response_id", where="path")
 _NO_RESPONSE = Answer("no stored response with this id for this API key")
 
 
-def _forwarded(answered: Answer, max_body_bytes: int, not_found: str) -> dict[str, Answer]:
+def _forwarded(answered: Answer, max_body_bytes: int, not_found: str) -> Mapping[str, Answer]:
     """The statuses of a route that forwards to the engine."""
     return {
         "200": answered,

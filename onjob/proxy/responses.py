@@ -28,9 +28,18 @@ import msgspec
 
 from ..collector.ids import new_id
 from ..collector.queries import LoggedExchange
-from ..protocol import decode_body
-from ..protocol.chat import JsonSchema, ResponseFormat
+from ..protocol import ChatCompletionRequest, Message, decode_body
+from ..protocol.chat import (
+    FunctionCall,
+    JsonSchema,
+    NamedFunction,
+    NamedToolChoice,
+    ResponseFormat,
+    ToolCall,
+    ToolChoice,
+)
 from ..protocol.checks import validated
+from ..protocol.fields import FunctionDefinition, Tool
 from ..protocol.responses import (
     RESPONSES_REFUSED,
     FunctionCallItem,
@@ -82,7 +91,7 @@ class Previous:
     id: str
     trajectory_id: str
     turn: int
-    messages: list[dict]  # its conversation, reply included, without its instructions
+    messages: list[Message]  # its conversation, reply included, without its instructions
 
 
 def parse(raw: bytes, settings: ProxySettings) -> ResponseRequest:
@@ -113,39 +122,46 @@ def parse(raw: bytes, settings: ProxySettings) -> ResponseRequest:
     return request
 
 
-def translate(request: ResponseRequest, previous: Previous | None) -> tuple[dict, Call]:
-    """The chat request the engine answers, and the call as the Response will echo it."""
+def translate(
+    request: ResponseRequest, previous: Previous | None
+) -> tuple[ChatCompletionRequest, Call]:
+    """The chat request the engine answers, and the call as the Response will echo it.
+
+    The chat request is encoded with the fields set here and no others (its `omit_defaults`):
+    its bytes are what the exchange logs and the proxy checks as any client's."""
     items = _items(request.input)
     instructions = request.instructions
-    messages: list[dict] = []
+    messages: list[Message] = []
     if instructions:
-        messages.append({"role": "system", "content": instructions})
+        messages.append(Message(role="system", content=instructions))
     if previous is not None:
         messages.extend(previous.messages)
     messages.extend(_messages(items))
     if not messages:
         raise BadRequest("`input` must not be empty.", param="input")
-    chat: dict[str, Any] = {"model": request.model, "messages": messages}
     # The Agents SDK sends `tools: []` for an agent without tools; chat engines refuse an
     # empty list (vLLM 0.33, OpenAI) and a `tool_choice` without tools, so "no tools" is
     # sent as none, with a choice that asks for no call ("auto", "none") left out.
     tools = _chat_tools(request.tools or [])
-    if tools:
-        chat["tools"] = tools
+    choice = None
     if request.tool_choice is not None:
         choice = _tool_choice(request.tool_choice)
-        if tools or choice not in ("auto", "none"):
-            chat["tool_choice"] = choice
-    for key in ("parallel_tool_calls", "temperature", "top_p", "user", "metadata"):
-        if (value := getattr(request, key)) is not None:
-            chat[key] = value
-    if request.max_output_tokens is not None:
-        chat["max_tokens"] = request.max_output_tokens
-    fmt = _response_format(request.text or {})
-    if fmt is not None:
-        chat["response_format"] = fmt
-    if request.stream:
-        chat["stream"] = True
+        if not tools and choice in ("auto", "none"):
+            choice = None
+    chat = ChatCompletionRequest(
+        model=request.model,
+        messages=messages,
+        tools=tools or None,
+        tool_choice=choice,
+        parallel_tool_calls=request.parallel_tool_calls,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        user=request.user,
+        metadata=request.metadata,
+        max_tokens=request.max_output_tokens,
+        response_format=_response_format(request.text or {}),
+        stream=True if request.stream else None,
+    )
     call = Call(
         request=request,
         items=items,
@@ -246,52 +262,49 @@ def _text(parts: Any, param: str) -> str:
     return "".join(texts)
 
 
-def _messages(items: list[Item]) -> list[dict]:
+def _messages(items: list[Item]) -> list[Message]:
     """Items as chat messages: an assistant message and the function calls after it are
     one assistant message (as the chat API answered them), so a client sending the whole
     history back continues its trajectory, as does one handing back only the calls it ran
     (`collector.trajectories.alone`; docs/proxy.md, "How turns are stitched")."""
-    out: list[dict] = []
+    out: list[Message] = []
     for item in items:
         if isinstance(item, MessageItem):
-            out.append({"role": item.role, "content": item.content[0].text})
+            out.append(Message(role=item.role, content=item.content[0].text))
         elif isinstance(item, FunctionCallItem):
-            call = {
-                "id": item.call_id,
-                "type": "function",
-                "function": {"name": item.name, "arguments": item.arguments},
-            }
+            call = ToolCall(
+                id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments)
+            )
             last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
+            if last is not None and last.role == "assistant":
+                last.tool_calls = [*(last.tool_calls or ()), call]
             else:
-                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                out.append(Message(role="assistant", content=None, tool_calls=[call]))
         else:
-            out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
+            out.append(Message(role="tool", tool_call_id=item.call_id, content=item.output))
     return out
 
 
-def _chat_tools(tools: list[FunctionTool]) -> list[dict]:
+def _chat_tools(tools: list[FunctionTool]) -> list[Tool]:
     """Responses' flat function tools as chat's nested ones (built-in tools were refused by
     the request's type)."""
     return [
-        {
-            "type": "function",
-            "function": {
-                k: v for k, v in msgspec.structs.asdict(t).items() if k != "type" and v is not None
-            },
-        }
+        Tool(
+            function=FunctionDefinition(
+                name=t.name, description=t.description, parameters=t.parameters, strict=t.strict
+            )
+        )
         for t in tools
     ]
 
 
-def _tool_choice(choice: Any) -> Any:
+def _tool_choice(choice: Any) -> ToolChoice:
     if choice in ("auto", "none", "required"):
         return choice
     if type(choice) is dict and choice.get("type") == "function":
         if type(choice.get("name")) is not str:
             raise BadRequest("`tool_choice.name` must be a string.", param="tool_choice.name")
-        return {"type": "function", "function": {"name": choice["name"]}}
+        return NamedToolChoice(function=NamedFunction(name=choice["name"]))
     raise BadRequest(
         "`tool_choice` must be 'auto', 'none', 'required' or a function.", param="tool_choice"
     )
@@ -338,12 +351,14 @@ def previous_of(row: LoggedExchange, stored: StoredResponse) -> Previous | None:
     shaped = {"role": "assistant", "content": reply.get("content")}
     if reply.get("tool_calls"):
         shaped["tool_calls"] = reply["tool_calls"]
-    return Previous(
-        id=row.id,
-        trajectory_id=row.trajectory_id,
-        turn=row.turn,
-        messages=[*request["messages"][skip:], shaped],
-    )
+    try:
+        messages = msgspec.convert([*request["messages"][skip:], shaped], list[Message])
+    except msgspec.ValidationError as exc:
+        raise BadRequest(
+            f"The conversation of response '{row.id}' cannot be continued: {exc}.",
+            param="previous_response_id",
+        ) from None
+    return Previous(id=row.id, trajectory_id=row.trajectory_id, turn=row.turn, messages=messages)
 
 
 def stored_response(row: LoggedExchange | None, api_key_id: str | None) -> StoredResponse | None:

@@ -12,7 +12,7 @@ lineage's adapters: no other key's traffic reaches its answers through shared we
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..collector.scope import SEPARATOR, KeyScope, TenantRows, lineage_name
@@ -93,7 +93,7 @@ class Tenants:
             raise UnknownTenant(f"no tenant {tenant[:64]!r} (tenants: {known})")
         return self.keys[tenant]
 
-    def defaults(self, aliases: dict[str, str | None]) -> dict[str, str | None]:
+    def defaults(self, aliases: Mapping[str, str | None]) -> Mapping[str, str | None]:
         """Every lineage's name -> its live checkpoint before any decision (its alias's)."""
         return {
             lineage.name: live

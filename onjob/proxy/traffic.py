@@ -170,7 +170,7 @@ class Traffic:
         headers = {EXCHANGE_HEADER: exchange.id, ARM_HEADER: exchange.route.arm}
         if isinstance(exc, UpstreamStatus):
             return _passthrough(exc, headers)
-        return Response(exc.body(), status_code=exc.status, headers=headers | exc.headers())
+        return Response(exc.body(), status_code=exc.status, headers={**headers, **exc.headers()})
 
 
 def _passthrough(exc: UpstreamStatus, headers: dict) -> Response:

@@ -35,8 +35,10 @@ import random
 import re
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, TypedDict
 from urllib.request import urlopen
 
 import aiohttp
@@ -216,7 +218,34 @@ async def poll_health(base: str, stop: asyncio.Event, every: float = 0.2) -> lis
     return polls
 
 
-def exchanges(db: Path) -> dict[str, dict]:
+class ExchangeRow(TypedDict):
+    """What the checks read of an `exchanges` row."""
+
+    id: str
+    trajectory_id: str
+    turn: int
+    arm: str
+    status: int
+    error: str | None
+
+
+class Report(TypedDict, total=False):
+    """What a run found, printed and saved as JSON: `check`'s counts (`requests` to `db`),
+    then `run`'s `health`, `restart` and `server_log_problems`."""
+
+    requests: int
+    requests_per_s: float
+    answers: dict[str, int]
+    streamed: int
+    malformed: list[dict[str, Any]]
+    canary: dict[str, Any]
+    db: dict[str, Any]
+    health: dict[str, Any]
+    restart: dict[str, Any]
+    server_log_problems: list[str]
+
+
+def exchanges(db: Path) -> Mapping[str, ExchangeRow]:
     """Every row of `exchanges` by id, from a database no server holds (read-only)."""
     con = duckdb.connect(str(db), read_only=True)
     try:
@@ -273,7 +302,7 @@ async def _under_faults(
     return answers, polls, restart
 
 
-def run(workdir: Path, args: argparse.Namespace) -> dict:
+def run(workdir: Path, args: argparse.Namespace) -> Report:
     """The scenario, start to clean stop; returns the counts and every violation found."""
     db, log = workdir / "onjob.duckdb", workdir / "serve.log"
     engine_args = ["--seed", args.seed, "--fault-rate", args.fault_rate]
@@ -324,9 +353,9 @@ def run(workdir: Path, args: argparse.Namespace) -> dict:
     return report
 
 
-def check(answers: list[Answer], rows: dict[str, dict], fraction: float) -> dict:
+def check(answers: list[Answer], rows: Mapping[str, ExchangeRow], fraction: float) -> Report:
     """The answers against each other and against DuckDB."""
-    by_trajectory: dict[str, list[dict]] = {}
+    by_trajectory: dict[str, list[ExchangeRow]] = {}
     for row in rows.values():
         by_trajectory.setdefault(row["trajectory_id"], []).append(row)
     received = {a.exchange_id for a in answers if a.exchange_id}
@@ -391,7 +420,7 @@ def check(answers: list[Answer], rows: dict[str, dict], fraction: float) -> dict
     }
 
 
-def violations(report: dict) -> dict[str, list]:
+def violations(report: Report) -> Mapping[str, list]:
     """Every check that found something, by name (empty: all held)."""
     found = {
         "malformed answers": report["malformed"],

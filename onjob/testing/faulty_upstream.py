@@ -33,7 +33,10 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from urllib.request import urlopen
+
+from ..protocol import JsonObject
 
 BASE = "fake"
 FATES = ("error", "stall", "drop", "cut")
@@ -240,7 +243,7 @@ async def serve(args: argparse.Namespace) -> None:
         await stop.wait()
 
 
-def _mix(text: str) -> dict[str, float]:
+def _mix(text: str) -> Mapping[str, float]:
     mix = {}
     for part in text.split(","):
         name, _, weight = part.partition("=")
@@ -301,7 +304,7 @@ class FaultyEngine:
                 time.sleep(0.05)
         raise TimeoutError("faulty engine not ready")
 
-    def stats(self) -> dict:
+    def stats(self) -> JsonObject:
         with urlopen(f"http://127.0.0.1:{self.port}/stats", timeout=5) as resp:
             return json.load(resp)
 

@@ -15,7 +15,7 @@ group; only a real mismatch is.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +49,7 @@ class Checked:
     """Every group's gap, and the groups not to train on with why: those the snapshot's
     loader left out (`Notes.skipped`) and those the check refused."""
 
-    gaps: dict[str, Gap]
+    gaps: Mapping[str, Gap]
     skipped: dict[str, str]
 
     def kept(self, groups: list[Group]) -> list[Group]:
@@ -96,7 +96,7 @@ def _mismatch(gap: Gap, s: TrainSettings) -> str | None:
     )
 
 
-def _gaps(policy: Policy, groups: list[Group], parent: Path | None, echo) -> dict[str, Gap]:
+def _gaps(policy: Policy, groups: list[Group], parent: Path | None, echo) -> Mapping[str, Gap]:
     """Each group's gap, its members measured against their sampler's weights: the run's
     start (`parent`, None: the base model), the base model (the adapter off), or an
     earlier checkpoint of the lineage, loaded beside the policy from `parent`'s folder for

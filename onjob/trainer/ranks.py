@@ -19,6 +19,7 @@ methods are no-ops: the loop reads the same either way.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -90,7 +91,7 @@ class Ranks:
             p.grad = flat[offset : offset + n].view_as(p).to(p.dtype)
             offset += n
 
-    def sum(self, values: dict[str, float]) -> dict[str, float]:
+    def sum(self, values: Mapping[str, float]) -> Mapping[str, float]:
         """Each figure summed over ranks (a step's loss, clipped tokens, ...)."""
         if not self.many:
             return values

@@ -49,5 +49,5 @@ def record_skipped(
 
 
 def checkpoint_path(store: Store, name: str) -> Path | None:
-    rows = store.query("SELECT path FROM checkpoints WHERE name = ?", [name])
-    return Path(rows[0]["path"]) if rows else None
+    paths = store.column("SELECT path FROM checkpoints WHERE name = ?", [name])
+    return Path(paths[0]) if paths else None

@@ -105,8 +105,8 @@ def lineage(store: Store, live: str | None, staleness: int) -> list[str | None]:
     """The live checkpoint and up to `staleness` ancestors (None: the base model)."""
     chain: list[str | None] = [live]
     while chain[-1] is not None and len(chain) <= staleness:
-        rows = store.query("SELECT parent FROM checkpoints WHERE name = ?", [chain[-1]])
-        chain.append(rows[0]["parent"] if rows else None)
+        parents = store.column("SELECT parent FROM checkpoints WHERE name = ?", [chain[-1]])
+        chain.append(parents[0] if parents else None)
     return chain
 
 

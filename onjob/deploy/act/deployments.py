@@ -7,6 +7,10 @@ reason, actor, evidence) and the checkpoints' statuses (`canary`, `live`,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import msgspec
+
 from ...collector import Store
 from ..decide.evidence import stored_json
 from ..errors import DeployError, RoutingChanged
@@ -14,7 +18,7 @@ from ..records import ROUTING_COLUMNS, Arms, Routing
 from . import registry
 
 
-def current(store: Store) -> dict[str, Routing]:
+def current(store: Store) -> Mapping[str, Routing]:
     """The latest routing per alias."""
     rows = store.rows(
         Routing,
@@ -24,7 +28,7 @@ def current(store: Store) -> dict[str, Routing]:
     return {r.model_alias: r for r in rows}
 
 
-def routes(store: Store, defaults: dict[str, str | None]) -> dict[str, Arms]:
+def routes(store: Store, defaults: dict[str, str | None]) -> Mapping[str, Arms]:
     """Every alias's arms: its latest deployment, else its configured live checkpoint."""
     out = {alias: Arms(live=live) for alias, live in defaults.items()}
     for alias, row in current(store).items():
@@ -32,12 +36,20 @@ def routes(store: Store, defaults: dict[str, str | None]) -> dict[str, Arms]:
     return out
 
 
+class _Replaced(msgspec.Struct, frozen=True, kw_only=True):
+    """An alias's live before its latest change of live (`previous`; None: the base)."""
+
+    model_alias: str
+    before: str | None
+
+
 def previous(store: Store) -> dict[str, str]:
     """Per alias, the live adapter the latest change of live replaced (a promotion's old
     live), read from the log: what the operator keeps loaded so a revert to it is
     instant, after a restart as before it. None for an alias whose previous live was the
     base model."""
-    rows = store.query(
+    rows = store.rows(
+        _Replaced,
         """
         SELECT model_alias, before FROM (
             SELECT model_alias, ts, live,
@@ -47,9 +59,9 @@ def previous(store: Store) -> dict[str, str]:
         )
         WHERE k > 1 AND live IS DISTINCT FROM before
         QUALIFY row_number() OVER (PARTITION BY model_alias ORDER BY ts DESC) = 1
-        """
+        """,
     )
-    return {r["model_alias"]: r["before"] for r in rows if r["before"]}
+    return {r.model_alias: r.before for r in rows if r.before}
 
 
 def history(store: Store, limit: int = 100) -> list[Routing]:

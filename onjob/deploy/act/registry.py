@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 from typing import get_args
 
@@ -60,7 +61,7 @@ def add(store: Store, path: Path, name: str, base_model: Path) -> Checkpoint:
     if get(store, name) is not None:
         raise RegistryError(f"a checkpoint named {name!r} exists already")
     validate(path, base_model)
-    store.query(
+    store.execute(
         "INSERT INTO checkpoints VALUES (?, NULL, ?, ?, now(), NULL, 'candidate')",
         [name, str(base_model), str(path.resolve())],
     )
@@ -96,7 +97,7 @@ def validate(path: Path, base_model: Path) -> None:
             )
 
 
-def _in_features(config: dict) -> dict[str, int]:
+def _in_features(config: dict) -> Mapping[str, int]:
     hidden = config["hidden_size"]
     heads = config.get("num_attention_heads", 1)
     head_dim = config.get("head_dim") or hidden // heads
@@ -111,7 +112,7 @@ def _in_features(config: dict) -> dict[str, int]:
     }
 
 
-def _shapes(weights: Path) -> dict[str, list[int]]:
+def _shapes(weights: Path) -> Mapping[str, list[int]]:
     """Tensor shapes from a safetensors header (8-byte little-endian length, then JSON)."""
     with weights.open("rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))

@@ -69,18 +69,33 @@ def of(store: Store, alias: str, routing: Routing | None) -> Review | None:
     return _of(store, alias, routing)
 
 
+class _Stored(msgspec.Struct, frozen=True, kw_only=True):
+    """A `reviews` row as DuckDB returns it: the evidence as JSON text."""
+
+    model_alias: str
+    checkpoint: str
+    routing_ts: datetime
+    ts: datetime
+    reason: str | None
+    evidence: str | None
+
+
 def _of(store: Store, alias: str, routing: Routing) -> Review | None:
-    rows = store.query(
+    rows = store.rows(
+        _Stored,
         "SELECT * FROM reviews WHERE model_alias = ? AND checkpoint = ? AND routing_ts = ?",
         [alias, routing.canary, routing.ts],
     )
     if not rows:
         return None
     row = rows[0]
-    evidence = row["evidence"]
     return Review(
-        **{k: row[k] for k in ("model_alias", "checkpoint", "routing_ts", "ts", "reason")},
-        evidence=json.loads(evidence) if isinstance(evidence, str) else evidence,
+        model_alias=row.model_alias,
+        checkpoint=row.checkpoint,
+        routing_ts=row.routing_ts,
+        ts=row.ts,
+        reason=row.reason,
+        evidence=json.loads(row.evidence) if isinstance(row.evidence, str) else row.evidence,
     )
 
 

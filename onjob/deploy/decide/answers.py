@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 
+import msgspec
+
 from ..settings import DeploySettings
 from . import ledger, noise
 from .evidence import Forecast
@@ -37,6 +39,17 @@ WHERE g.kind = 'ab' AND g.status = 'scored' AND list_contains(?::VARCHAR[], g.te
 ORDER BY g.id, m.origin, m.choice
 """
 
+
+class _Score(msgspec.Struct, frozen=True, kw_only=True):
+    """One answer's score in a pair (`_SCORES`): `origin` "a" is live's, "b" the
+    candidate's; `score` may be NULL or not finite, and is then left out."""
+
+    id: str
+    origin: str
+    choice: int
+    score: float | None
+
+
 # What the pairs' answers cost the engine: per arm's request, its prompt's tokens and its
 # answers' (the usage the engine reported, else the token ids stored).
 _TOKENS = """
@@ -52,6 +65,13 @@ WHERE e.source = 'resample' AND len(e.completion_token_ids) > 0 AND e.id IN (
 """
 
 
+class _Tokens(msgspec.Struct, frozen=True, kw_only=True):
+    """`_TOKENS`' one row: both None before any pair's answers."""
+
+    prompt: float | None
+    answer: float | None
+
+
 # The turns per pair of a release test so far: a fresh draw answers up to four of a
 # conversation's turns and its pair is their mean (`prompts._unit`, `pairs._judged`).
 _TURNS = """
@@ -65,17 +85,17 @@ def turns_per_pair(store, tests: list[str]) -> float:
     """The mean turns one pair of `tests` read (1 before any); the held-out slice's pairs,
     one turn each, are not the release test's and are left out."""
     release = [t for t in tests if not t.startswith(HOLDOUT)]
-    turns = store.query(_TURNS, [release])[0]["turns"] if release else None
+    turns = store.scalar(_TURNS, [release]) if release else None
     return float(turns) if turns is not None and math.isfinite(turns) else 1.0
 
 
 def scores(store, tests: list[str]) -> list[tuple[list[float], list[float]]]:
     """Each scored pair of `tests` as (live's scores, the candidate's), answer by answer."""
     pairs: dict[str, dict[str, list[float]]] = {}
-    for r in store.query(_SCORES, [list(tests)]):
-        if isinstance(r["score"], int | float) and math.isfinite(r["score"]):
-            pairs.setdefault(r["id"], {"a": [], "b": []}).setdefault(r["origin"], []).append(
-                float(r["score"])
+    for r in store.rows(_Score, _SCORES, [list(tests)]):
+        if isinstance(r.score, int | float) and math.isfinite(r.score):
+            pairs.setdefault(r.id, {"a": [], "b": []}).setdefault(r.origin, []).append(
+                float(r.score)
             )
     return [(p["a"], p["b"]) for p in pairs.values()]
 
@@ -83,9 +103,9 @@ def scores(store, tests: list[str]) -> list[tuple[list[float], list[float]]]:
 def cost(store, tests: list[str], max_tokens: int) -> noise.Cost:
     """Tokens per arm's prompt and per answer, as the pairs of `tests` spent them; before
     any, `PROMPT_TOKENS` and answers at their cap."""
-    row = store.query(_TOKENS, [list(tests)])[0]
-    prompt = row["prompt"] if row["prompt"] is not None else PROMPT_TOKENS
-    answer = row["answer"] if row["answer"] is not None else max_tokens
+    row = store.rows(_Tokens, _TOKENS, [list(tests)])[0]
+    prompt = row.prompt if row.prompt is not None else PROMPT_TOKENS
+    answer = row.answer if row.answer is not None else max_tokens
     return noise.Cost(float(prompt), float(answer))
 
 

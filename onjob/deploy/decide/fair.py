@@ -13,6 +13,7 @@ a release decision are not charged to a share: they decide, they do not train.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -49,7 +50,7 @@ class ShareState(msgspec.Struct, frozen=True, kw_only=True):
     judge: budgets.BudgetState | None
 
 
-def shares(store: Store, settings: DeploySettings) -> dict[str, Share]:
+def shares(store: Store, settings: DeploySettings) -> Mapping[str, Share]:
     """Each tenant with a budget of its own, and what it has spent of it today. A judge
     share counts only with a RULER judge: reward functions and feedback cost nothing."""
     tenants = Tenants.of(settings.proxy)

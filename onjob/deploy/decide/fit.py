@@ -116,7 +116,8 @@ def observe(store, min_spread: float = 0.0) -> Traffic:
     """The traffic; its recent groups are those a run can learn from (their rewards spread
     more than `min_spread`), as each lineage counts its own (`recent_groups`): the line
     `onjob status` prints then agrees with the count a lineage's run waits for."""
-    row = store.query(
+    row = store.rows(
+        Traffic,
         f"""
         SELECT (SELECT count(*) FROM scenarios) AS scenarios,
                (SELECT coalesce(sum(count), 0) FROM scenarios) AS conversations,
@@ -135,12 +136,12 @@ def observe(store, min_spread: float = 0.0) -> Traffic:
         """,
         [min_spread],
     )[0]
-    gap = row["turn_gap_p95_s"]
+    gap = row.turn_gap_p95_s
     return Traffic(
-        scenarios=int(row["scenarios"]),
-        conversations=int(row["conversations"]),
-        recent_groups=int(row["recent_groups"]),
-        recent_conversations=int(row["recent_conversations"]),
+        scenarios=int(row.scenarios),
+        conversations=int(row.conversations),
+        recent_groups=int(row.recent_groups),
+        recent_conversations=int(row.recent_conversations),
         turn_gap_p95_s=None if gap is None else float(gap),
     )
 
@@ -203,7 +204,7 @@ def recent_groups(store, scope: KeyScope, min_spread: float = 0.0) -> int:
     traffic gives, not on the busy one's threshold; groups with no spread never train,
     and counting them made a run wait for groups that could not come."""
     condition, params = scope.sql("e.api_key_id")
-    return store.query(
+    return store.scalar(
         f"""
         SELECT count(DISTINCT g.id) AS n FROM groups g
         JOIN members m ON m.group_id = g.id JOIN exchanges e ON e.id = m.exchange_id
@@ -212,15 +213,15 @@ def recent_groups(store, scope: KeyScope, min_spread: float = 0.0) -> int:
           AND g.id IN {_SPREAD}
         """,
         [*params, min_spread],
-    )[0]["n"]
+    )
 
 
 def runs_of(store, lineage: str) -> int:
     """The training runs that wrote a checkpoint for `lineage` (0: its cold start)."""
-    return store.query(
+    return store.scalar(
         "SELECT count(*) AS n FROM train_runs WHERE json_extract_string(config, '$.lineage') = ?",
         [lineage],
-    )[0]["n"]
+    )
 
 
 def canary_fraction(settings: DeploySettings, recent_conversations: int) -> float:
@@ -239,14 +240,14 @@ def recent_conversations(store, scope: KeyScope) -> int:
     """The production conversations `scope`'s keys started in the last ten minutes: the
     pace a lineage's canary sees, since only its own keys are routed to it."""
     condition, params = scope.sql("e.api_key_id")
-    return store.query(
+    return store.scalar(
         f"""
         SELECT count(*) AS n FROM trajectories t JOIN exchanges e ON e.id = t.first_exchange
         WHERE t.source = 'production'
           AND t.first_ts > now() - INTERVAL {GROUPS_WINDOW_S} SECOND AND {condition}
         """,
         params,
-    )[0]["n"]
+    )
 
 
 def judge_settings(settings: DeploySettings, fitted: Fitted) -> JudgeSettings:

@@ -59,6 +59,17 @@ def on_traffic(store, lineage: Lineage, since, settings: LoopSettings) -> list[G
     ]
 
 
+class _Conversation(msgspec.Struct, frozen=True, kw_only=True):
+    """One conversation of an arm since the canary began: its turns, whether any failed on
+    the server's side, and its median latency (None: no turn succeeded)."""
+
+    arm: str
+    trajectory_id: str | None
+    turns: int
+    failed: bool | None
+    latency_ms: float | None
+
+
 def _errors_and_latency(store, lineage: Lineage, since, settings: LoopSettings) -> Service:
     """Errors and latency per conversation on each arm since the canary began; no
     promotion before each arm served `min_guard_conversations` turns. Errors are
@@ -70,7 +81,8 @@ def _errors_and_latency(store, lineage: Lineage, since, settings: LoopSettings) 
     `max_latency_ratio` times live's median conversation; over one half means the canary's
     median is beyond the ratio."""
     mine, scope = lineage.scope.sql("api_key_id")
-    rows = store.query(
+    rows = store.rows(
+        _Conversation,
         f"""
         SELECT arm, trajectory_id, count(*) AS turns,
                bool_or(status >= 400 AND status NOT IN (400, 401, 413, 499)) AS failed,
@@ -82,17 +94,17 @@ def _errors_and_latency(store, lineage: Lineage, since, settings: LoopSettings) 
         """,
         [lineage.alias, since, *scope],
     )
-    arms: dict[str, list[dict]] = {"live": [], "canary": []}
+    arms: dict[str, list[_Conversation]] = {"live": [], "canary": []}
     for r in rows:
-        arms[r["arm"]].append(r)
+        arms[r.arm].append(r)
     seen = {}
     for arm, convs in arms.items():
-        times = sorted(c["latency_ms"] for c in convs if c["latency_ms"] is not None)
+        times = sorted(c.latency_ms for c in convs if c.latency_ms is not None)
         seen[arm] = ArmService(
             conversations=len(convs),
-            failed=sum(bool(c["failed"]) for c in convs),
+            failed=sum(bool(c.failed) for c in convs),
             p50_ms=times[len(times) // 2] if times else None,
-            turns=sum(c["turns"] for c in convs),
+            turns=sum(c.turns for c in convs),
         )
     out = Service(live=seen["live"], canary=seen["canary"])
     live, canary = out.live, out.canary
@@ -113,8 +125,8 @@ def _errors_and_latency(store, lineage: Lineage, since, settings: LoopSettings) 
             out.holding = f"the error guard holds: {said}"
     if not out.tripped and live.p50_ms:
         bound = settings.max_latency_ratio * live.p50_ms
-        timed = [c for c in arms["canary"] if c["latency_ms"] is not None]
-        slow = sum(c["latency_ms"] > bound for c in timed)
+        timed = [c for c in arms["canary"] if c.latency_ms is not None]
+        slow = sum(c.latency_ms > bound for c in timed)
         said = (
             f"{slow} of {len(timed)} canary conversations slower than "
             f"{settings.max_latency_ratio:g} x live's median ({live.p50_ms:.0f} ms)"

@@ -26,22 +26,21 @@ def held_out(store, fraction: float) -> list[str]:
     A decision never changes afterwards, whatever later scenarios or `fraction` do: a
     scenario trained on never becomes held out, and one held out is never trained on."""
     with store.transaction():
-        new = store.query(
+        new = store.column(
             "SELECT s.id FROM scenarios s ANTI JOIN holdout_slice h ON h.scenario_id = s.id "
             "ORDER BY s.first_seen NULLS LAST, s.id"
         )
-        trained = store.query("SELECT count(*) AS n FROM holdout_slice WHERE NOT held")[0]["n"]
+        trained = store.scalar("SELECT count(*) AS n FROM holdout_slice WHERE NOT held")
         decided = []
-        for row in new:
-            place = share(row["id"])
+        for scenario_id in new:
+            place = share(scenario_id)
             held = place < fraction and trained > 0
             trained += not held
-            decided.append([row["id"], held, place])
+            decided.append([scenario_id, held, place])
         if decided:
             store.con.executemany(
                 "INSERT INTO holdout_slice (scenario_id, held, share, decided) "
                 "VALUES (?, ?, ?, now())",
                 decided,
             )
-    rows = store.query("SELECT scenario_id FROM holdout_slice WHERE held ORDER BY scenario_id")
-    return [r["scenario_id"] for r in rows]
+    return store.column("SELECT scenario_id FROM holdout_slice WHERE held ORDER BY scenario_id")

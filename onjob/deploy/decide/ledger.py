@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
+import msgspec
+
 from ..records import Routing
 from ..settings import LoopSettings
 from . import stats
@@ -49,6 +51,16 @@ class Level:
     carried: float = 0.0  # the level the promoted candidate before it passed on
 
 
+class _Entry(msgspec.Struct, frozen=True, kw_only=True):
+    """A candidate's row in its lineage's stream, as `level` counts it (or where `enter`
+    would put one not tested yet: no checkpoint, no outcome)."""
+
+    k: int
+    entered: datetime
+    outcome: str | None = None
+    checkpoint: str | None = None
+
+
 def level(
     store, alias: str, checkpoint: str, loop: LoopSettings, now: datetime | None = None
 ) -> Level:
@@ -56,25 +68,26 @@ def level(
     would put it now (read only: the dashboard asks too). `alias` is the lineage's name;
     with `loop.alpha_split` "server" its stream has only its lineage's share of alpha
     (`lineage_alpha`)."""
-    rows = store.query(
+    rows = store.rows(
+        _Entry,
         "SELECT checkpoint, k, entered, outcome FROM candidates WHERE alias = ? ORDER BY k",
         [alias],
     )
-    mine = next((r for r in rows if r["checkpoint"] == checkpoint), None)
+    mine = next((r for r in rows if r.checkpoint == checkpoint), None)
     if mine is None:
-        mine = {"k": _next(store, alias), "entered": now or datetime.now(UTC), "outcome": None}
+        mine = _Entry(k=_next(store, alias), entered=now or datetime.now(UTC))
         rows = [*rows, mine]
     span = timedelta(days=loop.alpha_period_days)
-    start = rows[0]["entered"]
-    period = (mine["entered"] - start) // span
-    stream = [r for r in rows if (r["entered"] - start) // span == period and r["k"] <= mine["k"]]
+    start = rows[0].entered
+    period = (mine.entered - start) // span
+    stream = [r for r in rows if (r.entered - start) // span == period and r.k <= mine.k]
     alpha = lineage_alpha(store, alias, loop.alpha, loop.alpha_split)
     planned = planned_candidates(loop)
     share = carried = 0.0
     for j in range(1, len(stream) + 1):
-        carried = share if j > 1 and stream[j - 2]["outcome"] == "promoted" else 0.0
+        carried = share if j > 1 and stream[j - 2].outcome == "promoted" else 0.0
         share = stats.spend(alpha, j, planned) + carried
-    return Level(mine["k"], share, len(stream), period, carried)
+    return Level(mine.k, share, len(stream), period, carried)
 
 
 def planned_candidates(loop: LoopSettings) -> int | None:
@@ -93,10 +106,9 @@ def lineage_alpha(store, alias: str, alpha: float, split: str) -> float:
     hands one place to two lineages."""
     if split != "server":
         return alpha
-    order = store.query(
+    names = store.column(
         "SELECT alias FROM candidates GROUP BY alias ORDER BY min(entered), min(k), alias"
     )
-    names = [r["alias"] for r in order]
     j = names.index(alias) + 1 if alias in names else len(names) + 1
     return stats.spend(alpha, j)
 
@@ -104,13 +116,13 @@ def lineage_alpha(store, alias: str, alpha: float, split: str) -> float:
 def enter(store, alias: str, checkpoint: str, now: datetime | None = None) -> int:
     """The candidate's index in the alias's stream, given the first time it is tested and
     the same ever after."""
-    rows = store.query(
+    known = store.scalar(
         "SELECT k FROM candidates WHERE alias = ? AND checkpoint = ?", [alias, checkpoint]
     )
-    if rows:
-        return rows[0]["k"]
+    if known is not None:
+        return known
     k = _next(store, alias)
-    store.query(
+    store.execute(
         "INSERT INTO candidates (alias, checkpoint, k, entered) VALUES (?, ?, ?, ?)",
         [alias, checkpoint, k, now or datetime.now(UTC)],
     )
@@ -119,10 +131,10 @@ def enter(store, alias: str, checkpoint: str, now: datetime | None = None) -> in
 
 def entered(store, alias: str, checkpoint: str) -> bool:
     """Whether the candidate was ever tested (has its index)."""
-    rows = store.query(
+    found = store.scalar(
         "SELECT 1 FROM candidates WHERE alias = ? AND checkpoint = ?", [alias, checkpoint]
     )
-    return bool(rows)
+    return found is not None
 
 
 def settle(
@@ -130,7 +142,7 @@ def settle(
 ) -> None:
     """How the candidate's test ended (entered first, if it never was)."""
     enter(store, alias, checkpoint, now)
-    store.query(
+    store.execute(
         "UPDATE candidates SET outcome = ?, decided = ? WHERE alias = ? AND checkpoint = ?",
         [outcome, now or datetime.now(UTC), alias, checkpoint],
     )
@@ -140,29 +152,38 @@ def record(store, alias: str, checkpoint: str, stage: Stage, verdict: Verdict) -
     """The verdict the loop just reached on the candidate (entered first, if it never was):
     the one the dashboard shows until the next."""
     enter(store, alias, checkpoint)
-    store.query(
+    store.execute(
         "UPDATE candidates SET verdict = ?, verdict_stage = ?, verdict_at = now() "
         "WHERE alias = ? AND checkpoint = ?",
         [verdict.encode(), stage, alias, checkpoint],
     )
 
 
+class _Looked(msgspec.Struct, frozen=True, kw_only=True):
+    """A candidate's last verdict, as stored: `Verdict.encode`'s JSON, its stage and when."""
+
+    verdict: str
+    verdict_stage: str
+    verdict_at: datetime
+
+
 def recorded(store, alias: str, routing: Routing) -> Recorded | None:
     """The last verdict on `routing`'s canary as that routing's canary (None before the
     loop's first look at it: a verdict on an earlier routing of the same checkpoint, or
     its offline test's, is not about this one)."""
-    rows = store.query(
+    rows = store.rows(
+        _Looked,
         "SELECT verdict, verdict_stage, verdict_at FROM candidates "
         "WHERE alias = ? AND checkpoint = ? AND verdict_stage = 'canary'",
         [alias, routing.canary],
     )
     if not rows:
         return None
-    verdict = Verdict.decode(rows[0]["verdict"])
+    verdict = Verdict.decode(rows[0].verdict)
     seen = verdict.evidence.routing
     if seen is None or seen.since != routing.ts.isoformat():
         return None
-    return Recorded(stage="canary", verdict=verdict, at=rows[0]["verdict_at"])
+    return Recorded(stage="canary", verdict=verdict, at=rows[0].verdict_at)
 
 
 def count_round(store, alias: str, checkpoint: str, routing_ts: datetime) -> int:
@@ -189,27 +210,35 @@ def backoff_s(settings: LoopSettings, failures: int) -> float:
     return min(MAX_BACKOFF_S, settings.backoff_s * 2 ** min(failures - 1, 32))
 
 
+class _Settled(msgspec.Struct, frozen=True, kw_only=True):
+    """How a candidate ended, and when."""
+
+    outcome: str
+    decided: datetime
+
+
 def waits(store, alias: str, settings: LoopSettings, now: datetime | None = None) -> str | None:
     """Why the alias's next training run must wait (None: it need not)."""
     now = now or datetime.now(UTC)
     day = now.replace(hour=0, minute=0, second=0, microsecond=0)
     limit = settings.max_candidates_per_day
     if limit is not None:
-        today = store.query(
+        today = store.scalar(
             "SELECT count(*) AS n FROM candidates WHERE alias = ? AND entered >= ?", [alias, day]
-        )[0]["n"]
+        )
         if today >= limit:
             resumes = (day + timedelta(days=1)).strftime("%Y-%m-%d %H:%M UTC")
             return f"training budget: {today} candidates today (at most {limit}); resumes {resumes}"
-    settled = store.query(
+    settled = store.rows(
+        _Settled,
         "SELECT outcome, decided FROM candidates WHERE alias = ? AND outcome IS NOT NULL "
         "ORDER BY k DESC LIMIT 40",
         [alias],
     )
-    failures = next((i for i, r in enumerate(settled) if r["outcome"] == "promoted"), len(settled))
+    failures = next((i for i, r in enumerate(settled) if r.outcome == "promoted"), len(settled))
     wait = backoff_s(settings, failures)
-    if wait and now < settled[0]["decided"] + timedelta(seconds=wait):
-        until = (settled[0]["decided"] + timedelta(seconds=wait)).astimezone(UTC)
+    if wait and now < settled[0].decided + timedelta(seconds=wait):
+        until = (settled[0].decided + timedelta(seconds=wait)).astimezone(UTC)
         return (
             f"back-off: {failures} candidate(s) in a row not promoted; the next run after "
             f"{until:%Y-%m-%d %H:%M:%S} UTC"
@@ -218,5 +247,4 @@ def waits(store, alias: str, settings: LoopSettings, now: datetime | None = None
 
 
 def _next(store, alias: str) -> int:
-    rows = store.query("SELECT max(k) AS k FROM candidates WHERE alias = ?", [alias])
-    return (rows[0]["k"] or 0) + 1
+    return (store.scalar("SELECT max(k) AS k FROM candidates WHERE alias = ?", [alias]) or 0) + 1

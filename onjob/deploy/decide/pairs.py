@@ -27,6 +27,7 @@ from ...collector import Collector
 from ...judge import JudgeSettings, SamplingFailed, sampling, tables
 from ...judge.admission import Admission
 from ...judge.passes import PassReport, score_group
+from ...judge.tables import LoggedTurn
 from ..records import Routing
 from ..settings import DeploySettings, GateSettings, LoopSettings
 from . import ledger, stats
@@ -50,7 +51,7 @@ async def paired_round(
     engine: httpx.AsyncClient,
     s: JudgeSettings,
     fns: dict,
-    prefixes: list[dict],
+    prefixes: list[LoggedTurn],
     models: dict[str, tuple[str, str | None]],
     *,
     test: str,
@@ -62,17 +63,19 @@ async def paired_round(
     gate, admission = asyncio.Semaphore(s.concurrency), Admission(engine, echo)
     report, rng = PassReport(), random.Random()
 
-    async def draw(model: str, prefix: dict):
+    async def draw(model: str, prefix: LoggedTurn):
         # Both arms on one seed (common random numbers): where the two checkpoints'
         # distributions agree they draw alike, so the pair's difference is theirs, not
         # the sampler's luck. Each arm's answers are still a fair sample of it.
-        body = sampling.request_for(prefix, model, s) | {"seed": pair_seed(test, prefix)}
+        body = sampling.request_for(prefix, model, s) | {
+            "seed": pair_seed(test, prefix.id or prefix.trajectory_id)
+        }
         try:
             return await sampling.sample(engine, body)
         except SamplingFailed as exc:
             return exc
 
-    async def one(prefix: dict) -> str:
+    async def one(prefix: LoggedTurn) -> str:
         async with gate, admission.admitted(len(models)):
             arms = list(models)
             # Both arms at once: the engine decodes them in one batch (adapters mixed). A
@@ -100,10 +103,11 @@ async def paired_round(
     return list(await asyncio.gather(*(one(p) for p in prefixes)))
 
 
-def pair_seed(test: str, prefix: dict) -> int:
-    """The seed both arms of a pair sample with: fixed by the test and the prompt, so a
-    resumed round draws the same answers."""
-    name = f"{test}\x00{prefix.get('id') or prefix.get('trajectory_id')}"
+def pair_seed(test: str, prompt: str) -> int:
+    """The seed both arms of a pair sample with: fixed by the test and the prompt (its
+    exchange's id, or a file's request's conversation), so a resumed round draws the same
+    answers."""
+    name = f"{test}\x00{prompt}"
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), "big") >> 1
 
 
@@ -144,6 +148,24 @@ def ab_outcomes(
     return by_scenario, missing
 
 
+class _Scored(msgspec.Struct, frozen=True, kw_only=True):
+    """One `ab` group's row per member's score (`_judged`): the member's columns are None
+    for a group without members, the score's for a member without scores."""
+
+    id: str
+    status: str
+    reason: str | None
+    failed_arm: str | None
+    attempts: int | None
+    scenario_id: str | None
+    origin: str | None
+    member: str | None
+    source: str | None
+    score: float | None
+    conversation: str | None  # the conversation its prompt came from
+    call_failed: bool  # a judgement call of the group failed whole
+
+
 def _judged(
     store,
     where: str,
@@ -158,7 +180,8 @@ def _judged(
     comparison. `units`: a release test's reading, where the turns a draw took from one
     conversation (`prompts._unit`) are one pair, their mean difference, in the order of
     its first turn's, and pending while any of them is."""
-    rows = store.query(
+    rows = store.rows(
+        _Scored,
         f"""
         SELECT g.id, g.status, g.reason, g.failed_arm, g.attempts, g.scenario_id, m.origin,
                m.id AS member, s.source, s.score, p.trajectory_id AS conversation,
@@ -176,21 +199,27 @@ def _judged(
     functions: set[str] = set()  # the reward functions that scored the test's pairs
     for r in rows:
         g = groups.setdefault(
-            r["id"],
-            {k: r[k] for k in ("status", "reason", "failed_arm", "attempts", "call_failed")}
-            | {"sources": {}},
+            r.id,
+            {
+                "status": r.status,
+                "reason": r.reason,
+                "failed_arm": r.failed_arm,
+                "attempts": r.attempts,
+                "call_failed": r.call_failed,
+                "sources": {},
+            },
         )
-        g["scenario"] = r["scenario_id"]
-        g["unit"] = (r["conversation"] or r["id"]) if units else r["id"]
-        if r["origin"] is None:
+        g["scenario"] = r.scenario_id
+        g["unit"] = (r.conversation or r.id) if units else r.id
+        if r.origin is None:
             continue
-        sources = g["sources"].setdefault(r["member"], set())
-        if r["source"] is not None:
-            sources.add(r["source"])
-            if r["source"].startswith("fn:"):
-                functions.add(r["source"])
-        if r["source"] == "combined":
-            g.setdefault(r["origin"], []).append(r["score"])
+        sources = g["sources"].setdefault(r.member, set())
+        if r.source is not None:
+            sources.add(r.source)
+            if r.source.startswith("fn:"):
+                functions.add(r.source)
+        if r.source == "combined":
+            g.setdefault(r.origin, []).append(r.score)
     by_unit: dict[str, list[tuple[str, dict]]] = {}  # in the order of each unit's first
     for group_id, g in sorted(groups.items()):  # ids sort by creation: the pairs' order
         by_unit.setdefault(g["unit"], []).append((group_id, g))
@@ -271,16 +300,16 @@ async def rejudge(
     The judge pass never scores `ab` groups (`tables.groups_to_score`), so nothing else
     will. Returns how many it tried."""
     pending = await db.query(
-        lambda st: st.query(
-            "SELECT id, kind FROM groups WHERE kind = 'ab' AND failed_arm IS NULL "
+        lambda st: st.column(
+            "SELECT id FROM groups WHERE kind = 'ab' AND failed_arm IS NULL "
             "AND (status = 'sampled' OR status = 'failed') AND coalesce(attempts, 0) < ? "
             "AND list_contains(?::VARCHAR[], test) ORDER BY created, id",
             [attempts, list(tests)],
         )
     )
     report, rng = PassReport(), random.Random()
-    for group in pending:
-        await score_group(db, s, fns, group["id"], "ab", report, lambda _: None, rng)
+    for group_id in pending:
+        await score_group(db, s, fns, group_id, "ab", report, lambda _: None, rng)
     return len(pending)
 
 

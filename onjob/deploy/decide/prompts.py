@@ -60,11 +60,14 @@ engine's time. Two sources:
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+import msgspec
+
 from ...collector import rebuilt
-from ...judge.tables import CALLED
+from ...judge.tables import CALLED, LOGGED_TURN, LoggedTurn
 from ...proxy.tenants import Lineage
 
 PROFILE = timedelta(days=1)  # the traffic whose mix a fresh sample reproduces
@@ -128,12 +131,28 @@ class Stratum:
         return f"{kind} of {start:02d}-{start + PART_HOURS:02d} UTC in {turns}"
 
 
+class Turn(msgspec.Struct, frozen=True, kw_only=True):
+    """A turn of a test's source (`source_turns`): its stratum's parts, and whether the
+    test may use it (no prompt of a trained conversation has its words)."""
+
+    id: str
+    trajectory_id: str
+    called: bool
+    part: int
+    length: int
+    usable: bool
+
+    @property
+    def stratum(self) -> Stratum:
+        return Stratum(self.called, self.part, self.length)
+
+
 @dataclass
 class Draw:
     """A round's prompts, in the order drawn, and the stratum it stopped short at (None:
     all `n` were drawn, or nothing restricts the source by strata)."""
 
-    prompts: list[dict] = field(default_factory=list)
+    prompts: list[LoggedTurn] = field(default_factory=list)
     short: Stratum | None = None
 
 
@@ -145,7 +164,7 @@ def held_out(
     *,
     chain: list[str | None] | tuple = (),
     tests: list[str] | tuple = (),
-) -> list[dict]:
+) -> list[LoggedTurn]:
     """Up to `n` of `lineage`'s prompts of the held-out `scenarios` for a test of the
     checkpoints in `chain` (live and the candidate; their ancestors are followed) that drew
     from `tests` so far."""
@@ -191,10 +210,8 @@ def shortfalls(
     turns = source_turns(store, lineage, "e.arm = 'live' AND e.ts > ?", [since], chain, tests)
     left: dict[Stratum, set[str]] = {}
     for t in turns:
-        if t["usable"]:
-            left.setdefault(Stratum(t["called"], t["part"], t["length"]), set()).add(
-                t["trajectory_id"]
-            )
+        if t.usable:
+            left.setdefault(t.stratum, set()).add(t.trajectory_id)
     out = []
     for stratum, n in sorted(profile.items()):
         wanted = pairs * n / total
@@ -212,11 +229,11 @@ def window_start(store, checkpoint: str, now: datetime | None = None) -> datetim
     before `now` when a train run recorded what it trained on (those conversations and
     their likes are left out: anything else it never saw), None for an adapter added by
     hand (nothing says what it saw; its canary draws from its own start)."""
-    rows = store.query(
+    recorded = store.scalar(
         "SELECT 1 FROM checkpoints c JOIN train_runs t ON t.id = c.train_run WHERE c.name = ?",
         [checkpoint],
     )
-    return (now or datetime.now(UTC)) - PROFILE if rows else None
+    return (now or datetime.now(UTC)) - PROFILE if recorded is not None else None
 
 
 # A turn's stratum, in SQL: live's answer called a tool (`judge.tables.CALLED`), the
@@ -235,19 +252,29 @@ WHERE g.kind = 'ab' AND list_contains(?::VARCHAR[], g.test)
 """
 
 
-def _profile(store, lineage: Lineage, start: datetime) -> dict[Stratum, int]:
+class _Counted(msgspec.Struct, frozen=True, kw_only=True):
+    """A stratum's turns in the window (`_profile`)."""
+
+    called: bool
+    part: int
+    length: int
+    n: int
+
+
+def _profile(store, lineage: Lineage, start: datetime) -> Mapping[Stratum, int]:
     """The lineage's answered production turns on the live arm per stratum since `start`:
     the traffic a candidate would serve, every turn of it (the conversations a test drew
     included: the odds of a stratum stay the day's, however many pairs were drawn)."""
     mine, scope = lineage.scope.sql("e.api_key_id")
-    rows = store.query(
+    rows = store.rows(
+        _Counted,
         f"SELECT called, part, {_LENGTH} AS length, count(*) AS n FROM ("
         f"SELECT {CALLED} AS called, {_PART} AS part, {_TURNS} AS turns FROM exchanges e "
         "WHERE e.status < 400 AND e.source = 'production' AND e.model_alias = ? "
         f"AND e.arm = 'live' AND e.ts > ? AND {mine}) GROUP BY ALL",
         [lineage.alias, start, *scope],
     )
-    return {Stratum(r["called"], r["part"], r["length"]): r["n"] for r in rows}
+    return {Stratum(r.called, r.part, r.length): r.n for r in rows}
 
 
 def _choose(store, lineage, where, params, n, chain, tests, profile) -> Draw:
@@ -255,16 +282,16 @@ def _choose(store, lineage, where, params, n, chain, tests, profile) -> Draw:
     drawn by stratum when `profile` is given, else in that order."""
     key = tests[0] if tests else ""
     turns = source_turns(store, lineage, where, params, chain, tests)
-    draw = _draw(turns, n, profile, f"{key}:{pairs_made(store, tests)}")
-    if draw.prompts:
-        ids = [t["id"] for t in draw.prompts]
-        chosen = rebuilt("SELECT unnest(?::VARCHAR[]) AS id")
-        rows = {r["id"]: r for r in store.query(f"SELECT * FROM {chosen}", [ids])}
-        draw.prompts = [rows[i] for i in ids]
-    return draw
+    drawn, short = _draw(turns, n, profile, f"{key}:{pairs_made(store, tests)}")
+    if not drawn:
+        return Draw([], short)
+    ids = [t.id for t in drawn]
+    chosen = rebuilt("SELECT unnest(?::VARCHAR[]) AS id")
+    rows = {r.id: r for r in store.rows(LoggedTurn, f"SELECT {LOGGED_TURN} FROM {chosen} e", [ids])}
+    return Draw([rows[i] for i in ids], short)
 
 
-def source_turns(store, lineage, where, params, chain, tests) -> list[dict]:
+def source_turns(store, lineage, where, params, chain, tests) -> list[Turn]:
     """The turns of the source, in the test's hash order, each with its stratum and
     whether the test may use it. `where` (with `params`) narrows `exchanges e`; `chain`
     and `tests` are the lineage's checkpoints and its tests, as `fresh` and `shortfalls`
@@ -272,7 +299,8 @@ def source_turns(store, lineage, where, params, chain, tests) -> list[dict]:
     key = tests[0] if tests else ""
     chain = [c for c in chain if c]
     mine, scope = lineage.scope.sql("e.api_key_id")
-    return store.query(
+    return store.rows(
+        Turn,
         f"""
         WITH trained AS ({TRAINED_CONVERSATIONS}),
         seen AS (  -- every prompt of a trained conversation, by its words
@@ -306,24 +334,26 @@ def source_turns(store, lineage, where, params, chain, tests) -> list[dict]:
     )
 
 
-def _draw(turns: list[dict], n: int, profile: dict[Stratum, int] | None, seed: str) -> Draw:
+def _draw(
+    turns: list[Turn], n: int, profile: Mapping[Stratum, int] | None, seed: str
+) -> tuple[list[Turn], Stratum | None]:
     """Up to `n` conversations' usable `turns` (in their order): the first turn of each of
     the first `n`, or with a `profile`, each draw a stratum picked at the odds of the
     profile's turns (the day's, fixed), that stratum's next turn of a conversation not
     drawn yet, and (unless the source holds `PLENTY` conversations a pair) the
-    conversation's other turns (`_unit`)."""
-    usable = [t for t in turns if t["usable"]]
+    conversation's other turns (`_unit`). With the stratum it stopped short at (`Draw`)."""
+    usable = [t for t in turns if t.usable]
     if profile is None:
-        firsts = {}  # each conversation's first usable turn, in order
+        firsts: dict[str, Turn] = {}  # each conversation's first usable turn, in order
         for t in usable:
-            firsts.setdefault(t["trajectory_id"], t)
-        return Draw(list(firsts.values())[:n])
-    queues: dict[Stratum, list[dict]] = {}
+            firsts.setdefault(t.trajectory_id, t)
+        return list(firsts.values())[:n], None
+    queues: dict[Stratum, list[Turn]] = {}
     for t in usable:
-        queues.setdefault(Stratum(t["called"], t["part"], t["length"]), []).append(t)
-    conversations: dict[str, list[dict]] = {}  # each one's usable turns, in hash order
+        queues.setdefault(t.stratum, []).append(t)
+    conversations: dict[str, list[Turn]] = {}  # each one's usable turns, in hash order
     for t in usable:
-        conversations.setdefault(t["trajectory_id"], []).append(t)
+        conversations.setdefault(t.trajectory_id, []).append(t)
     strata = sorted(s for s, count in profile.items() if count > 0)
     # A busy agent's traffic brings more conversations than the engine can pair (users
     # first: the test samples in what they leave): one turn a pair. A quiet one's brings
@@ -335,30 +365,29 @@ def _draw(turns: list[dict], n: int, profile: dict[Stratum, int] | None, seed: s
     while len(used) < n and strata:
         stratum = rng.choices(strata, weights=[profile[s] for s in strata])[0]
         queue = queues.get(stratum, [])
-        while queue and queue[0]["trajectory_id"] in used:
+        while queue and queue[0].trajectory_id in used:
             queue.pop(0)
         if not queue:  # its turns not drawn yet are all ones the test may not use
-            return Draw(out, stratum)
+            return out, stratum
         turn = queue.pop(0)
-        out.extend(_unit(turn, conversations[turn["trajectory_id"]], per_draw))
-        used.add(turn["trajectory_id"])
-    return Draw(out)
+        out.extend(_unit(turn, conversations[turn.trajectory_id], per_draw))
+        used.add(turn.trajectory_id)
+    return out, None
 
 
-def _unit(turn: dict, turns: list[dict], most: int) -> list[dict]:
+def _unit(turn: Turn, turns: list[Turn], most: int) -> list[Turn]:
     """The turns one draw takes from the conversation of `turn` (the one it drew): that
     turn and its conversation's other usable turns in the test's hash order, at most
     `most` in all. The pair is their mean difference (`pairs`): every turn of a
     conversation of up to that many, else the drawn one and a random few of the rest,
     whose mean is the conversation's own, expected."""
-    rest = [t for t in turns if t["id"] != turn["id"]]
+    rest = [t for t in turns if t.id != turn.id]
     return [turn, *rest[: most - 1]]
 
 
 def pairs_made(store, tests) -> int:
     """How many pairs `tests` made so far (a resumed round goes on from there)."""
-    rows = store.query(
+    return store.scalar(
         "SELECT count(*) AS n FROM groups WHERE kind = 'ab' AND list_contains(?::VARCHAR[], test)",
         [list(tests)],
     )
-    return rows[0]["n"]

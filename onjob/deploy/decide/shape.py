@@ -29,7 +29,10 @@ canary (`trust.release_mode`: without either, the loop does not promote by itsel
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+import msgspec
 
 from ...judge.rollouts import json_value
 from ...proxy.tenants import Lineage
@@ -81,10 +84,31 @@ class Shapes:
         )
 
 
-def real_traffic(store, lineage: Lineage, since) -> dict[str, Shapes]:
+class _Served(msgspec.Struct, frozen=True, kw_only=True):
+    """An answered production request of one arm (`real_traffic`)."""
+
+    arm: str
+    request: str | None
+    response: str | None
+    completion_token_ids: list[list[int]] | None
+
+
+class _Sampled(msgspec.Struct, frozen=True, kw_only=True):
+    """One answer of a paired sample (`paired_samples`): `choice` indexes its exchange's
+    choices, `origin` its arm ("a" live)."""
+
+    origin: str
+    choice: int
+    request: str | None
+    response: str | None
+    completion_token_ids: list[list[int]] | None
+
+
+def real_traffic(store, lineage: Lineage, since) -> Mapping[str, Shapes]:
     """The lineage's answered production requests of each arm since `since`."""
     mine, scope = lineage.scope.sql("api_key_id")
-    rows = store.query(
+    rows = store.rows(
+        _Served,
         f"""
         SELECT arm, request, response, completion_token_ids FROM exchanges
         WHERE model_alias = ? AND ts >= ? AND source = 'production' AND status < 400
@@ -94,16 +118,17 @@ def real_traffic(store, lineage: Lineage, since) -> dict[str, Shapes]:
     )
     out = {"live": Shapes(), "canary": Shapes()}
     for r in rows:
-        request, response = json_value(r["request"]) or {}, json_value(r["response"]) or {}
-        ids = r["completion_token_ids"] or []
+        request, response = json_value(r.request) or {}, json_value(r.response) or {}
+        ids = r.completion_token_ids or []
         for i, choice in enumerate(response.get("choices") or ()):
-            out[r["arm"]].add(request, choice, len(ids[i]) if i < len(ids) else None)
+            out[r.arm].add(request, choice, len(ids[i]) if i < len(ids) else None)
     return out
 
 
-def paired_samples(store, tests: list[str]) -> dict[str, Shapes]:
+def paired_samples(store, tests: list[str]) -> Mapping[str, Shapes]:
     """The answers of the paired samples of `tests`: arm `a` as live, `b` as the canary."""
-    rows = store.query(
+    rows = store.rows(
+        _Sampled,
         """
         SELECT m.origin, m.choice, e.request, e.response, e.completion_token_ids
         FROM members m JOIN groups g ON g.id = m.group_id JOIN exchanges e ON e.id = m.exchange_id
@@ -113,17 +138,17 @@ def paired_samples(store, tests: list[str]) -> dict[str, Shapes]:
     )
     out = {"live": Shapes(), "canary": Shapes()}
     for r in rows:
-        request, response = json_value(r["request"]) or {}, json_value(r["response"]) or {}
+        request, response = json_value(r.request) or {}, json_value(r.response) or {}
         choices = response.get("choices") or []
-        ids = r["completion_token_ids"] or []
-        if r["choice"] < len(choices):
-            length = len(ids[r["choice"]]) if r["choice"] < len(ids) else None
-            arm = "live" if r["origin"] == "a" else "canary"
-            out[arm].add(request, choices[r["choice"]], length)
+        ids = r.completion_token_ids or []
+        if r.choice < len(choices):
+            length = len(ids[r.choice]) if r.choice < len(ids) else None
+            arm = "live" if r.origin == "a" else "canary"
+            out[arm].add(request, choices[r.choice], length)
     return out
 
 
-def guards(arms: dict[str, Shapes], s: LoopSettings, source: str) -> Shape:
+def guards(arms: Mapping[str, Shapes], s: LoopSettings, source: str) -> Shape:
     """The shape guards on one source: the counts, and what tripped or holds (or None)."""
     live, canary = arms["live"], arms["canary"]
     tripped = holding = None

@@ -101,12 +101,11 @@ def kl_guard(store, checkpoint: str | None, settings: LoopSettings) -> Drift:
     out = Drift(bound=settings.max_kl_to_base)
     if checkpoint is None:
         return out
-    rows = store.query(
+    metrics = store.scalar(
         "SELECT t.metrics FROM checkpoints c JOIN train_runs t ON t.id = c.train_run "
         "WHERE c.name = ?",
         [checkpoint],
     )
-    metrics = rows[0]["metrics"] if rows else None
     metrics = json.loads(metrics) if isinstance(metrics, str) else (metrics or {})
     # The candidate's own answers: k3 is unbiased on the policy's samples only. On the
     # previous sampler's tokens it reads the policy where that sampler went, which a run

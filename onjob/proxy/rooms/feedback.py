@@ -66,6 +66,6 @@ async def _owned(traffic: Traffic, fb: protocol.Feedback, api_key_id: str | None
         trajectory_id = trajectory_id or row.trajectory_id
     if fb.trajectory_id:
         owner = await traffic.lookup(queries.trajectory_owner, trajectory_id)
-        if not owner or owner[0]["api_key_id"] != api_key_id:
+        if owner is None or owner.api_key_id != api_key_id:
             raise NotFound(f"No trajectory `{fb.trajectory_id}`.", param="trajectory_id")
     return trajectory_id

@@ -46,7 +46,7 @@ async def create_response(request: Request, serving: NamedDependency[Serving]) -
     if chained:
         where, previous = await _previous(traffic, asked, where)
     chat, call = responses.translate(asked, previous)
-    raw = msgspec.json.encode(chat)
+    raw = msgspec.json.encode(chat)  # the fields translate set, no others
     exchange = await Exchange.open(
         parse_request(raw, settings),
         raw,
