@@ -10,6 +10,7 @@ import pytest
 from onjob.judge import JudgeSettings
 from onjob.judge.passes import combine
 from onjob.judge.sampling import request_for
+from onjob.judge.tables import LoggedTurn
 
 SETTINGS = JudgeSettings(model="openai/judge", rewards={"ok": {"fn": "m:ok", "weight": 2.0}})
 
@@ -36,9 +37,25 @@ def test_sources_every_member_has_are_weighted_on_one_scale():
     assert rewards["b"] == pytest.approx((0.8 + 0.0 + 0.0) / 4)
 
 
+def _logged(request: dict) -> LoggedTurn:
+    return LoggedTurn(
+        id="x-1",
+        trajectory_id=None,
+        turn=0,
+        scenario_id=None,
+        api_key_id=None,
+        model_alias=None,
+        checkpoint=None,
+        arm=None,
+        request=json.dumps(request),
+        response=None,
+        prompt_token_ids=None,
+    )
+
+
 def test_alternatives_are_asked_for_with_their_sampling_settings_written_out():
-    logged = {"request": json.dumps({"messages": [], "temperature": 0.2, "top_p": 0.9})}
+    logged = _logged({"messages": [], "temperature": 0.2, "top_p": 0.9})
     body = request_for(logged, "base", JudgeSettings(temperature=1.0))
     assert (body["temperature"], body["top_p"]) == (1.0, 0.9)
-    body = request_for({"request": json.dumps({"messages": []})}, "base", JudgeSettings())
+    body = request_for(_logged({"messages": []}), "base", JudgeSettings())
     assert (body["temperature"], body["top_p"]) == (1.0, 1.0)
