@@ -23,8 +23,8 @@ from onjob.cli import admin_key
 from onjob.cli.process import EngineProcess
 from onjob.collector import ExchangeRecord, Store
 from onjob.collector.records import encode
+from onjob.deploy.act.runs import record as record_run
 from onjob.trainer.manifest import Manifest, Metrics
-from onjob.trainer.records import record_run
 
 # A server a test starts runs its loop at the old default's pace (every 300 s: never
 # within a test) unless the test sets its own `ONJOB_LOOP__INTERVAL_S`: at production's

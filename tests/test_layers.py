@@ -103,3 +103,54 @@ def test_rows_leave_the_collector_as_records_not_dicts():
             ):
                 found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
     assert found == []
+
+
+# Tables more than one module writes, each for its reason: the schema's migrations rewrite
+# exchanges (V10's linear storage, V21's rebuild); the export queue is filled in a load's
+# transaction and emptied by the export (and at a start that exports no more); a lake
+# records its schema version where it is made, a file in its migrations.
+SHARED_WRITERS = {
+    "exchanges": {"collector/schema.py", "collector/store.py"},
+    "export_queue": {"collector/store.py", "collector/export.py", "collector/writer.py"},
+    "schema_version": {"collector/schema.py", "collector/lake.py"},
+}
+
+
+def test_each_table_has_one_writing_module():
+    # Every INSERT, UPDATE, DELETE or MERGE onjob spells (in its SQL strings, docstrings
+    # aside) names its table; a second module that writes one is a second place its
+    # columns and rules live. `forget.py` deletes from every table a deletion reaches and
+    # bench fakes in onjob/testing write what they stand in for: both left out.
+    import ast
+    import re
+    from pathlib import Path
+
+    write = re.compile(
+        r"\b(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|UPDATE|DELETE\s+FROM|MERGE\s+INTO)\s+([a-z_]+)\b"
+    )
+    root = Path(__file__).parent.parent / "onjob"
+    writers: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        module = str(path.relative_to(root))
+        if module.startswith("testing/") or module == "collector/forget.py":
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+        }
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docstrings
+            ):
+                for table in write.findall(node.value):
+                    writers.setdefault(table, set()).add(module)
+    many = {t: m for t, m in writers.items() if len(m) > 1 and m != SHARED_WRITERS.get(t)}
+    assert many == {}
+    assert writers["checkpoints"] == {"deploy/act/registry.py"}
+    assert writers["train_runs"] == {"deploy/act/runs.py"}

@@ -11,8 +11,8 @@ import msgspec
 import pytest
 
 from onjob.collector import Store
+from onjob.deploy.act.runs import record as record_run
 from onjob.trainer.manifest import FILE, Manifest, Precision, Sampler
-from onjob.trainer.records import record_run
 
 # As `train()` wrote it before the manifest was a record (some of its keys, in its order),
 # with a dropped step (its loss not finite: `json` writes NaN) and a group the logprob

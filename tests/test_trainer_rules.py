@@ -15,11 +15,11 @@ import torch
 from pydantic import ValidationError
 
 from onjob.collector import Store
+from onjob.deploy.act.runs import record as record_run
 from onjob.trainer import ParentMismatch, TrainSettings, snapshot
 from onjob.trainer.data import load
 from onjob.trainer.errors import NothingToTrain
 from onjob.trainer.loop import train
-from onjob.trainer.records import record_run
 
 # A three-turn conversation as the engine logged it: each prompt holds the earlier turns.
 P1, C1 = [1, 2, 3], [10, 11]

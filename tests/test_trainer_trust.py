@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 
 from onjob.collector import Store
+from onjob.deploy.act.runs import record as record_run
 from onjob.deploy.act.training import kl_budget
 from onjob.deploy.decide import trust as guard
 from onjob.deploy.settings import DeploySettings, LoopSettings
 from onjob.trainer import NothingToTrain, TrainSettings
 from onjob.trainer.loop import train
-from onjob.trainer.records import record_run
 from tests.test_trainer_rules import group_of, write
 
 

@@ -82,7 +82,7 @@ from . import budgets, queries, readonly
 from .errors import CatalogUnreachable, CollectorError, NotLeading, StorageError
 from .forget import Forget, ForgetError, Forgotten
 from .linear import Lineage, rebuilt
-from .records import ExchangeRecord, FeedbackRecord
+from .records import ExchangeRecord, FeedbackRecord, Resample
 from .settings import CollectorSettings
 from .store import Store
 from .trajectories import Placement, Stitcher
@@ -101,6 +101,7 @@ __all__ = [
     "Lineage",
     "NotLeading",
     "Placement",
+    "Resample",
     "Stitcher",
     "StorageError",
     "Store",

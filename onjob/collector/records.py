@@ -96,6 +96,33 @@ class OpeningRecord(msgspec.Struct, kw_only=True, tag_field="kind", tag="opening
     prompt_token_ids: list[int] | None = None
 
 
+class Resample(msgspec.Struct, frozen=True, kw_only=True):
+    """An answer the judge or a release test sampled for a logged turn, stored as a
+    `resample` exchange in that turn's place (`Store.add_resample`): never on the spool
+    (nobody was answered), written where its group is, in the group's transaction. JSON
+    columns as their text."""
+
+    id: str
+    ts: float  # epoch seconds
+    trajectory_id: str | None
+    turn: int | None
+    scenario_id: str | None
+    api_key_id: str | None  # the logged turn's key: its prompt is that key's
+    model_alias: str | None
+    checkpoint: str | None
+    arm: str | None
+    request: str
+    response: str
+    prompt_token_ids: list[int] | None
+    completion_token_ids: list[list[int]] | None
+    completion_logprobs: list[list[float]] | None
+    usage: str
+    latency_ms: float | None
+    metadata: str
+    logprobs_mode: str | None
+    untrainable: str | None
+
+
 Record = ExchangeRecord | FeedbackRecord | OpeningRecord
 # What a spool line may be: the tags of `Record`.
 KINDS = tuple(r.__struct_config__.tag for r in get_args(Record))

@@ -32,7 +32,7 @@ import msgspec
 from . import jobs, lake
 from .errors import StorageError
 from .ids import new_id
-from .records import KINDS
+from .records import KINDS, Resample
 from .schema import migrate
 from .settings import CollectorSettings
 
@@ -810,6 +810,16 @@ class Store:
             if isinstance(exc, duckdb.Error):
                 raise StorageError(f"write failed: {exc}") from exc
             raise
+
+    def add_resample(self, r: Resample) -> None:
+        """A re-sampled answer as a `resample` exchange (in the caller's transaction, if
+        any): the one write of `exchanges` outside a load."""
+        columns = [f for f in r.__struct_fields__ if f != "ts"]
+        self.con.execute(
+            f"INSERT INTO exchanges (ts, {', '.join(columns)}, stream, status, source) "
+            f"VALUES (to_timestamp(?), {', '.join('?' * len(columns))}, false, 200, 'resample')",
+            [r.ts, *(getattr(r, f) for f in columns)],
+        )
 
     def rows(self, record: type[R], sql: str, params: list | dict | None = None) -> list[R]:
         """The rows of `sql` as `record`s (a msgspec Struct or a dataclass), each column

@@ -4,7 +4,8 @@ Two layers and the modules that orchestrate them:
 
     decide/   what the evidence says (statistics, pairs, prompts, guards, the verdict):
               functions of the store and the settings, acting on nothing
-    act/      what changes (registry, routing log, operator, holds, adapters, reviews, training)
+    act/      what changes (registry and runs, routing log, operator, holds, adapters,
+              reviews, training)
     release   a candidate's way from trained to live: reads `decide`, calls `act`
     loop      the periodic loop that re-samples, judges, trains and releases
     compare, judging, admin, progress
@@ -43,9 +44,10 @@ each (`ledger.py`); what a verdict shows, as typed records: the test's state, wh
 expects to cost (`Forecast`), the held-out slice's, each guard's figures with its
 outcome (`Alarm`: tripped or holding), the `Verdict` (`evidence.py`); each tenant's
 daily share of the trainer and the judge (`fair.py`). **`act/`**, what changes: the
-checkpoint registry (`registry.py`), the engine's LoRA endpoints (`adapters.py`) and the
-client to the engine (`engine.py`), the routing log (`deployments.py`) and the operator
-that applies it to database, engines and router (`operator.py`); a worker's hold on one
+checkpoint registry (`registry.py`; a training run's row and its candidate: `runs.py`),
+the engine's LoRA endpoints (`adapters.py`) and the client to the engine (`engine.py`),
+the routing log (`deployments.py`) and the operator that applies it to database,
+engines and router (`operator.py`); a worker's hold on one
 lineage's work, renewed while its job runs (`holds.py`); canaries ready for a
 person's review (`reviews.py`); training runs from the server's side: a child process,
 or a job through `trainer.bucket` (`trainer.runner`), every checkpoint published when a

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import msgspec
 
 from .. import logprobs
-from ..collector import Store
+from ..collector import Resample, Store
 from ..collector.ids import new_id
 from ..collector.scope import EVERY_KEY, KeyScope
 from .rollouts import json_value
@@ -196,7 +196,7 @@ def add_turn_group(
         )
         members = [(prefix.id, c, "logged") for c in range(logged)]
         if sample is not None:
-            _insert_sample(con, prefix, sample, group_id, prefix.checkpoint)
+            _insert_sample(store, prefix, sample, group_id, prefix.checkpoint)
             members += [(sample.id, c, "sampled") for c in range(sample.n)]
         _add_members(con, group_id, prefix.trajectory_id, members)
     return group_id
@@ -223,7 +223,7 @@ def add_ab_group(
         )
         members = []
         for arm, (checkpoint, sample) in samples.items():
-            _insert_sample(con, prefix, sample, group_id, checkpoint)
+            _insert_sample(store, prefix, sample, group_id, checkpoint)
             members += [(sample.id, c, arm) for c in range(sample.n)]
         _add_members(con, group_id, prefix.trajectory_id, members)
     return group_id
@@ -464,44 +464,38 @@ def save_scores(
         )
 
 
-def _insert_sample(con, prefix: LoggedTurn, sample: Sample, group_id: str, checkpoint) -> None:
+def _insert_sample(
+    store: Store, prefix: LoggedTurn, sample: Sample, group_id: str, checkpoint
+) -> None:
     """A re-sampled answer as a `resample` exchange in the logged turn's place, of the same
     API key (its prompt is that key's): the tenant checks read it (`tenants.refusal`)."""
-    con.execute(
-        """
-        INSERT INTO exchanges (id, ts, trajectory_id, turn, scenario_id, api_key_id,
-            model_alias, checkpoint, arm, stream, request, response, prompt_token_ids,
-            completion_token_ids, completion_logprobs, usage, latency_ms, status,
-            metadata, source, logprobs_mode, untrainable)
-        VALUES (?, to_timestamp(?), ?, ?, ?, ?, ?, ?, ?, false, ?, ?, ?, ?, ?, ?, ?, 200,
-            ?, 'resample', ?, ?)
-        """,
-        [
-            sample.id,
-            sample.ts,
-            prefix.trajectory_id,
-            prefix.turn,
-            prefix.scenario_id,
-            prefix.api_key_id,
-            prefix.model_alias,
-            checkpoint,
-            prefix.arm,
-            json.dumps(sample.request),
-            json.dumps(sample.response),
-            sample.prompt_token_ids,
-            sample.completion_token_ids,
-            sample.completion_logprobs,
-            json.dumps(sample.usage),
-            sample.latency_ms,
-            json.dumps({"group_id": group_id, "resample_of": prefix.id}),
-            sample.logprobs_mode,
-            logprobs.untrainable(
+    store.add_resample(
+        Resample(
+            id=sample.id,
+            ts=sample.ts,
+            trajectory_id=prefix.trajectory_id,
+            turn=prefix.turn,
+            scenario_id=prefix.scenario_id,
+            api_key_id=prefix.api_key_id,
+            model_alias=prefix.model_alias,
+            checkpoint=checkpoint,
+            arm=prefix.arm,
+            request=json.dumps(sample.request),
+            response=json.dumps(sample.response),
+            prompt_token_ids=sample.prompt_token_ids,
+            completion_token_ids=sample.completion_token_ids,
+            completion_logprobs=sample.completion_logprobs,
+            usage=json.dumps(sample.usage),
+            latency_ms=sample.latency_ms,
+            metadata=json.dumps({"group_id": group_id, "resample_of": prefix.id}),
+            logprobs_mode=sample.logprobs_mode,
+            untrainable=logprobs.untrainable(
                 sample.logprobs_mode,
                 sample.completion_token_ids,
                 sample.completion_logprobs,
                 sample.usage,
             ),
-        ],
+        )
     )
 
 

@@ -24,9 +24,10 @@ The run, `loop.py`, top to bottom, and the module each part lives in:
     manifest.py    the manifest as a typed record (torch-free: deploy reads it back)
     report.py      progress: a bar, a line per step, W&B
 
-Around the run: `snapshot.py` (the export, torch-free), `records.py` (a run's rows),
-`jobs.py` (runs handed through object storage to another host), `settings.py`, the
-exception tree (`errors.py`) and the one place foreign errors become it (`foreign.py`).
+Around the run: `snapshot.py` (the export, torch-free; a run's rows are deploy's to
+write: `deploy/act/runs.py`), `jobs.py` (runs handed through object storage to another
+host), `settings.py`, the exception tree (`errors.py`) and the one place foreign errors
+become it (`foreign.py`).
 """
 
 from .errors import (

@@ -61,11 +61,32 @@ def add(store: Store, path: Path, name: str, base_model: Path) -> Checkpoint:
     if get(store, name) is not None:
         raise RegistryError(f"a checkpoint named {name!r} exists already")
     validate(path, base_model)
-    store.execute(
-        "INSERT INTO checkpoints VALUES (?, NULL, ?, ?, now(), NULL, 'candidate')",
-        [name, str(base_model), str(path.resolve())],
-    )
+    insert(store, name, parent=None, base_model=str(base_model), path=path, train_run=None)
     return get(store, name)
+
+
+def insert(
+    store: Store,
+    name: str,
+    *,
+    parent: str | None,
+    base_model: str,
+    path: Path,
+    train_run: str | None,
+) -> None:
+    """The one writer of a `checkpoints` row (in the caller's transaction, if any): a new
+    `candidate`, trained by `train_run` (`runs.record`) or imported (`add`: none)."""
+    store.execute(
+        "INSERT INTO checkpoints (name, parent, base_model, path, created, train_run, status) "
+        "VALUES (?, ?, ?, ?, now(), ?, 'candidate')",
+        [name, parent, base_model, str(path.resolve()), train_run],
+    )
+
+
+def path_of(store: Store, name: str) -> Path | None:
+    """Where checkpoint `name`'s adapter directory is (None: no such checkpoint)."""
+    paths = store.column("SELECT path FROM checkpoints WHERE name = ?", [name])
+    return Path(paths[0]) if paths else None
 
 
 def validate(path: Path, base_model: Path) -> None:

@@ -27,11 +27,10 @@ from ...collector.ids import new_id
 from ...proxy.tenants import Lineage, Tenants
 from ...trainer import jobs, snapshot
 from ...trainer.manifest import Manifest, Sampler
-from ...trainer.records import checkpoint_path, record_run, record_skipped
 from ..decide import fit
 from ..errors import TrainingFailed, UnknownCheckpoint
 from ..settings import DeploySettings
-from . import deployments, host
+from . import deployments, host, registry, runs
 
 NOTHING_TO_TRAIN = 3
 
@@ -125,7 +124,7 @@ async def train(
             scope=lineage.scope,
         )
     )  # fmt: skip
-    parent_dir = await db.query(lambda st: checkpoint_path(st, parent)) if parent else None
+    parent_dir = await db.query(lambda st: registry.path_of(st, parent)) if parent else None
     if parent and parent_dir is None:
         raise UnknownCheckpoint(f"checkpoint {parent!r} is not in the checkpoints table")
     echo(
@@ -157,7 +156,7 @@ async def train(
     config = {**manifest.config, "started_by": started_by, "lineage": lineage.name}
     manifest = msgspec.structs.replace(manifest, name=name, config=config, precision=precision)
     manifest.write(out)
-    await db.query(lambda st: record_run(st, new_id("run-"), manifest, out, parent))
+    await db.query(lambda st: runs.record(st, new_id("run-"), manifest, out, parent))
     echo(f"checkpoint {name} recorded as a candidate: {out}")
     if t.bucket and t.runner == "local":  # a job published it already
         await _publish(t, out, name, echo)
@@ -183,7 +182,7 @@ async def _skipped(db: Collector, t, groups: list, took_s: float, echo) -> None:
         "within its KL budget (its output says which)"
     )
     await db.query(
-        lambda st: record_skipped(
+        lambda st: runs.record_skipped(
             st, new_id("run-"), groups, t.model_dump(mode="json"), reason, took_s
         )
     )

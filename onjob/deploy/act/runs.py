@@ -1,4 +1,7 @@
-"""A finished training run in DuckDB: its `train_runs` row and its checkpoint, a candidate."""
+"""The loop's training runs in DuckDB: each run's `train_runs` row (the one writer of that
+table), and the candidate it made, written through `registry.insert` in the same
+transaction (a run without its checkpoint, or a checkpoint without its run, is never
+seen)."""
 
 from __future__ import annotations
 
@@ -7,20 +10,20 @@ from pathlib import Path
 
 import msgspec
 
-from ..collector import Store
-from .manifest import Manifest
+from ...collector import Store
+from ...trainer.manifest import Manifest
+from . import registry
 
 
-def record_run(
-    store: Store, run_id: str, manifest: Manifest, path: Path, parent: str | None
-) -> None:
+def record(store: Store, run_id: str, manifest: Manifest, path: Path, parent: str | None) -> None:
     """`groups_used` is every group the run consumed: those it trained on and those it
     skipped with a reason (in the manifest's `skipped_groups`), so that a group the trainer
     cannot use is not exported, and skipped, on every later run."""
     used = [*manifest.groups, *manifest.skipped_groups]
-    with store.transaction() as con:
-        con.execute(
-            "INSERT INTO train_runs VALUES (?, ?, ?, ?, ?, now())",
+    with store.transaction():
+        store.execute(
+            "INSERT INTO train_runs (id, groups_used, config, metrics, duration_s, created) "
+            "VALUES (?, ?, ?, ?, ?, now())",
             [
                 run_id,
                 used,
@@ -29,9 +32,13 @@ def record_run(
                 manifest.duration_s,
             ],
         )
-        con.execute(
-            "INSERT INTO checkpoints VALUES (?, ?, ?, ?, now(), ?, 'candidate')",
-            [manifest.name, parent, manifest.base_model, str(path.resolve()), run_id],
+        registry.insert(
+            store,
+            manifest.name,
+            parent=parent,
+            base_model=manifest.base_model,
+            path=path,
+            train_run=run_id,
         )
 
 
@@ -41,13 +48,8 @@ def record_skipped(
     """A run whose every group the trainer's own checks skipped (too long, logprobs that
     disagree, nothing to learn): its groups recorded as used, with no checkpoint, so the
     next snapshot does not hand them to a child again."""
-    store.con.execute(
+    store.execute(
         "INSERT INTO train_runs (id, groups_used, config, metrics, duration_s, created) "
         "VALUES (?, ?, ?, ?, ?, now())",
         [run_id, groups, json.dumps(config), json.dumps({"skipped": reason}), duration_s],
     )
-
-
-def checkpoint_path(store: Store, name: str) -> Path | None:
-    paths = store.column("SELECT path FROM checkpoints WHERE name = ?", [name])
-    return Path(paths[0]) if paths else None
