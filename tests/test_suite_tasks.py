@@ -1,8 +1,8 @@
 """The learning suite's tasks (issue 45 item 4: examples/antonyms, capitals, plurals and
-lookup; then languages, extract, sentiment and weather; then library): each split is fixed and
-disjoint, the agent asks training questions only, and each reward and referee score
-hand-made rollouts as their docstrings say, the referee passing the reward's top grade
-alone. No engine."""
+lookup; then languages, extract, sentiment and weather; then library; then flights): each
+split is fixed and disjoint, the agent asks training questions only, and each reward and
+referee score hand-made rollouts as their docstrings say, the referee passing the reward's
+top grade alone. No engine."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from examples.antonyms import task as antonyms
 from examples.arithmetic.demo import EXAMPLES, Options, example_of
 from examples.capitals import task as capitals
 from examples.extract import task as extract
+from examples.flights import task as flights
 from examples.languages import task as languages
 from examples.library import task as library
 from examples.lookup import task as lookup
@@ -35,6 +36,7 @@ SUITE = (
     "sentiment",
     "weather",
     "library",
+    "flights",
 )
 
 
@@ -72,6 +74,7 @@ def test_the_split_is_the_one_in_the_docstrings():
     assert (len(sentiment.HELDOUT), len(sentiment.TRAIN)) == (30, 90)
     assert (len(weather.HELDOUT), len(weather.TRAIN)) == (30, 90)
     assert (len(library.HELDOUT), len(library.TRAIN)) == (30, 90)
+    assert (len(flights.HELDOUT), len(flights.TRAIN)) == (30, 90)
     # Seeded: every import draws the same split.
     assert antonyms.HELDOUT[0] == 'What is the opposite of "import"?'
     assert lookup.HELDOUT[0] == "How many units of item 1017 are in stock?"
@@ -86,6 +89,7 @@ def test_the_split_is_the_one_in_the_docstrings():
     )
     assert weather.HELDOUT[0] == "What is the temperature today in the town of Coldton?"
     assert library.HELDOUT[0] == 'Which shelf is "The Crimson Harbor" on?'
+    assert flights.HELDOUT[0] == "When does boarding start for the flight to Marovo?"
     # The made-up tables are drawn the same way each time, and asked evenly.
     assert [extract.FIELDS[q]["asked"] for q in list(extract.FIELDS)[:4]] == [
         "order",
@@ -96,6 +100,17 @@ def test_the_split_is_the_one_in_the_docstrings():
     assert sorted(sentiment.REVIEWS.values()) == sorted([*sentiment.LABELS] * 40)
     assert len({city_id for city_id, _, _ in weather.TOWNS.values()}) == len(weather.TOWNS)
     assert len(library.CODES) == len(library.BOOKS)
+    assert len(flights.CODES) == len(flights.FLIGHTS)
+    # Each flight's question asks one field, the three in turn.
+    assert [f.asked for f in list(flights.FLIGHTS.values())[:4]] == [
+        "gate",
+        "boarding",
+        "terminal",
+        "gate",
+    ]
+    assert sorted(flights.asked(q)[1] for q in [*flights.HELDOUT, *flights.TRAIN]) == sorted(
+        [*flights.ASKED] * 40
+    )
 
 
 def test_antonyms_give_partial_credit_and_the_referee_passes_the_word_alone():
@@ -537,6 +552,129 @@ def test_the_library_agent_runs_both_tools_by_name_and_forces_its_first_two_turn
     ]
 
 
+def _flights_question(field: str) -> str:
+    """The first held-out question that asks `field`."""
+    return next(q for q in flights.HELDOUT if flights.asked(q)[1] == field)
+
+
+def test_the_flights_reward_scores_each_step_on_the_step_it_takes():
+    q = _flights_question("gate")
+    city = flights.city_of(q)
+    flight = flights.FLIGHTS[city]
+    asked = flights.messages(q)
+    find = _call("find_flight", {"destination": city})
+    find_loose = _call("find_flight", {"destination": f' "{city.lower()}" '})
+    find_wrong = _call("find_flight", {"destination": "Paris"})
+    status = _call("flight_status", {"code": flight.code})
+    status_loose = _call("flight_status", {"code": flight.code.replace(" ", "").lower()})
+    status_wrong = _call("flight_status", {"code": "ZZ 000"})
+
+    def reward(prompt: list[dict], message: dict, kind: str = "turn") -> float:
+        return flights.reward(Rollout("m", [*prompt, {"role": "assistant", **message}], kind))
+
+    def calls(*made: dict) -> dict:
+        return {"content": None, "tool_calls": list(made)}
+
+    # The first step: find_flight with the city as a booking search matches it;
+    # flight_status with its code is right too.
+    assert reward(asked, calls(find)) == reward(asked, calls(find_loose)) == 1.0
+    assert reward(asked, calls(status)) == reward(asked, calls(status_loose)) == 1.0
+    assert reward(asked, calls(find_wrong)) == reward(asked, calls(status_wrong)) == 0.0
+    assert reward(asked, calls(_call("locate", {"code": flight.code}))) == 0.0
+    assert reward(asked, calls(find, find_wrong)) == 0.5
+    # The second: once the code is known, flight_status with it; find_flight again is no
+    # progress.
+    found = flights.find_flight(find["function"]["arguments"])
+    assert found.startswith(f"{city}: flight {flight.code}.")
+    known_code = [
+        *asked,
+        {"role": "assistant", "content": None, "tool_calls": [find]},
+        {"role": "tool", "tool_call_id": "c1", "content": found},
+    ]
+    assert reward(known_code, calls(status)) == 1.0
+    assert reward(known_code, calls(find)) == 0.0
+    assert reward(known_code, calls(status, find)) == 0.5
+    # The third: once the status is known, an answer with the asked field (any case); any
+    # call, 0; the other fields alone are not the gate.
+    status_now = flights.flight_status(status["function"]["arguments"])
+    assert status_now == flights.status(q)
+    assert (
+        f"terminal {flight.terminal}, gate {flight.gate}, boarding at {flight.boarding}"
+        in status_now
+    )
+    known = [
+        *known_code,
+        {"role": "assistant", "content": None, "tool_calls": [status]},
+        {"role": "tool", "tool_call_id": "c1", "content": status_now},
+    ]
+    assert reward(known, calls(status)) == 0.0
+    assert reward(known, {"content": f"Gate {flight.gate}, terminal {flight.terminal}."}) == 1.0
+    assert reward(known, {"content": f"gate {flight.gate.lower()}"}, kind="trajectory") == 1.0
+    assert reward(known, {"content": f"Gate {flight.gate}0."}) == 0.0
+    assert reward(known, {"content": f"Gate B{flight.gate}."}) == 0.0
+    other = f"Terminal {flight.terminal}, boarding at {flight.boarding}, flight {flight.code}."
+    assert reward(known, {"content": other}) == 0.0
+    # A whole conversation that ends on a call was never answered.
+    assert reward(known_code, calls(status), kind="trajectory") == 0.0
+    assert flights.referee(Rollout("m", [*asked, {"role": "assistant", **calls(find)}]))
+    assert not flights.referee(Rollout("m", [*asked, {"role": "assistant", **calls(status_wrong)}]))
+    # The tools answer errors as text, as a real tool would.
+    assert flights.find_flight('{"destination": "Paris"}') == "error: no flight to 'Paris' today"
+    assert flights.flight_status('{"code": "zz 1"}') == "error: no flight with code 'ZZ 1'"
+    for bad in ("not json", "[1]", '{"name": "x"}'):
+        assert flights.find_flight(bad).startswith("error:"), bad
+        assert flights.flight_status(bad).startswith("error:"), bad
+    assert [t["function"]["name"] for t in flights.TOOLS] == ["find_flight", "flight_status"]
+
+
+def test_the_flights_questions_ask_one_field_each_and_the_answer_must_hold_it():
+    for field in ("gate", "boarding", "terminal"):
+        q = _flights_question(field)
+        flight = flights.FLIGHTS[flights.city_of(q)]
+        assert flights.asked(q) == (flights.city_of(q), field)
+        assert flights.answer_of(q) == getattr(flight, field)
+        everything = (
+            f"Terminal {flight.terminal}, gate {flight.gate}, boarding at {flight.boarding}."
+        )
+        assert flights.correct(q, everything)  # the other fields beside it do not matter
+        assert not flights.correct(q, None) and not flights.correct(q, f"Flight {flight.code}.")
+    boarding = _flights_question("boarding")
+    time = flights.answer_of(boarding)
+    assert flights.correct(boarding, f"Boarding starts at {time}.")
+    assert not flights.correct(boarding, f"Boarding starts at 1{time}.")
+    assert not flights.correct(boarding, f"Boarding starts at {time}5.")
+    assert not flights.correct(boarding, f"Boarding starts at {time}:00.")
+    terminal = _flights_question("terminal")
+    number = flights.answer_of(terminal)
+    assert flights.correct(terminal, f"It leaves from TERMINAL {number}.")
+    assert not flights.correct(terminal, f"Terminal {number}0.")
+    # A digit alone is held by chance: the terminal counts named as one.
+    assert not flights.correct(terminal, number) and not flights.correct(terminal, f"Gate {number}")
+    with pytest.raises(ValueError):
+        flights.asked("What is the capital of Peru?")
+
+
+def test_the_flights_agent_runs_both_tools_by_name_and_forces_its_first_two_turns():
+    from examples.flights.agent import FORCED_TURNS, solve
+
+    q = flights.TRAIN[0]
+    city = flights.city_of(q)
+    flight = flights.FLIGHTS[city]
+    client = ScriptedClient(
+        [
+            _said(None, _call("find_flight", {"destination": city}, "c1")),
+            _said(None, _call("flight_status", {"code": flight.code}, "c2")),
+            _said(f"Terminal {flight.terminal}, gate {flight.gate}, boarding {flight.boarding}."),
+        ]
+    )
+    answer, turns, calls, right_first = solve(client, "agent", q)
+    assert (turns, calls, right_first) == (3, 2, True) and flights.correct(q, answer)
+    assert FORCED_TURNS == 2
+    assert [r.get("tool_choice") for r in client.requests] == ["required", "required", None]
+    sent = [m["content"] for m in client.requests[-1]["messages"] if m["role"] == "tool"]
+    assert sent == [flights.find_flight(json.dumps({"destination": city})), flights.status(q)]
+
+
 def test_a_one_tool_agent_still_runs_its_tool_whatever_the_name_and_forces_one_turn():
     call = SimpleNamespace(function=SimpleNamespace(name="anything", arguments='{"a": 2}'))
     assert tool_agent.run(lambda arguments: f"ran {arguments}", call) == 'ran {"a": 2}'
@@ -548,7 +686,7 @@ def test_a_one_tool_agent_still_runs_its_tool_whatever_the_name_and_forces_one_t
     assert [r.get("tool_choice") for r in client.requests] == ["required", None]
 
 
-@pytest.mark.parametrize("name", ["weather", "library"])
+@pytest.mark.parametrize("name", ["weather", "library", "flights"])
 def test_a_two_tool_example_asks_each_question_several_times_in_a_row(name):
     example = __import__(f"examples.{name}.example", fromlist=["example"])
     ASKED, EXAMPLE = example.ASKED, example.EXAMPLE

@@ -65,6 +65,7 @@ EXAMPLES = (
     "sentiment",
     "weather",
     "library",
+    "flights",
 )
 
 

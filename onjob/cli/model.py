@@ -163,6 +163,7 @@ def _demo_learning_flags(demo) -> None:
             "sentiment",
             "weather",
             "library",
+            "flights",
         ],
         default="arithmetic",
         help="the example agent: arithmetic (one-digit sums, one turn; the default), "
@@ -171,7 +172,8 @@ def _demo_learning_flags(demo) -> None:
         "answer the model buries in prose), extract (a field of a made-up message), "
         "sentiment (a review's label) (one turn each), lookup (a lookup tool over made-up "
         "stock counts, 2-3 turns), weather (find_city then forecast over made-up towns, 3 "
-        "turns), library (find_book then locate over made-up books, 3 turns)",
+        "turns), library (find_book then locate over made-up books, 3 turns), flights "
+        "(find_flight then flight_status over made-up flights, 3 turns)",
     )
     demo.add_argument(
         "--reward",
