@@ -98,7 +98,7 @@ class Bucket:
             region_name=region,
             # A store that hangs (no refusal, no answer) costs a round at most
             # 3 x (5 + 30) s, not botocore's 5 x (60 + 60) s: what waits on it gives up
-            # and tries again later (`collector/writer.py` backs off).
+            # and tries again later (`collector/spooler.py` backs off).
             config=Config(
                 connect_timeout=5,
                 read_timeout=30,

@@ -1,4 +1,4 @@
-"""A proxy host through a bucket outage (`collector/writer.py`, `collector/handoff.py`):
+"""A proxy host through a bucket outage (`collector/spooler.py`, `collector/handoff.py`):
 a bucket that hangs never holds up serving or the spool's rotation; a spool directory
 at `collector.max_spool_bytes` answers on, unlogged and counted; a long backlog keeps
 its host's watermark fresh. Real `onjob serve` processes, a socket that never answers,

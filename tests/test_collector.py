@@ -120,7 +120,7 @@ def test_segments_are_capped_while_loading_lags_and_all_of_them_land(tmp_path):
         c = Collector(CollectorSettings(db=db, flush_interval_s=3600, max_segment_bytes=cap))
         await c.start()
         ids = await log_conversations(c, conversations=150, turns=4)
-        sizes = [s.stat().st_size for s in c._spool.segments()]
+        sizes = [s.stat().st_size for s in c.spool.segments()]
         await c.close()
         return ids, sizes
 

@@ -100,15 +100,15 @@ def test_a_round_whose_upload_fails_keeps_its_rows_for_the_next(
         try:
             first = await log_conversations(c, 2, 2)
             await c.flush()
-            store = c._store
+            store = c.database.store
             with pytest.raises(BucketError):
-                await c._run(export_round, store, gone, scratch)
+                await c.database.run(export_round, store, gone, scratch)
             second = await log_conversations(c, 1, 1)
             await c.flush()
             # The failed batch goes first, alone, under the names it had.
-            assert await c._run(export_round, store, good, scratch) == len(first)
-            assert await c._run(export_round, store, good, scratch) == len(second)
-            assert await c._run(export_round, store, good, scratch) == 0
+            assert await c.database.run(export_round, store, good, scratch) == len(first)
+            assert await c.database.run(export_round, store, good, scratch) == len(second)
+            assert await c.database.run(export_round, store, good, scratch) == 0
             return first, second
         finally:
             await c.close()

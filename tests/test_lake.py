@@ -359,7 +359,7 @@ def test_a_forget_holds_while_another_server_commits_beside_it(postgres, catalog
             writer.con.execute("COMMIT")
         except duckdb.TransactionException:
             # Refused, beside the forget's deletes (a load is then placed and committed
-            # again: `Collector._load_placing`).
+            # again: `Loader._load_placing`).
             with contextlib.suppress(duckdb.Error):
                 writer.con.execute("ROLLBACK")
         assert secret not in postgres.dump(database)

@@ -16,14 +16,23 @@ What each module holds (the why of each rule, at length: `docs/collector.md`):
 
 - `schema.py`: the schema and its migrations; the rebuild of linear storage
   (`exchanges_rebuilt`, `exchanges_full`).
-- `spool.py`, `lines.py`, `writer.py`: the spool, durable before the answer leaves: a
-  segment per writing process of one host; closed segments loaded so a turn is never
-  placed before the one it continues; a dead writer's segment claimed; a segment DuckDB
-  refuses for its content loaded line by line, each line refused alone set aside in
-  `failed/` with its reason so the rest still load; a line torn anywhere but at a
+- `writer.py`: `Collector`, the façade the other packages hold: it builds the three
+  rooms below, starts and closes them in order, and gives their counters
+  (`CollectorStats`); a proxy-only process's collector only writes.
+- `spool.py`, `lines.py`, `spooler.py`, `loader.py`: the spool, durable before the answer
+  leaves: a segment per writing process of one host; closed segments loaded so a turn is
+  never placed before the one it continues; a dead writer's segment claimed; a segment
+  DuckDB refuses for its content loaded line by line, each line refused alone set aside
+  in `failed/` with its reason so the rest still load; a line torn anywhere but at a
   segment's end reported as corruption; each load sized to its longest line; an
-  exchange past `collector.max_line_bytes` stored without its bodies. `writer.py` is the
-  writer task (a proxy-only process's collector only writes).
+  exchange past `collector.max_line_bytes` stored without its bodies. `spooler.py` is
+  the spool writer every process has (the line cap, the spool directory's cap, the
+  lineage memory, a proxy-only process's rotation and hand-off to the bucket);
+  `loader.py` the loader of the process that owns the database (placing, the bucket's
+  and the lake's leases, snapshots, export, retention, forgetting, the background loop).
+- `database.py`: the database handle (`Collector.database`, typed `query(fn: Store ->
+  T)`): every statement on the one database thread, users' queries on the readers'
+  thread, a lake's catalog outage raised as `CatalogUnreachable` for every caller.
 - `handoff.py`, `lease.py`, `snapshots.py`: the hand-off between hosts through object
   storage (`collector.bucket`): each host uploads its closed segments create-only and a
   watermark, the earliest opening of what it has not uploaded; the loader fetches them

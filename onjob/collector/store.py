@@ -184,7 +184,7 @@ WHERE segment.id = p.id
 """
 
 Placer = Callable[[list[Unplaced]], list[Placed]]
-"""The lines to place, in order -> where each went (`Collector._place`)."""
+"""The lines to place, in order -> where each went (`Loader._place`)."""
 
 # Lines `onjob forget` or retention deleted (`forgotten`, `forget.py`) are dropped before
 # anything is inserted: equality joins for the few named trajectories and keys, one

@@ -5,51 +5,40 @@ In a proxy-only process (`onjob serve --role proxy`, and the extra workers of `o
 --workers N`) the collector only writes the spool (`load=False`): the one server that
 loads it owns the database and the stitcher. With `collector.bucket` set, each host's
 spool reaches the loader through object storage (`handoff.py`): a proxy-only process
-uploads its host's closed segments, the loader fetches them before each load."""
+uploads its host's closed segments, the loader fetches them before each load.
+
+`Collector` is the façade of three rooms, each holding its own state, which it builds,
+starts and closes in order: the spool writer (`spooler.py`, every process's), the
+database handle (`database.py`, whose two threads run every statement; other packages
+reach it as `collector.query` or, typed, `collector.database`) and the loader
+(`loader.py`, the database owner's). The rooms get what they share from here, at
+construction or at `start`, not from each other's insides; the public surface (what the
+proxy, the deploy loop, the CLI, the tests and the benches call) is this class's."""
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextlib
-import datetime as dt
 import logging
-import math
-import os
-import random
-import socket
-import threading
-import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import duckdb
 import msgspec
 
-from ..bucket import Bucket, BucketError
-from ..logprobs import Untrainable
-from . import lake
-from .errors import CatalogUnreachable, NotLeading, StorageError
-from .export import export_round
-from .forget import Forget, Forgotten, forget, scrub
-from .handoff import FORGOTTEN, HOSTS, Fetcher, Remote, Uploader
-from .lease import LoaderLease, loader_id
+from ..bucket import Bucket
+from .database import Database
+from .forget import Forget, Forgotten
 from .linear import Lineage
-from .lines import load_by_line, pieces_of, unreadable
-from .outage import Outage, translated
-from .records import NULL, ExchangeRecord, Record, encode
+from .loader import Loader
+from .outage import Outage
+from .records import Record
 from .settings import CollectorSettings
-from .snapshots import Archive
-from .spool import Segment, Spool, batches
-from .store import LAKE_RETRIES, Placed, Store, Unplaced
-from .trajectories import Keys, Stitcher
+from .spool import Spool
+from .spooler import Rounds, Spooler
+from .store import Store
+from .trajectories import Stitcher
 
 log = logging.getLogger("onjob.collector")
 T = TypeVar("T")
-
-FAILED_HELD = 10_000  # failed exchanges whose place a retry on the live arm may take
-FORGOTTEN_MARK = "forgotten.mark"  # in the spool directory: touched by each `forget`
 
 
 class CollectorStats(msgspec.Struct, kw_only=True):
@@ -71,122 +60,21 @@ class CollectorStats(msgspec.Struct, kw_only=True):
     catalog_unreachable_s: float | None = None  # a lake's catalog has not answered this long
 
 
-def _salt(settings: CollectorSettings) -> bytes:
-    """A lake's writer's own openings (`Lineage.salt`): this host and spool directory's,
-    which its proxy-only processes share with it."""
-    if settings.catalog is None:
-        return b""
-    return f"{socket.gethostname()}\0{settings.spool.resolve()}\0".encode()
-
-
-def _transient(exc: BaseException) -> bool:
-    """Whether a failed load may succeed as it is later (a full disk, memory, an interrupt,
-    another writer's commit) rather than being refused for the segment's content."""
-    if isinstance(exc, StorageError) and exc.__cause__ is not None:
-        exc = exc.__cause__
-    return isinstance(
-        exc,
-        (
-            OSError,
-            duckdb.IOException,
-            duckdb.OutOfMemoryException,
-            duckdb.InterruptException,
-            duckdb.FatalException,
-            duckdb.TransactionException,
-        ),
-    )
-
-
-def _stamp(path) -> int | None:
-    try:
-        return path.stat().st_mtime_ns
-    except FileNotFoundError:
-        return None
-
-
-def _lower_priority(nice: int) -> None:
-    """Loading into DuckDB yields the CPU to the proxy: the database thread (and the worker
-    threads DuckDB starts from it, which inherit it) runs at a lower priority, so a flush
-    rarely makes an answer wait (Linux; elsewhere this is a no-op)."""
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-
-
 class Collector:
     def __init__(self, settings: CollectorSettings, *, load: bool = True) -> None:
         self.settings = settings
         self.loads = load  # False: this process only writes the spool
-        self.stitcher = Stitcher(settings.stitch_capacity)
-        self._lineage = Lineage(settings.stitch_capacity, settings.lineage_tokens, _salt(settings))
-        self._lineage_stale = False  # set on the database thread (`_follow_forgets`)
-        self._failed: dict[str, tuple[str, int]] = {}  # recent failed exchanges' places
-        self._db = concurrent.futures.ThreadPoolExecutor(
-            1,
-            thread_name_prefix="onjob-duckdb",
-            initializer=_lower_priority,
-            initargs=(settings.loader_nice,),
-        )
-        # Users' queries (`onjob sql`, `onjob export`) run on a cursor of their own in a
-        # thread of their own: a slow one never holds up loading the spool.
-        self._reader = concurrent.futures.ThreadPoolExecutor(
-            1,
-            thread_name_prefix="onjob-duckdb-read",
-            initializer=_lower_priority,
-            initargs=(settings.loader_nice,),
-        )
-        self._cursor: duckdb.DuckDBPyConnection | None = None
-        self._store: Store | None = None
-        self._spool: Spool | None = None
-        self._uploader: Uploader | None = None  # a proxy-only process, with a bucket
-        # Hand-off rounds run one at a time on their own thread: a round still in flight
-        # when the process stops (its task cancelled, its thread not) ends before `retire`
-        # starts, which otherwise finds the round's lock held and leaves the watermark.
-        self._handoff = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="onjob-handoff")
-        self._fetcher: Fetcher | None = None  # the loader, with a bucket
-        self._lease: LoaderLease | None = None  # its claim to be the one loader
-        self._standby: Uploader | None = None  # its traffic's way while another loads
-        self._loading: bool | None = None  # False while a standby; None: not known yet
-        self._archive: Archive | None = None  # the database's way to a standby (`snapshots`)
-        self._snapped = time.monotonic()  # the last copy of the database to the bucket
-        self._retained = -math.inf  # retention runs at start, then every retention_check_s
-        self._exported = self._compacted = time.monotonic()  # the export's, a lake's merge
-        self._copying = asyncio.Lock()  # one copy at a time (the loop's, a deletion's)
-        self._handed = -math.inf  # a standby's last hand-off round (monotonic)
-        self.on_takeover: list[Callable[[], Awaitable[None]]] = []  # after a restore
+        # The bucket's rounds, one at a time, the spool writer's and the loader's alike.
+        self._handing = Rounds()
+        self._writer = Spooler(settings, self._handing)
+        self._database = Database(settings)
+        self._loader = Loader(settings, self._database, self._writer, self._handing, load=load)
         self._bucket: Bucket | None = None
-        self._remote = Remote(None, (), 0)  # what the last fetch said
-        self._seen_remote: object = FORGOTTEN  # deletions' mark (not read yet: no change)
-        self._backoff = self._retry_at = 0.0  # after a failed hand-off round
-        self._full = False  # the spool directory holds `max_spool_bytes`: nothing logged
-        self._roomed = self._said_full = -math.inf  # monotonic: last look, last error
-        self.unlogged = 0  # exchanges and feedback answered but not logged (`_full`)
-        self._task: asyncio.Task | None = None
-        self._lease_tried = -math.inf  # a lake's writer: its last try to renew (monotonic)
-        self._led = False  # ...whether it last said it leads (`_say_lead`)
-        self.outage = Outage()  # a lake's catalog that does not answer
-        self._abandoned = False  # a statement failed so: its transaction to end (`_run`)
-        self._forgets_known: int | None = None  # a lake's writer: rows in `forgotten`
-        # A lake's segments some of whose lines may be in already (by stem): those in the
-        # spool at start, those a load held lines of or failed on (`Store.load`'s `again`).
-        self._again: set[str] = set()
-        self._flushing = asyncio.Lock()
-        self._openings_in: tuple[int, set[str]] = (0, set())  # a segment's openings spooled
-        self.spooled = 0  # exchanges handed over since start
-        self.untrainable: dict[str, int] = {}  # of those, kept from training, by reason
-        self.loaded = 0  # exchanges inserted since start
-        self.forgets_seen = 0  # a proxy-only process: deletions that cleared its memory
 
     async def start(self) -> None:
         """Open (and migrate) the database, load what the spool holds (a previous run's
         included), warm the stitcher up. A proxy-only collector just opens its spool."""
-        self._spool = Spool(
-            self.settings.spool,
-            fsync=self.settings.fsync,
-            max_segment_bytes=self.settings.max_segment_bytes,
-        )
-        # What a run before left may be in a lake already (it stopped between a load's
-        # commit and its segment's removal): loaded as such (`_again`).
-        self._again = {path.name.split(".")[0] for path in self._spool.segments()}
+        self._loader.open(self._writer.open())
         if self.settings.bucket:
             bucket = Bucket.from_url(
                 self.settings.bucket,
@@ -195,831 +83,178 @@ class Collector:
             )
             self._bucket = bucket
             if self.loads:
-                spool, lease_s = self.settings.spool, self.settings.host_lease_s
-                holder = loader_id(spool, self.settings.host)
-                self._fetcher = Fetcher(spool, bucket, lease_s, holder)
-                self._lease = LoaderLease(bucket, holder, lease_s, self.settings.advertise_url)
-                self._standby = Uploader(
-                    spool, bucket, self.settings.host, standby=holder, lease_s=lease_s
-                )
-                if self.settings.snapshot_s is not None:
-                    self._archive = Archive(spool, bucket, holder)
-                await self._handing(self._lease.start)
+                await self._loader.use(bucket)
             else:
-                self._uploader = Uploader(
-                    self.settings.spool,
-                    bucket,
-                    self.settings.host,
-                    lease_s=self.settings.host_lease_s,
-                )
+                self._writer.hand_to(bucket)
         if not self.loads:
-            self._task = asyncio.create_task(self._rotating(), name="onjob-spool")
+            self._writer.start()
             return
-        self._store = await self._run(self._open_store)
-        self._led = self._store.in_lake and self._store.leading  # the banner says which
-        if not self._store.exporting:  # queued by a run that exported: not wanted now
-            await self._run(self._store.con.execute, "DELETE FROM export_queue")
-        rows = await self._run(lambda: self._store.warm_rows(self.settings.warm_exchanges))
-        self.stitcher.warm(rows)
-        try:
-            replayed = await self.flush()
-        except BucketError as exc:  # serve anyway: the spool waits on disk, loads later
-            log.error("cannot read collector.bucket (%s); loading waits for it", exc)
-            replayed = 0
-        if replayed:
-            log.warning("replayed %d exchanges from the spool at start", replayed)
-        self._task = asyncio.create_task(self._loop(), name="onjob-collector")
+        await self._loader.start()
+
+    @property
+    def database(self) -> Database:
+        """The database handle (`database.py`): `query`, `read`, the jobs' leases."""
+        return self._database
+
+    # -- the spool writer (`spooler.py`) -------------------------------------------------
+
+    def log(self, record: Record) -> None:
+        """Durably hand over one exchange or feedback (`Spooler.log`); never waits on
+        DuckDB."""
+        self._writer.log(record)
 
     @property
     def lineage(self) -> Lineage:
-        """What this process's next turns are stored against (`linear.py`; the proxy's,
-        on the event loop): cleared first when a forget was seen on a lake's load."""
-        if self._lineage_stale:
-            self._lineage_stale = False
-            self._lineage.clear()
-        return self._lineage
-
-    def log(self, record: Record) -> None:
-        """Durably hand over one exchange or feedback (one append to the spool); never waits
-        on DuckDB. An exchange stored against an opening (`linear.py`) takes a copy of it
-        into the segment, the first time that segment needs it: segments stand alone."""
-        if self._full:
-            self._unlogged()
-            return
-        line = encode(record)
-        if isinstance(record, ExchangeRecord):
-            if len(line) > self.settings.max_line_bytes:
-                record, line = self._too_large(record, len(line))
-            self.spooled += 1
-            if record.untrainable:
-                self.untrainable[record.untrainable] = (
-                    self.untrainable.get(record.untrainable, 0) + 1
-                )
-            opening = self.lineage.openings.get(record.parent_id or "")
-            if opening is not None:
-                segment = self._spool.segment
-                if segment != self._openings_in[0]:
-                    self._openings_in = (segment, set())
-                if opening.id not in self._openings_in[1]:
-                    self._openings_in[1].add(opening.id)
-                    copy = msgspec.structs.replace(opening, ts=record.ts)
-                    line = encode(copy) + b"\n" + line  # one write: never split by a rotation
-        self._spool.append(line)
-
-    def _unlogged(self) -> None:
-        self.unlogged += 1
-        if time.monotonic() - self._said_full >= 60:
-            self._said_full = time.monotonic()
-            log.error(
-                "the spool directory holds collector.max_spool_bytes (%d): answering without "
-                "logging (%d unlogged so far) until the loader or the bucket takes some",
-                self.settings.max_spool_bytes,
-                self.unlogged,
-            )
-
-    def _check_room(self) -> None:
-        """Whether the spool directory is past `max_spool_bytes` (looked at once a second
-        at most)."""
-        cap = self.settings.max_spool_bytes
-        if cap is None or time.monotonic() - self._roomed < 1.0:
-            return
-        self._roomed = time.monotonic()
-        full = self._spool.bytes_held() >= cap
-        if self._full and not full:
-            log.warning("the spool directory has room again: logging goes on")
-        self._full = full
-
-    def _too_large(self, record: ExchangeRecord, size: int) -> tuple[ExchangeRecord, bytes]:
-        """An exchange whose line is past `max_line_bytes`, which DuckDB could not load
-        within its memory (the loader would retry it every round): stored without its
-        answer, and if that is not enough without its request, so that it is still logged,
-        with its status, and kept out of training."""
-        limit = self.settings.max_line_bytes
-        past = f"its spool line was {size} bytes, past collector.max_line_bytes ({limit})"
-        answer = dict.fromkeys(("response", "api_object", "usage"), NULL)
-        answer |= dict.fromkeys(("completion_token_ids", "completion_logprobs"))
-        record = msgspec.structs.replace(
-            record,
-            **answer,
-            untrainable=Untrainable.TOO_LARGE,
-            error=f"stored without its answer: {past}",
-        )
-        line = encode(record)
-        if len(line) > limit:
-            request = dict.fromkeys(("request", "metadata"), NULL) | {"prompt_token_ids": None}
-            record = msgspec.structs.replace(
-                record, **request, error=f"stored without its answer or request: {past}"
-            )
-            line = encode(record)
-        log.warning("exchange %s %s", record.id, record.error)
-        return record, line
-
-    async def flush(self) -> int:
-        """Load every loadable spool segment into DuckDB; return how many exchanges were new.
-        This process's own lines all are, unless another host's (with `collector.bucket`)
-        may hold an earlier turn; another writer's wait up to `rotate_s` (`caught_up`)."""
-        if not self.loads:
-            return 0
-        async with self._flushing:
-            return await self._load_ready()
-
-    async def _load_ready(self) -> int:
-        """Close this process's segment and load what may be loaded (`_flushing` held)."""
-        total = 0
-        if self._fetcher is not None and not await self._leading():
-            return 0
-        self._spool.rotate()
-        if self._fetcher is not None:
-            # Raises before anything loads when the bucket cannot be read: retried.
-            self._remote = await asyncio.to_thread(self._fetcher.fetch)
-        loadable = self._spool.loadable(before=self._remote.before)
-        for batch in batches(loadable, self.settings.max_segment_bytes):
-            total += await self._load_or_set_aside(batch)
-        self.loaded += total
-        return total
-
-    @property
-    def loader_url(self) -> str | None:
-        """A proxy host: where the server that loads answers, as its lease in the bucket
-        says (None: not said)."""
-        return self._uploader.loader_url if self._uploader is not None else None
-
-    @property
-    def standby(self) -> bool:
-        """Whether another server leads: with a bucket, it holds the loader's lease
-        (`lease.py`) and this one loads nothing, handing its traffic to the bucket until
-        that lease ends; with a DuckLake, it holds the leader's lease (`lake.claim`) and
-        runs retention, forgetting and the merge, while this one writes its own exchanges,
-        serves and works lineages as any server does (`jobs.py`)."""
-        if self._store is not None and self._store.in_lake:
-            return not self._store.leading
-        return self._lease is not None and not self._lease.held
-
-    @property
-    def _follows(self) -> bool:
-        """A lake's writer while another server leads."""
-        store = self._store
-        return store is not None and store.in_lake and not store.leading
-
-    @property
-    def in_lake(self) -> bool:
-        """Whether the log is a DuckLake (`collector.catalog`), which many servers share."""
-        return self.settings.catalog is not None
-
-    async def claim_job(self, name: str) -> str | None:
-        """Take or renew this process's lease on lineage `name`'s work (`jobs.py`): None
-        when it holds it now, else who does (a file's one writer always holds it)."""
-        return await self._run(self._store.claim_job, name, self.settings.job_lease_s)
-
-    async def release_job(self, name: str) -> None:
-        """Give lineage `name`'s lease back at the end of a job."""
-        await self._run(self._store.release_job, name)
-
-    def must_lead(self, what: str) -> None:
-        """`NotLeading` when another server leads this DuckLake: retention and forgetting
-        are the leader's, so that one server does each."""
-        if self._follows and self._store.leader is None:
-            raise NotLeading(
-                f"{what} is the leading server's to do, and no server leads this DuckLake "
-                "now: this one's lease lapsed while its catalog did not answer; try again "
-                "once it does"
-            )
-        if self._follows:
-            raise NotLeading(
-                f"{what} is the leading server's to do: {self._store.leader} leads this "
-                "DuckLake (retention and forgetting are its own); send it there"
-            )
+        """What this process's next turns are stored against (`Spooler.lineage`)."""
+        return self._writer.lineage
 
     @property
     def spool(self) -> Spool | None:
         """The spool this collector appends to (None before `start`): its `segments()` and
         `max_segment_bytes`, for tools that measure loading (bench/collector/)."""
-        return self._spool
+        return self._writer.spool
 
-    async def _leading(self) -> bool:
-        """Whether this server loads now. A standby hands its directory's segments to the
-        bucket every `rotate_s`, as a proxy host does; on taking the lease it takes over
-        (`_take_over`)."""
-        if self.standby:
-            self._loading = False
-            self._remote = Remote(None, (), 0)
-            if time.monotonic() - self._handed >= self.settings.rotate_s:
-                self._handed = time.monotonic()
-                self._spool.rotate()
-                await self._handing(self._standby.upload)
-            return False
-        if not self._loading:
-            await self._take_over()
-            self._loading = True
-        return True
+    @property
+    def loader_url(self) -> str | None:
+        """A proxy host: where the server that loads answers, as its lease in the bucket
+        says (None: not said)."""
+        return self._writer.loader_url
 
-    async def _take_over(self) -> None:
-        """This server has just taken the loader's lease: its watermark goes, and when
-        another loader held it last, that one's database copy (when newer than this one's)
-        and the segments it loaded since come from the bucket (`snapshots.py`)."""
-        await self._handing(self._bucket.delete, f"{HOSTS}{self.settings.host}.json")
-        previous = self._lease.previous
-        if self._archive is not None and previous not in (None, self._lease.holder):
-            newest = await self._run(self._store.newest_exchange_ms)
-            copy = await self._handing(self._archive.newest_of_another, newest)
-            if copy is not None:
-                target = self.settings.spool / ".restore.duckdb"
-                await self._handing(self._bucket.get_file, copy.key, target)
-                await self._run(self._swap_database, target)
-                log.warning("restored the database from %s", copy.key)
-            came = await self._handing(self._archive.fetch_archived)
-            log.warning("fetched %d segments %s loaded since its last copy", came, previous)
-            if self._task is not None:  # serving already: the routing and the loop follow
-                for hook in self.on_takeover:
-                    await hook()
-        if self._loading is False or previous not in (None, self._lease.holder):
-            log.warning("this server loads now (the loader's lease is its own)")
+    @property
+    def spooled(self) -> int:
+        """Exchanges handed over since start."""
+        return self._writer.spooled
 
-    def _swap_database(self, restored) -> None:
-        """On the database thread: this server's database replaced by a restored copy."""
-        if self._cursor is not None:
-            self._cursor.close()
-            self._cursor = None
-        self._store.close()
-        db = self.settings.db
-        os.replace(restored, db)
-        db.with_name(db.name + ".wal").unlink(missing_ok=True)
-        self._store = self._open_store()
-        self.stitcher = Stitcher(self.settings.stitch_capacity)
-        self.stitcher.warm(self._store.warm_rows(self.settings.warm_exchanges))
+    @property
+    def untrainable(self) -> dict[str, int]:
+        """Of those spooled, kept from training, by reason."""
+        return self._writer.untrainable
 
-    def _open_store(self) -> Store:
-        s = self.settings
-        store = Store.open(s, tuned=True, follow=True)
-        store.exporting = s.export_s is not None
-        return store
+    @property
+    def unlogged(self) -> int:
+        """Exchanges and feedback answered but not logged (the spool directory full)."""
+        return self._writer.unlogged
 
-    async def snapshot(self) -> None:
-        """Copy the database to the bucket (`snapshots.py`), and let go of what it holds."""
-        target = self.settings.spool / ".snapshot.duckdb"
-        async with self._copying:
-            held = await self._run(self._archive.copy, self._store, target)
-            await self._handing(self._archive.upload)
-            await self._handing(self._archive.publish, target, held)
-            await self._run(lambda: [self._store.forget_segment(name) for name in held])
-            self._snapped = time.monotonic()
+    @property
+    def forgets_seen(self) -> int:
+        """Deletions that cleared this process's memory of conversations."""
+        return self._writer.forgets_seen
 
-    async def _load_or_set_aside(self, batch: list[Segment]) -> int:
-        """Load a batch. When DuckDB refuses it for what it holds, not for want of disk or
-        memory, its segments go one at a time, in order, and a segment refused alone goes
-        line by line (`lines.load_by_line`): each line refused alone is set aside with its
-        reason (`Spool.set_aside_line`) and the rest of its segment loads, so one bad line
-        holds up nothing. (A refused attempt's placements are undone: `_load_placing`.)"""
-        try:
-            loaded = await self._run(self._load, batch)
-        except Exception as exc:
-            if _transient(exc):
-                raise  # the segments stay, and are tried again next round
-            if len(batch) > 1:
-                loaded = 0
-                for segment in batch:
-                    loaded += await self._load_or_set_aside([segment])
-                return loaded
-            return await self._run(self._load_by_line, batch[0], exc)
-        return loaded
-
-    def _load_by_line(self, segment: Segment, exc: Exception) -> int:
-        """A segment DuckDB refused: load what it can of it, set aside what it cannot. Every
-        line either loads or is set aside, but a torn tail, which is skipped with a warning."""
-        path = segment.path
-        out = load_by_line(path, lambda piece: self._load_placing([piece]), _transient)
-        reported = self._report_unreadable(path)
-        refused = [line for line in out.refused if line.number not in reported]
-        if refused and len(out.refused) == out.lines:
-            where = self._spool.set_aside(segment, f"{type(exc).__name__}: {exc}")
-            log.error(
-                "spool segment %s cannot be loaded (%s); moved to %s with the reason beside "
-                "it. Nothing else waits on it: move it back into the spool directory to load "
-                "it again",
-                segment.name,
-                exc,
-                where,
-            )
-        else:
-            for line in refused:
-                where = self._spool.set_aside_line(segment.name, line.number, line.text, line.why)
-                log.error(
-                    "line %d of spool segment %s cannot be loaded (%s); moved to %s with the "
-                    "reason beside it, and the segment's other %d lines loaded",
-                    line.number,
-                    segment.name,
-                    line.why,
-                    where,
-                    out.lines - len(refused),
-                )
-            if self._archive is not None:
-                self._archive.keep(path)
-            else:
-                path.unlink()
-        self._store.forget_pieces(pieces_of(path))
-        self._store.forget_segment(path.name)
-        return out.inserted
-
-    def _report_unreadable(self, path) -> set[int]:
-        """Lines that are no spool record (not JSON, or no `kind`): a torn tail is what a
-        crash mid-write leaves, and is skipped with a warning; any other is corruption, said
-        loudly and copied to `failed/`. Returns the numbers of the lines it reported."""
-        bad, tail = unreadable(path)
-        if tail:
-            log.warning("%s: skipped its torn last line (a crash mid-write)", path.name)
-        for line in bad[:-1] if tail else bad:
-            where = self._spool.set_aside_line(
-                path.name, line.number, line.text, f"corrupt: {line.why}"
-            )
-            log.error(
-                "%s: line %d is torn or corrupt, not at the segment's end (a disk, a copy or "
-                "a bug, not a crash mid-write); copied to %s",
-                path.name,
-                line.number,
-                where,
-            )
-        return {line.number for line in bad}
-
-    async def caught_up(self) -> int:
-        """`flush`, and when other processes write the spool too, flush again once each has
-        closed what it holds now: everything answered before the call is then loaded
-        (other hosts': once each has uploaded, when it is live)."""
-        total = await self.flush()
-        if self.loads and (self._spool.others_writing() or self._remote.live):
-            await asyncio.sleep(self.settings.rotate_s + self.settings.flush_interval_s)
-            total += await self.flush()
-        return total
-
-    def _load(self, batch) -> int:
-        paths = [s.path for s in batch if s.path.exists()]
-        if not paths:
-            # Loaded by a flush whose task was cancelled while this thread finished it (a
-            # shutdown during a flush): the files are gone and their rows are in.
-            return 0
-        inserted = self._load_placing(paths)
-        names = ", ".join(p.name for p in paths)
-        if self._store.orphaned:
-            log.warning(
-                "%s: dropped %d turns stored against deleted exchanges (cannot be rebuilt)",
-                names,
-                self._store.orphaned,
-            )
-        if self._store.held:  # a lake's turns held back: their segments load again later
-            return inserted
-        for path in paths:
-            if self._archive is not None:  # its ledger row stays until a copy holds it
-                self._archive.keep(path)
-            else:
-                path.unlink()
-                self._store.forget_segment(path.name)
-        return inserted
-
-    def _load_placing(self, paths: list[Path]) -> int:
-        """`Store.load` placing its lines (`_place`). A load that fails leaves the stitcher
-        and the failed exchanges' places as it found them: its lines are placed afresh
-        when they load (on a retry, or one segment or line at a time), where placing them
-        twice would make each continuation a fork of its own first placement."""
-        stems = {p.name.split(".")[0] for p in paths}  # a segment's pieces share its stem
-        for attempt in range(LAKE_RETRIES + 1):
-            failed = dict(self._failed)
-            try:
-                with self.stitcher.staged():
-                    loaded = self._store.load(paths, self._place, again=bool(stems & self._again))
-                if self._store.in_lake:
-                    self._follow_forgets()
-                    if self._store.held:  # loaded again later: what is in by then is dropped
-                        self._again |= stems
-                return loaded
-            except StorageError as exc:
-                self._failed = failed
-                self._again |= stems  # committed or not, it cannot be known for sure
-                if not (self._store.in_lake and lake.clashed(exc)) or attempt == LAKE_RETRIES:
-                    raise
-                # Another writer committed to the same rows first (DuckLake's commits are
-                # optimistic): load again on what it wrote.
-                time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
-            except BaseException:
-                self._failed = failed
-                self._again |= stems
-                raise
-        raise AssertionError("unreachable")
-
-    def _follow_forgets(self) -> None:
-        """A lake's writer, after each load: when a forget (this server's or another's) has
-        been recorded since the last load, the stitcher and the lineage start afresh (what
-        they would continue may be gone; the stitcher asks the lake again, the lineage
-        stores the next turns whole)."""
-        n = self._store.forgotten_rows
-        if n is not None and n != self._forgets_known:
-            if self._forgets_known is not None:
-                self._store.forgot()
-                self.stitcher = Stitcher(self.settings.stitch_capacity)
-                self._lineage_stale = True  # cleared on the event loop, its own thread
-                self.forgets_seen += 1
-            self._forgets_known = n
-
-    def _place(self, lines: list[Unplaced]) -> list[Placed]:
-        """Place spool lines (in the order their requests arrived) in their trajectories: on
-        the database thread, the one user of the stitcher. On a lake, a turn that may
-        continue another writer's uncommitted turn is held back (`_learn_from_lake`)."""
-        held = self._learn_from_lake(lines) if self._store.in_lake else set()
-        out = []
-        for line in lines:
-            if line.id in held:
-                continue
-            keys = Keys(
-                line.stitch or [],
-                line.prefix_hash or "",
-                "",
-                line.scenario_key,
-                line.scenario_keyed,
-            )
-            trajectory_id, after_turn = line.trajectory_id, line.after_turn
-            if line.retry_of in self._failed:  # live answering for a failed canary: its place
-                trajectory_id, turn = self._failed.pop(line.retry_of)
-                after_turn = turn - 1
-            p = self.stitcher.place_keys(
-                keys, trajectory_id=trajectory_id, api_key_id=line.api_key_id, after_turn=after_turn
-            )
-            if line.status is not None and line.status < 400:
-                self.stitcher.register(p, line.continuation_hashes or [])
-            else:  # a failed exchange is no turn: a retry takes its place
-                self.stitcher.release(p)
-                self._failed[line.id] = (p.trajectory_id, p.turn)
-                while len(self._failed) > FAILED_HELD:
-                    self._failed.pop(next(iter(self._failed)))
-            out.append(Placed(line.id, p.trajectory_id, p.turn, p.scenario_id))
-        return out
-
-    def _learn_from_lake(self, lines: list[Unplaced]) -> set[str]:
-        """Other writers' turns these lines may continue, into the stitcher before they are
-        placed: the trajectories of any line whose latest reply this server's memory does
-        not hold, and those named by the lines that it does not know (`Store.continuing`).
-        A continuation this server placed itself is taken from its memory. Returns the
-        lines to hold back: those whose latest reply the lake does not hold either, for
-        `collector.stitch_wait_s` after they arrived (their previous turn may be in another
-        writer's load still; later turns of theirs then wait with them, as theirs is not
-        placed)."""
-
-        def unsure(line: Unplaced, replied: set[tuple]) -> bool:
-            """Its latest reply is neither in the stitcher nor an earlier line's of this
-            load (a chain's turn is placed by its `after_turn`)."""
-            return bool(
-                line.after_turn is None
-                and line.stitch
-                and (line.api_key_id, line.stitch[0]) not in replied
-                and not self.stitcher.continues(line.api_key_id, line.stitch)
-            )
-
-        def walk(hold: bool) -> tuple[list[Unplaced], set[str]]:
-            """The lines in arrival order: those unsure, and of them those held back (a
-            held line's replies are none this load gives)."""
-            replied: set[tuple] = set()
-            unsure_lines, held = [], set()
-            for line in lines:
-                if unsure(line, replied):
-                    unsure_lines.append(line)
-                    if hold and line.ts > young:
-                        held.add(line.id)
-                        continue
-                if line.status is not None and line.status < 400:
-                    replied.update((line.api_key_id, h) for h in line.continuation_hashes or ())
-            return unsure_lines, held
-
-        young = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=self.settings.stitch_wait_s)
-        named = [
-            line.trajectory_id
-            for line in lines
-            if line.trajectory_id is not None
-            and not self.stitcher.knows(line.trajectory_id, line.after_turn)
-        ]
-        hashes = [h for line in walk(hold=False)[0] for h in line.stitch]
-        if not (hashes or named):
-            return set()
-        self.stitcher.warm(self._store.continuing(hashes, named))
-        return walk(hold=True)[1]
-
-    async def forget(self, what: Forget, *, actor: str = "admin-api") -> Forgotten:
-        """Delete `what` while serving: the spool is loaded first (so what is in it goes
-        too), then the rows in one transaction on the database thread, then the
-        stitcher's memory of those conversations. Lines spooled meanwhile are loaded
-        later, through the rule `forget` records: none of the deleted comes back, nothing
-        else is lost."""
-        self.must_lead("forgetting")
-        await self.caught_up()
-        async with self._flushing:
-            await self._load_ready()  # what came in meanwhile, in the same hold of the lock
-            out = await self._run(lambda: forget(self._store, what, actor=actor))
-            await self._run(scrub, self.settings.spool, what, out)
-            if self._archive is not None and not self.standby:
-                # A copy now, with the deletion and its rule in it: the segments archived
-                # before it, which hold what was deleted, go from the bucket.
-                await self.snapshot()
-        self.stitcher.forget(out.trajectory_ids)
-        # A later turn must not be stored against a deleted exchange: this process's memory
-        # of conversations goes, and proxy-only processes' when they see the mark change.
-        self.lineage.clear()
-        (self.settings.spool / FORGOTTEN_MARK).write_text(out.what)
-        if self._bucket is not None:  # and other hosts' (`handoff.py`)
-            await asyncio.to_thread(
-                self._bucket.put_bytes,
-                FORGOTTEN,
-                f"{out.what}\n{time.time_ns()}\n".encode(),  # a new etag each time
-                overwrite=True,
-            )
-        if out.exchanges:
-            log.warning("forgot %s: %d exchanges", out.what, out.exchanges)
-        if out.trained_on:
-            names = ", ".join(c.name for c in out.trained_on)
-            log.warning("checkpoints already trained on what was forgotten: %s", names)
-        return out
-
-    async def apply_retention(self) -> Forgotten | None:
-        """Delete conversations older than `retention_days` (None when it is not set)."""
-        days = self.settings.retention_days
-        if days is None:
-            return None
-        cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(days=days)
-        return await self.forget(Forget(before=cutoff), actor="retention")
-
-    def stats(self) -> CollectorStats:
-        """Counters for `/health` and `GET /admin/status`."""
-        return CollectorStats(
-            spooled=self.spooled,
-            loaded=self.loaded,
-            backlog_segments=len(self._spool.segments()) if self._spool else 0,
-            backlog_bytes=self._spool.bytes_held() if self._spool else 0,
-            failed_segments=self._spool.set_aside_count() if self._spool else 0,
-            untrainable=dict(self.untrainable),
-            forgets_seen=self.forgets_seen,
-            unlogged=self.unlogged,
-            hosts_live=list(self._remote.live),
-            hosts_dropped=list(self._remote.dropped),
-            loader=self._loader_state(),
-            lake=self._store is not None and self._store.in_lake,
-            catalog_unreachable_s=self.outage.age_s,
-        )
-
-    def _loader_state(self) -> str | None:
-        """Who loads, for `/health` and `onjob status` (None with one file and no bucket,
-        or in a proxy-only process)."""
-        if self._store is not None and self._store.in_lake:
-            if (age := self.outage.age_s) is not None:
-                return (
-                    f"the DuckLake's catalog has not answered for {age:.0f} s: answers wait "
-                    "in this server's spool"
-                )
-            if self._store.leading:
-                return "this server leads the DuckLake (every server writes its own)"
-            return f"this server writes the DuckLake; {self._store.leader or 'no server'} leads"
-        if self._lease is None:
-            return None
-        if self._lease.held:
-            return f"this server (lease token {self._lease.body.token})"
-        other = self._lease.other
-        return f"standby: {other.holder} loads" if other else "standby: the bucket is unread"
+    # -- the database handle (`database.py`) ---------------------------------------------
 
     async def query(self, fn: Callable[[Store], T]) -> T:
         """Run `fn(store)` on the database thread."""
-        return await self._run(fn, self._store)
+        return await self._database.query(fn)
 
     async def read(self, fn: Callable[[duckdb.DuckDBPyConnection], T], timeout_s: float) -> T:
         """Run `fn(cursor)` on the readers' thread; interrupted (DuckDB's own interrupt)
         past `timeout_s`, raising TimeoutError."""
-        if self._cursor is None:
-            self._cursor = await self._run(self._store.cursor)
-        cursor = self._cursor
-        job = asyncio.get_running_loop().run_in_executor(self._reader, self._store.read, fn, cursor)
-        try:
-            return await asyncio.wait_for(asyncio.shield(job), timeout_s)
-        except TimeoutError:
-            cursor.interrupt()
-            with contextlib.suppress(Exception):
-                await job
-            raise
-        except Exception as exc:
-            if (unreachable := translated(exc)) is None or unreachable is exc:
-                raise
-            raise unreachable from exc
+        return await self._database.read(fn, timeout_s)
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` on the database thread; a lake's catalog that does not answer raised
-        as `CatalogUnreachable` (translated here, for every caller)."""
-        loop = asyncio.get_running_loop()
-        try:
-            if self._abandoned:
-                await loop.run_in_executor(self._db, self._store.abandon)
-                self._abandoned = False
-            done = await loop.run_in_executor(self._db, fn, *args)
-        except Exception as exc:
-            if (unreachable := translated(exc)) is None:
-                raise
-            # The failed statement may have left its transaction open (its ROLLBACK could
-            # not reach the catalog either): ended before the next one runs.
-            self._abandoned = True
-            if unreachable is exc:
-                raise
-            raise unreachable from exc
-        self.outage.answered()  # whoever asked: the loader goes on at once
-        return done
+    async def claim_job(self, name: str) -> str | None:
+        """Take or renew this process's lease on lineage `name`'s work (`jobs.py`): None
+        when it holds it now, else who does (a file's one writer always holds it)."""
+        return await self._database.claim_job(name)
 
-    async def _rotating(self) -> None:
-        """A proxy-only process closes its segment every `rotate_s`: the loader may load it.
-        With a bucket, a hand-off round starts whenever none is running: a bucket that
-        hangs holds up the hand-off, never the rotation. When the primary has deleted
-        conversations, the memory of them goes too."""
-        mark = self.settings.spool / FORGOTTEN_MARK
-        seen = _stamp(mark)
-        handing: asyncio.Task | None = None
-        try:
-            while True:
-                await asyncio.sleep(self.settings.rotate_s)
-                try:
-                    self._spool.rotate()
-                except OSError:
-                    log.exception("closing a spool segment failed; will retry")
-                self._check_room()
-                if self._uploader is not None and (handing is None or handing.done()):
-                    handing = asyncio.create_task(self._hand_over())
-                if (stamp := _stamp(mark)) != seen:
-                    seen = stamp
-                    self._forget_memory()
-        finally:
-            if handing is not None:
-                handing.cancel()
+    async def release_job(self, name: str) -> None:
+        """Give lineage `name`'s lease back at the end of a job."""
+        await self._database.release_job(name)
 
-    async def _hand_over(self) -> None:
-        """Upload this host's closed segments (`handoff.py`); when the loader has deleted
-        conversations since the last round, forget them here too. A failed round waits
-        twice as long as the one before it to try again (up to a minute)."""
-        if time.monotonic() < self._retry_at:
-            return
-        try:
-            if await self._handing(self._uploader.upload) is None:
-                return
-        except Exception:  # the segments stay on this host's disk: nothing is lost
-            self._backoff = min(60.0, max(self.settings.rotate_s, self._backoff * 2))
-            self._retry_at = time.monotonic() + self._backoff
-            log.exception("handing the spool to the bucket failed; retried in %g s", self._backoff)
-            return
-        self._backoff, self._retry_at = 0.0, 0.0
-        now = self._uploader.forgotten
-        if self._seen_remote is not FORGOTTEN and now != self._seen_remote:
-            self._forget_memory()
-        self._seen_remote = now
+    @property
+    def in_lake(self) -> bool:
+        """Whether the log is a DuckLake (`collector.catalog`), which many servers share."""
+        return self._database.in_lake
 
-    def _handing(self, round_: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        return asyncio.get_running_loop().run_in_executor(self._handoff, round_, *args)
+    @property
+    def outage(self) -> Outage:
+        """A lake's catalog that does not answer (`outage.py`)."""
+        return self._database.outage
 
-    def _forget_memory(self) -> None:
-        """Conversations were deleted: a later turn must not be stored against one."""
-        self.lineage.clear()
-        self.forgets_seen += 1
+    # -- the loader (`loader.py`) --------------------------------------------------------
+
+    async def flush(self) -> int:
+        """Load every loadable spool segment into DuckDB; return how many exchanges were
+        new (`Loader.flush`)."""
+        return await self._loader.flush()
+
+    async def caught_up(self) -> int:
+        """`flush`, and again once every other writer has closed what it holds now
+        (`Loader.caught_up`): everything answered before the call is then loaded."""
+        return await self._loader.caught_up()
+
+    async def forget(self, what: Forget, *, actor: str = "admin-api") -> Forgotten:
+        """Delete `what` while serving (`Loader.forget`)."""
+        return await self._loader.forget(what, actor=actor)
+
+    async def apply_retention(self) -> Forgotten | None:
+        """Delete conversations older than `retention_days` (None when it is not set)."""
+        return await self._loader.apply_retention()
+
+    def must_lead(self, what: str) -> None:
+        """`NotLeading` when another server leads this DuckLake (`Loader.must_lead`)."""
+        self._loader.must_lead(what)
+
+    async def snapshot(self) -> None:
+        """Copy the database to the bucket (`snapshots.py`), and let go of what it holds."""
+        await self._loader.snapshot()
 
     async def export(self) -> int:
         """One round of the Parquet export (`export.py`); the rows it wrote."""
-        if not self.loads or self.settings.export_s is None:
-            return 0
-        scratch = self.settings.spool / "export"
-        return await self._run(export_round, self._store, self._bucket, scratch)
+        return await self._loader.export()
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.flush_interval_s)
-            self._check_room()
-            if await self._load_round():
-                await self._upkeep()
+    @property
+    def standby(self) -> bool:
+        """Whether another server leads (`Loader.standby`)."""
+        return self._loader.standby
 
-    async def _load_round(self) -> bool:
-        """Load the spool and keep a lake's lease; False while a lake's catalog does not
-        answer (`outage.py`: tried again after a wait, said once each way)."""
-        try:
-            if self.outage.since is not None:
-                if not self.outage.due():
-                    return False
-                await self._keep_lake_lease(now=True)  # the lead first, then the loads
-                self.outage.answered()
-            try:
-                await self.flush()
-            except CatalogUnreachable:
-                raise
-            except Exception:
-                # The segments stay on disk and are retried next round: nothing is dropped.
-                log.exception("loading the spool into DuckDB failed; will retry")
-            await self._keep_lake_lease()
-        except CatalogUnreachable as exc:  # the spool keeps every answer meanwhile
-            self.outage.failed(exc, self._spool.bytes_held())
-            self._say_lead()
-            return False
-        return True
+    @property
+    def stitcher(self) -> Stitcher:
+        """The loader's stitcher (replaced after a forget on a lake, or a restore)."""
+        return self._loader.stitcher
 
-    async def _upkeep(self) -> None:
-        """What the loader does beside loading, each at its own pace: the bucket's copies
-        for a standby, retention and a lake's compaction (the leader's), the export."""
-        now = time.monotonic()
-        if self._archive is not None and not self.standby:
-            try:
-                await self._handing(self._archive.upload)
-                if now - self._snapped >= self.settings.snapshot_s:
-                    await self.snapshot()
-            except Exception:  # kept on this disk: the next round tries again
-                log.exception("copying to the bucket for a standby failed; will retry")
-                self._snapped = time.monotonic()
-        if now - self._retained >= self.settings.retention_check_s and not self._follows:
-            self._retained = now
-            try:
-                await self.apply_retention()
-            except CatalogUnreachable as exc:  # said once, as the loads say it
-                self.outage.failed(exc, self._spool.bytes_held())
-            except Exception:
-                log.exception("applying collector.retention_days failed; will retry")
-        lake_leader = self._store.in_lake and not self._follows
-        if lake_leader and now - self._compacted >= self.settings.compact_s:
-            self._compacted = now
-            try:
-                merged = await self._run(self._store.compact)
-                log.info("compacted the DuckLake: %d small data files merged", merged)
-            except CatalogUnreachable as exc:
-                self.outage.failed(exc, self._spool.bytes_held())
-            except Exception:  # the files stay as they are: the next round merges them
-                log.exception("compacting the DuckLake failed; will retry")
-        if self.settings.export_s and now - self._exported >= self.settings.export_s:
-            self._exported = now
-            try:
-                await self.export()
-            except Exception:  # the rows stay queued: the next round writes them
-                log.exception("exporting exchanges to the bucket failed; will retry")
+    @property
+    def on_takeover(self) -> list[Callable[[], Awaitable[None]]]:
+        """Run after this server takes the loader's lease with a restored database."""
+        return self._loader.on_takeover
 
-    async def _keep_lake_lease(self, *, now: bool = False) -> None:
-        """A lake's writer claims or renews the leader's lease a third of the lease apart
-        (`now`: at once), and says when it starts or stops leading. A catalog that does
-        not answer raises `CatalogUnreachable`."""
-        store = self._store
-        if store is None or not store.in_lake:
-            return
-        if not now and time.monotonic() - max(store.claimed, self._lease_tried) < store.lease_s / 3:
-            return
-        self._lease_tried = time.monotonic()
-        try:
-            await self._run(store.keep_lease)
-        except CatalogUnreachable:
-            raise
-        except Exception as exc:
-            log.error("could not claim or renew the DuckLake's leader lease: %s", exc)
-            return
-        self._say_lead()
+    @property
+    def loaded(self) -> int:
+        """Exchanges inserted since start."""
+        return self._loader.loaded
 
-    def _say_lead(self) -> None:
-        """Say when this lake's writer starts or stops leading (its lease claimed, another's
-        seen, or its own past trusting while the catalog does not answer)."""
-        store = self._store
-        if store is None or not store.in_lake or store.leading == self._led:
-            return
-        self._led = store.leading
-        if store.leading:
-            log.warning("this server leads now (the DuckLake's leader lease is its own)")
-        elif store.leader is not None:
-            log.warning("%s leads now: this server writes and serves", store.leader)
-        else:
-            log.warning(
-                "this server no longer leads: its leader lease could not be renewed; it "
-                "claims the lease again once the catalog answers"
-            )
+    def stats(self) -> CollectorStats:
+        """Counters for `/health` and `GET /admin/status`."""
+        spool, store, remote = self.spool, self._database.store, self._loader.remote
+        return CollectorStats(
+            spooled=self.spooled,
+            loaded=self.loaded,
+            backlog_segments=len(spool.segments()) if spool else 0,
+            backlog_bytes=spool.bytes_held() if spool else 0,
+            failed_segments=spool.set_aside_count() if spool else 0,
+            untrainable=dict(self.untrainable),
+            forgets_seen=self.forgets_seen,
+            unlogged=self.unlogged,
+            hosts_live=list(remote.live),
+            hosts_dropped=list(remote.dropped),
+            loader=self._loader.state(),
+            lake=store is not None and store.in_lake,
+            catalog_unreachable_s=self.outage.age_s,
+        )
 
     async def close(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._spool:
+        """Stop the background task; load and export what the spool holds; hand what is
+        left to the bucket, with a last copy and the loader's lease; close the database."""
+        await self._writer.stop()
+        await self._loader.stop()
+        if spool := self.spool:
             try:
                 await self.flush()
                 await self.export()
             except Exception:
                 log.exception("loading the spool at exit failed; the next start loads it")
-            self._spool.close()
-        if self._uploader is not None:
-            try:
-                await self._handing(self._uploader.retire)
-            except Exception:
-                log.exception("uploading the spool at exit failed; the next start uploads it")
-        if self._archive is not None and not self.standby:
-            try:  # a standby taking over later loses nothing of a clean stop
-                await self.snapshot()
-            except Exception:
-                log.exception("copying the database at exit failed; the archive stands")
-        if self._lease is not None:  # a standby takes over at once
-            try:  # what is not loaded (held back, or a standby's) goes to the bucket
-                await self._handing(self._standby.retire)
-            except Exception:
-                log.exception("uploading the spool at exit failed; the next start does")
-            await self._handing(self._lease.release)
-        self._handoff.shutdown(wait=True)
-        if self._fetcher is not None:
-            self._fetcher.close()
-        self._reader.shutdown(wait=True)
-        if self._cursor is not None:
-            await self._run(self._cursor.close)
-        if self._store:
-            await self._run(self._store.close)
-        self._db.shutdown(wait=True)
+            spool.close()
+        await self._writer.retire()
+        await self._loader.retire()
+        self._handing.shutdown()
+        self._loader.close()
+        await self._database.close()
