@@ -111,7 +111,7 @@ def test_rows_leave_the_collector_as_records_not_dicts():
 # records its schema version where it is made, a file in its migrations.
 SHARED_WRITERS = {
     "exchanges": {"collector/schema.py", "collector/store.py"},
-    "export_queue": {"collector/store.py", "collector/export.py", "collector/writer.py"},
+    "export_queue": {"collector/store.py", "collector/export.py", "collector/loader.py"},
     "schema_version": {"collector/schema.py", "collector/lake.py"},
 }
 
