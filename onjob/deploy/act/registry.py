@@ -85,8 +85,8 @@ def insert(
 
 def path_of(store: Store, name: str) -> Path | None:
     """Where checkpoint `name`'s adapter directory is (None: no such checkpoint)."""
-    paths = store.column("SELECT path FROM checkpoints WHERE name = ?", [name])
-    return Path(paths[0]) if paths else None
+    row = get(store, name)
+    return Path(row.path) if row is not None else None
 
 
 def validate(path: Path, base_model: Path) -> None:

@@ -21,17 +21,8 @@ def record(store: Store, run_id: str, manifest: Manifest, path: Path, parent: st
     cannot use is not exported, and skipped, on every later run."""
     used = [*manifest.groups, *manifest.skipped_groups]
     with store.transaction():
-        store.execute(
-            "INSERT INTO train_runs (id, groups_used, config, metrics, duration_s, created) "
-            "VALUES (?, ?, ?, ?, ?, now())",
-            [
-                run_id,
-                used,
-                json.dumps(manifest.config),
-                json.dumps(msgspec.to_builtins(manifest.metrics)),
-                manifest.duration_s,
-            ],
-        )
+        metrics = msgspec.to_builtins(manifest.metrics)
+        _insert(store, run_id, used, manifest.config, metrics, manifest.duration_s)
         registry.insert(
             store,
             manifest.name,
@@ -48,8 +39,14 @@ def record_skipped(
     """A run whose every group the trainer's own checks skipped (too long, logprobs that
     disagree, nothing to learn): its groups recorded as used, with no checkpoint, so the
     next snapshot does not hand them to a child again."""
+    _insert(store, run_id, groups, config, {"skipped": reason}, duration_s)
+
+
+def _insert(
+    store: Store, run_id: str, groups: list[str], config: dict, metrics: dict, duration_s
+) -> None:
     store.execute(
         "INSERT INTO train_runs (id, groups_used, config, metrics, duration_s, created) "
         "VALUES (?, ?, ?, ?, ?, now())",
-        [run_id, groups, json.dumps(config), json.dumps({"skipped": reason}), duration_s],
+        [run_id, groups, json.dumps(config), json.dumps(metrics), duration_s],
     )
